@@ -1,0 +1,27 @@
+//! Skiff's cluster API.
+//!
+//! - [`api`]: the resource types (Kubernetes core/v1, apps/v1, coordination/v1 shaped),
+//!   generated from `proto/skiff/*.proto` by prost, with serde derives so the same types read
+//!   and write Kubernetes-style JSON and YAML.
+//! - [`rpc`]: the generic gRPC service of the API server (client and server stubs).
+//! - [`Resource`] and [`kinds`]: what the API server and clients need to handle any resource
+//!   type generically.
+//! - [`manifest`]: strict decoding of YAML/JSON manifests, with the path of a bad field.
+//! - [`selector`]: label and field selectors.
+
+pub mod api {
+    #![allow(clippy::all)]
+    tonic::include_proto!("skiff.api");
+}
+
+pub mod rpc {
+    #![allow(clippy::all)]
+    tonic::include_proto!("skiff.rpc");
+}
+
+pub mod manifest;
+mod resource;
+pub mod selector;
+pub mod serde_util;
+
+pub use resource::{DynKind, KindInfo, Resource, find_kind, kinds};

@@ -1,0 +1,304 @@
+//! The generic view of a resource type, used by the API server's single registry and by
+//! every client.
+
+use std::marker::PhantomData;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::api::*;
+use crate::manifest::{self, ManifestError};
+
+/// Static facts about a resource type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KindInfo {
+    /// `v1`, `apps/v1`, `coordination.k8s.io/v1`.
+    pub api_version: &'static str,
+    pub kind: &'static str,
+    /// The resource name used in API calls and store keys, e.g. `deployments`.
+    pub plural: &'static str,
+    pub short_names: &'static [&'static str],
+    pub namespaced: bool,
+    /// Whether the type has a status that is written through the status subresource.
+    pub has_status: bool,
+}
+
+impl KindInfo {
+    /// The API group, empty for the core group.
+    pub fn group(&self) -> &'static str {
+        self.api_version.rsplit_once('/').map(|(g, _)| g).unwrap_or("")
+    }
+
+    /// `deployments.apps`-style name used in messages.
+    pub fn qualified(&self) -> String {
+        match self.group() {
+            "" => self.plural.to_string(),
+            g => format!("{}.{g}", self.plural),
+        }
+    }
+}
+
+/// A resource type: a protobuf message with Kubernetes-style JSON, metadata and (optionally)
+/// a status that is kept apart from the desired state.
+pub trait Resource:
+    prost::Message + Default + Clone + PartialEq + Serialize + DeserializeOwned + Send + Sync + 'static
+{
+    const INFO: KindInfo;
+
+    fn metadata_slot(&mut self) -> &mut Option<ObjectMeta>;
+    fn metadata(&self) -> Option<&ObjectMeta>;
+    fn api_version(&self) -> &str;
+    fn kind(&self) -> &str;
+    /// Sets `apiVersion` and `kind` to this type's.
+    fn set_type_meta(&mut self);
+    /// Drops the status (no-op for types without one).
+    fn clear_status(&mut self);
+    /// Replaces this object's status with `other`'s (no-op for types without one).
+    fn copy_status_from(&mut self, other: &Self);
+    /// The value of a field for field selectors, e.g. `spec.nodeName`; `None` if the type has
+    /// no such field.
+    fn field(&self, path: &str) -> Option<String>;
+
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        self.metadata_slot().get_or_insert_with(ObjectMeta::default)
+    }
+
+    fn name(&self) -> &str {
+        self.metadata().map(|m| m.name.as_str()).unwrap_or("")
+    }
+
+    fn namespace(&self) -> &str {
+        self.metadata().map(|m| m.namespace.as_str()).unwrap_or("")
+    }
+
+    fn resource_version(&self) -> &str {
+        self.metadata()
+            .map(|m| m.resource_version.as_str())
+            .unwrap_or("")
+    }
+
+    /// Whether two objects have the same desired state: everything but metadata, type meta
+    /// and status is equal. The API server bumps `generation` when this is false.
+    fn spec_eq(&self, other: &Self) -> bool {
+        fn strip<T: Resource>(o: &T) -> T {
+            let mut o = o.clone();
+            *o.metadata_slot() = None;
+            o.clear_status();
+            o.set_type_meta();
+            o
+        }
+        strip(self) == strip(other)
+    }
+
+    /// Kubernetes-style JSON with unset fields left out.
+    fn to_json(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(self).unwrap_or(serde_json::Value::Null);
+        crate::serde_util::prune(&mut v);
+        v
+    }
+}
+
+fn meta_field(meta: Option<&ObjectMeta>, path: &str) -> Option<String> {
+    match path {
+        "metadata.name" => Some(meta.map(|m| m.name.clone()).unwrap_or_default()),
+        "metadata.namespace" => Some(meta.map(|m| m.namespace.clone()).unwrap_or_default()),
+        _ => None,
+    }
+}
+
+macro_rules! status_impl {
+    (status) => {
+        fn clear_status(&mut self) {
+            self.status = None;
+        }
+        fn copy_status_from(&mut self, other: &Self) {
+            self.status = other.status.clone();
+        }
+    };
+    (no_status) => {
+        fn clear_status(&mut self) {}
+        fn copy_status_from(&mut self, _other: &Self) {}
+    };
+}
+
+macro_rules! has_status {
+    (status) => {
+        true
+    };
+    (no_status) => {
+        false
+    };
+}
+
+macro_rules! resource {
+    ($ty:ident, $api:literal, $plural:literal, [$($short:literal),*], $namespaced:literal,
+     $status:ident $(, $path:literal => |$o:ident| $get:expr)*) => {
+        impl Resource for $ty {
+            const INFO: KindInfo = KindInfo {
+                api_version: $api,
+                kind: stringify!($ty),
+                plural: $plural,
+                short_names: &[$($short),*],
+                namespaced: $namespaced,
+                has_status: has_status!($status),
+            };
+
+            fn metadata_slot(&mut self) -> &mut Option<ObjectMeta> {
+                &mut self.metadata
+            }
+            fn metadata(&self) -> Option<&ObjectMeta> {
+                self.metadata.as_ref()
+            }
+            fn api_version(&self) -> &str {
+                &self.api_version
+            }
+            fn kind(&self) -> &str {
+                &self.kind
+            }
+            fn set_type_meta(&mut self) {
+                self.api_version = $api.to_string();
+                self.kind = stringify!($ty).to_string();
+            }
+            status_impl!($status);
+            fn field(&self, path: &str) -> Option<String> {
+                match path {
+                    $($path => {
+                        let $o = self;
+                        Some($get)
+                    })*
+                    _ => meta_field(self.metadata.as_ref(), path),
+                }
+            }
+        }
+    };
+}
+
+resource!(Namespace, "v1", "namespaces", ["ns"], false, status,
+    "status.phase" => |o| o.status.as_ref().map(|s| s.phase.clone()).unwrap_or_default());
+resource!(Node, "v1", "nodes", ["no"], false, status,
+    "spec.unschedulable" => |o| o.spec.as_ref().map(|s| s.unschedulable).unwrap_or(false).to_string());
+resource!(Pod, "v1", "pods", ["po"], true, status,
+    "spec.nodeName" => |o| o.spec.as_ref().map(|s| s.node_name.clone()).unwrap_or_default(),
+    "spec.schedulerName" => |o| o.spec.as_ref().map(|s| s.scheduler_name.clone()).unwrap_or_default(),
+    "status.phase" => |o| o.status.as_ref().map(|s| s.phase.clone()).unwrap_or_default(),
+    "status.podIP" => |o| o.status.as_ref().map(|s| s.pod_ip.clone()).unwrap_or_default());
+resource!(Service, "v1", "services", ["svc"], true, status,
+    "spec.type" => |o| o.spec.as_ref().map(|s| s.r#type.clone()).unwrap_or_default(),
+    "spec.clusterIP" => |o| o.spec.as_ref().map(|s| s.cluster_ip.clone()).unwrap_or_default());
+resource!(Endpoints, "v1", "endpoints", ["ep"], true, no_status);
+resource!(Event, "v1", "events", ["ev"], true, no_status,
+    "involvedObject.kind" => |o| o.involved_object.as_ref().map(|r| r.kind.clone()).unwrap_or_default(),
+    "involvedObject.name" => |o| o.involved_object.as_ref().map(|r| r.name.clone()).unwrap_or_default(),
+    "involvedObject.uid" => |o| o.involved_object.as_ref().map(|r| r.uid.clone()).unwrap_or_default(),
+    "reason" => |o| o.reason.clone(),
+    "type" => |o| o.r#type.clone());
+resource!(ReplicaSet, "apps/v1", "replicasets", ["rs"], true, status);
+resource!(Deployment, "apps/v1", "deployments", ["deploy"], true, status);
+resource!(Lease, "coordination.k8s.io/v1", "leases", [], true, no_status);
+
+/// A resource type handled by name, for code that does not know the type statically
+/// (the CLI reading manifests, the API server's discovery).
+pub trait DynKind: Send + Sync {
+    fn info(&self) -> &'static KindInfo;
+    /// Strictly decodes a manifest document of this kind and encodes it as protobuf.
+    fn json_to_proto(&self, value: serde_json::Value) -> Result<Vec<u8>, ManifestError>;
+    /// Decodes a protobuf-encoded object into Kubernetes-style JSON (unset fields omitted).
+    fn proto_to_json(&self, bytes: &[u8]) -> Result<serde_json::Value, prost::DecodeError>;
+}
+
+struct KindOf<T>(PhantomData<fn() -> T>);
+
+impl<T: Resource> DynKind for KindOf<T> {
+    fn info(&self) -> &'static KindInfo {
+        &T::INFO
+    }
+
+    fn json_to_proto(&self, value: serde_json::Value) -> Result<Vec<u8>, ManifestError> {
+        let obj: T = manifest::decode(value)?;
+        Ok(obj.encode_to_vec())
+    }
+
+    fn proto_to_json(&self, bytes: &[u8]) -> Result<serde_json::Value, prost::DecodeError> {
+        let mut obj = T::decode(bytes)?;
+        obj.set_type_meta();
+        Ok(obj.to_json())
+    }
+}
+
+static KINDS: [&dyn DynKind; 9] = [
+    &KindOf::<Namespace>(PhantomData),
+    &KindOf::<Node>(PhantomData),
+    &KindOf::<Pod>(PhantomData),
+    &KindOf::<Service>(PhantomData),
+    &KindOf::<Endpoints>(PhantomData),
+    &KindOf::<Event>(PhantomData),
+    &KindOf::<ReplicaSet>(PhantomData),
+    &KindOf::<Deployment>(PhantomData),
+    &KindOf::<Lease>(PhantomData),
+];
+
+/// Every resource type Skiff serves.
+pub fn kinds() -> &'static [&'static dyn DynKind] {
+    &KINDS
+}
+
+/// Finds a resource type by plural, singular, short name or kind, case-insensitively
+/// (`pods`, `pod`, `po`, `Pod`; `deployments.apps` also works).
+pub fn find_kind(name: &str) -> Option<&'static dyn DynKind> {
+    let name = name.to_ascii_lowercase();
+    KINDS.iter().copied().find(|k| {
+        let i = k.info();
+        let kind = i.kind.to_ascii_lowercase();
+        name == i.plural
+            || name == kind
+            || i.short_names.contains(&name.as_str())
+            || name == i.qualified()
+            || (!i.group().is_empty() && name == format!("{kind}.{}", i.group()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_kinds_by_any_name() {
+        for (n, kind) in [
+            ("po", "Pod"),
+            ("pods", "Pod"),
+            ("Pod", "Pod"),
+            ("deploy", "Deployment"),
+            ("deployments.apps", "Deployment"),
+            ("svc", "Service"),
+            ("ep", "Endpoints"),
+            ("no", "Node"),
+            ("ns", "Namespace"),
+            ("rs", "ReplicaSet"),
+            ("lease", "Lease"),
+        ] {
+            assert_eq!(find_kind(n).map(|k| k.info().kind), Some(kind), "{n}");
+        }
+        assert!(find_kind("widgets").is_none());
+    }
+
+    #[test]
+    fn spec_eq_ignores_metadata_and_status() {
+        let mut a = Pod::default();
+        a.metadata_mut().name = "a".into();
+        let mut b = a.clone();
+        b.metadata_mut().resource_version = "7".into();
+        b.status = Some(PodStatus {
+            phase: "Running".into(),
+            ..Default::default()
+        });
+        assert!(a.spec_eq(&b));
+        b.spec = Some(PodSpec {
+            node_name: "n1".into(),
+            ..Default::default()
+        });
+        assert!(!a.spec_eq(&b));
+        assert_eq!(b.field("spec.nodeName").as_deref(), Some("n1"));
+        assert_eq!(b.field("metadata.name").as_deref(), Some("a"));
+        assert_eq!(b.field("spec.bogus"), None);
+    }
+}

@@ -1,0 +1,124 @@
+//! Serde helpers for Kubernetes' loosely typed fields.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Deserializer, Serializer};
+
+/// A YAML/JSON scalar accepted where Kubernetes takes an IntOrString or a Quantity.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Scalar {
+    Int(i64),
+    Float(f64),
+    Str(String),
+}
+
+impl Scalar {
+    fn into_string(self) -> String {
+        match self {
+            Scalar::Int(i) => i.to_string(),
+            Scalar::Float(f) => f.to_string(),
+            Scalar::Str(s) => s,
+        }
+    }
+}
+
+fn write_int_or_string<S: Serializer>(value: &str, s: S) -> Result<S::Ok, S::Error> {
+    match value.parse::<i64>() {
+        Ok(i) => s.serialize_i64(i),
+        Err(_) => s.serialize_str(value),
+    }
+}
+
+/// IntOrString stored as a string: `8080` and `"http"` both deserialize; a string holding an
+/// integer serializes back as a number.
+pub mod int_or_string {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(value: &str, s: S) -> Result<S::Ok, S::Error> {
+        write_int_or_string(value, s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        Ok(Option::<Scalar>::deserialize(d)?
+            .map(Scalar::into_string)
+            .unwrap_or_default())
+    }
+}
+
+/// Optional IntOrString (`maxSurge: 25%`, `maxUnavailable: 1`).
+pub mod opt_int_or_string {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(value: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(v) => write_int_or_string(v, s),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+        Ok(Option::<Scalar>::deserialize(d)?.map(Scalar::into_string))
+    }
+}
+
+/// A map of resource quantities; values may be YAML numbers (`cpu: 1`) or strings.
+pub fn quantity_map<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+    let raw = Option::<BTreeMap<String, Scalar>>::deserialize(d)?.unwrap_or_default();
+    Ok(raw.into_iter().map(|(k, v)| (k, v.into_string())).collect())
+}
+
+/// Removes nulls, empty strings, empty lists and empty maps from a JSON value, recursively,
+/// the way Kubernetes omits unset (`omitempty`) fields. Numbers and booleans are kept.
+pub fn prune(value: &mut serde_json::Value) {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) => {
+            for v in map.values_mut() {
+                prune(v);
+            }
+            map.retain(|_, v| !is_empty(v));
+        }
+        Value::Array(items) => items.iter_mut().for_each(prune),
+        _ => {}
+    }
+}
+
+fn is_empty(v: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match v {
+        Value::Null => true,
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{RollingUpdateDeployment, ServicePort};
+
+    #[test]
+    fn int_or_string_round_trips() {
+        let p: ServicePort = serde_json::from_str(r#"{"port":80,"targetPort":8080}"#).unwrap();
+        assert_eq!(p.target_port, "8080");
+        assert_eq!(serde_json::to_value(&p).unwrap()["targetPort"], 8080);
+        let p: ServicePort = serde_json::from_str(r#"{"port":80,"targetPort":"http"}"#).unwrap();
+        assert_eq!(p.target_port, "http");
+        assert_eq!(serde_json::to_value(&p).unwrap()["targetPort"], "http");
+        let r: RollingUpdateDeployment =
+            serde_json::from_str(r#"{"maxSurge":"25%","maxUnavailable":0}"#).unwrap();
+        assert_eq!(r.max_surge.as_deref(), Some("25%"));
+        assert_eq!(r.max_unavailable.as_deref(), Some("0"));
+    }
+
+    #[test]
+    fn prune_keeps_zero_and_false() {
+        let mut v = serde_json::json!({"a": null, "b": "", "c": [], "d": {}, "e": 0, "f": false,
+            "g": {"h": null}, "i": [{"j": ""}]});
+        prune(&mut v);
+        assert_eq!(v, serde_json::json!({"e": 0, "f": false, "i": [{}]}));
+    }
+}
