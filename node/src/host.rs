@@ -49,7 +49,9 @@ fn unescape_octal(s: &str) -> String {
     while i < bytes.len() {
         if bytes[i] == b'\\'
             && i + 3 < bytes.len()
-            && bytes[i + 1..i + 4].iter().all(|b| (b'0'..=b'7').contains(b))
+            && bytes[i + 1..i + 4]
+                .iter()
+                .all(|b| (b'0'..=b'7').contains(b))
         {
             let v = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
             out.push(v);
@@ -131,7 +133,10 @@ mod tests {
             cgroup2_mount_in(HYBRID),
             Some(PathBuf::from("/sys/fs/cgroup/unified"))
         );
-        assert_eq!(cgroup2_mount_in("1 0 0:1 / / rw - ext4 /dev/vda rw\n"), None);
+        assert_eq!(
+            cgroup2_mount_in("1 0 0:1 / / rw - ext4 /dev/vda rw\n"),
+            None
+        );
     }
 
     #[test]

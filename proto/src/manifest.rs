@@ -86,7 +86,12 @@ pub fn kind_of(value: &serde_json::Value) -> Result<&'static dyn DynKind, Manife
     };
     let api_version = match obj.get("apiVersion") {
         Some(serde_json::Value::String(v)) if !v.is_empty() => v,
-        _ => return Err(ManifestError::new("apiVersion", "required field is missing")),
+        _ => {
+            return Err(ManifestError::new(
+                "apiVersion",
+                "required field is missing",
+            ));
+        }
     };
     let found = kinds()
         .iter()
@@ -102,7 +107,10 @@ pub fn kind_of(value: &serde_json::Value) -> Result<&'static dyn DynKind, Manife
     if found.info().kind != kind {
         return Err(ManifestError::new(
             "kind",
-            format!("unknown kind {kind:?}: did you mean {:?}?", found.info().kind),
+            format!(
+                "unknown kind {kind:?}: did you mean {:?}?",
+                found.info().kind
+            ),
         ));
     }
     if found.info().api_version != api_version {
@@ -225,17 +233,39 @@ spec:
         let docs = parse(DEPLOY).unwrap();
         assert_eq!(docs.len(), 3);
         assert_eq!(docs[1].kind.info().kind, "Deployment");
-        assert_eq!((docs[1].name.as_str(), docs[1].namespace.as_str()), ("web", "shop"));
+        assert_eq!(
+            (docs[1].name.as_str(), docs[1].namespace.as_str()),
+            ("web", "shop")
+        );
         let d = Deployment::decode(docs[1].object.as_slice()).unwrap();
         let spec = d.spec.as_ref().unwrap();
         assert_eq!(spec.replicas, Some(3));
-        let c = &spec.template.as_ref().unwrap().spec.as_ref().unwrap().containers[0];
+        let c = &spec
+            .template
+            .as_ref()
+            .unwrap()
+            .spec
+            .as_ref()
+            .unwrap()
+            .containers[0];
         assert_eq!(c.resources.as_ref().unwrap().limits["cpu"], "1");
-        assert_eq!(c.readiness_probe.as_ref().unwrap().http_get.as_ref().unwrap().port, "8080");
+        assert_eq!(
+            c.readiness_probe
+                .as_ref()
+                .unwrap()
+                .http_get
+                .as_ref()
+                .unwrap()
+                .port,
+            "8080"
+        );
         // And back to Kubernetes JSON.
         let json = d.to_json();
         assert_eq!(json["spec"]["strategy"]["rollingUpdate"]["maxSurge"], "25%");
-        assert_eq!(json["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"], 0);
+        assert_eq!(
+            json["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"],
+            0
+        );
         assert!(json["status"].is_null());
     }
 
@@ -250,8 +280,8 @@ spec:
 
     #[test]
     fn wrong_api_version_for_kind_is_rejected() {
-        let err = document(serde_json::json!({"apiVersion": "v1", "kind": "Deployment"}))
-            .unwrap_err();
+        let err =
+            document(serde_json::json!({"apiVersion": "v1", "kind": "Deployment"})).unwrap_err();
         assert_eq!(err.path, "apiVersion");
         assert!(err.message.contains("apps/v1"), "{err}");
         let err = document(serde_json::json!({"apiVersion": "v1", "kind": "Widget"})).unwrap_err();
@@ -262,8 +292,10 @@ spec:
 
     #[test]
     fn wrong_type_names_the_field() {
-        let err = document(serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment",
-            "spec": {"replicas": "three"}}))
+        let err = document(
+            serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "spec": {"replicas": "three"}}),
+        )
         .unwrap_err();
         assert_eq!(err.path, "spec.replicas");
     }

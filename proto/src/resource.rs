@@ -26,7 +26,10 @@ pub struct KindInfo {
 impl KindInfo {
     /// The API group, empty for the core group.
     pub fn group(&self) -> &'static str {
-        self.api_version.rsplit_once('/').map(|(g, _)| g).unwrap_or("")
+        self.api_version
+            .rsplit_once('/')
+            .map(|(g, _)| g)
+            .unwrap_or("")
     }
 
     /// `deployments.apps`-style name used in messages.
@@ -193,8 +196,22 @@ resource!(Event, "v1", "events", ["ev"], true, no_status,
     "reason" => |o| o.reason.clone(),
     "type" => |o| o.r#type.clone());
 resource!(ReplicaSet, "apps/v1", "replicasets", ["rs"], true, status);
-resource!(Deployment, "apps/v1", "deployments", ["deploy"], true, status);
-resource!(Lease, "coordination.k8s.io/v1", "leases", [], true, no_status);
+resource!(
+    Deployment,
+    "apps/v1",
+    "deployments",
+    ["deploy"],
+    true,
+    status
+);
+resource!(
+    Lease,
+    "coordination.k8s.io/v1",
+    "leases",
+    [],
+    true,
+    no_status
+);
 
 /// A resource type handled by name, for code that does not know the type statically
 /// (the CLI reading manifests, the API server's discovery).

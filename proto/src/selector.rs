@@ -221,7 +221,10 @@ impl FieldSelector {
             } else if let Some((p, v)) = term.split_once("==").or_else(|| term.split_once('=')) {
                 (p, v, true)
             } else {
-                return Err(err(text, format!("{term:?} is not path=value or path!=value")));
+                return Err(err(
+                    text,
+                    format!("{term:?} is not path=value or path!=value"),
+                ));
             };
             requirements.push((path.trim().to_string(), value.trim().to_string(), equal));
         }
@@ -286,7 +289,14 @@ mod tests {
 
     #[test]
     fn bad_label_selectors_are_errors() {
-        for sel in ["app in (", "app in ()", "app foo (x)", "a b", "=x", "app in (x) y"] {
+        for sel in [
+            "app in (",
+            "app in ()",
+            "app foo (x)",
+            "a b",
+            "=x",
+            "app in (x) y",
+        ] {
             assert!(Selector::parse(sel).is_err(), "{sel}");
         }
     }
@@ -326,6 +336,10 @@ mod tests {
         assert!(!f.matches(get("Failed")));
         assert_eq!(f.equality("spec.nodeName"), Some("n1"));
         assert!(FieldSelector::parse("nonsense").is_err());
-        assert!(!FieldSelector::parse("spec.bogus=x").unwrap().matches(get("x")));
+        assert!(
+            !FieldSelector::parse("spec.bogus=x")
+                .unwrap()
+                .matches(get("x"))
+        );
     }
 }

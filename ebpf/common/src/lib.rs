@@ -34,6 +34,18 @@ impl TrafficCounters {
     }
 }
 
+/// Default capacity of the per-pod maps (pods per node). The loader may resize the maps.
+pub const MAX_PODS: u32 = 4096;
+
+/// Names of the per-pod traffic maps in the eBPF object (cgroup id `u64` → per-CPU
+/// [`TrafficCounters`]), as the loader finds and pins them.
+pub const POD_INGRESS_MAP: &str = "POD_INGRESS";
+pub const POD_EGRESS_MAP: &str = "POD_EGRESS";
+
+/// Names of the `cgroup_skb` programs that fill those maps.
+pub const POD_INGRESS_PROG: &str = "skiff_pod_ingress";
+pub const POD_EGRESS_PROG: &str = "skiff_pod_egress";
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,590 @@
+//! The watch cache: one store watch per resource type, shared by every client watch.
+//!
+//! A [`WatchCache`] lists `/registry/<plural>/` once, then follows a single store watch from
+//! the listing's revision. It keeps
+//! - the current objects (for the synthetic ADDED events of a watch from resourceVersion ""
+//!   or "0"), and
+//! - a bounded ring buffer of the most recent decoded events (default 10,000).
+//!
+//! Every client watch is a task that copies events after its position out of the buffer
+//! under a short read lock, filters them and sends them to its own bounded channel. A
+//! `tokio::sync::watch` channel announces new events, so watchers never block each other
+//! nor the feeder; a watcher whose client is too slow simply falls behind, and once its
+//! position has been pushed out of the buffer it ends with `OutOfRange` ("too old resource
+//! version", reason Expired), like Kubernetes' 410 Gone — the client relists.
+//!
+//! A watch from revision `R` is served if `R >= oldest`, where every event after `oldest` is
+//! still in the buffer (at start `oldest` is the listing revision). A watch from an `R` the
+//! cache has not seen yet just waits for later events (the events up to `R` were reflected in
+//! the listing the client got `R` from); `R` beyond the store's current revision is refused.
+//!
+//! If the store watch fails it is reopened from the last revision seen (no gap). If the store
+//! says that revision was compacted, the cache relists and every current watcher ends with
+//! `OutOfRange`, since the events in between are lost.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use skiff_api::Resource;
+use skiff_api::rpc;
+use skiff_api::selector::{FieldSelector, Selector};
+use skiff_store::{Listing, Store, StoreError, WatchEvent as StoreEvent};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tonic::Status;
+use tracing::{debug, error, info, warn};
+
+use crate::error::ApiError;
+use crate::registry::{decode, key_prefix};
+
+/// Events a watcher copies out of the buffer per lock acquisition.
+const BATCH: usize = 256;
+/// Events the feeder applies per write lock acquisition.
+const FEED_BATCH: usize = 512;
+/// Buffered events per client watch stream.
+const WATCHER_CHANNEL: usize = 128;
+
+/// The receiving end of a client watch.
+pub type WatchReceiver = mpsc::Receiver<Result<rpc::WatchEvent, Status>>;
+
+/// An object as the cache holds it: decoded (with resourceVersion and type meta set) and
+/// encoded once for all watchers.
+pub(crate) struct CachedObject<T> {
+    pub obj: T,
+    pub bytes: Vec<u8>,
+    pub revision: i64,
+}
+
+impl<T: Resource> CachedObject<T> {
+    fn new(mut obj: T, revision: i64) -> Self {
+        obj.metadata_mut().resource_version = revision.to_string();
+        let bytes = obj.encode_to_vec();
+        CachedObject {
+            obj,
+            bytes,
+            revision,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EventKind {
+    Put,
+    Delete,
+}
+
+struct CachedEvent<T> {
+    revision: i64,
+    kind: EventKind,
+    /// Put: the new state. Delete: the last state, with resourceVersion = the delete revision.
+    object: Arc<CachedObject<T>>,
+    /// The state before this event, if the object existed.
+    prev: Option<Arc<CachedObject<T>>>,
+}
+
+struct State<T> {
+    /// Set on shutdown: watchers end.
+    closed: bool,
+    /// Bumped on a relist with a gap: watchers of an older epoch end with OutOfRange.
+    epoch: u64,
+    /// The revision the cache reflects (last event or listing).
+    revision: i64,
+    /// Every event with a revision greater than this is in `events`.
+    oldest: i64,
+    objects: HashMap<String, Arc<CachedObject<T>>>,
+    events: VecDeque<Arc<CachedEvent<T>>>,
+}
+
+/// Which objects a list or watch wants.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Filter {
+    /// Empty: every namespace.
+    pub namespace: String,
+    pub labels: Selector,
+    pub fields: FieldSelector,
+}
+
+const NO_LABELS: &BTreeMap<String, String> = &BTreeMap::new();
+
+impl Filter {
+    pub fn matches<T: Resource>(&self, o: &T) -> bool {
+        (self.namespace.is_empty() || o.namespace() == self.namespace)
+            && self
+                .labels
+                .matches(o.metadata().map(|m| &m.labels).unwrap_or(NO_LABELS))
+            && self.fields.matches(|p| o.field(p))
+    }
+
+    /// The client-facing event for a cache event, applying Kubernetes' rules for objects that
+    /// start or stop matching: a change that makes an object match is ADDED, one that makes
+    /// it stop matching is DELETED (carrying the previous state at the event's revision).
+    fn convert<T: Resource>(&self, ev: &CachedEvent<T>) -> Option<rpc::WatchEvent> {
+        let now = self.matches(&ev.object.obj);
+        let event = |ty: &str, object: Vec<u8>| rpc::WatchEvent {
+            r#type: ty.to_string(),
+            object,
+            resource_version: ev.revision.to_string(),
+        };
+        match ev.kind {
+            EventKind::Delete => now.then(|| event("DELETED", ev.object.bytes.clone())),
+            EventKind::Put => {
+                let before = ev.prev.as_ref().map(|p| self.matches(&p.obj));
+                match (before, now) {
+                    (Some(true), true) => Some(event("MODIFIED", ev.object.bytes.clone())),
+                    (_, true) => Some(event("ADDED", ev.object.bytes.clone())),
+                    (Some(true), false) => {
+                        let prev = ev.prev.as_ref()?;
+                        let mut last = prev.obj.clone();
+                        last.metadata_mut().resource_version = ev.revision.to_string();
+                        Some(event("DELETED", last.encode_to_vec()))
+                    }
+                    _ => None,
+                }
+            }
+        }
+    }
+}
+
+/// Where a client watch starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WatchStart {
+    /// resourceVersion "" or "0": ADDED for every current object, then changes.
+    Snapshot,
+    /// Every change after this revision.
+    After(i64),
+}
+
+/// The watch cache of one resource type. See the module documentation.
+pub(crate) struct WatchCache<T> {
+    plural: &'static str,
+    prefix: String,
+    store: Arc<dyn Store>,
+    capacity: usize,
+    state: RwLock<State<T>>,
+    changed: watch::Sender<u64>,
+    store_watches: AtomicU64,
+    feeder: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl<T: Resource> WatchCache<T> {
+    /// Lists the resource's prefix and starts following it. Fails if the initial list fails.
+    pub async fn start(store: Arc<dyn Store>, capacity: usize) -> Result<Arc<Self>, StoreError> {
+        let prefix = key_prefix(&T::INFO);
+        let listing = store.list(&prefix, None).await?;
+        let cache = Arc::new(WatchCache {
+            plural: T::INFO.plural,
+            prefix,
+            store,
+            capacity: capacity.max(1),
+            state: RwLock::new(State {
+                closed: false,
+                epoch: 0,
+                revision: 0,
+                oldest: 0,
+                objects: HashMap::new(),
+                events: VecDeque::new(),
+            }),
+            changed: watch::channel(0).0,
+            store_watches: AtomicU64::new(0),
+            feeder: Mutex::new(None),
+        });
+        cache.replace(listing, false);
+        let task = tokio::spawn(Arc::clone(&cache).feed());
+        *cache.feeder.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+        Ok(cache)
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, State<T>> {
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, State<T>> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn notify(&self) {
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// How many store watches this cache has opened (1 unless the store watch failed).
+    pub fn store_watches(&self) -> u64 {
+        self.store_watches.load(Ordering::Relaxed)
+    }
+
+    /// Stops the feeder and ends every watcher.
+    pub fn stop(&self) {
+        self.write().closed = true;
+        self.notify();
+        if let Some(task) = self.feeder.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            task.abort();
+        }
+    }
+
+    /// Replaces the cached state with a fresh listing. With `gap`, current watchers end.
+    fn replace(&self, listing: Listing, gap: bool) {
+        let mut objects = HashMap::with_capacity(listing.items.len());
+        for kv in listing.items {
+            match decode::<T>(&kv.value, kv.mod_revision) {
+                Ok(obj) => {
+                    objects.insert(kv.key, Arc::new(CachedObject::new(obj, kv.mod_revision)));
+                }
+                Err(e) => error!(key = %kv.key, error = %e, "skipping undecodable object"),
+            }
+        }
+        let mut st = self.write();
+        st.objects = objects;
+        st.events.clear();
+        st.revision = listing.revision;
+        st.oldest = listing.revision;
+        if gap {
+            st.epoch += 1;
+        }
+        drop(st);
+        self.notify();
+    }
+
+    /// Applies store events in order. Objects are decoded and encoded before the write lock
+    /// is taken, so watchers reading the buffer wait only for the bookkeeping.
+    fn apply(&self, events: Vec<StoreEvent>) {
+        let prepared: Vec<(String, EventKind, i64, Arc<CachedObject<T>>)> = events
+            .into_iter()
+            .filter_map(|ev| {
+                let revision = ev.revision();
+                let (kind, kv) = match ev {
+                    StoreEvent::Put { kv, .. } => (EventKind::Put, kv),
+                    StoreEvent::Delete { prev, .. } => (EventKind::Delete, prev),
+                };
+                // A delete carries the last state, at the delete's revision.
+                match decode::<T>(&kv.value, revision) {
+                    Ok(obj) => Some((
+                        kv.key,
+                        kind,
+                        revision,
+                        Arc::new(CachedObject::new(obj, revision)),
+                    )),
+                    Err(e) => {
+                        error!(key = %kv.key, error = %e, "skipping undecodable object");
+                        None
+                    }
+                }
+            })
+            .collect();
+        let mut st = self.write();
+        for (key, kind, revision, object) in prepared {
+            if revision <= st.revision {
+                continue;
+            }
+            st.revision = revision;
+            let prev = match kind {
+                EventKind::Put => st.objects.insert(key, Arc::clone(&object)),
+                EventKind::Delete => st.objects.remove(&key),
+            };
+            st.events.push_back(Arc::new(CachedEvent {
+                revision,
+                kind,
+                object,
+                prev,
+            }));
+            while st.events.len() > self.capacity {
+                if let Some(evicted) = st.events.pop_front() {
+                    st.oldest = evicted.revision;
+                }
+            }
+        }
+        drop(st);
+        self.notify();
+    }
+
+    /// The feeder: one store watch at a time, reopened on failure, relisting when the store
+    /// compacted the revision the cache needs.
+    async fn feed(self: Arc<Self>) {
+        const MIN_DELAY: Duration = Duration::from_millis(50);
+        const MAX_DELAY: Duration = Duration::from_secs(5);
+        let mut delay = MIN_DELAY;
+        let mut relist = false;
+        loop {
+            if relist {
+                match self.store.list(&self.prefix, None).await {
+                    Ok(listing) => {
+                        info!(
+                            resource = self.plural,
+                            revision = listing.revision,
+                            "watch cache relisted; ending current watchers"
+                        );
+                        self.replace(listing, true);
+                        relist = false;
+                    }
+                    Err(e) => {
+                        warn!(resource = self.plural, error = %e, "watch cache relist failed");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(MAX_DELAY);
+                        continue;
+                    }
+                }
+            }
+            let from = self.read().revision;
+            self.store_watches.fetch_add(1, Ordering::Relaxed);
+            debug!(resource = self.plural, from, "opening store watch");
+            let mut stream = match self.store.watch(&self.prefix, from).await {
+                Ok(s) => s,
+                Err(StoreError::Compacted { .. }) => {
+                    relist = true;
+                    continue;
+                }
+                Err(e) => {
+                    warn!(resource = self.plural, error = %e, "store watch failed to open");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(MAX_DELAY);
+                    continue;
+                }
+            };
+            let mut ended = false;
+            while !ended {
+                let Some(first) = stream.next().await else {
+                    break;
+                };
+                let mut batch = vec![first];
+                while batch.len() < FEED_BATCH {
+                    match stream.next().now_or_never() {
+                        Some(Some(item)) => batch.push(item),
+                        Some(None) => {
+                            ended = true;
+                            break;
+                        }
+                        None => break,
+                    }
+                }
+                let mut events = Vec::with_capacity(batch.len());
+                let mut failure = None;
+                for item in batch {
+                    match item {
+                        Ok(ev) => events.push(ev),
+                        Err(e) => {
+                            failure = Some(e);
+                            break;
+                        }
+                    }
+                }
+                if !events.is_empty() {
+                    self.apply(events);
+                    delay = MIN_DELAY;
+                }
+                match failure {
+                    None => {}
+                    Some(StoreError::Compacted { .. }) => {
+                        relist = true;
+                        ended = true;
+                    }
+                    Some(e) => {
+                        warn!(resource = self.plural, error = %e, "store watch failed");
+                        ended = true;
+                    }
+                }
+            }
+            if !relist {
+                debug!(resource = self.plural, "store watch ended; reopening");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(MAX_DELAY);
+            }
+        }
+    }
+
+    /// Starts a client watch. The position is fixed when this returns, so every event
+    /// written afterwards is delivered.
+    pub async fn watch(
+        self: &Arc<Self>,
+        start: WatchStart,
+        filter: Filter,
+    ) -> Result<WatchReceiver, ApiError> {
+        if let WatchStart::After(r) = start
+            && r > self.read().revision
+        {
+            let current = self
+                .store
+                .current_revision()
+                .await
+                .map_err(ApiError::from_store)?;
+            if r > current {
+                return Err(ApiError::Expired(format!(
+                    "too large resource version: {r}, current: {current}"
+                )));
+            }
+        }
+        // Subscribe before reading the state, so no notification after it is missed.
+        let changed = self.changed.subscribe();
+        let (snapshot, position, epoch) = {
+            let st = self.read();
+            if st.closed {
+                return Err(ApiError::Unavailable(
+                    "the API server is shutting down".into(),
+                ));
+            }
+            match start {
+                WatchStart::Snapshot => {
+                    let mut snapshot: Vec<_> = st.objects.values().cloned().collect();
+                    snapshot.sort_by_key(|o| o.revision);
+                    (snapshot, st.revision, st.epoch)
+                }
+                WatchStart::After(r) if r < st.oldest => {
+                    return Err(ApiError::Expired(format!(
+                        "too old resource version: {r} ({})",
+                        st.oldest
+                    )));
+                }
+                WatchStart::After(r) => (Vec::new(), r, st.epoch),
+            }
+        };
+        let (tx, rx) = mpsc::channel(WATCHER_CHANNEL);
+        tokio::spawn(
+            Arc::clone(self).serve_watcher(snapshot, position, epoch, filter, changed, tx),
+        );
+        Ok(rx)
+    }
+
+    async fn serve_watcher(
+        self: Arc<Self>,
+        snapshot: Vec<Arc<CachedObject<T>>>,
+        mut position: i64,
+        epoch: u64,
+        filter: Filter,
+        mut changed: watch::Receiver<u64>,
+        tx: mpsc::Sender<Result<rpc::WatchEvent, Status>>,
+    ) {
+        for o in snapshot {
+            if filter.matches(&o.obj) {
+                let ev = rpc::WatchEvent {
+                    r#type: "ADDED".into(),
+                    object: o.bytes.clone(),
+                    resource_version: o.revision.to_string(),
+                };
+                if tx.send(Ok(ev)).await.is_err() {
+                    return;
+                }
+            }
+        }
+        loop {
+            changed.borrow_and_update();
+            let batch: Result<Vec<Arc<CachedEvent<T>>>, ApiError> = {
+                let st = self.read();
+                if st.closed {
+                    Err(ApiError::Unavailable(
+                        "the API server is shutting down".into(),
+                    ))
+                } else if st.epoch != epoch {
+                    Err(ApiError::Expired(format!(
+                        "too old resource version: {position} ({}): the watch cache was \
+                         relisted",
+                        st.oldest
+                    )))
+                } else if position < st.oldest {
+                    Err(ApiError::Expired(format!(
+                        "too old resource version: {position} ({}): the watcher fell behind",
+                        st.oldest
+                    )))
+                } else {
+                    let from = st.events.partition_point(|e| e.revision <= position);
+                    Ok(st.events.range(from..).take(BATCH).cloned().collect())
+                }
+            };
+            match batch {
+                Err(e) => {
+                    debug!(resource = self.plural, error = %e, "ending watcher");
+                    let _ = tx.send(Err(e.to_status())).await;
+                    return;
+                }
+                Ok(events) if events.is_empty() => {
+                    tokio::select! {
+                        r = changed.changed() => if r.is_err() { return },
+                        _ = tx.closed() => return,
+                    }
+                }
+                Ok(events) => {
+                    for ev in events {
+                        position = ev.revision;
+                        if let Some(out) = filter.convert(&ev)
+                            && tx.send(Ok(out)).await.is_err()
+                        {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+    use skiff_api::api::{ObjectMeta, Pod};
+
+    fn pod(name: &str, labels: &[(&str, &str)]) -> Pod {
+        Pod {
+            metadata: Some(ObjectMeta {
+                name: name.into(),
+                namespace: "ns".into(),
+                labels: labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn event(kind: EventKind, now: Pod, prev: Option<Pod>) -> CachedEvent<Pod> {
+        CachedEvent {
+            revision: 9,
+            kind,
+            object: Arc::new(CachedObject::new(now, 9)),
+            prev: prev.map(|p| Arc::new(CachedObject::new(p, 5))),
+        }
+    }
+
+    #[test]
+    fn filtered_events_follow_kubernetes_transitions() {
+        let f = Filter {
+            labels: Selector::parse("app=web").expect("selector"),
+            ..Default::default()
+        };
+        let web = pod("a", &[("app", "web")]);
+        let db = pod("a", &[("app", "db")]);
+        let ty = |e: Option<rpc::WatchEvent>| e.map(|e| e.r#type);
+        assert_eq!(
+            ty(f.convert(&event(EventKind::Put, web.clone(), None))).as_deref(),
+            Some("ADDED")
+        );
+        assert_eq!(
+            ty(f.convert(&event(EventKind::Put, web.clone(), Some(web.clone())))).as_deref(),
+            Some("MODIFIED")
+        );
+        assert_eq!(
+            ty(f.convert(&event(EventKind::Put, web.clone(), Some(db.clone())))).as_deref(),
+            Some("ADDED")
+        );
+        let gone = f
+            .convert(&event(EventKind::Put, db.clone(), Some(web.clone())))
+            .expect("deleted");
+        assert_eq!(gone.r#type, "DELETED");
+        let last = Pod::decode(gone.object.as_slice()).expect("decode");
+        assert_eq!(
+            last.metadata.as_ref().map(|m| m.labels["app"].as_str()),
+            Some("web")
+        );
+        assert_eq!(last.resource_version(), "9");
+        assert_eq!(
+            f.convert(&event(EventKind::Put, db.clone(), Some(db.clone()))),
+            None
+        );
+        assert_eq!(
+            ty(f.convert(&event(EventKind::Delete, web, None))).as_deref(),
+            Some("DELETED")
+        );
+        assert_eq!(f.convert(&event(EventKind::Delete, db, None)), None);
+    }
+}

@@ -1,0 +1,264 @@
+//! Skiff's API server: Kubernetes-style semantics for every resource type over one generic
+//! code path, stored in a [`skiff_store::Store`] and served over gRPC (`skiff.rpc.Api`).
+//!
+//! - [`registry`]: `Handler<T>` implements create/get/list/update/delete/watch/bind once for
+//!   every type; the registry maps plural names to handlers.
+//! - [`strategy`]: per-kind defaulting, validation and delete/bind hooks.
+//! - `cache`: one watch cache per type (a single store watch each) serving every client
+//!   watch.
+//! - [`error`]: [`ApiError`] and its one mapping onto gRPC statuses.
+//! - [`validation`]: DNS names, label keys/values, object metadata.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use skiff_apiserver::{ApiServerOptions, spawn};
+//! use skiff_store::{EmbeddedOptions, EmbeddedStore};
+//!
+//! let store = Arc::new(EmbeddedStore::open(std::path::Path::new("/tmp/skiff.redb"), EmbeddedOptions::default())?);
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! let server = spawn(store, listener, ApiServerOptions::default()).await?;
+//! println!("serving on {}", server.endpoint());
+//! server.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prost::Message;
+use skiff_api::Resource;
+use skiff_api::api::{Namespace, ObjectMeta};
+use skiff_api::rpc::api_server::ApiServer;
+use skiff_store::{Store, StoreError};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::TcpListenerStream;
+use tracing::{info, warn};
+
+mod cache;
+pub mod error;
+pub mod registry;
+mod service;
+pub mod strategy;
+pub mod validation;
+
+pub use error::{ApiError, FieldError, FieldErrorKind, REASON_KEY};
+pub use registry::{FOREGROUND_FINALIZER, ORPHAN_FINALIZER};
+
+/// Default capacity of each resource type's watch-cache event buffer.
+pub const DEFAULT_WATCH_CACHE_CAPACITY: usize = 10_000;
+/// Largest request the server decodes (large lists go the other way and are not capped).
+const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
+
+/// How the server runs.
+#[derive(Debug, Clone)]
+pub struct ApiServerOptions {
+    /// Events each resource type's watch cache keeps; a watch from an older revision gets
+    /// `OutOfRange` ("too old resource version").
+    pub watch_cache_capacity: usize,
+    /// Namespaces created at start when missing (`default`, `kube-system`).
+    pub bootstrap_namespaces: Vec<String>,
+    /// How long [`ServerHandle::shutdown`] waits for open calls before aborting them.
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for ApiServerOptions {
+    fn default() -> Self {
+        ApiServerOptions {
+            watch_cache_capacity: DEFAULT_WATCH_CACHE_CAPACITY,
+            bootstrap_namespaces: vec!["default".into(), "kube-system".into()],
+            shutdown_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Why the server could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiServerError {
+    #[error("cannot read the listener's address: {0}")]
+    Listener(#[source] std::io::Error),
+    #[error("cannot start the watch caches: {0}")]
+    Store(#[from] StoreError),
+    #[error("cannot create namespace {namespace:?}: {source}")]
+    Bootstrap {
+        namespace: String,
+        #[source]
+        source: ApiError,
+    },
+    #[error("resource types without a handler: {0:?}")]
+    MissingKinds(Vec<&'static str>),
+    #[error("gRPC server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("the server task failed: {0}")]
+    Task(String),
+}
+
+/// A running API server. Dropping it stops the server at once (aborting open calls);
+/// [`ServerHandle::shutdown`] stops it gracefully.
+pub struct ServerHandle {
+    addr: SocketAddr,
+    registry: Arc<registry::Registry>,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
+    shutdown_timeout: Duration,
+}
+
+impl std::fmt::Debug for ServerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerHandle")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServerHandle {
+    /// The address the server listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://ADDR`, for `ApiClient::connect`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Store watches opened so far, over all resource types (one per type unless a store
+    /// watch failed and was reopened).
+    pub fn store_watches(&self) -> u64 {
+        self.registry.store_watches().values().sum()
+    }
+
+    /// Store watches opened by one resource type's watch cache.
+    pub fn store_watches_for(&self, resource: &str) -> Option<u64> {
+        self.registry
+            .handler(resource)
+            .ok()
+            .map(|h| h.store_watches())
+    }
+
+    /// Waits until the server stops on its own (it only does on a transport error).
+    pub async fn wait(&mut self) -> Result<(), ApiServerError> {
+        match self.task.as_mut() {
+            None => Ok(()),
+            Some(task) => {
+                let r = task.await;
+                self.task = None;
+                match r {
+                    Ok(r) => r.map_err(ApiServerError::from),
+                    Err(e) => Err(ApiServerError::Task(e.to_string())),
+                }
+            }
+        }
+    }
+
+    /// Stops accepting calls, ends every watch (with `Unavailable`), waits for open calls up
+    /// to the shutdown timeout, then aborts what is left.
+    pub async fn shutdown(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        self.registry.stop();
+        if let Some(mut task) = self.task.take() {
+            match tokio::time::timeout(self.shutdown_timeout, &mut task).await {
+                Ok(Ok(Ok(()))) => info!(addr = %self.addr, "API server stopped"),
+                Ok(Ok(Err(e))) => warn!(error = %e, "API server stopped with an error"),
+                Ok(Err(e)) => warn!(error = %e, "API server task failed"),
+                Err(_) => {
+                    warn!("API server did not stop in time; aborting open calls");
+                    task.abort();
+                }
+            }
+        }
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        self.registry.stop();
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Creates the bootstrap namespaces that do not exist yet.
+async fn bootstrap(
+    registry: &registry::Registry,
+    namespaces: &[String],
+) -> Result<(), ApiServerError> {
+    let handler =
+        registry
+            .handler(Namespace::INFO.plural)
+            .map_err(|e| ApiServerError::Bootstrap {
+                namespace: String::new(),
+                source: e,
+            })?;
+    for name in namespaces {
+        let ns = Namespace {
+            metadata: Some(ObjectMeta {
+                name: name.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        match handler.create("", &ns.encode_to_vec()).await {
+            Ok(_) => info!(namespace = %name, "created namespace"),
+            Err(ApiError::AlreadyExists { .. }) => {}
+            Err(source) => {
+                return Err(ApiServerError::Bootstrap {
+                    namespace: name.clone(),
+                    source,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Bootstraps (default namespaces), starts watch caches and serves gRPC on `listener`.
+pub async fn spawn(
+    store: Arc<dyn Store>,
+    listener: tokio::net::TcpListener,
+    opts: ApiServerOptions,
+) -> Result<ServerHandle, ApiServerError> {
+    let addr = listener.local_addr().map_err(ApiServerError::Listener)?;
+    let registry = Arc::new(registry::Registry::start(store, opts.watch_cache_capacity).await?);
+    let missing = registry.missing_kinds();
+    if !missing.is_empty() {
+        registry.stop();
+        return Err(ApiServerError::MissingKinds(missing));
+    }
+    if let Err(e) = bootstrap(&registry, &opts.bootstrap_namespaces).await {
+        registry.stop();
+        return Err(e);
+    }
+    let (tx, rx) = oneshot::channel::<()>();
+    let service = ApiServer::new(service::ApiService::new(Arc::clone(&registry)))
+        .max_decoding_message_size(MAX_REQUEST_BYTES);
+    let incoming = TcpListenerStream::new(listener).map(|conn| {
+        if let Ok(stream) = &conn {
+            // Small request/response messages: don't let Nagle delay them.
+            let _ = stream.set_nodelay(true);
+        }
+        conn
+    });
+    let task = tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(incoming, async {
+                let _ = rx.await;
+            })
+            .await
+    });
+    info!(%addr, "API server listening");
+    Ok(ServerHandle {
+        addr,
+        registry,
+        shutdown: Some(tx),
+        task: Some(task),
+        shutdown_timeout: opts.shutdown_timeout,
+    })
+}

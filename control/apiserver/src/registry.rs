@@ -1,0 +1,920 @@
+//! The registry: one generic [`Handler`] per resource type, behind the object-safe
+//! [`ResourceHandler`] trait, keyed by plural name.
+//!
+//! Every operation (create, get, list, update, delete, watch, bind) is implemented once in
+//! `Handler<T>`; per-kind behaviour comes from the kind's [`Strategy`].
+//!
+//! Storage layout: `/registry/<plural>/<namespace>/<name>` for namespaced kinds and
+//! `/registry/<plural>/<name>` for cluster-scoped ones; values are the protobuf encoding of
+//! the object with `apiVersion`/`kind` set and `metadata.resourceVersion` cleared — the
+//! resourceVersion of an object read back is always the key's mod_revision.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::{SecondsFormat, Utc};
+use prost::Message;
+use rand::Rng;
+use skiff_api::api::{
+    Binding, Deployment, Endpoints, Event, Lease, Namespace, Node, Pod, ReplicaSet, Service,
+};
+use skiff_api::rpc::{DeleteRequest, ListRequest, ListResponse, WatchRequest};
+use skiff_api::selector::{FieldSelector, Selector};
+use skiff_api::{KindInfo, Resource};
+use skiff_store::{KeyValue, Store, StoreError};
+use tracing::debug;
+
+use crate::cache::{Filter, WatchCache, WatchReceiver, WatchStart};
+use crate::error::{ApiError, FieldError};
+use crate::strategy::{DeleteContext, DeleteDecision, Strategy};
+use crate::validation::check_object_meta;
+
+/// How often an operation that read-modify-writes an object retries on a conflict it caused
+/// itself (delete, bind).
+const RETRIES: usize = 5;
+/// How many random suffixes `generateName` tries.
+const GENERATE_ATTEMPTS: usize = 8;
+/// Kubernetes' alphabet for generated names (no vowels, no confusable characters).
+const NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+
+/// The finalizer a Foreground delete adds (the garbage collector removes it).
+pub const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
+/// The finalizer an Orphan delete adds (the garbage collector removes it).
+pub const ORPHAN_FINALIZER: &str = "orphan";
+
+/// `/registry/<plural>/`.
+pub(crate) fn key_prefix(info: &KindInfo) -> String {
+    format!("/registry/{}/", info.plural)
+}
+
+fn object_key(info: &KindInfo, namespace: &str, name: &str) -> String {
+    if info.namespaced {
+        format!("{}{namespace}/{name}", key_prefix(info))
+    } else {
+        format!("{}{name}", key_prefix(info))
+    }
+}
+
+/// Decodes a stored object, setting its type meta and its resourceVersion from `revision`.
+pub(crate) fn decode<T: Resource>(bytes: &[u8], revision: i64) -> Result<T, ApiError> {
+    let mut obj = T::decode(bytes)
+        .map_err(|e| ApiError::Internal(format!("cannot decode a stored {}: {e}", T::INFO.kind)))?;
+    obj.set_type_meta();
+    obj.metadata_mut().resource_version = revision.to_string();
+    Ok(obj)
+}
+
+fn decode_kv<T: Resource>(kv: &KeyValue) -> Result<T, ApiError> {
+    decode(&kv.value, kv.mod_revision)
+}
+
+/// The stored encoding: type meta set, resourceVersion cleared.
+fn encode_for_store<T: Resource>(obj: &T) -> Vec<u8> {
+    let mut o = obj.clone();
+    o.set_type_meta();
+    o.metadata_mut().resource_version.clear();
+    o.encode_to_vec()
+}
+
+fn with_revision<T: Resource>(mut obj: T, revision: i64) -> T {
+    obj.metadata_mut().resource_version = revision.to_string();
+    obj
+}
+
+/// RFC 3339 UTC with seconds precision, e.g. `2024-05-01T12:00:00Z`.
+pub(crate) fn now_rfc3339() -> String {
+    Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+fn rfc3339_in(seconds: i64) -> String {
+    (Utc::now() + chrono::Duration::seconds(seconds)).to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+fn random_suffix() -> String {
+    let mut rng = rand::rng();
+    (0..5)
+        .map(|_| char::from(NAME_ALPHABET[rng.random_range(0..NAME_ALPHABET.len())]))
+        .collect()
+}
+
+fn decode_request<T: Message + Default>(bytes: &[u8], kind: &str) -> Result<T, ApiError> {
+    T::decode(bytes)
+        .map_err(|e| ApiError::BadRequest(format!("cannot decode the {kind} object: {e}")))
+}
+
+fn parse_revision(rv: &str) -> Option<i64> {
+    rv.parse::<i64>().ok().filter(|r| *r >= 0)
+}
+
+/// Parses the selectors of a list or watch, rejecting field paths the type has no value for.
+fn parse_filter<T: Resource>(
+    namespace: &str,
+    label_selector: &str,
+    field_selector: &str,
+) -> Result<Filter, ApiError> {
+    let labels =
+        Selector::parse(label_selector).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let fields =
+        FieldSelector::parse(field_selector).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let probe = <T as Default>::default();
+    if let Some(bad) = fields.paths().find(|p| probe.field(p).is_none()) {
+        return Err(ApiError::BadRequest(format!(
+            "field label not supported for {}: {bad}",
+            T::INFO.qualified()
+        )));
+    }
+    Ok(Filter {
+        namespace: if T::INFO.namespaced {
+            namespace.to_string()
+        } else {
+            String::new()
+        },
+        labels,
+        fields,
+    })
+}
+
+/// The object-safe face of a resource type's handler. Objects travel encoded.
+#[async_trait]
+pub trait ResourceHandler: Send + Sync {
+    fn info(&self) -> &'static KindInfo;
+    async fn create(&self, namespace: &str, object: &[u8]) -> Result<Vec<u8>, ApiError>;
+    async fn get(&self, namespace: &str, name: &str) -> Result<Vec<u8>, ApiError>;
+    async fn list(&self, req: &ListRequest) -> Result<ListResponse, ApiError>;
+    async fn update(
+        &self,
+        namespace: &str,
+        object: &[u8],
+        subresource: &str,
+    ) -> Result<Vec<u8>, ApiError>;
+    async fn delete(&self, req: &DeleteRequest) -> Result<Vec<u8>, ApiError>;
+    async fn watch(&self, req: &WatchRequest) -> Result<WatchReceiver, ApiError>;
+    /// The binding subresource (pods only).
+    async fn bind(&self, namespace: &str, binding: &[u8]) -> Result<Vec<u8>, ApiError>;
+    /// Store watches opened by this type's watch cache.
+    fn store_watches(&self) -> u64;
+    /// Stops the watch cache, ending every watcher.
+    fn stop(&self);
+}
+
+/// Every operation of one resource type, implemented once for all types.
+pub struct Handler<T: Strategy> {
+    store: Arc<dyn Store>,
+    cache: Arc<WatchCache<T>>,
+}
+
+impl<T: Strategy> Handler<T> {
+    /// Starts the type's watch cache (listing its objects) and returns the handler.
+    pub(crate) async fn start(
+        store: Arc<dyn Store>,
+        cache_capacity: usize,
+    ) -> Result<Self, StoreError> {
+        let cache = WatchCache::start(Arc::clone(&store), cache_capacity).await?;
+        Ok(Handler { store, cache })
+    }
+
+    fn info() -> &'static KindInfo {
+        &T::INFO
+    }
+
+    fn invalid(name: &str, errors: Vec<FieldError>) -> ApiError {
+        ApiError::invalid(Self::info(), name, errors)
+    }
+
+    /// apiVersion and kind must be empty or this type's.
+    fn check_type_meta(obj: &T, errors: &mut Vec<FieldError>) {
+        let info = Self::info();
+        if !obj.api_version().is_empty() && obj.api_version() != info.api_version {
+            errors.push(FieldError::invalid(
+                "apiVersion",
+                obj.api_version(),
+                format!("must be {:?} for {}", info.api_version, info.qualified()),
+            ));
+        }
+        if !obj.kind().is_empty() && obj.kind() != info.kind {
+            errors.push(FieldError::invalid(
+                "kind",
+                obj.kind(),
+                format!("must be {:?} for {}", info.kind, info.qualified()),
+            ));
+        }
+    }
+
+    /// The namespace of a write: the request's and the object's must agree; namespaced kinds
+    /// need one, cluster-scoped kinds must not have one in the object (a request namespace is
+    /// ignored for them, as kubectl does).
+    fn write_namespace(req_ns: &str, obj: &T) -> Result<String, ApiError> {
+        let obj_ns = obj.namespace();
+        if !Self::info().namespaced {
+            if !obj_ns.is_empty() {
+                return Err(Self::invalid(
+                    obj.name(),
+                    vec![FieldError::forbidden(
+                        "metadata.namespace",
+                        format!(
+                            "not allowed on this type ({} are cluster-scoped)",
+                            Self::info().plural
+                        ),
+                    )],
+                ));
+            }
+            return Ok(String::new());
+        }
+        match (req_ns, obj_ns) {
+            ("", "") => Err(Self::invalid(
+                obj.name(),
+                vec![FieldError::required("metadata.namespace", "")],
+            )),
+            (r, "") => Ok(r.to_string()),
+            ("", o) => Ok(o.to_string()),
+            (r, o) if r == o => Ok(r.to_string()),
+            (r, o) => Err(ApiError::BadRequest(format!(
+                "the namespace of the provided object ({o:?}) does not match the namespace \
+                 sent on the request ({r:?})"
+            ))),
+        }
+    }
+
+    /// The namespace of a read or delete by name.
+    fn read_namespace(req_ns: &str) -> Result<&str, ApiError> {
+        if !Self::info().namespaced {
+            Ok("")
+        } else if req_ns.is_empty() {
+            Err(ApiError::BadRequest(format!(
+                "a namespace is required for {}",
+                Self::info().plural
+            )))
+        } else {
+            Ok(req_ns)
+        }
+    }
+
+    fn key(namespace: &str, name: &str) -> String {
+        object_key(Self::info(), namespace, name)
+    }
+
+    /// Fails unless `namespace` exists and is not terminating.
+    async fn check_namespace_accepts(&self, namespace: &str) -> Result<(), ApiError> {
+        let key = object_key(&Namespace::INFO, "", namespace);
+        let kv = self
+            .store
+            .get(&key)
+            .await
+            .map_err(ApiError::from_store)?
+            .ok_or_else(|| ApiError::NamespaceNotFound(namespace.to_string()))?;
+        let ns: Namespace = decode_kv(&kv)?;
+        let terminating = ns
+            .metadata
+            .as_ref()
+            .is_some_and(|m| !m.deletion_timestamp.is_empty())
+            || ns.status.as_ref().is_some_and(|s| s.phase == "Terminating");
+        if terminating {
+            Err(ApiError::NamespaceTerminating(namespace.to_string()))
+        } else {
+            Ok(())
+        }
+    }
+
+    async fn read(&self, key: &str, name: &str) -> Result<(KeyValue, T), ApiError> {
+        let kv = self
+            .store
+            .get(key)
+            .await
+            .map_err(ApiError::from_store)?
+            .ok_or_else(|| ApiError::not_found(Self::info(), name))?;
+        let obj = decode_kv(&kv)?;
+        Ok((kv, obj))
+    }
+
+    /// Create: type meta, namespace, generated name, uid/creationTimestamp/generation,
+    /// defaulting, validation, then an atomic create in the store. The status is kept (nodes
+    /// are created by their agents with a status).
+    pub async fn create_object(&self, req_ns: &str, mut obj: T) -> Result<T, ApiError> {
+        let info = Self::info();
+        let mut errors = Vec::new();
+        Self::check_type_meta(&obj, &mut errors);
+        let namespace = Self::write_namespace(req_ns, &obj)?;
+        {
+            let m = obj.metadata_mut();
+            m.namespace = namespace.clone();
+            m.uid = uuid::Uuid::new_v4().to_string();
+            m.creation_timestamp = now_rfc3339();
+            m.generation = 1;
+            m.resource_version.clear();
+            m.deletion_timestamp.clear();
+            m.deletion_grace_period_seconds = None;
+        }
+        obj.set_type_meta();
+        obj.prepare_create();
+        Strategy::default(&mut obj);
+        let generated = obj.name().is_empty() && !obj.metadata_mut().generate_name.is_empty();
+        if generated {
+            let m = obj.metadata_mut();
+            m.name = format!("{}{}", m.generate_name, random_suffix());
+        }
+        let shown_name = if generated {
+            obj.metadata_mut().generate_name.clone()
+        } else {
+            obj.name().to_string()
+        };
+        if let Some(m) = obj.metadata() {
+            check_object_meta(&mut errors, m, T::NAME_RULE, generated);
+        }
+        errors.extend(obj.validate());
+        if !errors.is_empty() {
+            return Err(Self::invalid(&shown_name, errors));
+        }
+        if info.namespaced {
+            self.check_namespace_accepts(&namespace).await?;
+        }
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let key = Self::key(&namespace, obj.name());
+            match self.store.create(&key, encode_for_store(&obj)).await {
+                Ok(kv) => {
+                    debug!(
+                        resource = info.plural,
+                        namespace,
+                        name = obj.name(),
+                        "created"
+                    );
+                    return Ok(with_revision(obj, kv.mod_revision));
+                }
+                Err(StoreError::AlreadyExists { .. })
+                    if generated && attempt < GENERATE_ATTEMPTS =>
+                {
+                    let m = obj.metadata_mut();
+                    m.name = format!("{}{}", m.generate_name, random_suffix());
+                }
+                Err(StoreError::AlreadyExists { .. }) => {
+                    return Err(ApiError::already_exists(info, obj.name()));
+                }
+                Err(e) => return Err(ApiError::from_store(e)),
+            }
+        }
+    }
+
+    pub async fn get_object(&self, req_ns: &str, name: &str) -> Result<T, ApiError> {
+        let namespace = Self::read_namespace(req_ns)?;
+        Ok(self.read(&Self::key(namespace, name), name).await?.1)
+    }
+
+    /// A consistent list from the store, filtered; returns the items and the listing
+    /// revision.
+    pub async fn list_objects(&self, req: &ListRequest) -> Result<(Vec<T>, i64), ApiError> {
+        let filter = parse_filter::<T>(&req.namespace, &req.label_selector, &req.field_selector)?;
+        let prefix = if filter.namespace.is_empty() {
+            key_prefix(Self::info())
+        } else {
+            format!("{}{}/", key_prefix(Self::info()), filter.namespace)
+        };
+        let listing = self
+            .store
+            .list(&prefix, None)
+            .await
+            .map_err(ApiError::from_store)?;
+        let mut items = Vec::new();
+        for kv in &listing.items {
+            let obj: T = decode_kv(kv)?;
+            if filter.matches(&obj) {
+                items.push(obj);
+            }
+        }
+        Ok((items, listing.revision))
+    }
+
+    /// Update of the object (`subresource` "") or of its status ("status"), compare-and-swap
+    /// on `metadata.resourceVersion`.
+    ///
+    /// The main update keeps the stored status, uid, creationTimestamp and deletion fields,
+    /// and bumps generation iff the spec changed; the status update takes only the status.
+    /// When an object being deleted (with grace 0) loses its last finalizer, it is deleted
+    /// (unless the kind's delete hook still keeps it, e.g. a namespace that is not empty).
+    /// An update that changes nothing is not written (the stored object is returned).
+    pub async fn update_object(
+        &self,
+        req_ns: &str,
+        new: T,
+        subresource: &str,
+    ) -> Result<T, ApiError> {
+        let info = Self::info();
+        let status_only = match subresource {
+            "" => false,
+            "status" if info.has_status => true,
+            other => {
+                return Err(ApiError::BadRequest(format!(
+                    "{} has no subresource {other:?}",
+                    info.qualified()
+                )));
+            }
+        };
+        let mut errors = Vec::new();
+        Self::check_type_meta(&new, &mut errors);
+        let namespace = Self::write_namespace(req_ns, &new)?;
+        let name = new.name().to_string();
+        if name.is_empty() {
+            errors.push(FieldError::required("metadata.name", ""));
+        }
+        let rv = new.resource_version();
+        let expected = if rv.is_empty() {
+            errors.push(FieldError::message(
+                "metadata.resourceVersion",
+                "must be specified for an update",
+            ));
+            None
+        } else {
+            let parsed = parse_revision(rv);
+            if parsed.is_none() {
+                errors.push(FieldError::invalid(
+                    "metadata.resourceVersion",
+                    rv,
+                    "must be a decimal revision",
+                ));
+            }
+            parsed
+        };
+        let Some(expected) = expected.filter(|_| errors.is_empty()) else {
+            return Err(Self::invalid(&name, errors));
+        };
+        let key = Self::key(&namespace, &name);
+        let (kv, old) = self.read(&key, &name).await?;
+        if kv.mod_revision != expected {
+            return Err(ApiError::modified(info, &name));
+        }
+        let old_meta = old.metadata().cloned().unwrap_or_default();
+        let new_uid = new.metadata().map(|m| m.uid.clone()).unwrap_or_default();
+        if !new_uid.is_empty() && new_uid != old_meta.uid {
+            return Err(ApiError::Conflict(format!(
+                "Precondition failed: UID in precondition: {new_uid}, UID in object meta: {}",
+                old_meta.uid
+            )));
+        }
+        let mut obj = if status_only {
+            let mut o = old.clone();
+            o.copy_status_from(&new);
+            o
+        } else {
+            let mut o = new;
+            o.copy_status_from(&old);
+            let m = o.metadata_mut();
+            m.namespace = namespace.clone();
+            m.uid = old_meta.uid.clone();
+            m.creation_timestamp = old_meta.creation_timestamp.clone();
+            m.deletion_timestamp = old_meta.deletion_timestamp.clone();
+            m.deletion_grace_period_seconds = old_meta.deletion_grace_period_seconds;
+            m.generation = old_meta.generation;
+            o.prepare_update(&old);
+            o
+        };
+        obj.set_type_meta();
+        obj.metadata_mut().resource_version = old.resource_version().to_string();
+        Strategy::default(&mut obj);
+        if !status_only && !obj.spec_eq(&old) {
+            obj.metadata_mut().generation = old_meta.generation + 1;
+        }
+        if let Some(m) = obj.metadata() {
+            check_object_meta(&mut errors, m, T::NAME_RULE, false);
+            if !old_meta.deletion_timestamp.is_empty()
+                && m.finalizers
+                    .iter()
+                    .any(|f| !old_meta.finalizers.contains(f))
+            {
+                errors.push(FieldError::forbidden(
+                    "metadata.finalizers",
+                    "no new finalizers can be added if the object is being deleted",
+                ));
+            }
+        }
+        errors.extend(obj.validate());
+        errors.extend(obj.validate_update(&old));
+        if !errors.is_empty() {
+            return Err(Self::invalid(&name, errors));
+        }
+        if obj == old {
+            return Ok(old);
+        }
+        let finalized = obj.metadata().is_some_and(|m| {
+            !m.deletion_timestamp.is_empty()
+                && m.finalizers.is_empty()
+                && m.deletion_grace_period_seconds.unwrap_or(0) == 0
+        }) && !old_meta.finalizers.is_empty();
+        // The kind may still hold it back (a namespace that is not empty yet).
+        let finalized = finalized && {
+            let ctx = DeleteContext {
+                store: self.store.as_ref(),
+                grace_period_seconds: Some(0),
+            };
+            obj.clone().delete_decision(&ctx).await? == DeleteDecision::Now
+        };
+        if finalized {
+            return match self.store.delete(&key, Some(expected)).await {
+                Ok((_, revision)) => {
+                    debug!(
+                        resource = info.plural,
+                        namespace, name, "finalized and deleted"
+                    );
+                    Ok(with_revision(obj, revision))
+                }
+                Err(StoreError::Conflict { .. }) => Err(ApiError::modified(info, &name)),
+                Err(StoreError::NotFound { .. }) => Err(ApiError::not_found(info, &name)),
+                Err(e) => Err(ApiError::from_store(e)),
+            };
+        }
+        match self
+            .store
+            .update(&key, encode_for_store(&obj), expected)
+            .await
+        {
+            Ok(kv) => Ok(with_revision(obj, kv.mod_revision)),
+            Err(StoreError::Conflict { .. }) => Err(ApiError::modified(info, &name)),
+            Err(StoreError::NotFound { .. }) => Err(ApiError::not_found(info, &name)),
+            Err(e) => Err(ApiError::from_store(e)),
+        }
+    }
+
+    /// Delete with preconditions, finalizers and the kind's graceful-delete hook.
+    ///
+    /// `propagation_policy` must be "", Background, Foreground or Orphan. Foreground adds the
+    /// finalizer `foregroundDeletion` and Orphan adds `orphan`, as Kubernetes does; whether
+    /// the object has dependents is not checked — the garbage collector (a later milestone)
+    /// acts on and removes these finalizers.
+    ///
+    /// An object with finalizers, or one the kind's strategy keeps (a bound pod's graceful
+    /// delete, a non-empty namespace), is marked with `deletionTimestamp` (now + grace period,
+    /// as Kubernetes) and `deletionGracePeriodSeconds`, and returned; a later delete can only
+    /// shorten the grace period. Otherwise the object is removed (CAS on the revision read)
+    /// and its last state returned with the delete's revision as resourceVersion.
+    pub async fn delete_object(&self, req: &DeleteRequest) -> Result<T, ApiError> {
+        let info = Self::info();
+        let policy_finalizer = match req.propagation_policy.as_str() {
+            "" | "Background" => None,
+            "Foreground" => Some(FOREGROUND_FINALIZER),
+            "Orphan" => Some(ORPHAN_FINALIZER),
+            other => {
+                return Err(ApiError::BadRequest(format!(
+                    "unsupported propagation policy {other:?}: want Background, Foreground or \
+                     Orphan"
+                )));
+            }
+        };
+        // Kubernetes treats negative grace periods as 1 s.
+        let grace = req.grace_period_seconds.map(|g| if g < 0 { 1 } else { g });
+        let namespace = Self::read_namespace(&req.namespace)?;
+        let name = req.name.as_str();
+        let key = Self::key(namespace, name);
+        let precondition_rv = if req.precondition_resource_version.is_empty() {
+            None
+        } else {
+            Some(
+                parse_revision(&req.precondition_resource_version).ok_or_else(|| {
+                    ApiError::BadRequest(format!(
+                        "invalid precondition resourceVersion {:?}",
+                        req.precondition_resource_version
+                    ))
+                })?,
+            )
+        };
+        for _ in 0..RETRIES {
+            let (kv, obj) = self.read(&key, name).await?;
+            let meta = obj.metadata().cloned().unwrap_or_default();
+            if !req.precondition_uid.is_empty() && req.precondition_uid != meta.uid {
+                return Err(ApiError::Conflict(format!(
+                    "Precondition failed: UID in precondition: {}, UID in object meta: {}",
+                    req.precondition_uid, meta.uid
+                )));
+            }
+            if let Some(rv) = precondition_rv
+                && rv != kv.mod_revision
+            {
+                return Err(ApiError::Conflict(format!(
+                    "Precondition failed: ResourceVersion in precondition: {rv}, \
+                     ResourceVersion in object meta: {}",
+                    kv.mod_revision
+                )));
+            }
+            let mut marked = obj.clone();
+            if let Some(f) = policy_finalizer
+                && !meta.finalizers.iter().any(|x| x == f)
+            {
+                marked.metadata_mut().finalizers.push(f.to_string());
+            }
+            let ctx = DeleteContext {
+                store: self.store.as_ref(),
+                grace_period_seconds: grace,
+            };
+            let decision = marked.delete_decision(&ctx).await?;
+            let has_finalizers = marked.metadata().is_some_and(|m| !m.finalizers.is_empty());
+            if decision == DeleteDecision::Now && !has_finalizers {
+                match self.store.delete(&key, Some(kv.mod_revision)).await {
+                    Ok((_, revision)) => {
+                        debug!(resource = info.plural, namespace, name, "deleted");
+                        return Ok(with_revision(obj, revision));
+                    }
+                    Err(StoreError::Conflict { .. }) if precondition_rv.is_none() => continue,
+                    Err(StoreError::Conflict { .. }) => {
+                        return Err(ApiError::modified(info, name));
+                    }
+                    Err(StoreError::NotFound { .. }) => {
+                        return Err(ApiError::not_found(info, name));
+                    }
+                    Err(e) => return Err(ApiError::from_store(e)),
+                }
+            }
+            let grace_seconds = match decision {
+                DeleteDecision::Now => 0,
+                DeleteDecision::Defer {
+                    grace_period_seconds,
+                } => grace_period_seconds.max(0),
+            };
+            {
+                let m = marked.metadata_mut();
+                let shorter = m
+                    .deletion_grace_period_seconds
+                    .is_none_or(|current| grace_seconds < current);
+                if m.deletion_timestamp.is_empty() || shorter {
+                    m.deletion_timestamp = rfc3339_in(grace_seconds);
+                    m.deletion_grace_period_seconds = Some(grace_seconds);
+                }
+            }
+            Strategy::default(&mut marked);
+            if marked == obj {
+                return Ok(obj);
+            }
+            match self
+                .store
+                .update(&key, encode_for_store(&marked), kv.mod_revision)
+                .await
+            {
+                Ok(kv) => {
+                    debug!(
+                        resource = info.plural,
+                        namespace, name, grace_seconds, "marked for deletion"
+                    );
+                    return Ok(with_revision(marked, kv.mod_revision));
+                }
+                Err(StoreError::Conflict { .. }) if precondition_rv.is_none() => continue,
+                Err(StoreError::Conflict { .. }) => return Err(ApiError::modified(info, name)),
+                Err(StoreError::NotFound { .. }) => return Err(ApiError::not_found(info, name)),
+                Err(e) => return Err(ApiError::from_store(e)),
+            }
+        }
+        Err(ApiError::modified(info, name))
+    }
+
+    /// The binding subresource: read, let the strategy bind, validate, CAS; retried on
+    /// conflicts as long as the strategy still accepts (e.g. the pod is still unbound).
+    pub async fn bind_object(&self, req_ns: &str, binding: Binding) -> Result<T, ApiError> {
+        let info = Self::info();
+        let meta = binding.metadata.clone().unwrap_or_default();
+        if meta.name.is_empty() {
+            return Err(ApiError::Invalid {
+                kind: "Binding".into(),
+                name: String::new(),
+                errors: vec![FieldError::required("metadata.name", "")],
+            });
+        }
+        let namespace = match (req_ns, meta.namespace.as_str()) {
+            (r, o) if !r.is_empty() && !o.is_empty() && r != o => {
+                return Err(ApiError::BadRequest(format!(
+                    "the namespace of the binding ({o:?}) does not match the namespace sent on \
+                     the request ({r:?})"
+                )));
+            }
+            ("", o) => o,
+            (r, _) => r,
+        };
+        let namespace = Self::read_namespace(namespace)?;
+        let name = meta.name.as_str();
+        let key = Self::key(namespace, name);
+        for _ in 0..RETRIES {
+            let (kv, obj) = self.read(&key, name).await?;
+            if !meta.uid.is_empty() && obj.metadata().is_some_and(|m| m.uid != meta.uid) {
+                return Err(ApiError::Conflict(format!(
+                    "Precondition failed: UID in precondition: {}, UID in object meta: {}",
+                    meta.uid,
+                    obj.metadata().map(|m| m.uid.as_str()).unwrap_or("")
+                )));
+            }
+            let mut bound = obj.clone();
+            bound.bind(&binding, &now_rfc3339())?;
+            if !bound.spec_eq(&obj) {
+                let m = bound.metadata_mut();
+                m.generation += 1;
+            }
+            let mut errors = Vec::new();
+            if let Some(m) = bound.metadata() {
+                check_object_meta(&mut errors, m, T::NAME_RULE, false);
+            }
+            errors.extend(bound.validate());
+            if !errors.is_empty() {
+                return Err(Self::invalid(name, errors));
+            }
+            match self
+                .store
+                .update(&key, encode_for_store(&bound), kv.mod_revision)
+                .await
+            {
+                Ok(kv) => return Ok(with_revision(bound, kv.mod_revision)),
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(StoreError::NotFound { .. }) => return Err(ApiError::not_found(info, name)),
+                Err(e) => return Err(ApiError::from_store(e)),
+            }
+        }
+        Err(ApiError::modified(info, name))
+    }
+
+    /// A client watch served from the watch cache.
+    pub async fn watch_objects(&self, req: &WatchRequest) -> Result<WatchReceiver, ApiError> {
+        let filter = parse_filter::<T>(&req.namespace, &req.label_selector, &req.field_selector)?;
+        let start =
+            match req.resource_version.as_str() {
+                "" | "0" => WatchStart::Snapshot,
+                rv => WatchStart::After(parse_revision(rv).ok_or_else(|| {
+                    ApiError::BadRequest(format!("invalid resourceVersion {rv:?}"))
+                })?),
+            };
+        self.cache.watch(start, filter).await
+    }
+}
+
+/// A handler owns its watch cache: dropping it (e.g. when starting the registry failed
+/// half-way) stops the cache's feeder task.
+impl<T: Strategy> Drop for Handler<T> {
+    fn drop(&mut self) {
+        self.cache.stop();
+    }
+}
+
+#[async_trait]
+impl<T: Strategy> ResourceHandler for Handler<T> {
+    fn info(&self) -> &'static KindInfo {
+        Self::info()
+    }
+
+    async fn create(&self, namespace: &str, object: &[u8]) -> Result<Vec<u8>, ApiError> {
+        let obj = decode_request::<T>(object, T::INFO.kind)?;
+        Ok(self.create_object(namespace, obj).await?.encode_to_vec())
+    }
+
+    async fn get(&self, namespace: &str, name: &str) -> Result<Vec<u8>, ApiError> {
+        Ok(self.get_object(namespace, name).await?.encode_to_vec())
+    }
+
+    async fn list(&self, req: &ListRequest) -> Result<ListResponse, ApiError> {
+        let (items, revision) = self.list_objects(req).await?;
+        Ok(ListResponse {
+            items: items.iter().map(Message::encode_to_vec).collect(),
+            resource_version: revision.to_string(),
+        })
+    }
+
+    async fn update(
+        &self,
+        namespace: &str,
+        object: &[u8],
+        subresource: &str,
+    ) -> Result<Vec<u8>, ApiError> {
+        let obj = decode_request::<T>(object, T::INFO.kind)?;
+        Ok(self
+            .update_object(namespace, obj, subresource)
+            .await?
+            .encode_to_vec())
+    }
+
+    async fn delete(&self, req: &DeleteRequest) -> Result<Vec<u8>, ApiError> {
+        Ok(self.delete_object(req).await?.encode_to_vec())
+    }
+
+    async fn watch(&self, req: &WatchRequest) -> Result<WatchReceiver, ApiError> {
+        self.watch_objects(req).await
+    }
+
+    async fn bind(&self, namespace: &str, binding: &[u8]) -> Result<Vec<u8>, ApiError> {
+        let binding = decode_request::<Binding>(binding, "Binding")?;
+        Ok(self.bind_object(namespace, binding).await?.encode_to_vec())
+    }
+
+    fn store_watches(&self) -> u64 {
+        self.cache.store_watches()
+    }
+
+    fn stop(&self) {
+        self.cache.stop();
+    }
+}
+
+/// Every served resource type by plural name.
+pub struct Registry {
+    handlers: BTreeMap<&'static str, Arc<dyn ResourceHandler>>,
+}
+
+impl Registry {
+    /// Starts a handler (and its watch cache) for every type in [`skiff_api::kinds`].
+    pub(crate) async fn start(
+        store: Arc<dyn Store>,
+        cache_capacity: usize,
+    ) -> Result<Self, StoreError> {
+        async fn add<T: Strategy>(
+            handlers: &mut BTreeMap<&'static str, Arc<dyn ResourceHandler>>,
+            store: &Arc<dyn Store>,
+            capacity: usize,
+        ) -> Result<(), StoreError> {
+            let handler = Handler::<T>::start(Arc::clone(store), capacity).await?;
+            handlers.insert(T::INFO.plural, Arc::new(handler));
+            Ok(())
+        }
+        let mut handlers = BTreeMap::new();
+        let h = &mut handlers;
+        // The one list of typed kinds; `missing_kinds` checks it against skiff_api::kinds().
+        add::<Namespace>(h, &store, cache_capacity).await?;
+        add::<Node>(h, &store, cache_capacity).await?;
+        add::<Pod>(h, &store, cache_capacity).await?;
+        add::<Service>(h, &store, cache_capacity).await?;
+        add::<Endpoints>(h, &store, cache_capacity).await?;
+        add::<Event>(h, &store, cache_capacity).await?;
+        add::<ReplicaSet>(h, &store, cache_capacity).await?;
+        add::<Deployment>(h, &store, cache_capacity).await?;
+        add::<Lease>(h, &store, cache_capacity).await?;
+        Ok(Registry { handlers })
+    }
+
+    /// Kinds in [`skiff_api::kinds`] without a handler (empty unless the list above is
+    /// stale).
+    pub(crate) fn missing_kinds(&self) -> Vec<&'static str> {
+        skiff_api::kinds()
+            .iter()
+            .map(|k| k.info().plural)
+            .filter(|p| !self.handlers.contains_key(p))
+            .collect()
+    }
+
+    /// The handler for a resource named by plural (or any name `find_kind` understands:
+    /// `po`, `Pod`, `deployments.apps`).
+    pub fn handler(&self, resource: &str) -> Result<&Arc<dyn ResourceHandler>, ApiError> {
+        self.handlers
+            .get(resource)
+            .or_else(|| {
+                skiff_api::find_kind(resource).and_then(|k| self.handlers.get(k.info().plural))
+            })
+            .ok_or_else(|| ApiError::UnknownResource(resource.to_string()))
+    }
+
+    /// Every served type, in the order of [`skiff_api::kinds`].
+    pub fn infos(&self) -> Vec<&'static KindInfo> {
+        skiff_api::kinds()
+            .iter()
+            .filter_map(|k| self.handlers.get(k.info().plural).map(|h| h.info()))
+            .collect()
+    }
+
+    /// Store watches opened by each type's watch cache.
+    pub fn store_watches(&self) -> BTreeMap<&'static str, u64> {
+        self.handlers
+            .iter()
+            .map(|(p, h)| (*p, h.store_watches()))
+            .collect()
+    }
+
+    /// Stops every watch cache (ending all watchers).
+    pub fn stop(&self) {
+        for h in self.handlers.values() {
+            h.stop();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys() {
+        assert_eq!(object_key(&Pod::INFO, "ns", "p"), "/registry/pods/ns/p");
+        assert_eq!(object_key(&Node::INFO, "", "n"), "/registry/nodes/n");
+        assert_eq!(key_prefix(&Deployment::INFO), "/registry/deployments/");
+    }
+
+    #[test]
+    fn generated_suffixes() {
+        let s = random_suffix();
+        assert_eq!(s.len(), 5);
+        assert!(s.bytes().all(|c| NAME_ALPHABET.contains(&c)));
+    }
+
+    #[test]
+    fn timestamps_are_rfc3339_seconds_utc() {
+        let t = now_rfc3339();
+        assert!(chrono::DateTime::parse_from_rfc3339(&t).is_ok(), "{t}");
+        assert!(t.ends_with('Z') && t.len() == 20, "{t}");
+    }
+
+    #[test]
+    fn field_selectors_are_checked_per_type() {
+        assert!(parse_filter::<Pod>("", "", "spec.nodeName=n1,status.phase!=Failed").is_ok());
+        let err = parse_filter::<Deployment>("", "", "spec.nodeName=n1").expect_err("unsupported");
+        assert!(err.to_string().contains("spec.nodeName"), "{err}");
+        assert!(parse_filter::<Pod>("", "a in (", "").is_err());
+    }
+}

@@ -1,0 +1,337 @@
+//! ReplicaSets and Deployments: replicas, selector/template agreement, rollout strategy, and
+//! the immutable selector.
+
+use skiff_api::api::{
+    Deployment, DeploymentStrategy, LabelSelector, PodTemplateSpec, ReplicaSet,
+    RollingUpdateDeployment,
+};
+
+use super::Strategy;
+use super::pod::{default_pod_spec, validate_pod_spec};
+use crate::error::FieldError;
+use crate::validation as v;
+
+fn default_template(t: Option<&mut PodTemplateSpec>) {
+    if let Some(spec) = t.and_then(|t| t.spec.as_mut()) {
+        default_pod_spec(spec);
+    }
+}
+
+/// What ReplicaSet and Deployment validation share: replicas, selector vs. template labels,
+/// the template's pod spec (restartPolicy must be Always).
+fn validate_replicated(
+    out: &mut Vec<FieldError>,
+    replicas: Option<i32>,
+    selector: Option<&LabelSelector>,
+    template: Option<&PodTemplateSpec>,
+    min_ready_seconds: i32,
+) {
+    if let Some(r) = replicas {
+        v::check_non_negative(out, "spec.replicas", r.into());
+    }
+    v::check_non_negative(out, "spec.minReadySeconds", min_ready_seconds.into());
+    let Some(template) = template else {
+        out.push(FieldError::required("spec.template", ""));
+        if selector.is_none() {
+            out.push(FieldError::required("spec.selector", ""));
+        }
+        return;
+    };
+    let labels = template
+        .metadata
+        .as_ref()
+        .map(|m| m.labels.clone())
+        .unwrap_or_default();
+    v::check_labels(out, "spec.template.metadata.labels", &labels);
+    v::check_selector_matches_template(out, selector, &labels);
+    validate_pod_spec(out, "spec.template.spec", template.spec.as_ref());
+    if let Some(spec) = &template.spec {
+        if spec.restart_policy != "Always" {
+            out.push(FieldError::not_supported(
+                "spec.template.spec.restartPolicy",
+                &spec.restart_policy,
+                &["Always"],
+            ));
+        }
+        if spec.active_deadline_seconds.is_some() {
+            out.push(FieldError::forbidden(
+                "spec.template.spec.activeDeadlineSeconds",
+                "activeDeadlineSeconds in ReplicaSet is not Supported",
+            ));
+        }
+    }
+}
+
+fn selector_immutable(
+    out: &mut Vec<FieldError>,
+    new: Option<&LabelSelector>,
+    old: Option<&LabelSelector>,
+) {
+    if new != old {
+        out.push(FieldError::immutable(
+            "spec.selector",
+            new.cloned().unwrap_or_default(),
+        ));
+    }
+}
+
+impl Strategy for ReplicaSet {
+    /// replicas 1; the template's pod spec gets pod defaults.
+    fn default(&mut self) {
+        if let Some(spec) = self.spec.as_mut() {
+            spec.replicas.get_or_insert(1);
+            default_template(spec.template.as_mut());
+        }
+    }
+
+    fn validate(&self) -> Vec<FieldError> {
+        let mut out = Vec::new();
+        let Some(spec) = &self.spec else {
+            out.push(FieldError::required("spec", ""));
+            return out;
+        };
+        validate_replicated(
+            &mut out,
+            spec.replicas,
+            spec.selector.as_ref(),
+            spec.template.as_ref(),
+            spec.min_ready_seconds,
+        );
+        out
+    }
+
+    fn validate_update(&self, old: &Self) -> Vec<FieldError> {
+        let mut out = Vec::new();
+        selector_immutable(
+            &mut out,
+            self.spec.as_ref().and_then(|s| s.selector.as_ref()),
+            old.spec.as_ref().and_then(|s| s.selector.as_ref()),
+        );
+        out
+    }
+}
+
+/// Checks a maxSurge/maxUnavailable value: a non-negative integer or a percentage; returns
+/// whether it is zero.
+fn check_int_or_percent(out: &mut Vec<FieldError>, path: &str, value: &str) -> bool {
+    let (number, percent) = match value.strip_suffix('%') {
+        Some(n) => (n, true),
+        None => (value, false),
+    };
+    match number.parse::<i64>() {
+        Ok(n) if n < 0 => {
+            out.push(FieldError::invalid(
+                path,
+                value,
+                "must be greater than or equal to 0",
+            ));
+            false
+        }
+        Ok(n) if percent && n > 100 => {
+            out.push(FieldError::invalid(
+                path,
+                value,
+                "must not be greater than 100%",
+            ));
+            false
+        }
+        Ok(n) => n == 0,
+        Err(_) => {
+            out.push(FieldError::invalid(
+                path,
+                value,
+                "must be an integer or percentage (e.g '5%')",
+            ));
+            false
+        }
+    }
+}
+
+impl Strategy for Deployment {
+    /// replicas 1, strategy RollingUpdate with maxSurge/maxUnavailable 25%,
+    /// revisionHistoryLimit 10, progressDeadlineSeconds 600; pod defaults for the template.
+    fn default(&mut self) {
+        let Some(spec) = self.spec.as_mut() else {
+            return;
+        };
+        spec.replicas.get_or_insert(1);
+        spec.revision_history_limit.get_or_insert(10);
+        spec.progress_deadline_seconds.get_or_insert(600);
+        let strategy = spec
+            .strategy
+            .get_or_insert_with(DeploymentStrategy::default);
+        if strategy.r#type.is_empty() {
+            strategy.r#type = "RollingUpdate".into();
+        }
+        if strategy.r#type == "RollingUpdate" {
+            let ru = strategy
+                .rolling_update
+                .get_or_insert_with(RollingUpdateDeployment::default);
+            ru.max_surge.get_or_insert_with(|| "25%".into());
+            ru.max_unavailable.get_or_insert_with(|| "25%".into());
+        }
+        default_template(spec.template.as_mut());
+    }
+
+    fn validate(&self) -> Vec<FieldError> {
+        let mut out = Vec::new();
+        let Some(spec) = &self.spec else {
+            out.push(FieldError::required("spec", ""));
+            return out;
+        };
+        validate_replicated(
+            &mut out,
+            spec.replicas,
+            spec.selector.as_ref(),
+            spec.template.as_ref(),
+            spec.min_ready_seconds,
+        );
+        if let Some(s) = &spec.strategy {
+            match s.r#type.as_str() {
+                "RollingUpdate" => {
+                    if let Some(ru) = &s.rolling_update {
+                        let p = "spec.strategy.rollingUpdate";
+                        let surge_zero = ru.max_surge.as_deref().is_some_and(|m| {
+                            check_int_or_percent(&mut out, &format!("{p}.maxSurge"), m)
+                        });
+                        let unavailable_zero = ru.max_unavailable.as_deref().is_some_and(|m| {
+                            check_int_or_percent(&mut out, &format!("{p}.maxUnavailable"), m)
+                        });
+                        if surge_zero && unavailable_zero {
+                            out.push(FieldError::invalid(
+                                format!("{p}.maxUnavailable"),
+                                ru.max_unavailable.clone().unwrap_or_default(),
+                                "may not be 0 when `maxSurge` is 0",
+                            ));
+                        }
+                    }
+                }
+                "Recreate" => {
+                    if s.rolling_update.is_some() {
+                        out.push(FieldError::forbidden(
+                            "spec.strategy.rollingUpdate",
+                            "may not be specified when strategy `type` is 'Recreate'",
+                        ));
+                    }
+                }
+                other => out.push(FieldError::not_supported(
+                    "spec.strategy.type",
+                    other,
+                    &["Recreate", "RollingUpdate"],
+                )),
+            }
+        }
+        if let Some(r) = spec.revision_history_limit {
+            v::check_non_negative(&mut out, "spec.revisionHistoryLimit", r.into());
+        }
+        if let Some(p) = spec.progress_deadline_seconds
+            && p <= spec.min_ready_seconds
+        {
+            out.push(FieldError::invalid(
+                "spec.progressDeadlineSeconds",
+                p,
+                "must be greater than minReadySeconds",
+            ));
+        }
+        out
+    }
+
+    fn validate_update(&self, old: &Self) -> Vec<FieldError> {
+        let mut out = Vec::new();
+        selector_immutable(
+            &mut out,
+            self.spec.as_ref().and_then(|s| s.selector.as_ref()),
+            old.spec.as_ref().and_then(|s| s.selector.as_ref()),
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skiff_api::api::{Container, DeploymentSpec, ObjectMeta, PodSpec};
+
+    fn deployment(replicas: Option<i32>) -> Deployment {
+        let labels: std::collections::BTreeMap<String, String> =
+            [("app".to_string(), "web".to_string())].into();
+        let mut d = Deployment {
+            metadata: Some(ObjectMeta {
+                name: "web".into(),
+                ..Default::default()
+            }),
+            spec: Some(DeploymentSpec {
+                replicas,
+                selector: Some(LabelSelector {
+                    match_labels: labels.clone(),
+                    ..Default::default()
+                }),
+                template: Some(PodTemplateSpec {
+                    metadata: Some(ObjectMeta {
+                        labels,
+                        ..Default::default()
+                    }),
+                    spec: Some(PodSpec {
+                        containers: vec![Container {
+                            name: "c".into(),
+                            image: "host".into(),
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    }),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        Strategy::default(&mut d);
+        d
+    }
+
+    #[test]
+    fn defaults() {
+        let d = deployment(None);
+        let spec = d.spec.as_ref().expect("spec");
+        assert_eq!(spec.replicas, Some(1));
+        assert_eq!(spec.revision_history_limit, Some(10));
+        let s = spec.strategy.as_ref().expect("strategy");
+        assert_eq!(s.r#type, "RollingUpdate");
+        let ru = s.rolling_update.as_ref().expect("rollingUpdate");
+        assert_eq!(ru.max_surge.as_deref(), Some("25%"));
+        assert_eq!(ru.max_unavailable.as_deref(), Some("25%"));
+        assert!(d.validate().is_empty(), "{:?}", d.validate());
+    }
+
+    #[test]
+    fn negative_replicas_and_mismatched_selector() {
+        let mut d = deployment(Some(-1));
+        let errs: Vec<String> = d.validate().iter().map(ToString::to_string).collect();
+        assert_eq!(
+            errs,
+            vec!["spec.replicas: Invalid value: -1: must be greater than or equal to 0"]
+        );
+        if let Some(s) = d.spec.as_mut() {
+            s.replicas = Some(1);
+            s.selector = Some(LabelSelector {
+                match_labels: [("app".to_string(), "db".to_string())].into(),
+                ..Default::default()
+            });
+        }
+        let errs: Vec<String> = d.validate().iter().map(ToString::to_string).collect();
+        assert!(
+            errs[0].starts_with("spec.template.metadata.labels: Invalid value"),
+            "{errs:?}"
+        );
+    }
+
+    #[test]
+    fn selector_is_immutable() {
+        let old = deployment(None);
+        let mut new = old.clone();
+        assert!(new.validate_update(&old).is_empty());
+        if let Some(s) = new.spec.as_mut() {
+            s.selector = None;
+        }
+        assert_eq!(new.validate_update(&old).len(), 1);
+    }
+}

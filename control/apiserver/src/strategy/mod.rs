@@ -1,0 +1,405 @@
+//! Per-kind logic: defaulting, validation, delete and bind hooks.
+//!
+//! The registry ([`crate::registry::Handler`]) implements every operation once, generically;
+//! what differs between kinds lives here, in one small [`Strategy`] impl per kind whose
+//! methods all default to "nothing special".
+
+use async_trait::async_trait;
+use skiff_api::Resource;
+use skiff_api::api::{Binding, Endpoints, Event, Lease, Namespace, NamespaceStatus, Node};
+use skiff_store::Store;
+
+use crate::error::{ApiError, FieldError};
+use crate::registry::key_prefix;
+use crate::validation::{self as v, NameRule};
+
+mod apps;
+mod pod;
+mod service;
+
+/// What a delete hook decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeleteDecision {
+    /// Remove the object now (unless finalizers keep it).
+    Now,
+    /// Keep the object, marked with `deletionTimestamp` and this grace period, until a later
+    /// delete decides otherwise (a pod's node agent deletes with grace 0 once it stopped the
+    /// containers; a namespace is removed by a delete once it is empty).
+    Defer { grace_period_seconds: i64 },
+}
+
+/// What a delete hook may consult.
+pub struct DeleteContext<'a> {
+    pub(crate) store: &'a dyn Store,
+    /// The grace period the client asked for, if any.
+    pub grace_period_seconds: Option<i64>,
+}
+
+impl DeleteContext<'_> {
+    /// Whether any namespaced resource has an object in `namespace`.
+    pub async fn namespace_has_content(&self, namespace: &str) -> Result<bool, ApiError> {
+        for kind in skiff_api::kinds() {
+            let info = kind.info();
+            if !info.namespaced {
+                continue;
+            }
+            let prefix = format!("{}{namespace}/", key_prefix(info));
+            let listing = self
+                .store
+                .list(&prefix, None)
+                .await
+                .map_err(ApiError::from_store)?;
+            if !listing.items.is_empty() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}
+
+/// Per-kind behaviour. Every method has a no-op default.
+///
+/// Called by the generic handler in this order — create: [`Strategy::prepare_create`],
+/// [`Strategy::default`], generic metadata validation + [`Strategy::validate`]; update:
+/// (status carried over from the stored object), [`Strategy::prepare_update`],
+/// [`Strategy::default`], [`Strategy::validate`] + [`Strategy::validate_update`].
+#[async_trait]
+pub trait Strategy: Resource {
+    /// Which DNS rule names of this kind follow.
+    const NAME_RULE: NameRule = NameRule::Subdomain;
+
+    /// Fills in defaults (runs on create and on every update).
+    fn default(&mut self) {}
+
+    /// Adjusts a new object before defaulting (e.g. a new pod's phase is Pending).
+    fn prepare_create(&mut self) {}
+
+    /// Adjusts an updated object before defaulting, given the stored one (e.g. a Service
+    /// keeps its allocated clusterIP when the update leaves it empty).
+    fn prepare_update(&mut self, _old: &Self) {}
+
+    /// Kind-specific validation of the whole object.
+    fn validate(&self) -> Vec<FieldError> {
+        Vec::new()
+    }
+
+    /// Kind-specific update rules (immutable fields).
+    fn validate_update(&self, _old: &Self) -> Vec<FieldError> {
+        Vec::new()
+    }
+
+    /// Decides whether a delete removes the object now or marks it and keeps it. May modify
+    /// the object (it is written back when kept).
+    async fn delete_decision(
+        &mut self,
+        _ctx: &DeleteContext<'_>,
+    ) -> Result<DeleteDecision, ApiError> {
+        Ok(DeleteDecision::Now)
+    }
+
+    /// The binding subresource. `now` is the RFC 3339 time of the request.
+    fn bind(&mut self, _binding: &Binding, _now: &str) -> Result<(), ApiError> {
+        Err(ApiError::BadRequest(format!(
+            "{} do not support binding",
+            Self::INFO.plural
+        )))
+    }
+}
+
+#[async_trait]
+impl Strategy for Namespace {
+    const NAME_RULE: NameRule = NameRule::Label;
+
+    /// `status.phase` is Active, or Terminating once a delete started.
+    fn default(&mut self) {
+        let terminating = self
+            .metadata
+            .as_ref()
+            .is_some_and(|m| !m.deletion_timestamp.is_empty());
+        let status = self.status.get_or_insert_with(NamespaceStatus::default);
+        if terminating {
+            status.phase = "Terminating".into();
+        } else if status.phase.is_empty() {
+            status.phase = "Active".into();
+        }
+    }
+
+    fn validate(&self) -> Vec<FieldError> {
+        let mut out = Vec::new();
+        if let Some(spec) = &self.spec {
+            for (i, f) in spec.finalizers.iter().enumerate() {
+                v::check_qualified_name(&mut out, &format!("spec.finalizers[{i}]"), f);
+            }
+        }
+        if let Some(s) = &self.status
+            && !matches!(s.phase.as_str(), "Active" | "Terminating")
+        {
+            out.push(FieldError::not_supported(
+                "status.phase",
+                &s.phase,
+                &["Active", "Terminating"],
+            ));
+        }
+        out
+    }
+
+    /// A namespace that still holds objects becomes Terminating (nothing new can be created in
+    /// it) and stays until a delete finds it empty; an empty one is deleted at once. Emptying
+    /// a terminating namespace is left to a later namespace controller.
+    async fn delete_decision(
+        &mut self,
+        ctx: &DeleteContext<'_>,
+    ) -> Result<DeleteDecision, ApiError> {
+        if ctx.namespace_has_content(self.name()).await? {
+            self.status
+                .get_or_insert_with(NamespaceStatus::default)
+                .phase = "Terminating".into();
+            Ok(DeleteDecision::Defer {
+                grace_period_seconds: 0,
+            })
+        } else {
+            Ok(DeleteDecision::Now)
+        }
+    }
+}
+
+const TAINT_EFFECTS: &[&str] = &["NoSchedule", "PreferNoSchedule", "NoExecute"];
+
+fn valid_cidr(s: &str) -> bool {
+    s.split_once('/').is_some_and(|(ip, bits)| {
+        let max = match ip.parse::<std::net::IpAddr>() {
+            Ok(std::net::IpAddr::V4(_)) => 32,
+            Ok(std::net::IpAddr::V6(_)) => 128,
+            Err(_) => return false,
+        };
+        bits.parse::<u8>().is_ok_and(|b| b <= max)
+    })
+}
+
+impl Strategy for Node {
+    fn validate(&self) -> Vec<FieldError> {
+        let mut out = Vec::new();
+        let Some(spec) = &self.spec else {
+            return out;
+        };
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, t) in spec.taints.iter().enumerate() {
+            let p = format!("spec.taints[{i}]");
+            if t.key.is_empty() {
+                out.push(FieldError::required(format!("{p}.key"), ""));
+            } else {
+                v::check_qualified_name(&mut out, &format!("{p}.key"), &t.key);
+            }
+            for e in v::label_value(&t.value) {
+                out.push(FieldError::invalid(format!("{p}.value"), &t.value, e));
+            }
+            if t.effect.is_empty() {
+                out.push(FieldError::required(format!("{p}.effect"), ""));
+            } else if !TAINT_EFFECTS.contains(&t.effect.as_str()) {
+                out.push(FieldError::not_supported(
+                    format!("{p}.effect"),
+                    &t.effect,
+                    TAINT_EFFECTS,
+                ));
+            }
+            if !seen.insert((t.key.clone(), t.effect.clone())) {
+                out.push(FieldError::duplicate(p, format!("{}:{}", t.key, t.effect)));
+            }
+        }
+        if !spec.pod_cidr.is_empty() && !valid_cidr(&spec.pod_cidr) {
+            out.push(FieldError::invalid(
+                "spec.podCIDR",
+                &spec.pod_cidr,
+                "must be a valid CIDR",
+            ));
+        }
+        for (i, c) in spec.pod_cidrs.iter().enumerate() {
+            if !valid_cidr(c) {
+                out.push(FieldError::invalid(
+                    format!("spec.podCIDRs[{i}]"),
+                    c,
+                    "must be a valid CIDR",
+                ));
+            }
+        }
+        out
+    }
+
+    /// podCIDR may go from empty to set, never change afterwards.
+    fn validate_update(&self, old: &Self) -> Vec<FieldError> {
+        let cidr = |n: &Node| {
+            n.spec
+                .as_ref()
+                .map(|s| s.pod_cidr.clone())
+                .unwrap_or_default()
+        };
+        let (old_cidr, new_cidr) = (cidr(old), cidr(self));
+        if !old_cidr.is_empty() && old_cidr != new_cidr {
+            vec![FieldError::forbidden(
+                "spec.podCIDR",
+                "node updates may not change podCIDR except from \"\" to valid",
+            )]
+        } else {
+            Vec::new()
+        }
+    }
+}
+
+impl Strategy for Lease {
+    fn validate(&self) -> Vec<FieldError> {
+        let mut out = Vec::new();
+        if let Some(spec) = &self.spec {
+            if let Some(d) = spec.lease_duration_seconds
+                && d <= 0
+            {
+                out.push(FieldError::invalid(
+                    "spec.leaseDurationSeconds",
+                    d,
+                    "must be greater than 0",
+                ));
+            }
+            if let Some(t) = spec.lease_transitions {
+                v::check_non_negative(&mut out, "spec.leaseTransitions", t.into());
+            }
+        }
+        out
+    }
+}
+
+const PROTOCOLS: &[&str] = &["TCP", "UDP", "SCTP"];
+
+impl Strategy for Endpoints {
+    fn default(&mut self) {
+        for s in &mut self.subsets {
+            for p in &mut s.ports {
+                if p.protocol.is_empty() {
+                    p.protocol = "TCP".into();
+                }
+            }
+        }
+    }
+
+    fn validate(&self) -> Vec<FieldError> {
+        let mut out = Vec::new();
+        for (i, s) in self.subsets.iter().enumerate() {
+            let p = format!("subsets[{i}]");
+            for (field, addrs) in [
+                ("addresses", &s.addresses),
+                ("notReadyAddresses", &s.not_ready_addresses),
+            ] {
+                for (j, a) in addrs.iter().enumerate() {
+                    if a.ip.parse::<std::net::IpAddr>().is_err() {
+                        out.push(FieldError::invalid(
+                            format!("{p}.{field}[{j}].ip"),
+                            &a.ip,
+                            "must be a valid IP address",
+                        ));
+                    }
+                }
+            }
+            let mut names = std::collections::BTreeSet::new();
+            for (j, port) in s.ports.iter().enumerate() {
+                let pp = format!("{p}.ports[{j}]");
+                if s.ports.len() > 1 && port.name.is_empty() {
+                    out.push(FieldError::required(format!("{pp}.name"), ""));
+                } else if !port.name.is_empty() {
+                    v::check_dns_label(&mut out, &format!("{pp}.name"), &port.name);
+                    if !names.insert(port.name.clone()) {
+                        out.push(FieldError::duplicate(format!("{pp}.name"), &port.name));
+                    }
+                }
+                v::check_port_number(&mut out, &format!("{pp}.port"), port.port.into());
+                if !PROTOCOLS.contains(&port.protocol.as_str()) {
+                    out.push(FieldError::not_supported(
+                        format!("{pp}.protocol"),
+                        &port.protocol,
+                        PROTOCOLS,
+                    ));
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Strategy for Event {
+    fn validate(&self) -> Vec<FieldError> {
+        let mut out = Vec::new();
+        if let Some(o) = &self.involved_object
+            && !o.namespace.is_empty()
+            && o.namespace != self.namespace()
+        {
+            out.push(FieldError::invalid(
+                "involvedObject.namespace",
+                &o.namespace,
+                "does not match event.namespace",
+            ));
+        }
+        if !self.r#type.is_empty() && !matches!(self.r#type.as_str(), "Normal" | "Warning") {
+            out.push(FieldError::not_supported(
+                "type",
+                &self.r#type,
+                &["Normal", "Warning"],
+            ));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skiff_api::api::{NodeSpec, Taint};
+
+    #[test]
+    fn node_taint_effects() {
+        let mut n = Node {
+            spec: Some(NodeSpec {
+                taints: vec![
+                    Taint {
+                        key: "k".into(),
+                        effect: "NoSchedule".into(),
+                        ..Default::default()
+                    },
+                    Taint {
+                        key: "k2".into(),
+                        effect: "Sometimes".into(),
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let errs = n.validate();
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(
+            errs[0]
+                .to_string()
+                .starts_with("spec.taints[1].effect: Unsupported value")
+        );
+        if let Some(s) = n.spec.as_mut() {
+            s.taints.truncate(1);
+            s.pod_cidr = "10.0.0.0/24".into();
+        }
+        assert!(n.validate().is_empty());
+        let mut changed = n.clone();
+        if let Some(s) = changed.spec.as_mut() {
+            s.pod_cidr = "10.0.1.0/24".into();
+        }
+        assert_eq!(changed.validate_update(&n).len(), 1);
+    }
+
+    #[test]
+    fn namespace_defaults_to_active_and_terminating_when_deleted() {
+        let mut ns = <Namespace as Default>::default();
+        Strategy::default(&mut ns);
+        assert_eq!(ns.status.as_ref().map(|s| s.phase.as_str()), Some("Active"));
+        ns.metadata_mut().deletion_timestamp = "2024-01-01T00:00:00Z".into();
+        Strategy::default(&mut ns);
+        assert_eq!(
+            ns.status.as_ref().map(|s| s.phase.as_str()),
+            Some("Terminating")
+        );
+    }
+}

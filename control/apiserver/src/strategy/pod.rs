@@ -1,0 +1,585 @@
+//! Pods: defaulting and validation of pod specs (shared with the templates of ReplicaSets and
+//! Deployments), the immutability of a pod's spec, graceful deletion and binding.
+
+use std::collections::BTreeSet;
+
+use async_trait::async_trait;
+use skiff_api::Resource;
+use skiff_api::api::{Binding, Condition, Container, Pod, PodSpec, PodStatus, Probe};
+
+use super::{DeleteContext, DeleteDecision, PROTOCOLS, Strategy};
+use crate::error::{ApiError, FieldError};
+use crate::validation as v;
+
+/// Kubernetes' default `terminationGracePeriodSeconds`.
+pub const DEFAULT_GRACE_SECONDS: i64 = 30;
+const RESTART_POLICIES: &[&str] = &["Always", "OnFailure", "Never"];
+
+fn default_probe(p: &mut Probe) {
+    if p.timeout_seconds == 0 {
+        p.timeout_seconds = 1;
+    }
+    if p.period_seconds == 0 {
+        p.period_seconds = 10;
+    }
+    if p.success_threshold == 0 {
+        p.success_threshold = 1;
+    }
+    if p.failure_threshold == 0 {
+        p.failure_threshold = 3;
+    }
+}
+
+fn default_container(c: &mut Container) {
+    for p in &mut c.ports {
+        if p.protocol.is_empty() {
+            p.protocol = "TCP".into();
+        }
+    }
+    for p in [
+        &mut c.liveness_probe,
+        &mut c.readiness_probe,
+        &mut c.startup_probe,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        default_probe(p);
+    }
+}
+
+/// Kubernetes' pod-spec defaults: restartPolicy Always, schedulerName default-scheduler,
+/// terminationGracePeriodSeconds 30, container ports TCP, probe timings.
+pub(crate) fn default_pod_spec(spec: &mut PodSpec) {
+    if spec.restart_policy.is_empty() {
+        spec.restart_policy = "Always".into();
+    }
+    if spec.scheduler_name.is_empty() {
+        spec.scheduler_name = "default-scheduler".into();
+    }
+    if spec.termination_grace_period_seconds.is_none() {
+        spec.termination_grace_period_seconds = Some(DEFAULT_GRACE_SECONDS);
+    }
+    if spec.dns_policy.is_empty() {
+        spec.dns_policy = "ClusterFirst".into();
+    }
+    for c in spec
+        .containers
+        .iter_mut()
+        .chain(spec.init_containers.iter_mut())
+    {
+        default_container(c);
+    }
+}
+
+fn validate_probe(out: &mut Vec<FieldError>, path: &str, p: &Probe) {
+    let handlers = usize::from(p.exec.is_some())
+        + usize::from(p.http_get.is_some())
+        + usize::from(p.tcp_socket.is_some());
+    match handlers {
+        0 => out.push(FieldError::required(path, "must specify a handler type")),
+        1 => {}
+        _ => out.push(FieldError::forbidden(
+            path,
+            "may not specify more than 1 handler type",
+        )),
+    }
+    if let Some(e) = &p.exec
+        && e.command.is_empty()
+    {
+        out.push(FieldError::required(format!("{path}.exec.command"), ""));
+    }
+    if let Some(h) = &p.http_get {
+        v::check_port_or_name(out, &format!("{path}.httpGet.port"), &h.port);
+        if !matches!(h.scheme.as_str(), "" | "HTTP" | "HTTPS") {
+            out.push(FieldError::not_supported(
+                format!("{path}.httpGet.scheme"),
+                &h.scheme,
+                &["HTTP", "HTTPS"],
+            ));
+        }
+    }
+    if let Some(t) = &p.tcp_socket {
+        v::check_port_or_name(out, &format!("{path}.tcpSocket.port"), &t.port);
+    }
+    if p.period_seconds <= 0 {
+        out.push(FieldError::invalid(
+            format!("{path}.periodSeconds"),
+            p.period_seconds,
+            "must be greater than 0",
+        ));
+    }
+    for (field, value) in [
+        ("initialDelaySeconds", p.initial_delay_seconds),
+        ("timeoutSeconds", p.timeout_seconds),
+        ("successThreshold", p.success_threshold),
+        ("failureThreshold", p.failure_threshold),
+    ] {
+        v::check_non_negative(out, &format!("{path}.{field}"), value.into());
+    }
+}
+
+fn validate_container(out: &mut Vec<FieldError>, path: &str, c: &Container) {
+    if c.name.is_empty() {
+        out.push(FieldError::required(format!("{path}.name"), ""));
+    } else {
+        v::check_dns_label(out, &format!("{path}.name"), &c.name);
+    }
+    if c.image.trim().is_empty() {
+        out.push(FieldError::required(format!("{path}.image"), ""));
+    }
+    let mut port_names = BTreeSet::new();
+    for (i, p) in c.ports.iter().enumerate() {
+        let pp = format!("{path}.ports[{i}]");
+        v::check_port_number(out, &format!("{pp}.containerPort"), p.container_port.into());
+        if let Some(h) = p.host_port {
+            v::check_port_number(out, &format!("{pp}.hostPort"), h.into());
+        }
+        if !PROTOCOLS.contains(&p.protocol.as_str()) {
+            out.push(FieldError::not_supported(
+                format!("{pp}.protocol"),
+                &p.protocol,
+                PROTOCOLS,
+            ));
+        }
+        if !p.name.is_empty() {
+            v::check_port_name(out, &format!("{pp}.name"), &p.name);
+            if !port_names.insert(p.name.as_str()) {
+                out.push(FieldError::duplicate(format!("{pp}.name"), &p.name));
+            }
+        }
+    }
+    for (i, e) in c.env.iter().enumerate() {
+        if e.name.is_empty() {
+            out.push(FieldError::required(format!("{path}.env[{i}].name"), ""));
+        }
+    }
+    for (field, probe) in [
+        ("livenessProbe", &c.liveness_probe),
+        ("readinessProbe", &c.readiness_probe),
+        ("startupProbe", &c.startup_probe),
+    ] {
+        if let Some(p) = probe {
+            validate_probe(out, &format!("{path}.{field}"), p);
+            if field != "readinessProbe" && p.success_threshold != 1 {
+                out.push(FieldError::invalid(
+                    format!("{path}.{field}.successThreshold"),
+                    p.success_threshold,
+                    "must be 1",
+                ));
+            }
+        }
+    }
+}
+
+/// Validates a pod spec found at `path` (`spec`, `spec.template.spec`).
+pub(crate) fn validate_pod_spec(out: &mut Vec<FieldError>, path: &str, spec: Option<&PodSpec>) {
+    let Some(spec) = spec else {
+        out.push(FieldError::required(path, ""));
+        return;
+    };
+    if spec.containers.is_empty() {
+        out.push(FieldError::required(format!("{path}.containers"), ""));
+    }
+    let mut names = BTreeSet::new();
+    for (field, list) in [
+        ("containers", &spec.containers),
+        ("initContainers", &spec.init_containers),
+    ] {
+        for (i, c) in list.iter().enumerate() {
+            let cp = format!("{path}.{field}[{i}]");
+            validate_container(out, &cp, c);
+            if !c.name.is_empty() && !names.insert(c.name.as_str()) {
+                out.push(FieldError::duplicate(format!("{cp}.name"), &c.name));
+            }
+        }
+    }
+    if !RESTART_POLICIES.contains(&spec.restart_policy.as_str()) {
+        out.push(FieldError::not_supported(
+            format!("{path}.restartPolicy"),
+            &spec.restart_policy,
+            RESTART_POLICIES,
+        ));
+    }
+    if let Some(g) = spec.termination_grace_period_seconds {
+        v::check_non_negative(out, &format!("{path}.terminationGracePeriodSeconds"), g);
+    }
+    if let Some(d) = spec.active_deadline_seconds
+        && d <= 0
+    {
+        out.push(FieldError::invalid(
+            format!("{path}.activeDeadlineSeconds"),
+            d,
+            "must be greater than 0",
+        ));
+    }
+    if !spec.node_name.is_empty() {
+        v::check_dns_subdomain(out, &format!("{path}.nodeName"), &spec.node_name);
+    }
+    v::check_labels(out, &format!("{path}.nodeSelector"), &spec.node_selector);
+    for (i, t) in spec.tolerations.iter().enumerate() {
+        let tp = format!("{path}.tolerations[{i}]");
+        if !matches!(t.operator.as_str(), "" | "Equal" | "Exists") {
+            out.push(FieldError::not_supported(
+                format!("{tp}.operator"),
+                &t.operator,
+                &["Equal", "Exists"],
+            ));
+        }
+        if t.operator == "Exists" && !t.value.is_empty() {
+            out.push(FieldError::invalid(
+                format!("{tp}.operator"),
+                &t.value,
+                "value must be empty when `operator` is 'Exists'",
+            ));
+        }
+        if !matches!(
+            t.effect.as_str(),
+            "" | "NoSchedule" | "PreferNoSchedule" | "NoExecute"
+        ) {
+            out.push(FieldError::not_supported(
+                format!("{tp}.effect"),
+                &t.effect,
+                &["NoSchedule", "PreferNoSchedule", "NoExecute"],
+            ));
+        }
+    }
+}
+
+/// The spec with every field a pod update may change blanked out.
+fn immutable_part(spec: Option<&PodSpec>) -> PodSpec {
+    let mut s = spec.cloned().unwrap_or_default();
+    for c in s.containers.iter_mut().chain(s.init_containers.iter_mut()) {
+        c.image.clear();
+    }
+    s.active_deadline_seconds = None;
+    s.termination_grace_period_seconds = None;
+    s.tolerations.clear();
+    s.node_name.clear();
+    s
+}
+
+/// Sets (or replaces) the condition of `cond.type_`, keeping the transition time when the
+/// status does not change.
+fn set_condition(conditions: &mut Vec<Condition>, cond: Condition) {
+    match conditions.iter_mut().find(|c| c.r#type == cond.r#type) {
+        Some(existing) => {
+            let keep_time = existing.status == cond.status;
+            let time = existing.last_transition_time.clone();
+            *existing = cond;
+            if keep_time && !time.is_empty() {
+                existing.last_transition_time = time;
+            }
+        }
+        None => conditions.push(cond),
+    }
+}
+
+#[async_trait]
+impl Strategy for Pod {
+    fn default(&mut self) {
+        if let Some(spec) = self.spec.as_mut() {
+            default_pod_spec(spec);
+        }
+    }
+
+    /// A new pod is Pending.
+    fn prepare_create(&mut self) {
+        let status = self.status.get_or_insert_with(PodStatus::default);
+        if status.phase.is_empty() {
+            status.phase = "Pending".into();
+        }
+    }
+
+    fn validate(&self) -> Vec<FieldError> {
+        let mut out = Vec::new();
+        validate_pod_spec(&mut out, "spec", self.spec.as_ref());
+        if let Some(s) = &self.status
+            && !matches!(
+                s.phase.as_str(),
+                "" | "Pending" | "Running" | "Succeeded" | "Failed" | "Unknown"
+            )
+        {
+            out.push(FieldError::not_supported(
+                "status.phase",
+                &s.phase,
+                &["Pending", "Running", "Succeeded", "Failed", "Unknown"],
+            ));
+        }
+        out
+    }
+
+    /// A pod's spec is immutable except container images, activeDeadlineSeconds,
+    /// terminationGracePeriodSeconds and additions to tolerations; nodeName is set only by
+    /// the binding subresource.
+    fn validate_update(&self, old: &Self) -> Vec<FieldError> {
+        let mut out = Vec::new();
+        let node = |p: &Pod| {
+            p.spec
+                .as_ref()
+                .map(|s| s.node_name.clone())
+                .unwrap_or_default()
+        };
+        let (old_node, new_node) = (node(old), node(self));
+        if old_node != new_node {
+            out.push(FieldError::invalid(
+                "spec.nodeName",
+                &new_node,
+                "field is immutable (use the binding subresource to assign a node)",
+            ));
+        }
+        if immutable_part(self.spec.as_ref()) != immutable_part(old.spec.as_ref()) {
+            out.push(FieldError::forbidden(
+                "spec",
+                "pod updates may not change fields other than `spec.containers[*].image`, \
+                 `spec.initContainers[*].image`, `spec.activeDeadlineSeconds`, \
+                 `spec.tolerations` (only additions to existing tolerations), \
+                 `spec.terminationGracePeriodSeconds`",
+            ));
+        }
+        let tolerations = |p: &Pod| {
+            p.spec
+                .as_ref()
+                .map(|s| s.tolerations.clone())
+                .unwrap_or_default()
+        };
+        let new_tol = tolerations(self);
+        if tolerations(old).iter().any(|t| !new_tol.contains(t)) {
+            out.push(FieldError::forbidden(
+                "spec.tolerations",
+                "existing toleration can not be modified except its tolerationSeconds",
+            ));
+        }
+        out
+    }
+
+    /// Graceful deletion: a pod bound to a node is marked (deletionTimestamp, grace period
+    /// from the request or `spec.terminationGracePeriodSeconds`) and kept until its node agent
+    /// deletes it with grace 0. Unbound and finished pods go at once.
+    async fn delete_decision(
+        &mut self,
+        ctx: &DeleteContext<'_>,
+    ) -> Result<DeleteDecision, ApiError> {
+        let bound = self.spec.as_ref().is_some_and(|s| !s.node_name.is_empty());
+        let finished = self
+            .status
+            .as_ref()
+            .is_some_and(|s| matches!(s.phase.as_str(), "Succeeded" | "Failed"));
+        if !bound || finished {
+            return Ok(DeleteDecision::Now);
+        }
+        let grace = ctx.grace_period_seconds.unwrap_or_else(|| {
+            self.spec
+                .as_ref()
+                .and_then(|s| s.termination_grace_period_seconds)
+                .unwrap_or(DEFAULT_GRACE_SECONDS)
+        });
+        if grace <= 0 {
+            Ok(DeleteDecision::Now)
+        } else {
+            Ok(DeleteDecision::Defer {
+                grace_period_seconds: grace,
+            })
+        }
+    }
+
+    /// Assigns an unbound pod to the binding's target node and marks it PodScheduled.
+    fn bind(&mut self, binding: &Binding, now: &str) -> Result<(), ApiError> {
+        let name = self.name().to_string();
+        let target = binding.target.clone().unwrap_or_default();
+        let mut errors = Vec::new();
+        if !matches!(target.kind.as_str(), "" | "Node") {
+            errors.push(FieldError::not_supported(
+                "target.kind",
+                &target.kind,
+                &["Node"],
+            ));
+        }
+        if target.name.is_empty() {
+            errors.push(FieldError::required("target.name", ""));
+        } else {
+            v::check_dns_subdomain(&mut errors, "target.name", &target.name);
+        }
+        if !errors.is_empty() {
+            return Err(ApiError::Invalid {
+                kind: "Binding".into(),
+                name,
+                errors,
+            });
+        }
+        if self
+            .metadata
+            .as_ref()
+            .is_some_and(|m| !m.deletion_timestamp.is_empty())
+        {
+            return Err(ApiError::Conflict(format!(
+                "pod {name} is being deleted, cannot be assigned to a host"
+            )));
+        }
+        let spec = self.spec.get_or_insert_with(PodSpec::default);
+        if !spec.node_name.is_empty() {
+            return Err(ApiError::Conflict(format!(
+                "pod {name} is already assigned to node {:?}",
+                spec.node_name
+            )));
+        }
+        spec.node_name = target.name;
+        let status = self.status.get_or_insert_with(PodStatus::default);
+        set_condition(
+            &mut status.conditions,
+            Condition {
+                r#type: "PodScheduled".into(),
+                status: "True".into(),
+                last_transition_time: now.to_string(),
+                ..Default::default()
+            },
+        );
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skiff_api::api::{ContainerPort, ExecAction, HttpGetAction, ObjectMeta, ObjectReference};
+
+    fn pod(containers: Vec<Container>) -> Pod {
+        let mut p = Pod {
+            metadata: Some(ObjectMeta {
+                name: "p".into(),
+                ..Default::default()
+            }),
+            spec: Some(PodSpec {
+                containers,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        Strategy::default(&mut p);
+        p
+    }
+
+    fn container(name: &str) -> Container {
+        Container {
+            name: name.into(),
+            image: "host".into(),
+            ..Default::default()
+        }
+    }
+
+    fn messages(errs: &[FieldError]) -> Vec<String> {
+        errs.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn defaults() {
+        let mut c = container("a");
+        c.ports.push(ContainerPort {
+            container_port: 80,
+            ..Default::default()
+        });
+        c.liveness_probe = Some(Probe {
+            exec: Some(ExecAction {
+                command: vec!["true".into()],
+            }),
+            ..Default::default()
+        });
+        let p = pod(vec![c]);
+        let spec = p.spec.as_ref().expect("spec");
+        assert_eq!(spec.restart_policy, "Always");
+        assert_eq!(spec.scheduler_name, "default-scheduler");
+        assert_eq!(spec.termination_grace_period_seconds, Some(30));
+        assert_eq!(spec.containers[0].ports[0].protocol, "TCP");
+        assert_eq!(
+            spec.containers[0]
+                .liveness_probe
+                .as_ref()
+                .map(|p| p.period_seconds),
+            Some(10)
+        );
+        assert!(p.validate().is_empty(), "{:?}", p.validate());
+    }
+
+    #[test]
+    fn validation_errors_name_fields() {
+        let mut bad = container("Web");
+        bad.image.clear();
+        bad.ports.push(ContainerPort {
+            container_port: 70000,
+            ..Default::default()
+        });
+        bad.readiness_probe = Some(Probe {
+            exec: Some(ExecAction {
+                command: vec!["x".into()],
+            }),
+            http_get: Some(HttpGetAction {
+                port: "80".into(),
+                ..Default::default()
+            }),
+            period_seconds: -1,
+            ..Default::default()
+        });
+        let mut p = pod(vec![bad, container("a"), container("a")]);
+        if let Some(s) = p.spec.as_mut() {
+            s.restart_policy = "Sometimes".into();
+        }
+        let errs = messages(&p.validate());
+        for want in [
+            "spec.containers[0].name: Invalid value: \"Web\"",
+            "spec.containers[0].image: Required value",
+            "spec.containers[0].ports[0].containerPort: Invalid value: 70000",
+            "spec.containers[0].readinessProbe: Forbidden: may not specify more than 1 handler type",
+            "spec.containers[0].readinessProbe.periodSeconds: Invalid value: -1",
+            "spec.containers[2].name: Duplicate value: \"a\"",
+            "spec.restartPolicy: Unsupported value: \"Sometimes\"",
+        ] {
+            assert!(
+                errs.iter().any(|e| e.starts_with(want)),
+                "{want} not in {errs:#?}"
+            );
+        }
+        assert_eq!(
+            messages(&pod(vec![]).validate()),
+            vec!["spec.containers: Required value".to_string()]
+        );
+    }
+
+    #[test]
+    fn spec_is_immutable_except_images() {
+        let old = pod(vec![container("a")]);
+        let mut new = old.clone();
+        if let Some(s) = new.spec.as_mut() {
+            s.containers[0].image = "/other".into();
+        }
+        assert!(new.validate_update(&old).is_empty());
+        if let Some(s) = new.spec.as_mut() {
+            s.containers.push(container("b"));
+        }
+        assert_eq!(new.validate_update(&old).len(), 1);
+        let mut moved = old.clone();
+        if let Some(s) = moved.spec.as_mut() {
+            s.node_name = "n1".into();
+        }
+        assert!(messages(&moved.validate_update(&old))[0].starts_with("spec.nodeName"));
+    }
+
+    #[test]
+    fn bind_sets_node_once() {
+        let mut p = pod(vec![container("a")]);
+        let binding = Binding {
+            target: Some(ObjectReference {
+                kind: "Node".into(),
+                name: "n1".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        p.bind(&binding, "2024-01-01T00:00:00Z").expect("bind");
+        assert_eq!(p.spec.as_ref().map(|s| s.node_name.as_str()), Some("n1"));
+        let conds = &p.status.as_ref().expect("status").conditions;
+        assert_eq!(conds[0].r#type, "PodScheduled");
+        assert_eq!(conds[0].status, "True");
+        let err = p.bind(&binding, "x").expect_err("double bind");
+        assert_eq!(err.to_string(), "pod p is already assigned to node \"n1\"");
+    }
+}

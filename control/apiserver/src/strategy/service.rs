@@ -1,0 +1,275 @@
+//! Services: type, ports, session affinity, and the immutable clusterIP.
+//!
+//! Allocating clusterIPs and nodePorts is not done here (a later milestone); the API server
+//! only validates them and keeps them stable across updates.
+
+use std::collections::BTreeSet;
+
+use skiff_api::api::{ClientIpConfig, Service, SessionAffinityConfig};
+
+use super::{PROTOCOLS, Strategy};
+use crate::error::FieldError;
+use crate::validation::{self as v, NameRule};
+
+const TYPES: &[&str] = &["ClusterIP", "NodePort"];
+const AFFINITIES: &[&str] = &["None", "ClientIP"];
+/// Kubernetes' default node port range.
+pub const NODE_PORT_RANGE: std::ops::RangeInclusive<i32> = 30000..=32767;
+
+impl Strategy for Service {
+    const NAME_RULE: NameRule = NameRule::Label;
+
+    /// type ClusterIP, sessionAffinity None, port protocol TCP, targetPort = port,
+    /// traffic policies Cluster, ClientIP affinity timeout 3 h.
+    fn default(&mut self) {
+        let Some(spec) = self.spec.as_mut() else {
+            return;
+        };
+        if spec.r#type.is_empty() {
+            spec.r#type = "ClusterIP".into();
+        }
+        if spec.session_affinity.is_empty() {
+            spec.session_affinity = "None".into();
+        }
+        if spec.session_affinity == "ClientIP" {
+            let cfg = spec
+                .session_affinity_config
+                .get_or_insert_with(SessionAffinityConfig::default)
+                .client_ip
+                .get_or_insert_with(ClientIpConfig::default);
+            cfg.timeout_seconds.get_or_insert(10800);
+        }
+        if spec.internal_traffic_policy.is_empty() {
+            spec.internal_traffic_policy = "Cluster".into();
+        }
+        if spec.r#type == "NodePort" && spec.external_traffic_policy.is_empty() {
+            spec.external_traffic_policy = "Cluster".into();
+        }
+        for p in &mut spec.ports {
+            if p.protocol.is_empty() {
+                p.protocol = "TCP".into();
+            }
+            if p.target_port.is_empty() || p.target_port == "0" {
+                p.target_port = p.port.to_string();
+            }
+        }
+    }
+
+    /// An update that leaves clusterIP (or a nodePort) empty keeps the stored value.
+    fn prepare_update(&mut self, old: &Self) {
+        let (Some(new), Some(old)) = (self.spec.as_mut(), old.spec.as_ref()) else {
+            return;
+        };
+        if new.cluster_ip.is_empty() {
+            new.cluster_ip = old.cluster_ip.clone();
+            if new.cluster_ips.is_empty() {
+                new.cluster_ips = old.cluster_ips.clone();
+            }
+        }
+        if new.r#type == "NodePort" && old.r#type == "NodePort" {
+            for p in new.ports.iter_mut().filter(|p| p.node_port == 0) {
+                if let Some(o) = old
+                    .ports
+                    .iter()
+                    .find(|o| o.port == p.port && o.protocol == p.protocol)
+                {
+                    p.node_port = o.node_port;
+                }
+            }
+        }
+    }
+
+    fn validate(&self) -> Vec<FieldError> {
+        let mut out = Vec::new();
+        let Some(spec) = &self.spec else {
+            out.push(FieldError::required("spec", ""));
+            return out;
+        };
+        if !TYPES.contains(&spec.r#type.as_str()) {
+            out.push(FieldError::not_supported("spec.type", &spec.r#type, TYPES));
+        }
+        if !AFFINITIES.contains(&spec.session_affinity.as_str()) {
+            out.push(FieldError::not_supported(
+                "spec.sessionAffinity",
+                &spec.session_affinity,
+                AFFINITIES,
+            ));
+        }
+        if let Some(t) = spec
+            .session_affinity_config
+            .as_ref()
+            .and_then(|c| c.client_ip.as_ref())
+            .and_then(|c| c.timeout_seconds)
+            && !(1..=86400).contains(&t)
+        {
+            out.push(FieldError::invalid(
+                "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+                t,
+                "must be greater than 0 and less than 86400",
+            ));
+        }
+        let headless = spec.cluster_ip == "None";
+        if !spec.cluster_ip.is_empty()
+            && !headless
+            && spec.cluster_ip.parse::<std::net::IpAddr>().is_err()
+        {
+            out.push(FieldError::invalid(
+                "spec.clusterIP",
+                &spec.cluster_ip,
+                "must be empty, 'None', or a valid IP address",
+            ));
+        }
+        if headless && spec.r#type == "NodePort" {
+            out.push(FieldError::invalid(
+                "spec.clusterIP",
+                "None",
+                "may not be set to 'None' for NodePort services",
+            ));
+        }
+        if spec.ports.is_empty() && !headless {
+            out.push(FieldError::required("spec.ports", ""));
+        }
+        let mut names = BTreeSet::new();
+        let mut port_protocols = BTreeSet::new();
+        let mut node_ports = BTreeSet::new();
+        for (i, p) in spec.ports.iter().enumerate() {
+            let pp = format!("spec.ports[{i}]");
+            if spec.ports.len() > 1 && p.name.is_empty() {
+                out.push(FieldError::required(format!("{pp}.name"), ""));
+            } else if !p.name.is_empty() {
+                v::check_dns_label(&mut out, &format!("{pp}.name"), &p.name);
+                if !names.insert(p.name.as_str()) {
+                    out.push(FieldError::duplicate(format!("{pp}.name"), &p.name));
+                }
+            }
+            v::check_port_number(&mut out, &format!("{pp}.port"), p.port.into());
+            if !PROTOCOLS.contains(&p.protocol.as_str()) {
+                out.push(FieldError::not_supported(
+                    format!("{pp}.protocol"),
+                    &p.protocol,
+                    PROTOCOLS,
+                ));
+            }
+            if !port_protocols.insert((p.port, p.protocol.as_str())) {
+                out.push(FieldError::duplicate(
+                    pp.clone(),
+                    format!("{}/{}", p.port, p.protocol),
+                ));
+            }
+            v::check_port_or_name(&mut out, &format!("{pp}.targetPort"), &p.target_port);
+            if p.node_port != 0 {
+                if spec.r#type != "NodePort" {
+                    out.push(FieldError::forbidden(
+                        format!("{pp}.nodePort"),
+                        format!("may not be used when `type` is '{}'", spec.r#type),
+                    ));
+                } else if !NODE_PORT_RANGE.contains(&p.node_port) {
+                    out.push(FieldError::invalid(
+                        format!("{pp}.nodePort"),
+                        p.node_port,
+                        "provided port is not in the valid range. The range of valid ports is \
+                         30000-32767",
+                    ));
+                } else if !node_ports.insert((p.node_port, p.protocol.as_str())) {
+                    out.push(FieldError::duplicate(format!("{pp}.nodePort"), p.node_port));
+                }
+            }
+        }
+        v::check_labels(&mut out, "spec.selector", &spec.selector);
+        out
+    }
+
+    /// clusterIP is immutable once set.
+    fn validate_update(&self, old: &Self) -> Vec<FieldError> {
+        let ip = |s: &Service| {
+            s.spec
+                .as_ref()
+                .map(|s| s.cluster_ip.clone())
+                .unwrap_or_default()
+        };
+        let (old_ip, new_ip) = (ip(old), ip(self));
+        if !old_ip.is_empty() && old_ip != new_ip {
+            vec![FieldError::immutable("spec.clusterIP", new_ip)]
+        } else {
+            Vec::new()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skiff_api::api::{ServicePort, ServiceSpec};
+
+    fn svc(ports: Vec<ServicePort>) -> Service {
+        let mut s = Service {
+            spec: Some(ServiceSpec {
+                ports,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        Strategy::default(&mut s);
+        s
+    }
+
+    fn port(name: &str, port: i32) -> ServicePort {
+        ServicePort {
+            name: name.into(),
+            port,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn defaults() {
+        let s = svc(vec![port("", 80)]);
+        let spec = s.spec.as_ref().expect("spec");
+        assert_eq!(spec.r#type, "ClusterIP");
+        assert_eq!(spec.session_affinity, "None");
+        assert_eq!(spec.ports[0].protocol, "TCP");
+        assert_eq!(spec.ports[0].target_port, "80");
+        assert!(s.validate().is_empty(), "{:?}", s.validate());
+    }
+
+    #[test]
+    fn port_rules() {
+        let mut s = svc(vec![port("a", 80), port("a", 0), port("", 81)]);
+        if let Some(spec) = s.spec.as_mut() {
+            spec.ports[0].node_port = 80;
+        }
+        let errs: Vec<String> = s.validate().iter().map(ToString::to_string).collect();
+        for want in [
+            "spec.ports[0].nodePort: Forbidden",
+            "spec.ports[1].name: Duplicate value",
+            "spec.ports[1].port: Invalid value: 0",
+            "spec.ports[2].name: Required value",
+        ] {
+            assert!(
+                errs.iter().any(|e| e.starts_with(want)),
+                "{want} not in {errs:#?}"
+            );
+        }
+        let mut np = svc(vec![port("", 80)]);
+        if let Some(spec) = np.spec.as_mut() {
+            spec.r#type = "NodePort".into();
+            spec.ports[0].node_port = 80;
+        }
+        assert!(np.validate()[0].to_string().contains("30000-32767"));
+    }
+
+    #[test]
+    fn cluster_ip_is_kept_and_immutable() {
+        let mut old = svc(vec![port("", 80)]);
+        if let Some(spec) = old.spec.as_mut() {
+            spec.cluster_ip = "10.96.0.10".into();
+        }
+        let mut new = svc(vec![port("", 80)]);
+        new.prepare_update(&old);
+        assert!(new.validate_update(&old).is_empty());
+        if let Some(spec) = new.spec.as_mut() {
+            spec.cluster_ip = "10.96.0.11".into();
+        }
+        assert_eq!(new.validate_update(&old).len(), 1);
+    }
+}

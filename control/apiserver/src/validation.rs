@@ -1,0 +1,424 @@
+//! Generic validation helpers: DNS names, label and annotation keys and values, object
+//! metadata. Per-kind rules live in [`crate::strategy`].
+
+use std::collections::BTreeMap;
+
+use skiff_api::api::{LabelSelector, ObjectMeta};
+use skiff_api::selector::Selector;
+
+use crate::error::FieldError;
+
+pub const DNS1123_LABEL_MAX: usize = 63;
+pub const DNS1123_SUBDOMAIN_MAX: usize = 253;
+const LABEL_VALUE_MAX: usize = 63;
+const QUALIFIED_NAME_MAX: usize = 63;
+/// Kubernetes caps the total size of annotations at 256 KiB.
+const ANNOTATIONS_MAX_BYTES: usize = 256 * 1024;
+
+fn is_lower_alnum(c: u8) -> bool {
+    c.is_ascii_lowercase() || c.is_ascii_digit()
+}
+
+fn is_label_shape(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && is_lower_alnum(b[0])
+        && is_lower_alnum(b[b.len() - 1])
+        && b.iter().all(|&c| is_lower_alnum(c) || c == b'-')
+}
+
+/// Problems with `s` as an RFC 1123 label (`[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63).
+pub fn dns1123_label(s: &str) -> Vec<String> {
+    let mut errs = Vec::new();
+    if s.len() > DNS1123_LABEL_MAX {
+        errs.push(format!(
+            "must be no more than {DNS1123_LABEL_MAX} characters"
+        ));
+    }
+    if !is_label_shape(s) {
+        errs.push(
+            "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or \
+             '-', and must start and end with an alphanumeric character (e.g. 'my-name', or \
+             '123-abc')"
+                .to_string(),
+        );
+    }
+    errs
+}
+
+/// Problems with `s` as an RFC 1123 subdomain (dot-separated labels, at most 253).
+pub fn dns1123_subdomain(s: &str) -> Vec<String> {
+    let mut errs = Vec::new();
+    if s.len() > DNS1123_SUBDOMAIN_MAX {
+        errs.push(format!(
+            "must be no more than {DNS1123_SUBDOMAIN_MAX} characters"
+        ));
+    }
+    if !s.split('.').all(is_label_shape) {
+        errs.push(
+            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, \
+             '-' or '.', and must start and end with an alphanumeric character (e.g. \
+             'example.com')"
+                .to_string(),
+        );
+    }
+    errs
+}
+
+/// `([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]`.
+fn is_qualified_shape(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
+/// Problems with `s` as a qualified name (label and annotation keys, finalizers):
+/// an optional DNS subdomain prefix and `/`, then a name of at most 63 characters.
+pub fn qualified_name(s: &str) -> Vec<String> {
+    let mut errs = Vec::new();
+    let (prefix, name) = match s.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, s),
+    };
+    if let Some(p) = prefix {
+        if p.is_empty() {
+            errs.push("prefix part must be non-empty".to_string());
+        } else {
+            errs.extend(
+                dns1123_subdomain(p)
+                    .into_iter()
+                    .map(|e| format!("prefix part {e}")),
+            );
+        }
+    }
+    if name.is_empty() {
+        errs.push("name part must be non-empty".to_string());
+    } else {
+        if name.len() > QUALIFIED_NAME_MAX {
+            errs.push(format!(
+                "name part must be no more than {QUALIFIED_NAME_MAX} characters"
+            ));
+        }
+        if !is_qualified_shape(name) {
+            errs.push(
+                "name part must consist of alphanumeric characters, '-', '_' or '.', and must \
+                 start and end with an alphanumeric character (e.g. 'MyName', or 'my.name', or \
+                 '123-abc'), with an optional DNS subdomain prefix and '/' (e.g. \
+                 'example.com/MyName')"
+                    .to_string(),
+            );
+        }
+    }
+    errs
+}
+
+/// Problems with `s` as a label value (empty, or a name of at most 63 characters).
+pub fn label_value(s: &str) -> Vec<String> {
+    let mut errs = Vec::new();
+    if s.len() > LABEL_VALUE_MAX {
+        errs.push(format!("must be no more than {LABEL_VALUE_MAX} characters"));
+    }
+    if !s.is_empty() && !is_qualified_shape(s) {
+        errs.push(
+            "a valid label must be an empty string or consist of alphanumeric characters, '-', \
+             '_' or '.', and must start and end with an alphanumeric character"
+                .to_string(),
+        );
+    }
+    errs
+}
+
+fn push_all(out: &mut Vec<FieldError>, path: &str, value: &str, errs: Vec<String>) {
+    out.extend(
+        errs.into_iter()
+            .map(|e| FieldError::invalid(path.to_string(), value, e)),
+    );
+}
+
+/// Validates a DNS label at `path`.
+pub fn check_dns_label(out: &mut Vec<FieldError>, path: &str, value: &str) {
+    push_all(out, path, value, dns1123_label(value));
+}
+
+/// Validates a DNS subdomain at `path`.
+pub fn check_dns_subdomain(out: &mut Vec<FieldError>, path: &str, value: &str) {
+    push_all(out, path, value, dns1123_subdomain(value));
+}
+
+/// Validates a qualified name at `path`.
+pub fn check_qualified_name(out: &mut Vec<FieldError>, path: &str, value: &str) {
+    push_all(out, path, value, qualified_name(value));
+}
+
+/// Validates label keys and values (`path` is e.g. `metadata.labels`).
+pub fn check_labels(out: &mut Vec<FieldError>, path: &str, labels: &BTreeMap<String, String>) {
+    for (k, v) in labels {
+        push_all(out, path, k, qualified_name(k));
+        push_all(out, &format!("{path}[{k}]"), v, label_value(v));
+    }
+}
+
+/// Validates annotation keys and their total size.
+pub fn check_annotations(
+    out: &mut Vec<FieldError>,
+    path: &str,
+    annotations: &BTreeMap<String, String>,
+) {
+    let mut total = 0usize;
+    for (k, v) in annotations {
+        push_all(out, path, k, qualified_name(&k.to_ascii_lowercase()));
+        total += k.len() + v.len();
+    }
+    if total > ANNOTATIONS_MAX_BYTES {
+        out.push(FieldError::too_long(path, ANNOTATIONS_MAX_BYTES));
+    }
+}
+
+/// Which DNS rule a kind's names follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NameRule {
+    /// RFC 1123 subdomain (most kinds).
+    Subdomain,
+    /// RFC 1123 label (Namespace, Service: their names become DNS labels).
+    Label,
+}
+
+/// Generic object-metadata validation: name, labels, annotations, finalizers, owner
+/// references. `generated` says the name came from `generateName` (errors then name that
+/// field).
+pub fn check_object_meta(
+    out: &mut Vec<FieldError>,
+    meta: &ObjectMeta,
+    rule: NameRule,
+    generated: bool,
+) {
+    let name_path = if generated {
+        "metadata.generateName"
+    } else {
+        "metadata.name"
+    };
+    if meta.name.is_empty() {
+        out.push(FieldError::required(
+            "metadata.name",
+            "name or generateName is required",
+        ));
+    } else {
+        let value = if generated {
+            &meta.generate_name
+        } else {
+            &meta.name
+        };
+        // Validate the full (possibly generated) name, report the user's input.
+        let errs = match rule {
+            NameRule::Subdomain => dns1123_subdomain(&meta.name),
+            NameRule::Label => dns1123_label(&meta.name),
+        };
+        push_all(out, name_path, value, errs);
+    }
+    check_labels(out, "metadata.labels", &meta.labels);
+    check_annotations(out, "metadata.annotations", &meta.annotations);
+    for (i, f) in meta.finalizers.iter().enumerate() {
+        check_qualified_name(out, &format!("metadata.finalizers[{i}]"), f);
+    }
+    for (i, o) in meta.owner_references.iter().enumerate() {
+        let p = format!("metadata.ownerReferences[{i}]");
+        if o.api_version.is_empty() {
+            out.push(FieldError::required(format!("{p}.apiVersion"), ""));
+        }
+        if o.kind.is_empty() {
+            out.push(FieldError::required(format!("{p}.kind"), ""));
+        }
+        if o.name.is_empty() {
+            out.push(FieldError::required(format!("{p}.name"), ""));
+        }
+        if o.uid.is_empty() {
+            out.push(FieldError::required(format!("{p}.uid"), ""));
+        }
+    }
+    if meta
+        .owner_references
+        .iter()
+        .filter(|o| o.controller == Some(true))
+        .count()
+        > 1
+    {
+        out.push(FieldError::invalid(
+            "metadata.ownerReferences",
+            meta.owner_references.len(),
+            "only one reference can have Controller set to true",
+        ));
+    }
+}
+
+/// Validates a selector plus the labels of the template it must select (Deployment,
+/// ReplicaSet): required, non-empty, well formed, and matching the template's labels.
+pub fn check_selector_matches_template(
+    out: &mut Vec<FieldError>,
+    selector: Option<&LabelSelector>,
+    template_labels: &BTreeMap<String, String>,
+) {
+    let Some(sel) = selector else {
+        out.push(FieldError::required("spec.selector", ""));
+        return;
+    };
+    if sel.match_labels.is_empty() && sel.match_expressions.is_empty() {
+        out.push(FieldError::invalid(
+            "spec.selector",
+            "{}",
+            "empty selector is invalid for this resource",
+        ));
+        return;
+    }
+    check_labels(out, "spec.selector.matchLabels", &sel.match_labels);
+    for (i, e) in sel.match_expressions.iter().enumerate() {
+        check_qualified_name(
+            out,
+            &format!("spec.selector.matchExpressions[{i}].key"),
+            &e.key,
+        );
+    }
+    match Selector::from_label_selector(sel) {
+        Err(e) => out.push(FieldError::invalid("spec.selector", e.selector, e.reason)),
+        Ok(parsed) => {
+            if !parsed.matches(template_labels) {
+                out.push(FieldError::invalid(
+                    "spec.template.metadata.labels",
+                    template_labels,
+                    "`selector` does not match template `labels`",
+                ));
+            }
+        }
+    }
+}
+
+/// Validates an IntOrString that must be a port number (1–65535) or an IANA service name.
+pub fn check_port_or_name(out: &mut Vec<FieldError>, path: &str, value: &str) {
+    if value.is_empty() {
+        out.push(FieldError::required(path, ""));
+    } else if let Ok(n) = value.parse::<i64>() {
+        check_port_number(out, path, n);
+    } else {
+        check_port_name(out, path, value);
+    }
+}
+
+/// 1–65535.
+pub fn check_port_number(out: &mut Vec<FieldError>, path: &str, port: i64) {
+    if !(1..=65535).contains(&port) {
+        out.push(FieldError::invalid(
+            path,
+            port,
+            "must be between 1 and 65535, inclusive",
+        ));
+    }
+}
+
+/// An IANA service name: at most 15 lowercase alphanumerics or '-', with a letter.
+pub fn check_port_name(out: &mut Vec<FieldError>, path: &str, name: &str) {
+    let ok = name.len() <= 15
+        && is_label_shape(name)
+        && !name.contains("--")
+        && name.bytes().any(|c| c.is_ascii_lowercase());
+    if !ok {
+        out.push(FieldError::invalid(
+            path,
+            name,
+            "must be an IANA service name: at most 15 characters, lowercase alphanumerics \
+             or '-', containing at least one letter, not starting, ending or with '--'",
+        ));
+    }
+}
+
+/// Non-negative integer check.
+pub fn check_non_negative(out: &mut Vec<FieldError>, path: &str, v: i64) {
+    if v < 0 {
+        out.push(FieldError::invalid(
+            path,
+            v,
+            "must be greater than or equal to 0",
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dns_labels_and_subdomains() {
+        assert!(dns1123_label("web-1").is_empty());
+        assert!(!dns1123_label("Web").is_empty());
+        assert!(!dns1123_label("-web").is_empty());
+        assert!(!dns1123_label("a.b").is_empty());
+        assert!(!dns1123_label(&"a".repeat(64)).is_empty());
+        assert!(dns1123_subdomain("a.b-c.d").is_empty());
+        assert!(!dns1123_subdomain("a..b").is_empty());
+        assert!(!dns1123_subdomain("").is_empty());
+        assert!(!dns1123_subdomain(&"a".repeat(254)).is_empty());
+    }
+
+    #[test]
+    fn label_keys_and_values() {
+        for ok in ["app", "app.kubernetes.io/name", "A_b.c-D", "x/y"] {
+            assert!(qualified_name(ok).is_empty(), "{ok}");
+        }
+        for bad in [
+            "",
+            "/a",
+            "a/",
+            "bad key",
+            "-a",
+            "Example.com/a",
+            "a/b/c",
+            &"a".repeat(64),
+        ] {
+            assert!(!qualified_name(bad).is_empty(), "{bad}");
+        }
+        assert!(label_value("").is_empty());
+        assert!(label_value("v1.2_3-x").is_empty());
+        assert!(!label_value("-x").is_empty());
+        assert!(!label_value(&"v".repeat(64)).is_empty());
+    }
+
+    #[test]
+    fn metadata_errors_name_the_field() {
+        let mut meta = ObjectMeta {
+            name: "Bad_Name".into(),
+            ..Default::default()
+        };
+        meta.labels.insert("bad key".into(), "v".into());
+        let mut out = Vec::new();
+        check_object_meta(&mut out, &meta, NameRule::Subdomain, false);
+        let text: Vec<String> = out.iter().map(ToString::to_string).collect();
+        assert!(
+            text.iter()
+                .any(|t| t.starts_with("metadata.name: Invalid value: \"Bad_Name\""))
+        );
+        assert!(
+            text.iter()
+                .any(|t| t.starts_with("metadata.labels: Invalid value: \"bad key\""))
+        );
+
+        let mut out = Vec::new();
+        check_object_meta(&mut out, &ObjectMeta::default(), NameRule::Label, false);
+        assert_eq!(
+            out[0].to_string(),
+            "metadata.name: Required value: name or generateName is required"
+        );
+    }
+
+    #[test]
+    fn ports() {
+        let mut out = Vec::new();
+        check_port_or_name(&mut out, "p", "8080");
+        check_port_or_name(&mut out, "p", "http");
+        assert!(out.is_empty());
+        check_port_or_name(&mut out, "p", "0");
+        check_port_or_name(&mut out, "p", "70000");
+        check_port_or_name(&mut out, "p", "HTTP");
+        assert_eq!(out.len(), 3);
+    }
+}

@@ -1,0 +1,143 @@
+//! The `skiff-apiserver` binary, run the way `cargo xtask up` runs it.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use skiff_api::api::{Namespace, Pod};
+use skiff_api::rpc::DiscoveryRequest;
+use skiff_store::testutil::EtcdServer;
+
+fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").to_string()
+}
+
+fn start(args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_skiff-apiserver"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start skiff-apiserver")
+}
+
+async fn connect(addr: &str) -> Api {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Ok(client) =
+            skiff_api::rpc::api_client::ApiClient::connect(format!("http://{addr}")).await
+        {
+            return Api { client };
+        }
+        assert!(
+            Instant::now() < deadline,
+            "skiff-apiserver did not come up on {addr}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn terminate(child: &mut Child) -> ExitStatus {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("skiff-apiserver did not exit on SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+async fn exercise(api: &Api) {
+    let d = api
+        .client
+        .clone()
+        .discovery(DiscoveryRequest {})
+        .await
+        .expect("discovery")
+        .into_inner();
+    assert_eq!(d.resources.len(), skiff_api::kinds().len());
+    assert_eq!(
+        api.names::<Namespace>("", "", "").await,
+        vec!["default", "kube-system"]
+    );
+    api.create("default", &pod("p", "", &[]))
+        .await
+        .expect("create");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_binary_serves_persists_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let data_arg = data.to_str().expect("utf-8 path");
+    let addr = free_addr();
+    let args = [
+        "--listen",
+        &addr,
+        "--store",
+        "embedded",
+        "--data-dir",
+        data_arg,
+    ];
+    let mut child = start(&args);
+    let api = connect(&addr).await;
+    exercise(&api).await;
+    drop(api);
+    let status = terminate(&mut child);
+    assert!(status.success(), "exit status {status}");
+    assert!(Path::new(&data).join("skiff.redb").exists());
+
+    // Restarted on the same data directory, the pod is still there.
+    let mut child = start(&args);
+    let api = connect(&addr).await;
+    let p: Pod = api
+        .get("default", "p")
+        .await
+        .expect("pod survived a restart");
+    assert_eq!(p.spec.map(|s| s.restart_policy), Some("Always".to_string()));
+    drop(api);
+    assert!(terminate(&mut child).success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_binary_serves_and_stops_on_sigterm() {
+    let etcd = EtcdServer::start().expect("etcd");
+    let addr = free_addr();
+    let mut child = start(&[
+        "--listen",
+        &addr,
+        "--store",
+        "etcd",
+        "--etcd-endpoints",
+        &etcd.endpoint,
+        "--watch-cache-capacity",
+        "100",
+    ]);
+    let api = connect(&addr).await;
+    exercise(&api).await;
+    drop(api);
+    assert!(terminate(&mut child).success());
+}
+
+#[test]
+fn etcd_without_endpoints_fails_with_a_message() {
+    let child = start(&["--listen", &free_addr(), "--store", "etcd"]);
+    let out = child.wait_with_output().expect("wait");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--etcd-endpoints"), "{stderr}");
+}

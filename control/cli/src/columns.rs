@@ -1,0 +1,739 @@
+//! Per-kind table columns for `skiff get`, as pure functions of the object.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use skiff_api::api::{
+    ContainerStatus, Deployment, Endpoints, Event, LabelSelector, Lease, Namespace, Node, Pod,
+    PodTemplateSpec, ReplicaSet, Service, ServicePort,
+};
+
+use crate::table::age;
+
+/// A string at a JSON pointer, or "".
+pub fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
+    v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
+}
+
+pub fn name_of(v: &Value) -> &str {
+    str_at(v, "/metadata/name")
+}
+
+pub fn namespace_of(v: &Value) -> &str {
+    str_at(v, "/metadata/namespace")
+}
+
+fn typed<T: DeserializeOwned + Default>(v: &Value) -> T {
+    match serde_json::from_value(v.clone()) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::debug!(error = %e, "object does not decode as its kind; showing blanks");
+            T::default()
+        }
+    }
+}
+
+fn none_if_empty(s: String) -> String {
+    if s.is_empty() { "<none>".into() } else { s }
+}
+
+/// The column headers of `kind` (its Kind, e.g. `Pod`). Every table but events' starts with
+/// NAME.
+pub fn headers(kind: &str, wide: bool) -> Vec<String> {
+    let (base, extra): (&[&str], &[&str]) = match kind {
+        "Namespace" => (&["NAME", "STATUS", "AGE"], &[]),
+        "Node" => (
+            &["NAME", "STATUS", "ROLES", "AGE", "VERSION"],
+            &[
+                "INTERNAL-IP",
+                "EXTERNAL-IP",
+                "OS-IMAGE",
+                "KERNEL-VERSION",
+                "CONTAINER-RUNTIME",
+            ],
+        ),
+        "Pod" => (
+            &["NAME", "READY", "STATUS", "RESTARTS", "AGE"],
+            &["IP", "NODE", "NOMINATED NODE"],
+        ),
+        "Service" => (
+            &[
+                "NAME",
+                "TYPE",
+                "CLUSTER-IP",
+                "EXTERNAL-IP",
+                "PORT(S)",
+                "AGE",
+            ],
+            &["SELECTOR"],
+        ),
+        "Endpoints" => (&["NAME", "ENDPOINTS", "AGE"], &[]),
+        "Deployment" => (
+            &["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE"],
+            &["CONTAINERS", "IMAGES", "SELECTOR"],
+        ),
+        "ReplicaSet" => (
+            &["NAME", "DESIRED", "CURRENT", "READY", "AGE"],
+            &["CONTAINERS", "IMAGES", "SELECTOR"],
+        ),
+        "Lease" => (&["NAME", "HOLDER", "AGE"], &[]),
+        "Event" => (
+            &["LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"],
+            &["SUBOBJECT", "SOURCE", "FIRST SEEN", "COUNT", "NAME"],
+        ),
+        _ => (&["NAME", "AGE"], &[]),
+    };
+    let mut h: Vec<String> = base.iter().map(|s| s.to_string()).collect();
+    if wide {
+        if kind == "Event" {
+            // kubectl puts SUBOBJECT and SOURCE before MESSAGE.
+            h.insert(4, "SUBOBJECT".into());
+            h.insert(5, "SOURCE".into());
+            h.extend(["FIRST SEEN", "COUNT", "NAME"].map(String::from));
+        } else {
+            h.extend(extra.iter().map(|s| s.to_string()));
+        }
+    }
+    h
+}
+
+/// The cells of one object, matching [`headers`].
+pub fn cells(kind: &str, obj: &Value, wide: bool, now: DateTime<Utc>) -> Vec<String> {
+    let name = name_of(obj).to_string();
+    let created = age(str_at(obj, "/metadata/creationTimestamp"), now);
+    let mut c = match kind {
+        "Namespace" => {
+            let ns: Namespace = typed(obj);
+            let phase = ns.status.map(|s| s.phase).unwrap_or_default();
+            vec![
+                name,
+                if phase.is_empty() {
+                    "Active".into()
+                } else {
+                    phase
+                },
+                created,
+            ]
+        }
+        "Node" => {
+            let n: Node = typed(obj);
+            let mut c = vec![
+                name,
+                node_status(&n),
+                node_roles(n.metadata.as_ref().map(|m| &m.labels)),
+                created,
+                n.status
+                    .as_ref()
+                    .and_then(|s| s.node_info.as_ref())
+                    .map(|i| i.kubelet_version.clone())
+                    .unwrap_or_default(),
+            ];
+            if wide {
+                let st = n.status.unwrap_or_default();
+                let addr = |t: &str| {
+                    none_if_empty(
+                        st.addresses
+                            .iter()
+                            .filter(|a| a.r#type == t)
+                            .map(|a| a.address.clone())
+                            .collect::<Vec<_>>()
+                            .join(","),
+                    )
+                };
+                let info = st.node_info.clone().unwrap_or_default();
+                c.extend([
+                    addr("InternalIP"),
+                    addr("ExternalIP"),
+                    none_if_empty(info.os_image),
+                    none_if_empty(info.kernel_version),
+                    none_if_empty(info.container_runtime_version),
+                ]);
+            }
+            c
+        }
+        "Pod" => {
+            let p: Pod = typed(obj);
+            let (ready, total) = pod_ready(&p);
+            let mut c = vec![
+                name,
+                format!("{ready}/{total}"),
+                pod_status(&p),
+                pod_restarts(&p, now),
+                created,
+            ];
+            if wide {
+                let st = p.status.clone().unwrap_or_default();
+                let node = p
+                    .spec
+                    .as_ref()
+                    .map(|s| s.node_name.clone())
+                    .unwrap_or_default();
+                c.extend([
+                    none_if_empty(st.pod_ip),
+                    none_if_empty(node),
+                    none_if_empty(st.nominated_node_name),
+                ]);
+            }
+            c
+        }
+        "Service" => {
+            let s: Service = typed(obj);
+            let spec = s.spec.clone().unwrap_or_default();
+            let ty = if spec.r#type.is_empty() {
+                "ClusterIP".to_string()
+            } else {
+                spec.r#type.clone()
+            };
+            let external = if !spec.external_ips.is_empty() {
+                spec.external_ips.join(",")
+            } else if ty == "LoadBalancer" {
+                let ips: Vec<String> = s
+                    .status
+                    .and_then(|st| st.load_balancer)
+                    .map(|lb| {
+                        lb.ingress
+                            .into_iter()
+                            .map(|i| if i.ip.is_empty() { i.hostname } else { i.ip })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                if ips.is_empty() {
+                    "<pending>".into()
+                } else {
+                    ips.join(",")
+                }
+            } else {
+                "<none>".into()
+            };
+            let mut c = vec![
+                name,
+                ty,
+                none_if_empty(spec.cluster_ip.clone()),
+                external,
+                service_ports(&spec.ports),
+                created,
+            ];
+            if wide {
+                c.push(map_selector(&spec.selector));
+            }
+            c
+        }
+        "Endpoints" => {
+            let e: Endpoints = typed(obj);
+            vec![name, endpoints(&e), created]
+        }
+        "Deployment" => {
+            let d: Deployment = typed(obj);
+            let spec = d.spec.clone().unwrap_or_default();
+            let st = d.status.clone().unwrap_or_default();
+            let desired = spec.replicas.unwrap_or(1);
+            let mut c = vec![
+                name,
+                format!("{}/{desired}", st.ready_replicas),
+                st.updated_replicas.to_string(),
+                st.available_replicas.to_string(),
+                created,
+            ];
+            if wide {
+                c.extend(template_columns(
+                    spec.template.as_ref(),
+                    spec.selector.as_ref(),
+                ));
+            }
+            c
+        }
+        "ReplicaSet" => {
+            let r: ReplicaSet = typed(obj);
+            let spec = r.spec.clone().unwrap_or_default();
+            let st = r.status.clone().unwrap_or_default();
+            let mut c = vec![
+                name,
+                spec.replicas.unwrap_or(1).to_string(),
+                st.replicas.to_string(),
+                st.ready_replicas.to_string(),
+                created,
+            ];
+            if wide {
+                c.extend(template_columns(
+                    spec.template.as_ref(),
+                    spec.selector.as_ref(),
+                ));
+            }
+            c
+        }
+        "Lease" => {
+            let l: Lease = typed(obj);
+            let holder = l.spec.and_then(|s| s.holder_identity).unwrap_or_default();
+            vec![name, none_if_empty(holder), created]
+        }
+        "Event" => {
+            let e: Event = typed(obj);
+            let last = event_time(&e);
+            let obj_ref = e.involved_object.clone().unwrap_or_default();
+            let object = format!("{}/{}", obj_ref.kind.to_ascii_lowercase(), obj_ref.name);
+            let message = e.message.trim().to_string();
+            let mut c = vec![
+                age(last, now),
+                e.r#type.clone(),
+                e.reason.clone(),
+                object,
+                message,
+            ];
+            if wide {
+                let src = e.source.clone().unwrap_or_default();
+                let source = match (src.component.as_str(), src.host.as_str()) {
+                    ("", "") => e.reporting_component.clone(),
+                    (c, "") => c.to_string(),
+                    (c, h) => format!("{c}, {h}"),
+                };
+                c.insert(4, obj_ref.field_path.clone());
+                c.insert(5, source);
+                let first = if e.first_timestamp.is_empty() {
+                    last
+                } else {
+                    &e.first_timestamp
+                };
+                c.extend([age(first, now), e.count.max(1).to_string(), name]);
+            }
+            c
+        }
+        _ => vec![name, created],
+    };
+    // Keep the row as long as the header even for odd objects.
+    c.resize(headers(kind, wide).len(), String::new());
+    c
+}
+
+/// When an event last happened: lastTimestamp, eventTime, firstTimestamp or creation.
+pub fn event_time(e: &Event) -> &str {
+    [
+        e.last_timestamp.as_str(),
+        e.event_time.as_str(),
+        e.first_timestamp.as_str(),
+        e.metadata
+            .as_ref()
+            .map(|m| m.creation_timestamp.as_str())
+            .unwrap_or(""),
+    ]
+    .into_iter()
+    .find(|s| !s.is_empty())
+    .unwrap_or("")
+}
+
+/// Ready/NotReady, plus SchedulingDisabled for a cordoned node.
+pub fn node_status(n: &Node) -> String {
+    let ready = n
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.r#type == "Ready"))
+        .map(|c| c.status == "True")
+        .unwrap_or(false);
+    let mut s = if ready { "Ready" } else { "NotReady" }.to_string();
+    if n.spec.as_ref().is_some_and(|s| s.unschedulable) {
+        s.push_str(",SchedulingDisabled");
+    }
+    s
+}
+
+/// Roles from `node-role.kubernetes.io/<role>` and `kubernetes.io/role` labels.
+pub fn node_roles(labels: Option<&BTreeMap<String, String>>) -> String {
+    let mut roles: Vec<String> = Vec::new();
+    for (k, v) in labels.into_iter().flatten() {
+        if let Some(r) = k.strip_prefix("node-role.kubernetes.io/") {
+            if !r.is_empty() {
+                roles.push(r.to_string());
+            }
+        } else if k == "kubernetes.io/role" && !v.is_empty() {
+            roles.push(v.clone());
+        }
+    }
+    roles.sort();
+    roles.dedup();
+    none_if_empty(roles.join(","))
+}
+
+/// (ready containers, containers in the spec).
+pub fn pod_ready(p: &Pod) -> (usize, usize) {
+    let total = p.spec.as_ref().map(|s| s.containers.len()).unwrap_or(0);
+    let ready = p
+        .status
+        .as_ref()
+        .map(|s| s.container_statuses.iter().filter(|c| c.ready).count())
+        .unwrap_or(0);
+    (ready, total)
+}
+
+fn terminated_reason(t: &skiff_api::api::ContainerStateTerminated) -> String {
+    if !t.reason.is_empty() {
+        t.reason.clone()
+    } else if t.signal != 0 {
+        format!("Signal:{}", t.signal)
+    } else {
+        format!("ExitCode:{}", t.exit_code)
+    }
+}
+
+/// The STATUS column of a pod, following kubectl: init progress, a waiting or terminated
+/// container's reason, Terminating, else the phase.
+pub fn pod_status(p: &Pod) -> String {
+    let st = p.status.clone().unwrap_or_default();
+    let spec = p.spec.clone().unwrap_or_default();
+    let mut reason = if !st.reason.is_empty() {
+        st.reason.clone()
+    } else if !st.phase.is_empty() {
+        st.phase.clone()
+    } else {
+        "Pending".into()
+    };
+    let mut initializing = false;
+    let init_total = spec
+        .init_containers
+        .len()
+        .max(st.init_container_statuses.len());
+    for (i, c) in st.init_container_statuses.iter().enumerate() {
+        let state = c.state.clone().unwrap_or_default();
+        if let Some(t) = &state.terminated {
+            if t.exit_code == 0 {
+                continue;
+            }
+            reason = format!("Init:{}", terminated_reason(t));
+        } else if let Some(w) = state
+            .waiting
+            .as_ref()
+            .filter(|w| !w.reason.is_empty() && w.reason != "PodInitializing")
+        {
+            reason = format!("Init:{}", w.reason);
+        } else {
+            reason = format!("Init:{i}/{init_total}");
+        }
+        initializing = true;
+        break;
+    }
+    if !initializing {
+        let mut has_running = false;
+        for c in st.container_statuses.iter().rev() {
+            let state = c.state.clone().unwrap_or_default();
+            if let Some(w) = state.waiting.as_ref().filter(|w| !w.reason.is_empty()) {
+                reason = w.reason.clone();
+            } else if let Some(t) = &state.terminated {
+                reason = terminated_reason(t);
+            } else if state.running.is_some() && c.ready {
+                has_running = true;
+            }
+        }
+        if reason == "Completed" && has_running {
+            reason = "Running".into();
+        }
+    }
+    let deleting = p
+        .metadata
+        .as_ref()
+        .is_some_and(|m| !m.deletion_timestamp.is_empty());
+    if deleting {
+        reason = if st.reason == "NodeLost" {
+            "Unknown".into()
+        } else {
+            "Terminating".into()
+        };
+    }
+    reason
+}
+
+/// Total restarts, with the age of the last one like kubectl (`3 (2m ago)`).
+pub fn pod_restarts(p: &Pod, now: DateTime<Utc>) -> String {
+    let st = p.status.clone().unwrap_or_default();
+    let all: Vec<&ContainerStatus> = st
+        .init_container_statuses
+        .iter()
+        .chain(st.container_statuses.iter())
+        .collect();
+    let restarts: i64 = all.iter().map(|c| i64::from(c.restart_count)).sum();
+    let last = all
+        .iter()
+        .filter_map(|c| c.last_state.as_ref()?.terminated.as_ref())
+        .filter_map(|t| DateTime::parse_from_rfc3339(&t.finished_at).ok())
+        .max();
+    match last {
+        Some(t) if restarts > 0 => format!(
+            "{restarts} ({} ago)",
+            crate::table::human_duration(now.signed_duration_since(t.with_timezone(&Utc)))
+        ),
+        _ => restarts.to_string(),
+    }
+}
+
+/// `80/TCP`, `80:30080/TCP`, joined by commas; `<none>` without ports.
+pub fn service_ports(ports: &[ServicePort]) -> String {
+    let parts: Vec<String> = ports
+        .iter()
+        .map(|p| {
+            let proto = if p.protocol.is_empty() {
+                "TCP"
+            } else {
+                &p.protocol
+            };
+            if p.node_port > 0 {
+                format!("{}:{}/{proto}", p.port, p.node_port)
+            } else {
+                format!("{}/{proto}", p.port)
+            }
+        })
+        .collect();
+    none_if_empty(parts.join(","))
+}
+
+/// `k=v,k2=v2`; `<none>` when empty.
+pub fn map_selector(sel: &BTreeMap<String, String>) -> String {
+    none_if_empty(
+        sel.iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(","),
+    )
+}
+
+/// A LabelSelector in selector syntax; `<none>` when empty.
+pub fn label_selector(sel: Option<&LabelSelector>) -> String {
+    let Some(sel) = sel else {
+        return "<none>".into();
+    };
+    let mut parts: Vec<String> = sel
+        .match_labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    for e in &sel.match_expressions {
+        parts.push(match e.operator.as_str() {
+            "In" => format!("{} in ({})", e.key, e.values.join(",")),
+            "NotIn" => format!("{} notin ({})", e.key, e.values.join(",")),
+            "Exists" => e.key.clone(),
+            "DoesNotExist" => format!("!{}", e.key),
+            op => format!("{} {op} ({})", e.key, e.values.join(",")),
+        });
+    }
+    none_if_empty(parts.join(","))
+}
+
+fn template_columns(t: Option<&PodTemplateSpec>, sel: Option<&LabelSelector>) -> [String; 3] {
+    let containers = t
+        .and_then(|t| t.spec.as_ref())
+        .map(|s| s.containers.clone())
+        .unwrap_or_default();
+    [
+        none_if_empty(
+            containers
+                .iter()
+                .map(|c| c.name.clone())
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
+        none_if_empty(
+            containers
+                .iter()
+                .map(|c| c.image.clone())
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
+        label_selector(sel),
+    ]
+}
+
+/// Ready endpoint addresses as `ip:port`, at most three, then `+ N more...`.
+pub fn endpoints(e: &Endpoints) -> String {
+    const MAX: usize = 3;
+    let mut list = Vec::new();
+    for s in &e.subsets {
+        if s.ports.is_empty() {
+            list.extend(s.addresses.iter().map(|a| a.ip.clone()));
+        } else {
+            for p in &s.ports {
+                list.extend(s.addresses.iter().map(|a| format!("{}:{}", a.ip, p.port)));
+            }
+        }
+    }
+    if list.is_empty() {
+        return "<none>".into();
+    }
+    let more = list.len().saturating_sub(MAX);
+    let mut out = list[..list.len().min(MAX)].join(",");
+    if more > 0 {
+        out.push_str(&format!(" + {more} more..."));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn now() -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339("2024-05-01T12:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc)
+    }
+
+    #[test]
+    fn pod_columns() {
+        let pod = json!({
+            "metadata": {"name": "web-1", "creationTimestamp": "2024-05-01T11:59:15Z"},
+            "spec": {"containers": [{"name": "a"}, {"name": "b"}], "nodeName": "n1"},
+            "status": {"phase": "Running", "podIP": "10.0.0.5", "containerStatuses": [
+                {"name": "a", "ready": true, "restartCount": 2,
+                 "state": {"running": {}},
+                 "lastState": {"terminated": {"exitCode": 1, "finishedAt": "2024-05-01T11:58:00Z"}}},
+                {"name": "b", "ready": false, "state": {"running": {}}}
+            ]}
+        });
+        assert_eq!(
+            cells("Pod", &pod, true, now()),
+            vec![
+                "web-1",
+                "1/2",
+                "Running",
+                "2 (2m ago)",
+                "45s",
+                "10.0.0.5",
+                "n1",
+                "<none>"
+            ]
+        );
+        assert_eq!(
+            headers("Pod", false).len(),
+            cells("Pod", &pod, false, now()).len()
+        );
+    }
+
+    #[test]
+    fn pod_status_reasons() {
+        let p = |status: Value| -> Pod {
+            serde_json::from_value(
+                json!({"spec": {"containers": [{"name": "a"}]}, "status": status}),
+            )
+            .unwrap()
+        };
+        assert_eq!(pod_status(&p(json!({}))), "Pending");
+        assert_eq!(
+            pod_status(&p(json!({"phase": "Pending", "containerStatuses": [
+                {"name": "a", "state": {"waiting": {"reason": "ContainerCreating"}}}]}))),
+            "ContainerCreating"
+        );
+        assert_eq!(
+            pod_status(&p(json!({"phase": "Running", "containerStatuses": [
+                {"name": "a", "state": {"terminated": {"exitCode": 137}}}]}))),
+            "ExitCode:137"
+        );
+        assert_eq!(
+            pod_status(&p(json!({"phase": "Pending", "initContainerStatuses": [
+                {"name": "i", "state": {"running": {}}}]}))),
+            "Init:0/1"
+        );
+        let mut deleting = p(json!({"phase": "Running"}));
+        deleting.metadata = Some(skiff_api::api::ObjectMeta {
+            deletion_timestamp: "2024-05-01T11:00:00Z".into(),
+            ..Default::default()
+        });
+        assert_eq!(pod_status(&deleting), "Terminating");
+    }
+
+    #[test]
+    fn service_columns() {
+        let svc = json!({
+            "metadata": {"name": "web", "creationTimestamp": "2024-05-01T11:57:00Z"},
+            "spec": {"type": "NodePort", "clusterIP": "10.96.0.10", "selector": {"app": "web"},
+                     "ports": [{"port": 80, "nodePort": 30080, "protocol": "TCP"},
+                               {"port": 53, "protocol": "UDP"}]}
+        });
+        assert_eq!(
+            cells("Service", &svc, true, now()),
+            vec![
+                "web",
+                "NodePort",
+                "10.96.0.10",
+                "<none>",
+                "80:30080/TCP,53/UDP",
+                "3m",
+                "app=web"
+            ]
+        );
+        assert_eq!(service_ports(&[]), "<none>");
+        let plain: Vec<ServicePort> =
+            serde_json::from_value(json!([{"port": 80, "targetPort": 8080}])).unwrap();
+        assert_eq!(service_ports(&plain), "80/TCP");
+    }
+
+    #[test]
+    fn deployment_columns() {
+        let d = json!({
+            "metadata": {"name": "web", "creationTimestamp": "2024-04-29T12:00:00Z"},
+            "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}},
+                     "template": {"spec": {"containers": [{"name": "web", "image": "host"}]}}},
+            "status": {"readyReplicas": 2, "updatedReplicas": 3, "availableReplicas": 2}
+        });
+        assert_eq!(
+            cells("Deployment", &d, true, now()),
+            vec!["web", "2/3", "3", "2", "2d", "web", "host", "app=web"]
+        );
+        // No status yet: 0/N.
+        let fresh = json!({"metadata": {"name": "x"}, "spec": {}});
+        assert_eq!(cells("Deployment", &fresh, false, now())[1], "0/1");
+    }
+
+    #[test]
+    fn node_columns() {
+        let n = json!({
+            "metadata": {"name": "n1", "labels": {"node-role.kubernetes.io/control-plane": ""}},
+            "spec": {"unschedulable": true},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}],
+                       "nodeInfo": {"kubeletVersion": "v0.1.0", "kernelVersion": "6.1"},
+                       "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}]}
+        });
+        let c = cells("Node", &n, true, now());
+        assert_eq!(c[1], "Ready,SchedulingDisabled");
+        assert_eq!(c[2], "control-plane");
+        assert_eq!(c[4], "v0.1.0");
+        assert_eq!(c[5], "10.0.0.1");
+        assert_eq!(c[8], "6.1");
+        let n = json!({"metadata": {"name": "n2"}});
+        assert_eq!(
+            cells("Node", &n, false, now())[1..3],
+            ["NotReady", "<none>"]
+        );
+    }
+
+    #[test]
+    fn endpoints_are_truncated() {
+        let e: Endpoints = serde_json::from_value(json!({"subsets": [{
+            "addresses": [{"ip": "10.0.0.1"}, {"ip": "10.0.0.2"}, {"ip": "10.0.0.3"}, {"ip": "10.0.0.4"}],
+            "ports": [{"port": 8080}]}]}))
+        .unwrap();
+        assert_eq!(
+            endpoints(&e),
+            "10.0.0.1:8080,10.0.0.2:8080,10.0.0.3:8080 + 1 more..."
+        );
+        assert_eq!(endpoints(&Endpoints::default()), "<none>");
+    }
+
+    #[test]
+    fn selectors_and_events() {
+        let sel: LabelSelector = serde_json::from_value(json!({"matchLabels": {"app": "web"},
+            "matchExpressions": [{"key": "tier", "operator": "In", "values": ["a", "b"]},
+                                 {"key": "x", "operator": "DoesNotExist"}]}))
+        .unwrap();
+        assert_eq!(label_selector(Some(&sel)), "app=web,tier in (a,b),!x");
+        let ev = json!({"metadata": {"name": "web.1"}, "type": "Normal", "reason": "Scheduled",
+            "involvedObject": {"kind": "Pod", "name": "web-1"}, "message": "assigned\n",
+            "lastTimestamp": "2024-05-01T11:59:50Z"});
+        assert_eq!(
+            cells("Event", &ev, false, now()),
+            vec!["10s", "Normal", "Scheduled", "pod/web-1", "assigned"]
+        );
+        assert_eq!(
+            headers("Event", true).len(),
+            cells("Event", &ev, true, now()).len()
+        );
+        assert_eq!(headers("Event", true)[4], "SUBOBJECT");
+    }
+}

@@ -1,0 +1,824 @@
+//! The connection to the API server, the typed [`Api`] and the [`DynamicApi`].
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryFutureExt, TryStreamExt};
+use prost::Message;
+use skiff_api::api::{Binding, ObjectMeta, ObjectReference, Pod};
+use skiff_api::rpc::{self, api_client::ApiClient};
+use skiff_api::{DynKind, Resource};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::error::ClientError;
+
+/// Largest message the client accepts (big lists).
+const MAX_MESSAGE: usize = 256 * 1024 * 1024;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A connection to the API server. Cheap to clone; clones share the connection.
+#[derive(Clone)]
+pub struct Client {
+    rpc: ApiClient<Channel>,
+    endpoint: Arc<str>,
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("endpoint", &self.endpoint)
+            .finish()
+    }
+}
+
+fn endpoint_of(endpoint: &str) -> Result<(String, Endpoint), ClientError> {
+    let url = if endpoint.contains("://") {
+        endpoint.to_string()
+    } else {
+        format!("http://{endpoint}")
+    };
+    let ep = Endpoint::from_shared(url.clone())
+        .map_err(|e| ClientError::InvalidEndpoint {
+            endpoint: endpoint.to_string(),
+            reason: crate::error::transport_reason(&e),
+        })?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_while_idle(true);
+    Ok((url, ep))
+}
+
+impl Client {
+    /// Connects to the API server at `endpoint` (`http://127.0.0.1:7443`; a missing scheme
+    /// means `http://`). Fails with [`ClientError::Unreachable`] if nothing answers.
+    pub async fn connect(endpoint: &str) -> Result<Client, ClientError> {
+        let (url, ep) = endpoint_of(endpoint)?;
+        let channel = ep
+            .connect()
+            .await
+            .map_err(|e| ClientError::unreachable(&url, &e))?;
+        tracing::debug!(endpoint = %url, "connected to the API server");
+        Ok(Client::from_channel(channel, &url))
+    }
+
+    /// Like [`Client::connect`] but connects on first use (and reconnects as needed): for
+    /// components that may start before the API server.
+    pub fn connect_lazy(endpoint: &str) -> Result<Client, ClientError> {
+        let (url, ep) = endpoint_of(endpoint)?;
+        Ok(Client::from_channel(ep.connect_lazy(), &url))
+    }
+
+    /// Wraps an existing channel.
+    pub fn from_channel(channel: Channel, endpoint: &str) -> Client {
+        let rpc = ApiClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE);
+        Client {
+            rpc,
+            endpoint: endpoint.into(),
+        }
+    }
+
+    /// The API server URL.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// A typed API for `T` in `namespace` (`None`: every namespace, or a cluster-scoped
+    /// type). The namespace is ignored for cluster-scoped types.
+    pub fn api<T: Resource>(&self, namespace: Option<&str>) -> Api<T> {
+        Api {
+            raw: Raw::new(self, T::INFO.plural, T::INFO.namespaced, namespace),
+            _t: PhantomData,
+        }
+    }
+
+    /// A typed API for `T` in one namespace.
+    pub fn namespaced<T: Resource>(&self, namespace: &str) -> Api<T> {
+        self.api(Some(namespace))
+    }
+
+    /// A typed API for `T` across every namespace (list and watch; create and update use the
+    /// object's own namespace).
+    pub fn all<T: Resource>(&self) -> Api<T> {
+        self.api(None)
+    }
+
+    /// A typed API for a cluster-scoped `T` (Namespace, Node).
+    pub fn cluster<T: Resource>(&self) -> Api<T> {
+        self.api(None)
+    }
+
+    /// An API for a resource type known only at run time.
+    pub fn dynamic(&self, kind: &'static dyn DynKind, namespace: Option<&str>) -> DynamicApi {
+        let info = kind.info();
+        DynamicApi {
+            raw: Raw::new(self, info.plural, info.namespaced, namespace),
+            kind,
+        }
+    }
+
+    /// The resource types the server serves.
+    pub async fn discovery(&self) -> Result<Vec<rpc::ResourceInfo>, ClientError> {
+        let resp = self
+            .rpc
+            .clone()
+            .discovery(rpc::DiscoveryRequest {})
+            .await
+            .map_err(|s| self.status(s))?;
+        Ok(resp.into_inner().resources)
+    }
+
+    fn status(&self, s: tonic::Status) -> ClientError {
+        ClientError::from_status(s, &self.endpoint)
+    }
+}
+
+/// Selectors for list and watch.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListParams {
+    /// Kubernetes label selector syntax (`app=web,tier!=db`); empty selects everything.
+    pub label_selector: String,
+    /// Field selector (`spec.nodeName=n1`, `status.phase!=Running`); empty selects
+    /// everything.
+    pub field_selector: String,
+}
+
+impl ListParams {
+    pub fn labels(mut self, selector: &str) -> Self {
+        self.label_selector = selector.to_string();
+        self
+    }
+
+    pub fn fields(mut self, selector: &str) -> Self {
+        self.field_selector = selector.to_string();
+        self
+    }
+}
+
+/// What happens to the dependents of a deleted object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PropagationPolicy {
+    /// Delete the object now; the garbage collector deletes dependents afterwards.
+    Background,
+    /// Delete dependents first, then the object.
+    Foreground,
+    /// Leave the dependents.
+    Orphan,
+}
+
+impl PropagationPolicy {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            PropagationPolicy::Background => "Background",
+            PropagationPolicy::Foreground => "Foreground",
+            PropagationPolicy::Orphan => "Orphan",
+        }
+    }
+}
+
+impl FromStr for PropagationPolicy {
+    type Err = String;
+
+    /// Case-insensitive `background`, `foreground` or `orphan`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "background" => Ok(PropagationPolicy::Background),
+            "foreground" => Ok(PropagationPolicy::Foreground),
+            "orphan" => Ok(PropagationPolicy::Orphan),
+            _ => Err(format!(
+                "invalid propagation policy {s:?}: expected background, foreground or orphan"
+            )),
+        }
+    }
+}
+
+/// Conditions the object must still meet for the delete to happen.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Preconditions {
+    pub uid: Option<String>,
+    pub resource_version: Option<String>,
+}
+
+/// Options of a delete.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeleteParams {
+    /// Seconds the object gets to shut down; `None` uses the object's default, 0 deletes
+    /// immediately.
+    pub grace_period_seconds: Option<i64>,
+    /// `None` uses the server's default (Background).
+    pub propagation_policy: Option<PropagationPolicy>,
+    pub preconditions: Option<Preconditions>,
+}
+
+/// The result of a list: the objects and the revision they reflect (watch from it to miss
+/// nothing).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ObjectList<T> {
+    pub items: Vec<T>,
+    pub resource_version: String,
+}
+
+impl<T> IntoIterator for ObjectList<T> {
+    type Item = T;
+    type IntoIter = std::vec::IntoIter<T>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.items.into_iter()
+    }
+}
+
+/// One change seen by a watch. `Deleted` carries the object's last state.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WatchEvent<T> {
+    Added(T),
+    Modified(T),
+    Deleted(T),
+}
+
+impl<T> WatchEvent<T> {
+    pub fn object(&self) -> &T {
+        match self {
+            WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o) => o,
+        }
+    }
+
+    pub fn into_object(self) -> T {
+        match self {
+            WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o) => o,
+        }
+    }
+
+    /// `ADDED`, `MODIFIED` or `DELETED`.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            WatchEvent::Added(_) => "ADDED",
+            WatchEvent::Modified(_) => "MODIFIED",
+            WatchEvent::Deleted(_) => "DELETED",
+        }
+    }
+
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> WatchEvent<U> {
+        match self {
+            WatchEvent::Added(o) => WatchEvent::Added(f(o)),
+            WatchEvent::Modified(o) => WatchEvent::Modified(f(o)),
+            WatchEvent::Deleted(o) => WatchEvent::Deleted(f(o)),
+        }
+    }
+
+    fn from_type(ty: &str, object: T) -> Option<WatchEvent<T>> {
+        match ty {
+            "ADDED" => Some(WatchEvent::Added(object)),
+            "MODIFIED" => Some(WatchEvent::Modified(object)),
+            "DELETED" => Some(WatchEvent::Deleted(object)),
+            _ => None,
+        }
+    }
+}
+
+/// A stream of watch events. The watch call is made when the stream is first polled; if it
+/// fails, the error is the stream's first item. The stream ends when the server ends the
+/// watch; an error item ([`ClientError::Expired`] in particular: list again) ends it too.
+pub type WatchStream<T> = BoxStream<'static, Result<WatchEvent<T>, ClientError>>;
+
+/// The resource-independent calls, on protobuf bytes.
+#[derive(Clone)]
+struct Raw {
+    client: Client,
+    resource: &'static str,
+    namespaced: bool,
+    /// Empty: all namespaces (or cluster-scoped).
+    namespace: String,
+}
+
+impl Raw {
+    fn new(
+        client: &Client,
+        resource: &'static str,
+        namespaced: bool,
+        namespace: Option<&str>,
+    ) -> Raw {
+        Raw {
+            client: client.clone(),
+            resource,
+            namespaced,
+            namespace: if namespaced {
+                namespace.unwrap_or("").to_string()
+            } else {
+                String::new()
+            },
+        }
+    }
+
+    /// The namespace to send for an object whose own namespace is `object_ns`.
+    fn namespace_for(&self, object_ns: &str) -> String {
+        if !self.namespaced {
+            String::new()
+        } else if self.namespace.is_empty() {
+            object_ns.to_string()
+        } else {
+            self.namespace.clone()
+        }
+    }
+
+    fn rpc(&self) -> ApiClient<Channel> {
+        self.client.rpc.clone()
+    }
+
+    fn err(&self, s: tonic::Status) -> ClientError {
+        self.client.status(s)
+    }
+
+    async fn create(&self, namespace: String, object: Vec<u8>) -> Result<Vec<u8>, ClientError> {
+        tracing::debug!(resource = self.resource, %namespace, "create");
+        let resp = self
+            .rpc()
+            .create(rpc::CreateRequest {
+                resource: self.resource.to_string(),
+                namespace,
+                object,
+            })
+            .await
+            .map_err(|s| self.err(s))?;
+        Ok(resp.into_inner().object)
+    }
+
+    async fn get(&self, name: &str) -> Result<Vec<u8>, ClientError> {
+        tracing::debug!(resource = self.resource, namespace = %self.namespace, name, "get");
+        let resp = self
+            .rpc()
+            .get(rpc::GetRequest {
+                resource: self.resource.to_string(),
+                namespace: self.namespace.clone(),
+                name: name.to_string(),
+            })
+            .await
+            .map_err(|s| self.err(s))?;
+        Ok(resp.into_inner().object)
+    }
+
+    async fn list(&self, lp: &ListParams) -> Result<ObjectList<Vec<u8>>, ClientError> {
+        tracing::debug!(resource = self.resource, namespace = %self.namespace, ?lp, "list");
+        let resp = self
+            .rpc()
+            .list(rpc::ListRequest {
+                resource: self.resource.to_string(),
+                namespace: self.namespace.clone(),
+                label_selector: lp.label_selector.clone(),
+                field_selector: lp.field_selector.clone(),
+            })
+            .await
+            .map_err(|s| self.err(s))?
+            .into_inner();
+        Ok(ObjectList {
+            items: resp.items,
+            resource_version: resp.resource_version,
+        })
+    }
+
+    async fn update(
+        &self,
+        namespace: String,
+        object: Vec<u8>,
+        subresource: &str,
+    ) -> Result<Vec<u8>, ClientError> {
+        tracing::debug!(resource = self.resource, %namespace, subresource, "update");
+        let resp = self
+            .rpc()
+            .update(rpc::UpdateRequest {
+                resource: self.resource.to_string(),
+                namespace,
+                object,
+                subresource: subresource.to_string(),
+            })
+            .await
+            .map_err(|s| self.err(s))?;
+        Ok(resp.into_inner().object)
+    }
+
+    async fn delete(&self, name: &str, dp: &DeleteParams) -> Result<Vec<u8>, ClientError> {
+        tracing::debug!(resource = self.resource, namespace = %self.namespace, name, "delete");
+        let pre = dp.preconditions.clone().unwrap_or_default();
+        let resp = self
+            .rpc()
+            .delete(rpc::DeleteRequest {
+                resource: self.resource.to_string(),
+                namespace: self.namespace.clone(),
+                name: name.to_string(),
+                grace_period_seconds: dp.grace_period_seconds,
+                propagation_policy: dp
+                    .propagation_policy
+                    .map(|p| p.as_str().to_string())
+                    .unwrap_or_default(),
+                precondition_uid: pre.uid.unwrap_or_default(),
+                precondition_resource_version: pre.resource_version.unwrap_or_default(),
+            })
+            .await
+            .map_err(|s| self.err(s))?;
+        Ok(resp.into_inner().object)
+    }
+
+    fn watch(
+        &self,
+        lp: &ListParams,
+        resource_version: &str,
+    ) -> BoxStream<'static, Result<rpc::WatchEvent, ClientError>> {
+        tracing::debug!(resource = self.resource, namespace = %self.namespace, ?lp,
+            resource_version, "watch");
+        let mut rpc = self.rpc();
+        let client = self.client.clone();
+        let req = rpc::WatchRequest {
+            resource: self.resource.to_string(),
+            namespace: self.namespace.clone(),
+            label_selector: lp.label_selector.clone(),
+            field_selector: lp.field_selector.clone(),
+            resource_version: resource_version.to_string(),
+        };
+        async move {
+            let stream = rpc
+                .watch(req)
+                .await
+                .map_err(|s| client.status(s))?
+                .into_inner();
+            Ok(stream.map_err(move |s| client.status(s)))
+        }
+        .try_flatten_stream()
+        .boxed()
+    }
+}
+
+fn decode<T: Resource>(bytes: &[u8]) -> Result<T, ClientError> {
+    let mut obj = T::decode(bytes).map_err(|e| ClientError::decode(T::INFO.kind, e))?;
+    obj.set_type_meta();
+    Ok(obj)
+}
+
+/// Typed access to one resource type, in one namespace or all.
+pub struct Api<T> {
+    raw: Raw,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for Api<T> {
+    fn clone(&self) -> Self {
+        Api {
+            raw: self.raw.clone(),
+            _t: PhantomData,
+        }
+    }
+}
+
+impl<T> fmt::Debug for Api<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Api")
+            .field("resource", &self.raw.resource)
+            .field("namespace", &self.raw.namespace)
+            .finish()
+    }
+}
+
+impl<T: Resource> Api<T> {
+    /// The namespace this API works in; `None` for all namespaces or a cluster-scoped type.
+    pub fn namespace(&self) -> Option<&str> {
+        Some(self.raw.namespace.as_str()).filter(|n| !n.is_empty())
+    }
+
+    /// The client this API uses.
+    pub fn client(&self) -> &Client {
+        &self.raw.client
+    }
+
+    /// Creates `obj`. It goes to this API's namespace, or the object's own with [`Client::all`].
+    pub async fn create(&self, obj: &T) -> Result<T, ClientError> {
+        let ns = self.raw.namespace_for(obj.namespace());
+        decode(&self.raw.create(ns, obj.encode_to_vec()).await?)
+    }
+
+    pub async fn get(&self, name: &str) -> Result<T, ClientError> {
+        decode(&self.raw.get(name).await?)
+    }
+
+    /// Like [`Api::get`] but `None` when the object does not exist.
+    pub async fn get_opt(&self, name: &str) -> Result<Option<T>, ClientError> {
+        match self.get(name).await {
+            Ok(o) => Ok(Some(o)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub async fn list(&self, lp: &ListParams) -> Result<ObjectList<T>, ClientError> {
+        let list = self.raw.list(lp).await?;
+        Ok(ObjectList {
+            items: list
+                .items
+                .iter()
+                .map(|b| decode(b))
+                .collect::<Result<_, _>>()?,
+            resource_version: list.resource_version,
+        })
+    }
+
+    /// Replaces the object's metadata and spec. `metadata.resourceVersion` must be set; a
+    /// stale one fails with [`ClientError::Conflict`].
+    pub async fn update(&self, obj: &T) -> Result<T, ClientError> {
+        let ns = self.raw.namespace_for(obj.namespace());
+        decode(&self.raw.update(ns, obj.encode_to_vec(), "").await?)
+    }
+
+    /// Replaces only the object's status (the status subresource).
+    pub async fn update_status(&self, obj: &T) -> Result<T, ClientError> {
+        let ns = self.raw.namespace_for(obj.namespace());
+        decode(&self.raw.update(ns, obj.encode_to_vec(), "status").await?)
+    }
+
+    /// Deletes (or starts a graceful delete of) the object; returns its last state.
+    pub async fn delete(&self, name: &str, dp: &DeleteParams) -> Result<T, ClientError> {
+        decode(&self.raw.delete(name, dp).await?)
+    }
+
+    /// Watches for changes after `resource_version` (`""`: ADDED events for every current
+    /// object first). Unknown event types are skipped.
+    pub fn watch(&self, lp: &ListParams, resource_version: &str) -> WatchStream<T> {
+        self.raw
+            .watch(lp, resource_version)
+            .try_filter_map(|ev| async move {
+                let obj = decode::<T>(&ev.object)?;
+                let out = WatchEvent::from_type(&ev.r#type, obj);
+                if out.is_none() {
+                    tracing::debug!(r#type = %ev.r#type, "skipping unknown watch event type");
+                }
+                Ok(out)
+            })
+            .boxed()
+    }
+}
+
+/// Just the type meta of an object, to tell what the server sent back.
+#[derive(Clone, PartialEq, prost::Message)]
+struct TypeMeta {
+    #[prost(string, tag = "1")]
+    api_version: String,
+    #[prost(string, tag = "2")]
+    kind: String,
+}
+
+impl Api<Pod> {
+    /// Binds pod `pod` (in this API's namespace) to node `node` (the pods/binding
+    /// subresource) and returns the bound pod.
+    pub async fn bind(&self, pod: &str, node: &str) -> Result<Pod, ClientError> {
+        let binding = Binding {
+            api_version: "v1".into(),
+            kind: "Binding".into(),
+            metadata: Some(ObjectMeta {
+                name: pod.to_string(),
+                namespace: self.raw.namespace.clone(),
+                ..Default::default()
+            }),
+            target: Some(ObjectReference {
+                api_version: "v1".into(),
+                kind: "Node".into(),
+                name: node.to_string(),
+                ..Default::default()
+            }),
+        };
+        tracing::debug!(namespace = %self.raw.namespace, pod, node, "bind");
+        let resp = self
+            .raw
+            .rpc()
+            .bind(rpc::BindRequest {
+                namespace: self.raw.namespace.clone(),
+                binding: binding.encode_to_vec(),
+            })
+            .await
+            .map_err(|s| self.raw.err(s))?
+            .into_inner()
+            .object;
+        // The server answers with the pod; tolerate one that answers with the binding.
+        let kind = TypeMeta::decode(resp.as_slice())
+            .map(|t| t.kind)
+            .unwrap_or_default();
+        if (kind == "Pod" || (kind.is_empty() && !resp.is_empty()))
+            && let Ok(p) = decode::<Pod>(&resp)
+        {
+            return Ok(p);
+        }
+        self.get(pod).await
+    }
+}
+
+/// Access to a resource type known only at run time, with objects as Kubernetes-style JSON
+/// (or protobuf bytes, with the `*_proto` methods).
+#[derive(Clone)]
+pub struct DynamicApi {
+    raw: Raw,
+    kind: &'static dyn DynKind,
+}
+
+impl fmt::Debug for DynamicApi {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DynamicApi")
+            .field("resource", &self.raw.resource)
+            .field("namespace", &self.raw.namespace)
+            .finish()
+    }
+}
+
+fn json_namespace(obj: &serde_json::Value) -> &str {
+    obj.pointer("/metadata/namespace")
+        .and_then(|v| v.as_str())
+        .unwrap_or("")
+}
+
+impl DynamicApi {
+    pub fn kind(&self) -> &'static dyn DynKind {
+        self.kind
+    }
+
+    pub fn namespace(&self) -> Option<&str> {
+        Some(self.raw.namespace.as_str()).filter(|n| !n.is_empty())
+    }
+
+    fn to_json(&self, bytes: &[u8]) -> Result<serde_json::Value, ClientError> {
+        self.kind
+            .proto_to_json(bytes)
+            .map_err(|e| ClientError::decode(self.kind.info().kind, e))
+    }
+
+    fn to_proto(&self, obj: &serde_json::Value) -> Result<Vec<u8>, ClientError> {
+        Ok(self.kind.json_to_proto(obj.clone())?)
+    }
+
+    /// Creates an object given as protobuf bytes; `namespace` is used when this API has none.
+    pub async fn create_proto(
+        &self,
+        namespace: &str,
+        object: Vec<u8>,
+    ) -> Result<Vec<u8>, ClientError> {
+        self.raw
+            .create(self.raw.namespace_for(namespace), object)
+            .await
+    }
+
+    /// Updates an object given as protobuf bytes (`subresource` `""` or `"status"`).
+    pub async fn update_proto(
+        &self,
+        namespace: &str,
+        object: Vec<u8>,
+        subresource: &str,
+    ) -> Result<Vec<u8>, ClientError> {
+        self.raw
+            .update(self.raw.namespace_for(namespace), object, subresource)
+            .await
+    }
+
+    pub async fn get_proto(&self, name: &str) -> Result<Vec<u8>, ClientError> {
+        self.raw.get(name).await
+    }
+
+    pub async fn list_proto(&self, lp: &ListParams) -> Result<ObjectList<Vec<u8>>, ClientError> {
+        self.raw.list(lp).await
+    }
+
+    pub async fn create(&self, obj: &serde_json::Value) -> Result<serde_json::Value, ClientError> {
+        let bytes = self.to_proto(obj)?;
+        self.to_json(&self.create_proto(json_namespace(obj), bytes).await?)
+    }
+
+    pub async fn get(&self, name: &str) -> Result<serde_json::Value, ClientError> {
+        self.to_json(&self.raw.get(name).await?)
+    }
+
+    pub async fn get_opt(&self, name: &str) -> Result<Option<serde_json::Value>, ClientError> {
+        match self.get(name).await {
+            Ok(o) => Ok(Some(o)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub async fn list(
+        &self,
+        lp: &ListParams,
+    ) -> Result<ObjectList<serde_json::Value>, ClientError> {
+        let list = self.raw.list(lp).await?;
+        Ok(ObjectList {
+            items: list
+                .items
+                .iter()
+                .map(|b| self.to_json(b))
+                .collect::<Result<_, _>>()?,
+            resource_version: list.resource_version,
+        })
+    }
+
+    pub async fn update(&self, obj: &serde_json::Value) -> Result<serde_json::Value, ClientError> {
+        let bytes = self.to_proto(obj)?;
+        self.to_json(&self.update_proto(json_namespace(obj), bytes, "").await?)
+    }
+
+    pub async fn update_status(
+        &self,
+        obj: &serde_json::Value,
+    ) -> Result<serde_json::Value, ClientError> {
+        let bytes = self.to_proto(obj)?;
+        self.to_json(
+            &self
+                .update_proto(json_namespace(obj), bytes, "status")
+                .await?,
+        )
+    }
+
+    pub async fn delete(
+        &self,
+        name: &str,
+        dp: &DeleteParams,
+    ) -> Result<serde_json::Value, ClientError> {
+        self.to_json(&self.raw.delete(name, dp).await?)
+    }
+
+    pub fn watch(&self, lp: &ListParams, resource_version: &str) -> WatchStream<serde_json::Value> {
+        let kind = self.kind;
+        self.raw
+            .watch(lp, resource_version)
+            .try_filter_map(move |ev| async move {
+                let obj = kind
+                    .proto_to_json(&ev.object)
+                    .map_err(|e| ClientError::decode(kind.info().kind, e))?;
+                Ok(WatchEvent::from_type(&ev.r#type, obj))
+            })
+            .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skiff_api::api::{Deployment, Namespace};
+
+    #[test]
+    fn endpoint_gets_a_scheme() {
+        let (url, _) = endpoint_of("127.0.0.1:7443").unwrap();
+        assert_eq!(url, "http://127.0.0.1:7443");
+        let (url, _) = endpoint_of("http://localhost:1").unwrap();
+        assert_eq!(url, "http://localhost:1");
+        assert!(matches!(
+            endpoint_of("http://bad host:1"),
+            Err(ClientError::InvalidEndpoint { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn namespace_handling() {
+        let c = Client::connect_lazy("127.0.0.1:1").unwrap();
+        let a = c.api::<Deployment>(Some("shop"));
+        assert_eq!(a.namespace(), Some("shop"));
+        assert_eq!(a.raw.namespace_for("other"), "shop");
+        let a = c.all::<Deployment>();
+        assert_eq!(a.namespace(), None);
+        assert_eq!(a.raw.namespace_for("other"), "other");
+        // Cluster-scoped types never send a namespace.
+        let n = c.api::<Namespace>(Some("shop"));
+        assert_eq!(n.namespace(), None);
+        assert_eq!(n.raw.namespace_for("x"), "");
+    }
+
+    #[tokio::test]
+    async fn unreachable_server_is_reported() {
+        // Port 1 on loopback: nothing listens there.
+        let err = Client::connect("http://127.0.0.1:1").await.unwrap_err();
+        assert!(err.is_unreachable(), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            "cannot reach the Skiff API server at http://127.0.0.1:1: connection refused \
+             (is it running? start one with `cargo xtask up`)"
+        );
+        // A lazy client reports it on the first call.
+        let c = Client::connect_lazy("http://127.0.0.1:1").unwrap();
+        let err = c
+            .namespaced::<Deployment>("default")
+            .get("x")
+            .await
+            .unwrap_err();
+        assert!(err.is_unreachable(), "{err:?}");
+        assert!(err.to_string().contains("connection refused"), "{err}");
+        let mut w = c.all::<Deployment>().watch(&ListParams::default(), "");
+        let first = w.next().await.unwrap().unwrap_err();
+        assert!(first.is_unreachable(), "{first:?}");
+    }
+
+    #[test]
+    fn propagation_policy_parses() {
+        assert_eq!(
+            "foreground".parse::<PropagationPolicy>().unwrap(),
+            PropagationPolicy::Foreground
+        );
+        assert_eq!(PropagationPolicy::Orphan.as_str(), "Orphan");
+        assert!("bogus".parse::<PropagationPolicy>().is_err());
+    }
+}

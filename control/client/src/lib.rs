@@ -1,0 +1,31 @@
+//! The typed Rust client of the Skiff API server, used by every component and the CLI.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), skiff_client::ClientError> {
+//! use skiff_api::api::Deployment;
+//! use skiff_client::{Client, ClientConfig, ListParams};
+//!
+//! let config = ClientConfig::load(None)?;
+//! let client = Client::connect(config.endpoint()).await?;
+//! let deployments = client.namespaced::<Deployment>("default");
+//! for d in deployments.list(&ListParams::default()).await?.items {
+//!     println!("{}", skiff_api::Resource::name(&d));
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! - [`api`]: [`Client`], the typed [`Api`] and the [`DynamicApi`] for types known at run time.
+//! - [`error`]: [`ClientError`], mapped from gRPC statuses and the `skiff-reason` metadata.
+//! - [`config`]: where the API server is ([`ClientConfig::load`]).
+
+pub mod api;
+pub mod config;
+pub mod error;
+
+pub use api::{
+    Api, Client, DeleteParams, DynamicApi, ListParams, ObjectList, Preconditions,
+    PropagationPolicy, WatchEvent, WatchStream,
+};
+pub use config::{ClientConfig, ConfigSource, DEFAULT_SERVER};
+pub use error::ClientError;

@@ -1,0 +1,274 @@
+//! `cargo xtask test`: setup, then each test tier in order, failing fast.
+//!
+//! To add a tier (for example benchmarks), append to [`TIERS`]; use
+//! [`Quick::Args`] to run it differently under `--quick`, or
+//! [`Quick::Skip`] to leave it out of quick runs.
+
+use std::fmt::Write as _;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+
+use crate::setup::{self, SetupOptions};
+use crate::util;
+
+/// What a tier does under `--quick`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(
+    dead_code,
+    reason = "Skip/Args are for later tiers (bench, e2e); today's tiers all run as-is"
+)]
+pub enum Quick {
+    /// Run exactly as in a full run.
+    Same,
+    /// Leave the tier out.
+    Skip,
+    /// Run with these arguments instead.
+    Args(&'static [&'static str]),
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Tier {
+    pub name: &'static str,
+    pub program: &'static str,
+    pub args: &'static [&'static str],
+    pub quick: Quick,
+}
+
+/// The tiers, in the order they run.
+pub const TIERS: &[Tier] = &[
+    Tier {
+        name: "fmt",
+        program: "cargo",
+        args: &["fmt", "--all", "--", "--check"],
+        quick: Quick::Same,
+    },
+    Tier {
+        name: "clippy",
+        program: "cargo",
+        args: &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        quick: Quick::Same,
+    },
+    Tier {
+        name: "test",
+        program: "cargo",
+        args: &["test", "--workspace"],
+        quick: Quick::Same,
+    },
+    // Example for later:
+    // Tier { name: "bench", program: "cargo", args: &["xtask", "bench"],
+    //        quick: Quick::Args(&["xtask", "bench", "--quick"]) },
+];
+
+/// A tier resolved for this run: `argv` is `None` when it is skipped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Planned {
+    pub name: &'static str,
+    pub argv: Option<Vec<&'static str>>,
+}
+
+pub fn plan(tiers: &[Tier], quick: bool) -> Vec<Planned> {
+    tiers
+        .iter()
+        .map(|t| {
+            let args = match (quick, t.quick) {
+                (false, _) | (true, Quick::Same) => Some(t.args),
+                (true, Quick::Skip) => None,
+                (true, Quick::Args(a)) => Some(a),
+            };
+            Planned {
+                name: t.name,
+                argv: args.map(|a| {
+                    std::iter::once(t.program)
+                        .chain(a.iter().copied())
+                        .collect()
+                }),
+            }
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Pass(Duration),
+    Fail(Duration),
+    /// Not run because an earlier tier failed.
+    NotRun,
+    /// Left out by `--quick`.
+    Skipped,
+}
+
+pub fn summary(results: &[(&str, Outcome)]) -> String {
+    let width = results.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
+    let mut s = String::from("summary:\n");
+    for (name, outcome) in results {
+        let (label, time) = match outcome {
+            Outcome::Pass(d) => ("PASS", util::fmt_duration(*d)),
+            Outcome::Fail(d) => ("FAIL", util::fmt_duration(*d)),
+            Outcome::NotRun => ("----", "not run".to_string()),
+            Outcome::Skipped => ("SKIP", "--quick".to_string()),
+        };
+        let _ = writeln!(s, "  {label}  {name:<width$}  {time:>8}");
+    }
+    s
+}
+
+pub fn run(quick: bool) -> Result<()> {
+    let root = util::repo_root();
+    let path = util::path_with_cargo_bin()?;
+    let mut results: Vec<(&str, Outcome)> = Vec::new();
+
+    println!("==> setup");
+    let start = Instant::now();
+    let setup_result = setup::run(SetupOptions { skip_ebpf: false });
+    let elapsed = start.elapsed();
+    let planned = plan(TIERS, quick);
+    if let Err(e) = setup_result {
+        util::print_error(&e);
+        println!("FAILED: setup");
+        results.push(("setup", Outcome::Fail(elapsed)));
+        results.extend(planned.iter().map(|p| (p.name, Outcome::NotRun)));
+        print!("{}", summary(&results));
+        bail!("tier setup failed");
+    }
+    results.push(("setup", Outcome::Pass(elapsed)));
+
+    let mut failed: Option<&str> = None;
+    for tier in &planned {
+        let Some(argv) = &tier.argv else {
+            println!("==> {}: skipped (--quick)", tier.name);
+            results.push((tier.name, Outcome::Skipped));
+            continue;
+        };
+        if failed.is_some() {
+            results.push((tier.name, Outcome::NotRun));
+            continue;
+        }
+        let mut cmd = Command::new(argv[0]);
+        cmd.args(&argv[1..]).current_dir(&root).env("PATH", &path);
+        println!("==> {}: {}", tier.name, util::display_cmd(&cmd));
+        let start = Instant::now();
+        // Output streams live: stdio is inherited, not captured.
+        let ok = match cmd.status() {
+            Ok(status) => status.success(),
+            Err(e) => {
+                eprintln!("could not start `{}`: {e}", util::display_cmd(&cmd));
+                false
+            }
+        };
+        let elapsed = start.elapsed();
+        if ok {
+            results.push((tier.name, Outcome::Pass(elapsed)));
+        } else {
+            println!("FAILED: {}", tier.name);
+            results.push((tier.name, Outcome::Fail(elapsed)));
+            failed = Some(tier.name);
+        }
+    }
+
+    print!("{}", summary(&results));
+    match failed {
+        Some(name) => bail!("tier {name} failed"),
+        None => {
+            println!("all tiers passed");
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_tiers_in_order() {
+        let names: Vec<_> = TIERS.iter().map(|t| t.name).collect();
+        assert_eq!(names, ["fmt", "clippy", "test"]);
+        let full = plan(TIERS, false);
+        assert_eq!(
+            full[0].argv.as_deref(),
+            Some(&["cargo", "fmt", "--all", "--", "--check"][..])
+        );
+        assert_eq!(
+            full[1].argv.as_deref(),
+            Some(
+                &[
+                    "cargo",
+                    "clippy",
+                    "--workspace",
+                    "--all-targets",
+                    "--",
+                    "-D",
+                    "warnings"
+                ][..]
+            )
+        );
+        assert_eq!(
+            full[2].argv.as_deref(),
+            Some(&["cargo", "test", "--workspace"][..])
+        );
+    }
+
+    #[test]
+    fn quick_mode_variants() {
+        let tiers = [
+            Tier {
+                name: "a",
+                program: "cargo",
+                args: &["a"],
+                quick: Quick::Same,
+            },
+            Tier {
+                name: "b",
+                program: "cargo",
+                args: &["b"],
+                quick: Quick::Skip,
+            },
+            Tier {
+                name: "c",
+                program: "cargo",
+                args: &["xtask", "bench"],
+                quick: Quick::Args(&["xtask", "bench", "--quick"]),
+            },
+        ];
+        let full = plan(&tiers, false);
+        assert!(full.iter().all(|p| p.argv.is_some()));
+        assert_eq!(
+            full[2].argv.as_deref(),
+            Some(&["cargo", "xtask", "bench"][..])
+        );
+
+        let quick = plan(&tiers, true);
+        assert_eq!(quick[0].argv.as_deref(), Some(&["cargo", "a"][..]));
+        assert_eq!(quick[1].argv, None);
+        assert_eq!(
+            quick[2].argv.as_deref(),
+            Some(&["cargo", "xtask", "bench", "--quick"][..])
+        );
+    }
+
+    #[test]
+    fn summary_lists_every_tier() {
+        let s = summary(&[
+            ("setup", Outcome::Pass(Duration::from_millis(300))),
+            ("fmt", Outcome::Pass(Duration::from_secs(2))),
+            ("clippy", Outcome::Fail(Duration::from_secs(75))),
+            ("test", Outcome::NotRun),
+            ("bench", Outcome::Skipped),
+        ]);
+        let lines: Vec<_> = s.lines().collect();
+        assert_eq!(lines[0], "summary:");
+        assert_eq!(lines[1], "  PASS  setup       0.3s");
+        assert_eq!(lines[3], "  FAIL  clippy     1m15s");
+        assert!(lines[4].starts_with("  ----  test"));
+        assert!(lines[5].starts_with("  SKIP  bench"));
+    }
+}

@@ -1,0 +1,840 @@
+//! `cargo xtask up`: build and run a local Skiff control plane.
+//!
+//! Components are data ([`COMPONENTS`]); the ones whose binaries exist in the
+//! workspace (per `cargo metadata`) are built, started in order as children
+//! with logs in `.skiff/logs/<name>.log`, and stopped with SIGTERM (then
+//! SIGKILL after 10 s) on Ctrl-C.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use tokio::signal::unix::{Signal, SignalKind, signal};
+
+use crate::util;
+
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+const POLL: Duration = Duration::from_millis(100);
+const CLI_PACKAGE: &str = "skiff-cli";
+
+#[derive(Debug, clap::Args)]
+pub struct UpArgs {
+    /// Use etcd at this URL (e.g. http://127.0.0.1:2379) instead of the embedded store.
+    #[arg(long, value_name = "URL")]
+    pub etcd: Option<String>,
+    /// Address the API server listens on.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7443")]
+    pub listen: SocketAddr,
+    /// Data directory for the embedded store [default: <repo>/.skiff/data].
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Number of node agents (accepted, not yet implemented).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub nodes: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Store {
+    Embedded { data_dir: PathBuf },
+    Etcd { endpoints: String },
+}
+
+/// Resolved settings shared by every component.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpConfig {
+    pub listen: SocketAddr,
+    pub store: Store,
+    pub nodes: u32,
+}
+
+impl UpConfig {
+    pub fn from_args(args: &UpArgs, root: &Path, cwd: &Path) -> Self {
+        let store = match &args.etcd {
+            Some(url) => Store::Etcd {
+                endpoints: url.clone(),
+            },
+            None => Store::Embedded {
+                data_dir: match &args.data_dir {
+                    Some(d) if d.is_absolute() => d.clone(),
+                    Some(d) => cwd.join(d),
+                    None => root.join(".skiff").join("data"),
+                },
+            },
+        };
+        UpConfig {
+            listen: args.listen,
+            store,
+            nodes: args.nodes,
+        }
+    }
+
+    /// URL clients use to reach the API server.
+    pub fn server_url(&self) -> String {
+        format!("http://{}", connect_addr(self.listen))
+    }
+}
+
+/// Where to connect for a listen address: wildcard addresses become loopback.
+pub fn connect_addr(listen: SocketAddr) -> SocketAddr {
+    let ip = match listen.ip() {
+        IpAddr::V4(v4) if v4.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(v6) if v6.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    SocketAddr::new(ip, listen.port())
+}
+
+/// How to tell that a started component is ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// The API server's listen port accepts TCP connections.
+    ApiPort,
+    /// Considered ready once started.
+    Started,
+}
+
+/// One process of the local cluster, as data.
+#[derive(Debug, Clone, Copy)]
+pub struct Component {
+    pub name: &'static str,
+    pub package: &'static str,
+    pub bin: &'static str,
+    /// Fail if the binary does not exist (otherwise the component is skipped).
+    pub required: bool,
+    pub args: fn(&UpConfig) -> Vec<String>,
+    pub readiness: Readiness,
+}
+
+/// Components in start order. Entries whose binary is not in the workspace
+/// yet are skipped; give them real arguments when their crates land.
+pub const COMPONENTS: &[Component] = &[
+    Component {
+        name: "apiserver",
+        package: "skiff-apiserver",
+        bin: "skiff-apiserver",
+        required: true,
+        args: apiserver_args,
+        readiness: Readiness::ApiPort,
+    },
+    Component {
+        name: "scheduler",
+        package: "skiff-scheduler",
+        bin: "skiff-scheduler",
+        required: false,
+        args: server_client_args,
+        readiness: Readiness::Started,
+    },
+    Component {
+        name: "controller-manager",
+        package: "skiff-controller-manager",
+        bin: "skiff-controller-manager",
+        required: false,
+        args: server_client_args,
+        readiness: Readiness::Started,
+    },
+];
+
+pub fn apiserver_args(cfg: &UpConfig) -> Vec<String> {
+    let mut a = vec!["--listen".to_string(), cfg.listen.to_string()];
+    match &cfg.store {
+        Store::Embedded { data_dir } => a.extend([
+            "--store".into(),
+            "embedded".into(),
+            "--data-dir".into(),
+            data_dir.display().to_string(),
+        ]),
+        Store::Etcd { endpoints } => a.extend([
+            "--store".into(),
+            "etcd".into(),
+            "--etcd-endpoints".into(),
+            endpoints.clone(),
+        ]),
+    }
+    a
+}
+
+/// Provisional arguments for controllers that talk to the API server.
+pub fn server_client_args(cfg: &UpConfig) -> Vec<String> {
+    vec!["--server".into(), cfg.server_url()]
+}
+
+/// Workspace facts from `cargo metadata --no-deps`.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Workspace {
+    pub target_dir: PathBuf,
+    /// package name -> names of its bin targets
+    pub bins: BTreeMap<String, Vec<String>>,
+}
+
+pub fn parse_metadata(json: &serde_json::Value) -> Result<Workspace> {
+    let target_dir = json["target_directory"]
+        .as_str()
+        .context("cargo metadata: no target_directory")?
+        .into();
+    let mut bins = BTreeMap::new();
+    for pkg in json["packages"]
+        .as_array()
+        .context("cargo metadata: no packages")?
+    {
+        let name = pkg["name"]
+            .as_str()
+            .context("cargo metadata: package without name")?;
+        let pkg_bins: Vec<String> = pkg["targets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|t| {
+                t["kind"]
+                    .as_array()
+                    .is_some_and(|k| k.iter().any(|k| k == "bin"))
+            })
+            .filter_map(|t| t["name"].as_str().map(String::from))
+            .collect();
+        bins.insert(name.to_string(), pkg_bins);
+    }
+    Ok(Workspace { target_dir, bins })
+}
+
+impl Workspace {
+    pub fn has_bin(&self, package: &str, bin: &str) -> bool {
+        self.bins
+            .get(package)
+            .is_some_and(|b| b.iter().any(|n| n == bin))
+    }
+
+    /// Name of the CLI binary (`skiff` once the CLI crate names it so).
+    pub fn cli_bin(&self) -> Option<&str> {
+        let bins = self.bins.get(CLI_PACKAGE)?;
+        bins.iter()
+            .find(|b| *b == "skiff")
+            .or_else(|| bins.first())
+            .map(String::as_str)
+    }
+}
+
+fn load_workspace(root: &Path) -> Result<Workspace> {
+    let out = util::run_capture(
+        Command::new("cargo")
+            .args(["metadata", "--no-deps", "--format-version", "1"])
+            .current_dir(root),
+    )?;
+    if !out.status.success() {
+        bail!(
+            "`cargo metadata` failed:\n{}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let json: serde_json::Value =
+        serde_json::from_slice(&out.stdout).context("parsing `cargo metadata` output")?;
+    parse_metadata(&json)
+}
+
+/// Components to start, and the names (with reasons) of those skipped.
+pub fn select_components<'a>(
+    components: &'a [Component],
+    ws: &Workspace,
+) -> Result<(Vec<&'a Component>, Vec<String>)> {
+    let mut start = Vec::new();
+    let mut skipped = Vec::new();
+    for c in components {
+        if ws.has_bin(c.package, c.bin) {
+            start.push(c);
+        } else if c.required {
+            let why = if ws.bins.contains_key(c.package) {
+                format!(
+                    "package {} has no `{}` binary target yet (no src/main.rs?)",
+                    c.package, c.bin
+                )
+            } else {
+                format!("package {} is not in the workspace", c.package)
+            };
+            bail!("cannot start {}: {why}", c.name);
+        } else {
+            skipped.push(format!(
+                "{} (no {} binary in the workspace yet)",
+                c.name, c.bin
+            ));
+        }
+    }
+    Ok((start, skipped))
+}
+
+/// The CLI config path: `$SKIFF_CONFIG`, else `$HOME/.config/skiff/config.yaml`.
+pub fn config_path(skiff_config: Option<&str>, home: Option<&str>) -> Result<PathBuf> {
+    if let Some(p) = skiff_config.filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    let home = home.filter(|h| !h.is_empty()).ok_or_else(|| {
+        anyhow!("neither SKIFF_CONFIG nor HOME is set: cannot place the CLI config")
+    })?;
+    Ok(Path::new(home)
+        .join(".config")
+        .join("skiff")
+        .join("config.yaml"))
+}
+
+pub fn config_content(server_url: &str) -> String {
+    format!("server: {server_url}\n")
+}
+
+/// The last `n` lines of `text`.
+pub fn tail_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+fn log_tail(path: &Path) -> String {
+    match fs::read_to_string(path) {
+        Ok(t) if !t.trim().is_empty() => {
+            format!("last lines of {}:\n{}", path.display(), tail_lines(&t, 20))
+        }
+        Ok(_) => format!("{} is empty", path.display()),
+        Err(e) => format!("could not read {}: {e}", path.display()),
+    }
+}
+
+fn port_open(addr: SocketAddr) -> bool {
+    TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+}
+
+pub fn run(args: UpArgs) -> Result<()> {
+    let root = util::repo_root();
+    let cwd = std::env::current_dir().context("current directory")?;
+    let cfg = UpConfig::from_args(&args, &root, &cwd);
+
+    let ws = load_workspace(&root)?;
+    let (components, skipped) = select_components(COMPONENTS, &ws)?;
+    for s in &skipped {
+        println!("skip: {s}");
+    }
+    if cfg.nodes > 0 {
+        println!(
+            "node agents: not yet implemented (--nodes {} ignored)",
+            cfg.nodes
+        );
+    }
+
+    let api = connect_addr(cfg.listen);
+    if port_open(api) {
+        bail!("something is already listening on {api}: stop it or pass --listen");
+    }
+
+    // Build everything we start, plus the CLI.
+    let mut build = Command::new("cargo");
+    build.arg("build").current_dir(&root);
+    for c in &components {
+        build.args(["-p", c.package]);
+    }
+    build.args(["-p", CLI_PACKAGE]);
+    println!("==> {}", util::display_cmd(&build));
+    util::run_streaming(&mut build).context(
+        "building the control plane failed (see the compiler errors above); \
+         nothing was started",
+    )?;
+
+    let bin_dir = ws.target_dir.join("debug");
+    for c in &components {
+        let p = bin_dir.join(c.bin);
+        if !util::is_executable(&p) {
+            bail!(
+                "{} was not produced by the build (expected {})",
+                c.bin,
+                p.display()
+            );
+        }
+    }
+
+    if let Store::Embedded { data_dir } = &cfg.store {
+        fs::create_dir_all(data_dir)
+            .with_context(|| format!("creating data dir {}", data_dir.display()))?;
+    } else if args.data_dir.is_some() {
+        println!("note: --data-dir is ignored with --etcd");
+    }
+    let log_dir = root.join(".skiff").join("logs");
+    fs::create_dir_all(&log_dir).with_context(|| format!("creating {}", log_dir.display()))?;
+
+    let config_file = config_path(
+        std::env::var("SKIFF_CONFIG").ok().as_deref(),
+        std::env::var("HOME").ok().as_deref(),
+    )?;
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .context("starting tokio runtime")?;
+    rt.block_on(supervise(Plan {
+        root: &root,
+        cfg: &cfg,
+        components: &components,
+        bin_dir: &bin_dir,
+        log_dir: &log_dir,
+        config_file: &config_file,
+        cli_bin: ws.cli_bin(),
+    }))
+}
+
+struct Plan<'a> {
+    root: &'a Path,
+    cfg: &'a UpConfig,
+    components: &'a [&'a Component],
+    bin_dir: &'a Path,
+    log_dir: &'a Path,
+    config_file: &'a Path,
+    cli_bin: Option<&'a str>,
+}
+
+struct Running {
+    name: &'static str,
+    child: tokio::process::Child,
+    pid: u32,
+    log: PathBuf,
+}
+
+/// SIGINT or SIGTERM delivered to xtask.
+struct Signals {
+    int: Signal,
+    term: Signal,
+}
+
+impl Signals {
+    fn new() -> Result<Self> {
+        Ok(Signals {
+            int: signal(SignalKind::interrupt()).context("installing SIGINT handler")?,
+            term: signal(SignalKind::terminate()).context("installing SIGTERM handler")?,
+        })
+    }
+
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.int.recv() => {}
+            _ = self.term.recv() => {}
+        }
+    }
+}
+
+enum Stop {
+    Signal,
+    Exited(&'static str, ExitStatus, PathBuf),
+    Failed(anyhow::Error),
+}
+
+async fn supervise(plan: Plan<'_>) -> Result<()> {
+    let mut signals = Signals::new()?;
+    let mut running: Vec<Running> = Vec::new();
+
+    let stop = 'run: {
+        for c in plan.components {
+            let log = plan.log_dir.join(format!("{}.log", c.name));
+            match spawn(plan.root, plan.bin_dir, c, plan.cfg, &log) {
+                Ok(r) => {
+                    println!("started {} (pid {}), log: {}", c.name, r.pid, log.display());
+                    running.push(r);
+                }
+                Err(e) => break 'run Stop::Failed(e),
+            }
+            if c.readiness == Readiness::ApiPort {
+                let addr = connect_addr(plan.cfg.listen);
+                let r = running.last_mut().expect("just pushed");
+                tokio::select! {
+                    res = wait_port(r, addr) => if let Err(e) = res { break 'run Stop::Failed(e) },
+                    _ = signals.recv() => break 'run Stop::Signal,
+                }
+                println!("{} is accepting connections on {addr}", c.name);
+            }
+        }
+
+        if let Err(e) = write_config(plan.config_file, &plan.cfg.server_url()) {
+            break 'run Stop::Failed(e);
+        }
+        print_banner(&plan);
+
+        loop {
+            tokio::select! {
+                _ = signals.recv() => break 'run Stop::Signal,
+                _ = tokio::time::sleep(POLL * 2) => {}
+            }
+            for r in &mut running {
+                match r.child.try_wait() {
+                    Ok(Some(status)) => break 'run Stop::Exited(r.name, status, r.log.clone()),
+                    Ok(None) => {}
+                    Err(e) => break 'run Stop::Failed(anyhow!("checking {}: {e}", r.name)),
+                }
+            }
+        }
+    };
+
+    if let Stop::Signal = stop {
+        println!("\nshutting down...");
+    }
+    shutdown(&mut running, &mut signals).await;
+
+    match stop {
+        Stop::Signal => {
+            println!("stopped");
+            Ok(())
+        }
+        Stop::Exited(name, status, log) => Err(anyhow!(
+            "{name} exited unexpectedly ({status})\n{}",
+            log_tail(&log)
+        )),
+        Stop::Failed(e) => Err(e),
+    }
+}
+
+fn spawn(
+    root: &Path,
+    bin_dir: &Path,
+    c: &Component,
+    cfg: &UpConfig,
+    log: &Path,
+) -> Result<Running> {
+    let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    let err = out.try_clone()?;
+    let bin = bin_dir.join(c.bin);
+    let args = (c.args)(cfg);
+    let mut cmd = tokio::process::Command::new(&bin);
+    cmd.args(&args)
+        .current_dir(root)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        // Own process group: a terminal Ctrl-C reaches only xtask, which then
+        // stops the children in order.
+        .process_group(0)
+        // Safety net if xtask itself errors out before shutdown.
+        .kill_on_drop(true);
+    // RUST_LOG and the rest of the environment are inherited.
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("starting {} {}", bin.display(), args.join(" ")))?;
+    let pid = child.id().context("child has no pid")?;
+    Ok(Running {
+        name: c.name,
+        child,
+        pid,
+        log: log.to_path_buf(),
+    })
+}
+
+async fn wait_port(r: &mut Running, addr: SocketAddr) -> Result<()> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        if let Some(status) = r.child.try_wait()? {
+            bail!(
+                "{} exited during startup ({status})\n{}",
+                r.name,
+                log_tail(&r.log)
+            );
+        }
+        let open = tokio::task::spawn_blocking(move || port_open(addr)).await?;
+        if open {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "{} did not accept connections on {addr} within {}s\n{}",
+                r.name,
+                READY_TIMEOUT.as_secs(),
+                log_tail(&r.log)
+            );
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+fn write_config(path: &Path, server_url: &str) -> Result<()> {
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    fs::write(path, config_content(server_url))
+        .with_context(|| format!("writing CLI config {}", path.display()))
+}
+
+fn print_banner(plan: &Plan<'_>) {
+    let url = plan.cfg.server_url();
+    println!();
+    println!("Skiff control plane is up");
+    println!("  api server: {url}");
+    match &plan.cfg.store {
+        Store::Embedded { data_dir } => println!("  store:      embedded, {}", data_dir.display()),
+        Store::Etcd { endpoints } => println!("  store:      etcd at {endpoints}"),
+    }
+    println!("  logs:       {}", plan.log_dir.display());
+    println!(
+        "  CLI config: {} (server: {url})",
+        plan.config_file.display()
+    );
+    println!();
+    println!("From another shell:");
+    println!("  export PATH={}:$PATH", plan.bin_dir.display());
+    if let Ok(p) = std::env::var("SKIFF_CONFIG") {
+        println!("  export SKIFF_CONFIG={p}");
+    }
+    match plan.cli_bin {
+        Some(cli) => {
+            println!("  {cli} get ns");
+        }
+        None => println!("  (the {CLI_PACKAGE} crate has no binary target yet)"),
+    }
+    println!();
+    println!("Press Ctrl-C to stop.");
+}
+
+fn send_signal(pid: u32, sig: &str) {
+    // `kill` is a shell builtin in dash, so this works without procps.
+    let res = Command::new("sh")
+        .args(["-c", &format!("kill -{sig} {pid}")])
+        .stderr(Stdio::null())
+        .status();
+    if let Err(e) = res {
+        eprintln!("could not send SIG{sig} to {pid}: {e}");
+    }
+}
+
+/// SIGTERM every running child (in reverse start order), wait up to
+/// [`STOP_TIMEOUT`] (a second Ctrl-C cuts this short), then SIGKILL the rest.
+async fn shutdown(running: &mut [Running], signals: &mut Signals) {
+    for r in running.iter_mut().rev() {
+        // try_wait reaps; until we reap, the pid cannot be reused.
+        if let Ok(None) = r.child.try_wait() {
+            println!("stopping {} (pid {})", r.name, r.pid);
+            send_signal(r.pid, "TERM");
+        }
+    }
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    loop {
+        let mut alive = 0;
+        for r in running.iter_mut() {
+            if matches!(r.child.try_wait(), Ok(None)) {
+                alive += 1;
+            }
+        }
+        if alive == 0 || Instant::now() >= deadline {
+            break;
+        }
+        tokio::select! {
+            _ = signals.recv() => {
+                println!("second signal: killing now");
+                break;
+            }
+            _ = tokio::time::sleep(POLL) => {}
+        }
+    }
+    for r in running.iter_mut() {
+        match r.child.try_wait() {
+            Ok(Some(status)) => println!("{} exited ({status})", r.name),
+            _ => {
+                println!("{} did not stop: sending SIGKILL", r.name);
+                let _ = r.child.start_kill();
+                match r.child.wait().await {
+                    Ok(status) => println!("{} killed ({status})", r.name),
+                    Err(e) => eprintln!("waiting for {}: {e}", r.name),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(etcd: Option<&str>, data_dir: Option<&str>) -> UpArgs {
+        UpArgs {
+            etcd: etcd.map(String::from),
+            listen: "127.0.0.1:7443".parse().unwrap(),
+            data_dir: data_dir.map(PathBuf::from),
+            nodes: 0,
+        }
+    }
+
+    #[test]
+    fn embedded_store_defaults_under_repo() {
+        let cfg = UpConfig::from_args(&args(None, None), Path::new("/repo"), Path::new("/cwd"));
+        assert_eq!(
+            apiserver_args(&cfg),
+            [
+                "--listen",
+                "127.0.0.1:7443",
+                "--store",
+                "embedded",
+                "--data-dir",
+                "/repo/.skiff/data"
+            ]
+        );
+    }
+
+    #[test]
+    fn relative_data_dir_is_from_cwd() {
+        let cfg = UpConfig::from_args(
+            &args(None, Some("d")),
+            Path::new("/repo"),
+            Path::new("/cwd"),
+        );
+        assert_eq!(
+            cfg.store,
+            Store::Embedded {
+                data_dir: "/cwd/d".into()
+            }
+        );
+        let cfg = UpConfig::from_args(
+            &args(None, Some("/abs")),
+            Path::new("/repo"),
+            Path::new("/cwd"),
+        );
+        assert_eq!(
+            cfg.store,
+            Store::Embedded {
+                data_dir: "/abs".into()
+            }
+        );
+    }
+
+    #[test]
+    fn etcd_store_args() {
+        let cfg = UpConfig::from_args(
+            &args(Some("http://127.0.0.1:2379"), Some("ignored")),
+            Path::new("/repo"),
+            Path::new("/cwd"),
+        );
+        assert_eq!(
+            apiserver_args(&cfg),
+            [
+                "--listen",
+                "127.0.0.1:7443",
+                "--store",
+                "etcd",
+                "--etcd-endpoints",
+                "http://127.0.0.1:2379"
+            ]
+        );
+    }
+
+    #[test]
+    fn server_url_maps_wildcards_to_loopback() {
+        let mut cfg = UpConfig::from_args(&args(None, None), Path::new("/r"), Path::new("/r"));
+        assert_eq!(cfg.server_url(), "http://127.0.0.1:7443");
+        cfg.listen = "0.0.0.0:8000".parse().unwrap();
+        assert_eq!(cfg.server_url(), "http://127.0.0.1:8000");
+        cfg.listen = "[::]:8000".parse().unwrap();
+        assert_eq!(cfg.server_url(), "http://[::1]:8000");
+        cfg.listen = "10.1.2.3:9".parse().unwrap();
+        assert_eq!(cfg.server_url(), "http://10.1.2.3:9");
+    }
+
+    #[test]
+    fn config_file_location_and_content() {
+        assert_eq!(
+            config_path(Some("/tmp/x.yaml"), Some("/root")).unwrap(),
+            PathBuf::from("/tmp/x.yaml")
+        );
+        assert_eq!(
+            config_path(None, Some("/home/u")).unwrap(),
+            PathBuf::from("/home/u/.config/skiff/config.yaml")
+        );
+        assert_eq!(
+            config_path(Some(""), Some("/home/u")).unwrap(),
+            PathBuf::from("/home/u/.config/skiff/config.yaml")
+        );
+        assert!(config_path(None, None).is_err());
+        assert_eq!(
+            config_content("http://127.0.0.1:7443"),
+            "server: http://127.0.0.1:7443\n"
+        );
+    }
+
+    #[test]
+    fn component_list_shape() {
+        assert_eq!(COMPONENTS[0].name, "apiserver");
+        assert_eq!(COMPONENTS[0].bin, "skiff-apiserver");
+        assert!(COMPONENTS[0].required);
+        assert_eq!(COMPONENTS[0].readiness, Readiness::ApiPort);
+        let mut names: Vec<_> = COMPONENTS.iter().map(|c| c.name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), COMPONENTS.len());
+        assert!(COMPONENTS[1..].iter().all(|c| !c.required));
+    }
+
+    fn ws(bins: &[(&str, &[&str])]) -> Workspace {
+        Workspace {
+            target_dir: "/repo/target".into(),
+            bins: bins
+                .iter()
+                .map(|(p, b)| (p.to_string(), b.iter().map(|s| s.to_string()).collect()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn only_existing_binaries_are_started() {
+        let w = ws(&[
+            ("skiff-apiserver", &["skiff-apiserver"]),
+            ("skiff-cli", &["skiff"]),
+        ]);
+        let (start, skipped) = select_components(COMPONENTS, &w).unwrap();
+        assert_eq!(
+            start.iter().map(|c| c.name).collect::<Vec<_>>(),
+            ["apiserver"]
+        );
+        assert_eq!(skipped.len(), COMPONENTS.len() - 1);
+        assert_eq!(w.cli_bin(), Some("skiff"));
+
+        let w = ws(&[
+            ("skiff-apiserver", &["skiff-apiserver"]),
+            ("skiff-scheduler", &["skiff-scheduler"]),
+        ]);
+        let (start, _) = select_components(COMPONENTS, &w).unwrap();
+        assert_eq!(
+            start.iter().map(|c| c.name).collect::<Vec<_>>(),
+            ["apiserver", "scheduler"]
+        );
+        assert_eq!(w.cli_bin(), None);
+    }
+
+    #[test]
+    fn missing_apiserver_binary_is_a_clear_error() {
+        let err = select_components(COMPONENTS, &ws(&[("skiff-apiserver", &[])]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no `skiff-apiserver` binary target"), "{err}");
+        let err = select_components(COMPONENTS, &ws(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not in the workspace"), "{err}");
+    }
+
+    #[test]
+    fn metadata_parsing() {
+        let json = serde_json::json!({
+            "target_directory": "/repo/target",
+            "packages": [
+                {"name": "skiff-apiserver", "targets": [
+                    {"name": "skiff_apiserver", "kind": ["lib"]},
+                    {"name": "skiff-apiserver", "kind": ["bin"]}
+                ]},
+                {"name": "skiff-cli", "targets": [{"name": "skiff", "kind": ["bin"]}]},
+                {"name": "skiff-store", "targets": [{"name": "skiff_store", "kind": ["lib"]}]}
+            ]
+        });
+        let w = parse_metadata(&json).unwrap();
+        assert_eq!(w.target_dir, PathBuf::from("/repo/target"));
+        assert!(w.has_bin("skiff-apiserver", "skiff-apiserver"));
+        assert!(!w.has_bin("skiff-store", "skiff_store"));
+        assert_eq!(w.bins["skiff-store"], Vec::<String>::new());
+        assert_eq!(w.cli_bin(), Some("skiff"));
+    }
+
+    #[test]
+    fn tail_keeps_last_lines() {
+        assert_eq!(tail_lines("a\nb\nc\n", 2), "b\nc");
+        assert_eq!(tail_lines("a", 5), "a");
+        assert_eq!(tail_lines("", 5), "");
+    }
+}
