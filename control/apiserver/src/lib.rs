@@ -69,7 +69,11 @@ impl Default for ApiServerOptions {
     fn default() -> Self {
         ApiServerOptions {
             watch_cache_capacity: DEFAULT_WATCH_CACHE_CAPACITY,
-            bootstrap_namespaces: vec!["default".into(), "kube-system".into()],
+            bootstrap_namespaces: vec![
+                "default".into(),
+                "kube-system".into(),
+                "kube-node-lease".into(),
+            ],
             shutdown_timeout: Duration::from_secs(5),
         }
     }

@@ -196,7 +196,7 @@ async fn crud_and_selectors(s: TestServer) {
     api.create("", &node).await.expect("create node");
     assert_eq!(api.names::<Node>("", "zone=a", "").await, vec!["node-1"]);
     let nss = api.names::<Namespace>("", "", "").await;
-    assert_eq!(nss, vec!["default", "kube-system"]);
+    assert_eq!(nss, vec!["default", "kube-node-lease", "kube-system"]);
     let d = s
         .api
         .client

@@ -72,7 +72,7 @@ async fn exercise(api: &Api) {
     assert_eq!(d.resources.len(), skiff_api::kinds().len());
     assert_eq!(
         api.names::<Namespace>("", "", "").await,
-        vec!["default", "kube-system"]
+        vec!["default", "kube-node-lease", "kube-system"]
     );
     api.create("default", &pod("p", "", &[]))
         .await

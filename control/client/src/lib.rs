@@ -18,10 +18,12 @@
 //! - [`api`]: [`Client`], the typed [`Api`] and the [`DynamicApi`] for types known at run time.
 //! - [`error`]: [`ClientError`], mapped from gRPC statuses and the `skiff-reason` metadata.
 //! - [`config`]: where the API server is ([`ClientConfig::load`]).
+//! - [`reflector`]: list + watch + relist, the one way components observe the cluster.
 
 pub mod api;
 pub mod config;
 pub mod error;
+pub mod reflector;
 
 pub use api::{
     Api, Client, DeleteParams, DynamicApi, ListParams, ObjectList, Preconditions,

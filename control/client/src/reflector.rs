@@ -1,0 +1,259 @@
+//! The reflector: list, then watch from the list's revision, re-watch from the last seen
+//! revision when a watch ends, and list again when the server says the revision is too old.
+//! It never gives up: connection errors are retried with capped exponential back-off.
+//!
+//! Every controller, the scheduler and the node agent observe the cluster through this one
+//! code path ("watch, don't poll"), optionally keeping a [`Store`] of the current objects.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use skiff_api::Resource;
+
+use crate::{Api, ClientError, ListParams, WatchEvent};
+
+/// What a reflector reports.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event<T> {
+    /// A fresh list: this is now the complete set of objects (after a start or a relist).
+    Restarted(Vec<T>),
+    /// An object was added or modified.
+    Applied(T),
+    /// An object was deleted; this is its last state.
+    Deleted(T),
+}
+
+/// Back-off between failed attempts: 100 ms doubling to 30 s.
+#[derive(Debug, Clone)]
+struct Backoff {
+    next: Duration,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(100);
+    const MAX: Duration = Duration::from_secs(30);
+
+    fn new() -> Self {
+        Backoff { next: Self::FIRST }
+    }
+
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+
+    fn step(&mut self) -> Duration {
+        let now = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        now
+    }
+}
+
+enum Phase<T> {
+    List,
+    Watch(String),
+    Watching(crate::WatchStream<T>, String),
+    Wait(Duration),
+}
+
+struct State<T> {
+    api: Api<T>,
+    lp: ListParams,
+    phase: Phase<T>,
+    backoff: Backoff,
+}
+
+/// Observes the objects `api` and `lp` select, forever.
+pub fn reflector<T: Resource>(api: Api<T>, lp: ListParams) -> impl Stream<Item = Event<T>> {
+    let state = State {
+        api,
+        lp,
+        phase: Phase::List,
+        backoff: Backoff::new(),
+    };
+    futures::stream::unfold(state, |mut s| async move {
+        loop {
+            match std::mem::replace(&mut s.phase, Phase::List) {
+                Phase::Wait(d) => tokio::time::sleep(d).await,
+                Phase::List => match s.api.list(&s.lp).await {
+                    Ok(list) => {
+                        s.backoff.reset();
+                        s.phase = Phase::Watch(list.resource_version);
+                        return Some((Event::Restarted(list.items), s));
+                    }
+                    Err(e) => {
+                        let d = s.backoff.step();
+                        tracing::warn!(resource = T::INFO.plural, error = %e, retry_in = ?d, "list failed");
+                        s.phase = Phase::Wait(d);
+                    }
+                },
+                Phase::Watch(rv) => {
+                    let stream = s.api.watch(&s.lp, &rv);
+                    s.phase = Phase::Watching(stream, rv);
+                }
+                Phase::Watching(mut stream, mut rv) => match stream.next().await {
+                    Some(Ok(ev)) => {
+                        s.backoff.reset();
+                        let seen = ev.object().resource_version();
+                        if !seen.is_empty() {
+                            rv = seen.to_string();
+                        }
+                        s.phase = Phase::Watching(stream, rv);
+                        return Some((
+                            match ev {
+                                WatchEvent::Added(o) | WatchEvent::Modified(o) => Event::Applied(o),
+                                WatchEvent::Deleted(o) => Event::Deleted(o),
+                            },
+                            s,
+                        ));
+                    }
+                    // The server ended the watch (e.g. shutdown, timeout): continue from rv.
+                    None => s.phase = Phase::Watch(rv),
+                    Some(Err(ClientError::Expired { .. })) => {
+                        tracing::info!(resource = T::INFO.plural, "watch too old, relisting");
+                        s.phase = Phase::List;
+                    }
+                    Some(Err(e)) => {
+                        let d = s.backoff.step();
+                        tracing::warn!(resource = T::INFO.plural, error = %e, retry_in = ?d, "watch failed");
+                        // After a failure we can't be sure the watch position is still served.
+                        s.phase = Phase::Wait(d);
+                    }
+                },
+            }
+        }
+    })
+}
+
+/// `namespace/name` (or `name` for cluster-scoped objects).
+pub fn object_key<T: Resource>(obj: &T) -> String {
+    if obj.namespace().is_empty() {
+        obj.name().to_string()
+    } else {
+        format!("{}/{}", obj.namespace(), obj.name())
+    }
+}
+
+/// The current objects a reflector has seen, keyed by `namespace/name`. Cheap to clone.
+#[derive(Debug)]
+pub struct Store<T> {
+    objects: Arc<RwLock<BTreeMap<String, Arc<T>>>>,
+}
+
+impl<T> Clone for Store<T> {
+    fn clone(&self) -> Self {
+        Store {
+            objects: self.objects.clone(),
+        }
+    }
+}
+
+impl<T: Resource> Default for Store<T> {
+    fn default() -> Self {
+        Store {
+            objects: Arc::default(),
+        }
+    }
+}
+
+impl<T: Resource> Store<T> {
+    /// Applies one reflector event.
+    pub fn apply(&self, event: &Event<T>) {
+        let mut map = self.objects.write().unwrap_or_else(|e| e.into_inner());
+        match event {
+            Event::Restarted(items) => {
+                *map = items
+                    .iter()
+                    .map(|o| (object_key(o), Arc::new(o.clone())))
+                    .collect();
+            }
+            Event::Applied(o) => {
+                map.insert(object_key(o), Arc::new(o.clone()));
+            }
+            Event::Deleted(o) => {
+                map.remove(&object_key(o));
+            }
+        }
+    }
+
+    /// The object with key `namespace/name`.
+    pub fn get(&self, key: &str) -> Option<Arc<T>> {
+        self.objects
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .cloned()
+    }
+
+    /// Every object, in key order.
+    pub fn list(&self) -> Vec<Arc<T>> {
+        self.objects
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.objects.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A reflector that keeps `store` current; the events pass through after being applied.
+pub fn reflect<T: Resource>(
+    store: Store<T>,
+    stream: impl Stream<Item = Event<T>>,
+) -> impl Stream<Item = Event<T>> {
+    stream.map(move |ev| {
+        store.apply(&ev);
+        ev
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skiff_api::api::{ObjectMeta, Pod};
+
+    fn pod(ns: &str, name: &str) -> Pod {
+        Pod {
+            metadata: Some(ObjectMeta {
+                name: name.into(),
+                namespace: ns.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let mut b = Backoff::new();
+        let steps: Vec<_> = (0..12).map(|_| b.step()).collect();
+        assert_eq!(steps[0], Duration::from_millis(100));
+        assert_eq!(steps[1], Duration::from_millis(200));
+        assert_eq!(*steps.last().unwrap(), Duration::from_secs(30));
+        b.reset();
+        assert_eq!(b.step(), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn store_applies_events() {
+        let store = Store::<Pod>::default();
+        store.apply(&Event::Restarted(vec![pod("a", "x"), pod("a", "y")]));
+        assert_eq!(store.len(), 2);
+        store.apply(&Event::Applied(pod("b", "z")));
+        store.apply(&Event::Deleted(pod("a", "x")));
+        let keys: Vec<String> = store.list().iter().map(|p| object_key(&**p)).collect();
+        assert_eq!(keys, ["a/y", "b/z"]);
+        assert!(store.get("a/y").is_some());
+        store.apply(&Event::Restarted(vec![]));
+        assert!(store.is_empty());
+    }
+}
