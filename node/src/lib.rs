@@ -1,6 +1,8 @@
-//! Skiff's node agent. Today it holds the host inspection the agent starts from (where
-//! cgroup v2 is mounted and which controllers it offers) and the eBPF per-pod traffic
-//! accounting loader; the pod runtime and pod networking arrive with the rest of M1-B.
+//! Skiff's node agent: the agent loop (`agent`), the pod runtime (`runtime`), pod networking
+//! (`net`), the eBPF loader (`bpf`) and host inspection (`host`). See ARCHITECTURE.md.
 
+pub mod agent;
 pub mod bpf;
 pub mod host;
+pub mod net;
+pub mod runtime;

@@ -1,8 +1,11 @@
-//! `skiff-node`: the node agent. Only `check-host` works today; running pods arrives with
-//! milestone M1-B.
+//! `skiff-node`: the node agent (`run`), the container shim it starts (`shim`), and a host
+//! check (`check-host`).
+
+use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(name = "skiff-node", about = "Skiff node agent")]
@@ -15,11 +18,118 @@ struct Cli {
 enum Command {
     /// Reports what this host offers the agent: cgroup v2 mount and controllers, bpffs, BTF.
     CheckHost,
+    /// Runs the agent: registers the node and runs the pods bound to it.
+    Run(RunArgs),
+    /// Internal: supervises one container (started by the agent), or runs one command
+    /// inside a running container (`--join-pid`, for exec probes).
+    #[command(hide = true)]
+    Shim(Box<skiff_node::runtime::shim::ShimArgs>),
+}
+
+/// Parses `10s`, `500ms`, `2m` or a plain number of seconds.
+fn duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map(|i| s.split_at(i))
+        .unwrap_or((s, "s"));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 10s, 500ms or 2m"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        _ => Err(format!("{s:?}: unknown unit {unit:?} (use ms, s or m)")),
+    }
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// The API server (default: SKIFF_SERVER, then the skiff config file, then
+    /// http://127.0.0.1:7443).
+    #[arg(long)]
+    server: Option<String>,
+    /// This node's name (default: the host name).
+    #[arg(long)]
+    node_name: Option<String>,
+    /// Where runtime state, IP allocations and container logs live
+    /// (default: /var/lib/skiff/<node>).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// The node's network namespace (e.g. /run/netns/skiff-node-1); default: the agent's own.
+    #[arg(long)]
+    node_netns: Option<PathBuf>,
+    /// Pod CIDR used until the control plane sets Node.spec.podCIDR.
+    #[arg(long)]
+    pod_cidr: Option<String>,
+    /// Parent cgroup of this node's pods (default: <cgroup v2 root>/skiff/<node>).
+    #[arg(long)]
+    cgroup_parent: Option<PathBuf>,
+    /// Lease duration; the lease is renewed every quarter of it.
+    #[arg(long, value_parser = duration, default_value = "40s")]
+    lease_duration: Duration,
+    /// First crash-loop back-off (doubles up to 5 minutes).
+    #[arg(long, value_parser = duration, default_value = "10s")]
+    backoff: Duration,
+    /// Node status refresh interval.
+    #[arg(long, value_parser = duration, default_value = "60s")]
+    status_interval: Duration,
+    /// Do not load the eBPF per-pod traffic accounting.
+    #[arg(long)]
+    no_accounting: bool,
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_lowercase())
+        .unwrap_or_else(|_| "node".into())
+}
+
+fn run_agent(args: RunArgs) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let node = args.node_name.unwrap_or_else(hostname);
+    let shim = std::env::current_exe().context("locating the skiff-node binary for the shim")?;
+    let state_dir = args
+        .state_dir
+        .unwrap_or_else(|| PathBuf::from("/var/lib/skiff").join(&node));
+    let mut cfg = skiff_node::agent::AgentConfig::new(&node, state_dir, shim);
+    cfg.node_netns = args.node_netns;
+    cfg.pod_cidr = args.pod_cidr;
+    cfg.cgroup_parent = args.cgroup_parent;
+    cfg.lease_duration = args.lease_duration;
+    cfg.lease_renew = args.lease_duration / 4;
+    cfg.backoff_initial = args.backoff;
+    cfg.status_interval = args.status_interval;
+    cfg.accounting = !args.no_accounting;
+    let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    rt.block_on(async move {
+        let config = skiff_client::ClientConfig::load(args.server.as_deref())?;
+        let client = skiff_client::Client::connect_lazy(config.endpoint())?;
+        let shutdown = async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("installing a SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        };
+        skiff_node::agent::run(cfg, client, shutdown)
+            .await
+            .with_context(|| format!("node agent {node}"))
+    })
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Run(args) => run_agent(args)?,
+        // The shim must stay single-threaded until it forks: nothing else runs before it.
+        Command::Shim(args) => std::process::exit(skiff_node::runtime::shim::run(*args)),
         Command::CheckHost => {
             let r = skiff_node::host::report().context("inspecting the host")?;
             println!("cgroup v2 root:      {}", r.cgroup2_root.display());
@@ -37,4 +147,19 @@ fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_durations() {
+        assert_eq!(duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(duration("7"), Ok(Duration::from_secs(7)));
+        assert!(duration("soon").is_err());
+        assert!(duration("5h").is_err());
+    }
 }

@@ -222,3 +222,202 @@ pub fn repo_root() -> PathBuf {
         .expect("tests/ is inside the repo")
         .to_path_buf()
 }
+
+/// A unique, short suffix for names of namespaces and cgroups a test creates.
+pub fn unique() -> String {
+    use rand::Rng;
+    let n: u32 = rand::rng().random();
+    format!("{n:08x}")
+}
+
+fn run_ip(args: &[&str]) -> Output {
+    Command::new("ip").args(args).output().expect("running ip")
+}
+
+/// A node: its own network namespace, cgroup parent and state directory, and a running
+/// `skiff-node run` agent process. Dropping it kills every process it started (the agent by
+/// pid; the pods and their shims through `cgroup.kill` on the node's cgroup), removes the
+/// pods' network namespaces, the cgroups and the node namespace — also when a test fails.
+pub struct Node {
+    pub name: String,
+    pub netns: String,
+    pub cgroup_parent: PathBuf,
+    pub state_dir: tempfile::TempDir,
+    pub pod_cidr: String,
+    server: String,
+    agent: Option<Child>,
+}
+
+impl Node {
+    pub fn start(server: &ApiServer, name: &str, pod_cidr: &str) -> Node {
+        let id = unique();
+        let netns = format!("skiff-e2e-{id}");
+        let out = run_ip(&["netns", "add", &netns]);
+        assert!(out.status.success(), "ip netns add: {out:?}");
+        let _ = run_ip(&["-n", &netns, "link", "set", "lo", "up"]);
+        let root = cgroup2_root();
+        let mut node = Node {
+            name: name.to_string(),
+            netns,
+            cgroup_parent: root.join(format!("skiff-e2e-{id}")),
+            state_dir: tempfile::tempdir().expect("tempdir"),
+            pod_cidr: pod_cidr.to_string(),
+            server: server.endpoint.clone(),
+            agent: None,
+        };
+        node.start_agent();
+        node
+    }
+
+    pub fn netns_path(&self) -> PathBuf {
+        PathBuf::from("/run/netns").join(&self.netns)
+    }
+
+    /// Starts (or restarts) the agent process.
+    pub fn start_agent(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.state_dir.path().join("agent.log"))
+            .expect("agent log");
+        let child = Command::new(binary("skiff-node"))
+            .arg("run")
+            .args(["--server", &self.server, "--node-name", &self.name])
+            .arg("--state-dir")
+            .arg(self.state_dir.path().join("state"))
+            .arg("--node-netns")
+            .arg(self.netns_path())
+            .args(["--pod-cidr", &self.pod_cidr])
+            .arg("--cgroup-parent")
+            .arg(&self.cgroup_parent)
+            .args(["--backoff", "1s", "--lease-duration", "8s"])
+            .env("RUST_LOG", "info,skiff_node=debug")
+            .env("SKIFF_CONFIG", "/nonexistent")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starting skiff-node");
+        self.agent = Some(child);
+    }
+
+    /// SIGKILLs the agent (pods keep running).
+    pub fn kill_agent(&mut self) {
+        if let Some(mut c) = self.agent.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn agent_log(&self) -> String {
+        std::fs::read_to_string(self.state_dir.path().join("agent.log")).unwrap_or_default()
+    }
+
+    /// `ip -n <node netns> ARGS` output.
+    pub fn ip(&self, args: &[&str]) -> String {
+        let mut full = vec!["-n", self.netns.as_str()];
+        full.extend_from_slice(args);
+        String::from_utf8_lossy(&run_ip(&full).stdout).into_owned()
+    }
+
+    /// The runtime's records of this node's pod sandboxes (`<state>/runtime/pods/*/sandbox.json`).
+    fn sandboxes(&self) -> Vec<serde_json::Value> {
+        let pods = self.state_dir.path().join("state/runtime/pods");
+        std::fs::read_dir(pods)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| std::fs::read_to_string(e.path().join("sandbox.json")).ok())
+            .filter_map(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .map(|v| v["sandbox"].clone())
+            .collect()
+    }
+
+    /// Network namespaces under /run/netns that this node's pods use.
+    pub fn pod_netns_names(&self) -> Vec<String> {
+        self.sandboxes()
+            .iter()
+            .filter_map(|s| s["netns_path"].as_str())
+            .filter_map(|p| Path::new(p).file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .collect()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill_agent();
+        // Every pod process and shim lives below the node's cgroup.
+        let _ = std::fs::write(self.cgroup_parent.join("cgroup.kill"), "1");
+        for name in self.pod_netns_names() {
+            let _ = run_ip(&["netns", "del", &name]);
+        }
+        // The UTS and IPC namespaces are bind-mounted inside the state directory.
+        for sb in self.sandboxes() {
+            for key in ["uts_path", "ipc_path"] {
+                if let Some(p) = sb[key].as_str() {
+                    let _ = Command::new("umount").arg(p).output();
+                }
+            }
+        }
+        // Wait for the cgroups to empty, then remove them bottom-up.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline && remove_cgroup_tree(&self.cgroup_parent).is_err() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = run_ip(&["netns", "del", &self.netns]);
+        // The agent's pinned BPF maps.
+        let pins = Path::new("/sys/fs/bpf/skiff").join(&self.name);
+        for entry in std::fs::read_dir(&pins).into_iter().flatten().flatten() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+        let _ = std::fs::remove_dir(&pins);
+        let _ = std::fs::remove_dir("/sys/fs/bpf/skiff");
+    }
+}
+
+fn remove_cgroup_tree(dir: &Path) -> std::io::Result<()> {
+    if !dir.exists() {
+        return Ok(());
+    }
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            remove_cgroup_tree(&entry.path())?;
+        }
+    }
+    std::fs::remove_dir(dir)
+}
+
+/// The cgroup v2 mount point (hybrid hosts mount it at /sys/fs/cgroup/unified).
+pub fn cgroup2_root() -> PathBuf {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    mountinfo
+        .lines()
+        .find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            if right.split_whitespace().next()? != "cgroup2" {
+                return None;
+            }
+            left.split_whitespace().nth(4).map(PathBuf::from)
+        })
+        .expect("a cgroup2 mount")
+}
+
+/// Polls `check` every 100 ms until it returns `Some`, or panics after `timeout` with
+/// `what` and the last value seen.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(last) if Instant::now() >= deadline => {
+                panic!("{what}: not within {timeout:?}; last: {last}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}

@@ -1,0 +1,363 @@
+//! The node agent: registers the Node, renews its Lease, and runs the pods bound to it.
+//!
+//! Observation is watch-driven: a reflector on the pods whose `spec.nodeName` is this node
+//! feeds one [`worker::Worker`] per pod, and the runtime's exit notifications wake the
+//! worker of the pod concerned. Each worker converges its pod level-triggered.
+//!
+//! The agent talks only to the API server (through `skiff-client`). It keeps the pods running
+//! when it exits: a restarted agent adopts them (same processes) through the runtime's
+//! on-disk state and resumes their status updates.
+
+mod node;
+mod probe;
+mod status;
+mod worker;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use skiff_api::Resource;
+use skiff_api::api::Pod;
+use skiff_client::reflector::{Event, reflector};
+use skiff_client::{Client, ListParams};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use crate::bpf::Accounting;
+use crate::net::{NodeNetwork, NodeNetworkConfig};
+use crate::runtime::{NativeConfig, NativeRuntime, Runtime};
+
+pub use node::{LEASE_NAMESPACE, LIMITS_CONDITION};
+pub use status::{pod_status, rfc3339};
+
+/// How the agent runs.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub node_name: String,
+    /// Runtime state, IP allocations and logs live here.
+    pub state_dir: PathBuf,
+    /// The node's network namespace (`/run/netns/NAME`); `None` = the agent's own.
+    pub node_netns: Option<PathBuf>,
+    /// Used when the control plane has not set `Node.spec.podCIDR`.
+    pub pod_cidr: Option<String>,
+    /// Parent cgroup of this node's pods; default `<cgroup v2 root>/skiff/<node>`.
+    pub cgroup_parent: Option<PathBuf>,
+    /// The `skiff-node` binary, run as the container shim.
+    pub shim_path: PathBuf,
+    pub lease_duration: Duration,
+    pub lease_renew: Duration,
+    /// Node status refresh (conditions' heartbeat).
+    pub status_interval: Duration,
+    /// First crash-loop back-off; doubles up to `backoff_max`.
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    /// Load the eBPF per-pod traffic accounting.
+    pub accounting: bool,
+    pub max_pods: u32,
+}
+
+impl AgentConfig {
+    pub fn new(node_name: &str, state_dir: PathBuf, shim_path: PathBuf) -> Self {
+        AgentConfig {
+            node_name: node_name.into(),
+            state_dir,
+            node_netns: None,
+            pod_cidr: None,
+            cgroup_parent: None,
+            shim_path,
+            lease_duration: Duration::from_secs(40),
+            lease_renew: Duration::from_secs(10),
+            status_interval: Duration::from_secs(60),
+            backoff_initial: Duration::from_secs(10),
+            backoff_max: Duration::from_secs(300),
+            accounting: true,
+            max_pods: 110,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("inspecting the host: {0}")]
+    Host(#[from] crate::host::HostError),
+    #[error("starting the runtime: {0}")]
+    Runtime(#[from] crate::runtime::RuntimeError),
+    #[error("setting up pod networking: {0}")]
+    Net(#[from] crate::net::NetError),
+    #[error("talking to the API server: {0}")]
+    Api(#[from] skiff_client::ClientError),
+    #[error("node {0} has no spec.podCIDR and no --pod-cidr was given: pods cannot get addresses")]
+    NoPodCidr(String),
+}
+
+/// What every pod worker shares.
+pub(crate) struct Ctx {
+    pub client: Client,
+    pub runtime: Arc<dyn Runtime>,
+    pub net: Arc<NodeNetwork>,
+    pub accounting: Option<Mutex<Accounting>>,
+    pub host_ip: Option<String>,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+}
+
+impl Ctx {
+    /// Drops the traffic counters of cgroups that no longer exist.
+    pub fn forget_counters(&self, ids: &[u64]) {
+        if let Some(acc) = &self.accounting {
+            let mut acc = acc.lock().unwrap_or_else(|e| e.into_inner());
+            for id in ids {
+                if let Err(e) = acc.forget(*id) {
+                    warn!(cgroup_id = id, error = %e, "forgetting traffic counters");
+                }
+            }
+        }
+    }
+}
+
+/// Runs the agent until `shutdown` resolves. Pods keep running after it returns.
+pub async fn run(
+    cfg: AgentConfig,
+    client: Client,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), AgentError> {
+    let host = crate::host::report()?;
+    if !host.missing_controllers.is_empty() {
+        warn!(missing = ?host.missing_controllers, "cgroup v2 lacks controllers: their pod limits are not enforced");
+    }
+    let cgroup_parent = cfg
+        .cgroup_parent
+        .clone()
+        .unwrap_or_else(|| host.cgroup2_root.join("skiff").join(&cfg.node_name));
+    let runtime: Arc<dyn Runtime> = Arc::new(NativeRuntime::new(NativeConfig::new(
+        cfg.state_dir.join("runtime"),
+        cgroup_parent.clone(),
+        cfg.shim_path.clone(),
+    ))?);
+
+    let mut facts = node::NodeFacts {
+        name: cfg.node_name.clone(),
+        pod_cidr_flag: cfg.pod_cidr.clone(),
+        host: host.clone(),
+        internal_ip: None,
+        max_pods: cfg.max_pods,
+    };
+    let registered = node::register(&client, &facts).await?;
+    let pod_cidr = registered
+        .spec
+        .as_ref()
+        .map(|s| s.pod_cidr.clone())
+        .filter(|c| !c.is_empty())
+        .or_else(|| cfg.pod_cidr.clone())
+        .ok_or_else(|| AgentError::NoPodCidr(cfg.node_name.clone()))?;
+    let net = Arc::new(
+        NodeNetwork::new(NodeNetworkConfig {
+            node_netns: cfg.node_netns.clone(),
+            pod_cidr: pod_cidr.clone(),
+            state_dir: cfg.state_dir.join("net"),
+        })
+        .await?,
+    );
+    let host_ip = net.node_ip().await.map(|ip| ip.to_string());
+    facts.internal_ip = host_ip.clone();
+    node::heartbeat(&client, &facts).await?;
+    info!(node = %cfg.node_name, %pod_cidr, host_ip = ?host_ip, cgroup = %cgroup_parent.display(), "node registered");
+
+    let accounting = if cfg.accounting {
+        match load_accounting(&cfg.node_name, &cgroup_parent) {
+            Ok(acc) => Some(Mutex::new(acc)),
+            Err(e) => {
+                warn!(error = %e, "eBPF traffic accounting unavailable");
+                None
+            }
+        }
+    } else {
+        None
+    };
+
+    let ctx = Arc::new(Ctx {
+        client: client.clone(),
+        runtime: runtime.clone(),
+        net,
+        accounting,
+        host_ip,
+        backoff_initial: cfg.backoff_initial,
+        backoff_max: cfg.backoff_max,
+    });
+
+    // Lease and node status, on their own schedules.
+    let lease = tokio::spawn(lease_loop(client.clone(), cfg.clone()));
+    let heartbeat = tokio::spawn(heartbeat_loop(client.clone(), facts, cfg.status_interval));
+
+    let result = pod_loop(ctx, &cfg.node_name, shutdown).await;
+    lease.abort();
+    heartbeat.abort();
+    result
+}
+
+fn load_accounting(node: &str, cgroup_parent: &std::path::Path) -> Result<Accounting, String> {
+    let mut acc = Accounting::load(&crate::bpf::node_pin_dir(node)).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(cgroup_parent).map_err(|e| e.to_string())?;
+    acc.attach(cgroup_parent).map_err(|e| e.to_string())?;
+    Ok(acc)
+}
+
+async fn lease_loop(client: Client, cfg: AgentConfig) {
+    let mut tick = tokio::time::interval(cfg.lease_renew);
+    loop {
+        tick.tick().await;
+        if let Err(e) = node::renew_lease(&client, &cfg.node_name, cfg.lease_duration).await {
+            warn!(error = %e, "renewing the node lease");
+        }
+    }
+}
+
+async fn heartbeat_loop(client: Client, facts: node::NodeFacts, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        if let Err(e) = node::heartbeat(&client, &facts).await {
+            warn!(error = %e, "updating node status");
+        }
+    }
+}
+
+struct Workers {
+    ctx: Arc<Ctx>,
+    senders: HashMap<String, mpsc::UnboundedSender<worker::Msg>>,
+    done_tx: mpsc::UnboundedSender<String>,
+}
+
+impl Workers {
+    fn send(&mut self, uid: &str, pod: Option<&Pod>, msg: worker::Msg) {
+        let msg = match self.senders.get(uid) {
+            Some(tx) => match tx.send(msg) {
+                Ok(()) => return,
+                Err(mpsc::error::SendError(msg)) => msg,
+            },
+            None => msg,
+        };
+        drop(msg);
+        // No live worker: start one (it reconciles at once, so the message is implied).
+        let (tx, rx) = mpsc::unbounded_channel();
+        let w = worker::Worker::new(self.ctx.clone(), uid.to_string(), pod.cloned());
+        let done = self.done_tx.clone();
+        let uid_owned = uid.to_string();
+        tokio::spawn(async move {
+            w.run(rx).await;
+            let _ = done.send(uid_owned);
+        });
+        self.senders.insert(uid.to_string(), tx);
+    }
+
+    fn update(&mut self, pod: &Pod) {
+        let uid = pod
+            .metadata
+            .as_ref()
+            .map(|m| m.uid.clone())
+            .unwrap_or_default();
+        if uid.is_empty() {
+            return;
+        }
+        self.send(&uid, Some(pod), worker::Msg::Update(Box::new(pod.clone())));
+    }
+
+    fn gone(&mut self, uid: &str) {
+        self.send(uid, None, worker::Msg::Gone);
+    }
+}
+
+async fn pod_loop(
+    ctx: Arc<Ctx>,
+    node: &str,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), AgentError> {
+    let api = ctx.client.all::<Pod>();
+    let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
+    let mut pods = Box::pin(reflector(api, lp));
+    let mut exits = ctx.runtime.exits();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel();
+    let mut workers = Workers {
+        ctx: ctx.clone(),
+        senders: HashMap::new(),
+        done_tx,
+    };
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => {
+                info!("agent stopping; pods keep running");
+                return Ok(());
+            }
+            ev = pods.next() => match ev {
+                Some(Event::Restarted(list)) => {
+                    let live: std::collections::HashSet<String> = list
+                        .iter()
+                        .filter_map(|p| p.metadata.as_ref().map(|m| m.uid.clone()))
+                        .collect();
+                    for p in &list {
+                        workers.update(p);
+                    }
+                    // Pods deleted while we were not watching, and sandboxes left on disk
+                    // for pods that no longer exist: tear them down.
+                    let stale: Vec<String> = workers
+                        .senders
+                        .keys()
+                        .filter(|u| !live.contains(*u))
+                        .cloned()
+                        .collect();
+                    for uid in stale {
+                        workers.gone(&uid);
+                    }
+                    match ctx.runtime.list_sandboxes().await {
+                        Ok(sandboxes) => {
+                            for sb in sandboxes.iter().filter(|s| !live.contains(&s.uid)) {
+                                info!(pod = %format!("{}/{}", sb.namespace, sb.name), "removing orphaned pod");
+                                workers.gone(&sb.uid);
+                            }
+                        }
+                        Err(e) => warn!(error = %e, "listing sandboxes"),
+                    }
+                }
+                Some(Event::Applied(p)) => workers.update(&p),
+                Some(Event::Deleted(p)) => {
+                    if let Some(m) = &p.metadata {
+                        workers.gone(&m.uid);
+                    }
+                }
+                None => return Ok(()),
+            },
+            exit = exits.recv() => match exit {
+                Ok((uid, container)) => {
+                    tracing::debug!(%uid, %container, "container exited");
+                    if let Some(tx) = workers.senders.get(&uid) {
+                        let _ = tx.send(worker::Msg::Wake);
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    warn!(missed = n, "exit notifications lagged; waking every pod");
+                    for tx in workers.senders.values() {
+                        let _ = tx.send(worker::Msg::Wake);
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                    exits = ctx.runtime.exits();
+                }
+            },
+            Some(uid) = done_rx.recv() => {
+                if workers.senders.get(&uid).is_some_and(|tx| tx.is_closed()) {
+                    workers.senders.remove(&uid);
+                }
+            }
+        }
+    }
+}
+
+/// Name of a pod for logs.
+pub fn pod_name(p: &Pod) -> String {
+    format!("{}/{}", p.namespace(), p.name())
+}

@@ -1,0 +1,294 @@
+//! The agent's Node object and Lease: registration, capacity, addresses, conditions, and the
+//! heartbeat the node lifecycle controller watches.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use skiff_api::api::{
+    Condition, Lease, LeaseSpec, Node, NodeAddress, NodeSpec, NodeStatus, NodeSystemInfo,
+    ObjectMeta,
+};
+use skiff_client::{Client, ClientError};
+use tracing::{info, warn};
+
+use super::status::rfc3339;
+use crate::host::HostReport;
+
+/// Namespace of node leases, as in Kubernetes.
+pub const LEASE_NAMESPACE: &str = "kube-node-lease";
+/// Condition type naming the resource limits this node cannot enforce.
+pub const LIMITS_CONDITION: &str = "ResourceLimitsEnforced";
+
+fn micro(t: SystemTime) -> String {
+    DateTime::<Utc>::from(t).to_rfc3339_opts(SecondsFormat::Micros, true)
+}
+
+fn meminfo_total_kib() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn kernel_version() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The Node's capacity: CPUs, memory and the pod limit.
+pub fn capacity(max_pods: u32) -> BTreeMap<String, String> {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let mut c = BTreeMap::new();
+    c.insert("cpu".into(), cpus.to_string());
+    if let Some(kib) = meminfo_total_kib() {
+        c.insert("memory".into(), format!("{kib}Ki"));
+    }
+    c.insert("pods".into(), max_pods.to_string());
+    c
+}
+
+/// The node's conditions: Ready, and which resource limits the host cannot enforce.
+pub fn conditions(host: &HostReport, previous: &[Condition], now: SystemTime) -> Vec<Condition> {
+    let now_s = rfc3339(now);
+    let keep_transition = |kind: &str, status: &str| {
+        previous
+            .iter()
+            .find(|c| c.r#type == kind && c.status == status)
+            .map(|c| c.last_transition_time.clone())
+            .unwrap_or_else(|| now_s.clone())
+    };
+    let ready = Condition {
+        r#type: "Ready".into(),
+        status: "True".into(),
+        reason: "SkiffNodeReady".into(),
+        message: "skiff-node is posting ready status".into(),
+        last_heartbeat_time: now_s.clone(),
+        last_transition_time: keep_transition("Ready", "True"),
+        ..Default::default()
+    };
+    let (status, reason, message) = if host.missing_controllers.is_empty() {
+        (
+            "True",
+            "CgroupControllersPresent",
+            "cpu, memory and pids limits are enforced through cgroup v2".to_string(),
+        )
+    } else {
+        (
+            "False",
+            "CgroupControllersMissing",
+            format!(
+                "the cgroup v2 tree at {} does not offer the {} controller(s): pod limits on \
+                 them are not enforced",
+                host.cgroup2_root.display(),
+                host.missing_controllers.join(", ")
+            ),
+        )
+    };
+    let limits = Condition {
+        r#type: LIMITS_CONDITION.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message,
+        last_heartbeat_time: now_s.clone(),
+        last_transition_time: keep_transition(LIMITS_CONDITION, status),
+        ..Default::default()
+    };
+    vec![ready, limits]
+}
+
+/// Everything the agent reports about its node.
+pub struct NodeFacts {
+    pub name: String,
+    pub pod_cidr_flag: Option<String>,
+    pub host: HostReport,
+    pub internal_ip: Option<String>,
+    pub max_pods: u32,
+}
+
+impl NodeFacts {
+    fn status(&self, previous: Option<&NodeStatus>) -> NodeStatus {
+        let cap = capacity(self.max_pods);
+        let mut addresses = vec![NodeAddress {
+            r#type: "Hostname".into(),
+            address: self.name.clone(),
+        }];
+        if let Some(ip) = &self.internal_ip {
+            addresses.insert(
+                0,
+                NodeAddress {
+                    r#type: "InternalIP".into(),
+                    address: ip.clone(),
+                },
+            );
+        }
+        NodeStatus {
+            allocatable: cap.clone(),
+            capacity: cap,
+            conditions: conditions(
+                &self.host,
+                previous.map(|p| p.conditions.as_slice()).unwrap_or(&[]),
+                SystemTime::now(),
+            ),
+            addresses,
+            node_info: Some(NodeSystemInfo {
+                kernel_version: kernel_version(),
+                operating_system: "linux".into(),
+                architecture: std::env::consts::ARCH.into(),
+                kubelet_version: format!("skiff-node/{}", env!("CARGO_PKG_VERSION")),
+                container_runtime_version: "skiff-native/1".into(),
+                ..Default::default()
+            }),
+            phase: String::new(),
+        }
+    }
+}
+
+/// Creates or updates this node's Node object and returns it (with `spec.podCIDR` as the
+/// control plane set it, or from `--pod-cidr` when it set none).
+pub async fn register(client: &Client, facts: &NodeFacts) -> Result<Node, ClientError> {
+    let api = client.cluster::<Node>();
+    loop {
+        let existing = api.get_opt(&facts.name).await?;
+        let result = match existing {
+            None => {
+                let node = Node {
+                    metadata: Some(ObjectMeta {
+                        name: facts.name.clone(),
+                        labels: [
+                            ("kubernetes.io/hostname".to_string(), facts.name.clone()),
+                            ("kubernetes.io/os".to_string(), "linux".to_string()),
+                        ]
+                        .into(),
+                        ..Default::default()
+                    }),
+                    spec: Some(NodeSpec {
+                        pod_cidr: facts.pod_cidr_flag.clone().unwrap_or_default(),
+                        pod_cidrs: facts.pod_cidr_flag.iter().cloned().collect(),
+                        ..Default::default()
+                    }),
+                    status: Some(facts.status(None)),
+                    ..Default::default()
+                };
+                info!(node = %facts.name, "registering node");
+                api.create(&node).await
+            }
+            Some(mut node) => {
+                let spec = node.spec.get_or_insert_with(Default::default);
+                if spec.pod_cidr.is_empty()
+                    && let Some(cidr) = &facts.pod_cidr_flag
+                {
+                    spec.pod_cidr = cidr.clone();
+                    spec.pod_cidrs = vec![cidr.clone()];
+                    node = api.update(&node).await?;
+                }
+                node.status = Some(facts.status(node.status.as_ref()));
+                api.update_status(&node).await
+            }
+        };
+        match result {
+            Ok(node) => return Ok(node),
+            Err(ClientError::Conflict { .. } | ClientError::AlreadyExists { .. }) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Refreshes the node's status (heartbeat and conditions).
+pub async fn heartbeat(client: &Client, facts: &NodeFacts) -> Result<(), ClientError> {
+    let api = client.cluster::<Node>();
+    for _ in 0..5 {
+        let mut node = api.get(&facts.name).await?;
+        node.status = Some(facts.status(node.status.as_ref()));
+        match api.update_status(&node).await {
+            Ok(_) => return Ok(()),
+            Err(ClientError::Conflict { .. }) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Renews (creating if needed) the node's Lease in `kube-node-lease`.
+pub async fn renew_lease(
+    client: &Client,
+    node: &str,
+    duration: Duration,
+) -> Result<(), ClientError> {
+    let api = client.namespaced::<Lease>(LEASE_NAMESPACE);
+    let now = micro(SystemTime::now());
+    for _ in 0..5 {
+        let result = match api.get_opt(node).await? {
+            None => {
+                let lease = Lease {
+                    metadata: Some(ObjectMeta {
+                        name: node.into(),
+                        namespace: LEASE_NAMESPACE.into(),
+                        ..Default::default()
+                    }),
+                    spec: Some(LeaseSpec {
+                        holder_identity: Some(node.into()),
+                        lease_duration_seconds: Some(duration.as_secs() as i32),
+                        acquire_time: now.clone(),
+                        renew_time: now.clone(),
+                        lease_transitions: Some(0),
+                    }),
+                    ..Default::default()
+                };
+                api.create(&lease).await
+            }
+            Some(mut lease) => {
+                let spec = lease.spec.get_or_insert_with(Default::default);
+                spec.holder_identity = Some(node.into());
+                spec.lease_duration_seconds = Some(duration.as_secs() as i32);
+                spec.renew_time = now.clone();
+                api.update(&lease).await
+            }
+        };
+        match result {
+            Ok(_) => return Ok(()),
+            Err(ClientError::Conflict { .. } | ClientError::AlreadyExists { .. }) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    warn!(node, "lease renewal kept conflicting");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn host(missing: &[&str]) -> HostReport {
+        HostReport {
+            cgroup2_root: PathBuf::from("/sys/fs/cgroup/unified"),
+            controllers: vec![],
+            missing_controllers: missing.iter().map(|s| s.to_string()).collect(),
+            bpffs_mounted: true,
+            btf_available: true,
+        }
+    }
+
+    #[test]
+    fn names_missing_controllers() {
+        let c = conditions(&host(&["cpu", "memory"]), &[], SystemTime::UNIX_EPOCH);
+        assert_eq!(c[0].r#type, "Ready");
+        assert_eq!(c[1].status, "False");
+        assert!(c[1].message.contains("cpu, memory"), "{}", c[1].message);
+        let ok = conditions(&host(&[]), &c, SystemTime::UNIX_EPOCH);
+        assert_eq!(ok[1].status, "True");
+    }
+
+    #[test]
+    fn capacity_has_cpu_memory_pods() {
+        let c = capacity(110);
+        assert!(c["cpu"].parse::<u32>().unwrap() >= 1);
+        assert!(c["memory"].ends_with("Ki"));
+        assert_eq!(c["pods"], "110");
+    }
+}
