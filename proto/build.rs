@@ -35,6 +35,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("ServiceSpec.cluster_ips", "clusterIPs"),
         ("ServiceSpec.external_ips", "externalIPs"),
         ("SessionAffinityConfig.client_ip", "clientIP"),
+        // Kubernetes' DaemonEndpoint is the one type that spells a field capitalised.
+        ("DaemonEndpoint.port", "Port"),
     ] {
         builder = builder.field_attribute(
             format!(".skiff.api.{field}"),

@@ -5,4 +5,5 @@ pub mod agent;
 pub mod bpf;
 pub mod host;
 pub mod net;
+pub mod purge;
 pub mod runtime;

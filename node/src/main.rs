@@ -20,6 +20,9 @@ enum Command {
     CheckHost,
     /// Runs the agent: registers the node and runs the pods bound to it.
     Run(RunArgs),
+    /// Stops and removes every pod this node ran, its cgroups, pinned maps and state
+    /// directory (for tearing down a local cluster; the agent must not be running).
+    Purge(PurgeArgs),
     /// Internal: supervises one container (started by the agent), or runs one command
     /// inside a running container (`--join-pid`, for exec probes).
     #[command(hide = true)]
@@ -77,6 +80,10 @@ struct RunArgs {
     /// Do not load the eBPF per-pod traffic accounting.
     #[arg(long)]
     no_accounting: bool,
+    /// Where the agent's read-only HTTP API (logs, stats) listens; port 0 picks a free one.
+    /// The port is published in the Node's status.daemonEndpoints.kubeletEndpoint.Port.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    api_listen: std::net::SocketAddr,
 }
 
 fn hostname() -> String {
@@ -90,6 +97,8 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
+        // Diagnostics go to stderr (where supervisors and the test harness collect them).
+        .with_writer(std::io::stderr)
         .init();
     let node = args.node_name.unwrap_or_else(hostname);
     let shim = std::env::current_exe().context("locating the skiff-node binary for the shim")?;
@@ -105,6 +114,7 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
     cfg.backoff_initial = args.backoff;
     cfg.status_interval = args.status_interval;
     cfg.accounting = !args.no_accounting;
+    cfg.api_listen = args.api_listen;
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     rt.block_on(async move {
         let config = skiff_client::ClientConfig::load(args.server.as_deref())?;
@@ -124,10 +134,52 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
     })
 }
 
+#[derive(Args, Debug)]
+struct PurgeArgs {
+    /// The node's name (default: the host name).
+    #[arg(long)]
+    node_name: Option<String>,
+    /// The agent's state directory (default: /var/lib/skiff/<node>).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// The agent's pod cgroup parent (default: <cgroup v2 root>/skiff/<node>).
+    #[arg(long)]
+    cgroup_parent: Option<PathBuf>,
+}
+
+fn purge(args: PurgeArgs) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let node = args.node_name.unwrap_or_else(hostname);
+    let cgroup_parent = match args.cgroup_parent {
+        Some(p) => p,
+        None => skiff_node::host::cgroup2_mount()
+            .context("finding the cgroup v2 mount")?
+            .join("skiff")
+            .join(&node),
+    };
+    let cfg = skiff_node::purge::PurgeConfig {
+        state_dir: args
+            .state_dir
+            .unwrap_or_else(|| PathBuf::from("/var/lib/skiff").join(&node)),
+        cgroup_parent,
+        shim_path: std::env::current_exe().context("locating the skiff-node binary")?,
+        grace: Duration::from_secs(5),
+        node_name: node.clone(),
+    };
+    let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    rt.block_on(skiff_node::purge::purge(&cfg))
+        .with_context(|| format!("purging node {node}"))
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => run_agent(args)?,
+        Command::Purge(args) => purge(args)?,
         // The shim must stay single-threaded until it forks: nothing else runs before it.
         Command::Shim(args) => std::process::exit(skiff_node::runtime::shim::run(*args)),
         Command::CheckHost => {

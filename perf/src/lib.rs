@@ -1,4 +1,18 @@
-//! Skiff's benchmarks live here: each one runs the baseline and Skiff side by side in one run
-//! and reports ratios (see ARCHITECTURE.md). No benchmark has landed yet; the first ones
-//! (pod start latency, scheduler throughput, the packet-path suites) come with the node
-//! agent, the scheduler and the eBPF data plane.
+//! Skiff's benchmarks. Each suite runs one or more baselines and Skiff side by side in one
+//! run and reports percentiles and the Skiff/baseline ratios (absolute times on a small shared
+//! machine are noise; ratios taken in the same run are not). Run them with
+//! `cargo xtask bench [SUITE…] [--quick]`, which builds the binaries in release first.
+//!
+//! - [`suites`]: the list of suites ([`suites::SUITES`]) and their shared [`suites::Options`].
+//! - [`baseline`]: starting the same command without Skiff (fork+exec; cgroup + namespaces).
+//! - [`stats`], [`report`]: percentiles, the printed table, the markdown and JSON reports.
+//! - [`host`]: which binaries the harness starts, machine facts for the report.
+//!
+//! Skiff's side uses the end-to-end harness of `skiff-tests` (real `skiff-apiserver` and
+//! `skiff-node` processes in namespaces and cgroups of their own, removed on drop).
+
+pub mod baseline;
+pub mod host;
+pub mod report;
+pub mod stats;
+pub mod suites;

@@ -291,6 +291,24 @@ spec:
     }
 
     #[test]
+    fn node_daemon_endpoint_port_is_spelled_like_kubernetes() {
+        let value = serde_json::json!({"daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}}});
+        let status: crate::api::NodeStatus = serde_json::from_value(value.clone()).unwrap();
+        let port = status
+            .daemon_endpoints
+            .as_ref()
+            .and_then(|d| d.kubelet_endpoint.as_ref())
+            .map(|e| e.port);
+        assert_eq!(port, Some(10250));
+        assert_eq!(
+            serde_json::to_value(&status).unwrap()["daemonEndpoints"],
+            value["daemonEndpoints"]
+        );
+        let lower = serde_json::json!({"daemonEndpoints": {"kubeletEndpoint": {"port": 1}}});
+        assert!(serde_json::from_value::<crate::api::NodeStatus>(lower).is_err());
+    }
+
+    #[test]
     fn wrong_type_names_the_field() {
         let err = document(
             serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment",

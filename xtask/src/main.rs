@@ -3,7 +3,9 @@
 //! - `setup`: install what a fresh Debian 12 machine lacks (idempotent).
 //! - `test`:  setup, then fmt / clippy / tests, failing fast, with a summary.
 //! - `up`:    build and run a local control plane until Ctrl-C.
+//! - `bench`: build in release and run the benchmarks (`perf/`), baseline and Skiff side by side.
 
+mod bench;
 mod setup;
 mod tiers;
 mod up;
@@ -42,6 +44,8 @@ enum Cmd {
     },
     /// Build and run a local control plane (API server, ...) until Ctrl-C.
     Up(up::UpArgs),
+    /// Build in release and run benchmark suites (perf/): baseline and Skiff side by side.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -60,6 +64,7 @@ fn run(command: Cmd) -> Result<()> {
         Cmd::Setup { skip_ebpf } => setup::run(setup::SetupOptions { skip_ebpf }),
         Cmd::Test { quick } => tiers::run(quick),
         Cmd::Up(args) => up::run(args),
+        Cmd::Bench(args) => bench::run(args),
     }
 }
 
@@ -101,7 +106,7 @@ mod tests {
         };
         assert_eq!(a.listen.to_string(), "127.0.0.1:7443");
         assert_eq!(a.data_dir, None);
-        assert_eq!(a.nodes, 0);
+        assert_eq!(a.nodes, 1, "one node by default");
     }
 
     #[test]
@@ -111,5 +116,30 @@ mod tests {
         let cli = Cli::try_parse_from(["xtask", "test", "--quick"]).unwrap();
         assert!(matches!(cli.command, Cmd::Test { quick: true }));
         assert!(Cli::try_parse_from(["xtask", "up", "--listen", "not-an-addr"]).is_err());
+    }
+
+    #[test]
+    fn bench_flags_parse() {
+        let cli = Cli::try_parse_from([
+            "xtask",
+            "bench",
+            "pod-start",
+            "--quick",
+            "--",
+            "--pods",
+            "9",
+        ])
+        .unwrap();
+        let Cmd::Bench(a) = cli.command else {
+            panic!("not bench")
+        };
+        assert_eq!(a.suites, ["pod-start"]);
+        assert!(a.quick);
+        assert_eq!(a.extra, ["--pods", "9"]);
+        let cli = Cli::try_parse_from(["xtask", "bench"]).unwrap();
+        let Cmd::Bench(a) = cli.command else {
+            panic!("not bench")
+        };
+        assert!(a.suites.is_empty() && !a.quick && a.extra.is_empty());
     }
 }

@@ -33,8 +33,9 @@ pub struct UpArgs {
     /// Data directory for the embedded store [default: <repo>/.skiff/data].
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
-    /// Number of node agents (accepted, not yet implemented).
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    /// Number of node agents, each with its node in a network namespace of its own
+    /// (`skiff-up-node-<i>`, pod CIDR 10.244.<i>.0/24). Needs root; 0 = control plane only.
+    #[arg(long, value_name = "N", default_value_t = 1)]
     pub nodes: u32,
 }
 
@@ -131,7 +132,7 @@ pub const COMPONENTS: &[Component] = &[
     },
     Component {
         name: "controller-manager",
-        package: "skiff-controller-manager",
+        package: "skiff-controllers",
         bin: "skiff-controller-manager",
         required: false,
         args: server_client_args,
@@ -161,6 +162,88 @@ pub fn apiserver_args(cfg: &UpConfig) -> Vec<String> {
 /// Provisional arguments for controllers that talk to the API server.
 pub fn server_client_args(cfg: &UpConfig) -> Vec<String> {
     vec!["--server".into(), cfg.server_url()]
+}
+
+/// Most nodes `up` will start (their pod CIDRs are 10.244.1.0/24 ..= 10.244.200.0/24).
+pub const MAX_NODES: u32 = 200;
+const NODE_PACKAGE: &str = "skiff-node";
+
+/// One node agent of the local cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodePlan {
+    pub name: String,
+    /// Network namespace holding the node's own network (`/run/netns/<netns>`).
+    pub netns: String,
+    pub pod_cidr: String,
+    pub state_dir: PathBuf,
+}
+
+/// The nodes `up` starts: `node-1` .. `node-N`.
+pub fn node_plans(n: u32, root: &Path) -> Vec<NodePlan> {
+    (1..=n.min(MAX_NODES))
+        .map(|i| NodePlan {
+            name: format!("node-{i}"),
+            netns: format!("skiff-up-node-{i}"),
+            pod_cidr: format!("10.244.{i}.0/24"),
+            state_dir: root.join(".skiff").join("nodes").join(format!("node-{i}")),
+        })
+        .collect()
+}
+
+/// Arguments of `skiff-node run` for one node.
+pub fn node_args(cfg: &UpConfig, node: &NodePlan) -> Vec<String> {
+    vec![
+        "run".into(),
+        "--server".into(),
+        cfg.server_url(),
+        "--node-name".into(),
+        node.name.clone(),
+        "--node-netns".into(),
+        format!("/run/netns/{}", node.netns),
+        "--pod-cidr".into(),
+        node.pod_cidr.clone(),
+        "--state-dir".into(),
+        node.state_dir.display().to_string(),
+    ]
+}
+
+fn ip(args: &[&str]) -> Result<()> {
+    let out = util::run_capture(Command::new("ip").args(args))?;
+    if !out.status.success() {
+        bail!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// A fresh network namespace for a node (a stale one from an earlier crash is replaced).
+fn prepare_node_netns(node: &NodePlan) -> Result<()> {
+    let _ = ip(&["netns", "del", &node.netns]);
+    ip(&["netns", "add", &node.netns])?;
+    ip(&["-n", &node.netns, "link", "set", "lo", "up"])
+}
+
+/// Removes everything a node ran (`skiff-node purge`), then its network namespace.
+fn purge_node(bin_dir: &Path, node: &NodePlan) {
+    let out = Command::new(bin_dir.join("skiff-node"))
+        .args(["purge", "--node-name", &node.name, "--state-dir"])
+        .arg(&node.state_dir)
+        .output();
+    match out {
+        Ok(o) if o.status.success() => println!("removed {}'s pods", node.name),
+        Ok(o) => eprintln!(
+            "purging {}: {}",
+            node.name,
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Err(e) => eprintln!("purging {}: {e}", node.name),
+    }
+    if let Err(e) = ip(&["netns", "del", &node.netns]) {
+        eprintln!("{e}");
+    }
 }
 
 /// Workspace facts from `cargo metadata --no-deps`.
@@ -312,12 +395,17 @@ pub fn run(args: UpArgs) -> Result<()> {
     for s in &skipped {
         println!("skip: {s}");
     }
-    if cfg.nodes > 0 {
-        println!(
-            "node agents: not yet implemented (--nodes {} ignored)",
-            cfg.nodes
-        );
-    }
+    let nodes = if cfg.nodes == 0 {
+        Vec::new()
+    } else if !util::is_root() {
+        println!("skip: node agents (they need root for namespaces, cgroups and BPF)");
+        Vec::new()
+    } else {
+        if cfg.nodes > MAX_NODES {
+            bail!("--nodes {} is more than {MAX_NODES}", cfg.nodes);
+        }
+        node_plans(cfg.nodes, &root)
+    };
 
     let api = connect_addr(cfg.listen);
     if port_open(api) {
@@ -331,6 +419,9 @@ pub fn run(args: UpArgs) -> Result<()> {
         build.args(["-p", c.package]);
     }
     build.args(["-p", CLI_PACKAGE]);
+    if !nodes.is_empty() {
+        build.args(["-p", NODE_PACKAGE]);
+    }
     println!("==> {}", util::display_cmd(&build));
     util::run_streaming(&mut build).context(
         "building the control plane failed (see the compiler errors above); \
@@ -376,6 +467,7 @@ pub fn run(args: UpArgs) -> Result<()> {
         log_dir: &log_dir,
         config_file: &config_file,
         cli_bin: ws.cli_bin(),
+        nodes: &nodes,
     }))
 }
 
@@ -387,10 +479,11 @@ struct Plan<'a> {
     log_dir: &'a Path,
     config_file: &'a Path,
     cli_bin: Option<&'a str>,
+    nodes: &'a [NodePlan],
 }
 
 struct Running {
-    name: &'static str,
+    name: String,
     child: tokio::process::Child,
     pid: u32,
     log: PathBuf,
@@ -420,7 +513,7 @@ impl Signals {
 
 enum Stop {
     Signal,
-    Exited(&'static str, ExitStatus, PathBuf),
+    Exited(String, ExitStatus, PathBuf),
     Failed(anyhow::Error),
 }
 
@@ -449,6 +542,33 @@ async fn supervise(plan: Plan<'_>) -> Result<()> {
             }
         }
 
+        for node in plan.nodes {
+            let log = plan.log_dir.join(format!("{}.log", node.name));
+            let started = prepare_node_netns(node).and_then(|()| {
+                spawn_process(
+                    plan.root,
+                    &plan.bin_dir.join("skiff-node"),
+                    node.name.clone(),
+                    &node_args(plan.cfg, node),
+                    &log,
+                )
+            });
+            match started {
+                Ok(r) => {
+                    println!(
+                        "started {} (pid {}, netns {}, pods {}), log: {}",
+                        node.name,
+                        r.pid,
+                        node.netns,
+                        node.pod_cidr,
+                        log.display()
+                    );
+                    running.push(r);
+                }
+                Err(e) => break 'run Stop::Failed(e),
+            }
+        }
+
         if let Err(e) = write_config(plan.config_file, &plan.cfg.server_url()) {
             break 'run Stop::Failed(e);
         }
@@ -461,7 +581,9 @@ async fn supervise(plan: Plan<'_>) -> Result<()> {
             }
             for r in &mut running {
                 match r.child.try_wait() {
-                    Ok(Some(status)) => break 'run Stop::Exited(r.name, status, r.log.clone()),
+                    Ok(Some(status)) => {
+                        break 'run Stop::Exited(r.name.clone(), status, r.log.clone());
+                    }
                     Ok(None) => {}
                     Err(e) => break 'run Stop::Failed(anyhow!("checking {}: {e}", r.name)),
                 }
@@ -473,6 +595,9 @@ async fn supervise(plan: Plan<'_>) -> Result<()> {
         println!("\nshutting down...");
     }
     shutdown(&mut running, &mut signals).await;
+    for node in plan.nodes {
+        purge_node(plan.bin_dir, node);
+    }
 
     match stop {
         Stop::Signal => {
@@ -494,12 +619,26 @@ fn spawn(
     cfg: &UpConfig,
     log: &Path,
 ) -> Result<Running> {
+    spawn_process(
+        root,
+        &bin_dir.join(c.bin),
+        c.name.to_string(),
+        &(c.args)(cfg),
+        log,
+    )
+}
+
+fn spawn_process(
+    root: &Path,
+    bin: &Path,
+    name: String,
+    args: &[String],
+    log: &Path,
+) -> Result<Running> {
     let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
     let err = out.try_clone()?;
-    let bin = bin_dir.join(c.bin);
-    let args = (c.args)(cfg);
-    let mut cmd = tokio::process::Command::new(&bin);
-    cmd.args(&args)
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.args(args)
         .current_dir(root)
         .stdin(Stdio::null())
         .stdout(out)
@@ -515,7 +654,7 @@ fn spawn(
         .with_context(|| format!("starting {} {}", bin.display(), args.join(" ")))?;
     let pid = child.id().context("child has no pid")?;
     Ok(Running {
-        name: c.name,
+        name,
         child,
         pid,
         log: log.to_path_buf(),
@@ -566,6 +705,12 @@ fn print_banner(plan: &Plan<'_>) {
         Store::Etcd { endpoints } => println!("  store:      etcd at {endpoints}"),
     }
     println!("  logs:       {}", plan.log_dir.display());
+    for node in plan.nodes {
+        println!(
+            "  node:       {} (netns {}, pods {})",
+            node.name, node.netns, node.pod_cidr
+        );
+    }
     println!(
         "  CLI config: {} (server: {url})",
         plan.config_file.display()
@@ -652,6 +797,26 @@ mod tests {
             data_dir: data_dir.map(PathBuf::from),
             nodes: 0,
         }
+    }
+
+    #[test]
+    fn nodes_get_their_own_netns_cidr_and_state() {
+        let plans = node_plans(2, Path::new("/repo"));
+        assert_eq!(plans.len(), 2);
+        assert_eq!(plans[1].name, "node-2");
+        assert_eq!(plans[1].netns, "skiff-up-node-2");
+        assert_eq!(plans[1].pod_cidr, "10.244.2.0/24");
+        assert_eq!(plans[1].state_dir, Path::new("/repo/.skiff/nodes/node-2"));
+        let cfg = UpConfig::from_args(&args(None, None), Path::new("/repo"), Path::new("/cwd"));
+        let a = node_args(&cfg, &plans[0]);
+        assert_eq!(a[0], "run");
+        let pos = |flag: &str| a.iter().position(|x| x == flag).unwrap() + 1;
+        assert_eq!(a[pos("--node-netns")], "/run/netns/skiff-up-node-1");
+        assert_eq!(a[pos("--server")], "http://127.0.0.1:7443");
+        assert_eq!(
+            node_plans(MAX_NODES + 5, Path::new("/r")).len(),
+            MAX_NODES as usize
+        );
     }
 
     #[test]

@@ -5,9 +5,11 @@ mod columns;
 mod delete;
 mod describe;
 mod get;
+mod logs;
 mod output;
 mod resources;
 mod table;
+mod top;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -54,6 +56,40 @@ enum Command {
     Create(CreateCommand),
     /// List the resource types the server serves.
     ApiResources,
+    /// Print the logs of a container in a pod (from the agent of the pod's node).
+    Logs(LogsArgs),
+    /// Show resource usage (CPU, network) of pods.
+    #[command(subcommand)]
+    Top(TopCommand),
+}
+
+#[derive(Debug, Args)]
+struct LogsArgs {
+    /// The pod.
+    pod: String,
+    /// The container (needed when the pod has several).
+    #[arg(short = 'c', long)]
+    container: Option<String>,
+    /// Keep streaming new lines (until Ctrl-C or the pod is deleted).
+    #[arg(short = 'f', long)]
+    follow: bool,
+    /// Only the last N lines; -1 shows all.
+    #[arg(long, value_name = "N", default_value_t = -1, allow_negative_numbers = true)]
+    tail: i64,
+    /// Prefix every line with the time it was written (RFC 3339).
+    #[arg(long)]
+    timestamps: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum TopCommand {
+    /// CPU (millicores, sampled over 1 s) and cumulative network bytes of pods.
+    #[command(visible_alias = "pod", alias = "po")]
+    Pods {
+        /// Output format (default: a table).
+        #[arg(short = 'o', long, value_enum)]
+        output: Option<top::Output>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -253,6 +289,25 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             print_out(&format!("namespace/{name} created"))?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Logs(l) => {
+            let opts = logs::LogsOpts {
+                pod: l.pod,
+                container: l.container,
+                follow: l.follow,
+                tail: l.tail,
+                timestamps: l.timestamps,
+                namespace,
+            };
+            logs::run(&client, &opts).await
+        }
+        Command::Top(TopCommand::Pods { output }) => {
+            let opts = top::TopOpts {
+                namespace,
+                all_namespaces: cli.all_namespaces,
+                output,
+            };
+            top::run(&client, &opts).await
+        }
         Command::ApiResources => {
             let mut infos = client.discovery().await?;
             infos.sort_by(|a, b| a.plural.cmp(&b.plural));
@@ -368,5 +423,28 @@ mod tests {
         assert_eq!(d.cascade, Some(PropagationPolicy::Orphan));
         assert_eq!(d.grace_period, 0);
         assert!(Cli::try_parse_from(["skiff", "apply"]).is_err());
+        let c = Cli::try_parse_from(["skiff", "logs", "web", "-c", "app", "-f", "--tail", "2"])
+            .unwrap();
+        let Command::Logs(l) = c.command else {
+            panic!("not logs");
+        };
+        assert_eq!(
+            (l.container.as_deref(), l.follow, l.tail),
+            (Some("app"), true, 2)
+        );
+        assert_eq!(
+            Cli::try_parse_from(["skiff", "logs", "web"])
+                .map(|c| matches!(c.command, Command::Logs(LogsArgs { tail: -1, .. })))
+                .ok(),
+            Some(true)
+        );
+        let c = Cli::try_parse_from(["skiff", "top", "pods", "-A", "-o", "json"]).unwrap();
+        assert!(c.all_namespaces);
+        assert!(matches!(
+            c.command,
+            Command::Top(TopCommand::Pods {
+                output: Some(top::Output::Json)
+            })
+        ));
     }
 }

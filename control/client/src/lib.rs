@@ -19,11 +19,15 @@
 //! - [`error`]: [`ClientError`], mapped from gRPC statuses and the `skiff-reason` metadata.
 //! - [`config`]: where the API server is ([`ClientConfig::load`]).
 //! - [`reflector`]: list + watch + relist, the one way components observe the cluster.
+//! - [`node_api`]: the node agents' read-only HTTP API (container logs, stats), found through
+//!   the API server ([`node_api::AgentEndpoint`]).
 
 pub mod api;
 pub mod config;
 pub mod error;
+pub mod node_api;
 pub mod reflector;
+pub mod runtime;
 
 pub use api::{
     Api, Client, DeleteParams, DynamicApi, ListParams, ObjectList, Preconditions,

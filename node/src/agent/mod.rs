@@ -7,13 +7,19 @@
 //! The agent talks only to the API server (through `skiff-client`). It keeps the pods running
 //! when it exits: a restarted agent adopts them (same processes) through the runtime's
 //! on-disk state and resumes their status updates.
+//!
+//! It also serves a small read-only HTTP API ([`api`]: container logs, stats) on loopback,
+//! and publishes its port in the Node's `status.daemonEndpoints.kubeletEndpoint.Port`.
 
+pub mod api;
+mod logs;
 mod node;
 mod probe;
 mod status;
 mod worker;
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -57,6 +63,8 @@ pub struct AgentConfig {
     /// Load the eBPF per-pod traffic accounting.
     pub accounting: bool,
     pub max_pods: u32,
+    /// Where the agent's HTTP API listens (port 0: a free one, published in the Node).
+    pub api_listen: SocketAddr,
 }
 
 impl AgentConfig {
@@ -75,6 +83,7 @@ impl AgentConfig {
             backoff_max: Duration::from_secs(300),
             accounting: true,
             max_pods: 110,
+            api_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         }
     }
 }
@@ -89,6 +98,8 @@ pub enum AgentError {
     Net(#[from] crate::net::NetError),
     #[error("talking to the API server: {0}")]
     Api(#[from] skiff_client::ClientError),
+    #[error(transparent)]
+    ApiListen(#[from] api::ListenError),
     #[error("node {0} has no spec.podCIDR and no --pod-cidr was given: pods cannot get addresses")]
     NoPodCidr(String),
 }
@@ -102,6 +113,8 @@ pub(crate) struct Ctx {
     pub host_ip: Option<String>,
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
+    /// The pods this agent runs, as their workers publish them (for the HTTP API).
+    pub pods: api::PodRegistry,
 }
 
 impl Ctx {
@@ -138,12 +151,17 @@ pub async fn run(
         cfg.shim_path.clone(),
     ))?);
 
+    // Bound before registering, so the Node can carry the port from the start.
+    let listener = api::bind(cfg.api_listen).await?;
+    let api_port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
+
     let mut facts = node::NodeFacts {
         name: cfg.node_name.clone(),
         pod_cidr_flag: cfg.pod_cidr.clone(),
         host: host.clone(),
         internal_ip: None,
         max_pods: cfg.max_pods,
+        api_port,
     };
     let registered = node::register(&client, &facts).await?;
     let pod_cidr = registered
@@ -186,7 +204,9 @@ pub async fn run(
         host_ip,
         backoff_initial: cfg.backoff_initial,
         backoff_max: cfg.backoff_max,
+        pods: api::PodRegistry::default(),
     });
+    let api_server = api::serve(listener, &cfg.node_name, ctx.clone());
 
     // Lease and node status, on their own schedules.
     let lease = tokio::spawn(lease_loop(client.clone(), cfg.clone()));
@@ -195,6 +215,7 @@ pub async fn run(
     let result = pod_loop(ctx, &cfg.node_name, shutdown).await;
     lease.abort();
     heartbeat.abort();
+    api_server.abort();
     result
 }
 

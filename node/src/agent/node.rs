@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime};
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use skiff_api::api::{
-    Condition, Lease, LeaseSpec, Node, NodeAddress, NodeSpec, NodeStatus, NodeSystemInfo,
-    ObjectMeta,
+    Condition, DaemonEndpoint, Lease, LeaseSpec, Node, NodeAddress, NodeDaemonEndpoints, NodeSpec,
+    NodeStatus, NodeSystemInfo, ObjectMeta,
 };
 use skiff_client::{Client, ClientError};
 use tracing::{info, warn};
@@ -108,6 +108,9 @@ pub struct NodeFacts {
     pub host: HostReport,
     pub internal_ip: Option<String>,
     pub max_pods: u32,
+    /// Port of the agent's HTTP API (0: none), published as
+    /// `status.daemonEndpoints.kubeletEndpoint.Port`.
+    pub api_port: u16,
 }
 
 impl NodeFacts {
@@ -144,6 +147,11 @@ impl NodeFacts {
                 ..Default::default()
             }),
             phase: String::new(),
+            daemon_endpoints: (self.api_port != 0).then(|| NodeDaemonEndpoints {
+                kubelet_endpoint: Some(DaemonEndpoint {
+                    port: i32::from(self.api_port),
+                }),
+            }),
         }
     }
 }

@@ -232,14 +232,35 @@ impl Worker {
                 }
             }
             match self.reconcile().await {
-                Some(next) => wake = next,
-                None => return,
+                Some(next) => {
+                    self.publish();
+                    wake = next;
+                }
+                None => {
+                    self.ctx.pods.remove(&self.uid);
+                    return;
+                }
             }
         }
     }
 
     fn name(&self) -> String {
         format!("{}/{}", self.pod.namespace(), self.pod.name())
+    }
+
+    /// Tells the agent's HTTP API about the pod (names, sandbox, container cgroups).
+    fn publish(&self) {
+        if self.gone || self.pod.name().is_empty() {
+            return;
+        }
+        self.ctx.pods.publish(super::api::PodInfo {
+            uid: self.uid.clone(),
+            namespace: self.pod.namespace().to_string(),
+            name: self.pod.name().to_string(),
+            sandbox: self.sandbox.clone(),
+            containers: containers(&self.pod).into_iter().map(|c| c.name).collect(),
+            cgroup_ids: self.tracks.values().filter_map(|t| t.cgroup_id).collect(),
+        });
     }
 
     /// One convergence step. Returns when to run again, or `None` when the worker is done.

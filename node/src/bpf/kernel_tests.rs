@@ -109,6 +109,8 @@ struct Fixture {
     name: String,
     cgroup: PathBuf,
     cgroup_created: bool,
+    /// Child cgroups created below `cgroup` (removed first).
+    children_cgroups: Vec<PathBuf>,
     netns_created: bool,
     pin_dir: PathBuf,
     children: Vec<Child>,
@@ -125,6 +127,7 @@ impl Fixture {
         let mut fx = Fixture {
             cgroup: root.join(&name),
             cgroup_created: false,
+            children_cgroups: Vec::new(),
             netns_created: false,
             pin_dir: node_pin_dir(&format!("test-{suffix}")),
             children: Vec::new(),
@@ -144,9 +147,23 @@ impl Fixture {
         cmd
     }
 
+    /// Creates the child cgroup `name` below the test cgroup (removed on drop).
+    fn child_cgroup(&mut self, name: &str) -> PathBuf {
+        let dir = self.cgroup.join(name);
+        std::fs::create_dir(&dir).expect("create child cgroup");
+        self.children_cgroups.push(dir.clone());
+        dir
+    }
+
     /// A client in the test cgroup sends `send` bytes over TCP to a server outside the cgroup
     /// (same namespace, 127.0.0.1), which replies with `reply` bytes.
     fn transfer(&mut self, send: usize, reply: usize) {
+        let cgroup = self.cgroup.clone();
+        self.transfer_in(&cgroup, send, reply);
+    }
+
+    /// [`Fixture::transfer`] with the client in `cgroup` (the test cgroup or a child of it).
+    fn transfer_in(&mut self, cgroup: &Path, send: usize, reply: usize) {
         let mut server = self
             .nsenter()
             .args([
@@ -170,7 +187,7 @@ impl Fixture {
         // The shell moves itself into the cgroup before python creates the socket, so the
         // socket (and its traffic) belongs to the cgroup. `nsenter`, not `ip netns exec`,
         // which would remount /sys and hide the cgroup mount.
-        let procs = self.cgroup.join("cgroup.procs");
+        let procs = cgroup.join("cgroup.procs");
         let procs = procs.to_str().expect("UTF-8 cgroup path");
         let client = self
             .nsenter()
@@ -206,15 +223,20 @@ impl Drop for Fixture {
             let _ = child.kill();
             let _ = child.wait();
         }
+        let mut dirs = std::mem::take(&mut self.children_cgroups);
+        dirs.reverse();
         if self.cgroup_created {
+            dirs.push(self.cgroup.clone());
+        }
+        for dir in &dirs {
             // A process that just exited can take a moment to leave the cgroup (EBUSY).
             for _ in 0..100 {
-                match std::fs::remove_dir(&self.cgroup) {
+                match std::fs::remove_dir(dir) {
                     Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
                         std::thread::sleep(Duration::from_millis(20))
                     }
                     Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                        eprintln!("cleanup: rmdir {}: {e}", self.cgroup.display());
+                        eprintln!("cleanup: rmdir {}: {e}", dir.display());
                         break;
                     }
                     _ => break,
@@ -279,6 +301,34 @@ fn counts_a_pods_tcp_traffic_per_direction() {
 
     acct.unpin().expect("unpin");
     assert!(!fx.pin_dir.exists());
+}
+
+/// The agent attaches once, to the node's cgroup parent, and reads counters per container
+/// leaf cgroup: programs attached to an ancestor run for the sockets of every descendant, and
+/// the counters land on the socket's own (leaf) cgroup id, not on the attach point.
+#[test]
+fn attached_to_a_parent_counts_descendants_under_their_own_id() {
+    const SEND: usize = 300_000;
+    const REPLY: usize = 200_000;
+    let mut fx = Fixture::new();
+    let mut acct = Accounting::load(&fx.pin_dir).expect("load");
+    let parent_id = acct.attach(&fx.cgroup).expect("attach to the parent");
+    let pod = fx.child_cgroup("pod-x");
+    let leaf = fx.child_cgroup("pod-x/app");
+    let (pod_id, leaf_id) = (cgroup_id(&pod).unwrap(), cgroup_id(&leaf).unwrap());
+
+    fx.transfer_in(&leaf, SEND, REPLY);
+    let (ingress, egress) = acct.counters(leaf_id).expect("counters");
+    eprintln!("leaf {leaf_id}: egress {egress:?}, ingress {ingress:?}");
+    assert_close("egress of the leaf", egress.bytes, SEND);
+    assert_close("ingress of the leaf", ingress.bytes, REPLY);
+    for (what, id) in [("parent", parent_id), ("pod", pod_id)] {
+        assert_eq!(
+            acct.counters(id).unwrap(),
+            Default::default(),
+            "nothing is counted on the {what} cgroup"
+        );
+    }
 }
 
 #[test]

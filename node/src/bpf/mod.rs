@@ -7,8 +7,11 @@
 //! an agent restart and `bpftool map dump pinned ...` shows them with named fields (BTF).
 //!
 //! Packets are keyed by the cgroup of the *socket* (`bpf_skb_cgroup_id`), which is the cgroup
-//! of the process that created it: a pod's processes must live in the pod's cgroup itself (not
-//! in child cgroups) for [`Accounting::counters`] of the pod cgroup to see their traffic.
+//! of the process that created it, not by the cgroup the programs are attached to. Programs
+//! attached to an ancestor run for every descendant (BPF links are multi-attach), so the agent
+//! attaches once, to the node's pod cgroup parent, and a pod's traffic is the sum of the
+//! counters of its containers' leaf cgroup ids; the pod cgroup's own id holds nothing (it has
+//! no processes). `kernel_tests` checks both.
 //! Byte counts are IP-level (`skb->len`: IP header onwards, no link-layer header); on egress a
 //! GSO packet is counted once with its full length.
 

@@ -1,0 +1,423 @@
+//! The node agent's read-only HTTP API: container logs and resource stats.
+//!
+//! Every node agent (`skiff-node run`) serves, on loopback by default:
+//!
+//! - `GET /logs/{namespace}/{pod}/{container}?tail=N&follow=true&timestamps=true`: the
+//!   container's output, one line per line it printed (`timestamps=true` prefixes each with
+//!   its RFC 3339 time); `follow=true` keeps streaming new lines until the client goes away.
+//! - `GET /stats/summary`: a [`StatsSummary`] as JSON.
+//!
+//! The agent publishes the port in its Node's `status.daemonEndpoints.kubeletEndpoint.Port`
+//! (as the kubelet does). Cluster state still comes only from the API server: a pod's agent
+//! is found through the pod's `spec.nodeName` and that Node's status ([`AgentEndpoint`]).
+//!
+//! The address used is `127.0.0.1:<port>`: the agent listens on loopback, so this reaches it
+//! only from the machine it runs on, which is what single-machine clusters need. A
+//! multi-machine cluster needs agents that listen on the node's InternalIP and a client that
+//! dials that address instead (not implemented yet).
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde::{Deserialize, Serialize};
+use skiff_api::Resource;
+use skiff_api::api::{Node, Pod};
+use tokio::net::TcpStream;
+
+use crate::{Client, ClientError};
+
+/// Path prefix of the logs endpoint.
+pub const LOGS_PATH: &str = "/logs";
+/// Path of the stats endpoint.
+pub const STATS_SUMMARY_PATH: &str = "/stats/summary";
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest error body read from the agent.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+/// Largest stats summary accepted.
+const MAX_SUMMARY: usize = 64 * 1024 * 1024;
+
+/// `GET /stats/summary`: what a node's pods use, at one instant.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatsSummary {
+    pub node_name: String,
+    /// When the numbers were read (RFC 3339, microseconds, UTC).
+    pub timestamp: String,
+    pub pods: Vec<PodStats>,
+}
+
+/// One pod's cumulative usage since its containers' cgroups were created.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodStats {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// CPU time of every process of the pod (`usage_usec` of the pod cgroup's `cpu.stat`).
+    pub cpu_usage_usec: u64,
+    /// Traffic of the pod's sockets; `None` when the node has no eBPF accounting.
+    pub network: Option<NetworkStats>,
+}
+
+/// IP-level traffic (bytes from the IP header on) of a pod's sockets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkStats {
+    pub rx_bytes: u64,
+    pub rx_packets: u64,
+    pub tx_bytes: u64,
+    pub tx_packets: u64,
+}
+
+/// What to fetch from a container's log.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LogOptions {
+    /// Only the last N lines (across rotated files).
+    pub tail: Option<u64>,
+    /// Keep streaming lines as they are written.
+    pub follow: bool,
+    /// Prefix each line with the RFC 3339 time it was written.
+    pub timestamps: bool,
+}
+
+impl LogOptions {
+    fn query(&self) -> String {
+        let mut q = Vec::new();
+        if let Some(n) = self.tail {
+            q.push(format!("tail={n}"));
+        }
+        if self.follow {
+            q.push("follow=true".into());
+        }
+        if self.timestamps {
+            q.push("timestamps=true".into());
+        }
+        if q.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", q.join("&"))
+        }
+    }
+}
+
+/// Why a call to a node agent failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeApiError {
+    /// Looking up the pod or node in the API server failed.
+    #[error(transparent)]
+    Api(#[from] ClientError),
+    /// The pod has no `spec.nodeName`.
+    #[error("pod {pod} is not running on a node yet")]
+    NotScheduled { pod: String },
+    /// The node's status has no agent port.
+    #[error(
+        "node {node} publishes no agent endpoint (status.daemonEndpoints.kubeletEndpoint.Port): \
+         its agent has not registered yet or is too old"
+    )]
+    NoEndpoint { node: String },
+    /// Nothing answers at the agent's address.
+    #[error("cannot reach the node agent of {node} at {addr}: {reason} (is skiff-node running?)")]
+    Unreachable {
+        node: String,
+        addr: SocketAddr,
+        reason: String,
+    },
+    /// The agent answered with an error status; `message` is its explanation.
+    #[error("node agent of {node}: {message}")]
+    Status {
+        node: String,
+        status: u16,
+        message: String,
+    },
+    /// The connection broke or the agent sent something unreadable.
+    #[error("node agent of {node}: {reason}")]
+    Protocol { node: String, reason: String },
+}
+
+impl NodeApiError {
+    /// The agent answered 404 (no such pod or container on that node).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, NodeApiError::Status { status: 404, .. })
+    }
+}
+
+/// Where a node's agent serves its HTTP API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentEndpoint {
+    pub node: String,
+    pub addr: SocketAddr,
+}
+
+/// Percent-encodes one path segment (names are DNS labels; this only guards odd input).
+fn segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+impl AgentEndpoint {
+    /// The endpoint a Node publishes: `127.0.0.1:<status.daemonEndpoints.kubeletEndpoint.Port>`
+    /// (single-machine clusters; see the module docs).
+    pub fn of_node(node: &Node) -> Result<AgentEndpoint, NodeApiError> {
+        let name = node.name().to_string();
+        let port = node
+            .status
+            .as_ref()
+            .and_then(|s| s.daemon_endpoints.as_ref())
+            .and_then(|d| d.kubelet_endpoint.as_ref())
+            .map(|e| e.port)
+            .and_then(|p| u16::try_from(p).ok())
+            .filter(|p| *p != 0)
+            .ok_or_else(|| NodeApiError::NoEndpoint { node: name.clone() })?;
+        Ok(AgentEndpoint {
+            node: name,
+            addr: (Ipv4Addr::LOCALHOST, port).into(),
+        })
+    }
+
+    /// The agent of node `node`, from its Node object.
+    pub async fn for_node(client: &Client, node: &str) -> Result<AgentEndpoint, NodeApiError> {
+        let node = client.cluster::<Node>().get(node).await?;
+        AgentEndpoint::of_node(&node)
+    }
+
+    /// The agent of the node `pod` is bound to.
+    pub async fn for_pod(client: &Client, pod: &Pod) -> Result<AgentEndpoint, NodeApiError> {
+        let node = pod
+            .spec
+            .as_ref()
+            .map(|s| s.node_name.as_str())
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| NodeApiError::NotScheduled {
+                pod: pod.name().to_string(),
+            })?;
+        AgentEndpoint::for_node(client, node).await
+    }
+
+    /// `GET /stats/summary`.
+    pub async fn stats_summary(&self) -> Result<StatsSummary, NodeApiError> {
+        let resp = self.get(STATS_SUMMARY_PATH).await?;
+        let body = self.read_body(resp, MAX_SUMMARY).await?;
+        serde_json::from_slice(&body).map_err(|e| self.protocol(format!("stats summary: {e}")))
+    }
+
+    /// `GET /logs/{namespace}/{pod}/{container}`: the log as a stream of chunks (whole lines,
+    /// each ending in `\n`, possibly several per chunk). With `follow` the stream ends only
+    /// when the agent ends it (pod deleted) or it is dropped.
+    pub async fn logs(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+        opts: &LogOptions,
+    ) -> Result<BoxStream<'static, Result<Bytes, NodeApiError>>, NodeApiError> {
+        let path = format!(
+            "{LOGS_PATH}/{}/{}/{}{}",
+            segment(namespace),
+            segment(pod),
+            segment(container),
+            opts.query()
+        );
+        let resp = self.get(&path).await?;
+        let node = self.node.clone();
+        let body = resp.into_body().into_data_stream().map(move |r| {
+            r.map_err(|e| NodeApiError::Protocol {
+                node: node.clone(),
+                reason: format!("reading the log stream: {e}"),
+            })
+        });
+        Ok(body.boxed())
+    }
+
+    fn protocol(&self, reason: String) -> NodeApiError {
+        NodeApiError::Protocol {
+            node: self.node.clone(),
+            reason,
+        }
+    }
+
+    /// Sends `GET path` on a new connection; a non-2xx answer becomes
+    /// [`NodeApiError::Status`] with the body as message.
+    async fn get(&self, path: &str) -> Result<Response<Incoming>, NodeApiError> {
+        let unreachable = |reason: String| NodeApiError::Unreachable {
+            node: self.node.clone(),
+            addr: self.addr,
+            reason,
+        };
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(self.addr))
+            .await
+            .map_err(|_| unreachable(format!("no answer within {CONNECT_TIMEOUT:?}")))?
+            .map_err(|e| unreachable(e.to_string()))?;
+        let _ = stream.set_nodelay(true);
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        // Drives the connection; it ends when the response (body included) is done or dropped.
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "node agent connection");
+            }
+        });
+        let req = Request::get(path)
+            .header(hyper::header::HOST, self.addr.to_string())
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| self.protocol(format!("building the request for {path}: {e}")))?;
+        let resp = sender
+            .send_request(req)
+            .await
+            .map_err(|e| self.protocol(format!("GET {path}: {e}")))?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        let body = self
+            .read_body(resp, MAX_ERROR_BODY)
+            .await
+            .unwrap_or_default();
+        let text = String::from_utf8_lossy(&body).trim().to_string();
+        let message = if text.is_empty() {
+            status_text(status)
+        } else {
+            text
+        };
+        Err(NodeApiError::Status {
+            node: self.node.clone(),
+            status: status.as_u16(),
+            message,
+        })
+    }
+
+    async fn read_body(&self, resp: Response<Incoming>, max: usize) -> Result<Bytes, NodeApiError> {
+        let limited = http_body_util::Limited::new(resp.into_body(), max);
+        limited
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+            .map_err(|e| self.protocol(format!("reading the answer: {e}")))
+    }
+}
+
+fn status_text(status: StatusCode) -> String {
+    match status.canonical_reason() {
+        Some(r) => format!("{} {r}", status.as_u16()),
+        None => status.as_u16().to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skiff_api::api::{DaemonEndpoint, NodeDaemonEndpoints, NodeStatus, ObjectMeta, PodSpec};
+
+    fn node(port: i32) -> Node {
+        Node {
+            metadata: Some(ObjectMeta {
+                name: "n1".into(),
+                ..Default::default()
+            }),
+            status: Some(NodeStatus {
+                daemon_endpoints: Some(NodeDaemonEndpoints {
+                    kubelet_endpoint: Some(DaemonEndpoint { port }),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn endpoint_of_a_node_is_its_published_port_on_loopback() {
+        let ep = AgentEndpoint::of_node(&node(10250)).unwrap();
+        assert_eq!(ep.addr, "127.0.0.1:10250".parse().unwrap());
+        assert_eq!(ep.node, "n1");
+        for bad in [0, -1, 70000] {
+            let e = AgentEndpoint::of_node(&node(bad)).unwrap_err();
+            assert!(matches!(e, NodeApiError::NoEndpoint { .. }), "{e}");
+        }
+        let mut bare = node(1);
+        bare.status = None;
+        assert!(AgentEndpoint::of_node(&bare).is_err());
+    }
+
+    #[tokio::test]
+    async fn unscheduled_pod_is_reported_as_such() {
+        let client = Client::connect_lazy("http://127.0.0.1:1").unwrap();
+        let pod = Pod {
+            metadata: Some(ObjectMeta {
+                name: "web".into(),
+                ..Default::default()
+            }),
+            spec: Some(PodSpec::default()),
+            ..Default::default()
+        };
+        let e = AgentEndpoint::for_pod(&client, &pod).await.unwrap_err();
+        assert_eq!(e.to_string(), "pod web is not running on a node yet");
+    }
+
+    #[tokio::test]
+    async fn unreachable_agent_is_one_clear_line() {
+        // A port nobody listens on: bind, note it, close.
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap();
+        let ep = AgentEndpoint {
+            node: "n1".into(),
+            addr,
+        };
+        let e = ep.stats_summary().await.unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with(&format!("cannot reach the node agent of n1 at {addr}: ")),
+            "{msg}"
+        );
+        assert!(!msg.contains('\n'));
+    }
+
+    #[test]
+    fn log_query_and_path_segments() {
+        assert_eq!(LogOptions::default().query(), "");
+        let o = LogOptions {
+            tail: Some(2),
+            follow: true,
+            timestamps: true,
+        };
+        assert_eq!(o.query(), "?tail=2&follow=true&timestamps=true");
+        assert_eq!(segment("web-1.a"), "web-1.a");
+        assert_eq!(segment("a/b c"), "a%2Fb%20c");
+    }
+
+    #[test]
+    fn summary_json_shape() {
+        let s = StatsSummary {
+            node_name: "n1".into(),
+            timestamp: "2026-01-01T00:00:00.000000Z".into(),
+            pods: vec![PodStats {
+                namespace: "default".into(),
+                name: "web".into(),
+                uid: "u".into(),
+                cpu_usage_usec: 5,
+                network: Some(NetworkStats {
+                    rx_bytes: 1,
+                    rx_packets: 2,
+                    tx_bytes: 3,
+                    tx_packets: 4,
+                }),
+            }],
+        };
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(v["pods"][0]["network"]["tx_bytes"], 3);
+        assert_eq!(v["pods"][0]["cpu_usage_usec"], 5);
+        assert_eq!(serde_json::from_value::<StatsSummary>(v).unwrap(), s);
+    }
+}

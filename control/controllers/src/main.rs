@@ -1,0 +1,125 @@
+//! `skiff-controller-manager`: runs the ReplicaSet and Deployment controllers against a Skiff
+//! API server, with leader election so several replicas can run with one active.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{ArgAction, Parser};
+use skiff_client::runtime::{CancelToken, LeaderElectionConfig};
+use skiff_client::{Client, ClientConfig};
+use skiff_controllers::manager::{self, COMPONENT, ManagerConfig, parse_controllers};
+
+#[derive(Debug, Parser)]
+#[command(name = "skiff-controller-manager", version, about)]
+struct Args {
+    /// API server URL [default: $SKIFF_SERVER, the client config file, or
+    /// http://127.0.0.1:7443].
+    #[arg(long, value_name = "URL")]
+    server: Option<String>,
+    /// Controllers to run: names separated by commas, `*` for all, `-name` to switch one off
+    /// (known: replicaset, deployment).
+    #[arg(long, value_name = "LIST", default_value = "*")]
+    controllers: String,
+    /// Run the controllers only while holding the leader Lease.
+    #[arg(long, action = ArgAction::Set, default_value_t = true, value_name = "BOOL")]
+    leader_elect: bool,
+    /// Name of the leader Lease.
+    #[arg(long, default_value = COMPONENT, value_name = "NAME")]
+    lease_name: String,
+    /// Namespace of the leader Lease.
+    #[arg(long, default_value = "kube-system", value_name = "NS")]
+    lease_namespace: String,
+    /// Lease duration in seconds (renewal every third of it).
+    #[arg(long, default_value_t = 15, value_name = "SECONDS")]
+    lease_duration: u64,
+    /// This instance's identity [default: HOSTNAME_UUID].
+    #[arg(long, value_name = "ID")]
+    identity: Option<String>,
+    /// Concurrent reconciles per controller.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    workers: usize,
+}
+
+fn default_identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "skiff".into());
+    format!("{host}_{}", uuid::Uuid::new_v4())
+}
+
+async fn run(args: Args) -> Result<()> {
+    let controllers = parse_controllers(&args.controllers)
+        .map_err(anyhow::Error::msg)
+        .context("--controllers")?;
+    let identity = args.identity.unwrap_or_else(default_identity);
+    let config = ClientConfig::load(args.server.as_deref())?;
+    let client = Client::connect_lazy(&config.server)?;
+    let leader_election = args.leader_elect.then(|| {
+        LeaderElectionConfig::new(&args.lease_name, &identity)
+            .in_namespace(&args.lease_namespace)
+            .with_lease_duration(Duration::from_secs(args.lease_duration))
+    });
+    let manager_config = ManagerConfig {
+        controllers,
+        workers: args.workers.max(1),
+        identity: identity.clone(),
+        leader_election,
+    };
+    tracing::info!(server = %config.server, %identity,
+        controllers = ?manager_config.controllers.iter().map(|c| c.as_str()).collect::<Vec<_>>(),
+        leader_elect = args.leader_elect, "starting");
+    let shutdown = CancelToken::new();
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            wait_for_signal().await;
+            tracing::info!("shutting down");
+            shutdown.cancel();
+        }
+    });
+    manager::run(client, manager_config, shutdown).await?;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("skiff-controller-manager: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("skiff-controller-manager: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! `skiff-bench`: runs benchmark suites, each a baseline and Skiff side by side, prints a table
+//! and writes `<date>-<suite>.md` and `.json` reports.
+//!
+//! ```text
+//! skiff-bench                      # every suite, results in perf/results/
+//! skiff-bench pod-start --pods 50 --concurrency 10
+//! skiff-bench --quick              # smoke check: 3 pods, results in $TMPDIR/skiff-perf-quick
+//! ```
+//!
+//! Needs root. Prefer `cargo xtask bench`, which builds it and the binaries it starts in
+//! release first.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Result, anyhow, bail};
+use clap::Parser;
+use skiff_perf::host;
+use skiff_perf::suites::{self, Options, SUITES, Suite};
+use tokio::signal::unix::{SignalKind, signal};
+use tracing::info;
+use tracing_subscriber::EnvFilter;
+
+/// Skiff's benchmarks: each suite runs baselines and Skiff in one run and reports ratios.
+#[derive(Debug, Parser)]
+#[command(name = "skiff-bench", version, about)]
+struct Args {
+    /// Suites to run (default: all; see --list).
+    suites: Vec<String>,
+    /// Smoke check: a few items per series, results outside the repository.
+    #[arg(long)]
+    quick: bool,
+    /// Pods per series [default: 50, 3 with --quick].
+    #[arg(long, value_name = "N")]
+    pods: Option<usize>,
+    /// Creations in flight at once.
+    #[arg(long, value_name = "C", default_value_t = 10)]
+    concurrency: usize,
+    /// Unmeasured starts before each series.
+    #[arg(long, value_name = "W", default_value_t = 1)]
+    warmup: usize,
+    /// Directory for the reports [default: perf/results, or $TMPDIR/skiff-perf-quick with
+    /// --quick].
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// List the suites and exit.
+    #[arg(long)]
+    list: bool,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| EnvFilter::new("warn,skiff_perf=info,skiff_bench=info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err}");
+            for cause in err.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn selected(names: &[String]) -> Result<Vec<&'static Suite>> {
+    if names.is_empty() {
+        return Ok(SUITES.iter().collect());
+    }
+    names
+        .iter()
+        .map(|n| {
+            suites::find(n).ok_or_else(|| {
+                let known: Vec<&str> = SUITES.iter().map(|s| s.name).collect();
+                anyhow!("unknown suite {n:?} (known: {})", known.join(", "))
+            })
+        })
+        .collect()
+}
+
+fn run(args: Args) -> Result<()> {
+    if args.list {
+        for s in SUITES {
+            println!("{:<12} {}", s.name, s.title);
+        }
+        return Ok(());
+    }
+    let chosen = selected(&args.suites)?;
+    if args.concurrency == 0 {
+        bail!("--concurrency must be at least 1");
+    }
+    // Only returns once running from target/<profile>/skiff-perf/ (see its docs).
+    host::run_from_profile_subdir()?;
+
+    let opts = Options {
+        quick: args.quick,
+        pods: args.pods,
+        concurrency: args.concurrency,
+        warmup: args.warmup,
+    };
+    let out = args.out.clone().unwrap_or_else(|| {
+        if args.quick {
+            std::env::temp_dir().join("skiff-perf-quick")
+        } else {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results")
+        }
+    });
+    if host::profile() != "release" {
+        eprintln!(
+            "warning: a {} build: numbers are not representative",
+            host::profile()
+        );
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let mut tables = Vec::new();
+    for suite in chosen {
+        info!(suite = suite.name, "running");
+        // On SIGINT/SIGTERM the suite's future is dropped, and with it everything it started.
+        let report = rt.block_on(async {
+            tokio::select! {
+                r = (suite.run)(&opts) => r,
+                s = interrupted() => Err(anyhow!("{s}: stopped; what the suite started was removed")),
+            }
+        })?;
+        let table = report.table();
+        println!("\n{table}");
+        let (md, json) = report.write(&out)?;
+        println!("report: {}\nraw:    {}", md.display(), json.display());
+        tables.push(table);
+    }
+    if tables.len() > 1 {
+        println!("\n{}", tables.join("\n"));
+    }
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM, naming it.
+async fn interrupted() -> &'static str {
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => "interrupted (SIGINT)",
+        _ = term.recv() => "terminated (SIGTERM)",
+    }
+}

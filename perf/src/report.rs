@@ -1,0 +1,353 @@
+//! What a suite produces: series of samples (Skiff's and the baselines'), their percentiles,
+//! the Skiff/baseline ratios, and how to print them (a table on stdout, a markdown report and
+//! the raw numbers as JSON).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use crate::stats::Summary;
+
+/// Whose numbers a series holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Skiff,
+    Baseline,
+}
+
+/// One measured series.
+#[derive(Debug, Clone, Serialize)]
+pub struct Series {
+    pub name: String,
+    pub role: Role,
+    /// What one sample is, from which event to which.
+    pub measures: String,
+    pub summary: Summary,
+    /// Every sample, in the order the items were started.
+    pub samples_ms: Vec<f64>,
+    /// Wall time of the whole measured phase (all items, with the run's concurrency).
+    pub wall_ms: f64,
+}
+
+impl Series {
+    /// `samples` must not be empty.
+    pub fn new(
+        name: &str,
+        role: Role,
+        measures: &str,
+        samples: &[Duration],
+        wall: Duration,
+    ) -> Result<Series> {
+        let summary = Summary::of(samples).with_context(|| format!("series {name}: no samples"))?;
+        Ok(Series {
+            name: name.to_string(),
+            role,
+            measures: measures.to_string(),
+            summary,
+            samples_ms: samples.iter().map(|d| d.as_secs_f64() * 1e3).collect(),
+            wall_ms: wall.as_secs_f64() * 1e3,
+        })
+    }
+}
+
+/// Skiff's percentile divided by a baseline's.
+#[derive(Debug, Clone, Serialize)]
+pub struct Ratio {
+    pub skiff: String,
+    pub baseline: String,
+    pub p50: f64,
+    pub p99: f64,
+}
+
+/// Where and with what the numbers were taken.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Environment {
+    pub commit: String,
+    pub cpus: usize,
+    pub cpu_model: String,
+    pub kernel: String,
+    /// `release` or `debug`: how the bench and the binaries it runs were built.
+    pub profile: String,
+    /// Executable of each process the suite started, as the kernel reports it.
+    pub binaries: BTreeMap<String, String>,
+}
+
+/// The outcome of one suite run.
+#[derive(Debug, Clone, Serialize)]
+pub struct SuiteReport {
+    pub suite: String,
+    pub title: String,
+    /// Day of the run (UTC), `YYYY-MM-DD`.
+    pub date: String,
+    /// Start of the run, RFC 3339 (UTC).
+    pub started_at: String,
+    pub quick: bool,
+    pub environment: Environment,
+    pub params: BTreeMap<String, serde_json::Value>,
+    pub series: Vec<Series>,
+    pub ratios: Vec<Ratio>,
+    /// Method notes for the reader of the report.
+    pub notes: Vec<String>,
+}
+
+impl SuiteReport {
+    /// Fills in the ratios: every Skiff series against every baseline series.
+    pub fn compute_ratios(&mut self) {
+        self.ratios.clear();
+        for s in self.series.iter().filter(|s| s.role == Role::Skiff) {
+            for b in self.series.iter().filter(|b| b.role == Role::Baseline) {
+                self.ratios.push(Ratio {
+                    skiff: s.name.clone(),
+                    baseline: b.name.clone(),
+                    p50: s.summary.p50 / b.summary.p50,
+                    p99: s.summary.p99 / b.summary.p99,
+                });
+            }
+        }
+    }
+
+    /// The plain-text table printed at the end of a run.
+    pub fn table(&self) -> String {
+        let width = self
+            .series
+            .iter()
+            .map(|s| s.name.len())
+            .chain(["series".len()])
+            .max()
+            .unwrap_or(0);
+        let suite_w = self.suite.len().max("suite".len());
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{:<suite_w$}  {:<width$}  {:>4}  {:>10}  {:>10}  {:>10}  {:>10}",
+            "suite", "series", "N", "p50 ms", "p90 ms", "p99 ms", "max ms"
+        );
+        for s in &self.series {
+            let m = &s.summary;
+            let _ = writeln!(
+                out,
+                "{:<suite_w$}  {:<width$}  {:>4}  {:>10}  {:>10}  {:>10}  {:>10}",
+                self.suite,
+                s.name,
+                m.n,
+                fmt_ms(m.p50),
+                fmt_ms(m.p90),
+                fmt_ms(m.p99),
+                fmt_ms(m.max)
+            );
+        }
+        for r in &self.ratios {
+            let _ = writeln!(
+                out,
+                "ratio {} / {}: p50 {}, p99 {}",
+                r.skiff,
+                r.baseline,
+                fmt_ratio(r.p50),
+                fmt_ratio(r.p99)
+            );
+        }
+        out
+    }
+
+    /// The markdown report.
+    pub fn markdown(&self, json_name: &str) -> String {
+        let mut md = String::new();
+        let _ = writeln!(md, "# {}: {} ({})\n", self.suite, self.title, self.date);
+        if self.quick {
+            let _ = writeln!(
+                md,
+                "**Quick run** (a smoke check of the benchmark, not a measurement).\n"
+            );
+        }
+        let _ = writeln!(
+            md,
+            "| series | N | p50 ms | p90 ms | p99 ms | max ms | mean ms | wall ms |"
+        );
+        let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|");
+        for s in &self.series {
+            let m = &s.summary;
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                s.name,
+                m.n,
+                fmt_ms(m.p50),
+                fmt_ms(m.p90),
+                fmt_ms(m.p99),
+                fmt_ms(m.max),
+                fmt_ms(m.mean),
+                fmt_ms(s.wall_ms)
+            );
+        }
+        if !self.ratios.is_empty() {
+            let _ = writeln!(md, "\n| ratio | p50 | p99 |\n|---|---:|---:|");
+            for r in &self.ratios {
+                let _ = writeln!(
+                    md,
+                    "| {} / {} | {} | {} |",
+                    r.skiff,
+                    r.baseline,
+                    fmt_ratio(r.p50),
+                    fmt_ratio(r.p99)
+                );
+            }
+        }
+        let _ = writeln!(md, "\n## What is measured\n");
+        for s in &self.series {
+            let _ = writeln!(md, "- **{}**: {}", s.name, s.measures);
+        }
+        for n in &self.notes {
+            let _ = writeln!(md, "- {n}");
+        }
+        let _ = writeln!(md, "\n## Parameters\n");
+        for (k, v) in &self.params {
+            let _ = writeln!(md, "- {k}: {v}");
+        }
+        let e = &self.environment;
+        let _ = writeln!(md, "\n## Environment\n");
+        let _ = writeln!(md, "- started: {}", self.started_at);
+        let _ = writeln!(md, "- commit: {}", e.commit);
+        let _ = writeln!(md, "- host: {} CPUs, {}", e.cpus, e.cpu_model);
+        let _ = writeln!(md, "- kernel: {}", e.kernel);
+        let _ = writeln!(md, "- build profile: {}", e.profile);
+        for (what, exe) in &e.binaries {
+            let _ = writeln!(md, "- {what}: `{exe}`");
+        }
+        let _ = writeln!(
+            md,
+            "\nAbsolute times on a small shared machine are noise; compare the ratios. \
+             Raw samples: `{json_name}`."
+        );
+        md
+    }
+
+    /// Writes `<dir>/<date>-<suite>.md` and `.json`; returns both paths.
+    pub fn write(&self, dir: &Path) -> Result<(PathBuf, PathBuf)> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let stem = format!("{}-{}", self.date, self.suite);
+        let json_path = dir.join(format!("{stem}.json"));
+        let md_path = dir.join(format!("{stem}.md"));
+        let json = serde_json::to_string_pretty(self).context("encoding the report")?;
+        std::fs::write(&json_path, json + "\n")
+            .with_context(|| format!("writing {}", json_path.display()))?;
+        std::fs::write(&md_path, self.markdown(&format!("{stem}.json")))
+            .with_context(|| format!("writing {}", md_path.display()))?;
+        Ok((md_path, json_path))
+    }
+}
+
+/// Milliseconds with a precision that suits their size.
+pub fn fmt_ms(ms: f64) -> String {
+    if ms >= 100.0 {
+        format!("{ms:.1}")
+    } else if ms >= 1.0 {
+        format!("{ms:.2}")
+    } else {
+        format!("{ms:.3}")
+    }
+}
+
+pub fn fmt_ratio(r: f64) -> String {
+    if !r.is_finite() {
+        "n/a".into()
+    } else if r >= 100.0 {
+        format!("{r:.0}x")
+    } else {
+        format!("{r:.1}x")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report() -> SuiteReport {
+        let ms = |v: &[u64]| {
+            v.iter()
+                .map(|&m| Duration::from_millis(m))
+                .collect::<Vec<_>>()
+        };
+        let mut r = SuiteReport {
+            suite: "pod-start".into(),
+            title: "pod start latency".into(),
+            date: "2026-01-02".into(),
+            started_at: "2026-01-02T03:04:05Z".into(),
+            quick: false,
+            environment: Environment::default(),
+            params: BTreeMap::from([("pods".to_string(), serde_json::json!(3))]),
+            series: vec![
+                Series::new(
+                    "skiff",
+                    Role::Skiff,
+                    "create → Running",
+                    &ms(&[100, 200, 300]),
+                    Duration::from_millis(400),
+                )
+                .unwrap(),
+                Series::new(
+                    "fork+exec",
+                    Role::Baseline,
+                    "spawn",
+                    &ms(&[1, 2, 3]),
+                    Duration::from_millis(5),
+                )
+                .unwrap(),
+            ],
+            ratios: vec![],
+            notes: vec!["a note".into()],
+        };
+        r.compute_ratios();
+        r
+    }
+
+    #[test]
+    fn ratios_are_skiff_over_baseline() {
+        let r = report();
+        assert_eq!(r.ratios.len(), 1);
+        assert_eq!(r.ratios[0].p50, 100.0);
+        assert_eq!(r.ratios[0].p99, 100.0);
+    }
+
+    #[test]
+    fn table_and_markdown_name_every_series() {
+        let r = report();
+        let t = r.table();
+        assert!(t.contains("pod-start  skiff"), "{t}");
+        assert!(
+            t.contains("ratio skiff / fork+exec: p50 100x, p99 100x"),
+            "{t}"
+        );
+        let md = r.markdown("x.json");
+        assert!(md.contains("| skiff | 3 | 200.0 | 300.0 | 300.0 | 300.0 | 200.0 | 400.0 |"));
+        assert!(md.contains("| skiff / fork+exec | 100x | 100x |"), "{md}");
+        assert!(md.contains("- a note"));
+        assert!(md.contains("`x.json`"));
+    }
+
+    #[test]
+    fn number_formats() {
+        assert_eq!(fmt_ms(123.456), "123.5");
+        assert_eq!(fmt_ms(12.345), "12.35");
+        assert_eq!(fmt_ms(0.1234), "0.123");
+        assert_eq!(fmt_ratio(181.4), "181x");
+        assert_eq!(fmt_ratio(2.54), "2.5x");
+        assert_eq!(fmt_ratio(f64::INFINITY), "n/a");
+    }
+
+    #[test]
+    fn write_creates_both_files() {
+        let dir = std::env::temp_dir().join(format!("skiff-perf-test-{}", std::process::id()));
+        let (md, json) = report().write(&dir).unwrap();
+        assert!(md.ends_with("2026-01-02-pod-start.md"));
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(v["series"][0]["samples_ms"][2], 300.0);
+        assert_eq!(v["series"][1]["role"], "baseline");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

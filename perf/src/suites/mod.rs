@@ -1,0 +1,66 @@
+//! The benchmark suites. To add one, write a module with a `run` function and append it to
+//! [`SUITES`].
+
+use futures::future::LocalBoxFuture;
+
+use crate::report::SuiteReport;
+
+pub mod pod_start;
+
+/// Settings shared by the suites; each uses those that apply to it.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// A smoke check: tiny sizes, results written outside the repository.
+    pub quick: bool,
+    /// Pods (or processes) per series; `None`: the suite's default (smaller with `quick`).
+    pub pods: Option<usize>,
+    /// How many creations are in flight at once.
+    pub concurrency: usize,
+    /// Unmeasured starts before each series.
+    pub warmup: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            quick: false,
+            pods: None,
+            concurrency: 10,
+            warmup: 1,
+        }
+    }
+}
+
+pub type RunFn = for<'a> fn(&'a Options) -> LocalBoxFuture<'a, anyhow::Result<SuiteReport>>;
+
+pub struct Suite {
+    pub name: &'static str,
+    pub title: &'static str,
+    pub run: RunFn,
+}
+
+/// Every suite, in the order `skiff-bench` without arguments runs them.
+pub static SUITES: &[Suite] = &[Suite {
+    name: pod_start::NAME,
+    title: pod_start::TITLE,
+    run: pod_start::run,
+}];
+
+pub fn find(name: &str) -> Option<&'static Suite> {
+    SUITES.iter().find(|s| s.name == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suite_names_are_unique_and_found() {
+        for (i, s) in SUITES.iter().enumerate() {
+            assert!(SUITES[..i].iter().all(|o| o.name != s.name), "{}", s.name);
+            assert!(std::ptr::eq(find(s.name).unwrap(), s));
+        }
+        assert!(find("pod-start").is_some());
+        assert!(find("nope").is_none());
+    }
+}

@@ -1,0 +1,538 @@
+//! `pod-start`: pod start latency, from the create call to the watch event that shows the pod
+//! Running with its container running, against starting the same command without Skiff.
+//!
+//! One run: the real API server (embedded store) and one real node agent (its node in a network
+//! namespace of its own) from the `skiff-tests` harness; the baselines while that cluster is
+//! idle; then one watch on the bench's pods, opened before the first create, and N pods bound
+//! to the node (`spec.nodeName`), created `concurrency` at a time. Afterwards every pod is
+//! deleted and the bench waits (bounded) until the watch has seen them all go; the harness
+//! then removes the agent, the pods' processes, namespaces and cgroups, also on failure.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use futures::future::LocalBoxFuture;
+use futures::{StreamExt, TryStreamExt};
+use skiff_api::api::{Node as ApiNode, Pod};
+use skiff_client::reflector::{Event, reflector};
+use skiff_client::{Api, Client, DeleteParams, ListParams};
+use skiff_tests::{ApiServer, Backend, Node};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use super::Options;
+use crate::baseline::{self, Baseline, Procs};
+use crate::host;
+use crate::report::{Role, Series, SuiteReport};
+
+pub const NAME: &str = "pod-start";
+pub const TITLE: &str = "pod start latency";
+
+/// The command every pod (and every baseline process) runs.
+const COMMAND: &[&str] = &["sleep", "3600"];
+const POD_CIDR: &str = "10.244.9.0/24";
+/// Addresses the node's /24 offers pods.
+const MAX_PODS: usize = 250;
+const NAMESPACE: &str = "default";
+/// Label on every pod of a run (value: the run id); the watch selects on it.
+const RUN_LABEL: &str = "skiff-perf-run";
+const DEFAULT_PODS: usize = 50;
+const QUICK_PODS: usize = 3;
+
+const NODE_READY_TIMEOUT: Duration = Duration::from_secs(30);
+const WATCH_START_TIMEOUT: Duration = Duration::from_secs(30);
+const DELETE_TIMEOUT: Duration = Duration::from_secs(120);
+
+pub fn run(opts: &Options) -> LocalBoxFuture<'_, Result<SuiteReport>> {
+    Box::pin(measure(opts))
+}
+
+/// Generous bound for `pods` pods to reach Running.
+fn running_timeout(pods: usize) -> Duration {
+    Duration::from_secs(60) + Duration::from_secs(2) * pods as u32
+}
+
+async fn measure(opts: &Options) -> Result<SuiteReport> {
+    host::require_root()?;
+    let bin_dir = host::check_binaries(&["skiff-apiserver", "skiff-node"])?;
+    let n = opts
+        .pods
+        .unwrap_or(if opts.quick { QUICK_PODS } else { DEFAULT_PODS });
+    let c = opts.concurrency.clamp(1, n.max(1));
+    let warmup = opts.warmup;
+    if n == 0 || n + warmup > MAX_PODS {
+        bail!(
+            "--pods must be between 1 and {} (the node's /24 minus {warmup} warm-up pods)",
+            MAX_PODS - warmup
+        );
+    }
+    let started_at = chrono::Utc::now();
+    let run_id = skiff_tests::unique();
+    let node_name = format!("perf-{run_id}");
+
+    info!(
+        suite = NAME,
+        pods = n,
+        concurrency = c,
+        "starting the API server and a node agent"
+    );
+    let server = ApiServer::start(Backend::Embedded);
+    let node = Node::start(&server, &node_name, POD_CIDR);
+    let (node_netns, node_cgroup) = (node.netns_path(), node.cgroup_parent.clone());
+
+    let mut env = host::environment();
+    let listen = server.addr.to_string();
+    let apiserver_exe = host::verify_process("skiff-apiserver", &["--listen", &listen], &bin_dir)?;
+    let agent_exe = host::verify_process(
+        "skiff-node agent",
+        &["run", "--node-name", &node_name],
+        &bin_dir,
+    )?;
+    env.binaries.insert(
+        "skiff-apiserver".into(),
+        apiserver_exe.display().to_string(),
+    );
+    env.binaries
+        .insert("skiff-node".into(), agent_exe.display().to_string());
+
+    let client = Client::connect(&server.endpoint)
+        .await
+        .context("connecting to the API server")?;
+    wait_node_ready(&client, &node_name)
+        .await
+        .map_err(|e| with_agent_log(e, &node))?;
+
+    // The baselines, while the API server and the agent are idle.
+    let mut series = Vec::new();
+    for b in [Baseline::ForkExec, Baseline::Isolated] {
+        let cgroup = (b == Baseline::Isolated)
+            .then(|| skiff_tests::cgroup2_root().join(format!("skiff-perf-{run_id}")));
+        let procs = Procs::new(cgroup)?;
+        baseline::run(&procs, b, 0, warmup, 1, COMMAND).with_context(|| b.name())?;
+        let (samples, wall) =
+            baseline::run(&procs, b, warmup, n, c, COMMAND).with_context(|| b.name())?;
+        info!(series = b.name(), processes = procs.len(), "baseline done");
+        series.push(Series::new(
+            b.name(),
+            Role::Baseline,
+            &b.measures(COMMAND),
+            &samples,
+            wall,
+        )?);
+    }
+
+    // Skiff.
+    let pods = client.namespaced::<Pod>(NAMESPACE);
+    let mut watch = PodWatch::start(pods.clone(), &run_id).await?;
+    let warm: Vec<String> = (0..warmup)
+        .map(|i| format!("warmup-{run_id}-{i}"))
+        .collect();
+    let measured: Vec<String> = (0..n).map(|i| format!("pod-{run_id}-{i}")).collect();
+    let make = |name: &String| bench_pod(name, &node_name, &run_id);
+
+    info!(pods = warmup, "warm-up pods");
+    create_all(&pods, &warm, 1, make).await?;
+    watch
+        .wait_running(&warm, running_timeout(warmup))
+        .await
+        .map_err(|e| with_agent_log(e, &node))?;
+
+    info!(pods = n, concurrency = c, "measured pods");
+    let t0 = Instant::now();
+    let created = create_all(&pods, &measured, c, make).await?;
+    let running = watch
+        .wait_running(&measured, running_timeout(n))
+        .await
+        .map_err(|e| with_agent_log(e, &node))?;
+    let wall = t0.elapsed();
+    let samples: Vec<Duration> = measured
+        .iter()
+        .map(|name| running[name].saturating_duration_since(created[name]))
+        .collect();
+    series.insert(
+        0,
+        Series::new(
+            "skiff",
+            Role::Skiff,
+            "Pod create call (client side, just before the gRPC call) → the first event of \
+             one pod watch (a skiff_client reflector opened before the first create) with \
+             status.phase Running and every container state running, timestamped when the \
+             bench receives it",
+            &samples,
+            wall,
+        )?,
+    );
+
+    // Delete everything the bench created and wait until the watch has seen it go.
+    info!("deleting the pods");
+    let all: Vec<String> = warm.iter().chain(&measured).cloned().collect();
+    let t_delete = Instant::now();
+    delete_all(&pods, &all, c).await?;
+    watch
+        .wait_deleted(&all, DELETE_TIMEOUT)
+        .await
+        .map_err(|e| with_agent_log(e, &node))?;
+    let delete_wall = t_delete.elapsed();
+    let left = pods
+        .list(&ListParams::default().labels(&format!("{RUN_LABEL}={run_id}")))
+        .await
+        .context("listing the bench's pods after the delete")?;
+    if !left.items.is_empty() {
+        bail!("{} pods still exist after the delete", left.items.len());
+    }
+    let watch_lists = watch.lists();
+
+    info!("tearing down");
+    drop(watch);
+    drop(node);
+    drop(server);
+    if node_netns.exists() || node_cgroup.exists() {
+        warn!(netns = %node_netns.display(), cgroup = %node_cgroup.display(), "left behind after teardown");
+    }
+
+    let params = BTreeMap::from([
+        ("pods".to_string(), serde_json::json!(n)),
+        ("concurrency".to_string(), serde_json::json!(c)),
+        ("warmup".to_string(), serde_json::json!(warmup)),
+        ("command".to_string(), serde_json::json!(COMMAND)),
+        (
+            "cluster".to_string(),
+            serde_json::json!(
+                "skiff-apiserver (embedded redb store) + 1 skiff-node agent on loopback"
+            ),
+        ),
+    ]);
+    let mut notes = vec![
+        format!(
+            "All series ran in this one run on this machine: the baselines first (with the API \
+             server and the agent up and idle), then Skiff. Each series starts its {n} items \
+             {c} at a time, after {warmup} unmeasured warm-up start(s)."
+        ),
+        format!(
+            "Pods: one container, image `host`, command `{}`, spec.nodeName set (no scheduler).",
+            COMMAND.join(" ")
+        ),
+        "Percentiles are nearest-rank (with 50 samples p99 is the maximum).".into(),
+        format!(
+            "Deleting all {} pods took {:.2} s until the watch had seen every one deleted.",
+            all.len(),
+            delete_wall.as_secs_f64()
+        ),
+    ];
+    if watch_lists > 1 {
+        notes.push(format!(
+            "The pod watch was re-established {} times (relists): running times seen at a \
+             relist may be late.",
+            watch_lists - 1
+        ));
+    }
+    let mut report = SuiteReport {
+        suite: NAME.into(),
+        title: TITLE.into(),
+        date: started_at.format("%Y-%m-%d").to_string(),
+        started_at: started_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        quick: opts.quick,
+        environment: env,
+        params,
+        series,
+        ratios: Vec::new(),
+        notes,
+    };
+    report.compute_ratios();
+    Ok(report)
+}
+
+/// The pod the bench creates.
+fn bench_pod(name: &str, node: &str, run_id: &str) -> Result<Pod> {
+    skiff_api::manifest::decode(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {RUN_LABEL: run_id}},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 5,
+            "containers": [{"name": "main", "image": "host", "command": COMMAND}],
+        },
+    }))
+    .context("building the benchmark pod")
+}
+
+/// Running, with every container running.
+fn is_running(p: &Pod) -> bool {
+    let Some(st) = &p.status else {
+        return false;
+    };
+    st.phase == "Running"
+        && !st.container_statuses.is_empty()
+        && st
+            .container_statuses
+            .iter()
+            .all(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+}
+
+/// `err` followed by the end of the agent's log.
+fn with_agent_log(err: anyhow::Error, node: &Node) -> anyhow::Error {
+    let log = node.agent_log();
+    let lines: Vec<&str> = log.lines().collect();
+    let tail = lines[lines.len().saturating_sub(30)..].join("\n");
+    anyhow::anyhow!("{err:#}\nagent log (last 30 lines):\n{tail}")
+}
+
+async fn wait_node_ready(client: &Client, name: &str) -> Result<()> {
+    let nodes = client.cluster::<ApiNode>();
+    let deadline = Instant::now() + NODE_READY_TIMEOUT;
+    loop {
+        let ready = nodes.get_opt(name).await.ok().flatten().is_some_and(|n| {
+            n.status.is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.r#type == "Ready" && c.status == "True")
+            })
+        });
+        if ready {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!("node {name} not Ready within {NODE_READY_TIMEOUT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Creates the pods `names`, `concurrency` at a time; returns when each create call started.
+async fn create_all(
+    pods: &Api<Pod>,
+    names: &[String],
+    concurrency: usize,
+    make: impl Fn(&String) -> Result<Pod>,
+) -> Result<HashMap<String, Instant>> {
+    let objects: Vec<(String, Pod)> = names
+        .iter()
+        .map(|n| Ok((n.clone(), make(n)?)))
+        .collect::<Result<_>>()?;
+    futures::stream::iter(objects)
+        .map(|(name, pod)| async move {
+            let t0 = Instant::now();
+            pods.create(&pod)
+                .await
+                .with_context(|| format!("creating pod {name}"))?;
+            Ok::<_, anyhow::Error>((name, t0))
+        })
+        .buffer_unordered(concurrency)
+        .try_collect()
+        .await
+}
+
+async fn delete_all(pods: &Api<Pod>, names: &[String], concurrency: usize) -> Result<()> {
+    futures::stream::iter(names)
+        .map(|name| async move {
+            match pods.delete(name, &DeleteParams::default()).await {
+                Err(e) if !e.is_not_found() => {
+                    Err(e).with_context(|| format!("deleting pod {name}"))
+                }
+                _ => Ok(()),
+            }
+        })
+        .buffer_unordered(concurrency)
+        .try_collect()
+        .await
+}
+
+/// What the watch task reports.
+enum Seen {
+    /// A (re)list of the pods completed.
+    Listed,
+    Running(String, Instant),
+    Deleted(String),
+}
+
+/// One reflector on the run's pods, in a task that timestamps events as they arrive.
+/// Dropping it stops the task.
+struct PodWatch {
+    task: tokio::task::JoinHandle<()>,
+    events: mpsc::UnboundedReceiver<Seen>,
+    running: HashMap<String, Instant>,
+    deleted: HashSet<String>,
+    lists: usize,
+}
+
+impl PodWatch {
+    /// Starts the watch and waits until its initial list is done, so no pod created after
+    /// this returns can be missed.
+    async fn start(pods: Api<Pod>, run_id: &str) -> Result<PodWatch> {
+        let lp = ListParams::default().labels(&format!("{RUN_LABEL}={run_id}"));
+        let (tx, events) = mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            let mut stream = std::pin::pin!(reflector(pods, lp));
+            let mut running = HashSet::new();
+            while let Some(ev) = stream.next().await {
+                let now = Instant::now();
+                let mut seen = Vec::new();
+                match ev {
+                    Event::Restarted(items) => {
+                        seen.push(Seen::Listed);
+                        for p in items.iter().filter(|p| is_running(p)) {
+                            if running.insert(skiff_api::Resource::name(p).to_string()) {
+                                seen.push(Seen::Running(
+                                    skiff_api::Resource::name(p).to_string(),
+                                    now,
+                                ));
+                            }
+                        }
+                    }
+                    Event::Applied(p) => {
+                        let name = skiff_api::Resource::name(&p).to_string();
+                        if is_running(&p) && running.insert(name.clone()) {
+                            seen.push(Seen::Running(name, now));
+                        }
+                    }
+                    Event::Deleted(p) => {
+                        seen.push(Seen::Deleted(skiff_api::Resource::name(&p).to_string()));
+                    }
+                }
+                for s in seen {
+                    if tx.send(s).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        let mut watch = PodWatch {
+            task,
+            events,
+            running: HashMap::new(),
+            deleted: HashSet::new(),
+            lists: 0,
+        };
+        let deadline = Instant::now() + WATCH_START_TIMEOUT;
+        while watch.lists == 0 {
+            watch
+                .next(deadline)
+                .await
+                .context("starting the pod watch")?;
+        }
+        Ok(watch)
+    }
+
+    /// Handles the next event; fails at `deadline`.
+    async fn next(&mut self, deadline: Instant) -> Result<()> {
+        let ev = tokio::time::timeout_at(deadline.into(), self.events.recv())
+            .await
+            .context("timed out")?
+            .context("the watch task ended")?;
+        match ev {
+            Seen::Listed => self.lists += 1,
+            Seen::Running(name, at) => {
+                self.running.entry(name).or_insert(at);
+            }
+            Seen::Deleted(name) => {
+                self.deleted.insert(name);
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until every pod in `names` has been seen Running; returns when each was.
+    async fn wait_running(
+        &mut self,
+        names: &[String],
+        timeout: Duration,
+    ) -> Result<HashMap<String, Instant>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let missing: Vec<&String> = names
+                .iter()
+                .filter(|n| !self.running.contains_key(*n))
+                .collect();
+            if missing.is_empty() {
+                break;
+            }
+            if let Err(e) = self.next(deadline).await {
+                return Err(e).with_context(|| {
+                    format!(
+                        "{} of {} pods not seen Running within {timeout:?}, e.g. {:?}",
+                        missing.len(),
+                        names.len(),
+                        &missing[..missing.len().min(5)]
+                    )
+                });
+            }
+        }
+        Ok(names.iter().map(|n| (n.clone(), self.running[n])).collect())
+    }
+
+    /// Waits until every pod in `names` has been seen deleted.
+    async fn wait_deleted(&mut self, names: &[String], timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let missing = names.iter().filter(|n| !self.deleted.contains(*n)).count();
+            if missing == 0 {
+                return Ok(());
+            }
+            self.next(deadline).await.with_context(|| {
+                format!(
+                    "{missing} of {} pods not seen deleted within {timeout:?}",
+                    names.len()
+                )
+            })?;
+        }
+    }
+
+    /// How many times the reflector listed (1: the watch never had to be re-established).
+    fn lists(&self) -> usize {
+        self.lists
+    }
+}
+
+impl Drop for PodWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_status(status: serde_json::Value) -> Pod {
+        let mut p = bench_pod("p", "n", "r").unwrap();
+        let full: Pod = skiff_api::manifest::decode(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "status": status,
+        }))
+        .unwrap();
+        p.status = full.status;
+        p
+    }
+
+    #[test]
+    fn bench_pod_is_bound_and_labelled() {
+        let p = bench_pod("pod-x-1", "node-a", "x").unwrap();
+        let spec = p.spec.as_ref().unwrap();
+        assert_eq!(spec.node_name, "node-a");
+        assert_eq!(spec.containers[0].command, COMMAND);
+        assert_eq!(spec.containers[0].image, "host");
+        assert_eq!(p.metadata.as_ref().unwrap().labels[RUN_LABEL], "x");
+    }
+
+    #[test]
+    fn running_needs_phase_and_every_container() {
+        assert!(!is_running(&bench_pod("p", "n", "r").unwrap()));
+        assert!(!is_running(&with_status(
+            serde_json::json!({"phase": "Pending"})
+        )));
+        assert!(!is_running(&with_status(
+            serde_json::json!({"phase": "Running"})
+        )));
+        assert!(!is_running(&with_status(serde_json::json!({
+            "phase": "Running",
+            "containerStatuses": [
+                {"name": "a", "state": {"running": {}}},
+                {"name": "b", "state": {"waiting": {"reason": "ContainerCreating"}}},
+            ],
+        }))));
+        assert!(is_running(&with_status(serde_json::json!({
+            "phase": "Running",
+            "containerStatuses": [{"name": "main", "state": {"running": {}}}],
+        }))));
+    }
+}
