@@ -32,7 +32,8 @@ pub struct PurgeConfig {
     pub grace: Duration,
 }
 
-fn remove_cgroup_tree(dir: &Path) -> std::io::Result<()> {
+/// Removes a cgroup directory and its descendants, bottom-up (each must hold no processes).
+pub fn remove_cgroup_tree(dir: &Path) -> std::io::Result<()> {
     if !dir.exists() {
         return Ok(());
     }

@@ -132,24 +132,13 @@ impl Drop for Procs {
         if let Some(parent) = &self.cgroup_parent {
             let _ = std::fs::write(parent.join("cgroup.kill"), "1");
             let deadline = Instant::now() + Duration::from_secs(5);
-            while remove_cgroup_tree(parent).is_err() && Instant::now() < deadline {
+            while skiff_node::purge::remove_cgroup_tree(parent).is_err()
+                && Instant::now() < deadline
+            {
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
     }
-}
-
-fn remove_cgroup_tree(dir: &Path) -> std::io::Result<()> {
-    if !dir.exists() {
-        return Ok(());
-    }
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        if entry.file_type()?.is_dir() {
-            remove_cgroup_tree(&entry.path())?;
-        }
-    }
-    std::fs::remove_dir(dir)
 }
 
 /// Polls `/proc/<pid>/comm` until the process runs `comm` (it has exec'd the command).

@@ -5,6 +5,7 @@ use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
@@ -109,9 +110,17 @@ pub fn processes_with_args(needles: &[&str]) -> Vec<(u32, PathBuf)> {
 }
 
 /// The one process whose arguments include `needles`, checked to run an executable from
-/// `bin_dir` (so a release bench measures release binaries). Returns its executable.
+/// `bin_dir` (so a release bench measures release binaries). Returns its executable. Waits
+/// up to 10 s for it to appear: `spawn` may return before the child has exec'd.
 pub fn verify_process(what: &str, needles: &[&str], bin_dir: &Path) -> Result<PathBuf> {
-    let procs = processes_with_args(needles);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let procs = loop {
+        let procs = processes_with_args(needles);
+        if procs.len() == 1 || Instant::now() >= deadline {
+            break procs;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     let [(pid, exe)] = procs.as_slice() else {
         bail!(
             "expected one {what} process with arguments {needles:?}, found {}",
@@ -164,6 +173,9 @@ pub fn environment() -> Environment {
         kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
             .map(|s| s.trim().to_string())
             .unwrap_or_default(),
+        loadavg: std::fs::read_to_string("/proc/loadavg")
+            .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+            .unwrap_or_default(),
         profile: profile().into(),
         binaries: Default::default(),
     }
@@ -203,8 +215,15 @@ mod tests {
             .arg("30.123456")
             .spawn()
             .expect("spawn sleep");
-        // The child has exec'd once spawn returns.
-        let found = processes_with_args(&["30.123456"]);
+        // spawn may return before the child has exec'd: poll (bounded).
+        let mut found = Vec::new();
+        for _ in 0..250 {
+            found = processes_with_args(&["30.123456"]);
+            if !found.is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = child.kill();
         let _ = child.wait();
         assert_eq!(found.len(), 1, "{found:?}");

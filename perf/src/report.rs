@@ -18,6 +18,8 @@ use crate::stats::Summary;
 pub enum Role {
     Skiff,
     Baseline,
+    /// A part of a Skiff measurement, shown for diagnosis; no ratio.
+    Detail,
 }
 
 /// One measured series.
@@ -30,8 +32,9 @@ pub struct Series {
     pub summary: Summary,
     /// Every sample, in the order the items were started.
     pub samples_ms: Vec<f64>,
-    /// Wall time of the whole measured phase (all items, with the run's concurrency).
-    pub wall_ms: f64,
+    /// Wall time of the whole measured phase (all items, with the run's concurrency); none
+    /// for a [`Role::Detail`] series.
+    pub wall_ms: Option<f64>,
 }
 
 impl Series {
@@ -41,7 +44,7 @@ impl Series {
         role: Role,
         measures: &str,
         samples: &[Duration],
-        wall: Duration,
+        wall: Option<Duration>,
     ) -> Result<Series> {
         let summary = Summary::of(samples).with_context(|| format!("series {name}: no samples"))?;
         Ok(Series {
@@ -50,7 +53,7 @@ impl Series {
             measures: measures.to_string(),
             summary,
             samples_ms: samples.iter().map(|d| d.as_secs_f64() * 1e3).collect(),
-            wall_ms: wall.as_secs_f64() * 1e3,
+            wall_ms: wall.map(|w| w.as_secs_f64() * 1e3),
         })
     }
 }
@@ -71,6 +74,8 @@ pub struct Environment {
     pub cpus: usize,
     pub cpu_model: String,
     pub kernel: String,
+    /// `/proc/loadavg` when the suite started: other work on a shared machine adds noise.
+    pub loadavg: String,
     /// `release` or `debug`: how the bench and the binaries it runs were built.
     pub profile: String,
     /// Executable of each process the suite started, as the kernel reports it.
@@ -181,7 +186,7 @@ impl SuiteReport {
                 fmt_ms(m.p99),
                 fmt_ms(m.max),
                 fmt_ms(m.mean),
-                fmt_ms(s.wall_ms)
+                s.wall_ms.map_or_else(|| "–".to_string(), fmt_ms)
             );
         }
         if !self.ratios.is_empty() {
@@ -214,6 +219,7 @@ impl SuiteReport {
         let _ = writeln!(md, "- commit: {}", e.commit);
         let _ = writeln!(md, "- host: {} CPUs, {}", e.cpus, e.cpu_model);
         let _ = writeln!(md, "- kernel: {}", e.kernel);
+        let _ = writeln!(md, "- load average at start: {}", e.loadavg);
         let _ = writeln!(md, "- build profile: {}", e.profile);
         for (what, exe) in &e.binaries {
             let _ = writeln!(md, "- {what}: `{exe}`");
@@ -286,7 +292,7 @@ mod tests {
                     Role::Skiff,
                     "create → Running",
                     &ms(&[100, 200, 300]),
-                    Duration::from_millis(400),
+                    Some(Duration::from_millis(400)),
                 )
                 .unwrap(),
                 Series::new(
@@ -294,9 +300,10 @@ mod tests {
                     Role::Baseline,
                     "spawn",
                     &ms(&[1, 2, 3]),
-                    Duration::from_millis(5),
+                    Some(Duration::from_millis(5)),
                 )
                 .unwrap(),
+                Series::new("skiff part", Role::Detail, "a part", &ms(&[1]), None).unwrap(),
             ],
             ratios: vec![],
             notes: vec!["a note".into()],
@@ -308,7 +315,7 @@ mod tests {
     #[test]
     fn ratios_are_skiff_over_baseline() {
         let r = report();
-        assert_eq!(r.ratios.len(), 1);
+        assert_eq!(r.ratios.len(), 1, "details get no ratio");
         assert_eq!(r.ratios[0].p50, 100.0);
         assert_eq!(r.ratios[0].p99, 100.0);
     }
@@ -325,6 +332,7 @@ mod tests {
         let md = r.markdown("x.json");
         assert!(md.contains("| skiff | 3 | 200.0 | 300.0 | 300.0 | 300.0 | 200.0 | 400.0 |"));
         assert!(md.contains("| skiff / fork+exec | 100x | 100x |"), "{md}");
+        assert!(md.contains("| skiff part | 1 | 1.00 | 1.00 | 1.00 | 1.00 | 1.00 | – |"));
         assert!(md.contains("- a note"));
         assert!(md.contains("`x.json`"));
     }

@@ -8,6 +8,7 @@
 //!   type generically.
 //! - [`manifest`]: strict decoding of YAML/JSON manifests, with the path of a bad field.
 //! - [`selector`]: label and field selectors.
+//! - [`quantity`]: Kubernetes resource quantities (`500m`, `64Mi`) as integers.
 
 pub mod api {
     #![allow(clippy::all)]
@@ -20,6 +21,7 @@ pub mod rpc {
 }
 
 pub mod manifest;
+pub mod quantity;
 mod resource;
 pub mod selector;
 pub mod serde_util;

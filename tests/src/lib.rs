@@ -361,7 +361,9 @@ impl Drop for Node {
         }
         // Wait for the cgroups to empty, then remove them bottom-up.
         let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline && remove_cgroup_tree(&self.cgroup_parent).is_err() {
+        while Instant::now() < deadline
+            && skiff_node::purge::remove_cgroup_tree(&self.cgroup_parent).is_err()
+        {
             std::thread::sleep(Duration::from_millis(50));
         }
         let _ = run_ip(&["netns", "del", &self.netns]);
@@ -373,19 +375,6 @@ impl Drop for Node {
         let _ = std::fs::remove_dir(&pins);
         let _ = std::fs::remove_dir("/sys/fs/bpf/skiff");
     }
-}
-
-fn remove_cgroup_tree(dir: &Path) -> std::io::Result<()> {
-    if !dir.exists() {
-        return Ok(());
-    }
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        if entry.file_type()?.is_dir() {
-            remove_cgroup_tree(&entry.path())?;
-        }
-    }
-    std::fs::remove_dir(dir)
 }
 
 /// The cgroup v2 mount point (hybrid hosts mount it at /sys/fs/cgroup/unified).

@@ -162,12 +162,36 @@ async fn agent_runs_pods_end_to_end() {
         "metadata": {"name": "client"},
         "spec": {"nodeName": node_name, "containers": [
             {"name": "c", "image": "host",
+             "resources": {"limits": {"memory": "64Mi"}},
              "command": reach(&format!("http://{web_ip}:8080/"), &m("podip-ok"))},
         ]}
     })))
     .await
     .expect("create client");
-    running(&pods, "client", &["c"]).await;
+    let client_pod = running(&pods, "client", &["c"]).await;
+    // A memory limit this host cannot enforce (no memory controller in cgroup v2) is said so
+    // in the pod's status; where the controller exists, it is enforced and nothing is said.
+    let v2 = skiff_tests::cgroup2_root();
+    let has_memory = std::fs::read_to_string(v2.join("cgroup.controllers"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .any(|c| c == "memory");
+    let limits = client_pod
+        .status
+        .as_ref()
+        .and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.r#type == skiff_node_limits())
+        })
+        .cloned();
+    if has_memory {
+        assert!(limits.is_none(), "{limits:?}");
+    } else {
+        let c = limits.expect("a ResourceLimitsEnforced condition");
+        assert_eq!(c.status, "False");
+        assert!(c.message.contains("memory"), "{}", c.message);
+    }
     eventually("second pod reached the first by pod IP", T, || async {
         m("podip-ok").exists().then_some(()).ok_or_else(String::new)
     })

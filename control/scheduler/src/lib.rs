@@ -27,11 +27,11 @@
 
 pub mod affinity;
 pub mod cache;
-pub mod events;
 pub mod framework;
 pub mod hollow;
 pub mod plugins;
-pub mod quantity;
+/// Quantities are parsed by the API crate, shared with the node agent.
+pub use skiff_api::quantity;
 pub mod queue;
 pub mod resources;
 pub mod scheduler;

@@ -18,9 +18,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinHandle;
 
 use crate::cache::{Cache, NodeChange, PodInfo, Snapshot};
-use crate::events::{EventRecorder, NORMAL, WARNING};
 use crate::framework::{Algorithm, Profile};
 use crate::queue::{BackoffPolicy, ClusterChange, QueueCounts, SchedulingQueue};
+use skiff_client::runtime::{EventRecorder, EventType};
 
 /// The scheduler name pods get by default.
 pub const DEFAULT_SCHEDULER_NAME: &str = "default-scheduler";
@@ -491,13 +491,10 @@ async fn bind(shared: Arc<Shared>, pod: Arc<Pod>, node: String, permit: OwnedSem
             shared.stats.scheduled.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(pod = %key, %node, "bound");
             let message = format!("Successfully assigned {key} to {node}");
-            if let Err(e) = shared
+            shared
                 .events
-                .pod_event(&pod, NORMAL, "Scheduled", "Binding", &message)
-                .await
-            {
-                tracing::debug!(pod = %key, error = %e, "could not record the Scheduled event");
-            }
+                .publish(&*pod, EventType::Normal, "Scheduled", &message)
+                .await;
         }
         Err(e) => {
             shared.cache().forget_pod(&key);
@@ -518,13 +515,10 @@ async fn bind(shared: Arc<Shared>, pod: Arc<Pod>, node: String, permit: OwnedSem
             }
             tracing::warn!(pod = %key, %node, error = %e, "binding failed, will retry");
             let message = format!("Binding rejected: {e}");
-            if let Err(e) = shared
+            shared
                 .events
-                .pod_event(&pod, WARNING, "FailedScheduling", "Scheduling", &message)
-                .await
-            {
-                tracing::debug!(pod = %key, error = %e, "could not record event");
-            }
+                .publish(&*pod, EventType::Warning, "FailedScheduling", &message)
+                .await;
             let cache = shared.cache();
             if !cache.has_pod(&key) {
                 shared.queue.retry_after_error(pod);
@@ -543,13 +537,10 @@ async fn report_unschedulable(
     _permit: OwnedSemaphorePermit,
 ) {
     let key = object_key(&*pod);
-    if let Err(e) = shared
+    shared
         .events
-        .pod_event(&pod, WARNING, "FailedScheduling", "Scheduling", &message)
-        .await
-    {
-        tracing::debug!(pod = %key, error = %e, "could not record the FailedScheduling event");
-    }
+        .publish(&*pod, EventType::Warning, "FailedScheduling", &message)
+        .await;
     if let Err(e) = set_unschedulable_condition(&shared.client, (*pod).clone(), &message).await {
         tracing::warn!(pod = %key, error = %e, "could not set PodScheduled=False");
     }

@@ -17,8 +17,7 @@ use crate::host::HostReport;
 
 /// Namespace of node leases, as in Kubernetes.
 pub const LEASE_NAMESPACE: &str = "kube-node-lease";
-/// Condition type naming the resource limits this node cannot enforce.
-pub const LIMITS_CONDITION: &str = "ResourceLimitsEnforced";
+pub use super::status::LIMITS_CONDITION;
 
 fn micro(t: SystemTime) -> String {
     DateTime::<Utc>::from(t).to_rfc3339_opts(SecondsFormat::Micros, true)

@@ -11,6 +11,9 @@ use skiff_api::api::{
 
 use crate::runtime::ContainerState;
 
+/// Pod (and Node) condition type saying which resource limits the node cannot enforce.
+pub const LIMITS_CONDITION: &str = "ResourceLimitsEnforced";
+
 /// RFC 3339 in UTC with seconds precision, as Kubernetes writes timestamps.
 pub fn rfc3339(t: SystemTime) -> String {
     DateTime::<Utc>::from(t).to_rfc3339_opts(SecondsFormat::Secs, true)
@@ -43,7 +46,7 @@ pub fn should_restart(policy: &str, exit_code: i32) -> bool {
     }
 }
 
-fn terminated(state: &ContainerState) -> Option<ContainerStateTerminated> {
+pub fn terminated(state: &ContainerState) -> Option<ContainerStateTerminated> {
     match state {
         ContainerState::Exited {
             exit_code,
@@ -167,6 +170,8 @@ pub struct PodFacts<'a> {
     pub start_time: Option<SystemTime>,
     /// Why the pod cannot run at all (bad spec, sandbox failure): (reason, message).
     pub failure: Option<(&'a str, String)>,
+    /// Limits the pod asks for that this node cannot enforce (one entry per limit kind).
+    pub limits_not_enforced: Vec<String>,
     pub now: SystemTime,
 }
 
@@ -189,6 +194,15 @@ pub fn pod_status(pod: &Pod, containers: &[ContainerView], facts: &PodFacts<'_>)
     conditions.push(condition("Initialized", true, &now, &previous));
     conditions.push(condition("ContainersReady", all_ready, &now, &previous));
     conditions.push(condition("Ready", all_ready, &now, &previous));
+    if !facts.limits_not_enforced.is_empty() {
+        let mut c = condition(LIMITS_CONDITION, false, &now, &previous);
+        c.reason = "CgroupControllersMissing".into();
+        c.message = format!(
+            "limits not enforced on this node: {}",
+            facts.limits_not_enforced.join("; ")
+        );
+        conditions.push(c);
+    }
     let (reason, message) = match &facts.failure {
         Some((r, m)) => (r.to_string(), m.clone()),
         None => (String::new(), String::new()),
@@ -309,6 +323,7 @@ mod tests {
             host_ip: None,
             start_time: Some(SystemTime::UNIX_EPOCH),
             failure: None,
+            limits_not_enforced: vec![],
             now: SystemTime::UNIX_EPOCH,
         };
         let s = pod_status(&pod, &[c.clone()], &facts);
@@ -341,6 +356,7 @@ mod tests {
             host_ip: None,
             start_time: None,
             failure: None,
+            limits_not_enforced: vec![],
             now: SystemTime::UNIX_EPOCH + Duration::from_secs(secs),
         };
         let s1 = pod_status(&pod, &[view(running())], &facts(10));
@@ -348,5 +364,25 @@ mod tests {
         let s2 = pod_status(&pod, &[view(running())], &facts(20));
         assert_eq!(s1.conditions, s2.conditions);
         assert!(same_status(&s1, &s2));
+    }
+
+    #[test]
+    fn unenforced_limits_show_as_a_condition() {
+        let facts = PodFacts {
+            pod_ip: None,
+            host_ip: None,
+            start_time: None,
+            failure: None,
+            limits_not_enforced: vec!["memory: controller missing from cgroup v2".into()],
+            now: SystemTime::UNIX_EPOCH,
+        };
+        let s = pod_status(&Pod::default(), &[view(running())], &facts);
+        let c = s
+            .conditions
+            .iter()
+            .find(|c| c.r#type == LIMITS_CONDITION)
+            .unwrap();
+        assert_eq!(c.status, "False");
+        assert!(c.message.contains("memory"), "{}", c.message);
     }
 }

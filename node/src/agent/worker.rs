@@ -10,8 +10,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use skiff_api::Resource;
 use skiff_api::api::{Container, ContainerStateTerminated, Pod, PodStatus};
+use skiff_api::{Resource, quantity};
 use skiff_client::{ClientError, DeleteParams, Preconditions};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
@@ -88,41 +88,15 @@ fn grace_of(pod: &Pod) -> Duration {
     Duration::from_secs(secs.max(0) as u64)
 }
 
-/// Parses a Kubernetes quantity of CPU into millicores (`500m`, `1`, `1.5`).
-fn cpu_millis(q: &str) -> Option<u64> {
-    if let Some(m) = q.strip_suffix('m') {
-        return m.parse().ok();
-    }
-    q.parse::<f64>().ok().map(|c| (c * 1000.0).round() as u64)
-}
-
-/// Parses a memory quantity into bytes (`64Mi`, `1G`, `1000`).
-fn bytes(q: &str) -> Option<u64> {
-    const UNITS: [(&str, u64); 8] = [
-        ("Ki", 1 << 10),
-        ("Mi", 1 << 20),
-        ("Gi", 1 << 30),
-        ("Ti", 1 << 40),
-        ("k", 1000),
-        ("M", 1_000_000),
-        ("G", 1_000_000_000),
-        ("T", 1_000_000_000_000),
-    ];
-    for (suffix, mult) in UNITS {
-        if let Some(n) = q.strip_suffix(suffix) {
-            return n.parse::<u64>().ok().map(|n| n * mult);
-        }
-    }
-    q.parse().ok()
-}
-
 fn limits_of(c: &Container) -> Limits {
     let limits = c.resources.as_ref().map(|r| &r.limits);
     let get = |k: &str| limits.and_then(|l| l.get(k)).map(String::as_str);
+    let milli = |k| get(k).and_then(|q| quantity::parse_milli(q).ok());
+    let value = |k| get(k).and_then(|q| quantity::parse_value(q).ok());
     Limits {
-        cpu_millis: get("cpu").and_then(cpu_millis),
-        memory_bytes: get("memory").and_then(bytes),
-        pids: get("pids").and_then(|p| p.parse().ok()),
+        cpu_millis: milli("cpu").and_then(|m| u64::try_from(m).ok()),
+        memory_bytes: value("memory").and_then(|v| u64::try_from(v).ok()),
+        pids: value("pids").and_then(|v| u64::try_from(v).ok()),
     }
 }
 
@@ -428,7 +402,7 @@ impl Worker {
                 if track.handled_exit != Some(finished_at) {
                     track.handled_exit = Some(finished_at);
                     if let Some(ContainerState::Exited { .. }) = &state {
-                        track.last_terminated = status_terminated(state.as_ref());
+                        track.last_terminated = state.as_ref().and_then(status::terminated);
                     }
                     info!(pod = %pod_name, container = %c.name, exit_code, reason = %reason, "container exited");
                     if status::should_restart(policy, exit_code) {
@@ -619,6 +593,17 @@ impl Worker {
             .collect()
     }
 
+    /// The limits of the pod's containers that this node cannot enforce.
+    fn limits_not_enforced(&self) -> Vec<String> {
+        let mut out: Vec<String> = containers(&self.pod)
+            .iter()
+            .flat_map(|c| self.ctx.runtime.limit_report(&limits_of(c)).not_enforced)
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// Writes the pod's status if it changed. Returns false if the write must be retried.
     async fn write_status(&mut self) -> bool {
         let mut states = BTreeMap::new();
@@ -639,6 +624,7 @@ impl Worker {
             host_ip: self.ctx.host_ip.clone(),
             start_time: self.start_time,
             failure: self.failure.clone(),
+            limits_not_enforced: self.limits_not_enforced(),
             now: SystemTime::now(),
         };
         let status = status::pod_status(&self.pod, &self.views(&states), &facts);
@@ -727,42 +713,9 @@ impl Worker {
     }
 }
 
-fn status_terminated(state: Option<&ContainerState>) -> Option<ContainerStateTerminated> {
-    match state? {
-        ContainerState::Exited {
-            exit_code,
-            signal,
-            started_at,
-            finished_at,
-            reason,
-            message,
-        } => Some(ContainerStateTerminated {
-            exit_code: *exit_code,
-            signal: signal.unwrap_or(0),
-            reason: reason.clone(),
-            message: message.clone(),
-            started_at: status::rfc3339(*started_at),
-            finished_at: status::rfc3339(*finished_at),
-            container_id: String::new(),
-        }),
-        ContainerState::Running { .. } => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn quantities() {
-        assert_eq!(cpu_millis("500m"), Some(500));
-        assert_eq!(cpu_millis("1.5"), Some(1500));
-        assert_eq!(cpu_millis("2"), Some(2000));
-        assert_eq!(bytes("64Mi"), Some(64 << 20));
-        assert_eq!(bytes("1G"), Some(1_000_000_000));
-        assert_eq!(bytes("1000"), Some(1000));
-        assert_eq!(bytes("lots"), None);
-    }
 
     #[test]
     fn container_spec_errors_name_the_field() {

@@ -33,7 +33,8 @@ struct Args {
     /// Pods per series [default: 50, 3 with --quick].
     #[arg(long, value_name = "N")]
     pods: Option<usize>,
-    /// Creations in flight at once.
+    /// Starts in flight at once, the same for Skiff (a pod start: create → Running) and the
+    /// baselines (a process start: spawn → running the command).
     #[arg(long, value_name = "C", default_value_t = 10)]
     concurrency: usize,
     /// Unmeasured starts before each series.

@@ -14,7 +14,7 @@ pub struct Options {
     pub quick: bool,
     /// Pods (or processes) per series; `None`: the suite's default (smaller with `quick`).
     pub pods: Option<usize>,
-    /// How many creations are in flight at once.
+    /// How many starts (create → running) are in flight at once.
     pub concurrency: usize,
     /// Unmeasured starts before each series.
     pub warmup: usize,

@@ -4,7 +4,8 @@
 //! One run: the real API server (embedded store) and one real node agent (its node in a network
 //! namespace of its own) from the `skiff-tests` harness; the baselines while that cluster is
 //! idle; then one watch on the bench's pods, opened before the first create, and N pods bound
-//! to the node (`spec.nodeName`), created `concurrency` at a time. Afterwards every pod is
+//! to the node (`spec.nodeName`), with at most `concurrency` pod starts (create → Running) in
+//! flight, as the baselines have at most `concurrency` process starts. Afterwards every pod is
 //! deleted and the bench waits (bounded) until the watch has seen them all go; the harness
 //! then removes the agent, the pods' processes, namespaces and cgroups, also on failure.
 
@@ -18,7 +19,7 @@ use skiff_api::api::{Node as ApiNode, Pod};
 use skiff_client::reflector::{Event, reflector};
 use skiff_client::{Api, Client, DeleteParams, ListParams};
 use skiff_tests::{ApiServer, Backend, Node};
-use tokio::sync::mpsc;
+use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::Options;
@@ -70,6 +71,7 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
     let started_at = chrono::Utc::now();
     let run_id = skiff_tests::unique();
     let node_name = format!("perf-{run_id}");
+    let mut env = host::environment();
 
     info!(
         suite = NAME,
@@ -81,7 +83,6 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
     let node = Node::start(&server, &node_name, POD_CIDR);
     let (node_netns, node_cgroup) = (node.netns_path(), node.cgroup_parent.clone());
 
-    let mut env = host::environment();
     let listen = server.addr.to_string();
     let apiserver_exe = host::verify_process("skiff-apiserver", &["--listen", &listen], &bin_dir)?;
     let agent_exe = host::verify_process(
@@ -118,13 +119,13 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
             Role::Baseline,
             &b.measures(COMMAND),
             &samples,
-            wall,
+            Some(wall),
         )?);
     }
 
     // Skiff.
     let pods = client.namespaced::<Pod>(NAMESPACE);
-    let mut watch = PodWatch::start(pods.clone(), &run_id).await?;
+    let watch = PodWatch::start(pods.clone(), &run_id).await?;
     let warm: Vec<String> = (0..warmup)
         .map(|i| format!("warmup-{run_id}-{i}"))
         .collect();
@@ -132,23 +133,31 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
     let make = |name: &String| bench_pod(name, &node_name, &run_id);
 
     info!(pods = warmup, "warm-up pods");
-    create_all(&pods, &warm, 1, make).await?;
-    watch
-        .wait_running(&warm, running_timeout(warmup))
+    start_pods(&pods, &watch, &warm, 1, make)
         .await
         .map_err(|e| with_agent_log(e, &node))?;
 
     info!(pods = n, concurrency = c, "measured pods");
     let t0 = Instant::now();
-    let created = create_all(&pods, &measured, c, make).await?;
-    let running = watch
-        .wait_running(&measured, running_timeout(n))
+    let starts = start_pods(&pods, &watch, &measured, c, make)
         .await
         .map_err(|e| with_agent_log(e, &node))?;
     let wall = t0.elapsed();
     let samples: Vec<Duration> = measured
         .iter()
-        .map(|name| running[name].saturating_duration_since(created[name]))
+        .map(|name| {
+            starts[name]
+                .running
+                .saturating_duration_since(starts[name].create)
+        })
+        .collect();
+    let create_calls: Vec<Duration> = measured
+        .iter()
+        .map(|name| {
+            starts[name]
+                .created
+                .saturating_duration_since(starts[name].create)
+        })
         .collect();
     series.insert(
         0,
@@ -160,9 +169,17 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
              status.phase Running and every container state running, timestamped when the \
              bench receives it",
             &samples,
-            wall,
+            Some(wall),
         )?,
     );
+    series.push(Series::new(
+        "skiff create call",
+        Role::Detail,
+        "the create call alone: just before the gRPC call → its response (the pod is \
+         stored); part of the skiff series",
+        &create_calls,
+        None,
+    )?);
 
     // Delete everything the bench created and wait until the watch has seen it go.
     info!("deleting the pods");
@@ -207,7 +224,8 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
         format!(
             "All series ran in this one run on this machine: the baselines first (with the API \
              server and the agent up and idle), then Skiff. Each series starts its {n} items \
-             {c} at a time, after {warmup} unmeasured warm-up start(s)."
+             with at most {c} starts in flight (a start ends when the process runs / the watch \
+             shows the pod Running), after {warmup} unmeasured warm-up start(s)."
         ),
         format!(
             "Pods: one container, image `host`, command `{}`, spec.nodeName set (no scheduler).",
@@ -299,28 +317,59 @@ async fn wait_node_ready(client: &Client, name: &str) -> Result<()> {
     }
 }
 
-/// Creates the pods `names`, `concurrency` at a time; returns when each create call started.
-async fn create_all(
+/// The instants of one pod start.
+struct Start {
+    /// Just before the create call.
+    create: Instant,
+    /// The create call returned.
+    created: Instant,
+    /// The watch delivered the pod Running.
+    running: Instant,
+}
+
+/// Starts the pods `names` with at most `concurrency` starts (create → Running) in flight,
+/// like the baselines' process starts; fails if they take longer than [`running_timeout`].
+async fn start_pods(
     pods: &Api<Pod>,
+    watch: &PodWatch,
     names: &[String],
     concurrency: usize,
     make: impl Fn(&String) -> Result<Pod>,
-) -> Result<HashMap<String, Instant>> {
+) -> Result<HashMap<String, Start>> {
     let objects: Vec<(String, Pod)> = names
         .iter()
         .map(|n| Ok((n.clone(), make(n)?)))
         .collect::<Result<_>>()?;
-    futures::stream::iter(objects)
+    let timeout = running_timeout(names.len());
+    let deadline = Instant::now() + timeout;
+    let all = futures::stream::iter(objects)
         .map(|(name, pod)| async move {
-            let t0 = Instant::now();
+            let create = Instant::now();
             pods.create(&pod)
                 .await
                 .with_context(|| format!("creating pod {name}"))?;
-            Ok::<_, anyhow::Error>((name, t0))
+            let created = Instant::now();
+            let running = match watch.running(&name, deadline).await {
+                Ok(at) => at,
+                Err(e) => {
+                    let status = pods.get(&name).await.map(|p| p.status);
+                    return Err(e.context(format!("pod {name} status: {status:?}")));
+                }
+            };
+            Ok::<_, anyhow::Error>((
+                name,
+                Start {
+                    create,
+                    created,
+                    running,
+                },
+            ))
         })
         .buffer_unordered(concurrency)
-        .try_collect()
+        .try_collect();
+    tokio::time::timeout_at(deadline.into(), all)
         .await
+        .with_context(|| format!("{} pods not all Running within {timeout:?}", names.len()))?
 }
 
 async fn delete_all(pods: &Api<Pod>, names: &[String], concurrency: usize) -> Result<()> {
@@ -338,22 +387,21 @@ async fn delete_all(pods: &Api<Pod>, names: &[String], concurrency: usize) -> Re
         .await
 }
 
-/// What the watch task reports.
-enum Seen {
-    /// A (re)list of the pods completed.
-    Listed,
-    Running(String, Instant),
-    Deleted(String),
+/// What the pod watch has seen.
+#[derive(Debug, Default)]
+struct Seen {
+    /// Completed (re)lists; more than 1: the watch was re-established.
+    lists: usize,
+    /// When each pod was first seen Running.
+    running: HashMap<String, Instant>,
+    deleted: HashSet<String>,
 }
 
 /// One reflector on the run's pods, in a task that timestamps events as they arrive.
 /// Dropping it stops the task.
 struct PodWatch {
     task: tokio::task::JoinHandle<()>,
-    events: mpsc::UnboundedReceiver<Seen>,
-    running: HashMap<String, Instant>,
-    deleted: HashSet<String>,
-    lists: usize,
+    seen: watch::Receiver<Seen>,
 }
 
 impl PodWatch {
@@ -361,126 +409,74 @@ impl PodWatch {
     /// this returns can be missed.
     async fn start(pods: Api<Pod>, run_id: &str) -> Result<PodWatch> {
         let lp = ListParams::default().labels(&format!("{RUN_LABEL}={run_id}"));
-        let (tx, events) = mpsc::unbounded_channel();
+        let (tx, seen) = watch::channel(Seen::default());
         let task = tokio::spawn(async move {
             let mut stream = std::pin::pin!(reflector(pods, lp));
-            let mut running = HashSet::new();
             while let Some(ev) = stream.next().await {
                 let now = Instant::now();
-                let mut seen = Vec::new();
-                match ev {
+                let first_running = |s: &mut Seen, p: &Pod| {
+                    if is_running(p) {
+                        let name = skiff_api::Resource::name(p).to_string();
+                        s.running.entry(name).or_insert(now);
+                    }
+                };
+                tx.send_modify(|s| match &ev {
                     Event::Restarted(items) => {
-                        seen.push(Seen::Listed);
-                        for p in items.iter().filter(|p| is_running(p)) {
-                            if running.insert(skiff_api::Resource::name(p).to_string()) {
-                                seen.push(Seen::Running(
-                                    skiff_api::Resource::name(p).to_string(),
-                                    now,
-                                ));
-                            }
-                        }
+                        s.lists += 1;
+                        items.iter().for_each(|p| first_running(s, p));
                     }
-                    Event::Applied(p) => {
-                        let name = skiff_api::Resource::name(&p).to_string();
-                        if is_running(&p) && running.insert(name.clone()) {
-                            seen.push(Seen::Running(name, now));
-                        }
-                    }
+                    Event::Applied(p) => first_running(s, p),
                     Event::Deleted(p) => {
-                        seen.push(Seen::Deleted(skiff_api::Resource::name(&p).to_string()));
+                        s.deleted.insert(skiff_api::Resource::name(p).to_string());
                     }
-                }
-                for s in seen {
-                    if tx.send(s).is_err() {
-                        return;
-                    }
-                }
+                });
             }
         });
-        let mut watch = PodWatch {
-            task,
-            events,
-            running: HashMap::new(),
-            deleted: HashSet::new(),
-            lists: 0,
-        };
-        let deadline = Instant::now() + WATCH_START_TIMEOUT;
-        while watch.lists == 0 {
-            watch
-                .next(deadline)
-                .await
-                .context("starting the pod watch")?;
-        }
+        let watch = PodWatch { task, seen };
+        watch
+            .wait(Instant::now() + WATCH_START_TIMEOUT, |s| s.lists > 0)
+            .await
+            .context("starting the pod watch")?;
         Ok(watch)
     }
 
-    /// Handles the next event; fails at `deadline`.
-    async fn next(&mut self, deadline: Instant) -> Result<()> {
-        let ev = tokio::time::timeout_at(deadline.into(), self.events.recv())
+    /// Waits until `done` holds for what the watch has seen; fails at `deadline`.
+    async fn wait(&self, deadline: Instant, done: impl FnMut(&Seen) -> bool) -> Result<()> {
+        let mut rx = self.seen.clone();
+        tokio::time::timeout_at(deadline.into(), rx.wait_for(done))
             .await
             .context("timed out")?
             .context("the watch task ended")?;
-        match ev {
-            Seen::Listed => self.lists += 1,
-            Seen::Running(name, at) => {
-                self.running.entry(name).or_insert(at);
-            }
-            Seen::Deleted(name) => {
-                self.deleted.insert(name);
-            }
-        }
         Ok(())
     }
 
-    /// Waits until every pod in `names` has been seen Running; returns when each was.
-    async fn wait_running(
-        &mut self,
-        names: &[String],
-        timeout: Duration,
-    ) -> Result<HashMap<String, Instant>> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let missing: Vec<&String> = names
-                .iter()
-                .filter(|n| !self.running.contains_key(*n))
-                .collect();
-            if missing.is_empty() {
-                break;
-            }
-            if let Err(e) = self.next(deadline).await {
-                return Err(e).with_context(|| {
-                    format!(
-                        "{} of {} pods not seen Running within {timeout:?}, e.g. {:?}",
-                        missing.len(),
-                        names.len(),
-                        &missing[..missing.len().min(5)]
-                    )
-                });
-            }
-        }
-        Ok(names.iter().map(|n| (n.clone(), self.running[n])).collect())
+    /// When the watch first saw pod `name` Running; waits for it until `deadline`.
+    async fn running(&self, name: &str, deadline: Instant) -> Result<Instant> {
+        self.wait(deadline, |s| s.running.contains_key(name))
+            .await
+            .with_context(|| format!("pod {name} not seen Running"))?;
+        Ok(self.seen.borrow().running[name])
     }
 
     /// Waits until every pod in `names` has been seen deleted.
-    async fn wait_deleted(&mut self, names: &[String], timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let missing = names.iter().filter(|n| !self.deleted.contains(*n)).count();
-            if missing == 0 {
-                return Ok(());
-            }
-            self.next(deadline).await.with_context(|| {
-                format!(
-                    "{missing} of {} pods not seen deleted within {timeout:?}",
-                    names.len()
-                )
-            })?;
-        }
+    async fn wait_deleted(&self, names: &[String], timeout: Duration) -> Result<()> {
+        self.wait(Instant::now() + timeout, |s| {
+            names.iter().all(|n| s.deleted.contains(n))
+        })
+        .await
+        .with_context(|| {
+            let seen = self.seen.borrow();
+            let missing = names.iter().filter(|n| !seen.deleted.contains(*n)).count();
+            format!(
+                "{missing} of {} pods not seen deleted within {timeout:?}",
+                names.len()
+            )
+        })
     }
 
     /// How many times the reflector listed (1: the watch never had to be re-established).
     fn lists(&self) -> usize {
-        self.lists
+        self.seen.borrow().lists
     }
 }
 
