@@ -1,12 +1,12 @@
-//! `skiff-scheduler`: the scheduler process.
-//!
-//! Leader election is not done yet: run one instance. (It will come from the shared
-//! controller runtime in skiff-client.)
+//! `skiff-scheduler`: the scheduler process. Several replicas can run: with `--leader-elect`
+//! (the default) only the holder of the `skiff-scheduler` Lease schedules, through the shared
+//! runtime's `LeaderElector`, as the controller manager does.
 
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use skiff_client::runtime::{CancelToken, LeaderElectionConfig, LeaderElector};
 use skiff_scheduler::{DEFAULT_SCHEDULER_NAME, Scheduler, SchedulerConfig, watch_cluster};
 
 #[derive(Parser, Debug)]
@@ -31,6 +31,15 @@ struct Cli {
     /// Binding and status calls in flight at once.
     #[arg(long, default_value_t = 64)]
     bind_concurrency: usize,
+    /// Schedule only while holding the leader Lease (kube-system/<lease-name>).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// Name of the leader Lease.
+    #[arg(long, default_value = "skiff-scheduler")]
+    lease_name: String,
+    /// This replica's identity in the Lease (default: host name and pid).
+    #[arg(long)]
+    identity: Option<String>,
 }
 
 #[tokio::main]
@@ -47,25 +56,61 @@ async fn main() -> anyhow::Result<()> {
     let client = skiff_client::Client::connect_lazy(config.endpoint())
         .context("connecting to the API server")?;
     tracing::info!(server = %config.endpoint(), scheduler_name = %cli.scheduler_name,
-        "skiff-scheduler starting (single instance: no leader election yet)");
-    let instance = std::env::var("HOSTNAME").unwrap_or_else(|_| "skiff-scheduler".into());
-    let scheduler = Scheduler::new(
-        client.clone(),
-        SchedulerConfig {
-            scheduler_name: cli.scheduler_name,
-            percentage_of_nodes_to_score: cli.percentage_of_nodes_to_score,
-            unschedulable_timeout: Duration::from_secs(cli.unschedulable_timeout_seconds),
-            bind_concurrency: cli.bind_concurrency,
-            instance,
-            ..Default::default()
-        },
-    );
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("installing the SIGTERM handler")?;
-    tokio::select! {
-        r = scheduler.run(watch_cluster(&client)) => r.context("scheduler stopped")?,
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted, exiting"),
-        _ = term.recv() => tracing::info!("terminated, exiting"),
+        leader_elect = cli.leader_elect, "skiff-scheduler starting");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "skiff-scheduler".into());
+    let identity = cli
+        .identity
+        .clone()
+        .unwrap_or_else(|| format!("{host}_{}", std::process::id()));
+    let scheduler_config = SchedulerConfig {
+        scheduler_name: cli.scheduler_name.clone(),
+        percentage_of_nodes_to_score: cli.percentage_of_nodes_to_score,
+        unschedulable_timeout: Duration::from_secs(cli.unschedulable_timeout_seconds),
+        bind_concurrency: cli.bind_concurrency,
+        instance: identity.clone(),
+        ..Default::default()
+    };
+    // Schedules until `stop` is cancelled (leadership lost, or shutting down).
+    let schedule = |stop: CancelToken| {
+        let scheduler = Scheduler::new(client.clone(), scheduler_config.clone());
+        let events = watch_cluster(&client);
+        async move {
+            tokio::select! {
+                r = scheduler.run(events) => {
+                    if let Err(e) = r {
+                        tracing::error!(error = %e, "scheduler stopped");
+                    }
+                }
+                () = stop.cancelled() => tracing::info!("stopped scheduling"),
+            }
+        }
+    };
+    let shutdown = CancelToken::new();
+    let on_signal = {
+        let shutdown = shutdown.clone();
+        async move {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("installing the SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => tracing::info!("interrupted, exiting"),
+                _ = term.recv() => tracing::info!("terminated, exiting"),
+            }
+            shutdown.cancel();
+        }
+    };
+    tokio::spawn(on_signal);
+    if cli.leader_elect {
+        let elector = LeaderElector::new(
+            &client,
+            LeaderElectionConfig::new(&cli.lease_name, &identity),
+        )
+        .with_shutdown(shutdown);
+        elector.run(schedule).await.context("leader election")?;
+    } else {
+        schedule(shutdown).await;
     }
     Ok(())
 }
