@@ -43,6 +43,8 @@ pub mod error;
 pub mod registry;
 mod service;
 pub mod strategy;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod validation;
 
 pub use error::{ApiError, FieldError, FieldErrorKind, REASON_KEY};

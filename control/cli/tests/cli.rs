@@ -1,17 +1,16 @@
 //! The `skiff` binary against a real API server, started in-process on an embedded store in a
 //! tempdir.
 
+use skiff_apiserver::testing::TestServer;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::Duration;
 
 use skiff_api::api::{Container, ObjectMeta, Pod, PodSpec};
-use skiff_apiserver::{ApiServerOptions, ServerHandle};
+use skiff_apiserver::ApiServerOptions;
 use skiff_client::Client;
-use skiff_store::{EmbeddedOptions, EmbeddedStore};
 
 const MANIFEST: &str = r#"
 apiVersion: apps/v1
@@ -52,7 +51,7 @@ metadata:
 
 struct Cluster {
     rt: tokio::runtime::Runtime,
-    handle: Option<ServerHandle>,
+    server: Option<TestServer>,
     endpoint: String,
     dir: tempfile::TempDir,
 }
@@ -64,23 +63,13 @@ impl Cluster {
             .enable_all()
             .build()
             .expect("runtime");
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = EmbeddedStore::open(&dir.path().join("store.redb"), EmbeddedOptions::default())
-            .expect("open store");
-        let handle = rt.block_on(async {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind");
-            skiff_apiserver::spawn(Arc::new(store), listener, ApiServerOptions::default())
-                .await
-                .expect("spawn API server")
-        });
-        let endpoint = handle.endpoint();
+        let server = rt.block_on(TestServer::start(ApiServerOptions::default()));
+        let endpoint = server.endpoint();
         Cluster {
             rt,
-            handle: Some(handle),
+            server: Some(server),
             endpoint,
-            dir,
+            dir: tempfile::tempdir().expect("tempdir for manifests"),
         }
     }
 
@@ -131,8 +120,8 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        if let Some(h) = self.handle.take() {
-            self.rt.block_on(h.shutdown());
+        if let Some(s) = self.server.take() {
+            self.rt.block_on(s.handle.shutdown());
         }
     }
 }

@@ -1,14 +1,13 @@
 //! The reflector against a real API server (in-process, embedded store in a tempdir).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use skiff_api::api::{Container, ObjectMeta, Pod, PodSpec};
 use skiff_apiserver::ApiServerOptions;
+use skiff_apiserver::testing::TestServer;
 use skiff_client::reflector::{Event, Store, reflect, reflector};
 use skiff_client::{Client, DeleteParams, ListParams};
-use skiff_store::{EmbeddedOptions, EmbeddedStore};
 
 fn pod(name: &str) -> Pod {
     Pod {
@@ -29,21 +28,12 @@ fn pod(name: &str) -> Pod {
     }
 }
 
-async fn server(cache: usize) -> (skiff_apiserver::ServerHandle, tempfile::TempDir) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store =
-        EmbeddedStore::open(&dir.path().join("s.redb"), EmbeddedOptions::default()).expect("store");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let opts = ApiServerOptions {
+async fn server(cache: usize) -> TestServer {
+    TestServer::start(ApiServerOptions {
         watch_cache_capacity: cache,
         ..Default::default()
-    };
-    let handle = skiff_apiserver::spawn(Arc::new(store), listener, opts)
-        .await
-        .expect("spawn");
-    (handle, dir)
+    })
+    .await
 }
 
 async fn until<T: skiff_api::Resource>(
@@ -62,8 +52,8 @@ async fn until<T: skiff_api::Resource>(
 
 #[tokio::test]
 async fn lists_then_follows_changes() {
-    let (handle, _dir) = server(10_000).await;
-    let client = Client::connect(&handle.endpoint()).await.expect("connect");
+    let server = server(10_000).await;
+    let client = Client::connect(&server.endpoint()).await.expect("connect");
     let pods = client.namespaced::<Pod>("default");
     pods.create(&pod("before")).await.expect("create");
 
@@ -89,8 +79,8 @@ async fn lists_then_follows_changes() {
 #[tokio::test]
 async fn relists_when_the_watch_is_too_old() {
     // A tiny watch cache: a consumer that stops reading falls out of the window.
-    let (handle, _dir) = server(8).await;
-    let client = Client::connect(&handle.endpoint()).await.expect("connect");
+    let server = server(8).await;
+    let client = Client::connect(&server.endpoint()).await.expect("connect");
     let pods = client.namespaced::<Pod>("default");
     let store = Store::default();
     let mut events = Box::pin(reflect(

@@ -1,6 +1,5 @@
 //! The client against a real API server (in-process, embedded store in a tempdir).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -9,26 +8,12 @@ use skiff_api::api::{
     Container, Deployment, DeploymentSpec, DeploymentStatus, LabelSelector, Namespace, ObjectMeta,
     Pod, PodSpec, PodTemplateSpec,
 };
-use skiff_apiserver::{ApiServerOptions, ServerHandle};
+use skiff_apiserver::ApiServerOptions;
+use skiff_apiserver::testing::TestServer;
 use skiff_client::{Client, ClientError, DeleteParams, ListParams, WatchEvent, WatchStream};
-use skiff_store::{EmbeddedOptions, EmbeddedStore};
-
-struct TestServer {
-    handle: ServerHandle,
-    _dir: tempfile::TempDir,
-}
 
 async fn server_with(opts: ApiServerOptions) -> TestServer {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = EmbeddedStore::open(&dir.path().join("store.redb"), EmbeddedOptions::default())
-        .expect("open store");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let handle = skiff_apiserver::spawn(Arc::new(store), listener, opts)
-        .await
-        .expect("spawn API server");
-    TestServer { handle, _dir: dir }
+    TestServer::start(opts).await
 }
 
 async fn server() -> TestServer {

@@ -3,9 +3,9 @@
 //! Running and Ready, and bounded waits.
 #![allow(dead_code)]
 
+use skiff_apiserver::testing::TestServer;
 use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{SecondsFormat, Utc};
@@ -19,7 +19,6 @@ use skiff_client::reflector::{Event, reflector};
 use skiff_client::runtime::{CancelToken, LeaderElectionConfig};
 use skiff_client::{Client, ListParams};
 use skiff_controllers::manager::{self, ManagerConfig};
-use skiff_store::{EmbeddedOptions, EmbeddedStore};
 use tokio::task::JoinHandle;
 
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -27,8 +26,7 @@ pub const WAIT: Duration = Duration::from_secs(20);
 /// A running API server and a client of it.
 pub struct Cluster {
     pub client: Client,
-    pub handle: skiff_apiserver::ServerHandle,
-    _dir: tempfile::TempDir,
+    pub server: TestServer,
 }
 
 pub async fn cluster() -> Cluster {
@@ -39,21 +37,9 @@ pub async fn cluster() -> Cluster {
         )
         .with_test_writer()
         .try_init();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store =
-        EmbeddedStore::open(&dir.path().join("s.redb"), EmbeddedOptions::default()).expect("store");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let handle = skiff_apiserver::spawn(Arc::new(store), listener, ApiServerOptions::default())
-        .await
-        .expect("spawn");
-    let client = Client::connect(&handle.endpoint()).await.expect("connect");
-    Cluster {
-        client,
-        handle,
-        _dir: dir,
-    }
+    let server = TestServer::start(ApiServerOptions::default()).await;
+    let client = Client::connect(&server.endpoint()).await.expect("connect");
+    Cluster { client, server }
 }
 
 /// Aborts a task when dropped.

@@ -2,9 +2,9 @@
 //! integration tests.
 #![allow(dead_code)]
 
+use skiff_apiserver::testing::TestServer;
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use skiff_api::Resource;
@@ -16,13 +16,11 @@ use skiff_client::{Client, ListParams};
 use skiff_scheduler::hollow::{HollowNodes, NodeShape, node_object};
 use skiff_scheduler::queue::BackoffPolicy;
 use skiff_scheduler::{Scheduler, SchedulerConfig, SchedulerHandle};
-use skiff_store::{EmbeddedOptions, EmbeddedStore};
 
 pub struct Cluster {
     pub client: Client,
     pub scheduler: Option<SchedulerHandle>,
-    _server: skiff_apiserver::ServerHandle,
-    _dir: tempfile::TempDir,
+    _server: TestServer,
 }
 
 pub fn test_config() -> SchedulerConfig {
@@ -45,21 +43,12 @@ pub async fn cluster_with(config: SchedulerConfig) -> Cluster {
 /// An API server without a scheduler.
 pub async fn api_server() -> Cluster {
     let _ = tracing_subscriber_init();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store =
-        EmbeddedStore::open(&dir.path().join("s.redb"), EmbeddedOptions::default()).expect("store");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let server = skiff_apiserver::spawn(Arc::new(store), listener, ApiServerOptions::default())
-        .await
-        .expect("spawn api server");
+    let server = TestServer::start(ApiServerOptions::default()).await;
     let client = Client::connect(&server.endpoint()).await.expect("connect");
     Cluster {
         client,
         scheduler: None,
         _server: server,
-        _dir: dir,
     }
 }
 
