@@ -46,6 +46,20 @@ fn duration(s: &str) -> Result<Duration, String> {
     }
 }
 
+/// `--node-labels`: `k=v,k2=v2` (the API server validates keys and values at registration).
+fn node_labels(s: &str) -> Result<std::collections::BTreeMap<String, String>, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => {
+                Ok((k.trim().to_string(), v.trim().to_string()))
+            }
+            _ => Err(format!("{p:?} is not a label like key=value")),
+        })
+        .collect()
+}
+
 #[derive(Args, Debug)]
 struct RunArgs {
     /// The API server (default: SKIFF_SERVER, then the skiff config file, then
@@ -62,9 +76,14 @@ struct RunArgs {
     /// The node's network namespace (e.g. /run/netns/skiff-node-1); default: the agent's own.
     #[arg(long)]
     node_netns: Option<PathBuf>,
-    /// Pod CIDR used until the control plane sets Node.spec.podCIDR.
+    /// This node's pod CIDR, registered as Node.spec.podCIDR when the Node has none. Without
+    /// it the agent waits for the controller manager's node IPAM to assign one.
     #[arg(long)]
     pod_cidr: Option<String>,
+    /// Labels for the Node at registration: `key=value` pairs separated by commas (added to
+    /// an existing Node's labels; existing keys are overwritten).
+    #[arg(long, value_parser = node_labels, default_value = "")]
+    node_labels: std::collections::BTreeMap<String, String>,
     /// Parent cgroup of this node's pods (default: <cgroup v2 root>/skiff/<node>).
     #[arg(long)]
     cgroup_parent: Option<PathBuf>,
@@ -108,6 +127,7 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
     let mut cfg = skiff_node::agent::AgentConfig::new(&node, state_dir, shim);
     cfg.node_netns = args.node_netns;
     cfg.pod_cidr = args.pod_cidr;
+    cfg.node_labels = args.node_labels;
     cfg.cgroup_parent = args.cgroup_parent;
     cfg.lease_duration = args.lease_duration;
     cfg.lease_renew = args.lease_duration / 4;
@@ -213,5 +233,16 @@ mod tests {
         assert_eq!(duration("7"), Ok(Duration::from_secs(7)));
         assert!(duration("soon").is_err());
         assert!(duration("5h").is_err());
+    }
+
+    #[test]
+    fn parses_node_labels() {
+        assert_eq!(node_labels(""), Ok(Default::default()));
+        let l = node_labels("disk=ssd, zone=a,empty=").expect("valid");
+        assert_eq!(l.get("disk").map(String::as_str), Some("ssd"));
+        assert_eq!(l.get("zone").map(String::as_str), Some("a"));
+        assert_eq!(l.get("empty").map(String::as_str), Some(""));
+        assert!(node_labels("disk").unwrap_err().contains("\"disk\""));
+        assert!(node_labels("=x").is_err());
     }
 }

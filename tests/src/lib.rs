@@ -28,6 +28,7 @@ pub fn binary(name: &str) -> PathBuf {
     if !path.exists() {
         let package = match name {
             "skiff" => "skiff-cli",
+            "skiff-controller-manager" => "skiff-controllers",
             other => other,
         };
         let status = Command::new(env!("CARGO"))
@@ -244,12 +245,25 @@ pub struct Node {
     pub cgroup_parent: PathBuf,
     pub state_dir: tempfile::TempDir,
     pub pod_cidr: String,
+    labels: String,
     server: String,
     agent: Option<Child>,
 }
 
 impl Node {
+    /// Starts a node whose agent registers `pod_cidr` (empty: none, the agent waits for the
+    /// controller manager's node IPAM).
     pub fn start(server: &ApiServer, name: &str, pod_cidr: &str) -> Node {
+        Node::start_labelled(server, name, pod_cidr, &[])
+    }
+
+    /// Like [`Node::start`], with `--node-labels`.
+    pub fn start_labelled(
+        server: &ApiServer,
+        name: &str,
+        pod_cidr: &str,
+        labels: &[(&str, &str)],
+    ) -> Node {
         let id = unique();
         let netns = format!("skiff-e2e-{id}");
         let out = run_ip(&["netns", "add", &netns]);
@@ -262,6 +276,11 @@ impl Node {
             cgroup_parent: root.join(format!("skiff-e2e-{id}")),
             state_dir: tempfile::tempdir().expect("tempdir"),
             pod_cidr: pod_cidr.to_string(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(","),
             server: server.endpoint.clone(),
             agent: None,
         };
@@ -280,14 +299,20 @@ impl Node {
             .append(true)
             .open(self.state_dir.path().join("agent.log"))
             .expect("agent log");
-        let child = Command::new(binary("skiff-node"))
-            .arg("run")
+        let mut cmd = Command::new(binary("skiff-node"));
+        cmd.arg("run")
             .args(["--server", &self.server, "--node-name", &self.name])
             .arg("--state-dir")
             .arg(self.state_dir.path().join("state"))
             .arg("--node-netns")
-            .arg(self.netns_path())
-            .args(["--pod-cidr", &self.pod_cidr])
+            .arg(self.netns_path());
+        if !self.pod_cidr.is_empty() {
+            cmd.args(["--pod-cidr", &self.pod_cidr]);
+        }
+        if !self.labels.is_empty() {
+            cmd.args(["--node-labels", &self.labels]);
+        }
+        let child = cmd
             .arg("--cgroup-parent")
             .arg(&self.cgroup_parent)
             .args(["--backoff", "1s", "--lease-duration", "8s"])
@@ -374,6 +399,86 @@ impl Drop for Node {
         }
         let _ = std::fs::remove_dir(&pins);
         let _ = std::fs::remove_dir("/sys/fs/bpf/skiff");
+    }
+}
+
+/// A control-plane process (`skiff-scheduler`, `skiff-controller-manager`) talking to an
+/// [`ApiServer`]; its stderr goes to a log file. Killed by pid on drop.
+pub struct Component {
+    pub binary: String,
+    args: Vec<String>,
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    starts: u32,
+}
+
+impl Component {
+    /// Starts `binary --server <server> ARGS`.
+    pub fn start(server: &ApiServer, binary: &str, args: &[&str]) -> Component {
+        let mut all = vec!["--server".to_string(), server.endpoint.clone()];
+        all.extend(args.iter().map(|a| a.to_string()));
+        let mut c = Component {
+            binary: binary.to_string(),
+            args: all,
+            child: None,
+            dir: tempfile::tempdir().expect("tempdir"),
+            starts: 0,
+        };
+        c.restart();
+        c
+    }
+
+    /// Starts the process (again, after [`Component::kill`]); each start logs to its own file.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "{} is still running", self.binary);
+        self.starts += 1;
+        let log = std::fs::File::create(self.dir.path().join(format!("{}.log", self.starts)))
+            .expect("log file");
+        let child = Command::new(binary(&self.binary))
+            .args(&self.args)
+            .env("RUST_LOG", "info")
+            .env("SKIFF_CONFIG", "/nonexistent")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", self.binary));
+        self.child = Some(child);
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGKILLs the process (`kill -9`: no clean-up, leases are left to expire).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Every start's log, concatenated.
+    pub fn log(&self) -> String {
+        (1..=self.starts)
+            .map(|i| {
+                std::fs::read_to_string(self.dir.path().join(format!("{i}.log")))
+                    .unwrap_or_default()
+            })
+            .collect::<Vec<_>>()
+            .join("\n--- restart ---\n")
+    }
+}
+
+impl Drop for Component {
+    fn drop(&mut self) {
+        self.kill();
     }
 }
 

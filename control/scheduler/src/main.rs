@@ -37,6 +37,10 @@ struct Cli {
     /// Name of the leader Lease.
     #[arg(long, default_value = "skiff-scheduler")]
     lease_name: String,
+    /// Lease duration in seconds (renewal every third of it); a standby takes over this
+    /// long after the leader stops renewing.
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..))]
+    lease_duration: u64,
     /// This replica's identity in the Lease (default: host name and pid).
     #[arg(long)]
     identity: Option<String>,
@@ -105,7 +109,8 @@ async fn main() -> anyhow::Result<()> {
     if cli.leader_elect {
         let elector = LeaderElector::new(
             &client,
-            LeaderElectionConfig::new(&cli.lease_name, &identity),
+            LeaderElectionConfig::new(&cli.lease_name, &identity)
+                .with_lease_duration(Duration::from_secs(cli.lease_duration)),
         )
         .with_shutdown(shutdown);
         elector.run(schedule).await.context("leader election")?;

@@ -49,6 +49,8 @@ pub struct AgentConfig {
     pub node_netns: Option<PathBuf>,
     /// Used when the control plane has not set `Node.spec.podCIDR`.
     pub pod_cidr: Option<String>,
+    /// Labels set on the Node at registration (kubelet's `--node-labels`).
+    pub node_labels: std::collections::BTreeMap<String, String>,
     /// Parent cgroup of this node's pods; default `<cgroup v2 root>/skiff/<node>`.
     pub cgroup_parent: Option<PathBuf>,
     /// The `skiff-node` binary, run as the container shim.
@@ -74,6 +76,7 @@ impl AgentConfig {
             state_dir,
             node_netns: None,
             pod_cidr: None,
+            node_labels: Default::default(),
             cgroup_parent: None,
             shim_path,
             lease_duration: Duration::from_secs(40),
@@ -100,7 +103,7 @@ pub enum AgentError {
     Api(#[from] skiff_client::ClientError),
     #[error(transparent)]
     ApiListen(#[from] api::ListenError),
-    #[error("node {0} has no spec.podCIDR and no --pod-cidr was given: pods cannot get addresses")]
+    #[error("the watch of node {0} ended while waiting for its spec.podCIDR")]
     NoPodCidr(String),
 }
 
@@ -158,19 +161,26 @@ pub async fn run(
     let mut facts = node::NodeFacts {
         name: cfg.node_name.clone(),
         pod_cidr_flag: cfg.pod_cidr.clone(),
+        labels: cfg.node_labels.clone(),
         host: host.clone(),
         internal_ip: None,
         max_pods: cfg.max_pods,
         api_port,
     };
     let registered = node::register(&client, &facts).await?;
-    let pod_cidr = registered
+    // The Lease is renewed from now on, also while waiting for a pod CIDR, so the node
+    // lifecycle controller sees a live node.
+    let lease = AbortOnDrop(tokio::spawn(lease_loop(client.clone(), cfg.clone())));
+    let registered_cidr = registered
         .spec
         .as_ref()
         .map(|s| s.pod_cidr.clone())
         .filter(|c| !c.is_empty())
-        .or_else(|| cfg.pod_cidr.clone())
-        .ok_or_else(|| AgentError::NoPodCidr(cfg.node_name.clone()))?;
+        .or_else(|| cfg.pod_cidr.clone());
+    let pod_cidr = match registered_cidr {
+        Some(c) => c,
+        None => wait_for_pod_cidr(&client, &cfg.node_name).await?,
+    };
     let net = Arc::new(
         NodeNetwork::new(NodeNetworkConfig {
             node_netns: cfg.node_netns.clone(),
@@ -208,15 +218,54 @@ pub async fn run(
     });
     let api_server = api::serve(listener, &cfg.node_name, ctx.clone());
 
-    // Lease and node status, on their own schedules.
-    let lease = tokio::spawn(lease_loop(client.clone(), cfg.clone()));
+    // Node status on its own schedule (the Lease loop runs since registration).
     let heartbeat = tokio::spawn(heartbeat_loop(client.clone(), facts, cfg.status_interval));
 
     let result = pod_loop(ctx, &cfg.node_name, shutdown).await;
-    lease.abort();
+    drop(lease);
     heartbeat.abort();
     api_server.abort();
     result
+}
+
+/// Aborts a background task when dropped (also on an early return).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Waits, watching the Node, until the node IPAM controller has set `spec.podCIDR` (the
+/// agent was started without `--pod-cidr` and the Node had none).
+async fn wait_for_pod_cidr(client: &Client, node_name: &str) -> Result<String, AgentError> {
+    info!(node = %node_name, "no --pod-cidr and no spec.podCIDR yet: waiting for the node IPAM controller to assign one");
+    let lp = ListParams::default().fields(&format!("metadata.name={node_name}"));
+    let events = reflector(client.cluster::<skiff_api::api::Node>(), lp);
+    tokio::pin!(events);
+    let mut last_note = tokio::time::Instant::now();
+    while let Some(ev) = events.next().await {
+        let nodes = match ev {
+            Event::Restarted(v) => v,
+            Event::Applied(n) => vec![n],
+            Event::Deleted(_) => continue,
+        };
+        if let Some(cidr) = nodes
+            .iter()
+            .filter(|n| n.name() == node_name)
+            .filter_map(|n| n.spec.as_ref())
+            .map(|s| s.pod_cidr.clone())
+            .find(|c| !c.is_empty())
+        {
+            return Ok(cidr);
+        }
+        if last_note.elapsed() >= Duration::from_secs(30) {
+            info!(node = %node_name, "still waiting for spec.podCIDR (is the controller manager's nodeipam controller running?)");
+            last_note = tokio::time::Instant::now();
+        }
+    }
+    Err(AgentError::NoPodCidr(node_name.to_string()))
 }
 
 fn load_accounting(node: &str, cgroup_parent: &std::path::Path) -> Result<Accounting, String> {

@@ -104,6 +104,8 @@ pub fn conditions(host: &HostReport, previous: &[Condition], now: SystemTime) ->
 pub struct NodeFacts {
     pub name: String,
     pub pod_cidr_flag: Option<String>,
+    /// Labels the Node gets at registration (`--node-labels`), next to the well-known ones.
+    pub labels: std::collections::BTreeMap<String, String>,
     pub host: HostReport,
     pub internal_ip: Option<String>,
     pub max_pods: u32,
@@ -166,11 +168,15 @@ pub async fn register(client: &Client, facts: &NodeFacts) -> Result<Node, Client
                 let node = Node {
                     metadata: Some(ObjectMeta {
                         name: facts.name.clone(),
-                        labels: [
-                            ("kubernetes.io/hostname".to_string(), facts.name.clone()),
-                            ("kubernetes.io/os".to_string(), "linux".to_string()),
-                        ]
-                        .into(),
+                        labels: facts
+                            .labels
+                            .clone()
+                            .into_iter()
+                            .chain([
+                                ("kubernetes.io/hostname".to_string(), facts.name.clone()),
+                                ("kubernetes.io/os".to_string(), "linux".to_string()),
+                            ])
+                            .collect(),
                         ..Default::default()
                     }),
                     spec: Some(NodeSpec {
@@ -185,13 +191,28 @@ pub async fn register(client: &Client, facts: &NodeFacts) -> Result<Node, Client
                 api.create(&node).await
             }
             Some(mut node) => {
+                let mut changed = false;
+                let meta = node.metadata.get_or_insert_with(Default::default);
+                for (k, v) in &facts.labels {
+                    if meta.labels.get(k) != Some(v) {
+                        meta.labels.insert(k.clone(), v.clone());
+                        changed = true;
+                    }
+                }
                 let spec = node.spec.get_or_insert_with(Default::default);
                 if spec.pod_cidr.is_empty()
                     && let Some(cidr) = &facts.pod_cidr_flag
                 {
                     spec.pod_cidr = cidr.clone();
                     spec.pod_cidrs = vec![cidr.clone()];
-                    node = api.update(&node).await?;
+                    changed = true;
+                }
+                if changed {
+                    node = match api.update(&node).await {
+                        Ok(n) => n,
+                        Err(ClientError::Conflict { .. }) => continue,
+                        Err(e) => return Err(e),
+                    };
                 }
                 node.status = Some(facts.status(node.status.as_ref()));
                 api.update_status(&node).await
