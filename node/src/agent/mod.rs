@@ -28,6 +28,7 @@ use futures::StreamExt;
 use skiff_api::Resource;
 use skiff_api::api::Pod;
 use skiff_client::reflector::{Event, reflector};
+use skiff_client::runtime::EventRecorder;
 use skiff_client::{Client, ListParams};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
@@ -37,6 +38,9 @@ use crate::net::{NodeNetwork, NodeNetworkConfig};
 use crate::runtime::{NativeConfig, NativeRuntime, Runtime};
 
 pub use node::{LEASE_NAMESPACE, LIMITS_CONDITION};
+
+/// `source.component` of the agent's Events (the kubelet's role).
+pub const EVENT_COMPONENT: &str = "skiff-node";
 pub use status::{pod_status, rfc3339};
 
 /// How the agent runs.
@@ -118,6 +122,8 @@ pub(crate) struct Ctx {
     pub backoff_max: Duration,
     /// The pods this agent runs, as their workers publish them (for the HTTP API).
     pub pods: api::PodRegistry,
+    /// Events about pods (Started, Killing, BackOff, Unhealthy, Failed).
+    pub recorder: EventRecorder,
 }
 
 impl Ctx {
@@ -215,6 +221,7 @@ pub async fn run(
         backoff_initial: cfg.backoff_initial,
         backoff_max: cfg.backoff_max,
         pods: api::PodRegistry::default(),
+        recorder: EventRecorder::new(client.clone(), EVENT_COMPONENT, &cfg.node_name),
     });
     let api_server = api::serve(listener, &cfg.node_name, ctx.clone());
 

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use skiff_api::api::{Container, ContainerStateTerminated, Pod, PodStatus};
 use skiff_api::{Resource, quantity};
+use skiff_client::runtime::EventType;
 use skiff_client::{ClientError, DeleteParams, Preconditions};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
@@ -426,6 +427,8 @@ impl Worker {
                     self.start(sandbox, &spec, now).await
                 } else {
                     let wait = at - now;
+                    let entering =
+                        !matches!(&track.waiting, Some((r, _)) if r == "CrashLoopBackOff");
                     track.waiting = Some((
                         "CrashLoopBackOff".into(),
                         format!(
@@ -435,6 +438,10 @@ impl Worker {
                             pod_name
                         ),
                     ));
+                    if entering {
+                        let msg = format!("Back-off restarting failed container {}", c.name);
+                        self.event(EventType::Warning, "BackOff", &msg).await;
+                    }
                     Some(at)
                 }
             }
@@ -449,7 +456,7 @@ impl Worker {
     ) -> Option<Instant> {
         let result = self.ctx.runtime.start_container(sandbox, spec).await;
         let track = self.tracks.entry(spec.name.clone()).or_default();
-        match result {
+        let (next, event) = match result {
             Ok(state) => {
                 if track.handled_exit.is_some() || track.last_terminated.is_some() {
                     track.restart_count += 1;
@@ -457,15 +464,28 @@ impl Worker {
                 track.waiting = None;
                 debug!(container = %spec.name, ?state, "started");
                 // Look again right away: record the run (or its immediate failure).
-                Some(now)
+                let msg = format!("Started container {}", spec.name);
+                (Some(now), (EventType::Normal, "Started", msg))
             }
             Err(e) => {
                 let delay = track.backoff.unwrap_or(self.ctx.backoff_initial);
                 track.backoff = Some((delay * 2).min(self.ctx.backoff_max));
                 track.waiting = Some(("CreateContainerError".into(), e.to_string()));
-                Some(now + delay)
+                let msg = format!("Error: starting container {}: {e}", spec.name);
+                (Some(now + delay), (EventType::Warning, "Failed", msg))
             }
-        }
+        };
+        self.event(event.0, event.1, &event.2).await;
+        next
+    }
+
+    /// Records an Event about this pod (kubelet's Started, Killing, BackOff, Unhealthy, ...);
+    /// failures are logged, never fatal.
+    async fn event(&self, ty: EventType, reason: &str, message: &str) {
+        self.ctx
+            .recorder
+            .publish(&self.pod, ty, reason, message)
+            .await;
     }
 
     #[allow(clippy::type_complexity)]
@@ -502,6 +522,7 @@ impl Worker {
         let runtime = self.ctx.runtime.clone();
         let pod_name = self.name();
         let grace = grace_of(&self.pod);
+        let mut events = Vec::new();
         let track = self.tracks.get_mut(name)?;
         let mut kill = None;
         for kind in [
@@ -534,6 +555,13 @@ impl Worker {
             .await;
             let message = result.clone().err().unwrap_or_default();
             let changed = t.record(result.is_ok(), message.clone(), Instant::now());
+            if changed == Some(false) {
+                events.push((
+                    EventType::Warning,
+                    "Unhealthy",
+                    format!("{kind:?} probe failed: {message}"),
+                ));
+            }
             match (kind, changed) {
                 (probe::Kind::Startup, Some(true)) => {
                     track.started = true;
@@ -549,19 +577,29 @@ impl Worker {
                 _ => {}
             }
         }
-        if let Some(why) = kill {
+        let next = if let Some(why) = kill {
             info!(pod = %pod_name, container = %name, %why, "restarting container");
             track.ready = false;
+            events.push((
+                EventType::Normal,
+                "Killing",
+                format!("Container {name} {why}, will be restarted"),
+            ));
             if let Err(e) = self.ctx.runtime.stop_container(sandbox, name, grace).await {
                 warn!(pod = %pod_name, container = %name, error = %e, "stopping failed container");
             }
-            return Some(Instant::now());
+            Some(Instant::now())
+        } else {
+            [&track.startup, &track.liveness, &track.readiness]
+                .into_iter()
+                .flatten()
+                .map(Tracker::next_run)
+                .min()
+        };
+        for (ty, reason, message) in events {
+            self.event(ty, reason, &message).await;
         }
-        [&track.startup, &track.liveness, &track.readiness]
-            .into_iter()
-            .flatten()
-            .map(Tracker::next_run)
-            .min()
+        next
     }
 
     fn views(&self, states: &BTreeMap<String, Option<ContainerState>>) -> Vec<ContainerView> {
@@ -679,6 +717,12 @@ impl Worker {
         };
         if let Some(sb) = &sandbox {
             info!(pod = %format!("{}/{}", sb.namespace, sb.name), ?grace, "stopping pod");
+            if self.pod.metadata().is_some() {
+                for c in containers(&self.pod) {
+                    let msg = format!("Stopping container {}", c.name);
+                    self.event(EventType::Normal, "Killing", &msg).await;
+                }
+            }
             if let Err(e) = self.ctx.runtime.remove_sandbox(sb, grace).await {
                 self.sandbox = sandbox.clone();
                 return Err(format!("removing sandbox: {e}"));
