@@ -8,15 +8,27 @@
 //! - [`deployment`]: one ReplicaSet per template revision; rolls from the old ones to the new
 //!   one honouring maxSurge/maxUnavailable (RollingUpdate) or all at once (Recreate); pause,
 //!   revision history, status and conditions.
+//! - [`endpoints`]: keeps an Endpoints object per Service with a selector, listing the
+//!   selected pods' addresses (ready and not ready) and their resolved target ports.
+//! - [`serviceip`]: the Service allocator: hands out `spec.clusterIP` from the service CIDR
+//!   and `nodePort`s from the node port range, unique across Services.
+//! - [`nodeipam`]: hands out `spec.podCIDR` blocks of the cluster CIDR to Nodes.
+//! - [`allocator`] and [`ranges`]: what both allocators share (the ledger of who holds which
+//!   value, mirrored from an informer; CIDR and port arithmetic, the rolling range allocator).
 //! - [`manager`]: runs the enabled controllers in one process, under leader election.
 //!
 //! Controllers read only from informers and write only through the API server; every
 //! decision is recomputed from the current state (level-triggered), so a controller can be
 //! restarted, or lose its leadership, at any point.
 
+pub mod allocator;
 pub mod deployment;
+pub mod endpoints;
 pub mod manager;
+pub mod nodeipam;
+pub mod ranges;
 pub mod replicaset;
+pub mod serviceip;
 pub mod util;
 
 use skiff_client::runtime::EventRecorder;

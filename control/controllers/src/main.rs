@@ -1,5 +1,6 @@
-//! `skiff-controller-manager`: runs the ReplicaSet and Deployment controllers against a Skiff
-//! API server, with leader election so several replicas can run with one active.
+//! `skiff-controller-manager`: runs the controllers (ReplicaSet, Deployment, Endpoints, the
+//! Service allocator, node IPAM) against a Skiff API server, with leader election so several
+//! replicas can run with one active.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -9,6 +10,7 @@ use clap::{ArgAction, Parser};
 use skiff_client::runtime::{CancelToken, LeaderElectionConfig};
 use skiff_client::{Client, ClientConfig};
 use skiff_controllers::manager::{self, COMPONENT, ManagerConfig, parse_controllers};
+use skiff_controllers::ranges::{Ipv4Cidr, PortRange};
 
 #[derive(Debug, Parser)]
 #[command(name = "skiff-controller-manager", version, about)]
@@ -18,7 +20,7 @@ struct Args {
     #[arg(long, value_name = "URL")]
     server: Option<String>,
     /// Controllers to run: names separated by commas, `*` for all, `-name` to switch one off
-    /// (known: replicaset, deployment).
+    /// (known: replicaset, deployment, endpoints, service-allocator, nodeipam).
     #[arg(long, value_name = "LIST", default_value = "*")]
     controllers: String,
     /// Run the controllers only while holding the leader Lease.
@@ -39,6 +41,19 @@ struct Args {
     /// Concurrent reconciles per controller.
     #[arg(long, default_value_t = 4, value_name = "N")]
     workers: usize,
+    /// IPv4 CIDR Services' clusterIPs are allocated from (prefix length at most 30).
+    #[arg(long, default_value = "10.96.0.0/16", value_name = "CIDR")]
+    service_cluster_ip_range: Ipv4Cidr,
+    /// Port range NodePort Services' nodePorts are allocated from (first-last; the API
+    /// server accepts nodePorts within 30000-32767 only).
+    #[arg(long, default_value = "30000-32767", value_name = "RANGE")]
+    service_node_port_range: PortRange,
+    /// IPv4 CIDR Nodes' pod CIDRs are allocated from.
+    #[arg(long, default_value = "10.244.0.0/16", value_name = "CIDR")]
+    cluster_cidr: Ipv4Cidr,
+    /// Prefix length of each Node's pod CIDR (at least that of --cluster-cidr, at most 30).
+    #[arg(long, default_value_t = 24, value_name = "BITS")]
+    node_cidr_mask_size: u8,
 }
 
 fn default_identity() -> String {
@@ -67,7 +82,17 @@ async fn run(args: Args) -> Result<()> {
         workers: args.workers.max(1),
         identity: identity.clone(),
         leader_election,
+        service_cluster_ip_range: args.service_cluster_ip_range,
+        service_node_port_range: args.service_node_port_range,
+        cluster_cidr: args.cluster_cidr,
+        node_cidr_mask_size: args.node_cidr_mask_size,
     };
+    manager_config
+        .service_ranges()
+        .context("--service-cluster-ip-range")?;
+    manager_config
+        .pod_cidr_blocks()
+        .context("--node-cidr-mask-size")?;
     tracing::info!(server = %config.server, %identity,
         controllers = ?manager_config.controllers.iter().map(|c| c.as_str()).collect::<Vec<_>>(),
         leader_elect = args.leader_elect, "starting");

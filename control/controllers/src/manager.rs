@@ -12,7 +12,14 @@ use skiff_client::runtime::{
 };
 
 use crate::deployment::DeploymentController;
+use crate::endpoints::EndpointsController;
+use crate::ranges::{
+    CidrBlocks, DEFAULT_CLUSTER_CIDR, DEFAULT_NODE_PORTS, DEFAULT_SERVICE_CIDR, Ipv4Cidr,
+    PortRange, RangeError,
+};
 use crate::replicaset::ReplicaSetController;
+use crate::serviceip::ServiceRanges;
+use crate::{nodeipam, serviceip};
 
 /// The component name in Events and the default Lease name.
 pub const COMPONENT: &str = "skiff-controller-manager";
@@ -22,15 +29,27 @@ pub const COMPONENT: &str = "skiff-controller-manager";
 pub enum ControllerName {
     ReplicaSet,
     Deployment,
+    Endpoints,
+    ServiceAllocator,
+    NodeIpam,
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 2] = [ControllerName::ReplicaSet, ControllerName::Deployment];
+    pub const ALL: [ControllerName; 5] = [
+        ControllerName::ReplicaSet,
+        ControllerName::Deployment,
+        ControllerName::Endpoints,
+        ControllerName::ServiceAllocator,
+        ControllerName::NodeIpam,
+    ];
 
     pub fn as_str(&self) -> &'static str {
         match self {
             ControllerName::ReplicaSet => "replicaset",
             ControllerName::Deployment => "deployment",
+            ControllerName::Endpoints => "endpoints",
+            ControllerName::ServiceAllocator => "service-allocator",
+            ControllerName::NodeIpam => "nodeipam",
         }
     }
 
@@ -39,6 +58,9 @@ impl ControllerName {
         match self {
             ControllerName::ReplicaSet => "replicaset-controller",
             ControllerName::Deployment => "deployment-controller",
+            ControllerName::Endpoints => "endpoint-controller",
+            ControllerName::ServiceAllocator => "service-ip-allocator",
+            ControllerName::NodeIpam => "node-ipam-controller",
         }
     }
 }
@@ -100,17 +122,42 @@ pub struct ManagerConfig {
     pub identity: String,
     /// `None`: run the controllers without leader election.
     pub leader_election: Option<LeaderElectionConfig>,
+    /// Where Services' clusterIPs come from (`--service-cluster-ip-range`).
+    pub service_cluster_ip_range: Ipv4Cidr,
+    /// Where NodePort Services' nodePorts come from (`--service-node-port-range`).
+    pub service_node_port_range: PortRange,
+    /// Where Nodes' pod CIDRs come from (`--cluster-cidr`)...
+    pub cluster_cidr: Ipv4Cidr,
+    /// ...in blocks of this prefix length (`--node-cidr-mask-size`).
+    pub node_cidr_mask_size: u8,
 }
 
 impl ManagerConfig {
-    /// Every controller, 4 workers each, leader election on the default Lease.
+    /// Every controller, 4 workers each, leader election on the default Lease, Kubernetes'
+    /// default ranges (services 10.96.0.0/16, node ports 30000-32767, pods 10.244.0.0/16 in
+    /// /24 blocks).
     pub fn new(identity: &str) -> Self {
         ManagerConfig {
             controllers: ControllerName::ALL.into_iter().collect(),
             workers: 4,
             identity: identity.to_string(),
             leader_election: Some(LeaderElectionConfig::new(COMPONENT, identity)),
+            service_cluster_ip_range: DEFAULT_SERVICE_CIDR,
+            service_node_port_range: DEFAULT_NODE_PORTS,
+            cluster_cidr: DEFAULT_CLUSTER_CIDR,
+            node_cidr_mask_size: 24,
         }
+    }
+
+    /// The ranges of the Service allocator; the service CIDR needs host addresses (a prefix
+    /// length of at most 30).
+    pub fn service_ranges(&self) -> Result<ServiceRanges, RangeError> {
+        ServiceRanges::new(self.service_cluster_ip_range, self.service_node_port_range)
+    }
+
+    /// The pod CIDR blocks of node IPAM.
+    pub fn pod_cidr_blocks(&self) -> Result<CidrBlocks, RangeError> {
+        CidrBlocks::new(self.cluster_cidr, self.node_cidr_mask_size)
     }
 }
 
@@ -136,6 +183,38 @@ pub async fn run_controllers(client: Client, config: &ManagerConfig, stop: Cance
                 config.workers,
                 stop.clone(),
             )),
+            ControllerName::Endpoints => Box::pin(EndpointsController::run(
+                &informers,
+                recorder(*c),
+                config.workers,
+                stop.clone(),
+            )),
+            ControllerName::ServiceAllocator => match config.service_ranges() {
+                Ok(ranges) => Box::pin(serviceip::run(
+                    &informers,
+                    recorder(*c),
+                    ranges,
+                    config.workers,
+                    stop.clone(),
+                )),
+                Err(e) => {
+                    tracing::error!(controller = %c, error = %e, "not starting");
+                    continue;
+                }
+            },
+            ControllerName::NodeIpam => match config.pod_cidr_blocks() {
+                Ok(blocks) => Box::pin(nodeipam::run(
+                    &informers,
+                    recorder(*c),
+                    blocks,
+                    config.workers,
+                    stop.clone(),
+                )),
+                Err(e) => {
+                    tracing::error!(controller = %c, error = %e, "not starting");
+                    continue;
+                }
+            },
         };
         running.push(fut);
     }
@@ -176,7 +255,14 @@ mod tests {
     #[test]
     fn controller_lists() {
         use ControllerName::*;
-        let all: BTreeSet<_> = [ReplicaSet, Deployment].into();
+        let all: BTreeSet<_> = [
+            ReplicaSet,
+            Deployment,
+            Endpoints,
+            ServiceAllocator,
+            NodeIpam,
+        ]
+        .into();
         assert_eq!(parse_controllers("*").unwrap(), all);
         assert_eq!(parse_controllers("").unwrap(), all);
         assert_eq!(
@@ -185,13 +271,21 @@ mod tests {
         );
         assert_eq!(
             parse_controllers("-deployment").unwrap(),
-            [ReplicaSet].into()
+            [ReplicaSet, Endpoints, ServiceAllocator, NodeIpam].into()
         );
         assert_eq!(
             parse_controllers("*,-replicaset").unwrap(),
-            [Deployment].into()
+            [Deployment, Endpoints, ServiceAllocator, NodeIpam].into()
         );
-        assert_eq!(parse_controllers("ReplicaSet, deployment").unwrap(), all);
+        assert_eq!(
+            parse_controllers("ReplicaSet, deployment, endpoints, service-allocator, nodeipam")
+                .unwrap(),
+            all
+        );
+        assert_eq!(
+            parse_controllers("endpoints,nodeipam").unwrap(),
+            [Endpoints, NodeIpam].into()
+        );
         assert!(parse_controllers("replicaset,bogus").is_err());
     }
 }

@@ -1,7 +1,11 @@
 //! Services: type, ports, session affinity, and the immutable clusterIP.
 //!
-//! Allocating clusterIPs and nodePorts is not done here (a later milestone); the API server
-//! only validates them and keeps them stable across updates.
+//! ClusterIPs and nodePorts are allocated by the controller manager's Service allocator
+//! (`skiff-controllers`' `serviceip`), which writes them with an ordinary update; the API
+//! server only validates them, keeps them when an update leaves them empty, and refuses to
+//! change a clusterIP once set (`spec.clusterIP: field is immutable`). Kubernetes lets a
+//! clusterIP go when the type changes to ExternalName; the only types here are ClusterIP and
+//! NodePort, which both keep it.
 
 use std::collections::BTreeSet;
 
@@ -270,6 +274,45 @@ mod tests {
         if let Some(spec) = new.spec.as_mut() {
             spec.cluster_ip = "10.96.0.11".into();
         }
-        assert_eq!(new.validate_update(&old).len(), 1);
+        let errs = new.validate_update(&old);
+        assert_eq!(errs.len(), 1);
+        assert!(
+            errs[0]
+                .to_string()
+                .starts_with("spec.clusterIP: Invalid value: \"10.96.0.11\": field is immutable"),
+            "{}",
+            errs[0]
+        );
+        // The allocator's write: from empty to an address.
+        let empty = svc(vec![port("", 80)]);
+        assert!(old.validate_update(&empty).is_empty());
+        // Headless stays headless.
+        let mut headless = svc(vec![port("", 80)]);
+        if let Some(spec) = headless.spec.as_mut() {
+            spec.cluster_ip = "None".into();
+        }
+        assert_eq!(old.validate_update(&headless).len(), 1);
+    }
+
+    #[test]
+    fn node_ports_are_kept_when_an_update_leaves_them_empty() {
+        let mut old = svc(vec![port("a", 80), port("b", 81)]);
+        if let Some(spec) = old.spec.as_mut() {
+            spec.r#type = "NodePort".into();
+            spec.ports[0].node_port = 30080;
+            spec.ports[1].node_port = 30081;
+        }
+        let mut new = svc(vec![port("a", 80), port("b", 81)]);
+        if let Some(spec) = new.spec.as_mut() {
+            spec.r#type = "NodePort".into();
+            spec.ports[1].node_port = 30099;
+        }
+        new.prepare_update(&old);
+        let ports: Vec<i32> = new
+            .spec
+            .as_ref()
+            .map(|s| s.ports.iter().map(|p| p.node_port).collect())
+            .unwrap_or_default();
+        assert_eq!(ports, [30080, 30099]);
     }
 }

@@ -444,6 +444,13 @@ impl<T: Send + Sync + 'static> Subscription<T> {
         self.rx.recv().await
     }
 
+    /// The next change if one is already there, without waiting: a consumer that keeps a view
+    /// derived from the cache (e.g. an allocator's used values) catches up with it before
+    /// deciding, without a task of its own.
+    pub fn try_recv(&mut self) -> Option<Change<T>> {
+        self.rx.try_recv().ok()
+    }
+
     pub fn into_stream(self) -> impl Stream<Item = Change<T>> + Send {
         futures::stream::unfold(
             self.rx,

@@ -94,6 +94,11 @@ pub fn start_manager(
 ) -> Manager {
     let mut config = ManagerConfig::new(identity);
     config.leader_election = lease;
+    start_manager_with(client, config)
+}
+
+/// Starts a controller manager with `config`.
+pub fn start_manager_with(client: &Client, config: ManagerConfig) -> Manager {
     let stop = CancelToken::new();
     let task = tokio::spawn({
         let (client, stop) = (client.clone(), stop.clone());
@@ -274,4 +279,26 @@ pub async fn active_pods(client: &Client, selector: &str) -> Vec<Pod> {
 
 pub fn pod_is_ready(p: &Pod) -> bool {
     is_ready(p)
+}
+
+/// Waits for an Event in `namespace` about the object named `name` with `reason`.
+pub async fn wait_for_event(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    reason: &str,
+) -> skiff_api::api::Event {
+    eventually(&format!("a {reason} event about {name}"), || async {
+        client
+            .namespaced::<skiff_api::api::Event>(namespace)
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| {
+                e.reason == reason && e.involved_object.as_ref().is_some_and(|o| o.name == name)
+            })
+    })
+    .await
 }
