@@ -8,6 +8,13 @@
 //! - [`deployment`]: one ReplicaSet per template revision; rolls from the old ones to the new
 //!   one honouring maxSurge/maxUnavailable (RollingUpdate) or all at once (Recreate); pause,
 //!   revision history, status and conditions.
+//! - [`gc`]: the garbage collector: deletes objects whose owners are all gone (an owner is
+//!   gone only once the API server confirms it, never on the cache's word alone), deletes the
+//!   dependents of owners deleted in the foreground before their `foregroundDeletion`
+//!   finalizer is removed, and removes the references to owners deleted with Orphan before
+//!   their `orphan` finalizer is. One generic collector per kind (Deployment, ReplicaSet, Pod,
+//!   Service, Endpoints).
+//! - [`namespace`]: empties a terminating namespace (every namespaced kind), then deletes it.
 //! - [`manager`]: runs the enabled controllers in one process, under leader election.
 //!
 //! Controllers read only from informers and write only through the API server; every
@@ -15,7 +22,9 @@
 //! restarted, or lose its leadership, at any point.
 
 pub mod deployment;
+pub mod gc;
 pub mod manager;
+pub mod namespace;
 pub mod replicaset;
 pub mod util;
 

@@ -1,5 +1,6 @@
-//! `skiff-controller-manager`: runs the ReplicaSet and Deployment controllers against a Skiff
-//! API server, with leader election so several replicas can run with one active.
+//! `skiff-controller-manager`: runs the ReplicaSet, Deployment, garbage collector and
+//! namespace controllers against a Skiff API server, with leader election so several
+//! replicas can run with one active.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -18,7 +19,7 @@ struct Args {
     #[arg(long, value_name = "URL")]
     server: Option<String>,
     /// Controllers to run: names separated by commas, `*` for all, `-name` to switch one off
-    /// (known: replicaset, deployment).
+    /// (known: replicaset, deployment, garbagecollector, namespace).
     #[arg(long, value_name = "LIST", default_value = "*")]
     controllers: String,
     /// Run the controllers only while holding the leader Lease.

@@ -12,6 +12,8 @@ use skiff_client::runtime::{
 };
 
 use crate::deployment::DeploymentController;
+use crate::gc;
+use crate::namespace::NamespaceController;
 use crate::replicaset::ReplicaSetController;
 
 /// The component name in Events and the default Lease name.
@@ -22,15 +24,24 @@ pub const COMPONENT: &str = "skiff-controller-manager";
 pub enum ControllerName {
     ReplicaSet,
     Deployment,
+    GarbageCollector,
+    Namespace,
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 2] = [ControllerName::ReplicaSet, ControllerName::Deployment];
+    pub const ALL: [ControllerName; 4] = [
+        ControllerName::ReplicaSet,
+        ControllerName::Deployment,
+        ControllerName::GarbageCollector,
+        ControllerName::Namespace,
+    ];
 
     pub fn as_str(&self) -> &'static str {
         match self {
             ControllerName::ReplicaSet => "replicaset",
             ControllerName::Deployment => "deployment",
+            ControllerName::GarbageCollector => "garbagecollector",
+            ControllerName::Namespace => "namespace",
         }
     }
 
@@ -39,6 +50,8 @@ impl ControllerName {
         match self {
             ControllerName::ReplicaSet => "replicaset-controller",
             ControllerName::Deployment => "deployment-controller",
+            ControllerName::GarbageCollector => "garbage-collector-controller",
+            ControllerName::Namespace => "namespace-controller",
         }
     }
 }
@@ -136,6 +149,18 @@ pub async fn run_controllers(client: Client, config: &ManagerConfig, stop: Cance
                 config.workers,
                 stop.clone(),
             )),
+            ControllerName::GarbageCollector => Box::pin(gc::run(
+                &informers,
+                recorder(*c),
+                config.workers,
+                stop.clone(),
+            )),
+            ControllerName::Namespace => Box::pin(NamespaceController::run(
+                &informers,
+                recorder(*c),
+                config.workers,
+                stop.clone(),
+            )),
         };
         running.push(fut);
     }
@@ -176,7 +201,7 @@ mod tests {
     #[test]
     fn controller_lists() {
         use ControllerName::*;
-        let all: BTreeSet<_> = [ReplicaSet, Deployment].into();
+        let all: BTreeSet<_> = [ReplicaSet, Deployment, GarbageCollector, Namespace].into();
         assert_eq!(parse_controllers("*").unwrap(), all);
         assert_eq!(parse_controllers("").unwrap(), all);
         assert_eq!(
@@ -185,13 +210,20 @@ mod tests {
         );
         assert_eq!(
             parse_controllers("-deployment").unwrap(),
-            [ReplicaSet].into()
+            [ReplicaSet, GarbageCollector, Namespace].into()
         );
         assert_eq!(
-            parse_controllers("*,-replicaset").unwrap(),
+            parse_controllers("*,-replicaset,-garbagecollector,-namespace").unwrap(),
             [Deployment].into()
         );
-        assert_eq!(parse_controllers("ReplicaSet, deployment").unwrap(), all);
+        assert_eq!(
+            parse_controllers("garbagecollector,Namespace").unwrap(),
+            [GarbageCollector, Namespace].into()
+        );
+        assert_eq!(
+            parse_controllers("ReplicaSet, deployment, garbagecollector, namespace").unwrap(),
+            all
+        );
         assert!(parse_controllers("replicaset,bogus").is_err());
     }
 }
