@@ -9,6 +9,9 @@
 //! - [`manifest`]: strict decoding of YAML/JSON manifests, with the path of a bad field.
 //! - [`selector`]: label and field selectors.
 //! - [`quantity`]: Kubernetes resource quantities (`500m`, `64Mi`) as integers.
+//! - [`FOREGROUND_FINALIZER`], [`ORPHAN_FINALIZER`]: the finalizers of a delete's propagation
+//!   policy, shared by the API server (which adds them) and the garbage collector (which acts
+//!   on them and removes them).
 
 pub mod api {
     #![allow(clippy::all)]
@@ -27,3 +30,11 @@ pub mod selector;
 pub mod serde_util;
 
 pub use resource::{DynKind, KindInfo, Resource, find_kind, kinds};
+
+/// The finalizer a delete with propagation policy Foreground adds: the object stays (with its
+/// `deletionTimestamp`) until the garbage collector has deleted every dependent that has
+/// `blockOwnerDeletion` and removed the finalizer.
+pub const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
+/// The finalizer a delete with propagation policy Orphan adds: the garbage collector removes
+/// the ownerReferences to the object from its dependents, then the finalizer.
+pub const ORPHAN_FINALIZER: &str = "orphan";

@@ -38,10 +38,7 @@ const GENERATE_ATTEMPTS: usize = 8;
 /// Kubernetes' alphabet for generated names (no vowels, no confusable characters).
 const NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 
-/// The finalizer a Foreground delete adds (the garbage collector removes it).
-pub const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
-/// The finalizer an Orphan delete adds (the garbage collector removes it).
-pub const ORPHAN_FINALIZER: &str = "orphan";
+pub use skiff_api::{FOREGROUND_FINALIZER, ORPHAN_FINALIZER};
 
 /// `/registry/<plural>/`.
 pub(crate) fn key_prefix(info: &KindInfo) -> String {
@@ -538,8 +535,8 @@ impl<T: Strategy> Handler<T> {
     ///
     /// `propagation_policy` must be "", Background, Foreground or Orphan. Foreground adds the
     /// finalizer `foregroundDeletion` and Orphan adds `orphan`, as Kubernetes does; whether
-    /// the object has dependents is not checked — the garbage collector (a later milestone)
-    /// acts on and removes these finalizers.
+    /// the object has dependents is not checked — the garbage collector (in the controller
+    /// manager) acts on and removes these finalizers.
     ///
     /// An object with finalizers, or one the kind's strategy keeps (a bound pod's graceful
     /// delete, a non-empty namespace), is marked with `deletionTimestamp` (now + grace period,

@@ -15,6 +15,13 @@
 //! - [`nodeipam`]: hands out `spec.podCIDR` blocks of the cluster CIDR to Nodes.
 //! - [`allocator`] and [`ranges`]: what both allocators share (the ledger of who holds which
 //!   value, mirrored from an informer; CIDR and port arithmetic, the rolling range allocator).
+//! - [`gc`]: the garbage collector: deletes objects whose owners are all gone (an owner is
+//!   gone only once the API server confirms it, never on the cache's word alone), deletes the
+//!   dependents of owners deleted in the foreground before their `foregroundDeletion`
+//!   finalizer is removed, and removes the references to owners deleted with Orphan before
+//!   their `orphan` finalizer is. One generic collector per kind (Deployment, ReplicaSet, Pod,
+//!   Service, Endpoints).
+//! - [`namespace`]: empties a terminating namespace (every namespaced kind), then deletes it.
 //! - [`manager`]: runs the enabled controllers in one process, under leader election.
 //!
 //! Controllers read only from informers and write only through the API server; every
@@ -24,7 +31,9 @@
 pub mod allocator;
 pub mod deployment;
 pub mod endpoints;
+pub mod gc;
 pub mod manager;
+pub mod namespace;
 pub mod nodeipam;
 pub mod ranges;
 pub mod replicaset;

@@ -1,5 +1,6 @@
 //! `skiff-controller-manager`: runs the controllers (ReplicaSet, Deployment, Endpoints, the
-//! Service allocator, node IPAM) against a Skiff API server, with leader election so several
+//! Service allocator, node IPAM, garbage collector, namespace) against a Skiff API server,
+//! with leader election so several
 //! replicas can run with one active.
 
 use std::process::ExitCode;
@@ -20,7 +21,8 @@ struct Args {
     #[arg(long, value_name = "URL")]
     server: Option<String>,
     /// Controllers to run: names separated by commas, `*` for all, `-name` to switch one off
-    /// (known: replicaset, deployment, endpoints, service-allocator, nodeipam).
+    /// (known: replicaset, deployment, endpoints, service-allocator, nodeipam,
+    /// garbagecollector, namespace).
     #[arg(long, value_name = "LIST", default_value = "*")]
     controllers: String,
     /// Run the controllers only while holding the leader Lease.

@@ -13,6 +13,8 @@ use skiff_client::runtime::{
 
 use crate::deployment::DeploymentController;
 use crate::endpoints::EndpointsController;
+use crate::gc;
+use crate::namespace::NamespaceController;
 use crate::ranges::{
     CidrBlocks, DEFAULT_CLUSTER_CIDR, DEFAULT_NODE_PORTS, DEFAULT_SERVICE_CIDR, Ipv4Cidr,
     PortRange, RangeError,
@@ -32,15 +34,19 @@ pub enum ControllerName {
     Endpoints,
     ServiceAllocator,
     NodeIpam,
+    GarbageCollector,
+    Namespace,
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 5] = [
+    pub const ALL: [ControllerName; 7] = [
         ControllerName::ReplicaSet,
         ControllerName::Deployment,
         ControllerName::Endpoints,
         ControllerName::ServiceAllocator,
         ControllerName::NodeIpam,
+        ControllerName::GarbageCollector,
+        ControllerName::Namespace,
     ];
 
     pub fn as_str(&self) -> &'static str {
@@ -50,6 +56,8 @@ impl ControllerName {
             ControllerName::Endpoints => "endpoints",
             ControllerName::ServiceAllocator => "service-allocator",
             ControllerName::NodeIpam => "nodeipam",
+            ControllerName::GarbageCollector => "garbagecollector",
+            ControllerName::Namespace => "namespace",
         }
     }
 
@@ -61,6 +69,8 @@ impl ControllerName {
             ControllerName::Endpoints => "endpoint-controller",
             ControllerName::ServiceAllocator => "service-ip-allocator",
             ControllerName::NodeIpam => "node-ipam-controller",
+            ControllerName::GarbageCollector => "garbage-collector-controller",
+            ControllerName::Namespace => "namespace-controller",
         }
     }
 }
@@ -189,6 +199,18 @@ pub async fn run_controllers(client: Client, config: &ManagerConfig, stop: Cance
                 config.workers,
                 stop.clone(),
             )),
+            ControllerName::GarbageCollector => Box::pin(gc::run(
+                &informers,
+                recorder(*c),
+                config.workers,
+                stop.clone(),
+            )),
+            ControllerName::Namespace => Box::pin(NamespaceController::run(
+                &informers,
+                recorder(*c),
+                config.workers,
+                stop.clone(),
+            )),
             ControllerName::ServiceAllocator => match config.service_ranges() {
                 Ok(ranges) => Box::pin(serviceip::run(
                     &informers,
@@ -255,14 +277,8 @@ mod tests {
     #[test]
     fn controller_lists() {
         use ControllerName::*;
-        let all: BTreeSet<_> = [
-            ReplicaSet,
-            Deployment,
-            Endpoints,
-            ServiceAllocator,
-            NodeIpam,
-        ]
-        .into();
+        let all: BTreeSet<_> = ControllerName::ALL.into_iter().collect();
+        assert_eq!(all.len(), 7);
         assert_eq!(parse_controllers("*").unwrap(), all);
         assert_eq!(parse_controllers("").unwrap(), all);
         assert_eq!(
@@ -271,15 +287,25 @@ mod tests {
         );
         assert_eq!(
             parse_controllers("-deployment").unwrap(),
-            [ReplicaSet, Endpoints, ServiceAllocator, NodeIpam].into()
+            [
+                ReplicaSet,
+                Endpoints,
+                ServiceAllocator,
+                NodeIpam,
+                GarbageCollector,
+                Namespace
+            ]
+            .into()
         );
         assert_eq!(
-            parse_controllers("*,-replicaset").unwrap(),
+            parse_controllers("*,-replicaset,-garbagecollector,-namespace").unwrap(),
             [Deployment, Endpoints, ServiceAllocator, NodeIpam].into()
         );
         assert_eq!(
-            parse_controllers("ReplicaSet, deployment, endpoints, service-allocator, nodeipam")
-                .unwrap(),
+            parse_controllers(
+                "ReplicaSet, deployment, endpoints, service-allocator, nodeipam, garbagecollector, Namespace"
+            )
+            .unwrap(),
             all
         );
         assert_eq!(

@@ -144,8 +144,9 @@ impl Strategy for Namespace {
     }
 
     /// A namespace that still holds objects becomes Terminating (nothing new can be created in
-    /// it) and stays until a delete finds it empty; an empty one is deleted at once. Emptying
-    /// a terminating namespace is left to a later namespace controller.
+    /// it) and stays until a delete finds it empty; an empty one is deleted at once. The
+    /// namespace controller (in the controller manager) empties a terminating namespace and
+    /// deletes it again.
     async fn delete_decision(
         &mut self,
         ctx: &DeleteContext<'_>,

@@ -25,6 +25,9 @@ pub const LABEL_INDEX: &str = "label";
 /// Index of objects by the uid of their controller (the ownerReference with
 /// `controller: true`).
 pub const OWNER_INDEX: &str = "owner";
+/// Index of objects by the uid of every owner they reference (any ownerReference, controller
+/// or not): an owner's dependents, as the garbage collector sees them.
+pub const OWNER_REF_INDEX: &str = "ownerRef";
 /// Index of objects by `spec.nodeName` (pods; objects without the field are not indexed).
 pub const NODE_INDEX: &str = "node";
 
@@ -61,6 +64,18 @@ fn default_indexes<T: Resource>() -> Vec<(&'static str, IndexFn<T>)> {
                     .map(|r| r.uid.clone())
                     .into_iter()
                     .collect()
+            }),
+        ),
+        (
+            OWNER_REF_INDEX,
+            Arc::new(|o: &T| {
+                let mut uids: Vec<String> = o
+                    .metadata()
+                    .map(|m| m.owner_references.iter().map(|r| r.uid.clone()).collect())
+                    .unwrap_or_default();
+                uids.sort();
+                uids.dedup();
+                uids
             }),
         ),
         (
@@ -271,7 +286,8 @@ impl<T: Resource> fmt::Debug for Informer<T> {
 
 impl<T: Resource> Informer<T> {
     /// Starts an informer on the objects `api` and `lp` select, with the default indexes
-    /// ([`NAMESPACE_INDEX`], [`LABEL_INDEX`], [`OWNER_INDEX`], [`NODE_INDEX`]). Must be called
+    /// ([`NAMESPACE_INDEX`], [`LABEL_INDEX`], [`OWNER_INDEX`], [`OWNER_REF_INDEX`],
+    /// [`NODE_INDEX`]). Must be called
     /// within a tokio runtime.
     pub fn new(api: Api<T>, lp: ListParams) -> Self {
         Self::with_indexes(api, lp, Vec::new())
@@ -383,6 +399,12 @@ impl<T: Resource> Informer<T> {
     /// The objects whose controller has uid `uid`.
     pub fn by_owner(&self, uid: &str) -> Vec<Arc<T>> {
         self.by_index(OWNER_INDEX, uid)
+    }
+
+    /// The objects with any ownerReference (controller or not) to uid `uid`: the owner's
+    /// dependents.
+    pub fn by_owner_ref(&self, uid: &str) -> Vec<Arc<T>> {
+        self.by_index(OWNER_REF_INDEX, uid)
     }
 
     /// The objects (pods) bound to node `node`.
@@ -612,6 +634,8 @@ mod tests {
         assert_eq!(inf_like(LABEL_INDEX, "app=web"), ["a/c1", "b/c3"]);
         assert_eq!(inf_like(OWNER_INDEX, "owner-of-c1"), ["a/c1"]);
         assert!(inf_like(OWNER_INDEX, "owner-of-x2").is_empty());
+        // Every reference counts for the dependents index, controller or not.
+        assert_eq!(inf_like(OWNER_REF_INDEX, "owner-of-x2"), ["a/x2"]);
         assert_eq!(inf_like(NODE_INDEX, "n2"), ["b/c3"]);
         // Relabel c1; relist drops x2 and keeps c3 unchanged (no event).
         s.apply(Event::Applied(pod("a", "c1", "8", &[("app", "db")], "n1")));

@@ -50,7 +50,7 @@ pub use controller::{Action, Controller, Reconciler, owner_key};
 pub use events::{EventRecorder, EventType, object_reference};
 pub use informer::{
     Change, IndexFn, Informer, Informers, LABEL_INDEX, NAMESPACE_INDEX, NODE_INDEX, OWNER_INDEX,
-    Subscription, controller_of,
+    OWNER_REF_INDEX, Subscription, controller_of,
 };
 pub use key::ObjectKey;
 pub use leader::{LeaderElectionConfig, LeaderElectionError, LeaderElector};

@@ -1,0 +1,808 @@
+//! The garbage collector: deletes objects whose owners are gone and carries out the
+//! Foreground and Orphan propagation policies, with Kubernetes' semantics.
+//!
+//! The object graph is the shared informers of every kind that can own or be owned
+//! ([`GraphKind`], one generic implementation instantiated per kind); an owner's dependents
+//! are the objects whose ownerReferences name its uid (the informers' `ownerRef` index). One
+//! [`Collector<T>`] per kind runs on the shared runtime; its key is an object of that kind:
+//!
+//! - **Dependents** (objects with ownerReferences, not being deleted): each owner is
+//!   *solid* (exists with the referenced uid), *waiting* (exists, being deleted in the
+//!   foreground) or *gone*. Gone is never concluded from the cache alone: an owner absent
+//!   from its informer (or cached with another uid) is looked up on the API server, and only
+//!   a NotFound or a different uid there counts. With a solid owner, references to gone and
+//!   waiting owners are removed; without one, the object is deleted (uid and
+//!   resourceVersion preconditions, so a changed object is looked at again rather than
+//!   deleted): in the foreground when an owner is waiting and the object has dependents
+//!   itself in the cache (so Deployment → ReplicaSets → Pods goes bottom-up), else in the
+//!   background (as Kubernetes; a leaf such as a pod gets no finalizer).
+//! - **Owners deleted with Foreground** (`foregroundDeletion` finalizer): their dependents
+//!   are deleted through the rule above (an owner's change queues its dependents); once no
+//!   dependent with `blockOwnerDeletion: true` remains (gracefully terminating pods count
+//!   until they are gone), the finalizer is removed and the API server removes the owner.
+//! - **Owners deleted with Orphan** (`orphan` finalizer): the references to them are removed
+//!   from every dependent (read, edit, update with the resourceVersion read; a conflict is
+//!   retried through the work queue), then the finalizer.
+//!
+//! Before a finalizer is removed, kinds whose informer has not yet seen the owner's
+//! resourceVersion are listed on the API server too, so a lagging cache cannot hide a
+//! dependent. A dependent's change queues its owners that are being deleted; an owner that is
+//! being deleted or is gone queues its dependents.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::Arc;
+
+use futures::future::{BoxFuture, FutureExt, join_all};
+use skiff_api::api::{Deployment, Endpoints, ObjectMeta, OwnerReference, Pod, ReplicaSet, Service};
+use skiff_api::{FOREGROUND_FINALIZER, KindInfo, ORPHAN_FINALIZER, Resource};
+use skiff_client::runtime::{
+    Action, CancelToken, Controller, EventRecorder, EventType, Informer, Informers, ObjectKey,
+    Reconciler,
+};
+use skiff_client::{
+    Api, Client, ClientError, DeleteParams, ListParams, Preconditions, PropagationPolicy,
+};
+
+use crate::{Context, Error};
+
+/// What the owner an ownerReference names turned out to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnerState {
+    /// It exists with the referenced uid and is not waiting for its dependents.
+    Solid,
+    /// It exists with the referenced uid and is being deleted in the foreground.
+    Waiting,
+    /// The API server confirmed it does not exist, or exists with another uid.
+    Gone,
+    /// Its kind is not one the collector knows, so it cannot be checked: it counts as solid.
+    Unknown,
+}
+
+fn has_finalizer(meta: &ObjectMeta, finalizer: &str) -> bool {
+    meta.finalizers.iter().any(|f| f == finalizer)
+}
+
+fn is_deleting(meta: &ObjectMeta) -> bool {
+    !meta.deletion_timestamp.is_empty()
+}
+
+/// Being deleted in the foreground: dependents go first.
+fn is_waiting_for_dependents(meta: &ObjectMeta) -> bool {
+    is_deleting(meta) && has_finalizer(meta, FOREGROUND_FINALIZER)
+}
+
+fn revision(meta: &ObjectMeta) -> u64 {
+    meta.resource_version.parse().unwrap_or(u64::MAX)
+}
+
+fn key_of(meta: &ObjectMeta) -> ObjectKey {
+    ObjectKey::new(&meta.namespace, &meta.name)
+}
+
+fn api_group(api_version: &str) -> &str {
+    api_version.rsplit_once('/').map(|(g, _)| g).unwrap_or("")
+}
+
+/// Whether `r` names an object of kind `info`.
+fn refers_to(r: &OwnerReference, info: &KindInfo) -> bool {
+    r.kind == info.kind && api_group(&r.api_version) == info.group()
+}
+
+/// The key of the owner `r` names, for a dependent in `namespace` (a namespaced owner is in
+/// its dependent's namespace); `None` for a namespaced owner of a cluster-scoped dependent,
+/// which cannot exist.
+fn owner_key(info: &KindInfo, namespace: &str, r: &OwnerReference) -> Option<ObjectKey> {
+    match (info.namespaced, namespace.is_empty()) {
+        (true, true) => None,
+        (true, false) => Some(ObjectKey::new(namespace, &r.name)),
+        (false, _) => Some(ObjectKey::cluster(&r.name)),
+    }
+}
+
+fn api_for<T: Resource>(client: &Client, namespace: &str) -> Api<T> {
+    client.api::<T>(T::INFO.namespaced.then_some(namespace))
+}
+
+/// The state of the owner with uid `uid` at `key`: from `cache` when it holds that object,
+/// else from the API server (the cache may lag behind it, so absence there proves nothing).
+/// Only a NotFound or another uid on the API server makes an owner [`OwnerState::Gone`].
+pub async fn owner_state<T: Resource>(
+    cache: &Informer<T>,
+    client: &Client,
+    key: &ObjectKey,
+    uid: &str,
+) -> Result<OwnerState, ClientError> {
+    let meta = match cache
+        .get(key)
+        .and_then(|o| o.metadata().cloned())
+        .filter(|m| m.uid == uid)
+    {
+        Some(m) => m,
+        None => match api_for::<T>(client, &key.namespace)
+            .get_opt(&key.name)
+            .await?
+            .and_then(|o| o.metadata().cloned())
+            .filter(|m| m.uid == uid)
+        {
+            Some(m) => m,
+            None => return Ok(OwnerState::Gone),
+        },
+    };
+    Ok(if is_waiting_for_dependents(&meta) {
+        OwnerState::Waiting
+    } else {
+        OwnerState::Solid
+    })
+}
+
+/// One kind's part of the object graph. Object-safe, so the collector can reach owners and
+/// dependents of any kind; implemented once, generically, by [`KindGraph`].
+pub trait GraphKind: Send + Sync {
+    fn info(&self) -> &'static KindInfo;
+    /// The cached object at `key`.
+    fn cached(&self, key: &ObjectKey) -> Option<ObjectMeta>;
+    /// The cached objects with an ownerReference to `uid`.
+    fn cached_dependents(&self, uid: &str) -> Vec<ObjectMeta>;
+    /// Whether the cache reflects every write to this kind up to `revision`.
+    fn has_seen(&self, revision: u64) -> bool;
+    /// See [`owner_state`].
+    fn owner_state<'a>(
+        &'a self,
+        key: &'a ObjectKey,
+        uid: &'a str,
+    ) -> BoxFuture<'a, Result<OwnerState, ClientError>>;
+    /// The object at `key` as the API server has it now.
+    fn live<'a>(
+        &'a self,
+        key: &'a ObjectKey,
+    ) -> BoxFuture<'a, Result<Option<ObjectMeta>, ClientError>>;
+    /// The objects with an ownerReference to `uid`, listed on the API server (in
+    /// `namespace`, or everywhere).
+    fn live_dependents<'a>(
+        &'a self,
+        namespace: Option<&'a str>,
+        uid: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<ObjectMeta>, ClientError>>;
+    /// Deletes the object `meta` describes if it is still that version (NotFound is success).
+    fn delete<'a>(
+        &'a self,
+        meta: &'a ObjectMeta,
+        policy: PropagationPolicy,
+    ) -> BoxFuture<'a, Result<(), ClientError>>;
+    /// Reads the object at `key`; if it still has `uid`, applies `edit` to its metadata and,
+    /// when `edit` reports a change, writes it back (an update with the resourceVersion
+    /// read, so a concurrent change is a Conflict). Returns whether it wrote.
+    fn edit_metadata<'a>(
+        &'a self,
+        key: &'a ObjectKey,
+        uid: &'a str,
+        edit: &'a (dyn Fn(&mut ObjectMeta) -> bool + Send + Sync),
+    ) -> BoxFuture<'a, Result<bool, ClientError>>;
+}
+
+/// [`GraphKind`] for `T`: its shared informer and its API.
+pub struct KindGraph<T> {
+    informer: Informer<T>,
+    client: Client,
+}
+
+impl<T: Resource> KindGraph<T> {
+    pub fn new(informers: &Informers) -> Self {
+        KindGraph {
+            informer: informers.get::<T>(),
+            client: informers.client().clone(),
+        }
+    }
+}
+
+impl<T: Resource> GraphKind for KindGraph<T> {
+    fn info(&self) -> &'static KindInfo {
+        &T::INFO
+    }
+
+    fn cached(&self, key: &ObjectKey) -> Option<ObjectMeta> {
+        self.informer.get(key).and_then(|o| o.metadata().cloned())
+    }
+
+    fn cached_dependents(&self, uid: &str) -> Vec<ObjectMeta> {
+        self.informer
+            .by_owner_ref(uid)
+            .iter()
+            .filter_map(|o| o.metadata().cloned())
+            .collect()
+    }
+
+    fn has_seen(&self, revision: u64) -> bool {
+        self.informer.revision() >= revision
+    }
+
+    fn owner_state<'a>(
+        &'a self,
+        key: &'a ObjectKey,
+        uid: &'a str,
+    ) -> BoxFuture<'a, Result<OwnerState, ClientError>> {
+        owner_state(&self.informer, &self.client, key, uid).boxed()
+    }
+
+    fn live<'a>(
+        &'a self,
+        key: &'a ObjectKey,
+    ) -> BoxFuture<'a, Result<Option<ObjectMeta>, ClientError>> {
+        async move {
+            Ok(api_for::<T>(&self.client, &key.namespace)
+                .get_opt(&key.name)
+                .await?
+                .and_then(|o| o.metadata().cloned()))
+        }
+        .boxed()
+    }
+
+    fn live_dependents<'a>(
+        &'a self,
+        namespace: Option<&'a str>,
+        uid: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<ObjectMeta>, ClientError>> {
+        async move {
+            let api = self
+                .client
+                .api::<T>(namespace.filter(|_| T::INFO.namespaced));
+            Ok(api
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .filter_map(|o| o.metadata().cloned())
+                .filter(|m| m.owner_references.iter().any(|r| r.uid == uid))
+                .collect())
+        }
+        .boxed()
+    }
+
+    fn delete<'a>(
+        &'a self,
+        meta: &'a ObjectMeta,
+        policy: PropagationPolicy,
+    ) -> BoxFuture<'a, Result<(), ClientError>> {
+        async move {
+            let params = DeleteParams {
+                grace_period_seconds: None,
+                propagation_policy: Some(policy),
+                preconditions: Some(Preconditions {
+                    uid: Some(meta.uid.clone()),
+                    resource_version: Some(meta.resource_version.clone())
+                        .filter(|rv| !rv.is_empty()),
+                }),
+            };
+            match api_for::<T>(&self.client, &meta.namespace)
+                .delete(&meta.name, &params)
+                .await
+            {
+                Ok(_) => Ok(()),
+                Err(e) if e.is_not_found() => Ok(()),
+                Err(e) => Err(e),
+            }
+        }
+        .boxed()
+    }
+
+    fn edit_metadata<'a>(
+        &'a self,
+        key: &'a ObjectKey,
+        uid: &'a str,
+        edit: &'a (dyn Fn(&mut ObjectMeta) -> bool + Send + Sync),
+    ) -> BoxFuture<'a, Result<bool, ClientError>> {
+        async move {
+            let api = api_for::<T>(&self.client, &key.namespace);
+            let Some(mut obj) = api.get_opt(&key.name).await? else {
+                return Ok(false);
+            };
+            if obj.metadata().map(|m| m.uid.as_str()) != Some(uid) || !edit(obj.metadata_mut()) {
+                return Ok(false);
+            }
+            match api.update(&obj).await {
+                Ok(_) => Ok(true),
+                Err(e) if e.is_not_found() => Ok(false),
+                Err(e) => Err(e),
+            }
+        }
+        .boxed()
+    }
+}
+
+/// A dependent found in the graph, with its kind.
+struct Dependent {
+    kind: Arc<dyn GraphKind>,
+    meta: ObjectMeta,
+}
+
+impl Dependent {
+    fn blocks(&self, owner_uid: &str) -> bool {
+        self.meta
+            .owner_references
+            .iter()
+            .any(|r| r.uid == owner_uid && r.block_owner_deletion == Some(true))
+    }
+}
+
+/// The object graph: every kind the collector handles.
+pub struct Graph {
+    kinds: Vec<Arc<dyn GraphKind>>,
+}
+
+impl Graph {
+    /// The kind `r` names, if the collector handles it.
+    fn kind_of(&self, r: &OwnerReference) -> Option<&Arc<dyn GraphKind>> {
+        self.kinds.iter().find(|k| refers_to(r, k.info()))
+    }
+
+    /// The state of the owner `r` of a dependent in `namespace` (cache, then API server).
+    pub async fn owner_state(
+        &self,
+        namespace: &str,
+        r: &OwnerReference,
+    ) -> Result<OwnerState, ClientError> {
+        let Some(kind) = self.kind_of(r) else {
+            return Ok(OwnerState::Unknown);
+        };
+        let Some(key) = owner_key(kind.info(), namespace, r) else {
+            return Ok(OwnerState::Unknown);
+        };
+        kind.owner_state(&key, &r.uid).await
+    }
+
+    /// The state of the owner `r` of a dependent in `namespace` from the caches only; `None`
+    /// when the caches cannot tell (the owner is not cached with that uid).
+    fn cached_owner_state(&self, namespace: &str, r: &OwnerReference) -> Option<OwnerState> {
+        let Some(kind) = self.kind_of(r) else {
+            return Some(OwnerState::Unknown);
+        };
+        let Some(key) = owner_key(kind.info(), namespace, r) else {
+            return Some(OwnerState::Unknown);
+        };
+        let meta = kind.cached(&key).filter(|m| m.uid == r.uid)?;
+        Some(if is_waiting_for_dependents(&meta) {
+            OwnerState::Waiting
+        } else {
+            OwnerState::Solid
+        })
+    }
+
+    /// The cached dependents of the owner `owner` of kind `info` (a namespaced owner's
+    /// dependents are in its namespace).
+    fn cached_dependents(&self, info: &KindInfo, owner: &ObjectMeta) -> Vec<Dependent> {
+        let mut out = Vec::new();
+        for kind in &self.kinds {
+            for meta in kind.cached_dependents(&owner.uid) {
+                if info.namespaced && meta.namespace != owner.namespace {
+                    continue;
+                }
+                out.push(Dependent {
+                    kind: Arc::clone(kind),
+                    meta,
+                });
+            }
+        }
+        out
+    }
+
+    /// The cached dependents plus, for every kind whose cache has not yet seen the owner's
+    /// last write, the dependents the API server lists (so a lagging cache hides none).
+    async fn all_dependents(
+        &self,
+        info: &KindInfo,
+        owner: &ObjectMeta,
+    ) -> Result<Vec<Dependent>, ClientError> {
+        let mut out = self.cached_dependents(info, owner);
+        let mut seen: BTreeSet<String> = out.iter().map(|d| d.meta.uid.clone()).collect();
+        let rev = revision(owner);
+        let scope = info.namespaced.then_some(owner.namespace.as_str());
+        for kind in self.kinds.iter().filter(|k| !k.has_seen(rev)) {
+            for meta in kind.live_dependents(scope, &owner.uid).await? {
+                if seen.insert(meta.uid.clone()) {
+                    out.push(Dependent {
+                        kind: Arc::clone(kind),
+                        meta,
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The reconciler of one kind's objects, as owners and as dependents.
+pub struct Collector<T> {
+    graph: Arc<Graph>,
+    own: KindGraph<T>,
+    recorder: EventRecorder,
+}
+
+impl<T> std::fmt::Debug for Collector<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Collector").finish_non_exhaustive()
+    }
+}
+
+/// The keys a change of `c` (kind `C`) queues in the collector of kind `T`: `c`'s owners of
+/// kind `T` that are being deleted (they wait for, or orphan, their dependents), and, when
+/// `c` is being deleted or is gone, its dependents of kind `T`.
+fn related_keys<T: Resource, C: Resource>(
+    c: &C,
+    owners: &Informer<T>,
+    of_c: &Informer<C>,
+) -> Vec<ObjectKey> {
+    let Some(meta) = c.metadata() else {
+        return Vec::new();
+    };
+    let mut keys: Vec<ObjectKey> = meta
+        .owner_references
+        .iter()
+        .filter(|r| refers_to(r, &T::INFO))
+        .filter_map(|r| owner_key(&T::INFO, &meta.namespace, r))
+        .filter(|k| {
+            owners
+                .get(k)
+                .and_then(|o| o.metadata().map(is_deleting))
+                .unwrap_or(false)
+        })
+        .collect();
+    let current = of_c.get(&key_of(meta));
+    let gone_or_deleting = current.as_ref().is_none_or(|o| {
+        o.metadata()
+            .is_none_or(|m| m.uid != meta.uid || is_deleting(m))
+    });
+    if gone_or_deleting && !meta.uid.is_empty() {
+        keys.extend(
+            owners
+                .by_owner_ref(&meta.uid)
+                .iter()
+                .filter(|d| !C::INFO.namespaced || d.namespace() == meta.namespace)
+                .map(|d| ObjectKey::of(&**d)),
+        );
+    }
+    keys
+}
+
+/// Makes the collector of `T` watch the objects of `C` (see [`related_keys`]).
+fn watch_kind<T: Resource, C: Resource>(
+    controller: Controller<T>,
+    informers: &Informers,
+) -> Controller<T> {
+    let (owners, of_c) = (informers.get::<T>(), informers.get::<C>());
+    controller.watches(&of_c.clone(), move |c: &C| related_keys(c, &owners, &of_c))
+}
+
+/// The kinds the collector handles: the one list, used for the graph, the watches and the
+/// collectors.
+macro_rules! graph_kinds {
+    ($($t:ty),* $(,)?) => {
+        /// The graph over every kind the collector handles.
+        pub fn graph(informers: &Informers) -> Graph {
+            Graph {
+                kinds: vec![$(Arc::new(KindGraph::<$t>::new(informers)) as Arc<dyn GraphKind>),*],
+            }
+        }
+
+        /// `controller` watching every kind of the graph.
+        fn watch_graph<T: Resource>(controller: Controller<T>, informers: &Informers) -> Controller<T> {
+            $(let controller = watch_kind::<T, $t>(controller, informers);)*
+            controller
+        }
+
+        /// One collector per kind.
+        fn collectors(
+            informers: &Informers,
+            graph: &Arc<Graph>,
+            recorder: &EventRecorder,
+            workers: usize,
+            stop: &CancelToken,
+        ) -> Vec<BoxFuture<'static, ()>> {
+            vec![$(Collector::<$t>::run(informers, graph, recorder, workers, stop).boxed()),*]
+        }
+    };
+}
+
+graph_kinds!(Deployment, ReplicaSet, Pod, Service, Endpoints);
+
+/// Runs the garbage collector (one collector per kind, `workers` workers each) until `stop`
+/// is cancelled.
+pub async fn run(
+    informers: &Informers,
+    recorder: EventRecorder,
+    workers: usize,
+    stop: CancelToken,
+) {
+    let graph = Arc::new(graph(informers));
+    join_all(collectors(informers, &graph, &recorder, workers, &stop)).await;
+}
+
+impl<T: Resource> Collector<T> {
+    pub fn new(informers: &Informers, graph: Arc<Graph>, recorder: EventRecorder) -> Self {
+        Collector {
+            graph,
+            own: KindGraph::new(informers),
+            recorder,
+        }
+    }
+
+    /// The controller: every `T`, plus the related objects of every kind of the graph.
+    pub fn controller(informers: &Informers) -> Controller<T> {
+        let controller =
+            Controller::<T>::new(informers).named(&format!("garbagecollector/{}", T::INFO.plural));
+        watch_graph(controller, informers)
+    }
+
+    fn run(
+        informers: &Informers,
+        graph: &Arc<Graph>,
+        recorder: &EventRecorder,
+        workers: usize,
+        stop: &CancelToken,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let reconciler = Arc::new(Collector::<T>::new(
+            informers,
+            Arc::clone(graph),
+            recorder.clone(),
+        ));
+        Self::controller(informers)
+            .graceful_shutdown_on(stop.clone())
+            .run(reconciler, workers)
+    }
+
+    /// A dependent: delete it when no owner is solid; drop references to gone and waiting
+    /// owners when one is.
+    async fn collect_if_orphaned(&self, cached: &ObjectMeta) -> Result<(), Error> {
+        let ns = cached.namespace.as_str();
+        // Every owner cached, and solid: nothing to do (no API call).
+        if cached.owner_references.iter().all(|r| {
+            matches!(
+                self.graph.cached_owner_state(ns, r),
+                Some(OwnerState::Solid | OwnerState::Unknown)
+            )
+        }) {
+            return Ok(());
+        }
+        let key = key_of(cached);
+        let what = || format!("{} {key}", T::INFO.kind);
+        // Decide on the object as it is now, not as cached.
+        let Some(latest) = self
+            .own
+            .live(&key)
+            .await
+            .during(|| format!("reading {}", what()))?
+        else {
+            return Ok(());
+        };
+        if latest.uid != cached.uid || is_deleting(&latest) || latest.owner_references.is_empty() {
+            return Ok(());
+        }
+        let mut solid = false;
+        let mut waiting = false;
+        let mut drop_uids = BTreeSet::new();
+        for r in &latest.owner_references {
+            let state = self
+                .graph
+                .owner_state(ns, r)
+                .await
+                .during(|| format!("checking owner {} {} of {}", r.kind, r.name, what()))?;
+            match state {
+                OwnerState::Solid | OwnerState::Unknown => solid = true,
+                OwnerState::Waiting => {
+                    waiting = true;
+                    drop_uids.insert(r.uid.clone());
+                }
+                OwnerState::Gone => {
+                    drop_uids.insert(r.uid.clone());
+                }
+            }
+        }
+        if solid {
+            if drop_uids.is_empty() {
+                return Ok(());
+            }
+            let edit = |m: &mut ObjectMeta| {
+                let before = m.owner_references.len();
+                m.owner_references.retain(|r| !drop_uids.contains(&r.uid));
+                m.owner_references.len() != before
+            };
+            if self
+                .own
+                .edit_metadata(&key, &latest.uid, &edit)
+                .await
+                .during(|| format!("removing owner references from {}", what()))?
+            {
+                tracing::info!(kind = T::INFO.kind, object = %key, owners = ?drop_uids,
+                    "removed references to owners that are gone or being deleted");
+            }
+            return Ok(());
+        }
+        // Kubernetes' choice: in the foreground when it has dependents of its own (they go
+        // first, so the waiting owner waits for them too), else in the background.
+        let policy = if waiting && !self.graph.cached_dependents(&T::INFO, &latest).is_empty() {
+            PropagationPolicy::Foreground
+        } else {
+            PropagationPolicy::Background
+        };
+        self.own
+            .delete(&latest, policy)
+            .await
+            .during(|| format!("deleting {}", what()))?;
+        tracing::info!(kind = T::INFO.kind, object = %key, policy = policy.as_str(),
+            "deleted: every owner is gone or waiting for its dependents");
+        Ok(())
+    }
+
+    /// An owner deleted in the foreground: once no dependent blocks it any more, remove the
+    /// finalizer (its dependents are deleted by their own collectors).
+    async fn finish_foreground(&self, owner: &ObjectMeta) -> Result<(), Error> {
+        let blocking = |deps: &[Dependent]| deps.iter().filter(|d| d.blocks(&owner.uid)).count();
+        let cached = self.graph.cached_dependents(&T::INFO, owner);
+        let key = key_of(owner);
+        if blocking(&cached) > 0 {
+            tracing::debug!(kind = T::INFO.kind, object = %key, blocking = blocking(&cached),
+                "waiting for dependents");
+            return Ok(());
+        }
+        let all = self
+            .graph
+            .all_dependents(&T::INFO, owner)
+            .await
+            .during(|| format!("listing the dependents of {} {key}", T::INFO.kind))?;
+        if blocking(&all) > 0 {
+            return Ok(());
+        }
+        self.remove_finalizer(owner, FOREGROUND_FINALIZER).await
+    }
+
+    /// An owner deleted with Orphan: remove the references to it from every dependent, then
+    /// the finalizer.
+    async fn orphan_dependents(&self, owner: &ObjectMeta) -> Result<(), Error> {
+        let key = key_of(owner);
+        let dependents = self
+            .graph
+            .all_dependents(&T::INFO, owner)
+            .await
+            .during(|| format!("listing the dependents of {} {key}", T::INFO.kind))?;
+        let edit = |m: &mut ObjectMeta| {
+            let before = m.owner_references.len();
+            m.owner_references.retain(|r| r.uid != owner.uid);
+            m.owner_references.len() != before
+        };
+        let results = join_all(dependents.iter().map(|d| async {
+            let dkey = key_of(&d.meta);
+            d.kind
+                .edit_metadata(&dkey, &d.meta.uid, &edit)
+                .await
+                .during(|| format!("orphaning {} {dkey}", d.kind.info().kind))
+        }))
+        .await;
+        let failed: Vec<Error> = results.into_iter().filter_map(Result::err).collect();
+        if let Some(first) = failed.into_iter().next() {
+            return Err(first);
+        }
+        tracing::info!(kind = T::INFO.kind, object = %key, dependents = dependents.len(),
+            "orphaned dependents");
+        self.remove_finalizer(owner, ORPHAN_FINALIZER).await
+    }
+
+    async fn remove_finalizer(&self, owner: &ObjectMeta, finalizer: &str) -> Result<(), Error> {
+        let key = key_of(owner);
+        let edit = |m: &mut ObjectMeta| {
+            let before = m.finalizers.len();
+            m.finalizers.retain(|f| f != finalizer);
+            m.finalizers.len() != before
+        };
+        if self
+            .own
+            .edit_metadata(&key, &owner.uid, &edit)
+            .await
+            .during(|| format!("removing finalizer {finalizer} from {} {key}", T::INFO.kind))?
+        {
+            tracing::info!(kind = T::INFO.kind, object = %key, finalizer, "removed finalizer");
+        }
+        Ok(())
+    }
+}
+
+impl<T: Resource> Reconciler for Collector<T> {
+    type Error = Error;
+
+    async fn reconcile(&self, key: &ObjectKey) -> Result<Action, Error> {
+        let Some(obj) = self.own.informer.get(key) else {
+            return Ok(Action::Done);
+        };
+        let Some(meta) = obj.metadata() else {
+            return Ok(Action::Done);
+        };
+        let result = if is_deleting(meta) {
+            if has_finalizer(meta, ORPHAN_FINALIZER) {
+                self.orphan_dependents(meta).await
+            } else if has_finalizer(meta, FOREGROUND_FINALIZER) {
+                self.finish_foreground(meta).await
+            } else {
+                // Being deleted: its owners no longer matter.
+                Ok(())
+            }
+        } else if meta.owner_references.is_empty() {
+            Ok(())
+        } else {
+            self.collect_if_orphaned(meta).await
+        };
+        if let Err(e) = &result {
+            let routine = matches!(e, Error::Api { source, .. } if source.is_conflict());
+            if !routine {
+                self.recorder
+                    .publish(
+                        &*obj,
+                        EventType::Warning,
+                        "GarbageCollectionFailed",
+                        &crate::error_chain(e),
+                    )
+                    .await;
+            }
+        }
+        result.map(|()| Action::Done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn oref(api_version: &str, kind: &str, name: &str) -> OwnerReference {
+        OwnerReference {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            name: name.into(),
+            uid: "u".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn references_match_kind_and_group() {
+        assert!(refers_to(
+            &oref("apps/v1", "ReplicaSet", "a"),
+            &ReplicaSet::INFO
+        ));
+        assert!(!refers_to(
+            &oref("v1", "ReplicaSet", "a"),
+            &ReplicaSet::INFO
+        ));
+        assert!(!refers_to(
+            &oref("apps/v1", "Deployment", "a"),
+            &ReplicaSet::INFO
+        ));
+        assert!(refers_to(&oref("v1", "Pod", "a"), &Pod::INFO));
+    }
+
+    #[test]
+    fn owner_keys_follow_scope() {
+        let r = oref("apps/v1", "ReplicaSet", "web");
+        assert_eq!(
+            owner_key(&ReplicaSet::INFO, "shop", &r),
+            Some(ObjectKey::new("shop", "web"))
+        );
+        // A namespaced owner cannot own a cluster-scoped object.
+        assert_eq!(owner_key(&ReplicaSet::INFO, "", &r), None);
+        let n = oref("v1", "Node", "n1");
+        assert_eq!(
+            owner_key(&skiff_api::api::Node::INFO, "shop", &n),
+            Some(ObjectKey::cluster("n1"))
+        );
+    }
+
+    #[test]
+    fn waiting_needs_deletion_and_the_foreground_finalizer() {
+        let mut m = ObjectMeta {
+            finalizers: vec![FOREGROUND_FINALIZER.into()],
+            ..Default::default()
+        };
+        assert!(!is_waiting_for_dependents(&m));
+        m.deletion_timestamp = "2024-01-01T00:00:00Z".into();
+        assert!(is_waiting_for_dependents(&m));
+        m.finalizers = vec![ORPHAN_FINALIZER.into()];
+        assert!(!is_waiting_for_dependents(&m));
+    }
+}
