@@ -9,6 +9,8 @@
 //! - [`manifest`]: strict decoding of YAML/JSON manifests, with the path of a bad field.
 //! - [`selector`]: label and field selectors.
 //! - [`quantity`]: Kubernetes resource quantities (`500m`, `64Mi`) as integers.
+//! - [`taints`]: taint/toleration matching (shared by the scheduler and the node lifecycle
+//!   controller).
 
 pub mod api {
     #![allow(clippy::all)]
@@ -25,5 +27,6 @@ pub mod quantity;
 mod resource;
 pub mod selector;
 pub mod serde_util;
+pub mod taints;
 
 pub use resource::{DynKind, KindInfo, Resource, find_kind, kinds};

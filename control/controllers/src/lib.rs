@@ -8,6 +8,9 @@
 //! - [`deployment`]: one ReplicaSet per template revision; rolls from the old ones to the new
 //!   one honouring maxSurge/maxUnavailable (RollingUpdate) or all at once (Recreate); pause,
 //!   revision history, status and conditions.
+//! - [`nodelifecycle`]: node health from the agents' Leases; conditions `Unknown` and pods
+//!   not ready when a node stops reporting; `unreachable`/`not-ready` taints; eviction of the
+//!   pods that do not tolerate a NoExecute taint (or only for `tolerationSeconds`).
 //! - [`manager`]: runs the enabled controllers in one process, under leader election.
 //!
 //! Controllers read only from informers and write only through the API server; every
@@ -16,6 +19,7 @@
 
 pub mod deployment;
 pub mod manager;
+pub mod nodelifecycle;
 pub mod replicaset;
 pub mod util;
 

@@ -1,5 +1,6 @@
-//! `skiff-controller-manager`: runs the ReplicaSet and Deployment controllers against a Skiff
-//! API server, with leader election so several replicas can run with one active.
+//! `skiff-controller-manager`: runs the ReplicaSet, Deployment and node lifecycle controllers
+//! against a Skiff API server, with leader election so several replicas can run with one
+//! active.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -9,6 +10,7 @@ use clap::{ArgAction, Parser};
 use skiff_client::runtime::{CancelToken, LeaderElectionConfig};
 use skiff_client::{Client, ClientConfig};
 use skiff_controllers::manager::{self, COMPONENT, ManagerConfig, parse_controllers};
+use skiff_controllers::nodelifecycle::NodeLifecycleConfig;
 
 #[derive(Debug, Parser)]
 #[command(name = "skiff-controller-manager", version, about)]
@@ -18,7 +20,7 @@ struct Args {
     #[arg(long, value_name = "URL")]
     server: Option<String>,
     /// Controllers to run: names separated by commas, `*` for all, `-name` to switch one off
-    /// (known: replicaset, deployment).
+    /// (known: replicaset, deployment, nodelifecycle).
     #[arg(long, value_name = "LIST", default_value = "*")]
     controllers: String,
     /// Run the controllers only while holding the leader Lease.
@@ -39,6 +41,14 @@ struct Args {
     /// Concurrent reconciles per controller.
     #[arg(long, default_value_t = 4, value_name = "N")]
     workers: usize,
+    /// How long a node may go without renewing its Lease (or posting a heartbeat) before the
+    /// node lifecycle controller marks it Unknown, taints it and evicts its pods.
+    #[arg(long, default_value_t = 20, value_name = "SECONDS")]
+    node_monitor_grace_period: u64,
+    /// How often the node lifecycle controller looks at every node (at least; also when its
+    /// lease would expire).
+    #[arg(long, default_value_t = 2, value_name = "SECONDS")]
+    node_monitor_period: u64,
 }
 
 fn default_identity() -> String {
@@ -54,6 +64,12 @@ async fn run(args: Args) -> Result<()> {
     let controllers = parse_controllers(&args.controllers)
         .map_err(anyhow::Error::msg)
         .context("--controllers")?;
+    let node_lifecycle = NodeLifecycleConfig {
+        grace_period: Duration::from_secs(args.node_monitor_grace_period),
+        monitor_period: Duration::from_secs(args.node_monitor_period),
+        ..NodeLifecycleConfig::default()
+    };
+    node_lifecycle.validate()?;
     let identity = args.identity.unwrap_or_else(default_identity);
     let config = ClientConfig::load(args.server.as_deref())?;
     let client = Client::connect_lazy(&config.server)?;
@@ -67,6 +83,7 @@ async fn run(args: Args) -> Result<()> {
         workers: args.workers.max(1),
         identity: identity.clone(),
         leader_election,
+        node_lifecycle,
     };
     tracing::info!(server = %config.server, %identity,
         controllers = ?manager_config.controllers.iter().map(|c| c.as_str()).collect::<Vec<_>>(),

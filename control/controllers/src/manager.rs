@@ -12,6 +12,7 @@ use skiff_client::runtime::{
 };
 
 use crate::deployment::DeploymentController;
+use crate::nodelifecycle::{NodeLifecycleConfig, NodeLifecycleController};
 use crate::replicaset::ReplicaSetController;
 
 /// The component name in Events and the default Lease name.
@@ -22,15 +23,21 @@ pub const COMPONENT: &str = "skiff-controller-manager";
 pub enum ControllerName {
     ReplicaSet,
     Deployment,
+    NodeLifecycle,
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 2] = [ControllerName::ReplicaSet, ControllerName::Deployment];
+    pub const ALL: [ControllerName; 3] = [
+        ControllerName::ReplicaSet,
+        ControllerName::Deployment,
+        ControllerName::NodeLifecycle,
+    ];
 
     pub fn as_str(&self) -> &'static str {
         match self {
             ControllerName::ReplicaSet => "replicaset",
             ControllerName::Deployment => "deployment",
+            ControllerName::NodeLifecycle => "nodelifecycle",
         }
     }
 
@@ -39,6 +46,7 @@ impl ControllerName {
         match self {
             ControllerName::ReplicaSet => "replicaset-controller",
             ControllerName::Deployment => "deployment-controller",
+            ControllerName::NodeLifecycle => "node-controller",
         }
     }
 }
@@ -100,6 +108,9 @@ pub struct ManagerConfig {
     pub identity: String,
     /// `None`: run the controllers without leader election.
     pub leader_election: Option<LeaderElectionConfig>,
+    /// The node lifecycle controller's grace and monitor periods and eviction rate (checked by
+    /// `NodeLifecycleConfig::validate`).
+    pub node_lifecycle: NodeLifecycleConfig,
 }
 
 impl ManagerConfig {
@@ -110,6 +121,7 @@ impl ManagerConfig {
             workers: 4,
             identity: identity.to_string(),
             leader_election: Some(LeaderElectionConfig::new(COMPONENT, identity)),
+            node_lifecycle: NodeLifecycleConfig::default(),
         }
     }
 }
@@ -133,6 +145,13 @@ pub async fn run_controllers(client: Client, config: &ManagerConfig, stop: Cance
             ControllerName::Deployment => Box::pin(DeploymentController::run(
                 &informers,
                 recorder(*c),
+                config.workers,
+                stop.clone(),
+            )),
+            ControllerName::NodeLifecycle => Box::pin(NodeLifecycleController::run(
+                &informers,
+                recorder(*c),
+                config.node_lifecycle.clone(),
                 config.workers,
                 stop.clone(),
             )),
@@ -176,7 +195,7 @@ mod tests {
     #[test]
     fn controller_lists() {
         use ControllerName::*;
-        let all: BTreeSet<_> = [ReplicaSet, Deployment].into();
+        let all: BTreeSet<_> = [ReplicaSet, Deployment, NodeLifecycle].into();
         assert_eq!(parse_controllers("*").unwrap(), all);
         assert_eq!(parse_controllers("").unwrap(), all);
         assert_eq!(
@@ -185,13 +204,20 @@ mod tests {
         );
         assert_eq!(
             parse_controllers("-deployment").unwrap(),
-            [ReplicaSet].into()
+            [ReplicaSet, NodeLifecycle].into()
         );
         assert_eq!(
             parse_controllers("*,-replicaset").unwrap(),
-            [Deployment].into()
+            [Deployment, NodeLifecycle].into()
         );
-        assert_eq!(parse_controllers("ReplicaSet, deployment").unwrap(), all);
+        assert_eq!(
+            parse_controllers("ReplicaSet, deployment, NodeLifecycle").unwrap(),
+            all
+        );
+        assert_eq!(
+            parse_controllers("nodelifecycle").unwrap(),
+            [NodeLifecycle].into()
+        );
         assert!(parse_controllers("replicaset,bogus").is_err());
     }
 }

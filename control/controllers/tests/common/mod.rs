@@ -94,6 +94,11 @@ pub fn start_manager(
 ) -> Manager {
     let mut config = ManagerConfig::new(identity);
     config.leader_election = lease;
+    start_manager_with(client, config)
+}
+
+/// Starts a controller manager configured by `config`.
+pub fn start_manager_with(client: &Client, config: ManagerConfig) -> Manager {
     let stop = CancelToken::new();
     let task = tokio::spawn({
         let (client, stop) = (client.clone(), stop.clone());
