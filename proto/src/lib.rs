@@ -12,6 +12,8 @@
 //! - [`FOREGROUND_FINALIZER`], [`ORPHAN_FINALIZER`]: the finalizers of a delete's propagation
 //!   policy, shared by the API server (which adds them) and the garbage collector (which acts
 //!   on them and removes them).
+//! - [`taints`]: taint/toleration matching (shared by the scheduler and the node lifecycle
+//!   controller).
 
 pub mod api {
     #![allow(clippy::all)]
@@ -28,6 +30,7 @@ pub mod quantity;
 mod resource;
 pub mod selector;
 pub mod serde_util;
+pub mod taints;
 
 pub use resource::{DynKind, KindInfo, Resource, find_kind, kinds};
 

@@ -22,6 +22,9 @@
 //!   their `orphan` finalizer is. One generic collector per kind (Deployment, ReplicaSet, Pod,
 //!   Service, Endpoints).
 //! - [`namespace`]: empties a terminating namespace (every namespaced kind), then deletes it.
+//! - [`nodelifecycle`]: node health from the agents' Leases; conditions `Unknown` and pods
+//!   not ready when a node stops reporting; `unreachable`/`not-ready` taints; eviction of the
+//!   pods that do not tolerate a NoExecute taint (or only for `tolerationSeconds`).
 //! - [`manager`]: runs the enabled controllers in one process, under leader election.
 //!
 //! Controllers read only from informers and write only through the API server; every
@@ -35,6 +38,7 @@ pub mod gc;
 pub mod manager;
 pub mod namespace;
 pub mod nodeipam;
+pub mod nodelifecycle;
 pub mod ranges;
 pub mod replicaset;
 pub mod serviceip;

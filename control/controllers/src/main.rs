@@ -1,7 +1,6 @@
 //! `skiff-controller-manager`: runs the controllers (ReplicaSet, Deployment, Endpoints, the
-//! Service allocator, node IPAM, garbage collector, namespace) against a Skiff API server,
-//! with leader election so several
-//! replicas can run with one active.
+//! Service allocator, node IPAM, garbage collector, namespace, node lifecycle) against a
+//! Skiff API server, with leader election so several replicas can run with one active.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -11,6 +10,7 @@ use clap::{ArgAction, Parser};
 use skiff_client::runtime::{CancelToken, LeaderElectionConfig};
 use skiff_client::{Client, ClientConfig};
 use skiff_controllers::manager::{self, COMPONENT, ManagerConfig, parse_controllers};
+use skiff_controllers::nodelifecycle::NodeLifecycleConfig;
 use skiff_controllers::ranges::{Ipv4Cidr, PortRange};
 
 #[derive(Debug, Parser)]
@@ -22,7 +22,7 @@ struct Args {
     server: Option<String>,
     /// Controllers to run: names separated by commas, `*` for all, `-name` to switch one off
     /// (known: replicaset, deployment, endpoints, service-allocator, nodeipam,
-    /// garbagecollector, namespace).
+    /// garbagecollector, namespace, nodelifecycle).
     #[arg(long, value_name = "LIST", default_value = "*")]
     controllers: String,
     /// Run the controllers only while holding the leader Lease.
@@ -56,6 +56,14 @@ struct Args {
     /// Prefix length of each Node's pod CIDR (at least that of --cluster-cidr, at most 30).
     #[arg(long, default_value_t = 24, value_name = "BITS")]
     node_cidr_mask_size: u8,
+    /// How long a node may go without renewing its Lease (or posting a heartbeat) before the
+    /// node lifecycle controller marks it Unknown, taints it and evicts its pods.
+    #[arg(long, default_value_t = 20, value_name = "SECONDS")]
+    node_monitor_grace_period: u64,
+    /// How often the node lifecycle controller looks at every node (at least; also when its
+    /// lease would expire).
+    #[arg(long, default_value_t = 2, value_name = "SECONDS")]
+    node_monitor_period: u64,
 }
 
 fn default_identity() -> String {
@@ -71,6 +79,12 @@ async fn run(args: Args) -> Result<()> {
     let controllers = parse_controllers(&args.controllers)
         .map_err(anyhow::Error::msg)
         .context("--controllers")?;
+    let node_lifecycle = NodeLifecycleConfig {
+        grace_period: Duration::from_secs(args.node_monitor_grace_period),
+        monitor_period: Duration::from_secs(args.node_monitor_period),
+        ..NodeLifecycleConfig::default()
+    };
+    node_lifecycle.validate()?;
     let identity = args.identity.unwrap_or_else(default_identity);
     let config = ClientConfig::load(args.server.as_deref())?;
     let client = Client::connect_lazy(&config.server)?;
@@ -88,6 +102,7 @@ async fn run(args: Args) -> Result<()> {
         service_node_port_range: args.service_node_port_range,
         cluster_cidr: args.cluster_cidr,
         node_cidr_mask_size: args.node_cidr_mask_size,
+        node_lifecycle,
     };
     manager_config
         .service_ranges()

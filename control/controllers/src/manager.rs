@@ -15,6 +15,7 @@ use crate::deployment::DeploymentController;
 use crate::endpoints::EndpointsController;
 use crate::gc;
 use crate::namespace::NamespaceController;
+use crate::nodelifecycle::{NodeLifecycleConfig, NodeLifecycleController};
 use crate::ranges::{
     CidrBlocks, DEFAULT_CLUSTER_CIDR, DEFAULT_NODE_PORTS, DEFAULT_SERVICE_CIDR, Ipv4Cidr,
     PortRange, RangeError,
@@ -36,10 +37,11 @@ pub enum ControllerName {
     NodeIpam,
     GarbageCollector,
     Namespace,
+    NodeLifecycle,
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 7] = [
+    pub const ALL: [ControllerName; 8] = [
         ControllerName::ReplicaSet,
         ControllerName::Deployment,
         ControllerName::Endpoints,
@@ -47,6 +49,7 @@ impl ControllerName {
         ControllerName::NodeIpam,
         ControllerName::GarbageCollector,
         ControllerName::Namespace,
+        ControllerName::NodeLifecycle,
     ];
 
     pub fn as_str(&self) -> &'static str {
@@ -58,6 +61,7 @@ impl ControllerName {
             ControllerName::NodeIpam => "nodeipam",
             ControllerName::GarbageCollector => "garbagecollector",
             ControllerName::Namespace => "namespace",
+            ControllerName::NodeLifecycle => "nodelifecycle",
         }
     }
 
@@ -71,6 +75,7 @@ impl ControllerName {
             ControllerName::NodeIpam => "node-ipam-controller",
             ControllerName::GarbageCollector => "garbage-collector-controller",
             ControllerName::Namespace => "namespace-controller",
+            ControllerName::NodeLifecycle => "node-controller",
         }
     }
 }
@@ -140,6 +145,9 @@ pub struct ManagerConfig {
     pub cluster_cidr: Ipv4Cidr,
     /// ...in blocks of this prefix length (`--node-cidr-mask-size`).
     pub node_cidr_mask_size: u8,
+    /// The node lifecycle controller's grace and monitor periods and eviction rate (checked by
+    /// `NodeLifecycleConfig::validate`).
+    pub node_lifecycle: NodeLifecycleConfig,
 }
 
 impl ManagerConfig {
@@ -156,6 +164,7 @@ impl ManagerConfig {
             service_node_port_range: DEFAULT_NODE_PORTS,
             cluster_cidr: DEFAULT_CLUSTER_CIDR,
             node_cidr_mask_size: 24,
+            node_lifecycle: NodeLifecycleConfig::default(),
         }
     }
 
@@ -237,6 +246,13 @@ pub async fn run_controllers(client: Client, config: &ManagerConfig, stop: Cance
                     continue;
                 }
             },
+            ControllerName::NodeLifecycle => Box::pin(NodeLifecycleController::run(
+                &informers,
+                recorder(*c),
+                config.node_lifecycle.clone(),
+                config.workers,
+                stop.clone(),
+            )),
         };
         running.push(fut);
     }
@@ -278,7 +294,7 @@ mod tests {
     fn controller_lists() {
         use ControllerName::*;
         let all: BTreeSet<_> = ControllerName::ALL.into_iter().collect();
-        assert_eq!(all.len(), 7);
+        assert_eq!(all.len(), 8);
         assert_eq!(parse_controllers("*").unwrap(), all);
         assert_eq!(parse_controllers("").unwrap(), all);
         assert_eq!(
@@ -293,24 +309,25 @@ mod tests {
                 ServiceAllocator,
                 NodeIpam,
                 GarbageCollector,
-                Namespace
+                Namespace,
+                NodeLifecycle
             ]
             .into()
         );
         assert_eq!(
-            parse_controllers("*,-replicaset,-garbagecollector,-namespace").unwrap(),
+            parse_controllers("*,-replicaset,-garbagecollector,-namespace,-nodelifecycle").unwrap(),
             [Deployment, Endpoints, ServiceAllocator, NodeIpam].into()
         );
         assert_eq!(
             parse_controllers(
-                "ReplicaSet, deployment, endpoints, service-allocator, nodeipam, garbagecollector, Namespace"
+                "ReplicaSet, deployment, endpoints, service-allocator, nodeipam, garbagecollector, Namespace, NodeLifecycle"
             )
             .unwrap(),
             all
         );
         assert_eq!(
-            parse_controllers("endpoints,nodeipam").unwrap(),
-            [Endpoints, NodeIpam].into()
+            parse_controllers("endpoints,nodeipam,nodelifecycle").unwrap(),
+            [Endpoints, NodeIpam, NodeLifecycle].into()
         );
         assert!(parse_controllers("replicaset,bogus").is_err());
     }

@@ -1,53 +1,10 @@
-//! Matching rules shared by the plugins: tolerations against taints, node selector terms
-//! against a node, pod affinity terms against a pod.
+//! Matching rules shared by the plugins: node selector terms against a node, pod affinity
+//! terms against a pod. (Taints and tolerations are matched by [`skiff_api::taints`].)
 
 use std::collections::BTreeMap;
 
-use skiff_api::api::{
-    NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PodAffinityTerm, Taint, Toleration,
-};
+use skiff_api::api::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PodAffinityTerm};
 use skiff_api::selector::{Selector, SelectorError};
-
-pub const NO_SCHEDULE: &str = "NoSchedule";
-pub const PREFER_NO_SCHEDULE: &str = "PreferNoSchedule";
-pub const NO_EXECUTE: &str = "NoExecute";
-
-/// The taint Kubernetes puts on cordoned nodes; pods tolerating it may go there.
-pub const TAINT_UNSCHEDULABLE: &str = "node.kubernetes.io/unschedulable";
-/// The taint Kubernetes puts on nodes that are not Ready.
-pub const TAINT_NOT_READY: &str = "node.kubernetes.io/not-ready";
-
-/// Whether `toleration` tolerates `taint` (Kubernetes' `ToleratesTaint`): the effect matches
-/// (an empty one matches all), the key matches (an empty key with `Exists` matches all), and
-/// for `Equal` (the default operator) the value matches.
-pub fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
-    if !toleration.effect.is_empty() && toleration.effect != taint.effect {
-        return false;
-    }
-    if !toleration.key.is_empty() && toleration.key != taint.key {
-        return false;
-    }
-    match toleration.operator.as_str() {
-        "Exists" => true,
-        "" | "Equal" => toleration.key == taint.key && toleration.value == taint.value,
-        _ => false,
-    }
-}
-
-/// Whether any of `tolerations` tolerates `taint`.
-pub fn tolerated(tolerations: &[Toleration], taint: &Taint) -> bool {
-    tolerations.iter().any(|t| tolerates(t, taint))
-}
-
-/// Whether `tolerations` tolerate a `NoSchedule` taint with `key` and no value.
-pub fn tolerates_key(tolerations: &[Toleration], key: &str) -> bool {
-    let taint = Taint {
-        key: key.to_string(),
-        effect: NO_SCHEDULE.to_string(),
-        ..Default::default()
-    };
-    tolerated(tolerations, &taint)
-}
 
 /// One requirement of a node selector term against the node's labels (or, for
 /// `matchFields`, its fields). Malformed requirements (unknown operator, `Gt` without one
@@ -167,25 +124,6 @@ mod tests {
     use super::*;
     use skiff_api::api::LabelSelector;
 
-    fn taint(key: &str, value: &str, effect: &str) -> Taint {
-        Taint {
-            key: key.into(),
-            value: value.into(),
-            effect: effect.into(),
-            ..Default::default()
-        }
-    }
-
-    fn tol(key: &str, op: &str, value: &str, effect: &str) -> Toleration {
-        Toleration {
-            key: key.into(),
-            operator: op.into(),
-            value: value.into(),
-            effect: effect.into(),
-            ..Default::default()
-        }
-    }
-
     fn labels(l: &[(&str, &str)]) -> BTreeMap<String, String> {
         l.iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -198,26 +136,6 @@ mod tests {
             operator: op.into(),
             values: values.iter().map(|v| v.to_string()).collect(),
         }
-    }
-
-    #[test]
-    fn tolerations() {
-        let t = taint("dedicated", "gpu", NO_SCHEDULE);
-        assert!(tolerates(
-            &tol("dedicated", "Equal", "gpu", NO_SCHEDULE),
-            &t
-        ));
-        assert!(tolerates(&tol("dedicated", "", "gpu", ""), &t));
-        assert!(tolerates(&tol("dedicated", "Exists", "", ""), &t));
-        assert!(tolerates(&tol("", "Exists", "", ""), &t), "tolerates all");
-        assert!(!tolerates(&tol("", "Equal", "", ""), &t));
-        assert!(!tolerates(&tol("dedicated", "Equal", "cpu", ""), &t));
-        assert!(!tolerates(&tol("dedicated", "Exists", "", NO_EXECUTE), &t));
-        assert!(!tolerates(&tol("other", "Exists", "", ""), &t));
-        assert!(tolerates_key(
-            &[tol(TAINT_UNSCHEDULABLE, "Exists", "", NO_SCHEDULE)],
-            TAINT_UNSCHEDULABLE
-        ));
     }
 
     #[test]

@@ -2,9 +2,11 @@
 
 use std::collections::HashMap;
 
-use crate::affinity::{
+use skiff_api::taints::{
     self, NO_EXECUTE, NO_SCHEDULE, PREFER_NO_SCHEDULE, TAINT_NOT_READY, TAINT_UNSCHEDULABLE,
 };
+
+use crate::affinity;
 use crate::cache::{NodeInfo, Snapshot};
 use crate::framework::{FilterPlugin, MAX_NODE_SCORE, PodContext, ScorePlugin, Unfit};
 use crate::resources::{CPU, MEMORY};
@@ -33,8 +35,7 @@ impl FilterPlugin for NodeUnschedulable {
     }
 
     fn filter(&self, cx: &PodContext, node: &NodeInfo) -> Result<(), Unfit> {
-        if node.unschedulable
-            && !affinity::tolerates_key(&cx.spec().tolerations, TAINT_UNSCHEDULABLE)
+        if node.unschedulable && !taints::tolerates_key(&cx.spec().tolerations, TAINT_UNSCHEDULABLE)
         {
             return Err(Unfit::new(REASON_UNSCHEDULABLE));
         }
@@ -71,7 +72,7 @@ impl FilterPlugin for NodeReady {
     }
 
     fn filter(&self, cx: &PodContext, node: &NodeInfo) -> Result<(), Unfit> {
-        if !node.ready && !affinity::tolerates_key(&cx.spec().tolerations, TAINT_NOT_READY) {
+        if !node.ready && !taints::tolerates_key(&cx.spec().tolerations, TAINT_NOT_READY) {
             return Err(Unfit::new(REASON_NOT_READY));
         }
         Ok(())
@@ -90,9 +91,8 @@ impl FilterPlugin for TaintToleration {
 
     fn filter(&self, cx: &PodContext, node: &NodeInfo) -> Result<(), Unfit> {
         let tolerations = &cx.spec().tolerations;
-        match node.taints().iter().find(|t| {
-            (t.effect == NO_SCHEDULE || t.effect == NO_EXECUTE)
-                && !affinity::tolerated(tolerations, t)
+        match taints::find_untolerated(node.taints(), tolerations, |e| {
+            e == NO_SCHEDULE || e == NO_EXECUTE
         }) {
             Some(t) => Err(Unfit::new(format!(
                 "node(s) had untolerated taint {{{}: {}}}",
@@ -119,7 +119,7 @@ impl ScorePlugin for TaintToleration {
             .collect();
         node.taints()
             .iter()
-            .filter(|t| t.effect == PREFER_NO_SCHEDULE && !affinity::tolerated(&tolerations, t))
+            .filter(|t| t.effect == PREFER_NO_SCHEDULE && !taints::tolerated(&tolerations, t))
             .count() as i64
     }
 
