@@ -18,6 +18,7 @@
 //! - [`api`]: [`Client`], the typed [`Api`] and the [`DynamicApi`] for types known at run time.
 //! - [`error`]: [`ClientError`], mapped from gRPC statuses and the `skiff-reason` metadata.
 //! - [`config`]: where the API server is ([`ClientConfig::load`]).
+//! - [`node_lease`]: node heartbeats as Leases in `kube-node-lease`.
 //! - [`reflector`]: list + watch + relist, the one way components observe the cluster.
 //! - [`node_api`]: the node agents' read-only HTTP API (container logs, stats), found through
 //!   the API server ([`node_api::AgentEndpoint`]).
@@ -26,6 +27,7 @@ pub mod api;
 pub mod config;
 pub mod error;
 pub mod node_api;
+pub mod node_lease;
 pub mod reflector;
 pub mod runtime;
 

@@ -53,7 +53,7 @@ use crate::util::{self, format_time, is_terminating, parse_time};
 use crate::{Context, Error};
 
 /// Where node agents keep their Leases (one per node, named after it), as in Kubernetes.
-pub const LEASE_NAMESPACE: &str = "kube-node-lease";
+pub use skiff_client::node_lease::NAMESPACE as LEASE_NAMESPACE;
 /// Reason of the conditions of a node whose agent stopped reporting.
 pub const REASON_STATUS_UNKNOWN: &str = "NodeStatusUnknown";
 pub const MESSAGE_STATUS_UNKNOWN: &str = "Kubelet stopped posting node status.";

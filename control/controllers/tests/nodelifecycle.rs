@@ -11,15 +11,15 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use common::*;
 use skiff_api::Resource;
 use skiff_api::api::{
-    Condition, Container, Deployment, DeploymentSpec, Event, Lease, LeaseSpec, Node, NodeSpec,
-    NodeStatus, ObjectMeta, Pod, PodSpec, Taint, Toleration,
+    Condition, Container, Deployment, DeploymentSpec, Event, Node, NodeSpec, NodeStatus,
+    ObjectMeta, Pod, PodSpec, Taint, Toleration,
 };
 use skiff_api::taints::{NO_EXECUTE, NO_SCHEDULE, TAINT_UNREACHABLE};
 use skiff_client::{Client, ListParams};
 use skiff_controllers::manager::ManagerConfig;
 use skiff_controllers::nodelifecycle::{
-    EVENT_EVICTION, EVENT_NODE_NOT_READY, LEASE_NAMESPACE, MESSAGE_STATUS_UNKNOWN,
-    NodeLifecycleConfig, REASON_STATUS_UNKNOWN,
+    EVENT_EVICTION, EVENT_NODE_NOT_READY, MESSAGE_STATUS_UNKNOWN, NodeLifecycleConfig,
+    REASON_STATUS_UNKNOWN,
 };
 
 const GRACE: Duration = Duration::from_secs(3);
@@ -99,34 +99,8 @@ async fn create_node(client: &Client, name: &str) -> String {
 fn renew_lease(client: &Client, node: &str) -> Task {
     let (client, node) = (client.clone(), node.to_string());
     Task(tokio::spawn(async move {
-        let api = client.namespaced::<Lease>(LEASE_NAMESPACE);
         loop {
-            let now = Utc::now().to_rfc3339_opts(SecondsFormat::Micros, true);
-            match api.get_opt(&node).await {
-                Ok(None) => {
-                    let lease = Lease {
-                        metadata: Some(ObjectMeta {
-                            name: node.clone(),
-                            namespace: LEASE_NAMESPACE.into(),
-                            ..Default::default()
-                        }),
-                        spec: Some(LeaseSpec {
-                            holder_identity: Some(node.clone()),
-                            lease_duration_seconds: Some(40),
-                            acquire_time: now.clone(),
-                            renew_time: now,
-                            lease_transitions: Some(0),
-                        }),
-                        ..Default::default()
-                    };
-                    let _ = api.create(&lease).await;
-                }
-                Ok(Some(mut lease)) => {
-                    lease.spec.get_or_insert_with(Default::default).renew_time = now;
-                    let _ = api.update(&lease).await;
-                }
-                Err(_) => {}
-            }
+            let _ = skiff_client::node_lease::renew(&client, &node, Duration::from_secs(40)).await;
             tokio::time::sleep(RENEW_EVERY).await;
         }
     }))

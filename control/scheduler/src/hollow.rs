@@ -17,6 +17,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use chrono::{SecondsFormat, Utc};
 use futures::{StreamExt, TryStreamExt};
@@ -242,16 +243,44 @@ impl HollowNodes {
 
 /// "Runs" the pods bound to a set of hollow nodes: writes status Running with Ready
 /// conditions, a fake pod IP and running containers, and finishes the deletion of pods being
-/// deleted. Stops when dropped.
+/// deleted; renews the nodes' Leases. Stops when dropped.
 #[derive(Debug)]
 pub struct HollowKubelet {
     task: JoinHandle<()>,
+    leases: JoinHandle<()>,
     started: Arc<AtomicU64>,
 }
 
 impl Drop for HollowKubelet {
     fn drop(&mut self) {
         self.task.abort();
+        self.leases.abort();
+    }
+}
+
+/// How long a hollow node's Lease is valid, and how often it is renewed (an agent's
+/// defaults).
+pub const LEASE_DURATION: Duration = Duration::from_secs(40);
+pub const LEASE_RENEW: Duration = Duration::from_secs(10);
+
+/// Renews every node's Lease in `kube-node-lease` every [`LEASE_RENEW`], as agents do, so
+/// the node lifecycle controller sees the hollow nodes alive.
+async fn renew_leases(client: Client, nodes: Vec<String>) {
+    let mut tick = tokio::time::interval(LEASE_RENEW);
+    loop {
+        tick.tick().await;
+        futures::stream::iter(&nodes)
+            .for_each_concurrent(CONCURRENCY, |node| {
+                let client = &client;
+                async move {
+                    if let Err(e) =
+                        skiff_client::node_lease::renew(client, node, LEASE_DURATION).await
+                    {
+                        tracing::debug!(node, error = %e, "renewing a hollow node's lease");
+                    }
+                }
+            })
+            .await;
     }
 }
 
@@ -267,6 +296,7 @@ struct KubeletState {
 impl HollowKubelet {
     pub fn spawn(client: &Client, nodes: Vec<String>) -> HollowKubelet {
         let started = Arc::new(AtomicU64::new(0));
+        let leases = tokio::spawn(renew_leases(client.clone(), nodes.clone()));
         let state = Arc::new(KubeletState {
             client: client.clone(),
             nodes: nodes.into_iter().collect(),
@@ -289,7 +319,11 @@ impl HollowKubelet {
                 }
             }
         });
-        HollowKubelet { task, started }
+        HollowKubelet {
+            task,
+            leases,
+            started,
+        }
     }
 
     /// Pods this kubelet has marked Running so far.

@@ -286,19 +286,45 @@ async fn lease_loop(client: Client, cfg: AgentConfig) {
     let mut tick = tokio::time::interval(cfg.lease_renew);
     loop {
         tick.tick().await;
-        if let Err(e) = node::renew_lease(&client, &cfg.node_name, cfg.lease_duration).await {
+        if let Err(e) =
+            skiff_client::node_lease::renew(&client, &cfg.node_name, cfg.lease_duration).await
+        {
             warn!(error = %e, "renewing the node lease");
         }
     }
 }
 
+/// Posts the node status every `every`, and at once (at most once a second) when the Node's
+/// Ready condition is Unknown while this agent runs: the node lifecycle controller set it so
+/// during a partition, and the agent is back.
 async fn heartbeat_loop(client: Client, facts: node::NodeFacts, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.tick().await;
+    let lp = ListParams::default().fields(&format!("metadata.name={}", facts.name));
+    let events = reflector(client.cluster::<skiff_api::api::Node>(), lp);
+    tokio::pin!(events);
+    let mut last_post = tokio::time::Instant::now();
     loop {
-        tick.tick().await;
-        if let Err(e) = node::heartbeat(&client, &facts).await {
-            warn!(error = %e, "updating node status");
+        let due = tokio::select! {
+            _ = tick.tick() => true,
+            ev = events.next() => {
+                let nodes = match ev {
+                    Some(Event::Restarted(v)) => v,
+                    Some(Event::Applied(n)) => vec![n],
+                    Some(Event::Deleted(_)) | None => Vec::new(),
+                };
+                let not_ready = nodes.iter().any(|n| node::ready_status(n) == "Unknown");
+                if not_ready && last_post.elapsed() < Duration::from_secs(1) {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                not_ready
+            }
+        };
+        if due {
+            if let Err(e) = node::heartbeat(&client, &facts).await {
+                warn!(error = %e, "updating node status");
+            }
+            last_post = tokio::time::Instant::now();
         }
     }
 }

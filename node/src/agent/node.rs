@@ -2,26 +2,21 @@
 //! heartbeat the node lifecycle controller watches.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-use chrono::{DateTime, SecondsFormat, Utc};
 use skiff_api::api::{
-    Condition, DaemonEndpoint, Lease, LeaseSpec, Node, NodeAddress, NodeDaemonEndpoints, NodeSpec,
-    NodeStatus, NodeSystemInfo, ObjectMeta,
+    Condition, DaemonEndpoint, Node, NodeAddress, NodeDaemonEndpoints, NodeSpec, NodeStatus,
+    NodeSystemInfo, ObjectMeta,
 };
 use skiff_client::{Client, ClientError};
-use tracing::{info, warn};
+use tracing::info;
 
 use super::status::rfc3339;
 use crate::host::HostReport;
 
-/// Namespace of node leases, as in Kubernetes.
-pub const LEASE_NAMESPACE: &str = "kube-node-lease";
 pub use super::status::LIMITS_CONDITION;
-
-fn micro(t: SystemTime) -> String {
-    DateTime::<Utc>::from(t).to_rfc3339_opts(SecondsFormat::Micros, true)
-}
+/// Namespace of node leases, as in Kubernetes.
+pub use skiff_client::node_lease::NAMESPACE as LEASE_NAMESPACE;
 
 fn meminfo_total_kib() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -226,6 +221,15 @@ pub async fn register(client: &Client, facts: &NodeFacts) -> Result<Node, Client
     }
 }
 
+/// The status of the Node's Ready condition ("" when it has none).
+pub fn ready_status(node: &Node) -> &str {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.r#type == "Ready"))
+        .map(|c| c.status.as_str())
+        .unwrap_or("")
+}
+
 /// Refreshes the node's status (heartbeat and conditions).
 pub async fn heartbeat(client: &Client, facts: &NodeFacts) -> Result<(), ClientError> {
     let api = client.cluster::<Node>();
@@ -238,52 +242,6 @@ pub async fn heartbeat(client: &Client, facts: &NodeFacts) -> Result<(), ClientE
             Err(e) => return Err(e),
         }
     }
-    Ok(())
-}
-
-/// Renews (creating if needed) the node's Lease in `kube-node-lease`.
-pub async fn renew_lease(
-    client: &Client,
-    node: &str,
-    duration: Duration,
-) -> Result<(), ClientError> {
-    let api = client.namespaced::<Lease>(LEASE_NAMESPACE);
-    let now = micro(SystemTime::now());
-    for _ in 0..5 {
-        let result = match api.get_opt(node).await? {
-            None => {
-                let lease = Lease {
-                    metadata: Some(ObjectMeta {
-                        name: node.into(),
-                        namespace: LEASE_NAMESPACE.into(),
-                        ..Default::default()
-                    }),
-                    spec: Some(LeaseSpec {
-                        holder_identity: Some(node.into()),
-                        lease_duration_seconds: Some(duration.as_secs() as i32),
-                        acquire_time: now.clone(),
-                        renew_time: now.clone(),
-                        lease_transitions: Some(0),
-                    }),
-                    ..Default::default()
-                };
-                api.create(&lease).await
-            }
-            Some(mut lease) => {
-                let spec = lease.spec.get_or_insert_with(Default::default);
-                spec.holder_identity = Some(node.into());
-                spec.lease_duration_seconds = Some(duration.as_secs() as i32);
-                spec.renew_time = now.clone();
-                api.update(&lease).await
-            }
-        };
-        match result {
-            Ok(_) => return Ok(()),
-            Err(ClientError::Conflict { .. } | ClientError::AlreadyExists { .. }) => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    warn!(node, "lease renewal kept conflicting");
     Ok(())
 }
 

@@ -666,11 +666,11 @@ impl Worker {
             now: SystemTime::now(),
         };
         let status = status::pod_status(&self.pod, &self.views(&states), &facts);
-        if self
-            .written
-            .as_ref()
-            .is_some_and(|w| status::same_status(w, &status))
-        {
+        // Compared with the API's copy (not only with what this agent last wrote): another
+        // writer, e.g. the node lifecycle controller marking pods not ready while the node was
+        // unreachable, is corrected as soon as the agent sees it.
+        let current = self.pod.status.as_ref().or(self.written.as_ref());
+        if current.is_some_and(|w| status::same_status(w, &status)) {
             return true;
         }
         let api = self.ctx.client.namespaced::<Pod>(self.pod.namespace());

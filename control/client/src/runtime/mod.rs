@@ -43,7 +43,7 @@ mod informer;
 mod key;
 mod leader;
 mod queue;
-mod time;
+pub(crate) mod time;
 
 pub use cancel::CancelToken;
 pub use controller::{Action, Controller, Reconciler, owner_key};
