@@ -9,6 +9,8 @@
 //!   one honouring maxSurge/maxUnavailable (RollingUpdate) or all at once (Recreate); pause,
 //!   revision history, status and conditions.
 //! - [`manager`]: runs the enabled controllers in one process, under leader election.
+//! - `testing` (feature `testing`): a fake kubelet that makes pods Ready, for tests that run
+//!   controllers without node agents.
 //!
 //! Controllers read only from informers and write only through the API server; every
 //! decision is recomputed from the current state (level-triggered), so a controller can be
@@ -17,6 +19,8 @@
 pub mod deployment;
 pub mod manager;
 pub mod replicaset;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod util;
 
 use skiff_client::runtime::EventRecorder;
