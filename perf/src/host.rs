@@ -70,11 +70,14 @@ pub fn check_binaries(names: &[&str]) -> Result<PathBuf> {
         } else {
             ""
         };
+        // Every binary is named like its package.
+        let packages: Vec<String> = names.iter().map(|n| format!("-p {n}")).collect();
         bail!(
-            "missing in {}: {} — build them first: `cargo build{flag} -p skiff-apiserver -p \
-             skiff-node --bins` (`cargo xtask bench` does this)",
+            "missing in {}: {} — build them first: `cargo build{flag} {} --bins` (`cargo xtask \
+             bench` does this)",
             dir.display(),
-            missing.join(", ")
+            missing.join(", "),
+            packages.join(" ")
         );
     }
     Ok(dir)

@@ -5,6 +5,7 @@
 //!
 //! - [`suites`]: the list of suites ([`suites::SUITES`]) and their shared [`suites::Options`].
 //! - [`baseline`]: starting the same command without Skiff (fork+exec; cgroup + namespaces).
+//! - [`pods`]: the watch that timestamps the bench's pods reaching a state, deleting them.
 //! - [`stats`], [`report`]: percentiles, the printed table, the markdown and JSON reports.
 //! - [`host`]: which binaries the harness starts, machine facts for the report.
 //!
@@ -13,6 +14,7 @@
 
 pub mod baseline;
 pub mod host;
+pub mod pods;
 pub mod report;
 pub mod stats;
 pub mod suites;

@@ -35,6 +35,9 @@ pub struct Series {
     /// Wall time of the whole measured phase (all items, with the run's concurrency); none
     /// for a [`Role::Detail`] series.
     pub wall_ms: Option<f64>,
+    /// Items per second over the wall time, for suites that measure throughput.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub throughput_per_s: Option<f64>,
 }
 
 impl Series {
@@ -54,17 +57,28 @@ impl Series {
             summary,
             samples_ms: samples.iter().map(|d| d.as_secs_f64() * 1e3).collect(),
             wall_ms: wall.map(|w| w.as_secs_f64() * 1e3),
+            throughput_per_s: None,
         })
+    }
+
+    /// The series with its throughput: `items` over `wall`.
+    pub fn with_throughput(mut self, items: usize, wall: Duration) -> Series {
+        let secs = wall.as_secs_f64();
+        self.throughput_per_s = (secs > 0.0).then(|| items as f64 / secs);
+        self
     }
 }
 
-/// Skiff's percentile divided by a baseline's.
+/// Skiff's percentile divided by a baseline's (and, for throughput suites, Skiff's
+/// throughput as a share of the baseline's).
 #[derive(Debug, Clone, Serialize)]
 pub struct Ratio {
     pub skiff: String,
     pub baseline: String,
     pub p50: f64,
     pub p99: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub throughput: Option<f64>,
 }
 
 /// Where and with what the numbers were taken.
@@ -98,6 +112,10 @@ pub struct SuiteReport {
     pub ratios: Vec<Ratio>,
     /// Method notes for the reader of the report.
     pub notes: Vec<String>,
+    /// More raw numbers, for the JSON only (e.g. every repetition of a measurement whose
+    /// median the series show).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub details: BTreeMap<String, serde_json::Value>,
 }
 
 impl SuiteReport {
@@ -111,6 +129,10 @@ impl SuiteReport {
                     baseline: b.name.clone(),
                     p50: s.summary.p50 / b.summary.p50,
                     p99: s.summary.p99 / b.summary.p99,
+                    throughput: s
+                        .throughput_per_s
+                        .zip(b.throughput_per_s)
+                        .map(|(s, b)| s / b),
                 });
             }
         }
@@ -146,8 +168,13 @@ impl SuiteReport {
                 fmt_ms(m.max)
             );
         }
+        for s in &self.series {
+            if let Some(t) = s.throughput_per_s {
+                let _ = writeln!(out, "throughput {}: {t:.0}/s", s.name);
+            }
+        }
         for r in &self.ratios {
-            let _ = writeln!(
+            let _ = write!(
                 out,
                 "ratio {} / {}: p50 {}, p99 {}",
                 r.skiff,
@@ -155,8 +182,16 @@ impl SuiteReport {
                 fmt_ratio(r.p50),
                 fmt_ratio(r.p99)
             );
+            if let Some(t) = r.throughput {
+                let _ = write!(out, ", throughput {}", fmt_share(t));
+            }
+            out.push('\n');
         }
         out
+    }
+
+    fn has_throughput(&self) -> bool {
+        self.series.iter().any(|s| s.throughput_per_s.is_some())
     }
 
     /// The markdown report.
@@ -169,14 +204,20 @@ impl SuiteReport {
                 "**Quick run** (a smoke check of the benchmark, not a measurement).\n"
             );
         }
+        let throughput = self.has_throughput();
+        let (t_head, t_rule) = if throughput {
+            (" per s |", "---:|")
+        } else {
+            ("", "")
+        };
         let _ = writeln!(
             md,
-            "| series | N | p50 ms | p90 ms | p99 ms | max ms | mean ms | wall ms |"
+            "| series | N | p50 ms | p90 ms | p99 ms | max ms | mean ms | wall ms |{t_head}"
         );
-        let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|{t_rule}");
         for s in &self.series {
             let m = &s.summary;
-            let _ = writeln!(
+            let _ = write!(
                 md,
                 "| {} | {} | {} | {} | {} | {} | {} | {} |",
                 s.name,
@@ -188,11 +229,28 @@ impl SuiteReport {
                 fmt_ms(m.mean),
                 s.wall_ms.map_or_else(|| "–".to_string(), fmt_ms)
             );
+            if throughput {
+                let _ = write!(
+                    md,
+                    " {} |",
+                    s.throughput_per_s
+                        .map_or_else(|| "–".to_string(), |t| format!("{t:.0}"))
+                );
+            }
+            md.push('\n');
         }
         if !self.ratios.is_empty() {
-            let _ = writeln!(md, "\n| ratio | p50 | p99 |\n|---|---:|---:|");
+            let (t_head, t_rule) = if throughput {
+                (" throughput |", "---:|")
+            } else {
+                ("", "")
+            };
+            let _ = writeln!(
+                md,
+                "\n| ratio | p50 | p99 |{t_head}\n|---|---:|---:|{t_rule}"
+            );
             for r in &self.ratios {
-                let _ = writeln!(
+                let _ = write!(
                     md,
                     "| {} / {} | {} | {} |",
                     r.skiff,
@@ -200,6 +258,14 @@ impl SuiteReport {
                     fmt_ratio(r.p50),
                     fmt_ratio(r.p99)
                 );
+                if throughput {
+                    let _ = write!(
+                        md,
+                        " {} |",
+                        r.throughput.map_or_else(|| "–".into(), fmt_share)
+                    );
+                }
+                md.push('\n');
             }
         }
         let _ = writeln!(md, "\n## What is measured\n");
@@ -258,6 +324,15 @@ pub fn fmt_ms(ms: f64) -> String {
     }
 }
 
+/// A ratio as a percentage: `0.85` → `85%`.
+pub fn fmt_share(r: f64) -> String {
+    if r.is_finite() {
+        format!("{:.0}%", r * 100.0)
+    } else {
+        "n/a".into()
+    }
+}
+
 pub fn fmt_ratio(r: f64) -> String {
     if !r.is_finite() {
         "n/a".into()
@@ -307,6 +382,7 @@ mod tests {
             ],
             ratios: vec![],
             notes: vec!["a note".into()],
+            details: BTreeMap::new(),
         };
         r.compute_ratios();
         r
@@ -338,6 +414,47 @@ mod tests {
     }
 
     #[test]
+    fn throughput_series_and_share() {
+        let ms = |v: &[u64]| {
+            v.iter()
+                .map(|&m| Duration::from_millis(m))
+                .collect::<Vec<_>>()
+        };
+        let mut r = report();
+        r.series[0] = r.series[0]
+            .clone()
+            .with_throughput(300, Duration::from_secs(2));
+        r.series[1] = Series::new("binder", Role::Baseline, "x", &ms(&[1, 2]), None)
+            .unwrap()
+            .with_throughput(300, Duration::from_secs(1));
+        r.compute_ratios();
+        assert_eq!(r.series[0].throughput_per_s, Some(150.0));
+        assert_eq!(r.ratios[0].throughput, Some(0.5));
+        let t = r.table();
+        assert!(t.contains("throughput skiff: 150/s"), "{t}");
+        assert!(
+            t.ends_with("ratio skiff / binder: p50 200x, p99 150x, throughput 50%\n"),
+            "{t}"
+        );
+        let md = r.markdown("x.json");
+        assert!(md.contains("| wall ms | per s |"), "{md}");
+        assert!(md.contains("| 400.0 | 150 |"), "{md}");
+        assert!(
+            md.contains("| skiff / binder | 200x | 150x | 50% |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| 1.00 | – | – |"),
+            "the detail has no wall time or throughput:\n{md}"
+        );
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["series"][0]["throughput_per_s"], 150.0);
+        assert!(json["series"][2].get("throughput_per_s").is_none());
+        // Latency-only reports look as before.
+        assert!(!report().markdown("x.json").contains("per s"));
+    }
+
+    #[test]
     fn number_formats() {
         assert_eq!(fmt_ms(123.456), "123.5");
         assert_eq!(fmt_ms(12.345), "12.35");
@@ -345,6 +462,7 @@ mod tests {
         assert_eq!(fmt_ratio(181.4), "181x");
         assert_eq!(fmt_ratio(2.54), "2.5x");
         assert_eq!(fmt_ratio(f64::INFINITY), "n/a");
+        assert_eq!(fmt_share(0.854), "85%");
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! `cargo xtask bench [SUITE…] [--quick] [-- ARGS…]`: builds the benchmark (`skiff-perf`'s
 //! `skiff-bench`) and the binaries it starts in release, then runs it.
 //!
-//! The harness the bench uses starts `skiff-apiserver` and `skiff-node` from the bench's own
-//! `target/<profile>/` directory and would build missing ones in debug, so all three are built
-//! in one `cargo build --release` first; `cargo run --release` then finds nothing to rebuild.
+//! The suites start `skiff-apiserver`, `skiff-node` and `skiff-scheduler` from the bench's own
+//! `target/<profile>/` directory (the harness would build missing ones in debug), so they and
+//! the bench are built in one `cargo build --release` first; `cargo run --release` then finds
+//! nothing to rebuild.
 
 use std::path::Path;
 use std::process::Command;
@@ -13,13 +14,18 @@ use anyhow::{Context, Result, bail};
 use crate::util;
 
 /// Packages whose binaries a bench run needs.
-pub const PACKAGES: &[&str] = &["skiff-apiserver", "skiff-node", "skiff-perf"];
+pub const PACKAGES: &[&str] = &[
+    "skiff-apiserver",
+    "skiff-node",
+    "skiff-scheduler",
+    "skiff-perf",
+];
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
     /// Suites to run (default: all; `cargo xtask bench -- --list` names them).
     pub suites: Vec<String>,
-    /// Smoke check that the benchmarks work: 3 pods, results outside the repository.
+    /// Smoke check that the benchmarks work: small sizes, results outside the repository.
     #[arg(long)]
     pub quick: bool,
     /// More arguments for skiff-bench, e.g. `-- --pods 100 --concurrency 5`.
@@ -94,6 +100,8 @@ mod tests {
                 "skiff-apiserver",
                 "-p",
                 "skiff-node",
+                "-p",
+                "skiff-scheduler",
                 "-p",
                 "skiff-perf",
                 "--bins"

@@ -8,8 +8,11 @@ mod get;
 mod logs;
 mod output;
 mod resources;
+mod rollout;
+mod scale;
 mod table;
 mod top;
+mod update;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -61,6 +64,100 @@ enum Command {
     /// Show resource usage (CPU, network) of pods.
     #[command(subcommand)]
     Top(TopCommand),
+    /// Set a new size for deployments or replica sets.
+    Scale(ScaleArgs),
+    /// Manage the rollout of deployments: status, history, undo, pause, resume, restart.
+    #[command(subcommand)]
+    Rollout(RolloutCommand),
+}
+
+#[derive(Debug, Args)]
+struct ScaleArgs {
+    /// TYPE NAME... or TYPE/NAME... (deployments, replicasets).
+    #[arg(required = true, value_name = "RESOURCE")]
+    resources: Vec<String>,
+    /// The new number of replicas.
+    #[arg(long, value_name = "N", required = true, allow_negative_numbers = true)]
+    replicas: i32,
+    /// Scale only if the object has this many replicas now.
+    #[arg(long, value_name = "M", allow_negative_numbers = true)]
+    current_replicas: Option<i32>,
+}
+
+/// The deployment a rollout command is about.
+#[derive(Debug, Args)]
+struct RolloutTarget {
+    /// deploy/NAME, or deployment NAME.
+    #[arg(required = true, value_name = "RESOURCE")]
+    resources: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum RolloutCommand {
+    /// Follow a deployment's rollout until it is done.
+    Status {
+        #[command(flatten)]
+        target: RolloutTarget,
+        /// Give up after this long (e.g. 30s, 5m; 0: wait forever).
+        #[arg(long, value_name = "DURATION", default_value = "0", value_parser = rollout::parse_duration)]
+        timeout: std::time::Duration,
+        /// Keep watching until the rollout is done; false: print the status once.
+        #[arg(short = 'w', long, value_name = "BOOL", default_value_t = true,
+              num_args = 0..=1, require_equals = true, default_missing_value = "true",
+              action = clap::ArgAction::Set)]
+        watch: bool,
+    },
+    /// List a deployment's revisions, or show one revision's pod template.
+    History {
+        #[command(flatten)]
+        target: RolloutTarget,
+        /// Show the pod template of this revision.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        revision: i64,
+    },
+    /// Roll a deployment back to its previous revision (or --to-revision).
+    Undo {
+        #[command(flatten)]
+        target: RolloutTarget,
+        /// The revision to go back to (0: the previous one).
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        to_revision: i64,
+    },
+    /// Pause a deployment: template changes are not rolled out until it is resumed.
+    Pause(RolloutTarget),
+    /// Resume a paused deployment.
+    Resume(RolloutTarget),
+    /// Replace every pod of a deployment through a rollout.
+    Restart(RolloutTarget),
+}
+
+impl RolloutCommand {
+    fn name(&self) -> &'static str {
+        match self {
+            RolloutCommand::Status { .. } => "status",
+            RolloutCommand::History { .. } => "history",
+            RolloutCommand::Undo { .. } => "undo",
+            RolloutCommand::Pause(_) => "pause",
+            RolloutCommand::Resume(_) => "resume",
+            RolloutCommand::Restart(_) => "restart",
+        }
+    }
+
+    fn target(&self) -> &RolloutTarget {
+        match self {
+            RolloutCommand::Status { target, .. }
+            | RolloutCommand::History { target, .. }
+            | RolloutCommand::Undo { target, .. }
+            | RolloutCommand::Pause(target)
+            | RolloutCommand::Resume(target)
+            | RolloutCommand::Restart(target) => target,
+        }
+    }
+
+    /// The deployments named, checked.
+    fn names(&self) -> Result<Vec<String>> {
+        rollout::deployment_names(self.name(), &self.target().resources)
+    }
 }
 
 #[derive(Debug, Args)]
@@ -225,6 +322,30 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Delete(d) if d.files.is_empty() && !d.resources.is_empty() => {
             resources::parse_targets(&d.resources)?;
         }
+        Command::Scale(s) => scale::check(&scale_opts(s, "")?)?,
+        Command::Rollout(r) => {
+            let names = r.names()?;
+            let single = matches!(
+                r,
+                RolloutCommand::Status { .. } | RolloutCommand::History { .. }
+            );
+            if single && names.len() > 1 {
+                anyhow::bail!(
+                    "rollout {} takes one deployment, got {}",
+                    r.name(),
+                    names.len()
+                );
+            }
+            if let RolloutCommand::History { revision, .. }
+            | RolloutCommand::Undo {
+                to_revision: revision,
+                ..
+            } = r
+                && *revision < 0
+            {
+                anyhow::bail!("the revision must be a positive number (got {revision})");
+            }
+        }
         _ => {}
     }
     let client = connect(&cli).await?;
@@ -308,6 +429,39 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             };
             top::run(&client, &opts).await
         }
+        Command::Scale(s) => scale::run(&client, &scale_opts(&s, &namespace)?).await,
+        Command::Rollout(r) => {
+            let names = r.names()?;
+            match r {
+                RolloutCommand::Status { timeout, watch, .. } => {
+                    rollout::status(&client, &namespace, &names[0], Some(timeout), watch).await
+                }
+                RolloutCommand::History { revision, .. } => {
+                    rollout::history(&client, &namespace, &names[0], revision).await
+                }
+                RolloutCommand::Undo { to_revision, .. } => {
+                    rollout::change(
+                        &client,
+                        &namespace,
+                        &names,
+                        rollout::Op::Undo { to_revision },
+                    )
+                    .await
+                }
+                RolloutCommand::Pause(_) => {
+                    let op = rollout::Op::Edit(rollout::Edit::Pause);
+                    rollout::change(&client, &namespace, &names, op).await
+                }
+                RolloutCommand::Resume(_) => {
+                    let op = rollout::Op::Edit(rollout::Edit::Resume);
+                    rollout::change(&client, &namespace, &names, op).await
+                }
+                RolloutCommand::Restart(_) => {
+                    let op = rollout::Op::Edit(rollout::Edit::Restart);
+                    rollout::change(&client, &namespace, &names, op).await
+                }
+            }
+        }
         Command::ApiResources => {
             let mut infos = client.discovery().await?;
             infos.sort_by(|a, b| a.plural.cmp(&b.plural));
@@ -330,6 +484,15 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+fn scale_opts(s: &ScaleArgs, namespace: &str) -> Result<scale::ScaleOpts> {
+    Ok(scale::ScaleOpts {
+        targets: resources::parse_targets(&s.resources)?,
+        replicas: s.replicas,
+        current_replicas: s.current_replicas,
+        namespace: namespace.to_string(),
+    })
 }
 
 fn main() -> ExitCode {
@@ -438,6 +601,67 @@ mod tests {
                 .ok(),
             Some(true)
         );
+        let c = Cli::try_parse_from([
+            "skiff",
+            "scale",
+            "deploy/web",
+            "--replicas=-1",
+            "--current-replicas",
+            "2",
+        ])
+        .unwrap();
+        let Command::Scale(s) = c.command else {
+            panic!("not scale");
+        };
+        assert_eq!((s.replicas, s.current_replicas), (-1, Some(2)));
+        assert!(Cli::try_parse_from(["skiff", "scale", "deploy/web"]).is_err());
+        let status = |args: &[&str]| {
+            let c = Cli::try_parse_from(args).unwrap();
+            match c.command {
+                Command::Rollout(RolloutCommand::Status {
+                    target,
+                    timeout,
+                    watch,
+                }) => (target.resources, timeout, watch),
+                other => panic!("not rollout status: {other:?}"),
+            }
+        };
+        assert_eq!(
+            status(&["skiff", "rollout", "status", "-w", "deploy/web"]),
+            (
+                vec!["deploy/web".to_string()],
+                std::time::Duration::ZERO,
+                true
+            )
+        );
+        assert_eq!(
+            status(&[
+                "skiff",
+                "rollout",
+                "status",
+                "deploy/web",
+                "--watch=false",
+                "--timeout=1m"
+            ]),
+            (
+                vec!["deploy/web".to_string()],
+                std::time::Duration::from_secs(60),
+                false
+            )
+        );
+        let c = Cli::try_parse_from([
+            "skiff",
+            "rollout",
+            "undo",
+            "deployment",
+            "web",
+            "--to-revision=2",
+        ])
+        .unwrap();
+        assert!(matches!(
+            c.command,
+            Command::Rollout(RolloutCommand::Undo { to_revision: 2, .. })
+        ));
         let c = Cli::try_parse_from(["skiff", "top", "pods", "-A", "-o", "json"]).unwrap();
         assert!(c.all_namespaces);
         assert!(matches!(

@@ -8,9 +8,15 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use skiff_api::api::{Container, ObjectMeta, Pod, PodSpec};
+use skiff_api::Resource;
+use skiff_api::api::{Container, Deployment, ObjectMeta, Pod, PodSpec, ReplicaSet};
 use skiff_apiserver::ApiServerOptions;
-use skiff_client::Client;
+use skiff_client::runtime::CancelToken;
+use skiff_client::{Client, ListParams};
+use skiff_controllers::deployment::{CHANGE_CAUSE, REVISION};
+use skiff_controllers::manager::{self, ManagerConfig};
+use skiff_controllers::testing::{FakeKubelet, fake_kubelet};
+use skiff_controllers::util::templates_equal;
 
 const MANIFEST: &str = r#"
 apiVersion: apps/v1
@@ -115,6 +121,75 @@ impl Cluster {
         self.rt
             .block_on(Client::connect(&self.endpoint))
             .expect("connect")
+    }
+
+    /// The controller manager (every controller, no leader election) in this process.
+    fn start_controllers(&self) -> Controllers {
+        let mut config = ManagerConfig::new("cli-test");
+        config.leader_election = None;
+        let stop = CancelToken::new();
+        let task = self.rt.spawn({
+            let (client, stop) = (self.client(), stop.clone());
+            async move {
+                if let Err(e) = manager::run(client, config, stop).await {
+                    panic!("controller manager failed: {e}");
+                }
+            }
+        });
+        Controllers { stop, task }
+    }
+
+    /// A stand-in for node agents: pods become Running and Ready `delay` after they appear.
+    fn start_kubelet(&self, delay: Duration) -> FakeKubelet {
+        let client = self.client();
+        let _in_runtime = self.rt.enter();
+        fake_kubelet(&client, delay)
+    }
+
+    fn deployment(&self, name: &str) -> Deployment {
+        self.rt
+            .block_on(self.client().namespaced::<Deployment>("default").get(name))
+            .expect("get deployment")
+    }
+
+    fn replica_sets(&self) -> Vec<ReplicaSet> {
+        self.rt
+            .block_on(
+                self.client()
+                    .namespaced::<ReplicaSet>("default")
+                    .list(&ListParams::default()),
+            )
+            .expect("list replica sets")
+            .items
+    }
+
+    /// Polls `check` every 50 ms until it returns `Some`, at most 20 s.
+    #[track_caller]
+    fn eventually<T>(&self, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(v) = check() {
+                return v;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out after 20s waiting for {what}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A controller manager running in a test's runtime; stopped when dropped.
+struct Controllers {
+    stop: CancelToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Controllers {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        self.task.abort();
     }
 }
 
@@ -450,4 +525,412 @@ fn server_comes_from_the_config_file() {
     );
     let err = c.skiff(&["create", "namespace", "from-config"]).fails();
     assert_eq!(err, "error: namespaces \"from-config\" already exists\n");
+}
+
+/// A deployment `web` in `default` whose pods run `version` (an env var), with `cause` as its
+/// change cause.
+fn web(replicas: u32, version: &str, cause: &str) -> String {
+    format!(
+        r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+  annotations: {{kubernetes.io/change-cause: "{cause}"}}
+spec:
+  replicas: {replicas}
+  selector:
+    matchLabels: {{app: web}}
+  template:
+    metadata:
+      labels: {{app: web}}
+    spec:
+      containers:
+      - name: web
+        image: host
+        command: ["sleep", "3600"]
+        env: [{{name: VERSION, value: "{version}"}}]
+"#
+    )
+}
+
+fn version_of(d: &Deployment) -> String {
+    d.spec
+        .as_ref()
+        .and_then(|s| s.template.as_ref())
+        .and_then(|t| t.spec.as_ref())
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.env.first())
+        .map(|e| e.value.clone())
+        .unwrap_or_default()
+}
+
+fn replicas_of(d: &Deployment) -> i32 {
+    d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(-1)
+}
+
+fn annotation(o: &impl Resource, key: &str) -> Option<String> {
+    o.metadata().and_then(|m| m.annotations.get(key).cloned())
+}
+
+#[test]
+fn scale_deployments_and_replica_sets() {
+    let c = Cluster::start();
+    let file = c.file("web.yaml", &web(2, "v1", "create"));
+    c.skiff(&["apply", "-f", path(&file)]).ok();
+    let rs = c.file(
+        "rs.yaml",
+        "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata: {name: front}\nspec:\n  replicas: 2\n  \
+         selector: {matchLabels: {app: front}}\n  template:\n    metadata: {labels: {app: front}}\n    \
+         spec: {containers: [{name: c, image: host}]}\n",
+    );
+    c.skiff(&["apply", "-f", path(&rs)]).ok();
+
+    let out = c.skiff(&["scale", "deploy/web", "--replicas=5"]).ok();
+    assert_eq!(out, "deployment.apps/web scaled\n");
+    assert_eq!(replicas_of(&c.deployment("web")), 5);
+    let out = c
+        .skiff(&["scale", "deployment", "web", "--replicas", "1"])
+        .ok();
+    assert_eq!(out, "deployment.apps/web scaled\n");
+    assert_eq!(replicas_of(&c.deployment("web")), 1);
+
+    // The precondition no longer holds: nothing is written.
+    let generation = c.deployment("web").metadata.unwrap().generation;
+    let err = c
+        .skiff(&[
+            "scale",
+            "deploy/web",
+            "--replicas=3",
+            "--current-replicas=2",
+        ])
+        .fails();
+    assert_eq!(
+        err,
+        "error: deployment.apps/web: expected replicas to be 2 (--current-replicas), but it is 1\n"
+    );
+    let d = c.deployment("web");
+    assert_eq!(replicas_of(&d), 1);
+    assert_eq!(d.metadata.unwrap().generation, generation);
+    // It holds: scaled.
+    c.skiff(&[
+        "scale",
+        "deploy/web",
+        "--replicas=3",
+        "--current-replicas=1",
+    ])
+    .ok();
+    assert_eq!(replicas_of(&c.deployment("web")), 3);
+
+    let out = c.skiff(&["scale", "rs/front", "--replicas=0"]).ok();
+    assert_eq!(out, "replicaset.apps/front scaled\n");
+    let front = c
+        .replica_sets()
+        .into_iter()
+        .find(|r| r.name() == "front")
+        .expect("replica set front");
+    assert_eq!(front.spec.unwrap().replicas, Some(0));
+
+    // Errors name the problem, one line each.
+    for (args, want) in [
+        (
+            &["scale", "pods", "p", "--replicas=1"][..],
+            "error: cannot scale pods: only deployments and replicasets have replicas\n",
+        ),
+        (
+            &["scale", "deploy/web", "--replicas=-1"][..],
+            "error: --replicas: must be greater than or equal to 0 (got -1)\n",
+        ),
+        (
+            &["scale", "deploy/nope", "--replicas=1"][..],
+            "error: deployments.apps \"nope\" not found\n",
+        ),
+        (
+            &["scale", "widgets/x", "--replicas=1"][..],
+            "error: the server doesn't have a resource type \"widgets\"\n",
+        ),
+    ] {
+        assert_eq!(c.skiff(args).fails(), want, "{args:?}");
+    }
+    assert_eq!(replicas_of(&c.deployment("web")), 3);
+}
+
+#[test]
+fn rollout_status_follows_an_update_to_success() {
+    let c = Cluster::start();
+    let _controllers = c.start_controllers();
+    let _kubelet = c.start_kubelet(Duration::from_millis(300));
+    let v1 = c.file("v1.yaml", &web(3, "v1", "create"));
+    c.skiff(&["apply", "-f", path(&v1)]).ok();
+    let out = c
+        .skiff(&["rollout", "status", "deploy/web", "--timeout=20s"])
+        .ok();
+    assert!(
+        out.ends_with("deployment \"web\" successfully rolled out\n"),
+        "{out}"
+    );
+
+    // An update: status starts while it is under way and follows it to the end.
+    let v2 = c.file("v2.yaml", &web(3, "v2", "bump"));
+    c.skiff(&["apply", "-f", path(&v2)]).ok();
+    let out = c
+        .skiff(&["rollout", "status", "deployment", "web", "--timeout=20s"])
+        .ok();
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines.len() >= 2, "no progress shown:\n{out}");
+    for l in &lines[..lines.len() - 1] {
+        assert!(
+            l.starts_with("Waiting for deployment \"web\" rollout to finish: ")
+                || *l == "Waiting for deployment spec update to be observed...",
+            "{out}"
+        );
+    }
+    assert!(
+        out.contains("new replicas have been updated...")
+            || out.contains("old replicas are pending termination...")
+            || out.contains("updated replicas are available..."),
+        "{out}"
+    );
+    assert_eq!(
+        lines.last(),
+        Some(&"deployment \"web\" successfully rolled out")
+    );
+    let d = c.deployment("web");
+    let s = d.status.clone().expect("status");
+    assert_eq!(
+        (s.updated_replicas, s.replicas, s.available_replicas),
+        (3, 3, 3)
+    );
+    assert_eq!(annotation(&d, REVISION).as_deref(), Some("2"));
+
+    // --watch=false prints the status once.
+    let out = c
+        .skiff(&["rollout", "status", "deploy/web", "--watch=false"])
+        .ok();
+    assert_eq!(out, "deployment \"web\" successfully rolled out\n");
+
+    let err = c.skiff(&["rollout", "status", "deploy/nope"]).fails();
+    assert_eq!(err, "error: deployments.apps \"nope\" not found\n");
+    let err = c.skiff(&["rollout", "status", "rs/web"]).fails();
+    assert_eq!(
+        err,
+        "error: rollout status works on deployments only, not replicasets\n"
+    );
+}
+
+#[test]
+fn rollout_status_fails_when_pods_never_become_ready() {
+    let c = Cluster::start();
+    let _controllers = c.start_controllers();
+    // No kubelet: pods are created but never Ready.
+    let v1 = c.file("v1.yaml", &web(2, "v1", "create"));
+    c.skiff(&["apply", "-f", path(&v1)]).ok();
+    let started = std::time::Instant::now();
+    let run = c.skiff(&["rollout", "status", "deploy/web", "--timeout=2s"]);
+    let elapsed = started.elapsed();
+    let err = run.fails();
+    assert!(
+        err.starts_with(
+            "error: timed out after 2s waiting for deployment \"web\" rollout to finish \
+             (last status: Waiting for deployment \"web\" rollout to finish: "
+        ),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        elapsed >= Duration::from_secs(2) && elapsed < Duration::from_secs(15),
+        "{elapsed:?}"
+    );
+    assert!(
+        run.stdout().starts_with("Waiting for deployment "),
+        "{}",
+        run.stdout()
+    );
+
+    // With a progress deadline the controller gives up, and so does status, before the
+    // timeout.
+    let stuck = c.file(
+        "stuck.yaml",
+        &web(2, "v1", "stuck")
+            .replace("name: web\n", "name: stuck\n")
+            .replace("{app: web}", "{app: stuck}")
+            .replace(
+                "  replicas: 2\n",
+                "  replicas: 2\n  progressDeadlineSeconds: 1\n",
+            ),
+    );
+    c.skiff(&["apply", "-f", path(&stuck)]).ok();
+    let started = std::time::Instant::now();
+    let err = c
+        .skiff(&["rollout", "status", "deploy/stuck", "--timeout=20s"])
+        .fails();
+    assert_eq!(
+        err,
+        "error: deployment \"stuck\" exceeded its progress deadline\n"
+    );
+    assert!(started.elapsed() < Duration::from_secs(15));
+}
+
+#[test]
+fn rollout_history_undo_pause_resume_restart() {
+    let c = Cluster::start();
+    let _controllers = c.start_controllers();
+    let _kubelet = c.start_kubelet(Duration::from_millis(20));
+    let rolled_out = |c: &Cluster| {
+        let out = c
+            .skiff(&["rollout", "status", "deploy/web", "--timeout=20s"])
+            .ok();
+        assert!(out.ends_with("successfully rolled out\n"), "{out}");
+    };
+    let v1 = c.file("v1.yaml", &web(2, "v1", "create v1"));
+    c.skiff(&["apply", "-f", path(&v1)]).ok();
+    rolled_out(&c);
+
+    // Only one revision: nothing to go back to.
+    let err = c.skiff(&["rollout", "undo", "deploy/web"]).fails();
+    assert_eq!(
+        err,
+        "error: no previous revision of deployment \"web\" to roll back to\n"
+    );
+
+    let v2 = c.file("v2.yaml", &web(2, "v2", "bump to v2"));
+    c.skiff(&["apply", "-f", path(&v2)]).ok();
+    rolled_out(&c);
+    let out = c.skiff(&["rollout", "history", "deploy/web"]).ok();
+    assert_eq!(
+        out,
+        "deployment.apps/web\nREVISION   CHANGE-CAUSE\n1          create v1\n2          bump to v2\n"
+    );
+    let out = c
+        .skiff(&["rollout", "history", "deploy/web", "--revision=1"])
+        .ok();
+    assert!(
+        out.starts_with(
+            "deployment.apps/web with revision #1\nChange cause: create v1\nPod template:\n"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("value: v1"), "{out}");
+    assert!(!out.contains("value: v2"), "{out}");
+    let err = c
+        .skiff(&["rollout", "history", "deploy/web", "--revision=9"])
+        .fails();
+    assert_eq!(
+        err,
+        "error: deployment.apps/web: unable to find revision 9 in history\n"
+    );
+
+    // Undo: revision 1's template comes back and the controller makes it revision 3.
+    let revision_1 = c
+        .replica_sets()
+        .into_iter()
+        .find(|rs| annotation(rs, REVISION).as_deref() == Some("1"))
+        .expect("the replica set of revision 1");
+    let out = c.skiff(&["rollout", "undo", "deploy/web"]).ok();
+    assert_eq!(out, "deployment.apps/web rolled back\n");
+    rolled_out(&c);
+    let d = c.deployment("web");
+    assert_eq!(version_of(&d), "v1");
+    assert!(templates_equal(
+        d.spec.as_ref().and_then(|s| s.template.as_ref()),
+        revision_1.spec.as_ref().and_then(|s| s.template.as_ref())
+    ));
+    assert_eq!(annotation(&d, CHANGE_CAUSE).as_deref(), Some("create v1"));
+    let rs1 = c.eventually("revision 1 re-numbered 3", || {
+        c.replica_sets()
+            .into_iter()
+            .find(|rs| rs.name() == revision_1.name())
+            .filter(|rs| annotation(rs, REVISION).as_deref() == Some("3"))
+    });
+    assert_eq!(rs1.spec.unwrap().replicas, Some(2));
+    assert_eq!(
+        annotation(&c.deployment("web"), REVISION).as_deref(),
+        Some("3")
+    );
+    let out = c.skiff(&["rollout", "history", "deploy/web"]).ok();
+    assert_eq!(
+        out,
+        "deployment.apps/web\nREVISION   CHANGE-CAUSE\n2          bump to v2\n3          create v1\n"
+    );
+    let out = c
+        .skiff(&["rollout", "undo", "deploy/web", "--to-revision=3"])
+        .ok();
+    assert_eq!(
+        out,
+        "deployment.apps/web skipped rollback (current template already matches revision 3)\n"
+    );
+    let err = c
+        .skiff(&["rollout", "undo", "deploy/web", "--to-revision=1"])
+        .fails();
+    assert_eq!(
+        err,
+        "error: unable to find revision 1 in the history of deployment \"web\"\n"
+    );
+
+    // Pause: a template change is not rolled out.
+    let out = c.skiff(&["rollout", "pause", "deploy/web"]).ok();
+    assert_eq!(out, "deployment.apps/web paused\n");
+    let out = c.skiff(&["rollout", "pause", "deploy/web"]).ok();
+    assert_eq!(out, "deployment.apps/web already paused\n");
+    let v4 = c.file("v4.yaml", &web(2, "v4", "v4"));
+    c.skiff(&["apply", "-f", path(&v4)]).ok();
+    let d = c.eventually("the paused change observed", || {
+        let d = c.deployment("web");
+        let generation = d.metadata.as_ref()?.generation;
+        (d.status.as_ref()?.observed_generation == generation).then_some(d)
+    });
+    assert!(d.spec.as_ref().unwrap().paused);
+    assert_eq!(
+        c.replica_sets().len(),
+        2,
+        "no replica set for the paused change"
+    );
+    let out = c
+        .skiff(&["rollout", "status", "deploy/web", "--watch=false"])
+        .ok();
+    assert_eq!(
+        out,
+        "Waiting for deployment \"web\" rollout to finish: 0 out of 2 new replicas have been \
+         updated...\n"
+    );
+    let err = c.skiff(&["rollout", "undo", "deploy/web"]).fails();
+    assert!(
+        err.starts_with(
+            "error: deployment \"web\" is paused: you cannot roll back a paused deployment"
+        ),
+        "{err}"
+    );
+    let err = c.skiff(&["rollout", "restart", "deploy/web"]).fails();
+    assert!(err.contains("cannot restart a paused deployment"), "{err}");
+
+    // Resume: it rolls out.
+    let out = c.skiff(&["rollout", "resume", "deploy/web"]).ok();
+    assert_eq!(out, "deployment.apps/web resumed\n");
+    let out = c.skiff(&["rollout", "resume", "deploy/web"]).ok();
+    assert_eq!(out, "deployment.apps/web already resumed\n");
+    rolled_out(&c);
+    let d = c.deployment("web");
+    assert_eq!(version_of(&d), "v4");
+    assert_eq!(annotation(&d, REVISION).as_deref(), Some("4"));
+
+    // Restart: a new template (restartedAt), so a new revision.
+    let out = c.skiff(&["rollout", "restart", "deploy/web"]).ok();
+    assert_eq!(out, "deployment.apps/web restarted\n");
+    rolled_out(&c);
+    let d = c.deployment("web");
+    let restarted_at = d
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.as_ref())
+        .and_then(|t| annotation_of_template(t, "kubectl.kubernetes.io/restartedAt"))
+        .expect("restartedAt on the template");
+    assert!(
+        chrono::DateTime::parse_from_rfc3339(&restarted_at).is_ok(),
+        "{restarted_at}"
+    );
+    assert_eq!(annotation(&d, REVISION).as_deref(), Some("5"));
+}
+
+fn annotation_of_template(t: &skiff_api::api::PodTemplateSpec, key: &str) -> Option<String> {
+    t.metadata.as_ref()?.annotations.get(key).cloned()
 }

@@ -49,6 +49,40 @@ pub const REVISION: &str = "deployment.kubernetes.io/revision";
 pub const DESIRED_REPLICAS: &str = "deployment.kubernetes.io/desired-replicas";
 /// `replicas + maxSurge` when the controller last scaled a ReplicaSet.
 pub const MAX_REPLICAS: &str = "deployment.kubernetes.io/max-replicas";
+/// Why the template was changed (set by the user); copied to the ReplicaSet of that template,
+/// where `skiff rollout history` reads it.
+pub const CHANGE_CAUSE: &str = "kubernetes.io/change-cause";
+/// Annotations that belong to one object and are not copied between a Deployment and its
+/// ReplicaSets (neither by the controller nor by a rollback), as Kubernetes'
+/// `annotationsToSkip`, plus Skiff's own last-applied annotation.
+pub const NOT_COPIED_ANNOTATIONS: &[&str] = &[
+    REVISION,
+    DESIRED_REPLICAS,
+    MAX_REPLICAS,
+    "deployment.kubernetes.io/revision-history",
+    "deprecated.deployment.rollback.to",
+    "kubectl.kubernetes.io/last-applied-configuration",
+    "skiff.io/last-applied-configuration",
+];
+
+/// Copies `d`'s annotations (except [`NOT_COPIED_ANNOTATIONS`]) onto `rs`, as the
+/// Kubernetes controller does for the new ReplicaSet; returns whether `rs` changed.
+/// Annotations only `rs` has are kept.
+fn copy_annotations(d: &Deployment, rs: &mut ReplicaSet) -> bool {
+    let Some(from) = d.metadata().map(|m| &m.annotations) else {
+        return false;
+    };
+    let to = &mut rs.metadata_mut().annotations;
+    let mut changed = false;
+    for (k, v) in from {
+        if NOT_COPIED_ANNOTATIONS.contains(&k.as_str()) || to.get(k) == Some(v) {
+            continue;
+        }
+        to.insert(k.clone(), v.clone());
+        changed = true;
+    }
+    changed
+}
 
 /// How long a reconcile waits for the informer to show the ReplicaSet writes of the previous
 /// one before going ahead with what it has.
@@ -340,8 +374,9 @@ impl DeploymentController {
                 let stale_revision = revision_of(rs) < next_revision;
                 let stale_min_ready =
                     rs.spec.as_ref().map(|s| s.min_ready_seconds).unwrap_or(0) != min_ready;
-                if stale_revision || stale_min_ready {
-                    let mut updated = rs.clone();
+                let mut updated = rs.clone();
+                let stale_annotations = copy_annotations(d, &mut updated);
+                if stale_revision || stale_min_ready || stale_annotations {
                     if stale_revision {
                         updated
                             .metadata_mut()
@@ -413,7 +448,7 @@ impl DeploymentController {
         let replicas = self.new_replicas(d, sets, 0);
         let (surge, _) = fenceposts(d);
         let name = format!("{}-{hash}", d.name());
-        let rs = ReplicaSet {
+        let mut rs = ReplicaSet {
             metadata: Some(ObjectMeta {
                 name: name.clone(),
                 namespace: d.namespace().to_string(),
@@ -441,6 +476,7 @@ impl DeploymentController {
             }),
             ..Default::default()
         };
+        copy_annotations(d, &mut rs);
         let api = self.client.namespaced::<ReplicaSet>(d.namespace());
         match api.create(&rs).await {
             Ok(created) => {
@@ -1043,5 +1079,38 @@ impl Reconciler for DeploymentController {
             self.rollout_rolling(key, &mut d, list).await?
         };
         Ok(requeue.map_or(Action::Done, Action::RequeueAfter))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_annotations<T: Resource + Default>(pairs: &[(&str, &str)]) -> T {
+        let mut o = T::default();
+        o.metadata_mut().annotations = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        o
+    }
+
+    #[test]
+    fn annotations_copied_to_the_replica_set_except_its_own() {
+        let d: Deployment = with_annotations(&[
+            (CHANGE_CAUSE, "image v2"),
+            (REVISION, "7"),
+            ("skiff.io/last-applied-configuration", "{}"),
+            ("team", "web"),
+        ]);
+        let mut rs: ReplicaSet = with_annotations(&[(REVISION, "2"), ("rs-only", "x")]);
+        assert!(copy_annotations(&d, &mut rs));
+        let got = &rs.metadata.as_ref().unwrap().annotations;
+        assert_eq!(got[CHANGE_CAUSE], "image v2");
+        assert_eq!(got["team"], "web");
+        assert_eq!(got[REVISION], "2", "the revision is the replica set's own");
+        assert_eq!(got["rs-only"], "x");
+        assert!(!got.contains_key("skiff.io/last-applied-configuration"));
+        assert!(!copy_annotations(&d, &mut rs), "nothing left to copy");
     }
 }

@@ -4,11 +4,12 @@
 //! ```text
 //! skiff-bench                      # every suite, results in perf/results/
 //! skiff-bench pod-start --pods 50 --concurrency 10
-//! skiff-bench --quick              # smoke check: 3 pods, results in $TMPDIR/skiff-perf-quick
+//! skiff-bench scheduler --nodes 1000 --pods 3000 --runs 3
+//! skiff-bench --quick              # smoke check: small sizes, results in $TMPDIR/skiff-perf-quick
 //! ```
 //!
-//! Needs root. Prefer `cargo xtask bench`, which builds it and the binaries it starts in
-//! release first.
+//! pod-start needs root. Prefer `cargo xtask bench`, which builds it and the binaries it
+//! starts in release first.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,7 +31,7 @@ struct Args {
     /// Smoke check: a few items per series, results outside the repository.
     #[arg(long)]
     quick: bool,
-    /// Pods per series [default: 50, 3 with --quick].
+    /// Pods per series [pod-start: 50, 3 with --quick; scheduler: 3000, 300 with --quick].
     #[arg(long, value_name = "N")]
     pods: Option<usize>,
     /// Starts in flight at once, the same for Skiff (a pod start: create → Running) and the
@@ -40,6 +41,17 @@ struct Args {
     /// Unmeasured starts before each series.
     #[arg(long, value_name = "W", default_value_t = 1)]
     warmup: usize,
+    /// Hollow nodes for the scheduler suite [default: 1000, 100 with --quick].
+    #[arg(long, value_name = "N")]
+    nodes: Option<usize>,
+    /// Repetitions of each scheduler-suite measurement; the median is reported [default: 3,
+    /// 1 with --quick].
+    #[arg(long, value_name = "N")]
+    runs: Option<usize>,
+    /// Scheduler suite: run the API server on a real etcd (started on loopback) instead of
+    /// the embedded store.
+    #[arg(long)]
+    etcd: bool,
     /// Directory for the reports [default: perf/results, or $TMPDIR/skiff-perf-quick with
     /// --quick].
     #[arg(long, value_name = "DIR")]
@@ -103,6 +115,9 @@ fn run(args: Args) -> Result<()> {
         pods: args.pods,
         concurrency: args.concurrency,
         warmup: args.warmup,
+        nodes: args.nodes,
+        runs: args.runs,
+        etcd: args.etcd,
     };
     let out = args.out.clone().unwrap_or_else(|| {
         if args.quick {

@@ -6,6 +6,7 @@ use futures::future::LocalBoxFuture;
 use crate::report::SuiteReport;
 
 pub mod pod_start;
+pub mod scheduler;
 
 /// Settings shared by the suites; each uses those that apply to it.
 #[derive(Debug, Clone)]
@@ -18,6 +19,13 @@ pub struct Options {
     pub concurrency: usize,
     /// Unmeasured starts before each series.
     pub warmup: usize,
+    /// Hollow nodes (scheduler suite); `None`: the suite's default.
+    pub nodes: Option<usize>,
+    /// Repetitions of each measurement, the median reported (scheduler suite); `None`: the
+    /// suite's default.
+    pub runs: Option<usize>,
+    /// Run the API server on a real etcd instead of the embedded store (scheduler suite).
+    pub etcd: bool,
 }
 
 impl Default for Options {
@@ -27,6 +35,9 @@ impl Default for Options {
             pods: None,
             concurrency: 10,
             warmup: 1,
+            nodes: None,
+            runs: None,
+            etcd: false,
         }
     }
 }
@@ -40,11 +51,18 @@ pub struct Suite {
 }
 
 /// Every suite, in the order `skiff-bench` without arguments runs them.
-pub static SUITES: &[Suite] = &[Suite {
-    name: pod_start::NAME,
-    title: pod_start::TITLE,
-    run: pod_start::run,
-}];
+pub static SUITES: &[Suite] = &[
+    Suite {
+        name: pod_start::NAME,
+        title: pod_start::TITLE,
+        run: pod_start::run,
+    },
+    Suite {
+        name: scheduler::NAME,
+        title: scheduler::TITLE,
+        run: scheduler::run,
+    },
+];
 
 pub fn find(name: &str) -> Option<&'static Suite> {
     SUITES.iter().find(|s| s.name == name)
@@ -61,6 +79,7 @@ mod tests {
             assert!(std::ptr::eq(find(s.name).unwrap(), s));
         }
         assert!(find("pod-start").is_some());
+        assert!(find("scheduler").is_some());
         assert!(find("nope").is_none());
     }
 }

@@ -9,22 +9,21 @@
 //! deleted and the bench waits (bounded) until the watch has seen them all go; the harness
 //! then removes the agent, the pods' processes, namespaces and cgroups, also on failure.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use futures::future::LocalBoxFuture;
 use futures::{StreamExt, TryStreamExt};
 use skiff_api::api::{Node as ApiNode, Pod};
-use skiff_client::reflector::{Event, reflector};
 use skiff_client::{Api, Client, DeleteParams, ListParams};
 use skiff_tests::{ApiServer, Backend, Node};
-use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::Options;
 use crate::baseline::{self, Baseline, Procs};
 use crate::host;
+use crate::pods::{PodWatch, delete_all};
 use crate::report::{Role, Series, SuiteReport};
 
 pub const NAME: &str = "pod-start";
@@ -42,7 +41,6 @@ const DEFAULT_PODS: usize = 50;
 const QUICK_PODS: usize = 3;
 
 const NODE_READY_TIMEOUT: Duration = Duration::from_secs(30);
-const WATCH_START_TIMEOUT: Duration = Duration::from_secs(30);
 const DELETE_TIMEOUT: Duration = Duration::from_secs(120);
 
 pub fn run(opts: &Options) -> LocalBoxFuture<'_, Result<SuiteReport>> {
@@ -125,7 +123,7 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
 
     // Skiff.
     let pods = client.namespaced::<Pod>(NAMESPACE);
-    let watch = PodWatch::start(pods.clone(), &run_id).await?;
+    let watch = PodWatch::start(pods.clone(), &format!("{RUN_LABEL}={run_id}"), is_running).await?;
     let warm: Vec<String> = (0..warmup)
         .map(|i| format!("warmup-{run_id}-{i}"))
         .collect();
@@ -185,7 +183,7 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
     info!("deleting the pods");
     let all: Vec<String> = warm.iter().chain(&measured).cloned().collect();
     let t_delete = Instant::now();
-    delete_all(&pods, &all, c).await?;
+    delete_all(&pods, &all, &DeleteParams::default(), c).await?;
     watch
         .wait_deleted(&all, DELETE_TIMEOUT)
         .await
@@ -256,6 +254,7 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
         series,
         ratios: Vec::new(),
         notes,
+        details: BTreeMap::new(),
     };
     report.compute_ratios();
     Ok(report)
@@ -349,7 +348,7 @@ async fn start_pods(
                 .await
                 .with_context(|| format!("creating pod {name}"))?;
             let created = Instant::now();
-            let running = match watch.running(&name, deadline).await {
+            let running = match watch.reached(&name, deadline).await {
                 Ok(at) => at,
                 Err(e) => {
                     let status = pods.get(&name).await.map(|p| p.status);
@@ -370,120 +369,6 @@ async fn start_pods(
     tokio::time::timeout_at(deadline.into(), all)
         .await
         .with_context(|| format!("{} pods not all Running within {timeout:?}", names.len()))?
-}
-
-async fn delete_all(pods: &Api<Pod>, names: &[String], concurrency: usize) -> Result<()> {
-    futures::stream::iter(names)
-        .map(|name| async move {
-            match pods.delete(name, &DeleteParams::default()).await {
-                Err(e) if !e.is_not_found() => {
-                    Err(e).with_context(|| format!("deleting pod {name}"))
-                }
-                _ => Ok(()),
-            }
-        })
-        .buffer_unordered(concurrency)
-        .try_collect()
-        .await
-}
-
-/// What the pod watch has seen.
-#[derive(Debug, Default)]
-struct Seen {
-    /// Completed (re)lists; more than 1: the watch was re-established.
-    lists: usize,
-    /// When each pod was first seen Running.
-    running: HashMap<String, Instant>,
-    deleted: HashSet<String>,
-}
-
-/// One reflector on the run's pods, in a task that timestamps events as they arrive.
-/// Dropping it stops the task.
-struct PodWatch {
-    task: tokio::task::JoinHandle<()>,
-    seen: watch::Receiver<Seen>,
-}
-
-impl PodWatch {
-    /// Starts the watch and waits until its initial list is done, so no pod created after
-    /// this returns can be missed.
-    async fn start(pods: Api<Pod>, run_id: &str) -> Result<PodWatch> {
-        let lp = ListParams::default().labels(&format!("{RUN_LABEL}={run_id}"));
-        let (tx, seen) = watch::channel(Seen::default());
-        let task = tokio::spawn(async move {
-            let mut stream = std::pin::pin!(reflector(pods, lp));
-            while let Some(ev) = stream.next().await {
-                let now = Instant::now();
-                let first_running = |s: &mut Seen, p: &Pod| {
-                    if is_running(p) {
-                        let name = skiff_api::Resource::name(p).to_string();
-                        s.running.entry(name).or_insert(now);
-                    }
-                };
-                tx.send_modify(|s| match &ev {
-                    Event::Restarted(items) => {
-                        s.lists += 1;
-                        items.iter().for_each(|p| first_running(s, p));
-                    }
-                    Event::Applied(p) => first_running(s, p),
-                    Event::Deleted(p) => {
-                        s.deleted.insert(skiff_api::Resource::name(p).to_string());
-                    }
-                });
-            }
-        });
-        let watch = PodWatch { task, seen };
-        watch
-            .wait(Instant::now() + WATCH_START_TIMEOUT, |s| s.lists > 0)
-            .await
-            .context("starting the pod watch")?;
-        Ok(watch)
-    }
-
-    /// Waits until `done` holds for what the watch has seen; fails at `deadline`.
-    async fn wait(&self, deadline: Instant, done: impl FnMut(&Seen) -> bool) -> Result<()> {
-        let mut rx = self.seen.clone();
-        tokio::time::timeout_at(deadline.into(), rx.wait_for(done))
-            .await
-            .context("timed out")?
-            .context("the watch task ended")?;
-        Ok(())
-    }
-
-    /// When the watch first saw pod `name` Running; waits for it until `deadline`.
-    async fn running(&self, name: &str, deadline: Instant) -> Result<Instant> {
-        self.wait(deadline, |s| s.running.contains_key(name))
-            .await
-            .with_context(|| format!("pod {name} not seen Running"))?;
-        Ok(self.seen.borrow().running[name])
-    }
-
-    /// Waits until every pod in `names` has been seen deleted.
-    async fn wait_deleted(&self, names: &[String], timeout: Duration) -> Result<()> {
-        self.wait(Instant::now() + timeout, |s| {
-            names.iter().all(|n| s.deleted.contains(n))
-        })
-        .await
-        .with_context(|| {
-            let seen = self.seen.borrow();
-            let missing = names.iter().filter(|n| !seen.deleted.contains(*n)).count();
-            format!(
-                "{missing} of {} pods not seen deleted within {timeout:?}",
-                names.len()
-            )
-        })
-    }
-
-    /// How many times the reflector listed (1: the watch never had to be re-established).
-    fn lists(&self) -> usize {
-        self.seen.borrow().lists
-    }
-}
-
-impl Drop for PodWatch {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 #[cfg(test)]

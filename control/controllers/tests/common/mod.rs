@@ -1,24 +1,20 @@
 //! What the controller tests share: a real API server in-process (embedded store in a
-//! tempdir), the controller manager in-process, a stand-in for node agents that marks pods
-//! Running and Ready, and bounded waits.
+//! tempdir), the controller manager in-process, the stand-in for node agents that marks pods
+//! Running and Ready (`skiff_controllers::testing`), and bounded waits.
 #![allow(dead_code)]
 
 use skiff_apiserver::testing::TestServer;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 
-use chrono::{SecondsFormat, Utc};
-use futures::StreamExt;
 use skiff_api::Resource;
-use skiff_api::api::{
-    Condition, Container, LabelSelector, ObjectMeta, Pod, PodSpec, PodStatus, PodTemplateSpec,
-};
+use skiff_api::api::{Container, LabelSelector, ObjectMeta, Pod, PodSpec, PodTemplateSpec};
 use skiff_apiserver::ApiServerOptions;
-use skiff_client::reflector::{Event, reflector};
 use skiff_client::runtime::{CancelToken, LeaderElectionConfig};
 use skiff_client::{Client, ListParams};
 use skiff_controllers::manager::{self, ManagerConfig};
+use skiff_controllers::testing::FakeKubelet;
 use tokio::task::JoinHandle;
 
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -114,84 +110,13 @@ pub fn start_manager_with(client: &Client, config: ManagerConfig) -> Manager {
     }
 }
 
-fn now() -> String {
-    Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true)
-}
-
-fn is_ready(p: &Pod) -> bool {
-    p.status.as_ref().is_some_and(|s| {
-        s.conditions
-            .iter()
-            .any(|c| c.r#type == "Ready" && c.status == "True")
-    })
-}
-
-/// Marks pod `name` Running and Ready through the status subresource.
-async fn mark_ready(client: Client, namespace: String, name: String) {
-    let api = client.namespaced::<Pod>(&namespace);
-    for _ in 0..20 {
-        let mut pod = match api.get(&name).await {
-            Ok(p) => p,
-            Err(_) => return,
-        };
-        if is_ready(&pod) {
-            return;
-        }
-        let t = now();
-        let cond = |ty: &str| Condition {
-            r#type: ty.into(),
-            status: "True".into(),
-            last_transition_time: t.clone(),
-            ..Default::default()
-        };
-        pod.status = Some(PodStatus {
-            phase: "Running".into(),
-            conditions: vec![cond("PodScheduled"), cond("ContainersReady"), cond("Ready")],
-            pod_ip: "10.0.0.1".into(),
-            start_time: t.clone(),
-            ..Default::default()
-        });
-        match api.update_status(&pod).await {
-            Ok(_) => return,
-            Err(e) if e.is_conflict() => continue,
-            Err(_) => return,
-        }
-    }
-}
-
 /// Stands in for node agents: every pod becomes Running and Ready `delay` after it appears.
-pub fn fake_kubelet(client: &Client, delay: Duration) -> Task {
-    let client = client.clone();
-    Task(tokio::spawn(async move {
-        let mut seen = HashSet::new();
-        let events = reflector(client.all::<Pod>(), ListParams::default());
-        tokio::pin!(events);
-        while let Some(ev) = events.next().await {
-            let pods = match ev {
-                Event::Restarted(v) => v,
-                Event::Applied(p) => vec![p],
-                Event::Deleted(_) => continue,
-            };
-            for p in pods {
-                let uid = p.metadata().map(|m| m.uid.clone()).unwrap_or_default();
-                let terminating = p
-                    .metadata()
-                    .is_some_and(|m| !m.deletion_timestamp.is_empty());
-                if is_ready(&p) || terminating || !seen.insert(uid) {
-                    continue;
-                }
-                let (client, ns, name) = (
-                    client.clone(),
-                    p.namespace().to_string(),
-                    p.name().to_string(),
-                );
-                tokio::spawn(async move {
-                    tokio::time::sleep(delay).await;
-                    mark_ready(client, ns, name).await;
-                });
-            }
-        }
-    }))
+pub fn fake_kubelet(client: &Client, delay: Duration) -> FakeKubelet {
+    skiff_controllers::testing::fake_kubelet(client, delay)
+}
+
+pub fn pod_is_ready(p: &Pod) -> bool {
+    skiff_controllers::util::is_pod_ready(p)
 }
 
 /// Polls `check` until it returns `Some`, at most `WAIT`.
@@ -275,10 +200,6 @@ pub async fn active_pods(client: &Client, selector: &str) -> Vec<Pod> {
                 )
         })
         .collect()
-}
-
-pub fn pod_is_ready(p: &Pod) -> bool {
-    is_ready(p)
 }
 
 /// Waits for an Event in `namespace` about the object named `name` with `reason`.
