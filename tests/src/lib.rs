@@ -10,6 +10,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+pub mod cluster;
+
 pub use skiff_store::testutil::EtcdServer;
 
 /// The directory holding the workspace's built binaries (`target/debug`).
@@ -235,6 +237,129 @@ fn run_ip(args: &[&str]) -> Output {
     Command::new("ip").args(args).output().expect("running ip")
 }
 
+/// The nodes' shared L2 segment: a bridge `br0` in a network namespace of its own, to which
+/// every node namespace (and optionally an "outside" client namespace) is attached by a veth,
+/// with addresses in 192.168.100.0/24. Nothing of it exists in the root namespace, so the
+/// host's network is never touched. Dropping it deletes its namespace (and with it every veth
+/// end on the bridge) and the outside namespaces it made.
+pub struct Fabric {
+    pub netns: String,
+    next_host: std::sync::atomic::AtomicU8,
+    outside: std::sync::Mutex<Vec<String>>,
+}
+
+/// The fabric's subnet (inside its namespaces only).
+pub const FABRIC_PREFIX: &str = "192.168.100";
+
+impl Fabric {
+    pub fn new() -> Fabric {
+        let netns = format!("skiff-e2e-fab-{}", unique());
+        let out = run_ip(&["netns", "add", &netns]);
+        assert!(out.status.success(), "ip netns add: {out:?}");
+        let fabric = Fabric {
+            netns,
+            next_host: std::sync::atomic::AtomicU8::new(1),
+            outside: std::sync::Mutex::new(Vec::new()),
+        };
+        for args in [
+            vec!["link", "set", "lo", "up"],
+            vec!["link", "add", "br0", "type", "bridge"],
+            vec!["link", "set", "br0", "up"],
+        ] {
+            fabric.ip_ok(&args);
+        }
+        fabric
+    }
+
+    fn ip_ok(&self, args: &[&str]) {
+        let mut full = vec!["-n", self.netns.as_str()];
+        full.extend_from_slice(args);
+        let out = run_ip(&full);
+        assert!(out.status.success(), "ip {full:?}: {out:?}");
+    }
+
+    /// Connects namespace `netns` to the bridge: `eth0` there with the next free address
+    /// (`192.168.100.<n>/24`), up. Returns the address.
+    pub fn attach(&self, netns: &str) -> String {
+        let n = self
+            .next_host
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        assert!(n < 250, "fabric full");
+        let ip = format!("{FABRIC_PREFIX}.{n}");
+        let peer = format!("fab{n}");
+        let out = run_ip(&[
+            "link",
+            "add",
+            "eth0",
+            "netns",
+            netns,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &peer,
+            "netns",
+            &self.netns,
+        ]);
+        assert!(
+            out.status.success(),
+            "ip link add veth into {netns}: {out:?}"
+        );
+        self.ip_ok(&["link", "set", &peer, "master", "br0", "up"]);
+        for args in [
+            vec![
+                "-n",
+                netns,
+                "addr",
+                "add",
+                &format!("{ip}/24"),
+                "dev",
+                "eth0",
+            ],
+            vec!["-n", netns, "link", "set", "eth0", "up"],
+        ] {
+            let out = run_ip(&args);
+            assert!(out.status.success(), "ip {args:?}: {out:?}");
+        }
+        ip
+    }
+
+    /// A client namespace outside the cluster, on the same segment (e.g. to reach NodePorts).
+    /// Returns its name and address; removed with the fabric.
+    pub fn outside(&self) -> (String, String) {
+        let netns = format!("skiff-e2e-out-{}", unique());
+        let out = run_ip(&["netns", "add", &netns]);
+        assert!(out.status.success(), "ip netns add: {out:?}");
+        let _ = run_ip(&["-n", &netns, "link", "set", "lo", "up"]);
+        self.outside
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(netns.clone());
+        let ip = self.attach(&netns);
+        (netns, ip)
+    }
+}
+
+impl Default for Fabric {
+    fn default() -> Self {
+        Fabric::new()
+    }
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        for ns in self
+            .outside
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            let _ = run_ip(&["netns", "del", &ns]);
+        }
+        let _ = run_ip(&["netns", "del", &self.netns]);
+    }
+}
+
 /// A node: its own network namespace, cgroup parent and state directory, and a running
 /// `skiff-node run` agent process. Dropping it kills every process it started (the agent by
 /// pid; the pods and their shims through `cgroup.kill` on the node's cgroup), removes the
@@ -248,6 +373,8 @@ pub struct Node {
     labels: String,
     server: String,
     agent: Option<Child>,
+    /// The node's address on the fabric, if it is on one.
+    pub node_ip: Option<String>,
 }
 
 impl Node {
@@ -264,11 +391,25 @@ impl Node {
         pod_cidr: &str,
         labels: &[(&str, &str)],
     ) -> Node {
+        Node::start_on(server, name, pod_cidr, labels, None)
+    }
+
+    /// Like [`Node::start_labelled`]; with a fabric, the node namespace gets an `eth0` on it
+    /// (before the agent starts, so the agent publishes that address as the node's
+    /// InternalIP and other nodes route this node's pod CIDR through it).
+    pub fn start_on(
+        server: &ApiServer,
+        name: &str,
+        pod_cidr: &str,
+        labels: &[(&str, &str)],
+        fabric: Option<&Fabric>,
+    ) -> Node {
         let id = unique();
         let netns = format!("skiff-e2e-{id}");
         let out = run_ip(&["netns", "add", &netns]);
         assert!(out.status.success(), "ip netns add: {out:?}");
         let _ = run_ip(&["-n", &netns, "link", "set", "lo", "up"]);
+        let node_ip = fabric.map(|f| f.attach(&netns));
         let root = cgroup2_root();
         let mut node = Node {
             name: name.to_string(),
@@ -283,6 +424,7 @@ impl Node {
                 .join(","),
             server: server.endpoint.clone(),
             agent: None,
+            node_ip,
         };
         node.start_agent();
         node

@@ -15,128 +15,13 @@ use skiff_api::Resource;
 use skiff_api::api::{Deployment, Event, Lease, Node as ApiNode, Pod, ReplicaSet};
 use skiff_client::reflector::{Event as ReflectorEvent, reflector};
 use skiff_client::{Client, ListParams};
-use skiff_tests::{ApiServer, Backend, Component, EtcdServer, Node, eventually, ok, unique};
+use skiff_tests::cluster::{Cluster, LEASE_SECONDS, node_condition, start_manager};
+use skiff_tests::{Component, eventually};
 
 const T: Duration = Duration::from_secs(90);
-/// Lease duration of the control-plane components in these tests (a standby or a restarted
-/// replica with a new identity takes over after this long).
-const LEASE_SECONDS: &str = "4";
-
 /// One test at a time (an async mutex: each test has its own runtime and holds it across
 /// awaits; a failed test does not poison it).
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// A whole cluster: etcd, API server, scheduler, controller manager and `n` real nodes.
-struct Cluster {
-    // Dropped in field order: components and nodes before the server, the server before etcd.
-    scheduler: Component,
-    managers: Vec<Component>,
-    nodes: Vec<Node>,
-    client: Client,
-    server: ApiServer,
-    _etcd: EtcdServer,
-    id: String,
-}
-
-impl Cluster {
-    async fn start(nodes: usize) -> Cluster {
-        let etcd = EtcdServer::start().expect("a real etcd (run `cargo xtask setup`)");
-        let server = ApiServer::start(Backend::Etcd(etcd.endpoint.clone()));
-        let client = Client::connect(&server.endpoint).await.expect("connect");
-        let id = unique();
-        let scheduler = Component::start(
-            &server,
-            "skiff-scheduler",
-            &["--lease-duration", LEASE_SECONDS, "--identity", "sched-1"],
-        );
-        let manager = start_manager(&server, "cm-1");
-        let mut c = Cluster {
-            scheduler,
-            managers: vec![manager],
-            nodes: Vec::new(),
-            client,
-            server,
-            _etcd: etcd,
-            id,
-        };
-        for i in 0..nodes {
-            c.add_node(&format!("n{i}"), &[]);
-        }
-        c.wait_nodes_ready().await;
-        c
-    }
-
-    /// Starts a real agent for node `<suffix>-<id>`; its pod CIDR comes from the controller
-    /// manager's node IPAM.
-    fn add_node(&mut self, suffix: &str, labels: &[(&str, &str)]) -> String {
-        let name = format!("e2e-{}-{suffix}", self.id);
-        self.nodes
-            .push(Node::start_labelled(&self.server, &name, "", labels));
-        name
-    }
-
-    fn node(&mut self, name: &str) -> &mut Node {
-        self.nodes
-            .iter_mut()
-            .find(|n| n.name == name)
-            .expect("a node of this cluster")
-    }
-
-    async fn wait_nodes_ready(&self) {
-        let want = self.nodes.len();
-        let api = self.client.cluster::<ApiNode>();
-        eventually("every node Ready with a pod CIDR", T, || async {
-            let nodes = api
-                .list(&ListParams::default())
-                .await
-                .map_err(|e| e.to_string())?;
-            let ready = nodes
-                .items
-                .iter()
-                .filter(|n| node_condition(n, "Ready") == "True")
-                .filter(|n| n.spec.as_ref().is_some_and(|s| !s.pod_cidr.is_empty()))
-                .count();
-            (ready == want)
-                .then_some(())
-                .ok_or_else(|| format!("{ready}/{want} ready; {}", self.logs()))
-        })
-        .await;
-    }
-
-    /// The components' logs, for failure messages.
-    fn logs(&self) -> String {
-        let mut out = format!("--- scheduler ---\n{}", tail(&self.scheduler.log()));
-        for m in &self.managers {
-            out += &format!("\n--- {} ---\n{}", m.binary, tail(&m.log()));
-        }
-        out
-    }
-
-    fn skiff(&self, args: &[&str]) -> String {
-        ok(&self.server.skiff(args))
-    }
-}
-
-fn tail(log: &str) -> String {
-    let lines: Vec<&str> = log.lines().collect();
-    lines[lines.len().saturating_sub(30)..].join("\n")
-}
-
-fn start_manager(server: &ApiServer, identity: &str) -> Component {
-    Component::start(
-        server,
-        "skiff-controller-manager",
-        &["--lease-duration", LEASE_SECONDS, "--identity", identity],
-    )
-}
-
-fn node_condition(n: &ApiNode, ty: &str) -> String {
-    n.status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.r#type == ty))
-        .map(|c| c.status.clone())
-        .unwrap_or_default()
-}
 
 fn pod_ready(p: &Pod) -> bool {
     p.status.as_ref().is_some_and(|s| {

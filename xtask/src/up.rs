@@ -176,7 +176,16 @@ pub struct NodePlan {
     pub netns: String,
     pub pod_cidr: String,
     pub state_dir: PathBuf,
+    /// The node's address on the fabric (`eth0` in its namespace).
+    pub node_ip: String,
 }
+
+/// The namespace holding the bridge that joins the nodes (their shared L2 segment).
+pub const FABRIC_NETNS: &str = "skiff-up-fabric";
+/// A client namespace on the fabric, outside the cluster (for NodePort and the like).
+pub const OUTSIDE_NETNS: &str = "skiff-up-outside";
+/// The fabric's subnet; nodes are .1 .. .N, the outside namespace .254.
+pub const FABRIC_PREFIX: &str = "192.168.100";
 
 /// The nodes `up` starts: `node-1` .. `node-N`.
 pub fn node_plans(n: u32, root: &Path) -> Vec<NodePlan> {
@@ -186,6 +195,7 @@ pub fn node_plans(n: u32, root: &Path) -> Vec<NodePlan> {
             netns: format!("skiff-up-node-{i}"),
             pod_cidr: format!("10.244.{i}.0/24"),
             state_dir: root.join(".skiff").join("nodes").join(format!("node-{i}")),
+            node_ip: format!("{FABRIC_PREFIX}.{i}"),
         })
         .collect()
 }
@@ -219,11 +229,71 @@ fn ip(args: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// A fresh network namespace for a node (a stale one from an earlier crash is replaced).
+/// The fabric: a bridge `br0` in namespace [`FABRIC_NETNS`], and the outside client
+/// namespace attached to it (stale ones from an earlier crash are replaced). Nothing is created
+/// in the root namespace.
+fn prepare_fabric() -> Result<()> {
+    remove_fabric();
+    ip(&["netns", "add", FABRIC_NETNS])?;
+    ip(&["-n", FABRIC_NETNS, "link", "set", "lo", "up"])?;
+    ip(&["-n", FABRIC_NETNS, "link", "add", "br0", "type", "bridge"])?;
+    ip(&["-n", FABRIC_NETNS, "link", "set", "br0", "up"])?;
+    ip(&["netns", "add", OUTSIDE_NETNS])?;
+    ip(&["-n", OUTSIDE_NETNS, "link", "set", "lo", "up"])?;
+    attach_to_fabric(OUTSIDE_NETNS, "out", &format!("{FABRIC_PREFIX}.254"))
+}
+
+fn remove_fabric() {
+    let _ = ip(&["netns", "del", OUTSIDE_NETNS]);
+    let _ = ip(&["netns", "del", FABRIC_NETNS]);
+}
+
+/// `eth0` in `netns` with `ip`/24, its peer `peer` on the fabric's bridge.
+fn attach_to_fabric(netns: &str, peer: &str, ip_addr: &str) -> Result<()> {
+    ip(&[
+        "link",
+        "add",
+        "eth0",
+        "netns",
+        netns,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        peer,
+        "netns",
+        FABRIC_NETNS,
+    ])?;
+    ip(&[
+        "-n",
+        FABRIC_NETNS,
+        "link",
+        "set",
+        peer,
+        "master",
+        "br0",
+        "up",
+    ])?;
+    ip(&[
+        "-n",
+        netns,
+        "addr",
+        "add",
+        &format!("{ip_addr}/24"),
+        "dev",
+        "eth0",
+    ])?;
+    ip(&["-n", netns, "link", "set", "eth0", "up"])
+}
+
+/// A fresh network namespace for a node (a stale one from an earlier crash is replaced),
+/// attached to the fabric.
 fn prepare_node_netns(node: &NodePlan) -> Result<()> {
     let _ = ip(&["netns", "del", &node.netns]);
     ip(&["netns", "add", &node.netns])?;
-    ip(&["-n", &node.netns, "link", "set", "lo", "up"])
+    ip(&["-n", &node.netns, "link", "set", "lo", "up"])?;
+    let peer = node.name.replace("node-", "n");
+    attach_to_fabric(&node.netns, &peer, &node.node_ip)
 }
 
 /// Removes everything a node ran (`skiff-node purge`), then its network namespace.
@@ -542,6 +612,11 @@ async fn supervise(plan: Plan<'_>) -> Result<()> {
             }
         }
 
+        if !plan.nodes.is_empty()
+            && let Err(e) = prepare_fabric()
+        {
+            break 'run Stop::Failed(e);
+        }
         for node in plan.nodes {
             let log = plan.log_dir.join(format!("{}.log", node.name));
             let started = prepare_node_netns(node).and_then(|()| {
@@ -597,6 +672,9 @@ async fn supervise(plan: Plan<'_>) -> Result<()> {
     shutdown(&mut running, &mut signals).await;
     for node in plan.nodes {
         purge_node(plan.bin_dir, node);
+    }
+    if !plan.nodes.is_empty() {
+        remove_fabric();
     }
 
     match stop {
@@ -707,8 +785,13 @@ fn print_banner(plan: &Plan<'_>) {
     println!("  logs:       {}", plan.log_dir.display());
     for node in plan.nodes {
         println!(
-            "  node:       {} (netns {}, pods {})",
-            node.name, node.netns, node.pod_cidr
+            "  node:       {} (netns {}, address {}, pods {})",
+            node.name, node.netns, node.node_ip, node.pod_cidr
+        );
+    }
+    if !plan.nodes.is_empty() {
+        println!(
+            "  fabric:     bridge in netns {FABRIC_NETNS}; outside client netns {OUTSIDE_NETNS} ({FABRIC_PREFIX}.254)"
         );
     }
     println!(

@@ -15,6 +15,7 @@ pub mod api;
 mod logs;
 mod node;
 mod probe;
+pub mod routes;
 mod status;
 mod worker;
 
@@ -28,7 +29,7 @@ use futures::StreamExt;
 use skiff_api::Resource;
 use skiff_api::api::Pod;
 use skiff_client::reflector::{Event, reflector};
-use skiff_client::runtime::EventRecorder;
+use skiff_client::runtime::{CancelToken, EventRecorder, Informers};
 use skiff_client::{Client, ListParams};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
@@ -225,10 +226,19 @@ pub async fn run(
     });
     let api_server = api::serve(listener, &cfg.node_name, ctx.clone());
 
+    // Routes to the other nodes' pod CIDRs, from the Nodes they register.
+    let stop_routes = CancelToken::new();
+    let informers = Informers::new(client.clone());
+    let routes = AbortOnDrop(tokio::spawn({
+        let (name, net, stop) = (cfg.node_name.clone(), ctx.net.clone(), stop_routes.clone());
+        async move { routes::PeerRoutes::run(&name, net, &informers, stop).await }
+    }));
     // Node status on its own schedule (the Lease loop runs since registration).
     let heartbeat = tokio::spawn(heartbeat_loop(client.clone(), facts, cfg.status_interval));
 
     let result = pod_loop(ctx, &cfg.node_name, shutdown).await;
+    stop_routes.cancel();
+    drop(routes);
     drop(lease);
     heartbeat.abort();
     api_server.abort();

@@ -20,9 +20,11 @@
 //! Netlink sockets are opened by short-lived threads that `setns(2)` into the target namespace
 //! (see [`netns`]); the connection futures then run on the tokio runtime.
 //!
-//! Seams for what comes later: cross-node routes (`<other node's pod CIDR> via <its node IP>`)
-//! belong in `N`'s main table next to the per-pod /32 routes and can reuse the node-namespace
-//! connection ([`rtnl::Rtnl`]); an eBPF fast path can redirect straight to
+//! Cross-node: `N`'s main table also has `<other node's pod CIDR> via <its node IP>` for every
+//! other node ([`NodeNetwork::set_peer_route`], driven by the agent's `routes` controller), so
+//! nodes on one L2 segment route pod traffic directly, unencapsulated and untranslated.
+//!
+//! Seam for what comes later: an eBPF fast path can redirect straight to
 //! [`PodAttachment::host_ifindex`] / [`PodAttachment::pod_ifindex`].
 
 mod cidr;
@@ -110,6 +112,18 @@ fn validate_pod_uid(uid: &str) -> Result<(), NetError> {
     Ok(())
 }
 
+/// The IPv4 network and prefix length of another node's pod CIDR.
+fn peer_network(cidr: &str) -> Result<(Ipv4Addr, u8), NetError> {
+    let peer = PodCidr::parse(cidr)?;
+    match peer.network() {
+        IpAddr::V4(v4) => Ok((v4, peer.prefix_len())),
+        IpAddr::V6(_) => Err(NetError::PodCidrInvalid {
+            cidr: cidr.to_string(),
+            reason: "IPv6 pod CIDRs are not supported yet".into(),
+        }),
+    }
+}
+
 /// Pod networking of one node: IPAM over the node's pod CIDR plus the per-pod veths and routes.
 pub struct NodeNetwork {
     node_netns: Netns,
@@ -166,6 +180,20 @@ impl NodeNetwork {
                 None
             }
         }
+    }
+
+    /// Routes another node's pod CIDR through that node's address (`ip route replace <cidr>
+    /// via <node_ip>` in the node namespace): pods on different nodes reach each other by
+    /// their own addresses, without NAT or encapsulation, when the nodes share an L2 segment.
+    pub async fn set_peer_route(&self, cidr: &str, node_ip: Ipv4Addr) -> Result<(), NetError> {
+        let (network, len) = peer_network(cidr)?;
+        self.node.replace_route_via(network, len, node_ip).await
+    }
+
+    /// Removes the route [`NodeNetwork::set_peer_route`] made for `cidr` (`Ok(false)`: none).
+    pub async fn remove_peer_route(&self, cidr: &str) -> Result<bool, NetError> {
+        let (network, len) = peer_network(cidr)?;
+        self.node.delete_route(network, len).await
     }
 
     /// Connects the pod namespace `pod_netns` to the node: allocates the pod's address and

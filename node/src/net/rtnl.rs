@@ -179,6 +179,42 @@ impl Rtnl {
         }
     }
 
+    /// `ip route replace <dst>/<len> via <gw> proto static` (another node's pod CIDR through
+    /// that node's address on the shared segment).
+    pub(crate) async fn replace_route_via(
+        &self,
+        dst: Ipv4Addr,
+        len: u8,
+        gw: Ipv4Addr,
+    ) -> Result<(), NetError> {
+        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(dst, len)
+            .gateway(gw)
+            .protocol(RouteProtocol::Static)
+            .build();
+        self.handle
+            .route()
+            .add(msg)
+            .replace()
+            .execute()
+            .await
+            .map_err(self.fail(format_args!("replace route {dst}/{len} via {gw}")))
+    }
+
+    /// Deletes the main-table route `<dst>/<len>`. `Ok(false)` if there was none.
+    pub(crate) async fn delete_route(&self, dst: Ipv4Addr, len: u8) -> Result<bool, NetError> {
+        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(dst, len)
+            .scope(RouteScope::NoWhere)
+            .protocol(RouteProtocol::Static)
+            .build();
+        match self.handle.route().del(msg).execute().await {
+            Ok(()) => Ok(true),
+            Err(e) if errno(&e) == Some(ESRCH) => Ok(false),
+            Err(e) => Err(self.fail(format_args!("delete route {dst}/{len}"))(e)),
+        }
+    }
+
     /// `ip route replace default via <gw> dev <index> onlink`
     pub(crate) async fn replace_default_route_onlink(
         &self,

@@ -1,0 +1,137 @@
+//! A whole cluster for end-to-end tests: a real etcd, the `skiff-apiserver`,
+//! `skiff-scheduler` and `skiff-controller-manager` binaries, and real nodes on one
+//! [`Fabric`] (so pods on different nodes reach each other).
+
+use std::time::Duration;
+
+use skiff_api::api::Node as ApiNode;
+use skiff_client::{Client, ListParams};
+
+use crate::{ApiServer, Backend, Component, EtcdServer, Fabric, Node, eventually, ok, unique};
+
+const T: Duration = Duration::from_secs(90);
+
+/// Lease duration of the control-plane components in these tests (a standby or a restarted
+/// replica with a new identity takes over after this long).
+pub const LEASE_SECONDS: &str = "4";
+
+/// A whole cluster: etcd, API server, scheduler, controller manager and `n` real nodes.
+pub struct Cluster {
+    // Dropped in field order: components and nodes before the server, the server before etcd.
+    pub scheduler: Component,
+    pub managers: Vec<Component>,
+    pub nodes: Vec<Node>,
+    pub fabric: Fabric,
+    pub client: Client,
+    pub server: ApiServer,
+    _etcd: EtcdServer,
+    pub id: String,
+}
+
+impl Cluster {
+    /// Starts everything, with `nodes` nodes named `e2e-<id>-n<i>`, and waits for them to
+    /// be Ready with a pod CIDR.
+    pub async fn start(nodes: usize) -> Cluster {
+        let etcd = EtcdServer::start().expect("a real etcd (run `cargo xtask setup`)");
+        let server = ApiServer::start(Backend::Etcd(etcd.endpoint.clone()));
+        let client = Client::connect(&server.endpoint).await.expect("connect");
+        let id = unique();
+        let scheduler = Component::start(
+            &server,
+            "skiff-scheduler",
+            &["--lease-duration", LEASE_SECONDS, "--identity", "sched-1"],
+        );
+        let manager = start_manager(&server, "cm-1");
+        let mut c = Cluster {
+            scheduler,
+            managers: vec![manager],
+            nodes: Vec::new(),
+            fabric: Fabric::new(),
+            client,
+            server,
+            _etcd: etcd,
+            id,
+        };
+        for i in 0..nodes {
+            c.add_node(&format!("n{i}"), &[]);
+        }
+        c.wait_nodes_ready().await;
+        c
+    }
+
+    /// Starts a real agent for node `<suffix>-<id>`; its pod CIDR comes from the controller
+    /// manager's node IPAM.
+    pub fn add_node(&mut self, suffix: &str, labels: &[(&str, &str)]) -> String {
+        let name = format!("e2e-{}-{suffix}", self.id);
+        self.nodes.push(Node::start_on(
+            &self.server,
+            &name,
+            "",
+            labels,
+            Some(&self.fabric),
+        ));
+        name
+    }
+
+    pub fn node(&mut self, name: &str) -> &mut Node {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.name == name)
+            .expect("a node of this cluster")
+    }
+
+    pub async fn wait_nodes_ready(&self) {
+        let want = self.nodes.len();
+        let api = self.client.cluster::<ApiNode>();
+        eventually("every node Ready with a pod CIDR", T, || async {
+            let nodes = api
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let ready = nodes
+                .items
+                .iter()
+                .filter(|n| node_condition(n, "Ready") == "True")
+                .filter(|n| n.spec.as_ref().is_some_and(|s| !s.pod_cidr.is_empty()))
+                .count();
+            (ready == want)
+                .then_some(())
+                .ok_or_else(|| format!("{ready}/{want} ready; {}", self.logs()))
+        })
+        .await;
+    }
+
+    /// The components' logs, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut out = format!("--- scheduler ---\n{}", tail(&self.scheduler.log()));
+        for m in &self.managers {
+            out += &format!("\n--- {} ---\n{}", m.binary, tail(&m.log()));
+        }
+        out
+    }
+
+    pub fn skiff(&self, args: &[&str]) -> String {
+        ok(&self.server.skiff(args))
+    }
+}
+
+pub fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
+pub fn start_manager(server: &ApiServer, identity: &str) -> Component {
+    Component::start(
+        server,
+        "skiff-controller-manager",
+        &["--lease-duration", LEASE_SECONDS, "--identity", identity],
+    )
+}
+
+pub fn node_condition(n: &ApiNode, ty: &str) -> String {
+    n.status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.r#type == ty))
+        .map(|c| c.status.clone())
+        .unwrap_or_default()
+}
