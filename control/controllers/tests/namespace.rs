@@ -86,7 +86,8 @@ async fn fill(client: &Client, ns: &str) {
     client
         .namespaced::<Endpoints>(ns)
         .create(&Endpoints {
-            metadata: in_ns(ns, "web"),
+            // Not "web": the Endpoints controller manages that one (it may exist already).
+            metadata: in_ns(ns, "manual"),
             ..Default::default()
         })
         .await
