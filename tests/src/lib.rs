@@ -486,6 +486,34 @@ impl Node {
         String::from_utf8_lossy(&run_ip(&full).stdout).into_owned()
     }
 
+    /// The iptables and nftables rules of the node's network namespace (`iptables-save` and
+    /// `nft list ruleset` run inside it; comment lines dropped). Empty for a namespace nobody
+    /// put rules in.
+    pub fn firewall_rules(&self) -> String {
+        let ns = format!("--net={}", self.netns_path().display());
+        let mut out = String::new();
+        for cmd in [
+            vec!["iptables-save"],
+            vec!["ip6tables-save"],
+            vec!["nft", "list", "ruleset"],
+        ] {
+            let o = Command::new("nsenter")
+                .arg(&ns)
+                .args(&cmd)
+                .output()
+                .unwrap_or_else(|e| panic!("running {cmd:?} (cargo xtask setup installs it): {e}"));
+            assert!(o.status.success(), "{cmd:?} in {}: {o:?}", self.netns);
+            for line in String::from_utf8_lossy(&o.stdout).lines() {
+                let line = line.trim();
+                if !line.is_empty() && !line.starts_with('#') {
+                    out.push_str(line);
+                    out.push('\n');
+                }
+            }
+        }
+        out
+    }
+
     /// The runtime's records of this node's pod sandboxes (`<state>/runtime/pods/*/sandbox.json`).
     fn sandboxes(&self) -> Vec<serde_json::Value> {
         let pods = self.state_dir.path().join("state/runtime/pods");

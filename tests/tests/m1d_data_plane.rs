@@ -113,4 +113,14 @@ async fn pods_reach_pods_on_other_nodes_without_nat() {
     })
     .await;
     assert_eq!(seen, client_ip, "the server saw the client's own pod IP");
+
+    // Nothing of this went through (or created) an iptables or nftables rule.
+    for node in &c.nodes {
+        assert_eq!(
+            node.firewall_rules(),
+            "",
+            "firewall rules in {}",
+            node.netns
+        );
+    }
 }

@@ -76,6 +76,16 @@ pub const APT_PACKAGES: &[AptPackage] = &[
         ebpf: false,
         why: "scripts and test tooling",
     },
+    AptPackage {
+        name: "iptables",
+        ebpf: false,
+        why: "tests check that Skiff leaves every node's iptables rules alone",
+    },
+    AptPackage {
+        name: "nftables",
+        ebpf: false,
+        why: "tests check that Skiff leaves every node's nftables rule set alone",
+    },
 ];
 
 pub const BPF_LINKER_VERSION: &str = "0.13.0";
