@@ -1,6 +1,7 @@
 //! `skiff`: the command line of a Skiff cluster, in the style of kubectl.
 
 mod apply;
+mod bpf;
 mod columns;
 mod delete;
 mod describe;
@@ -69,6 +70,29 @@ enum Command {
     /// Manage the rollout of deployments: status, history, undo, pause, resume, restart.
     #[command(subcommand)]
     Rollout(RolloutCommand),
+    /// Show the nodes' eBPF Service load balancer maps (from their agents).
+    #[command(subcommand)]
+    Bpf(BpfCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum BpfCommand {
+    /// Frontends (clusterIP:port/protocol) with their backends and connection counters, like
+    /// `cilium bpf lb list`.
+    #[command(visible_alias = "lb")]
+    Services(BpfArgs),
+    /// Every backend with its frontend and counters.
+    Backends(BpfArgs),
+}
+
+#[derive(Debug, Args)]
+struct BpfArgs {
+    /// Only this node (default: every node).
+    #[arg(long, value_name = "NODE")]
+    node: Option<String>,
+    /// Output format (default: a table).
+    #[arg(short = 'o', long, value_enum)]
+    output: Option<top::Output>,
 }
 
 #[derive(Debug, Args)]
@@ -430,6 +454,18 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             top::run(&client, &opts).await
         }
         Command::Scale(s) => scale::run(&client, &scale_opts(&s, &namespace)?).await,
+        Command::Bpf(b) => {
+            let (what, args) = match b {
+                BpfCommand::Services(a) => (bpf::What::Services, a),
+                BpfCommand::Backends(a) => (bpf::What::Backends, a),
+            };
+            let opts = bpf::BpfOpts {
+                what,
+                node: args.node,
+                output: args.output,
+            };
+            bpf::run(&client, &opts).await
+        }
         Command::Rollout(r) => {
             let names = r.names()?;
             match r {

@@ -6,6 +6,8 @@
 //!   container's output, one line per line it printed (`timestamps=true` prefixes each with
 //!   its RFC 3339 time); `follow=true` keeps streaming new lines until the client goes away.
 //! - `GET /stats/summary`: a [`StatsSummary`] as JSON.
+//! - `GET /bpf/services`, `GET /bpf/backends`: the node's Service load balancer maps
+//!   ([`BpfServices`], [`BpfBackends`]), with per-backend connection counters.
 //!
 //! The agent publishes the port in its Node's `status.daemonEndpoints.kubeletEndpoint.Port`
 //! (as the kubelet does). Cluster state still comes only from the API server: a pod's agent
@@ -37,12 +39,93 @@ use crate::{Client, ClientError};
 pub const LOGS_PATH: &str = "/logs";
 /// Path of the stats endpoint.
 pub const STATS_SUMMARY_PATH: &str = "/stats/summary";
+/// Paths of the load balancer map dumps.
+pub const BPF_SERVICES_PATH: &str = "/bpf/services";
+pub const BPF_BACKENDS_PATH: &str = "/bpf/backends";
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest error body read from the agent.
 const MAX_ERROR_BODY: usize = 64 * 1024;
 /// Largest stats summary accepted.
 const MAX_SUMMARY: usize = 64 * 1024 * 1024;
+
+/// `GET /bpf/services`: the frontends programmed in a node's socket load balancer.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BpfServices {
+    pub node: String,
+    #[serde(default)]
+    pub services: Vec<BpfService>,
+    /// How full each map is.
+    #[serde(default)]
+    pub maps: Vec<BpfMapPressure>,
+    /// Programming statistics (writes, latency histogram), as the agent reports them.
+    #[serde(default)]
+    pub programming: serde_json::Value,
+}
+
+/// One frontend (clusterIP:port/protocol) and its backends.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BpfService {
+    pub id: u32,
+    /// `ip:port/PROTOCOL`.
+    pub frontend: String,
+    #[serde(default)]
+    pub session_affinity: String,
+    /// `namespace/name` of the Service (none for a frontend about to be removed).
+    #[serde(default)]
+    pub service: Option<String>,
+    #[serde(default)]
+    pub port_name: Option<String>,
+    #[serde(default)]
+    pub backends: Vec<BpfBackend>,
+    /// connect() calls translated to a backend (TCP, connected UDP).
+    #[serde(default)]
+    pub connects: u64,
+    /// Unconnected UDP datagrams translated.
+    #[serde(default)]
+    pub sends: u64,
+}
+
+/// One backend of a frontend.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BpfBackend {
+    pub id: u32,
+    #[serde(default)]
+    pub slot: u32,
+    /// `ip:port`.
+    pub address: String,
+    #[serde(default)]
+    pub protocol: Option<String>,
+    #[serde(default)]
+    pub frontend: Option<String>,
+    #[serde(default)]
+    pub service: Option<String>,
+    #[serde(default)]
+    pub connects: u64,
+    #[serde(default)]
+    pub sends: u64,
+}
+
+/// How full one map is.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BpfMapPressure {
+    pub map: String,
+    pub entries: u64,
+    pub max_entries: u64,
+}
+
+/// `GET /bpf/backends`: every backend of a node's socket load balancer.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BpfBackends {
+    pub node: String,
+    #[serde(default)]
+    pub backends: Vec<BpfBackend>,
+}
 
 /// `GET /stats/summary`: what a node's pods use, at one instant.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -207,9 +290,26 @@ impl AgentEndpoint {
 
     /// `GET /stats/summary`.
     pub async fn stats_summary(&self) -> Result<StatsSummary, NodeApiError> {
-        let resp = self.get(STATS_SUMMARY_PATH).await?;
+        self.get_json(STATS_SUMMARY_PATH).await
+    }
+
+    /// `GET /bpf/services`.
+    pub async fn bpf_services(&self) -> Result<BpfServices, NodeApiError> {
+        self.get_json(BPF_SERVICES_PATH).await
+    }
+
+    /// `GET /bpf/backends`.
+    pub async fn bpf_backends(&self) -> Result<BpfBackends, NodeApiError> {
+        self.get_json(BPF_BACKENDS_PATH).await
+    }
+
+    async fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+    ) -> Result<T, NodeApiError> {
+        let resp = self.get(path).await?;
         let body = self.read_body(resp, MAX_SUMMARY).await?;
-        serde_json::from_slice(&body).map_err(|e| self.protocol(format!("stats summary: {e}")))
+        serde_json::from_slice(&body).map_err(|e| self.protocol(format!("{path}: {e}")))
     }
 
     /// `GET /logs/{namespace}/{pod}/{container}`: the log as a stream of chunks (whole lines,
