@@ -8,13 +8,20 @@
 //! when it exits: a restarted agent adopts them (same processes) through the runtime's
 //! on-disk state and resumes their status updates.
 //!
-//! It also serves a small read-only HTTP API ([`api`]: container logs, stats) on loopback,
-//! and publishes its port in the Node's `status.daemonEndpoints.kubeletEndpoint.Port`.
+//! It also serves a small read-only HTTP API ([`api`]: container logs, stats, the Service
+//! load balancer's maps) on loopback, and publishes its port in the Node's
+//! `status.daemonEndpoints.kubeletEndpoint.Port`.
+//!
+//! Service load balancing ([`proxy`]): the socket LB programs are attached to the node's pod
+//! cgroup parent next to the accounting programs, and a controller on the shared runtime
+//! programs them from Services and Endpoints. If they cannot be loaded the agent still runs
+//! pods; it warns and reports `ServiceLoadBalancerReady=False` on its Node.
 
 pub mod api;
 mod logs;
 mod node;
 mod probe;
+pub mod proxy;
 mod status;
 mod worker;
 
@@ -28,16 +35,17 @@ use futures::StreamExt;
 use skiff_api::Resource;
 use skiff_api::api::Pod;
 use skiff_client::reflector::{Event, reflector};
-use skiff_client::runtime::EventRecorder;
+use skiff_client::runtime::{CancelToken, EventRecorder, Informers};
 use skiff_client::{Client, ListParams};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::bpf::Accounting;
+use crate::bpf::lb::{LbConfig, ServiceLb};
 use crate::net::{NodeNetwork, NodeNetworkConfig};
 use crate::runtime::{NativeConfig, NativeRuntime, Runtime};
 
-pub use node::{LEASE_NAMESPACE, LIMITS_CONDITION};
+pub use node::{LEASE_NAMESPACE, LIMITS_CONDITION, SERVICE_LB_CONDITION};
 
 /// `source.component` of the agent's Events (the kubelet's role).
 pub const EVENT_COMPONENT: &str = "skiff-node";
@@ -68,6 +76,10 @@ pub struct AgentConfig {
     pub backoff_max: Duration,
     /// Load the eBPF per-pod traffic accounting.
     pub accounting: bool,
+    /// Load the eBPF Service load balancer (socket LB for ClusterIP Services).
+    pub service_lb: bool,
+    /// Sizes of its maps (`--lb-max-services`, `--lb-max-backends`).
+    pub lb: LbConfig,
     pub max_pods: u32,
     /// Where the agent's HTTP API listens (port 0: a free one, published in the Node).
     pub api_listen: SocketAddr,
@@ -89,6 +101,8 @@ impl AgentConfig {
             backoff_initial: Duration::from_secs(10),
             backoff_max: Duration::from_secs(300),
             accounting: true,
+            service_lb: true,
+            lb: LbConfig::default(),
             max_pods: 110,
             api_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         }
@@ -117,6 +131,8 @@ pub(crate) struct Ctx {
     pub runtime: Arc<dyn Runtime>,
     pub net: Arc<NodeNetwork>,
     pub accounting: Option<Mutex<Accounting>>,
+    /// The Service load balancer, or why it is not running.
+    pub proxy: Result<Arc<proxy::Proxy>, String>,
     pub host_ip: Option<String>,
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
@@ -171,6 +187,7 @@ pub async fn run(
         host: host.clone(),
         internal_ip: None,
         max_pods: cfg.max_pods,
+        service_lb: None,
         api_port,
     };
     let registered = node::register(&client, &facts).await?;
@@ -197,6 +214,22 @@ pub async fn run(
     );
     let host_ip = net.node_ip().await.map(|ip| ip.to_string());
     facts.internal_ip = host_ip.clone();
+    // Loaded before the status goes out, so the Node says at once whether it balances
+    // Services.
+    let proxy = if cfg.service_lb {
+        match load_service_lb(&cfg.node_name, &cgroup_parent, cfg.lb) {
+            Ok(lb) => Ok(proxy::Proxy::new(lb)),
+            Err(e) => {
+                warn!(error = %e, "eBPF Service load balancing unavailable: ClusterIP Services do not work from this node's pods");
+                Err(e)
+            }
+        }
+    } else {
+        Err("disabled (--no-service-lb)".to_string())
+    };
+    facts.service_lb = cfg
+        .service_lb
+        .then(|| proxy.as_ref().map(|_| ()).map_err(Clone::clone));
     node::heartbeat(&client, &facts).await?;
     info!(node = %cfg.node_name, %pod_cidr, host_ip = ?host_ip, cgroup = %cgroup_parent.display(), "node registered");
 
@@ -217,6 +250,7 @@ pub async fn run(
         runtime: runtime.clone(),
         net,
         accounting,
+        proxy: proxy.clone(),
         host_ip,
         backoff_initial: cfg.backoff_initial,
         backoff_max: cfg.backoff_max,
@@ -228,7 +262,18 @@ pub async fn run(
     // Node status on its own schedule (the Lease loop runs since registration).
     let heartbeat = tokio::spawn(heartbeat_loop(client.clone(), facts, cfg.status_interval));
 
+    // Service load balancing on the shared controller runtime (its own informers: the pod
+    // loop watches only this node's pods).
+    let lb_stop = CancelToken::new();
+    let lb_task = proxy.ok().map(|p| {
+        AbortOnDrop(tokio::spawn(
+            p.run(Informers::new(client.clone()), lb_stop.clone()),
+        ))
+    });
+
     let result = pod_loop(ctx, &cfg.node_name, shutdown).await;
+    lb_stop.cancel();
+    drop(lb_task);
     drop(lease);
     heartbeat.abort();
     api_server.abort();
@@ -280,6 +325,29 @@ fn load_accounting(node: &str, cgroup_parent: &std::path::Path) -> Result<Accoun
     std::fs::create_dir_all(cgroup_parent).map_err(|e| e.to_string())?;
     acc.attach(cgroup_parent).map_err(|e| e.to_string())?;
     Ok(acc)
+}
+
+/// Loads the Service load balancer (reusing the maps and links an earlier agent pinned) and
+/// attaches it to the node's pod cgroup parent.
+fn load_service_lb(
+    node: &str,
+    cgroup_parent: &std::path::Path,
+    cfg: LbConfig,
+) -> Result<ServiceLb, String> {
+    let mut lb =
+        ServiceLb::load(&crate::bpf::node_pin_dir(node), cfg).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(cgroup_parent)
+        .map_err(|e| format!("{}: {e}", cgroup_parent.display()))?;
+    let (_, report) = lb.attach(cgroup_parent).map_err(|e| e.to_string())?;
+    info!(
+        attached = report.attached,
+        adopted = report.adopted,
+        replaced = report.replaced,
+        services = lb.state().service_count(),
+        backends = lb.state().backend_count(),
+        "eBPF Service load balancer attached"
+    );
+    Ok(lb)
 }
 
 async fn lease_loop(client: Client, cfg: AgentConfig) {

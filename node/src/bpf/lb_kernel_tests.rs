@@ -25,26 +25,26 @@ use super::kernel_tests::{python, run, unique_name, wait_timeout};
 use super::lb::{BackendAddr, Frontend, LbConfig, Protocol, ServiceLb, ServiceParams};
 use super::*;
 
-const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
-const TCP_PORT: u16 = 80;
-const UDP_PORT: u16 = 53;
-const BACKEND_TCP_PORT: u16 = 8080;
-const BACKEND_UDP_PORT: u16 = 5353;
+pub(crate) const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+pub(crate) const TCP_PORT: u16 = 80;
+pub(crate) const UDP_PORT: u16 = 53;
+pub(crate) const BACKEND_TCP_PORT: u16 = 8080;
+pub(crate) const BACKEND_UDP_PORT: u16 = 5353;
 /// Backend `i` (1-based) is `b<i>` at 10.200.0.1<i>.
-const BACKENDS: usize = 3;
+pub(crate) const BACKENDS: usize = 3;
 
-fn backend_ip(i: usize) -> Ipv4Addr {
+pub(crate) fn backend_ip(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 200, 0, 10 + i as u8)
 }
 
-fn backend_name(ip: IpAddr) -> String {
+pub(crate) fn backend_name(ip: IpAddr) -> String {
     match ip {
         IpAddr::V4(v4) => format!("b{}", v4.octets()[3] - 10),
         IpAddr::V6(_) => "v6?".into(),
     }
 }
 
-fn tcp_frontend() -> Frontend {
+pub(crate) fn tcp_frontend() -> Frontend {
     Frontend {
         ip: IpAddr::V4(VIP),
         port: TCP_PORT,
@@ -52,7 +52,7 @@ fn tcp_frontend() -> Frontend {
     }
 }
 
-fn udp_frontend() -> Frontend {
+pub(crate) fn udp_frontend() -> Frontend {
     Frontend {
         ip: IpAddr::V4(VIP),
         port: UDP_PORT,
@@ -238,7 +238,7 @@ impl Drop for Servers {
 }
 
 /// A client that keeps one TCP connection through the VIP open and echoes on request.
-struct Held {
+pub(crate) struct Held {
     stdin: ChildStdin,
     lines: mpsc::Receiver<String>,
 }
@@ -253,7 +253,7 @@ impl Held {
     }
 
     /// Sends `msg` over the held connection; returns (echo, peer).
-    fn echo(&mut self, msg: &str) -> (String, String) {
+    pub(crate) fn echo(&mut self, msg: &str) -> (String, String) {
         writeln!(self.stdin, "{msg}").expect("write to held client");
         self.stdin.flush().expect("flush");
         let v = self.next();
@@ -265,7 +265,7 @@ impl Held {
 }
 
 /// Two namespaces joined by a veth pair, a cgroup for the client, a pin directory.
-struct LbFixture {
+pub(crate) struct LbFixture {
     client_ns: String,
     server_ns: String,
     cgroup: PathBuf,
@@ -277,7 +277,7 @@ struct LbFixture {
 }
 
 impl LbFixture {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         // SAFETY: geteuid has no preconditions and cannot fail.
         assert_eq!(unsafe { libc::geteuid() }, 0, "needs root");
         let suffix = unique_name();
@@ -349,7 +349,7 @@ impl LbFixture {
     }
 
     /// Runs the client to completion and returns its JSON line.
-    fn client(&mut self, args: &[&str]) -> Value {
+    pub(crate) fn client(&mut self, args: &[&str]) -> Value {
         let child = self
             .client_cmd(args)
             .stdout(Stdio::piped())
@@ -372,7 +372,7 @@ impl LbFixture {
     }
 
     /// `n` TCP connects to the VIP: backend name → count, and the peers getpeername showed.
-    fn connects(&mut self, n: usize) -> (BTreeMap<String, u64>, Vec<String>) {
+    pub(crate) fn connects(&mut self, n: usize) -> (BTreeMap<String, u64>, Vec<String>) {
         let v = self.client(&[
             "tcp",
             &VIP.to_string(),
@@ -394,7 +394,7 @@ impl LbFixture {
         (names, peers)
     }
 
-    fn hold(&mut self) -> (Held, String) {
+    pub(crate) fn hold(&mut self) -> (Held, String) {
         let mut child = self
             .client_cmd(&["hold", &VIP.to_string(), &TCP_PORT.to_string()])
             .stdin(Stdio::piped())
@@ -420,7 +420,7 @@ impl LbFixture {
         (held, name)
     }
 
-    fn load(&self) -> ServiceLb {
+    pub(crate) fn load(&self) -> ServiceLb {
         ServiceLb::load(
             &self.pin_dir,
             LbConfig {
@@ -433,7 +433,7 @@ impl LbFixture {
         .expect("load the LB")
     }
 
-    fn load_attached(&self) -> ServiceLb {
+    pub(crate) fn load_attached(&self) -> ServiceLb {
         let mut lb = self.load();
         let (id, report) = lb.attach(&self.cgroup).expect("attach");
         assert_eq!(id, cgroup_id(&self.cgroup).unwrap());

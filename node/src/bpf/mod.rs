@@ -23,7 +23,7 @@ mod fs;
 mod kernel_tests;
 pub mod lb;
 #[cfg(test)]
-mod lb_kernel_tests;
+pub(crate) mod lb_kernel_tests;
 mod sys;
 
 use std::{
