@@ -131,11 +131,12 @@ struct ApiState {
 }
 
 fn router(state: ApiState) -> Router {
+    let bpf = bpf_router(state.node.clone(), state.ctx.proxy.clone());
     Router::new()
         .route("/logs/{namespace}/{pod}/{container}", get(logs))
         .route("/stats/summary", get(stats_summary))
-        .route("/bpf/services", get(bpf_services))
-        .route("/bpf/backends", get(bpf_backends))
+        .with_state(state)
+        .merge(bpf)
         .fallback(|| async {
             error(
                 StatusCode::NOT_FOUND,
@@ -144,7 +145,24 @@ fn router(state: ApiState) -> Router {
                     .into(),
             )
         })
-        .with_state(state)
+}
+
+/// What the `/bpf/*` endpoints read: the Service load balancer, or why it is not running.
+#[derive(Clone)]
+struct BpfState {
+    node: Arc<str>,
+    proxy: Result<Arc<super::proxy::Proxy>, String>,
+}
+
+/// `GET /bpf/services` and `GET /bpf/backends` (the shapes are in [`super::proxy`]).
+pub(crate) fn bpf_router(
+    node: Arc<str>,
+    proxy: Result<Arc<super::proxy::Proxy>, String>,
+) -> Router {
+    Router::new()
+        .route("/bpf/services", get(bpf_services))
+        .route("/bpf/backends", get(bpf_backends))
+        .with_state(BpfState { node, proxy })
 }
 
 /// Serves the API on `listener` until the task is aborted.
@@ -324,11 +342,11 @@ fn json(value: &impl serde::Serialize) -> Response {
 
 /// Runs `report` on the Service load balancer (reading maps: a blocking thread), as JSON.
 async fn lb_report<T: serde::Serialize + Send + 'static>(
-    st: ApiState,
+    st: BpfState,
     report: fn(&super::proxy::Proxy, &str) -> Result<T, crate::bpf::BpfError>,
 ) -> Response {
-    let proxy = match &st.ctx.proxy {
-        Ok(p) => p.clone(),
+    let proxy = match st.proxy {
+        Ok(p) => p,
         Err(why) => {
             return error(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -339,7 +357,7 @@ async fn lb_report<T: serde::Serialize + Send + 'static>(
             );
         }
     };
-    let node = st.node.clone();
+    let node = st.node;
     match tokio::task::spawn_blocking(move || report(&proxy, &node)).await {
         Ok(Ok(r)) => json(&r),
         Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
@@ -347,11 +365,11 @@ async fn lb_report<T: serde::Serialize + Send + 'static>(
     }
 }
 
-async fn bpf_services(State(st): State<ApiState>) -> Response {
+async fn bpf_services(State(st): State<BpfState>) -> Response {
     lb_report(st, super::proxy::Proxy::services_report).await
 }
 
-async fn bpf_backends(State(st): State<ApiState>) -> Response {
+async fn bpf_backends(State(st): State<BpfState>) -> Response {
     lb_report(st, super::proxy::Proxy::backends_report).await
 }
 

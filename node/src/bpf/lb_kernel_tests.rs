@@ -105,6 +105,21 @@ elif mode == "refused":
     except OSError as e:
         err = e.errno
     print(json.dumps({"errno": err, "ms": (time.monotonic() - t) * 1000}), flush=True)
+elif mode == "udp-refused":
+    out = {}
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        u.sendto(b"ping", (vip, port))
+        out["sendto"] = 0
+    except OSError as e:
+        out["sendto"] = e.errno
+    c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        c.connect((vip, port))
+        out["connect"] = 0
+    except OSError as e:
+        out["connect"] = e.errno
+    print(json.dumps(out), flush=True)
 elif mode == "udp":
     out = {}
     c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -583,8 +598,8 @@ fn udp_replies_come_from_the_vip() {
     );
 }
 
-/// (d) no backends: connect fails at once with ECONNREFUSED; a removed service is plain
-/// unroutable again.
+/// (d) no backends: connect (and a UDP send) fails at once with ECONNREFUSED; a removed
+/// service is plain unroutable again.
 #[test]
 fn a_service_without_backends_refuses_at_once() {
     let mut fx = LbFixture::new();
@@ -597,6 +612,13 @@ fn a_service_without_backends_refuses_at_once() {
         assert_eq!(v["errno"], libc::ECONNREFUSED, "{v}");
         assert!(v["ms"].as_f64().unwrap() < 100.0, "took {v}");
     }
+    // UDP: unconnected datagrams (sendmsg4) and connected sockets (connect4) alike.
+    lb.upsert_service(udp_frontend(), ServiceParams::default())
+        .expect("program");
+    let v = fx.client(&["udp-refused", &VIP.to_string(), &UDP_PORT.to_string()]);
+    assert_eq!(v["sendto"], libc::ECONNREFUSED, "{v}");
+    assert_eq!(v["connect"], libc::ECONNREFUSED, "{v}");
+    lb.remove_service(&udp_frontend()).expect("remove");
     lb.remove_service(&tcp_frontend()).expect("remove");
     let v = fx.client(&["refused", &VIP.to_string(), &TCP_PORT.to_string()]);
     assert_eq!(

@@ -126,6 +126,33 @@ fn names(which: &[&str]) -> BTreeSet<String> {
     which.iter().map(|s| s.to_string()).collect()
 }
 
+/// Serves the agent's `/bpf` routes on a loopback port and GETs `path` (HTTP/1.1).
+async fn http_get(proxy: Result<std::sync::Arc<Proxy>, String>, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let app = crate::agent::api::bpf_router("node-x".into(), proxy);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    conn.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = String::new();
+    tokio::time::timeout(WAIT, conn.read_to_string(&mut raw))
+        .await
+        .expect("response in time")
+        .unwrap();
+    server.abort();
+    let (head, body) = raw.split_once("\r\n\r\n").expect("HTTP response");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status");
+    (status, body.to_string())
+}
+
 struct Running {
     proxy: std::sync::Arc<Proxy>,
     stop: CancelToken,
@@ -239,6 +266,19 @@ async fn programs_services_and_endpoints_incrementally_and_across_restarts() {
     ] {
         assert!(list[0].get(key).is_some(), "no {key} in {backends}");
     }
+
+    // The same through the agent's HTTP API, and a 503 where the LB does not run.
+    let (status, body) = http_get(Ok(p.clone()), "/bpf/services").await;
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(v["services"].as_array().map(Vec::len), Some(2), "{v}");
+    let (status, body) = http_get(Ok(p.clone()), "/bpf/backends").await;
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(v["backends"].as_array().map(Vec::len), Some(4), "{v}");
+    let (status, body) = http_get(Err("disabled (--no-service-lb)".into()), "/bpf/services").await;
+    assert_eq!(status, 503);
+    assert!(body.contains("disabled (--no-service-lb)"), "{body}");
 
     // Traffic goes to the ready backends only.
     let (seen, _) = tokio::task::block_in_place(|| fx.connects(40));
