@@ -15,7 +15,9 @@
 //! Service load balancing ([`proxy`]): the socket LB programs are attached to the node's pod
 //! cgroup parent next to the accounting programs, and a controller on the shared runtime
 //! programs them from Services and Endpoints. If they cannot be loaded the agent still runs
-//! pods; it warns and reports `ServiceLoadBalancerReady=False` on its Node.
+//! pods; it warns, reports `ServiceLoadBalancerReady=False` on its Node, and detaches programs
+//! an earlier agent left attached (their maps would go stale); likewise with
+//! `--no-service-lb`.
 
 pub mod api;
 mod logs;
@@ -221,10 +223,12 @@ pub async fn run(
             Ok(lb) => Ok(proxy::Proxy::new(lb)),
             Err(e) => {
                 warn!(error = %e, "eBPF Service load balancing unavailable: ClusterIP Services do not work from this node's pods");
+                detach_stale_service_lb(&cfg.node_name);
                 Err(e)
             }
         }
     } else {
+        detach_stale_service_lb(&cfg.node_name);
         Err("disabled (--no-service-lb)".to_string())
     };
     facts.service_lb = cfg
@@ -348,6 +352,15 @@ fn load_service_lb(
         "eBPF Service load balancer attached"
     );
     Ok(lb)
+}
+
+/// Without a running load balancer, programs an earlier agent left attached would keep
+/// translating with maps nobody updates (backends that are gone, IPs since reused): detach
+/// them. Their maps stay pinned (for inspection, and for a later agent to reuse).
+fn detach_stale_service_lb(node: &str) {
+    if let Err(e) = ServiceLb::detach_pinned(&crate::bpf::node_pin_dir(node)) {
+        warn!(error = %e, "detaching the Service load balancer of an earlier agent");
+    }
 }
 
 async fn lease_loop(client: Client, cfg: AgentConfig) {

@@ -836,6 +836,12 @@ fn refuses_pins_of_another_layout_and_cleans_up() {
         .unwrap();
     drop(lb);
     assert_eq!(fx.attached_programs("cgroup_inet4_connect").len(), 1);
+    ServiceLb::detach_pinned(&fx.pin_dir).unwrap();
+    assert!(
+        fx.attached_programs("cgroup_inet4_connect").is_empty(),
+        "detached"
+    );
+    assert!(fx.pin_dir.join("LB_SERVICES").exists(), "maps stay");
     ServiceLb::remove_pins(&fx.pin_dir).unwrap();
     assert!(!fx.pin_dir.exists());
     assert!(

@@ -524,13 +524,22 @@ impl ServiceLb {
         ])
     }
 
+    /// Detaches programs an earlier agent left attached through links pinned in `pin_dir` (by
+    /// removing those pins; maps stay). For an agent that does not run the load balancer
+    /// (switched off, or it failed to load): nobody would keep those programs' maps current,
+    /// and stale translations are worse than none. Missing pins are not an error.
+    pub fn detach_pinned(pin_dir: &Path) -> Result<(), BpfError> {
+        for hook in &HOOKS {
+            remove_file(&link_pin(pin_dir, hook.prog))?;
+        }
+        Ok(())
+    }
+
     /// Detaches the programs (removes the link pins) and removes the maps pinned in `pin_dir`,
     /// and `pin_dir` itself if that leaves it empty. For tearing a node down (`skiff-node
     /// purge`, tests). Missing pins are not an error.
     pub fn remove_pins(pin_dir: &Path) -> Result<(), BpfError> {
-        for hook in &HOOKS {
-            remove_file(&link_pin(pin_dir, hook.prog))?;
-        }
+        Self::detach_pinned(pin_dir)?;
         for map in LB_MAPS {
             remove_file(&fs::pin_path(pin_dir, map))?;
         }
