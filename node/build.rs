@@ -1,5 +1,6 @@
-//! Builds Skiff's eBPF programs (`ebpf/skiff-ebpf`) with aya-build and leaves the object at
-//! `$OUT_DIR/skiff-ebpf`, which `src/bpf` embeds with `aya::include_bytes_aligned!`.
+//! Builds Skiff's eBPF programs (`ebpf/skiff-ebpf`) with aya-build and leaves one object per
+//! binary of that crate in `$OUT_DIR`: `skiff-ebpf` (per-pod accounting) and `skiff-lb` (the
+//! Service load balancer), which `src/bpf` embeds with `aya::include_bytes_aligned!`.
 //!
 //! aya-build runs `rustup run nightly cargo build -Z build-std=core --target bpfel-unknown-none
 //! --release` with `-C debuginfo=2 -C link-arg=--btf` (so the object carries BTF and bpftool
@@ -8,13 +9,14 @@
 //! by name instead of as a linker error deep in the nested build.
 //!
 //! `AYA_BUILD_SKIP=1` skips the eBPF build (aya-build's own switch); the agent is then built
-//! with an empty object and `Accounting::load` reports `BpfError::NotBuilt`.
+//! with empty objects and `Accounting::load` / `ServiceLb::load` report `BpfError::NotBuilt`.
 
 use std::{env, ffi::OsString, path::PathBuf, process::Command};
 
-/// The eBPF crate, relative to this package, and the name of its binary (the object file).
+/// The eBPF crate, relative to this package, and the names of its binaries (the object files).
 const EBPF_DIR: &str = "../ebpf/skiff-ebpf";
 const EBPF_PACKAGE: &str = "skiff-ebpf";
+const OBJECTS: [&str; 2] = ["skiff-ebpf", "skiff-lb"];
 /// Shared `#[repr(C)]` types; the eBPF object must be rebuilt when they change.
 const COMMON_DIR: &str = "../ebpf/common";
 
@@ -38,7 +40,6 @@ fn run() -> Result<(), String> {
     let ebpf_dir = ebpf_dir
         .canonicalize()
         .map_err(|e| format!("{}: {e}", ebpf_dir.display()))?;
-    let object = out_dir.join(EBPF_PACKAGE);
 
     // aya-build watches the eBPF crate's own directory; the shared types live next to it.
     println!("cargo:rerun-if-changed={COMMON_DIR}");
@@ -72,12 +73,15 @@ fn run() -> Result<(), String> {
     )
     .map_err(|e| format!("{e:#}"))?;
 
-    if skip && !object.exists() {
-        // Lets `include_bytes_aligned!` compile; the loader refuses an empty object.
-        std::fs::write(&object, b"").map_err(|e| format!("{}: {e}", object.display()))?;
-    }
-    if !object.exists() {
-        return Err(format!("aya-build produced no {}", object.display()));
+    for name in OBJECTS {
+        let object = out_dir.join(name);
+        if skip && !object.exists() {
+            // Lets `include_bytes_aligned!` compile; the loader refuses an empty object.
+            std::fs::write(&object, b"").map_err(|e| format!("{}: {e}", object.display()))?;
+        }
+        if !object.exists() {
+            return Err(format!("aya-build produced no {}", object.display()));
+        }
     }
     Ok(())
 }

@@ -99,6 +99,19 @@ struct RunArgs {
     /// Do not load the eBPF per-pod traffic accounting.
     #[arg(long)]
     no_accounting: bool,
+    /// Do not load the eBPF Service load balancer (ClusterIP Services then do not work from
+    /// this node's pods).
+    #[arg(long)]
+    no_service_lb: bool,
+    /// Capacity of the Service load balancer's frontend map (Service ports), used when the
+    /// maps are created (pinned maps keep their size until `skiff-node purge`).
+    #[arg(long, default_value_t = skiff_node::bpf::lb::LbConfig::default().max_services,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    lb_max_services: u32,
+    /// Capacity of the Service load balancer's backend maps (backends over all Services).
+    #[arg(long, default_value_t = skiff_node::bpf::lb::LbConfig::default().max_backends,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    lb_max_backends: u32,
     /// Where the agent's read-only HTTP API (logs, stats) listens; port 0 picks a free one.
     /// The port is published in the Node's status.daemonEndpoints.kubeletEndpoint.Port.
     #[arg(long, default_value = "127.0.0.1:0")]
@@ -134,6 +147,9 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
     cfg.backoff_initial = args.backoff;
     cfg.status_interval = args.status_interval;
     cfg.accounting = !args.no_accounting;
+    cfg.service_lb = !args.no_service_lb;
+    cfg.lb.max_services = args.lb_max_services;
+    cfg.lb.max_backends = args.lb_max_backends;
     cfg.api_listen = args.api_listen;
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     rt.block_on(async move {
@@ -233,6 +249,31 @@ mod tests {
         assert_eq!(duration("7"), Ok(Duration::from_secs(7)));
         assert!(duration("soon").is_err());
         assert!(duration("5h").is_err());
+    }
+
+    #[test]
+    fn lb_sizes_have_defaults_and_must_be_positive() {
+        let run = |extra: &[&str]| {
+            Cli::try_parse_from(["skiff-node", "run"].iter().chain(extra)).map(|c| {
+                match c.command {
+                    Command::Run(a) => (a.lb_max_services, a.lb_max_backends, a.no_service_lb),
+                    _ => unreachable!(),
+                }
+            })
+        };
+        assert_eq!(run(&[]).unwrap(), (65536, 65536, false));
+        assert_eq!(
+            run(&[
+                "--lb-max-services",
+                "10",
+                "--lb-max-backends=20",
+                "--no-service-lb"
+            ])
+            .unwrap(),
+            (10, 20, true)
+        );
+        let err = run(&["--lb-max-services", "0"]).unwrap_err().to_string();
+        assert!(err.contains("--lb-max-services"), "{err}");
     }
 
     #[test]

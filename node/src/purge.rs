@@ -92,6 +92,10 @@ pub async fn purge(cfg: &PurgeConfig) -> Result<(), PurgeError> {
     }
     let pins = crate::bpf::node_pin_dir(&cfg.node_name);
     if pins.exists() {
+        // The Service LB's link pins go first: that detaches its programs.
+        if let Err(e) = crate::bpf::lb::ServiceLb::remove_pins(&pins) {
+            warn!(error = %e, "removing the Service load balancer's pinned links and maps");
+        }
         if let Err(e) = crate::bpf::Accounting::remove_pins(&pins) {
             warn!(error = %e, "removing pinned maps");
         }

@@ -3,9 +3,11 @@
 //! holes the verifier would complain about, and is plain old data, so the same bytes mean the
 //! same thing on both sides of a BPF map.
 //!
-//! The eBPF programs themselves arrive with the node agent (milestone M1-B); this crate holds
-//! the map layouts they will share.
+//! Per-pod traffic accounting (`skiff-ebpf`) is at the top level; the Service load balancer's
+//! layouts (`skiff-lb`) are in [`lb`].
 #![no_std]
+
+pub mod lb;
 
 /// Traffic counters of one pod, one direction, one CPU (the map is per-CPU; userspace sums).
 #[repr(C)]

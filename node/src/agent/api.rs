@@ -8,9 +8,12 @@
 //!   polled every 200 ms) until the client disconnects or the pod is gone.
 //! - `GET /stats/summary`: JSON [`StatsSummary`]: per pod the CPU time of its cgroup and the
 //!   traffic the eBPF accounting counted for its containers' cgroups.
+//! - `GET /bpf/services`, `GET /bpf/backends`: JSON of the Service load balancer's maps
+//!   (frontends, backends, per-backend counters, map pressure, programming latency); the
+//!   shapes are documented in [`super::proxy`]. 503 when it is not running on this node.
 //!
 //! It reads only local state: the runtime's log files, the pods' cgroups, the pinned
-//! counters, and the [`PodRegistry`] the pod workers keep up to date. Cluster state stays in
+//! counters and LB maps, and the [`PodRegistry`] the pod workers keep up to date. Cluster state stays in
 //! the API server.
 
 use std::collections::{BTreeSet, HashMap};
@@ -128,18 +131,38 @@ struct ApiState {
 }
 
 fn router(state: ApiState) -> Router {
+    let bpf = bpf_router(state.node.clone(), state.ctx.proxy.clone());
     Router::new()
         .route("/logs/{namespace}/{pod}/{container}", get(logs))
         .route("/stats/summary", get(stats_summary))
+        .with_state(state)
+        .merge(bpf)
         .fallback(|| async {
             error(
                 StatusCode::NOT_FOUND,
-                "no such endpoint; the agent serves GET /logs/{namespace}/{pod}/{container} \
-                 and GET /stats/summary"
+                "no such endpoint; the agent serves GET /logs/{namespace}/{pod}/{container}, \
+                 GET /stats/summary, GET /bpf/services and GET /bpf/backends"
                     .into(),
             )
         })
-        .with_state(state)
+}
+
+/// What the `/bpf/*` endpoints read: the Service load balancer, or why it is not running.
+#[derive(Clone)]
+struct BpfState {
+    node: Arc<str>,
+    proxy: Result<Arc<super::proxy::Proxy>, String>,
+}
+
+/// `GET /bpf/services` and `GET /bpf/backends` (the shapes are in [`super::proxy`]).
+pub(crate) fn bpf_router(
+    node: Arc<str>,
+    proxy: Result<Arc<super::proxy::Proxy>, String>,
+) -> Router {
+    Router::new()
+        .route("/bpf/services", get(bpf_services))
+        .route("/bpf/backends", get(bpf_backends))
+        .with_state(BpfState { node, proxy })
 }
 
 /// Serves the API on `listener` until the task is aborted.
@@ -303,7 +326,11 @@ fn stream_logs(
 
 async fn stats_summary(State(st): State<ApiState>) -> Response {
     let summary = summarize(&st.node, &st.ctx);
-    match serde_json::to_vec_pretty(&summary) {
+    json(&summary)
+}
+
+fn json(value: &impl serde::Serialize) -> Response {
+    match serde_json::to_vec_pretty(value) {
         Ok(body) => (
             [(header::CONTENT_TYPE, "application/json")],
             Body::from(body),
@@ -311,6 +338,39 @@ async fn stats_summary(State(st): State<ApiState>) -> Response {
             .into_response(),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
+}
+
+/// Runs `report` on the Service load balancer (reading maps: a blocking thread), as JSON.
+async fn lb_report<T: serde::Serialize + Send + 'static>(
+    st: BpfState,
+    report: fn(&super::proxy::Proxy, &str) -> Result<T, crate::bpf::BpfError>,
+) -> Response {
+    let proxy = match st.proxy {
+        Ok(p) => p,
+        Err(why) => {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "the Service load balancer is not running on node {}: {why}",
+                    st.node
+                ),
+            );
+        }
+    };
+    let node = st.node;
+    match tokio::task::spawn_blocking(move || report(&proxy, &node)).await {
+        Ok(Ok(r)) => json(&r),
+        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+async fn bpf_services(State(st): State<BpfState>) -> Response {
+    lb_report(st, super::proxy::Proxy::services_report).await
+}
+
+async fn bpf_backends(State(st): State<BpfState>) -> Response {
+    lb_report(st, super::proxy::Proxy::backends_report).await
 }
 
 /// `usage_usec` from a cgroup's `cpu.stat` (present in every v2 cgroup, with or without the

@@ -8,13 +8,22 @@
 //! when it exits: a restarted agent adopts them (same processes) through the runtime's
 //! on-disk state and resumes their status updates.
 //!
-//! It also serves a small read-only HTTP API ([`api`]: container logs, stats) on loopback,
-//! and publishes its port in the Node's `status.daemonEndpoints.kubeletEndpoint.Port`.
+//! It also serves a small read-only HTTP API ([`api`]: container logs, stats, the Service
+//! load balancer's maps) on loopback, and publishes its port in the Node's
+//! `status.daemonEndpoints.kubeletEndpoint.Port`.
+//!
+//! Service load balancing ([`proxy`]): the socket LB programs are attached to the node's pod
+//! cgroup parent next to the accounting programs, and a controller on the shared runtime
+//! programs them from Services and Endpoints. If they cannot be loaded the agent still runs
+//! pods; it warns, reports `ServiceLoadBalancerReady=False` on its Node, and detaches programs
+//! an earlier agent left attached (their maps would go stale); likewise with
+//! `--no-service-lb`.
 
 pub mod api;
 mod logs;
 mod node;
 mod probe;
+pub mod proxy;
 pub mod routes;
 mod status;
 mod worker;
@@ -35,10 +44,11 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::bpf::Accounting;
+use crate::bpf::lb::{LbConfig, ServiceLb};
 use crate::net::{NodeNetwork, NodeNetworkConfig};
 use crate::runtime::{NativeConfig, NativeRuntime, Runtime};
 
-pub use node::{LEASE_NAMESPACE, LIMITS_CONDITION};
+pub use node::{LEASE_NAMESPACE, LIMITS_CONDITION, SERVICE_LB_CONDITION};
 
 /// `source.component` of the agent's Events (the kubelet's role).
 pub const EVENT_COMPONENT: &str = "skiff-node";
@@ -69,6 +79,10 @@ pub struct AgentConfig {
     pub backoff_max: Duration,
     /// Load the eBPF per-pod traffic accounting.
     pub accounting: bool,
+    /// Load the eBPF Service load balancer (socket LB for ClusterIP Services).
+    pub service_lb: bool,
+    /// Sizes of its maps (`--lb-max-services`, `--lb-max-backends`).
+    pub lb: LbConfig,
     pub max_pods: u32,
     /// Where the agent's HTTP API listens (port 0: a free one, published in the Node).
     pub api_listen: SocketAddr,
@@ -90,6 +104,8 @@ impl AgentConfig {
             backoff_initial: Duration::from_secs(10),
             backoff_max: Duration::from_secs(300),
             accounting: true,
+            service_lb: true,
+            lb: LbConfig::default(),
             max_pods: 110,
             api_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         }
@@ -118,6 +134,8 @@ pub(crate) struct Ctx {
     pub runtime: Arc<dyn Runtime>,
     pub net: Arc<NodeNetwork>,
     pub accounting: Option<Mutex<Accounting>>,
+    /// The Service load balancer, or why it is not running.
+    pub proxy: Result<Arc<proxy::Proxy>, String>,
     pub host_ip: Option<String>,
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
@@ -172,6 +190,7 @@ pub async fn run(
         host: host.clone(),
         internal_ip: None,
         max_pods: cfg.max_pods,
+        service_lb: None,
         api_port,
     };
     let registered = node::register(&client, &facts).await?;
@@ -198,6 +217,24 @@ pub async fn run(
     );
     let host_ip = net.node_ip().await.map(|ip| ip.to_string());
     facts.internal_ip = host_ip.clone();
+    // Loaded before the status goes out, so the Node says at once whether it balances
+    // Services.
+    let proxy = if cfg.service_lb {
+        match load_service_lb(&cfg.node_name, &cgroup_parent, cfg.lb) {
+            Ok(lb) => Ok(proxy::Proxy::new(lb)),
+            Err(e) => {
+                warn!(error = %e, "eBPF Service load balancing unavailable: ClusterIP Services do not work from this node's pods");
+                detach_stale_service_lb(&cfg.node_name);
+                Err(e)
+            }
+        }
+    } else {
+        detach_stale_service_lb(&cfg.node_name);
+        Err("disabled (--no-service-lb)".to_string())
+    };
+    facts.service_lb = cfg
+        .service_lb
+        .then(|| proxy.as_ref().map(|_| ()).map_err(Clone::clone));
     node::heartbeat(&client, &facts).await?;
     info!(node = %cfg.node_name, %pod_cidr, host_ip = ?host_ip, cgroup = %cgroup_parent.display(), "node registered");
 
@@ -218,6 +255,7 @@ pub async fn run(
         runtime: runtime.clone(),
         net,
         accounting,
+        proxy: proxy.clone(),
         host_ip,
         backoff_initial: cfg.backoff_initial,
         backoff_max: cfg.backoff_max,
@@ -226,19 +264,31 @@ pub async fn run(
     });
     let api_server = api::serve(listener, &cfg.node_name, ctx.clone());
 
-    // Routes to the other nodes' pod CIDRs, from the Nodes they register.
-    let stop_routes = CancelToken::new();
+    // The cluster-wide controllers of the agent share one set of informers (the pod loop
+    // watches only this node's pods) and stop together.
     let informers = Informers::new(client.clone());
+    let stop_controllers = CancelToken::new();
+    // Routes to the other nodes' pod CIDRs, from the Nodes they register.
     let routes = AbortOnDrop(tokio::spawn({
-        let (name, net, stop) = (cfg.node_name.clone(), ctx.net.clone(), stop_routes.clone());
+        let (name, net, stop, informers) = (
+            cfg.node_name.clone(),
+            ctx.net.clone(),
+            stop_controllers.clone(),
+            informers.clone(),
+        );
         async move { routes::PeerRoutes::run(&name, net, &informers, stop).await }
     }));
+    // Service load balancing, programmed from Services and Endpoints.
+    let lb_task = proxy
+        .ok()
+        .map(|p| AbortOnDrop(tokio::spawn(p.run(informers, stop_controllers.clone()))));
     // Node status on its own schedule (the Lease loop runs since registration).
     let heartbeat = tokio::spawn(heartbeat_loop(client.clone(), facts, cfg.status_interval));
 
     let result = pod_loop(ctx, &cfg.node_name, shutdown).await;
-    stop_routes.cancel();
+    stop_controllers.cancel();
     drop(routes);
+    drop(lb_task);
     drop(lease);
     heartbeat.abort();
     api_server.abort();
@@ -290,6 +340,38 @@ fn load_accounting(node: &str, cgroup_parent: &std::path::Path) -> Result<Accoun
     std::fs::create_dir_all(cgroup_parent).map_err(|e| e.to_string())?;
     acc.attach(cgroup_parent).map_err(|e| e.to_string())?;
     Ok(acc)
+}
+
+/// Loads the Service load balancer (reusing the maps and links an earlier agent pinned) and
+/// attaches it to the node's pod cgroup parent.
+fn load_service_lb(
+    node: &str,
+    cgroup_parent: &std::path::Path,
+    cfg: LbConfig,
+) -> Result<ServiceLb, String> {
+    let mut lb =
+        ServiceLb::load(&crate::bpf::node_pin_dir(node), cfg).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(cgroup_parent)
+        .map_err(|e| format!("{}: {e}", cgroup_parent.display()))?;
+    let (_, report) = lb.attach(cgroup_parent).map_err(|e| e.to_string())?;
+    info!(
+        attached = report.attached,
+        adopted = report.adopted,
+        replaced = report.replaced,
+        services = lb.state().service_count(),
+        backends = lb.state().backend_count(),
+        "eBPF Service load balancer attached"
+    );
+    Ok(lb)
+}
+
+/// Without a running load balancer, programs an earlier agent left attached would keep
+/// translating with maps nobody updates (backends that are gone, IPs since reused): detach
+/// them. Their maps stay pinned (for inspection, and for a later agent to reuse).
+fn detach_stale_service_lb(node: &str) {
+    if let Err(e) = ServiceLb::detach_pinned(&crate::bpf::node_pin_dir(node)) {
+        warn!(error = %e, "detaching the Service load balancer of an earlier agent");
+    }
 }
 
 async fn lease_loop(client: Client, cfg: AgentConfig) {

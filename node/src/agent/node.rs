@@ -15,6 +15,9 @@ use super::status::rfc3339;
 use crate::host::HostReport;
 
 pub use super::status::LIMITS_CONDITION;
+/// Node condition type saying whether the node's eBPF Service load balancer runs (absent when
+/// it is switched off with `--no-service-lb`).
+pub const SERVICE_LB_CONDITION: &str = "ServiceLoadBalancerReady";
 /// Namespace of node leases, as in Kubernetes.
 pub use skiff_client::node_lease::NAMESPACE as LEASE_NAMESPACE;
 
@@ -46,8 +49,14 @@ pub fn capacity(max_pods: u32) -> BTreeMap<String, String> {
     c
 }
 
-/// The node's conditions: Ready, and which resource limits the host cannot enforce.
-pub fn conditions(host: &HostReport, previous: &[Condition], now: SystemTime) -> Vec<Condition> {
+/// The node's conditions: Ready, which resource limits the host cannot enforce, and whether
+/// the Service load balancer runs (`service_lb`: `None` when switched off).
+pub fn conditions(
+    host: &HostReport,
+    service_lb: Option<&Result<(), String>>,
+    previous: &[Condition],
+    now: SystemTime,
+) -> Vec<Condition> {
     let now_s = rfc3339(now);
     let keep_transition = |kind: &str, status: &str| {
         previous
@@ -92,7 +101,33 @@ pub fn conditions(host: &HostReport, previous: &[Condition], now: SystemTime) ->
         last_transition_time: keep_transition(LIMITS_CONDITION, status),
         ..Default::default()
     };
-    vec![ready, limits]
+    let mut out = vec![ready, limits];
+    if let Some(lb) = service_lb {
+        let (status, reason, message) = match lb {
+            Ok(()) => (
+                "True",
+                "SocketLBAttached",
+                "eBPF socket load balancing for ClusterIP Services is attached to the pods' \
+                 cgroups"
+                    .to_string(),
+            ),
+            Err(e) => (
+                "False",
+                "SocketLBUnavailable",
+                format!("ClusterIP Services do not work from this node's pods: {e}"),
+            ),
+        };
+        out.push(Condition {
+            r#type: SERVICE_LB_CONDITION.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message,
+            last_heartbeat_time: now_s.clone(),
+            last_transition_time: keep_transition(SERVICE_LB_CONDITION, status),
+            ..Default::default()
+        });
+    }
+    out
 }
 
 /// Everything the agent reports about its node.
@@ -104,6 +139,8 @@ pub struct NodeFacts {
     pub host: HostReport,
     pub internal_ip: Option<String>,
     pub max_pods: u32,
+    /// Whether the Service load balancer loaded (`None`: switched off).
+    pub service_lb: Option<Result<(), String>>,
     /// Port of the agent's HTTP API (0: none), published as
     /// `status.daemonEndpoints.kubeletEndpoint.Port`.
     pub api_port: u16,
@@ -130,6 +167,7 @@ impl NodeFacts {
             capacity: cap,
             conditions: conditions(
                 &self.host,
+                self.service_lb.as_ref(),
                 previous.map(|p| p.conditions.as_slice()).unwrap_or(&[]),
                 SystemTime::now(),
             ),
@@ -262,12 +300,33 @@ mod tests {
 
     #[test]
     fn names_missing_controllers() {
-        let c = conditions(&host(&["cpu", "memory"]), &[], SystemTime::UNIX_EPOCH);
+        let c = conditions(&host(&["cpu", "memory"]), None, &[], SystemTime::UNIX_EPOCH);
         assert_eq!(c[0].r#type, "Ready");
         assert_eq!(c[1].status, "False");
         assert!(c[1].message.contains("cpu, memory"), "{}", c[1].message);
-        let ok = conditions(&host(&[]), &c, SystemTime::UNIX_EPOCH);
+        assert_eq!(
+            c.len(),
+            2,
+            "no Service LB condition when it is switched off"
+        );
+        let ok = conditions(&host(&[]), None, &c, SystemTime::UNIX_EPOCH);
         assert_eq!(ok[1].status, "True");
+    }
+
+    #[test]
+    fn reports_the_service_load_balancer() {
+        let failed = Err("loading the eBPF object: no BTF".to_string());
+        let c = conditions(&host(&[]), Some(&failed), &[], SystemTime::UNIX_EPOCH);
+        assert_eq!(c[2].r#type, SERVICE_LB_CONDITION);
+        assert_eq!(
+            (c[2].status.as_str(), c[2].reason.as_str()),
+            ("False", "SocketLBUnavailable")
+        );
+        assert!(c[2].message.contains("no BTF"), "{}", c[2].message);
+        let later = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(60);
+        let ok = conditions(&host(&[]), Some(&Ok(())), &c, later);
+        assert_eq!(ok[2].status, "True");
+        assert_ne!(ok[2].last_transition_time, c[2].last_transition_time);
     }
 
     #[test]

@@ -116,3 +116,23 @@ pub(super) fn prepare_pin_dir(pin_dir: &Path) -> Result<(), BpfError> {
 pub(super) fn pin_path(pin_dir: &Path, map: &str) -> PathBuf {
     pin_dir.join(map)
 }
+
+/// Removes `pin_dir` if it is empty. Absent, or holding pins that are not the caller's to
+/// remove (the other object's), is not an error.
+pub(super) fn remove_dir_if_empty(pin_dir: &Path) -> Result<(), BpfError> {
+    match std::fs::remove_dir(pin_dir) {
+        Ok(()) => Ok(()),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::NotFound | io::ErrorKind::DirectoryNotEmpty
+            ) =>
+        {
+            Ok(())
+        }
+        Err(source) => Err(BpfError::Io {
+            path: pin_dir.to_path_buf(),
+            source,
+        }),
+    }
+}

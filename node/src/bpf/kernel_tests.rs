@@ -56,7 +56,7 @@ sys.exit(0 if got == want else 1)
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
-fn unique_name() -> String {
+pub(super) fn unique_name() -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -70,7 +70,7 @@ fn unique_name() -> String {
     )
 }
 
-fn python() -> &'static str {
+pub(super) fn python() -> &'static str {
     if Path::new("/usr/bin/python3").exists() {
         "/usr/bin/python3"
     } else {
@@ -78,7 +78,7 @@ fn python() -> &'static str {
     }
 }
 
-fn run(program: &str, args: &[&str]) {
+pub(super) fn run(program: &str, args: &[&str]) {
     let out = Command::new(program)
         .args(args)
         .output()
@@ -90,7 +90,7 @@ fn run(program: &str, args: &[&str]) {
     );
 }
 
-fn wait_timeout(child: &mut Child, what: &str) -> ExitStatus {
+pub(super) fn wait_timeout(child: &mut Child, what: &str) -> ExitStatus {
     let start = Instant::now();
     loop {
         if let Some(status) = child.try_wait().expect("try_wait") {

@@ -1,7 +1,10 @@
 //! The node agent's eBPF programs: loading the object that `build.rs` compiles from
 //! `ebpf/skiff-ebpf`, pinning its maps, attaching programs to pod cgroups, reading the maps.
 //!
-//! Today that is per-pod traffic accounting: two `cgroup_skb` programs (ingress, egress) count
+//! Two objects: per-pod traffic accounting (this module) and the Service load balancer
+//! ([`lb`]: socket-level translation of ClusterIP Services).
+//!
+//! Accounting: two `cgroup_skb` programs (ingress, egress) count
 //! packets and bytes per cgroup v2 id in per-CPU hash maps pinned under the agent's pin
 //! directory (`/sys/fs/bpf/skiff/<node>/POD_INGRESS` and `.../POD_EGRESS`), so counters survive
 //! an agent restart and `bpftool map dump pinned ...` shows them with named fields (BTF).
@@ -18,6 +21,10 @@
 mod fs;
 #[cfg(test)]
 mod kernel_tests;
+pub mod lb;
+#[cfg(test)]
+pub(crate) mod lb_kernel_tests;
+mod sys;
 
 use std::{
     collections::HashMap,
@@ -95,6 +102,24 @@ pub enum BpfError {
     },
     #[error("the accounting programs are not attached to cgroup {0}")]
     NotAttached(u64),
+    #[error("eBPF link of {name}: {source}")]
+    Link {
+        name: &'static str,
+        #[source]
+        source: Box<aya::programs::links::LinkError>,
+    },
+    #[error("pinning {path}: {source}")]
+    Pin {
+        path: PathBuf,
+        #[source]
+        source: Box<aya::pin::PinError>,
+    },
+    #[error("pinned map {path} cannot be reused: {reason}")]
+    IncompatiblePin { path: PathBuf, reason: String },
+    #[error("{0} is not a programmed service")]
+    NoSuchService(lb::Frontend),
+    #[error(transparent)]
+    Plan(#[from] lb::PlanError),
 }
 
 impl BpfError {
@@ -336,19 +361,7 @@ impl Accounting {
                 Err(e) => return Err(BpfError::io(&pin)(e)),
             }
         }
-        match std::fs::remove_dir(pin_dir) {
-            Ok(()) => Ok(()),
-            // Absent, or it holds other pins that are not ours to remove.
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::NotFound | io::ErrorKind::DirectoryNotEmpty
-                ) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(BpfError::io(pin_dir)(e)),
-        }
+        fs::remove_dir_if_empty(pin_dir)
     }
 }
 

@@ -1,0 +1,263 @@
+//! Socket-level load balancing for Services ("socket LB", as Cilium's kube-proxy replacement):
+//! the map layouts shared by the `cgroup_sock_addr` programs of `skiff-lb` and the agent's
+//! loader (`node/src/bpf/lb`).
+//!
+//! A *frontend* is one ServicePort of a Service: (virtual IP, port, protocol). The agent gives
+//! every frontend a service id and every (frontend, backend address) pair a backend id of its
+//! own (a backend id belongs to exactly one service), and programs:
+//!
+//! - [`LB_SERVICES_MAP`]: [`LbServiceKey`] → [`LbService`] (id, number of backend slots in
+//!   use, flags, affinity timeout);
+//! - [`LB_SLOTS_MAP`]: [`LbSlotKey`] (service id, slot) → backend id, slots `0..count`;
+//! - [`LB_BACKENDS_MAP`]: backend id → [`LbBackend`] (address, port, protocol, service id);
+//! - [`LB_COUNTERS_MAP`]: backend id → per-CPU [`LbCounters`];
+//! - [`LB_REVNAT_MAP`] (LRU): [`LbRevNatKey`] (socket cookie, backend address) →
+//!   [`LbRevNat`] (the frontend the socket asked for), for `getpeername` and `recvmsg`;
+//! - [`LB_AFFINITY_MAP`] (LRU): [`LbAffinityKey`] (client netns cookie, service id) →
+//!   [`LbAffinity`] (backend id, last use) for `sessionAffinity: ClientIP`.
+//!
+//! Addresses are 16 bytes ([`LbAddr`]) with a family field so the same maps hold IPv6 later:
+//! an IPv4 address is its four octets in network order followed by twelve zero bytes. Ports are
+//! in host byte order (readable in `bpftool map dump`); the programs convert.
+//!
+//! Every type is `#[repr(C)]` with explicit padding fields (always zero), so keys hash the same
+//! on both sides and the verifier never sees uninitialised stack bytes in a key.
+
+/// A 16-byte address: IPv4 in the first four bytes (network order), the rest zero.
+pub type LbAddr = [u8; 16];
+
+/// `AF_INET` / `AF_INET6` as stored in the `family` fields.
+pub const AF_INET: u8 = 2;
+pub const AF_INET6: u8 = 10;
+
+/// IP protocol numbers as stored in the `proto` fields.
+pub const IPPROTO_TCP: u8 = 6;
+pub const IPPROTO_UDP: u8 = 17;
+pub const IPPROTO_SCTP: u8 = 132;
+
+/// [`LbService::flags`]: `sessionAffinity: ClientIP` (per client network namespace).
+pub const LB_FLAG_AFFINITY: u32 = 1;
+
+/// The [`LbAddr`] of an IPv4 address given as the kernel stores it (`user_ip4`: network byte
+/// order in memory).
+#[inline(always)]
+pub const fn v4_addr(ip_be: u32) -> LbAddr {
+    let b = ip_be.to_ne_bytes();
+    [b[0], b[1], b[2], b[3], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+}
+
+/// The IPv4 address in `addr` as the kernel stores it (network byte order in memory).
+#[inline(always)]
+pub const fn v4_be(addr: &LbAddr) -> u32 {
+    u32::from_ne_bytes([addr[0], addr[1], addr[2], addr[3]])
+}
+
+/// A frontend: virtual IP, port, protocol.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LbServiceKey {
+    pub addr: LbAddr,
+    /// Host byte order.
+    pub port: u16,
+    pub proto: u8,
+    pub family: u8,
+}
+
+impl LbServiceKey {
+    /// The key of an IPv4 frontend (`ip_be` as the kernel stores it, `port` in host order).
+    #[inline(always)]
+    pub const fn v4(ip_be: u32, port: u16, proto: u8) -> Self {
+        LbServiceKey {
+            addr: v4_addr(ip_be),
+            port,
+            proto,
+            family: AF_INET,
+        }
+    }
+}
+
+/// What a frontend maps to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LbService {
+    /// The service id (never 0): key of its slots and affinity entries.
+    pub id: u32,
+    /// Backend slots in use: `0..count` of [`LbSlotKey::slot`]. 0 = refuse connections.
+    pub count: u32,
+    /// [`LB_FLAG_AFFINITY`].
+    pub flags: u32,
+    /// ClientIP affinity timeout in seconds (with [`LB_FLAG_AFFINITY`]).
+    pub affinity_timeout_s: u32,
+}
+
+/// One backend slot of a service.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LbSlotKey {
+    pub service_id: u32,
+    pub slot: u32,
+}
+
+/// A backend of one service.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LbBackend {
+    pub addr: LbAddr,
+    /// Host byte order.
+    pub port: u16,
+    pub proto: u8,
+    pub family: u8,
+    /// The service this backend belongs to (checked before an affinity entry is honoured).
+    pub service_id: u32,
+}
+
+/// Per-backend, per-CPU counters of translations.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LbCounters {
+    /// `connect()` calls sent to this backend (TCP connections, connected UDP sockets).
+    pub connects: u64,
+    /// Unconnected UDP datagrams (`sendmsg` with an address) sent to this backend.
+    pub sends: u64,
+}
+
+impl LbCounters {
+    /// Sums per-CPU values.
+    pub fn sum<'a>(per_cpu: impl IntoIterator<Item = &'a LbCounters>) -> LbCounters {
+        per_cpu
+            .into_iter()
+            .fold(LbCounters::default(), |mut acc, c| {
+                acc.connects = acc.connects.wrapping_add(c.connects);
+                acc.sends = acc.sends.wrapping_add(c.sends);
+                acc
+            })
+    }
+}
+
+/// Reverse translation key: the socket and the backend it was sent to. Keyed by the backend
+/// too, so an unconnected UDP socket that talks to several services (or to a service and to
+/// other peers) gets each reply's source right.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LbRevNatKey {
+    /// `bpf_get_socket_cookie` of the client socket.
+    pub cookie: u64,
+    pub addr: LbAddr,
+    /// Host byte order.
+    pub port: u16,
+    pub family: u8,
+    pub _pad: [u8; 5],
+}
+
+/// The frontend a socket asked for.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LbRevNat {
+    pub addr: LbAddr,
+    /// Host byte order.
+    pub port: u16,
+    pub family: u8,
+    pub _pad: u8,
+    pub service_id: u32,
+}
+
+/// ClientIP affinity key: the client's network namespace (`bpf_get_netns_cookie`: every
+/// socket of a pod shares it, as they share the pod's IP) and the service.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LbAffinityKey {
+    pub netns_cookie: u64,
+    pub service_id: u32,
+    pub _pad: u32,
+}
+
+/// The backend a client was last sent to, and when (`bpf_ktime_get_ns`, monotonic).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LbAffinity {
+    pub last_used_ns: u64,
+    pub backend_id: u32,
+    pub _pad: u32,
+}
+
+/// Default map sizes (the loader resizes them from the agent's flags).
+pub const LB_DEFAULT_MAX_SERVICES: u32 = 65536;
+pub const LB_DEFAULT_MAX_BACKENDS: u32 = 65536;
+pub const LB_DEFAULT_MAX_REVNAT: u32 = 65536;
+pub const LB_DEFAULT_MAX_AFFINITY: u32 = 65536;
+
+/// Map names in the `skiff-lb` object (kernel object names are at most 15 characters).
+pub const LB_SERVICES_MAP: &str = "LB_SERVICES";
+pub const LB_SLOTS_MAP: &str = "LB_SLOTS";
+pub const LB_BACKENDS_MAP: &str = "LB_BACKENDS";
+pub const LB_COUNTERS_MAP: &str = "LB_COUNTERS";
+pub const LB_REVNAT_MAP: &str = "LB_REVNAT";
+pub const LB_AFFINITY_MAP: &str = "LB_AFFINITY";
+
+/// Every LB map, in the order the loader pins them.
+pub const LB_MAPS: [&str; 6] = [
+    LB_SERVICES_MAP,
+    LB_SLOTS_MAP,
+    LB_BACKENDS_MAP,
+    LB_COUNTERS_MAP,
+    LB_REVNAT_MAP,
+    LB_AFFINITY_MAP,
+];
+
+/// Program names in the `skiff-lb` object.
+pub const LB_CONNECT4_PROG: &str = "skiff_lb_connect4";
+pub const LB_SENDMSG4_PROG: &str = "skiff_lb_sendmsg4";
+pub const LB_RECVMSG4_PROG: &str = "skiff_lb_recvmsg4";
+pub const LB_GETPEERNAME4_PROG: &str = "skiff_lb_getpeername4";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::{align_of, size_of};
+
+    #[test]
+    fn layouts_have_no_implicit_padding() {
+        // Sum of the field sizes == size of the struct: no hidden holes.
+        assert_eq!(size_of::<LbServiceKey>(), 16 + 2 + 1 + 1);
+        assert_eq!(size_of::<LbService>(), 16);
+        assert_eq!(size_of::<LbSlotKey>(), 8);
+        assert_eq!(size_of::<LbBackend>(), 16 + 2 + 1 + 1 + 4);
+        assert_eq!(size_of::<LbCounters>(), 16);
+        assert_eq!(size_of::<LbRevNatKey>(), 8 + 16 + 2 + 1 + 5);
+        assert_eq!(size_of::<LbRevNat>(), 16 + 2 + 1 + 1 + 4);
+        assert_eq!(size_of::<LbAffinityKey>(), 16);
+        assert_eq!(size_of::<LbAffinity>(), 16);
+        assert!(align_of::<LbRevNatKey>() <= 8 && align_of::<LbAffinity>() <= 8);
+    }
+
+    #[test]
+    fn v4_addresses_round_trip_in_network_order() {
+        // 10.96.0.10 as the kernel stores it: bytes 10, 96, 0, 10 in memory.
+        let ip_be = u32::from_ne_bytes([10, 96, 0, 10]);
+        let a = v4_addr(ip_be);
+        assert_eq!(&a[..4], &[10, 96, 0, 10]);
+        assert!(a[4..].iter().all(|b| *b == 0));
+        assert_eq!(v4_be(&a), ip_be);
+        let k = LbServiceKey::v4(ip_be, 80, IPPROTO_TCP);
+        assert_eq!((k.port, k.proto, k.family), (80, 6, AF_INET));
+    }
+
+    #[test]
+    fn sums_counters() {
+        let a = LbCounters {
+            connects: 2,
+            sends: 1,
+        };
+        let b = LbCounters {
+            connects: 3,
+            sends: 0,
+        };
+        assert_eq!(
+            LbCounters::sum([&a, &b]),
+            LbCounters {
+                connects: 5,
+                sends: 1
+            }
+        );
+    }
+}

@@ -1,0 +1,726 @@
+//! The Service load balancer's kernel side: loads the `skiff-lb` object (a second object next
+//! to accounting's, so each is loaded, pinned and sized on its own), pins its maps under the
+//! agent's pin directory `/sys/fs/bpf/skiff/<node>/` (`LB_SERVICES`, `LB_SLOTS`,
+//! `LB_BACKENDS`, `LB_COUNTERS`, `LB_REVNAT`, `LB_AFFINITY`), attaches its four
+//! `cgroup_sock_addr` programs to the node's pod cgroup parent through *pinned* BPF links
+//! (`link_skiff_lb_connect4`, …), and programs the maps through a typed API.
+//!
+//! Restarts: maps already pinned are reused as they are (entries, counters, sizes), so the
+//! data path and the sockets it translated keep working while the agent is away. The links
+//! are pinned too, so the programs stay attached when the agent exits; a new agent finds a
+//! link pin, checks with `BPF_OBJ_GET_INFO_BY_FD` that it is a cgroup link of the right hook
+//! on the right cgroup, and swaps its own freshly loaded program into it with
+//! `BPF_LINK_UPDATE` (atomic: the hook never runs without a program, and nothing is attached
+//! twice). A pin for another or a removed cgroup is unpinned and a new link is made. The
+//! in-memory mirror of the maps ([`state::LbState`]) is rebuilt from their contents, and what
+//! a crash left half-written is repaired, before any change is made; unchanged services are
+//! then not rewritten at all.
+//!
+//! Map sizes come from [`LbConfig`] when the maps are created; pinned maps keep the size they
+//! were created with (remove the pins, e.g. `skiff-node purge`, to resize).
+
+mod pod;
+pub mod state;
+
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use aya::maps::{HashMap, IterableMap, MapData, MapError, MapInfo, PerCpuHashMap, PerCpuValues};
+use aya::programs::{CgroupAttachMode, CgroupSockAddr, links::FdLink};
+use aya::{Ebpf, EbpfLoader};
+use serde::Serialize;
+use skiff_common::lb::{
+    LB_AFFINITY_MAP, LB_BACKENDS_MAP, LB_CONNECT4_PROG, LB_COUNTERS_MAP, LB_DEFAULT_MAX_AFFINITY,
+    LB_DEFAULT_MAX_BACKENDS, LB_DEFAULT_MAX_REVNAT, LB_DEFAULT_MAX_SERVICES, LB_GETPEERNAME4_PROG,
+    LB_MAPS, LB_RECVMSG4_PROG, LB_REVNAT_MAP, LB_SENDMSG4_PROG, LB_SERVICES_MAP, LB_SLOTS_MAP,
+    LbAffinity, LbAffinityKey, LbBackend, LbCounters, LbRevNat, LbRevNatKey, LbService,
+    LbServiceKey, LbSlotKey,
+};
+
+use super::{BpfError, cgroup_id, fs, is_cgroup2, sys};
+use pod::P;
+pub use state::{BackendAddr, Frontend, LbState, Op, PlanError, Protocol, ServiceParams};
+
+/// The `skiff-lb` object built by `build.rs` (empty when built with `AYA_BUILD_SKIP=1`).
+fn object() -> &'static [u8] {
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/skiff-lb"))
+}
+
+/// Sizes of the LB maps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LbConfig {
+    /// Frontends (Service ports): `LB_SERVICES`.
+    pub max_services: u32,
+    /// Backends over all services: `LB_BACKENDS`, `LB_SLOTS`, `LB_COUNTERS`.
+    pub max_backends: u32,
+    /// Sockets remembered for reverse translation (LRU): `LB_REVNAT`.
+    pub max_revnat: u32,
+    /// (client netns, service) affinity entries (LRU): `LB_AFFINITY`.
+    pub max_affinity: u32,
+}
+
+impl Default for LbConfig {
+    fn default() -> Self {
+        LbConfig {
+            max_services: LB_DEFAULT_MAX_SERVICES,
+            max_backends: LB_DEFAULT_MAX_BACKENDS,
+            max_revnat: LB_DEFAULT_MAX_REVNAT,
+            max_affinity: LB_DEFAULT_MAX_AFFINITY,
+        }
+    }
+}
+
+/// One program and the hook it runs at.
+struct Hook {
+    prog: &'static str,
+    /// `enum bpf_attach_type`, to recognise an earlier agent's link.
+    attach_type: u32,
+}
+
+const HOOKS: [Hook; 4] = [
+    Hook {
+        prog: LB_CONNECT4_PROG,
+        attach_type: sys::BPF_CGROUP_INET4_CONNECT,
+    },
+    Hook {
+        prog: LB_SENDMSG4_PROG,
+        attach_type: sys::BPF_CGROUP_UDP4_SENDMSG,
+    },
+    Hook {
+        prog: LB_RECVMSG4_PROG,
+        attach_type: sys::BPF_CGROUP_UDP4_RECVMSG,
+    },
+    Hook {
+        prog: LB_GETPEERNAME4_PROG,
+        attach_type: sys::BPF_CGROUP_INET4_GETPEERNAME,
+    },
+];
+
+/// Where the link of `prog` is pinned.
+fn link_pin(pin_dir: &Path, prog: &str) -> PathBuf {
+    pin_dir.join(format!("link_{prog}"))
+}
+
+/// How [`ServiceLb::attach`] found each hook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AttachReport {
+    /// Links made now.
+    pub attached: u32,
+    /// Links of an earlier agent on the same cgroup, now running this agent's programs.
+    pub adopted: u32,
+    /// Pinned links for another (or a removed) cgroup, unpinned and replaced.
+    pub replaced: u32,
+}
+
+type ServicesMap = HashMap<MapData, P<LbServiceKey>, P<LbService>>;
+type SlotsMap = HashMap<MapData, P<LbSlotKey>, u32>;
+type BackendsMap = HashMap<MapData, u32, P<LbBackend>>;
+type CountersMap = PerCpuHashMap<MapData, u32, P<LbCounters>>;
+type RevNatMap = HashMap<MapData, P<LbRevNatKey>, P<LbRevNat>>;
+type AffinityMap = HashMap<MapData, P<LbAffinityKey>, P<LbAffinity>>;
+
+struct Maps {
+    services: ServicesMap,
+    slots: SlotsMap,
+    backends: BackendsMap,
+    counters: CountersMap,
+    revnat: RevNatMap,
+    affinity: AffinityMap,
+    nr_cpus: usize,
+}
+
+/// The Service load balancer: loaded programs, pinned maps, the mirror of what is programmed.
+/// Dropping it leaves programs attached (pinned links) and maps pinned: the data path keeps
+/// running without the agent. [`ServiceLb::remove_pins`] takes it all down.
+pub struct ServiceLb {
+    ebpf: Ebpf,
+    maps: Maps,
+    state: LbState,
+    pin_dir: PathBuf,
+    attached_to: Option<u64>,
+}
+
+impl fmt::Debug for ServiceLb {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServiceLb")
+            .field("pin_dir", &self.pin_dir)
+            .field("attached_to", &self.attached_to)
+            .field("services", &self.state.service_count())
+            .field("backends", &self.state.backend_count())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Summed counters of one backend.
+pub type Counters = LbCounters;
+
+/// A backend of a [`ServiceDump`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackendDump {
+    pub id: u32,
+    pub slot: u32,
+    pub ip: IpAddr,
+    pub port: u16,
+    /// `ip:port` (`[ip]:port` for IPv6).
+    pub address: String,
+    pub connects: u64,
+    pub sends: u64,
+}
+
+/// One programmed frontend.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceDump {
+    pub id: u32,
+    /// `ip:port/PROTOCOL`.
+    pub frontend: String,
+    pub ip: IpAddr,
+    pub port: u16,
+    pub protocol: &'static str,
+    /// `None` or `ClientIP`.
+    pub session_affinity: &'static str,
+    pub affinity_timeout_seconds: Option<u32>,
+    pub backends: Vec<BackendDump>,
+    /// Sums over the backends.
+    pub connects: u64,
+    pub sends: u64,
+}
+
+/// How full one map is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MapPressure {
+    pub map: &'static str,
+    pub entries: u64,
+    pub max_entries: u32,
+}
+
+impl ServiceLb {
+    /// Loads the programs (verifying them), pinning the maps in `pin_dir` or reusing those an
+    /// earlier agent pinned there, and rebuilds the mirror from them (repairing what a crash
+    /// left half-written). Attaches nothing: see [`ServiceLb::attach`].
+    pub fn load(pin_dir: &Path, cfg: LbConfig) -> Result<Self, BpfError> {
+        let object = object();
+        if object.is_empty() {
+            return Err(BpfError::NotBuilt);
+        }
+        if cfg.max_services == 0
+            || cfg.max_backends == 0
+            || cfg.max_revnat == 0
+            || cfg.max_affinity == 0
+        {
+            return Err(BpfError::ZeroCapacity);
+        }
+        fs::prepare_pin_dir(pin_dir)?;
+        check_pins(pin_dir)?;
+        let mut loader = EbpfLoader::new();
+        for name in LB_MAPS {
+            loader.map_pin_path(name, fs::pin_path(pin_dir, name));
+        }
+        loader
+            .map_max_entries(LB_SERVICES_MAP, cfg.max_services)
+            .map_max_entries(LB_SLOTS_MAP, cfg.max_backends)
+            .map_max_entries(LB_BACKENDS_MAP, cfg.max_backends)
+            .map_max_entries(LB_COUNTERS_MAP, cfg.max_backends)
+            .map_max_entries(LB_REVNAT_MAP, cfg.max_revnat)
+            .map_max_entries(LB_AFFINITY_MAP, cfg.max_affinity);
+        let mut ebpf = loader
+            .load(object)
+            .map_err(|e| BpfError::Load(Box::new(e)))?;
+        for hook in &HOOKS {
+            program(&mut ebpf, hook.prog)?
+                .load()
+                .map_err(BpfError::program(hook.prog))?;
+        }
+        let nr_cpus = aya::util::nr_cpus().map_err(|(what, source)| BpfError::Io {
+            path: PathBuf::from(what),
+            source,
+        })?;
+        let maps = Maps {
+            services: take_map(&mut ebpf, LB_SERVICES_MAP, ServicesMap::try_from)?,
+            slots: take_map(&mut ebpf, LB_SLOTS_MAP, SlotsMap::try_from)?,
+            backends: take_map(&mut ebpf, LB_BACKENDS_MAP, BackendsMap::try_from)?,
+            counters: take_map(&mut ebpf, LB_COUNTERS_MAP, CountersMap::try_from)?,
+            revnat: take_map(&mut ebpf, LB_REVNAT_MAP, RevNatMap::try_from)?,
+            affinity: take_map(&mut ebpf, LB_AFFINITY_MAP, AffinityMap::try_from)?,
+            nr_cpus,
+        };
+        let max_services = max_entries(maps.services.map(), LB_SERVICES_MAP)?;
+        let max_backends = max_entries(maps.backends.map(), LB_BACKENDS_MAP)?;
+        let recovered = state::recover(
+            max_services,
+            max_backends,
+            entries(&maps.services, LB_SERVICES_MAP)?
+                .into_iter()
+                .map(|(k, v)| (k.0, v.0))
+                .collect(),
+            entries(&maps.slots, LB_SLOTS_MAP)?
+                .into_iter()
+                .map(|(k, v)| (k.0, v))
+                .collect(),
+            entries(&maps.backends, LB_BACKENDS_MAP)?
+                .into_iter()
+                .map(|(k, v)| (k, v.0))
+                .collect(),
+            keys(&maps.counters, LB_COUNTERS_MAP)?,
+        );
+        let mut lb = ServiceLb {
+            ebpf,
+            maps,
+            state: recovered.state,
+            pin_dir: pin_dir.to_path_buf(),
+            attached_to: None,
+        };
+        for key in &recovered.unreadable_services {
+            remove(&mut lb.maps.services, LB_SERVICES_MAP, &P(*key))?;
+        }
+        // The mirror already reflects the repair; only the kernel needs the writes.
+        for op in &recovered.repair {
+            lb.maps.write(op)?;
+        }
+        if !recovered.repair.is_empty() || !recovered.unreadable_services.is_empty() {
+            tracing::info!(
+                writes = recovered.repair.len() + recovered.unreadable_services.len(),
+                "repaired the pinned service maps"
+            );
+        }
+        Ok(lb)
+    }
+
+    /// Where the maps and links are pinned.
+    pub fn pin_dir(&self) -> &Path {
+        &self.pin_dir
+    }
+
+    /// The mirror of the programmed maps.
+    pub fn state(&self) -> &LbState {
+        &self.state
+    }
+
+    /// Attaches the four programs to the cgroup v2 directory `cgroup_dir` (normally the node's
+    /// pod cgroup parent; programs on an ancestor run for the sockets of every descendant)
+    /// through pinned links, or takes over the links an earlier agent pinned for that cgroup
+    /// (swapping in this agent's programs). Returns the cgroup id and what it did.
+    pub fn attach(&mut self, cgroup_dir: &Path) -> Result<(u64, AttachReport), BpfError> {
+        let id = cgroup_id(cgroup_dir)?;
+        if !is_cgroup2(cgroup_dir).map_err(BpfError::io(cgroup_dir))? {
+            return Err(BpfError::NotCgroup2(cgroup_dir.to_path_buf()));
+        }
+        let mut report = AttachReport::default();
+        let dir = File::open(cgroup_dir).map_err(BpfError::io(cgroup_dir))?;
+        for hook in &HOOKS {
+            let pin = link_pin(&self.pin_dir, hook.prog);
+            let prog = program(&mut self.ebpf, hook.prog)?;
+            match sys::obj_get(&pin) {
+                Ok(link) => {
+                    let info = sys::cgroup_link_info(std::os::fd::AsFd::as_fd(&link))
+                        .map_err(BpfError::io(&pin))?;
+                    if info.cgroup_id == id && info.attach_type == hook.attach_type {
+                        let prog_fd = prog.fd().map_err(BpfError::program(hook.prog))?;
+                        sys::link_update(
+                            std::os::fd::AsFd::as_fd(&link),
+                            std::os::fd::AsFd::as_fd(prog_fd),
+                        )
+                        .map_err(BpfError::io(&pin))?;
+                        report.adopted += 1;
+                        continue;
+                    }
+                    // Another cgroup (or one that is gone): this pin is the only reference
+                    // besides `link`, so removing it and closing `link` detaches it.
+                    remove_file(&pin)?;
+                    drop(link);
+                    report.replaced += 1;
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(BpfError::io(&pin)(e)),
+            }
+            // A link always coexists with other programs on the cgroup; explicit flags are
+            // rejected for links, hence `Single` (no flags).
+            let link_id = prog
+                .attach(&dir, CgroupAttachMode::Single)
+                .map_err(BpfError::program(hook.prog))?;
+            let link = prog
+                .take_link(link_id)
+                .map_err(BpfError::program(hook.prog))?;
+            let link = FdLink::try_from(link).map_err(|e| BpfError::Link {
+                name: hook.prog,
+                source: Box::new(e),
+            })?;
+            link.pin(&pin).map_err(|e| BpfError::Pin {
+                path: pin.clone(),
+                source: Box::new(e),
+            })?;
+            report.attached += 1;
+        }
+        self.attached_to = Some(id);
+        Ok((id, report))
+    }
+
+    /// The id of the cgroup [`ServiceLb::attach`] attached to.
+    pub fn attached_to(&self) -> Option<u64> {
+        self.attached_to
+    }
+
+    /// Makes `frontend` a service with `params` and exactly the backends `backends` (in the
+    /// order given when new ids are handed out), changing only what differs. Returns the
+    /// number of map writes (0: it was programmed so already).
+    pub fn sync_service(
+        &mut self,
+        frontend: Frontend,
+        params: ServiceParams,
+        backends: &[BackendAddr],
+    ) -> Result<usize, BpfError> {
+        let ops = self.state.plan_set(frontend, params, backends)?;
+        self.execute(&ops)
+    }
+
+    /// Creates `frontend` (no backends: connections are refused) or changes its parameters,
+    /// keeping its backends. Returns its service id.
+    pub fn upsert_service(
+        &mut self,
+        frontend: Frontend,
+        params: ServiceParams,
+    ) -> Result<u32, BpfError> {
+        let current = self.backends_of(&frontend);
+        self.sync_service(frontend, params, &current)?;
+        self.state
+            .service(&frontend)
+            .map(|s| s.id)
+            .ok_or(BpfError::NoSuchService(frontend))
+    }
+
+    /// Sets the backends of the existing service `frontend`. Returns the number of writes.
+    pub fn set_backends(
+        &mut self,
+        frontend: &Frontend,
+        backends: &[BackendAddr],
+    ) -> Result<usize, BpfError> {
+        let params = self
+            .state
+            .service(frontend)
+            .ok_or(BpfError::NoSuchService(*frontend))?
+            .params;
+        self.sync_service(*frontend, params, backends)
+    }
+
+    /// Removes `frontend` (its connections are no longer translated) and its backends.
+    /// Returns the number of writes (0 if it was no service).
+    pub fn remove_service(&mut self, frontend: &Frontend) -> Result<usize, BpfError> {
+        let mut ops = self.state.plan_remove(frontend);
+        ops.extend(self.state.plan_gc());
+        self.execute(&ops)
+    }
+
+    /// The backends of `frontend` in slot order.
+    pub fn backends_of(&self, frontend: &Frontend) -> Vec<BackendAddr> {
+        self.state
+            .service(frontend)
+            .map(|s| {
+                s.slots
+                    .iter()
+                    .filter_map(|id| self.state.backend(*id).map(|b| b.addr))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn execute(&mut self, ops: &[Op]) -> Result<usize, BpfError> {
+        for op in ops {
+            self.maps.write(op)?;
+            self.state.apply(op);
+        }
+        Ok(ops.len())
+    }
+
+    /// The counters of backend `id`, summed over CPUs (zero if it has none).
+    pub fn counters(&self, id: u32) -> Result<Counters, BpfError> {
+        match self.maps.counters.get(&id, 0) {
+            Ok(per_cpu) => Ok(LbCounters::sum(per_cpu.iter().map(|c| &c.0))),
+            Err(MapError::KeyNotFound) => Ok(Counters::default()),
+            Err(e) => Err(BpfError::map(LB_COUNTERS_MAP)(e)),
+        }
+    }
+
+    /// Every programmed frontend with its backends (slot order) and their counters.
+    pub fn dump(&self) -> Result<Vec<ServiceDump>, BpfError> {
+        let mut out = Vec::new();
+        for view in self.state.services() {
+            let mut backends = Vec::with_capacity(view.slots.len());
+            for (slot, id) in view.slots.iter().enumerate() {
+                let Some(b) = self.state.backend(*id) else {
+                    continue;
+                };
+                let c = self.counters(*id)?;
+                backends.push(BackendDump {
+                    id: *id,
+                    slot: slot as u32,
+                    ip: b.addr.ip,
+                    port: b.addr.port,
+                    address: b.addr.to_string(),
+                    connects: c.connects,
+                    sends: c.sends,
+                });
+            }
+            let f = view.frontend;
+            out.push(ServiceDump {
+                id: view.id,
+                frontend: f.to_string(),
+                ip: f.ip,
+                port: f.port,
+                protocol: f.protocol.as_str(),
+                session_affinity: if view.params.affinity_timeout_s.is_some() {
+                    "ClientIP"
+                } else {
+                    "None"
+                },
+                affinity_timeout_seconds: view.params.affinity_timeout_s,
+                connects: backends.iter().map(|b| b.connects).sum(),
+                sends: backends.iter().map(|b| b.sends).sum(),
+                backends,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Entries and capacity of every LB map (the LRU maps are counted by walking their keys).
+    pub fn pressure(&self) -> Result<Vec<MapPressure>, BpfError> {
+        let m = &self.maps;
+        let count = |n: usize| n as u64;
+        Ok(vec![
+            MapPressure {
+                map: LB_SERVICES_MAP,
+                entries: count(self.state.service_count()),
+                max_entries: max_entries(m.services.map(), LB_SERVICES_MAP)?,
+            },
+            MapPressure {
+                map: LB_SLOTS_MAP,
+                entries: count(self.state.slot_count()),
+                max_entries: max_entries(m.slots.map(), LB_SLOTS_MAP)?,
+            },
+            MapPressure {
+                map: LB_BACKENDS_MAP,
+                entries: count(self.state.backend_count()),
+                max_entries: max_entries(m.backends.map(), LB_BACKENDS_MAP)?,
+            },
+            MapPressure {
+                map: LB_COUNTERS_MAP,
+                entries: count(keys(&m.counters, LB_COUNTERS_MAP)?.len()),
+                max_entries: max_entries(m.counters.map(), LB_COUNTERS_MAP)?,
+            },
+            MapPressure {
+                map: LB_REVNAT_MAP,
+                entries: count(m.revnat.keys().filter(Result::is_ok).count()),
+                max_entries: max_entries(m.revnat.map(), LB_REVNAT_MAP)?,
+            },
+            MapPressure {
+                map: LB_AFFINITY_MAP,
+                entries: count(m.affinity.keys().filter(Result::is_ok).count()),
+                max_entries: max_entries(m.affinity.map(), LB_AFFINITY_MAP)?,
+            },
+        ])
+    }
+
+    /// Detaches programs an earlier agent left attached through links pinned in `pin_dir` (by
+    /// removing those pins; maps stay). For an agent that does not run the load balancer
+    /// (switched off, or it failed to load): nobody would keep those programs' maps current,
+    /// and stale translations are worse than none. Missing pins are not an error.
+    pub fn detach_pinned(pin_dir: &Path) -> Result<(), BpfError> {
+        for hook in &HOOKS {
+            remove_file(&link_pin(pin_dir, hook.prog))?;
+        }
+        Ok(())
+    }
+
+    /// Detaches the programs (removes the link pins) and removes the maps pinned in `pin_dir`,
+    /// and `pin_dir` itself if that leaves it empty. For tearing a node down (`skiff-node
+    /// purge`, tests). Missing pins are not an error.
+    pub fn remove_pins(pin_dir: &Path) -> Result<(), BpfError> {
+        Self::detach_pinned(pin_dir)?;
+        for map in LB_MAPS {
+            remove_file(&fs::pin_path(pin_dir, map))?;
+        }
+        fs::remove_dir_if_empty(pin_dir)
+    }
+}
+
+impl Maps {
+    /// Performs one write. Deleting what is not there is not an error.
+    fn write(&mut self, op: &Op) -> Result<(), BpfError> {
+        match op {
+            Op::PutService { frontend, value } => self
+                .services
+                .insert(P(frontend.key()), P(*value), 0)
+                .map_err(BpfError::map(LB_SERVICES_MAP)),
+            Op::DeleteService { frontend } => {
+                remove(&mut self.services, LB_SERVICES_MAP, &P(frontend.key()))
+            }
+            Op::PutSlot { key, backend_id } => self
+                .slots
+                .insert(P(*key), *backend_id, 0)
+                .map_err(BpfError::map(LB_SLOTS_MAP)),
+            Op::DeleteSlot { key } => remove(&mut self.slots, LB_SLOTS_MAP, &P(*key)),
+            Op::PutBackend { id, backend } => self
+                .backends
+                .insert(*id, P(backend.value()), 0)
+                .map_err(BpfError::map(LB_BACKENDS_MAP)),
+            Op::DeleteBackend { id } => remove(&mut self.backends, LB_BACKENDS_MAP, id),
+            Op::PutCounters { id } => {
+                let zeros = PerCpuValues::try_from(vec![P(LbCounters::default()); self.nr_cpus])
+                    .map_err(|e| BpfError::Io {
+                        path: PathBuf::from(LB_COUNTERS_MAP),
+                        source: e,
+                    })?;
+                self.counters
+                    .insert(*id, zeros, 0)
+                    .map_err(BpfError::map(LB_COUNTERS_MAP))
+            }
+            Op::DeleteCounters { id } => match self.counters.remove(id) {
+                Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+                Err(MapError::SyscallError(e)) if e.io_error.kind() == io::ErrorKind::NotFound => {
+                    Ok(())
+                }
+                Err(e) => Err(BpfError::map(LB_COUNTERS_MAP)(e)),
+            },
+        }
+    }
+}
+
+fn program<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut CgroupSockAddr, BpfError> {
+    ebpf.program_mut(name)
+        .ok_or(BpfError::Missing {
+            kind: "program",
+            name,
+        })?
+        .try_into()
+        .map_err(BpfError::program(name))
+}
+
+fn take_map<M>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    convert: impl FnOnce(aya::maps::Map) -> Result<M, MapError>,
+) -> Result<M, BpfError> {
+    let map = ebpf
+        .take_map(name)
+        .ok_or(BpfError::Missing { kind: "map", name })?;
+    convert(map).map_err(BpfError::map(name))
+}
+
+fn max_entries(map: &MapData, name: &'static str) -> Result<u32, BpfError> {
+    Ok(map.info().map_err(BpfError::map(name))?.max_entries())
+}
+
+fn entries<K: aya::Pod, V: aya::Pod>(
+    map: &HashMap<MapData, K, V>,
+    name: &'static str,
+) -> Result<Vec<(K, V)>, BpfError> {
+    map.iter()
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(BpfError::map(name))
+}
+
+fn keys<V: aya::Pod>(
+    map: &PerCpuHashMap<MapData, u32, V>,
+    name: &'static str,
+) -> Result<Vec<u32>, BpfError> {
+    map.keys()
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(BpfError::map(name))
+}
+
+fn remove<K: aya::Pod, V: aya::Pod>(
+    map: &mut HashMap<MapData, K, V>,
+    name: &'static str,
+    key: &K,
+) -> Result<(), BpfError> {
+    match map.remove(key) {
+        Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+        Err(MapError::SyscallError(e)) if e.io_error.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(BpfError::map(name)(e)),
+    }
+}
+
+fn remove_file(path: &Path) -> Result<(), BpfError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(BpfError::io(path)(e)),
+    }
+}
+
+/// Key and value sizes each LB map must have.
+fn expected_sizes(name: &str) -> Option<(u32, u32)> {
+    use std::mem::size_of;
+    let s = |k: usize, v: usize| Some((k as u32, v as u32));
+    match name {
+        LB_SERVICES_MAP => s(size_of::<LbServiceKey>(), size_of::<LbService>()),
+        LB_SLOTS_MAP => s(size_of::<LbSlotKey>(), size_of::<u32>()),
+        LB_BACKENDS_MAP => s(size_of::<u32>(), size_of::<LbBackend>()),
+        LB_COUNTERS_MAP => s(size_of::<u32>(), size_of::<LbCounters>()),
+        LB_REVNAT_MAP => s(size_of::<LbRevNatKey>(), size_of::<LbRevNat>()),
+        LB_AFFINITY_MAP => s(size_of::<LbAffinityKey>(), size_of::<LbAffinity>()),
+        _ => None,
+    }
+}
+
+/// Refuses pinned maps whose key or value size is not this agent's (aya would reuse them
+/// blindly): an agent of another layout must not misread or corrupt them.
+fn check_pins(pin_dir: &Path) -> Result<(), BpfError> {
+    for name in LB_MAPS {
+        let pin = fs::pin_path(pin_dir, name);
+        if !pin.exists() {
+            continue;
+        }
+        let info = MapInfo::from_pin(&pin).map_err(BpfError::map(name))?;
+        let Some((key, value)) = expected_sizes(name) else {
+            continue;
+        };
+        if info.key_size() != key || info.value_size() != value {
+            return Err(BpfError::IncompatiblePin {
+                path: pin,
+                reason: format!(
+                    "key/value sizes {}/{} where this agent uses {key}/{value}; remove the pins \
+                     (skiff-node purge) to recreate the maps",
+                    info.key_size(),
+                    info.value_size()
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embeds_the_lb_object_with_btf() {
+        let obj = object();
+        if obj.is_empty() {
+            // Built with AYA_BUILD_SKIP=1.
+            return;
+        }
+        assert_eq!(&obj[..4], b"\x7fELF");
+        let has = |needle: &[u8]| obj.windows(needle.len()).any(|w| w == needle);
+        assert!(has(b".BTF"), "object lacks BTF");
+        for name in LB_MAPS {
+            assert!(has(name.as_bytes()), "no map {name}");
+        }
+        for hook in &HOOKS {
+            assert!(has(hook.prog.as_bytes()), "no program {}", hook.prog);
+        }
+        assert!(has(b"LbServiceKey") && has(b"LbRevNatKey"));
+    }
+
+    #[test]
+    fn every_map_has_expected_sizes() {
+        for name in LB_MAPS {
+            assert!(expected_sizes(name).is_some(), "{name}");
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! `aya::Pod` for the LB map types. They are defined in the `no_std` shared crate, which does
+//! not depend on aya, so aya sees them through the transparent wrapper [`P`].
+
+use skiff_common::lb::{
+    LbAffinity, LbAffinityKey, LbBackend, LbCounters, LbRevNat, LbRevNatKey, LbService,
+    LbServiceKey, LbSlotKey,
+};
+
+/// A map key or value as aya reads and writes it.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct P<T>(pub T);
+
+macro_rules! pod {
+    ($($t:ty),* $(,)?) => {
+        $(
+            // SAFETY: the type is `#[repr(C)]`, made of integers and byte arrays with explicit
+            // padding fields (no implicit holes, checked by skiff-common's layout test), so
+            // every bit pattern is a valid value; `P` is a transparent wrapper around it.
+            unsafe impl aya::Pod for P<$t> {}
+        )*
+    };
+}
+
+pod!(
+    LbServiceKey,
+    LbService,
+    LbSlotKey,
+    LbBackend,
+    LbCounters,
+    LbRevNatKey,
+    LbRevNat,
+    LbAffinityKey,
+    LbAffinity,
+);
