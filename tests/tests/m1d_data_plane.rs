@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use skiff_api::api::Pod;
+use skiff_api::api::{Endpoints, Pod, Service};
 use skiff_tests::cluster::Cluster;
 use skiff_tests::eventually;
 
@@ -123,4 +123,395 @@ async fn pods_reach_pods_on_other_nodes_without_nat() {
             node.netns
         );
     }
+}
+
+/// Backend: answers every TCP connection on 8080 and every UDP datagram on 8081 with its own
+/// address (as the server sees it), so a client can tell the backends apart.
+const BACKEND: &str = "import socket, threading\n\
+def udp():\n    \
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n    \
+    u.bind(('0.0.0.0', 8081))\n    \
+    while True:\n        \
+        d, a = u.recvfrom(100)\n        \
+        u.sendto(b'udp', a)\n\
+threading.Thread(target=udp, daemon=True).start()\n\
+def echo(c):\n    \
+    while True:\n        \
+        d = c.recv(100)\n        \
+        if not d: break\n        \
+        c.sendall(d)\n\
+def streams():\n    \
+    e = socket.socket()\n    \
+    e.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n    \
+    e.bind(('0.0.0.0', 8082))\n    \
+    e.listen(16)\n    \
+    while True:\n        \
+        c, a = e.accept()\n        \
+        threading.Thread(target=echo, args=(c,), daemon=True).start()\n\
+threading.Thread(target=streams, daemon=True).start()\n\
+s = socket.socket()\n\
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+s.bind(('0.0.0.0', 8080))\n\
+s.listen(64)\n\
+while True:\n    \
+    c, a = s.accept()\n    \
+    c.sendall(c.getsockname()[0].encode())\n    \
+    c.close()\n";
+
+fn echo_app(replicas: i32) -> String {
+    let script = serde_json::to_string(BACKEND).expect("a JSON string");
+    format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: echo
+spec:
+  replicas: {replicas}
+  selector:
+    matchLabels:
+      app: echo
+  template:
+    metadata:
+      labels:
+        app: echo
+    spec:
+      terminationGracePeriodSeconds: 1
+      containers:
+        - name: main
+          image: host
+          command: ["python3", "-c", {script}]
+          ports:
+            - name: tcp
+              containerPort: 8080
+              protocol: TCP
+            - name: udp
+              containerPort: 8081
+              protocol: UDP
+            - name: stream
+              containerPort: 8082
+              protocol: TCP
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: echo
+spec:
+  selector:
+    app: echo
+  ports:
+    - name: tcp
+      port: 80
+      targetPort: tcp
+      protocol: TCP
+    - name: udp
+      port: 53
+      targetPort: udp
+      protocol: UDP
+    - name: stream
+      port: 81
+      targetPort: stream
+      protocol: TCP
+"#
+    )
+}
+
+/// A client pod that runs `script` once (its result on one line starting `RESULT `), then
+/// sleeps; on node `node` if given.
+fn client_pod_on(name: &str, node: Option<&str>, script: &str) -> String {
+    let selector = node
+        .map(|n| format!("  nodeSelector:\n    kubernetes.io/hostname: {n}\n"))
+        .unwrap_or_default();
+    let script = serde_json::to_string(&format!("{script}\nimport time\ntime.sleep(3600)\n"))
+        .expect("a JSON string");
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+{selector}  terminationGracePeriodSeconds: 1
+  containers:
+    - name: main
+      image: host
+      command: ["python3", "-c", {script}]
+"#
+    )
+}
+
+/// Runs a client pod and returns the JSON it printed after `RESULT `.
+async fn client_result(c: &Cluster, name: &str, script: &str) -> serde_json::Value {
+    client_result_on(c, name, None, script).await
+}
+
+async fn client_result_on(
+    c: &Cluster,
+    name: &str,
+    node: Option<&str>,
+    script: &str,
+) -> serde_json::Value {
+    c.server
+        .skiff_stdin(&["apply", "-f", "-"], &client_pod_on(name, node, script));
+    eventually(&format!("{name}'s result"), T, || async {
+        let out = c.server.skiff(&["logs", name]);
+        let log = String::from_utf8_lossy(&out.stdout).into_owned();
+        log.lines()
+            .find_map(|l| l.strip_prefix("RESULT "))
+            .and_then(|j| serde_json::from_str(j).ok())
+            .ok_or_else(|| format!("log: {log}; {}", String::from_utf8_lossy(&out.stderr)))
+    })
+    .await
+}
+
+async fn ready_backends(c: &Cluster, n: usize) -> Vec<String> {
+    let eps = c.client.namespaced::<Endpoints>("default");
+    eventually(&format!("{n} ready endpoints"), T, || async {
+        let e = eps.get_opt("echo").await.map_err(|e| e.to_string())?;
+        let ips: Vec<String> = e
+            .iter()
+            .flat_map(|e| e.subsets.iter())
+            .flat_map(|s| s.addresses.iter())
+            .map(|a| a.ip.clone())
+            .collect();
+        (ips.len() == n)
+            .then_some(ips.clone())
+            .ok_or(format!("{ips:?}"))
+    })
+    .await
+}
+
+/// ClusterIP Services through the eBPF socket load balancer: 300 TCP connects from a pod to
+/// clusterIP:port spread over all three backends, getpeername() says the clusterIP, UDP
+/// answers through the VIP; with no backends a connect fails at once; scaled back up it
+/// works again; no firewall rule anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_ip_services_balance_over_all_backends() {
+    let c = Cluster::start(3).await;
+    c.server.skiff_stdin(&["apply", "-f", "-"], &echo_app(3));
+    let backends = ready_backends(&c, 3).await;
+    let svc = c.client.namespaced::<Service>("default");
+    let vip = eventually("a clusterIP", T, || async {
+        let s = svc.get("echo").await.map_err(|e| e.to_string())?;
+        s.spec
+            .map(|s| s.cluster_ip)
+            .filter(|ip| !ip.is_empty())
+            .ok_or_else(|| "none yet".to_string())
+    })
+    .await;
+
+    let result = client_result(
+        &c,
+        "c1",
+        &format!(
+            "import socket, json, collections, time\n\
+             vip = '{vip}'\n\
+             seen = collections.Counter(); peer = None; errors = 0\n\
+             deadline = time.time() + 30\n\
+             while sum(seen.values()) < 300 and time.time() < deadline:\n    \
+                 try:\n        \
+                     s = socket.create_connection((vip, 80), timeout=2)\n        \
+                     peer = s.getpeername()\n        \
+                     seen[s.recv(64).decode()] += 1\n        \
+                     s.close()\n    \
+                 except Exception:\n        \
+                     errors += 1; time.sleep(0.1)\n\
+             u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(2)\n\
+             u.sendto(b'x', (vip, 53)); udp_reply, udp_from = u.recvfrom(100)\n\
+             uc = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); uc.settimeout(2)\n\
+             uc.connect((vip, 53)); uc.send(b'x'); uc.recv(100); udp_peer = uc.getpeername()\n\
+             print('RESULT ' + json.dumps({{'seen': seen, 'peer': list(peer), 'errors': errors, \
+             'udp_from': list(udp_from), 'udp_peer': list(udp_peer)}}), flush=True)\n"
+        ),
+    )
+    .await;
+    let seen = result["seen"].as_object().cloned().unwrap_or_default();
+    let total: u64 = seen.values().filter_map(|v| v.as_u64()).sum();
+    assert_eq!(total, 300, "300 connections answered: {result}");
+    for b in &backends {
+        let n = seen.get(b).and_then(|v| v.as_u64()).unwrap_or(0);
+        assert!(n >= 60, "backend {b} got {n} of 300 (< 20 %): {result}");
+    }
+    assert_eq!(
+        result["peer"],
+        serde_json::json!([vip, 80]),
+        "getpeername: {result}"
+    );
+    assert_eq!(result["udp_from"], serde_json::json!([vip, 53]), "{result}");
+    assert_eq!(result["udp_peer"], serde_json::json!([vip, 53]), "{result}");
+    assert_eq!(result["errors"], 0, "{result}");
+
+    // The load balancer's per-backend counters (summed over the nodes: only the client's
+    // node translated anything) match what the client saw.
+    let out = c.skiff(&["bpf", "services", "-o", "json"]);
+    let dumps: serde_json::Value = serde_json::from_str(&out).expect("JSON from skiff bpf");
+    let frontend = format!("{vip}:80/TCP");
+    let mut counted = std::collections::BTreeMap::<String, u64>::new();
+    for svc in dumps
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|d| d["services"].as_array().cloned().unwrap_or_default())
+    {
+        if svc["frontend"] != frontend.as_str() {
+            continue;
+        }
+        for b in svc["backends"].as_array().into_iter().flatten() {
+            let ip = b["address"]
+                .as_str()
+                .unwrap_or("")
+                .split(':')
+                .next()
+                .unwrap_or("");
+            *counted.entry(ip.to_string()).or_default() += b["connects"].as_u64().unwrap_or(0);
+        }
+    }
+    let sent: std::collections::BTreeMap<String, u64> = seen
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0)))
+        .collect();
+    assert_eq!(counted, sent, "skiff bpf services counters: {out}");
+    let table = c.skiff(&["bpf", "services"]);
+    assert!(
+        table.contains(&frontend) && table.contains("default/echo"),
+        "{table}"
+    );
+
+    // No backends: refused at once.
+    c.skiff(&["scale", "deploy/echo", "--replicas=0"]);
+    ready_backends(&c, 0).await;
+    let refused = client_result(
+        &c,
+        "c2",
+        &format!(
+            "import socket, json, time, errno\n\
+             t = time.time(); err = None\n\
+             try:\n    \
+                 socket.create_connection(('{vip}', 80), timeout=5)\n\
+             except OSError as e:\n    \
+                 err = errno.errorcode.get(e.errno, str(e))\n\
+             print('RESULT ' + json.dumps({{'err': err, 'ms': (time.time() - t) * 1000}}), flush=True)\n"
+        ),
+    )
+    .await;
+    assert_eq!(refused["err"], "ECONNREFUSED", "{refused}");
+    assert!(
+        refused["ms"].as_f64().unwrap_or(f64::MAX) < 500.0,
+        "refused at once: {refused}"
+    );
+
+    // Back up: works again, nothing restarted.
+    c.skiff(&["scale", "deploy/echo", "--replicas=3"]);
+    ready_backends(&c, 3).await;
+    let again = client_result(
+        &c,
+        "c3",
+        &format!(
+            "import socket, json\n\
+             s = socket.create_connection(('{vip}', 80), timeout=5)\n\
+             print('RESULT ' + json.dumps({{'from': s.recv(64).decode()}}), flush=True)\n"
+        ),
+    )
+    .await;
+    assert!(
+        again["from"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("10.244.")),
+        "{again}"
+    );
+
+    for node in &c.nodes {
+        assert_eq!(
+            node.firewall_rules(),
+            "",
+            "firewall rules in {}",
+            node.netns
+        );
+    }
+}
+
+/// kill -9 of the agent of a client's node while the client streams over a TCP connection to
+/// a clusterIP: the stream goes on (the programs and maps stay in the kernel), and once the
+/// agent is back, Service changes reach the maps again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn established_streams_survive_an_agent_kill_9() {
+    let mut c = Cluster::start(2).await;
+    c.server.skiff_stdin(&["apply", "-f", "-"], &echo_app(2));
+    ready_backends(&c, 2).await;
+    let vip = c
+        .client
+        .namespaced::<Service>("default")
+        .get("echo")
+        .await
+        .expect("service")
+        .spec
+        .map(|s| s.cluster_ip)
+        .unwrap_or_default();
+    assert!(!vip.is_empty());
+    let node = c.nodes[1].name.clone();
+    // 200 round trips over one connection, 50 ms apart (10 s), counting failures.
+    let script = format!(
+        "import socket, json, time\n\
+         s = socket.create_connection(('{vip}', 81), timeout=5)\n\
+         ok = 0; errors = []\n\
+         for i in range(200):\n    \
+             try:\n        \
+                 m = ('ping %d' % i).encode(); s.sendall(m)\n        \
+                 if s.recv(100) == m: ok += 1\n        \
+                 else: errors.append(i)\n    \
+             except Exception as e:\n        \
+                 errors.append(str(e)); break\n    \
+             if i % 20 == 0: print('progress', i, flush=True)\n    \
+             time.sleep(0.05)\n\
+         print('RESULT ' + json.dumps({{'ok': ok, 'errors': errors}}), flush=True)\n"
+    );
+    c.server.skiff_stdin(
+        &["apply", "-f", "-"],
+        &client_pod_on("streamer", Some(&node), &script),
+    );
+    eventually("the stream is flowing", T, || async {
+        let out = c.server.skiff(&["logs", "streamer"]);
+        let log = String::from_utf8_lossy(&out.stdout).into_owned();
+        log.contains("progress 20").then_some(()).ok_or(log)
+    })
+    .await;
+    c.node(&node).kill_agent();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    c.node(&node).start_agent();
+    let result = eventually("the stream finished", T, || async {
+        let out = c.server.skiff(&["logs", "streamer"]);
+        let log = String::from_utf8_lossy(&out.stdout).into_owned();
+        log.lines()
+            .find_map(|l| l.strip_prefix("RESULT "))
+            .and_then(|j| serde_json::from_str::<serde_json::Value>(j).ok())
+            .ok_or(log)
+    })
+    .await;
+    assert_eq!(result["ok"], 200, "every round trip answered: {result}");
+    assert_eq!(result["errors"], serde_json::json!([]), "{result}");
+
+    // The restarted agent still programs changes: no backends → refused on that node.
+    c.skiff(&["scale", "deploy/echo", "--replicas=0"]);
+    ready_backends(&c, 0).await;
+    let refused = eventually("connects refused on the restarted node", T, || async {
+        let name = format!("probe-{}", skiff_tests::unique());
+        let r = client_result_on(
+            &c,
+            &name,
+            Some(&node),
+            &format!(
+                "import socket, json, errno\n\
+                 err = None\n\
+                 try:\n    \
+                     socket.create_connection(('{vip}', 80), timeout=5)\n\
+                 except OSError as e:\n    \
+                     err = errno.errorcode.get(e.errno, str(e))\n\
+                 print('RESULT ' + json.dumps({{'err': err}}), flush=True)\n"
+            ),
+        )
+        .await;
+        (r["err"] == "ECONNREFUSED")
+            .then_some(r.clone())
+            .ok_or(r.to_string())
+    })
+    .await;
+    assert_eq!(refused["err"], "ECONNREFUSED");
 }
