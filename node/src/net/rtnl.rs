@@ -156,27 +156,29 @@ impl Rtnl {
             .scope(RouteScope::Link)
             .protocol(RouteProtocol::Static)
             .build();
+        self.replace_route(msg, format!("replace route {dst}/32 dev {name}"))
+            .await
+    }
+
+    /// `ip route replace` of one built route message; `what` names it in errors.
+    async fn replace_route(
+        &self,
+        msg: rtnetlink::packet_route::route::RouteMessage,
+        what: String,
+    ) -> Result<(), NetError> {
+        let fail = self.fail(what);
         self.handle
             .route()
             .add(msg)
             .replace()
             .execute()
             .await
-            .map_err(self.fail(format_args!("replace route {dst}/32 dev {name}")))
+            .map_err(fail)
     }
 
     /// Deletes the main-table route `<dst>/32` (any device). `Ok(false)` if there was none.
     pub(crate) async fn delete_host_route(&self, dst: Ipv4Addr) -> Result<bool, NetError> {
-        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
-            .destination_prefix(dst, 32)
-            .scope(RouteScope::NoWhere)
-            .protocol(RouteProtocol::Static)
-            .build();
-        match self.handle.route().del(msg).execute().await {
-            Ok(()) => Ok(true),
-            Err(e) if errno(&e) == Some(ESRCH) => Ok(false),
-            Err(e) => Err(self.fail(format_args!("delete route {dst}/32"))(e)),
-        }
+        self.delete_route(dst, 32).await
     }
 
     /// `ip route replace <dst>/<len> via <gw> proto static` (another node's pod CIDR through
@@ -192,13 +194,8 @@ impl Rtnl {
             .gateway(gw)
             .protocol(RouteProtocol::Static)
             .build();
-        self.handle
-            .route()
-            .add(msg)
-            .replace()
-            .execute()
+        self.replace_route(msg, format!("replace route {dst}/{len} via {gw}"))
             .await
-            .map_err(self.fail(format_args!("replace route {dst}/{len} via {gw}")))
     }
 
     /// Deletes the main-table route `<dst>/<len>`. `Ok(false)` if there was none.
@@ -229,13 +226,8 @@ impl Rtnl {
             .onlink()
             .protocol(RouteProtocol::Static)
             .build();
-        self.handle
-            .route()
-            .add(msg)
-            .replace()
-            .execute()
+        self.replace_route(msg, format!("replace default route via {gw} dev {name}"))
             .await
-            .map_err(self.fail(format_args!("replace default route via {gw} dev {name}")))
     }
 
     /// `ip neigh replace <ip> lladdr <mac> dev <index> nud permanent`
