@@ -8,6 +8,8 @@
 //! - `GET /stats/summary`: a [`StatsSummary`] as JSON.
 //! - `GET /bpf/services`, `GET /bpf/backends`: the node's Service load balancer maps
 //!   ([`BpfServices`], [`BpfBackends`]), with per-backend connection counters.
+//! - `GET /metrics`: the same numbers for Prometheus (text exposition format 0.0.4;
+//!   scraped, not read by this client).
 //!
 //! The agent publishes the port in its Node's `status.daemonEndpoints.kubeletEndpoint.Port`
 //! (as the kubelet does). Cluster state still comes only from the API server: a pod's agent

@@ -11,6 +11,21 @@
 //! - `GET /bpf/services`, `GET /bpf/backends`: JSON of the Service load balancer's maps
 //!   (frontends, backends, per-backend counters, map pressure, programming latency); the
 //!   shapes are documented in [`super::proxy`]. 503 when it is not running on this node.
+//! - `GET /metrics`: the same numbers for Prometheus, in its text exposition format 0.0.4
+//!   (`Content-Type: text/plain; version=0.0.4`), read at scrape time (encoder in
+//!   [`super::metrics`]):
+//!   - `skiff_agent_info{node,version}` 1; `skiff_pods_running` (pods with a sandbox);
+//!   - `skiff_pod_network_{receive,transmit}_{bytes,packets}_total{namespace,pod}`: the
+//!     `/stats/summary` traffic (absent when the eBPF accounting is not loaded);
+//!   - `skiff_lb_up`: 1 when the Service load balancer runs, else 0 and no other `skiff_lb_`
+//!     metric; `skiff_lb_frontends`; `skiff_lb_map_entries{map}`,
+//!     `skiff_lb_map_max_entries{map}` (map pressure); `skiff_lb_map_writes_total`;
+//!     `skiff_lb_programming_latency_seconds` (histogram);
+//!     `skiff_lb_backend_connects_total` and `skiff_lb_backend_sends_total`
+//!     `{service,port_name,frontend,backend}` (`service`/`port_name` empty for a frontend no
+//!     Service owns), all as in `/bpf/services`.
+//!
+//!   A failure to read the LB maps fails the scrape (500), as it fails `/bpf/services`.
 //!
 //! It reads only local state: the runtime's log files, the pods' cgroups, the pinned
 //! counters and LB maps, and the [`PodRegistry`] the pod workers keep up to date. Cluster state stays in
@@ -19,7 +34,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
 use axum::Router;
@@ -35,6 +50,8 @@ use tracing::{debug, info, warn};
 
 use super::Ctx;
 use super::logs::LogReader;
+use super::metrics;
+use crate::bpf::Accounting;
 use crate::runtime::Sandbox;
 
 /// How often a followed log file is checked for new lines.
@@ -132,16 +149,23 @@ struct ApiState {
 
 fn router(state: ApiState) -> Router {
     let bpf = bpf_router(state.node.clone(), state.ctx.proxy.clone());
+    let metrics = metrics_router(MetricsSources {
+        node: state.node.clone(),
+        pods: state.ctx.pods.clone(),
+        accounting: state.ctx.accounting.clone(),
+        proxy: state.ctx.proxy.clone(),
+    });
     Router::new()
         .route("/logs/{namespace}/{pod}/{container}", get(logs))
         .route("/stats/summary", get(stats_summary))
         .with_state(state)
         .merge(bpf)
+        .merge(metrics)
         .fallback(|| async {
             error(
                 StatusCode::NOT_FOUND,
                 "no such endpoint; the agent serves GET /logs/{namespace}/{pod}/{container}, \
-                 GET /stats/summary, GET /bpf/services and GET /bpf/backends"
+                 GET /stats/summary, GET /bpf/services, GET /bpf/backends and GET /metrics"
                     .into(),
             )
         })
@@ -163,6 +187,53 @@ pub(crate) fn bpf_router(
         .route("/bpf/services", get(bpf_services))
         .route("/bpf/backends", get(bpf_backends))
         .with_state(BpfState { node, proxy })
+}
+
+/// What `GET /metrics` reads: the sources of `/stats/summary` and `/bpf/services`.
+#[derive(Clone)]
+pub(crate) struct MetricsSources {
+    pub node: Arc<str>,
+    pub pods: PodRegistry,
+    pub accounting: Option<Arc<Mutex<Accounting>>>,
+    pub proxy: Result<Arc<super::proxy::Proxy>, String>,
+}
+
+/// `GET /metrics` (the metrics are listed in the module documentation).
+pub(crate) fn metrics_router(sources: MetricsSources) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_handler))
+        .with_state(sources)
+}
+
+async fn metrics_handler(State(src): State<MetricsSources>) -> Response {
+    // Reads maps: a blocking thread.
+    let scrape = tokio::task::spawn_blocking(move || {
+        let pods = src.pods.snapshot();
+        let pods_running = pods.iter().filter(|p| p.sandbox.is_some()).count();
+        let lb = match &src.proxy {
+            Ok(proxy) => Some(proxy.services_report(&src.node)?),
+            Err(_) => None,
+        };
+        let summary = summarize(&src.node, pods, src.accounting.as_deref());
+        Ok::<_, crate::bpf::BpfError>(metrics::Scrape {
+            summary,
+            pods_running,
+            lb,
+        })
+    })
+    .await;
+    match scrape {
+        Ok(Ok(s)) => (
+            [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
+            metrics::render(&s),
+        )
+            .into_response(),
+        Ok(Err(e)) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("reading the Service load balancer's maps: {e}"),
+        ),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
 }
 
 /// Serves the API on `listener` until the task is aborted.
@@ -325,7 +396,11 @@ fn stream_logs(
 }
 
 async fn stats_summary(State(st): State<ApiState>) -> Response {
-    let summary = summarize(&st.node, &st.ctx);
+    let summary = summarize(
+        &st.node,
+        st.ctx.pods.snapshot(),
+        st.ctx.accounting.as_deref(),
+    );
     json(&summary)
 }
 
@@ -397,12 +472,15 @@ fn pod_cgroup_ids(info: &PodInfo) -> BTreeSet<u64> {
     ids
 }
 
-fn summarize(node: &str, ctx: &Ctx) -> StatsSummary {
+/// `/stats/summary` of `pods` (also what `/metrics` reports of them).
+fn summarize(
+    node: &str,
+    pods: Vec<PodInfo>,
+    accounting: Option<&Mutex<Accounting>>,
+) -> StatsSummary {
     let timestamp = chrono::DateTime::<chrono::Utc>::from(SystemTime::now())
         .to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
-    let pods = ctx
-        .pods
-        .snapshot()
+    let pods = pods
         .into_iter()
         .map(|info| {
             let cpu_usage_usec = info
@@ -410,7 +488,7 @@ fn summarize(node: &str, ctx: &Ctx) -> StatsSummary {
                 .as_ref()
                 .and_then(|sb| cpu_usage_usec(&sb.cgroup_dir))
                 .unwrap_or(0);
-            let network = ctx.accounting.as_ref().map(|acc| {
+            let network = accounting.map(|acc| {
                 let acc = acc.lock().unwrap_or_else(|e| e.into_inner());
                 let mut n = NetworkStats::default();
                 for id in pod_cgroup_ids(&info) {
@@ -439,6 +517,39 @@ fn summarize(node: &str, ctx: &Ctx) -> StatsSummary {
         node_name: node.to_string(),
         timestamp,
         pods,
+    }
+}
+
+/// Serving a router on loopback in tests.
+#[cfg(test)]
+pub(crate) mod test_http {
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    /// Serves `app` on a loopback port and GETs `path` (HTTP/1.1): status, head, body.
+    pub(crate) async fn get(app: axum::Router, path: &str) -> (u16, String, String) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        conn.write_all(req.as_bytes()).await.unwrap();
+        let mut raw = String::new();
+        tokio::time::timeout(Duration::from_secs(20), conn.read_to_string(&mut raw))
+            .await
+            .expect("response in time")
+            .unwrap();
+        server.abort();
+        let (head, body) = raw.split_once("\r\n\r\n").expect("HTTP response");
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .expect("status");
+        (status, head.to_string(), body.to_string())
     }
 }
 
@@ -502,5 +613,75 @@ mod tests {
         .unwrap();
         assert_eq!(cpu_usage_usec(dir.path()), Some(1234));
         assert_eq!(cpu_usage_usec(&dir.path().join("absent")), None);
+    }
+
+    #[tokio::test]
+    async fn metrics_over_http_without_lb_or_accounting() {
+        let pods = PodRegistry::default();
+        let sandbox = Sandbox {
+            uid: "u1".into(),
+            namespace: "default".into(),
+            name: "web-1".into(),
+            hostname: "web-1".into(),
+            cgroup_dir: "/nonexistent/skiff-test".into(),
+            cgroup_id: 1,
+            netns_path: PathBuf::new(),
+            uts_path: PathBuf::new(),
+            ipc_path: PathBuf::new(),
+            pid_namespace: false,
+            mount_namespace: false,
+            limits: Default::default(),
+            created_at: SystemTime::now(),
+        };
+        pods.publish(PodInfo {
+            uid: "u1".into(),
+            namespace: "default".into(),
+            name: "web-1".into(),
+            sandbox: Some(sandbox),
+            ..Default::default()
+        });
+        // Not started yet: no sandbox, not running.
+        pods.publish(PodInfo {
+            uid: "u2".into(),
+            namespace: "default".into(),
+            name: "web-2".into(),
+            ..Default::default()
+        });
+        let app = metrics_router(MetricsSources {
+            node: "node-x".into(),
+            pods,
+            accounting: None,
+            proxy: Err("disabled (--no-service-lb)".into()),
+        });
+        let (status, head, body) = test_http::get(app, "/metrics").await;
+        assert_eq!(status, 200, "{body}");
+        let content_type = head
+            .lines()
+            .find_map(|l| {
+                l.split_once(':')
+                    .filter(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+            })
+            .map(|(_, v)| v.trim().to_string())
+            .expect("a content type");
+        assert!(
+            content_type.starts_with("text/plain; version=0.0.4"),
+            "{content_type}"
+        );
+        let lines: Vec<&str> = body.lines().collect();
+        let version = env!("CARGO_PKG_VERSION");
+        let info = format!("skiff_agent_info{{node=\"node-x\",version=\"{version}\"}} 1");
+        for want in [
+            info.as_str(),
+            "# TYPE skiff_pods_running gauge",
+            "skiff_pods_running 1",
+            "# TYPE skiff_lb_up gauge",
+            "skiff_lb_up 0",
+        ] {
+            assert!(lines.contains(&want), "no {want:?} in\n{body}");
+        }
+        assert!(
+            !body.contains("skiff_lb_frontends") && !body.contains("skiff_pod_network"),
+            "LB and traffic metrics are absent when they do not run:\n{body}"
+        );
     }
 }

@@ -21,6 +21,7 @@
 
 pub mod api;
 mod logs;
+mod metrics;
 mod node;
 mod probe;
 pub mod proxy;
@@ -133,7 +134,7 @@ pub(crate) struct Ctx {
     pub client: Client,
     pub runtime: Arc<dyn Runtime>,
     pub net: Arc<NodeNetwork>,
-    pub accounting: Option<Mutex<Accounting>>,
+    pub accounting: Option<Arc<Mutex<Accounting>>>,
     /// The Service load balancer, or why it is not running.
     pub proxy: Result<Arc<proxy::Proxy>, String>,
     pub host_ip: Option<String>,
@@ -240,7 +241,7 @@ pub async fn run(
 
     let accounting = if cfg.accounting {
         match load_accounting(&cfg.node_name, &cgroup_parent) {
-            Ok(acc) => Some(Mutex::new(acc)),
+            Ok(acc) => Some(Arc::new(Mutex::new(acc))),
             Err(e) => {
                 warn!(error = %e, "eBPF traffic accounting unavailable");
                 None

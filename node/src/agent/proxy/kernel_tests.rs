@@ -126,31 +126,18 @@ fn names(which: &[&str]) -> BTreeSet<String> {
     which.iter().map(|s| s.to_string()).collect()
 }
 
-/// Serves the agent's `/bpf` routes on a loopback port and GETs `path` (HTTP/1.1).
+/// Serves the agent's `/bpf` routes and `/metrics` (no pods) on a loopback port and GETs
+/// `path` (HTTP/1.1).
 async fn http_get(proxy: Result<std::sync::Arc<Proxy>, String>, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let app = crate::agent::api::bpf_router("node-x".into(), proxy);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-    conn.write_all(req.as_bytes()).await.unwrap();
-    let mut raw = String::new();
-    tokio::time::timeout(WAIT, conn.read_to_string(&mut raw))
-        .await
-        .expect("response in time")
-        .unwrap();
-    server.abort();
-    let (head, body) = raw.split_once("\r\n\r\n").expect("HTTP response");
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status");
-    (status, body.to_string())
+    use crate::agent::api::{MetricsSources, bpf_router, metrics_router, test_http};
+    let app = bpf_router("node-x".into(), proxy.clone()).merge(metrics_router(MetricsSources {
+        node: "node-x".into(),
+        pods: Default::default(),
+        accounting: None,
+        proxy,
+    }));
+    let (status, _, body) = test_http::get(app, path).await;
+    (status, body)
 }
 
 struct Running {
@@ -288,6 +275,29 @@ async fn programs_services_and_endpoints_incrementally_and_across_restarts() {
     );
     let udp = tokio::task::block_in_place(|| fx.client(&["udp", &vip, &UDP_PORT.to_string()]));
     assert_eq!(udp["unconnected"]["from"], format!("{vip}:{UDP_PORT}"));
+
+    // /metrics shows the same per-backend counters as /bpf/backends.
+    let (_, body) = http_get(Ok(p.clone()), "/bpf/backends").await;
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let (status, metrics) = http_get(Ok(p.clone()), "/metrics").await;
+    assert_eq!(status, 200, "{metrics}");
+    assert!(metrics.lines().any(|l| l == "skiff_lb_up 1"), "{metrics}");
+    let mut compared = 0;
+    for b in v["backends"].as_array().unwrap() {
+        let line = format!(
+            "skiff_lb_backend_connects_total{{service=\"default/web\",port_name={},frontend={},backend={}}} {}",
+            b["portName"], b["frontend"], b["address"], b["connects"]
+        );
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no {line} in\n{metrics}"
+        );
+        compared += b["connects"].as_u64().unwrap();
+    }
+    assert!(compared >= 40, "the connects were counted: {v}");
+    let (status, metrics) = http_get(Err("disabled".into()), "/metrics").await;
+    assert_eq!(status, 200, "{metrics}");
+    assert!(metrics.lines().any(|l| l == "skiff_lb_up 0"), "{metrics}");
 
     // b1 goes, b3 becomes ready: only those entries change.
     let writes = p.writes();
