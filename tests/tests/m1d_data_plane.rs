@@ -555,7 +555,11 @@ async fn node_port_services_are_reachable_from_outside_on_every_node() {
             .await
             .map_err(|e| e.to_string())?;
         let mut by_ip = std::collections::BTreeMap::new();
-        for p in list.items.iter().filter(|p| p.name().starts_with("echo-")) {
+        for p in list
+            .items
+            .iter()
+            .filter(|p| skiff_api::Resource::name(*p).starts_with("echo-"))
+        {
             let ip = p
                 .status
                 .as_ref()
@@ -651,6 +655,36 @@ async fn node_port_services_are_reachable_from_outside_on_every_node() {
             hit_nodes.len(),
             2,
             "{node_ip} sent connections to local and remote backends: {result}, {placement:?}"
+        );
+        // Every NodePort flow is counted on its backend, under the node's frontend.
+        let out = c.skiff(&["bpf", "services", "-o", "json"]);
+        let dumps: serde_json::Value = serde_json::from_str(&out).expect("JSON from skiff bpf");
+        let frontend = format!("{node_ip}:{tcp_port}/TCP");
+        let mut counted = std::collections::BTreeMap::<String, u64>::new();
+        for svc in dumps
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|d| d["services"].as_array().cloned().unwrap_or_default())
+            .filter(|s| s["frontend"] == frontend.as_str())
+        {
+            assert_eq!(svc["service"], "default/echo-np", "{svc}");
+            for b in svc["backends"].as_array().into_iter().flatten() {
+                let address = b["address"].as_str().unwrap_or_default();
+                let ip = address.split(':').next().unwrap_or_default().to_string();
+                let n = b["connects"].as_u64().unwrap_or(0);
+                if n > 0 {
+                    *counted.entry(ip).or_default() += n;
+                }
+            }
+        }
+        let sent: std::collections::BTreeMap<String, u64> = seen
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0)))
+            .collect();
+        assert_eq!(
+            counted, sent,
+            "NodePort counters in skiff bpf services: {out}"
         );
         let udp = result["udp"].as_array().cloned().unwrap_or_default();
         assert!(udp.len() >= 8, "UDP answered through {node_ip}: {result}");
