@@ -219,6 +219,25 @@ impl NpFixture {
         .expect("node netns")
     }
 
+    /// How many programs run at the TCX ingress of each of the node's devices.
+    fn tcx_programs(&self) -> Vec<usize> {
+        let path = Path::new("/run/netns").join(&self.node_ns);
+        crate::net::run_in_netns_scoped(Some(&path), || {
+            ["n0", "h1", "h2"]
+                .iter()
+                .map(|d| {
+                    aya::programs::SchedClassifier::query_tcx(
+                        d,
+                        aya::programs::TcAttachType::Ingress,
+                    )
+                    .map(|(_, progs)| progs.len())
+                    .unwrap_or(0)
+                })
+                .collect()
+        })
+        .expect("node netns")
+    }
+
     fn client(&self, args: &[&str]) -> Vec<Value> {
         let mut child = Command::new("nsenter")
             .arg(format!("--net=/run/netns/{}", self.client_ns))
@@ -431,14 +450,26 @@ fn a_new_agent_takes_over_the_pinned_tc_links() {
     let node = NODE_IP.to_string();
     let out = fx.client(&["tcp", &node, &TCP_NODE_PORT.to_string(), "3"]);
     assert!(out.iter().all(|v| split(v).0 == "b2"), "{out:?}");
+    assert_eq!(fx.tcx_programs(), [1, 1, 1]);
     let mut lb = fx.load();
     assert_eq!(fx.attach(&mut lb), vec![TcAttach::Adopted; 3]);
+    assert_eq!(
+        fx.tcx_programs(),
+        [1, 1, 1],
+        "taken over, not attached twice"
+    );
     let started = Instant::now();
     let out = fx.client(&["tcp", &node, &TCP_NODE_PORT.to_string(), "3"]);
     assert!(out.iter().all(|v| split(v).0 == "b2"), "{out:?}");
     assert!(started.elapsed() < Duration::from_secs(20));
-    // Without the links nothing answers on the nodePort any more.
+    // Detaching unpins every link (the kernel detaches them once the pins are released).
+    drop(lb);
     ServiceLb::detach_pinned(&fx.pin_dir).expect("detach");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fx.tcx_programs() != [0, 0, 0] && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(fx.tcx_programs(), [0, 0, 0], "detached");
     let links = std::fs::read_dir(&fx.pin_dir)
         .expect("pin dir")
         .filter_map(Result::ok)

@@ -1065,6 +1065,30 @@ mod tests {
     }
 
     #[test]
+    fn node_port_and_affinity_flags_round_trip_through_the_map_value() {
+        for params in [
+            ServiceParams {
+                affinity_timeout_s: None,
+                node_port: true,
+            },
+            ServiceParams {
+                affinity_timeout_s: Some(9),
+                node_port: true,
+            },
+            ServiceParams::default(),
+        ] {
+            let value = params.value(3, 2);
+            assert_eq!(
+                value.flags & LB_FLAG_NODEPORT != 0,
+                params.node_port,
+                "{value:?}"
+            );
+            // What a restarted agent reads back from the pinned map is what was written.
+            assert_eq!(ServiceParams::of(&value), params);
+        }
+    }
+
+    #[test]
     fn removing_a_service_deletes_the_frontend_first_and_frees_everything() {
         let mut s = LbState::new(16, 16);
         let (a, b) = (fe(1, 80), fe(2, 80));
