@@ -44,7 +44,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::bpf::Accounting;
-use crate::bpf::lb::{LbConfig, ServiceLb};
+use crate::bpf::lb::{LbConfig, ServiceLb, TcAttach};
 use crate::net::{NodeNetwork, NodeNetworkConfig};
 use crate::runtime::{NativeConfig, NativeRuntime, Runtime};
 
@@ -149,8 +149,8 @@ impl Ctx {
     /// Attaches the NodePort tc program to device `ifname` of the node namespace (a pod's
     /// host veth, so that replies of a local backend to a NodePort client are translated
     /// back). Failures are logged: the pod still runs, only NodePort replies through it fail.
-    pub async fn attach_nodeport(&self, ifname: &str) {
-        let Ok(p) = &self.proxy else { return };
+    pub async fn attach_nodeport(&self, ifname: &str) -> Option<TcAttach> {
+        let Ok(p) = &self.proxy else { return None };
         let (p, netns, name) = (
             p.clone(),
             self.net.netns_path().map(std::path::Path::to_path_buf),
@@ -159,10 +159,14 @@ impl Ctx {
         let attached =
             tokio::task::spawn_blocking(move || p.attach_tc(netns.as_deref(), &name)).await;
         match attached {
-            Ok(Ok(how)) => debug!(device = %ifname, ?how, "NodePort program attached"),
+            Ok(Ok(how)) => {
+                debug!(device = %ifname, ?how, "NodePort program attached");
+                return Some(how);
+            }
             Ok(Err(e)) => warn!(device = %ifname, error = %e, "attaching the NodePort program"),
             Err(e) => warn!(device = %ifname, error = %e, "attaching the NodePort program"),
         }
+        None
     }
 
     /// Drops the traffic counters of cgroups that no longer exist.
@@ -297,8 +301,9 @@ pub async fn run(
     // NodePort from outside: the tc program on the uplink (pod veths get it as they attach).
     match &uplink {
         Some((name, ip)) => {
-            ctx.attach_nodeport(name).await;
-            info!(uplink = %name, %ip, "NodePort served on the uplink");
+            if let Some(how) = ctx.attach_nodeport(name).await {
+                info!(uplink = %name, %ip, ?how, "NodePort served on the uplink");
+            }
         }
         None => warn!("no uplink with a global IPv4 address: NodePort Services are not served"),
     }
