@@ -92,7 +92,8 @@ pub async fn purge(cfg: &PurgeConfig) -> Result<(), PurgeError> {
     }
     let pins = crate::bpf::node_pin_dir(&cfg.node_name);
     if pins.exists() {
-        // The Service LB's link pins go first: that detaches its programs.
+        // The Service LB's link pins (cgroup hooks and NodePort tc links) go first: that
+        // detaches its programs.
         if let Err(e) = crate::bpf::lb::ServiceLb::remove_pins(&pins) {
             warn!(error = %e, "removing the Service load balancer's pinned links and maps");
         }

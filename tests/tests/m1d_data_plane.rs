@@ -515,3 +515,226 @@ async fn established_streams_survive_an_agent_kill_9() {
     .await;
     assert_eq!(refused["err"], "ECONNREFUSED");
 }
+
+/// A NodePort Service in front of the `echo` Deployment (TCP 80 → 8080, UDP 53 → 8081).
+const ECHO_NODEPORT: &str = r#"apiVersion: v1
+kind: Service
+metadata:
+  name: echo-np
+spec:
+  type: NodePort
+  selector:
+    app: echo
+  ports:
+    - name: tcp
+      port: 80
+      targetPort: tcp
+      protocol: TCP
+    - name: udp
+      port: 53
+      targetPort: udp
+      protocol: UDP
+"#;
+
+/// NodePort from outside the cluster with no firewall rule: a client in a namespace on the
+/// nodes' segment connects 50 times to `<node IP>:<nodePort>` of each node; the tc program on
+/// the node's uplink balances over every backend of the cluster (so each node serves both
+/// its own and the other node's pods), SNATs to the node address and translates the replies
+/// back (the client sees them from `<node IP>:<nodePort>`); UDP too. The per-backend
+/// counters in `skiff bpf services` match; NodePort keeps working while an agent is killed,
+/// and its successor takes the pinned uplink link over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_port_services_are_reachable_from_outside_on_every_node() {
+    let mut c = Cluster::start(2).await;
+    c.server.skiff_stdin(&["apply", "-f", "-"], &echo_app(4));
+    c.server.skiff_stdin(&["apply", "-f", "-"], ECHO_NODEPORT);
+    ready_backends(&c, 4).await;
+    let pods = c.client.namespaced::<Pod>("default");
+    // Backend pod IP → node, with backends on both nodes.
+    let placement = eventually("echo pods on both nodes", T, || async {
+        let list = pods
+            .list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut by_ip = std::collections::BTreeMap::new();
+        for p in list
+            .items
+            .iter()
+            .filter(|p| skiff_api::Resource::name(*p).starts_with("echo-"))
+        {
+            let ip = p
+                .status
+                .as_ref()
+                .map(|s| s.pod_ip.clone())
+                .unwrap_or_default();
+            let node = p
+                .spec
+                .as_ref()
+                .map(|s| s.node_name.clone())
+                .unwrap_or_default();
+            if !ip.is_empty() {
+                by_ip.insert(ip, node);
+            }
+        }
+        let nodes: std::collections::BTreeSet<&String> = by_ip.values().collect();
+        (by_ip.len() == 4 && nodes.len() == 2)
+            .then(|| by_ip.clone())
+            .ok_or(format!("{by_ip:?}"))
+    })
+    .await;
+    let svc = c.client.namespaced::<Service>("default");
+    let ports = eventually("node ports", T, || async {
+        let s = svc.get("echo-np").await.map_err(|e| e.to_string())?;
+        let ports = s.spec.map(|s| s.ports).unwrap_or_default();
+        let np = |name: &str| ports.iter().find(|p| p.name == name).map(|p| p.node_port);
+        match (np("tcp"), np("udp")) {
+            (Some(t), Some(u)) if t > 0 && u > 0 => Ok((t, u)),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let (outside, _) = c.fabric.outside();
+
+    for node in &c.nodes {
+        let node_ip = node.node_ip.clone().expect("node IP");
+        let result = node_port_round(&c, &outside, &node_ip, ports, &placement).await;
+        // Every NodePort flow is counted on its backend, under the node's frontend.
+        let out = c.skiff(&["bpf", "services", "-o", "json"]);
+        let dumps: serde_json::Value = serde_json::from_str(&out).expect("JSON from skiff bpf");
+        let frontend = format!("{node_ip}:{}/TCP", ports.0);
+        let mut counted = std::collections::BTreeMap::<String, u64>::new();
+        for svc in dumps
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|d| d["services"].as_array().cloned().unwrap_or_default())
+            .filter(|s| s["frontend"] == frontend.as_str())
+        {
+            assert_eq!(svc["service"], "default/echo-np", "{svc}");
+            for b in svc["backends"].as_array().into_iter().flatten() {
+                let address = b["address"].as_str().unwrap_or_default();
+                let ip = address.split(':').next().unwrap_or_default().to_string();
+                let n = b["connects"].as_u64().unwrap_or(0);
+                if n > 0 {
+                    *counted.entry(ip).or_default() += n;
+                }
+            }
+        }
+        let sent: std::collections::BTreeMap<String, u64> = result["seen"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0)))
+            .collect();
+        assert_eq!(
+            counted, sent,
+            "NodePort counters in skiff bpf services: {out}"
+        );
+    }
+
+    // NodePort keeps working while an agent is away (pinned links and maps), and a restarted
+    // agent takes the uplink's link over instead of attaching a second program.
+    let (n0, n0_ip) = (
+        c.nodes[0].name.clone(),
+        c.nodes[0].node_ip.clone().expect("node IP"),
+    );
+    c.node(&n0).kill_agent();
+    node_port_round(&c, &outside, &n0_ip, ports, &placement).await;
+    c.node(&n0).start_agent();
+    eventually("the restarted agent took the uplink over", T, || async {
+        let log = c.nodes[0].agent_log();
+        log.lines()
+            .any(|l| l.contains("NodePort served on the uplink") && l.contains("Adopted"))
+            .then_some(())
+            .ok_or(log)
+    })
+    .await;
+    node_port_round(&c, &outside, &n0_ip, ports, &placement).await;
+
+    for node in &c.nodes {
+        assert_eq!(
+            node.firewall_rules(),
+            "",
+            "firewall rules in {}",
+            node.netns
+        );
+    }
+}
+
+/// One round of the outside client (in netns `outside`) against `<node_ip>:<nodePort>`: 50
+/// TCP connects and 10 UDP datagrams, checked: all TCP connects answered, by backends on both
+/// nodes (`placement`: pod IP → node), replies from the node port. Returns the client's
+/// result (`seen`: answers per backend pod IP).
+async fn node_port_round(
+    c: &Cluster,
+    outside: &str,
+    node_ip: &str,
+    (tcp_port, udp_port): (i32, i32),
+    placement: &std::collections::BTreeMap<String, String>,
+) -> serde_json::Value {
+    let script = format!(
+        "import socket, json, collections, time\n\
+         ip, tport, uport = '{node_ip}', {tcp_port}, {udp_port}\n\
+         seen = collections.Counter(); peers = set(); errors = 0\n\
+         deadline = time.time() + 40\n\
+         while sum(seen.values()) < 50 and time.time() < deadline:\n    \
+             try:\n        \
+                 s = socket.create_connection((ip, tport), timeout=2)\n        \
+                 peers.add('%s:%d' % s.getpeername())\n        \
+                 seen[s.recv(64).decode()] += 1\n        \
+                 s.close()\n    \
+             except Exception:\n        \
+                 errors += 1; time.sleep(0.2)\n\
+         udp = []\n\
+         for _ in range(10):\n    \
+             u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(2)\n    \
+             try:\n        \
+                 u.sendto(b'x', (ip, uport)); d, a = u.recvfrom(100)\n        \
+                 udp.append('%s:%d' % a)\n    \
+             except Exception:\n        \
+                 pass\n    \
+             u.close()\n\
+         print(json.dumps({{'seen': seen, 'peers': sorted(peers), 'errors': errors, 'udp': udp}}), flush=True)\n"
+    );
+    let out = tokio::time::timeout(
+        Duration::from_secs(90),
+        tokio::process::Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{outside}"))
+            .args(["python3", "-c", &script])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the outside client finished in time")
+    .expect("run the outside client");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let result: serde_json::Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| {
+        panic!(
+            "{text:?}: {e}: {}; {}",
+            String::from_utf8_lossy(&out.stderr),
+            c.logs()
+        )
+    });
+    let seen = result["seen"].as_object().cloned().unwrap_or_default();
+    let total: u64 = seen.values().filter_map(|v| v.as_u64()).sum();
+    assert_eq!(total, 50, "50 connections through {node_ip}: {result}");
+    assert_eq!(
+        result["peers"],
+        serde_json::json!([format!("{node_ip}:{tcp_port}")]),
+        "replies come from the node port"
+    );
+    let hit_nodes: std::collections::BTreeSet<&String> =
+        seen.keys().filter_map(|ip| placement.get(ip)).collect();
+    assert_eq!(
+        hit_nodes.len(),
+        2,
+        "{node_ip} sent connections to local and remote backends: {result}, {placement:?}"
+    );
+    let udp = result["udp"].as_array().cloned().unwrap_or_default();
+    assert!(udp.len() >= 8, "UDP answered through {node_ip}: {result}");
+    assert!(
+        udp.iter().all(|a| *a == format!("{node_ip}:{udp_port}")),
+        "UDP replies from the node port: {result}"
+    );
+    result
+}

@@ -14,7 +14,9 @@
 //! - [`LB_REVNAT_MAP`] (LRU): [`LbRevNatKey`] (socket cookie, backend address) →
 //!   [`LbRevNat`] (the frontend the socket asked for), for `getpeername` and `recvmsg`;
 //! - [`LB_AFFINITY_MAP`] (LRU): [`LbAffinityKey`] (client netns cookie, service id) →
-//!   [`LbAffinity`] (backend id, last use) for `sessionAffinity: ClientIP`.
+//!   [`LbAffinity`] (backend id, last use) for `sessionAffinity: ClientIP`;
+//! - [`NP_CT_MAP`] (LRU): [`NpCtKey`] → [`NpCtEntry`], NodePort connection tracking (the
+//!   tc program's translations of packets from outside the node, both directions).
 //!
 //! Addresses are 16 bytes ([`LbAddr`]) with a family field so the same maps hold IPv6 later:
 //! an IPv4 address is its four octets in network order followed by twelve zero bytes. Ports are
@@ -37,6 +39,10 @@ pub const IPPROTO_SCTP: u8 = 132;
 
 /// [`LbService::flags`]: `sessionAffinity: ClientIP` (per client network namespace).
 pub const LB_FLAG_AFFINITY: u32 = 1;
+/// [`LbService::flags`]: a NodePort frontend (node address, nodePort, protocol). Only such
+/// frontends are translated by the tc NodePort program for packets arriving from outside;
+/// the socket programs translate them too (a pod connecting to `<node IP>:<nodePort>`).
+pub const LB_FLAG_NODEPORT: u32 = 2;
 
 /// The [`LbAddr`] of an IPv4 address given as the kernel stores it (`user_ip4`: network byte
 /// order in memory).
@@ -161,6 +167,53 @@ pub struct LbRevNat {
     pub service_id: u32,
 }
 
+/// NodePort connection tracking ([`NP_CT_MAP`], LRU): one entry per direction of a flow.
+///
+/// - [`NP_CT_FORWARD`]: (client, client port) → (node address, nodePort), as it arrives;
+/// - [`NP_CT_REPLY`]: (backend, backend port) → (node address, NAT port), as the reply arrives.
+///
+/// Addresses as the kernel stores them (network byte order in memory), ports in host order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct NpCtKey {
+    pub saddr: u32,
+    pub daddr: u32,
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    /// [`NP_CT_FORWARD`] or [`NP_CT_REPLY`].
+    pub dir: u8,
+    pub _pad: [u8; 2],
+}
+
+/// [`NpCtKey::dir`] of a client → node packet.
+pub const NP_CT_FORWARD: u8 = 0;
+/// [`NpCtKey::dir`] of a backend → node reply.
+pub const NP_CT_REPLY: u8 = 1;
+
+/// What a packet matching an [`NpCtKey`] is rewritten to: its whole 4-tuple. Forward:
+/// (node address, backend, NAT port, backend port); reply: (node address, client, nodePort,
+/// client port).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NpCtEntry {
+    pub saddr: u32,
+    pub daddr: u32,
+    pub sport: u16,
+    pub dport: u16,
+    /// The backend the flow was sent to (checked on every forward packet: a flow whose
+    /// backend was removed is balanced again).
+    pub backend_id: u32,
+    /// The NodePort service id.
+    pub service_id: u32,
+}
+
+/// NAT ports tried when the client's own port is taken towards the same backend: random
+/// ports in `NP_NAT_PORT_MIN..=NP_NAT_PORT_MAX`, above Linux's default ephemeral range
+/// (32768-60999), so the node's own connections do not collide with them.
+pub const NP_NAT_PORT_MIN: u16 = 61000;
+pub const NP_NAT_PORT_MAX: u16 = 65535;
+
 /// ClientIP affinity key: the client's network namespace (`bpf_get_netns_cookie`: every
 /// socket of a pod shares it, as they share the pod's IP) and the service.
 #[repr(C)]
@@ -185,6 +238,8 @@ pub const LB_DEFAULT_MAX_SERVICES: u32 = 65536;
 pub const LB_DEFAULT_MAX_BACKENDS: u32 = 65536;
 pub const LB_DEFAULT_MAX_REVNAT: u32 = 65536;
 pub const LB_DEFAULT_MAX_AFFINITY: u32 = 65536;
+/// NodePort conntrack entries (two per flow).
+pub const LB_DEFAULT_MAX_NP_CT: u32 = 131072;
 
 /// Map names in the `skiff-lb` object (kernel object names are at most 15 characters).
 pub const LB_SERVICES_MAP: &str = "LB_SERVICES";
@@ -193,15 +248,17 @@ pub const LB_BACKENDS_MAP: &str = "LB_BACKENDS";
 pub const LB_COUNTERS_MAP: &str = "LB_COUNTERS";
 pub const LB_REVNAT_MAP: &str = "LB_REVNAT";
 pub const LB_AFFINITY_MAP: &str = "LB_AFFINITY";
+pub const NP_CT_MAP: &str = "NP_CT";
 
 /// Every LB map, in the order the loader pins them.
-pub const LB_MAPS: [&str; 6] = [
+pub const LB_MAPS: [&str; 7] = [
     LB_SERVICES_MAP,
     LB_SLOTS_MAP,
     LB_BACKENDS_MAP,
     LB_COUNTERS_MAP,
     LB_REVNAT_MAP,
     LB_AFFINITY_MAP,
+    NP_CT_MAP,
 ];
 
 /// Program names in the `skiff-lb` object.
@@ -209,6 +266,8 @@ pub const LB_CONNECT4_PROG: &str = "skiff_lb_connect4";
 pub const LB_SENDMSG4_PROG: &str = "skiff_lb_sendmsg4";
 pub const LB_RECVMSG4_PROG: &str = "skiff_lb_recvmsg4";
 pub const LB_GETPEERNAME4_PROG: &str = "skiff_lb_getpeername4";
+/// The tc (TCX ingress) NodePort program, on the node's uplink and on every pod host veth.
+pub const NP_INGRESS_PROG: &str = "skiff_np_ingress";
 
 #[cfg(test)]
 mod tests {
@@ -227,6 +286,8 @@ mod tests {
         assert_eq!(size_of::<LbRevNat>(), 16 + 2 + 1 + 1 + 4);
         assert_eq!(size_of::<LbAffinityKey>(), 16);
         assert_eq!(size_of::<LbAffinity>(), 16);
+        assert_eq!(size_of::<NpCtKey>(), 4 + 4 + 2 + 2 + 1 + 1 + 2);
+        assert_eq!(size_of::<NpCtEntry>(), 4 + 4 + 2 + 2 + 4 + 4);
         assert!(align_of::<LbRevNatKey>() <= 8 && align_of::<LbAffinity>() <= 8);
     }
 

@@ -12,25 +12,33 @@
 //! - `recvmsg4`, `getpeername4`: a peer that is the backend recorded for this socket is shown
 //!   as the frontend instead.
 //!
-//! Programs only read maps the agent writes, except `LB_REVNAT`/`LB_AFFINITY` (LRU) and the
-//! per-CPU counters. Every loop is bounded.
+//! - `skiff_np_ingress` (tc, TCX ingress on the node's uplink and on every pod host veth):
+//!   NodePort from outside the node, see [`np_ingress`].
+//!
+//! Programs only read maps the agent writes, except `LB_REVNAT`/`LB_AFFINITY`/`NP_CT` (LRU)
+//! and the per-CPU counters. Every loop is bounded.
 #![no_std]
 #![no_main]
 
 use aya_ebpf::{
-    bindings::BPF_F_NO_PREALLOC,
+    bindings::{
+        BPF_F_MARK_MANGLED_0, BPF_F_NO_PREALLOC, BPF_F_PSEUDO_HDR, BPF_NOEXIST, TC_ACT_OK,
+        bpf_fib_lookup as FibParams,
+    },
     btf_maps::{HashMap, LruHashMap, PerCpuHashMap},
     helpers::{
-        bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_ktime_get_ns,
-        bpf_set_retval,
+        bpf_fib_lookup, bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie,
+        bpf_ktime_get_ns, bpf_redirect_neigh, bpf_set_retval,
     },
-    macros::{btf_map, cgroup_sock_addr},
-    programs::SockAddrContext,
+    macros::{btf_map, cgroup_sock_addr, classifier},
+    programs::{SockAddrContext, TcContext},
 };
 use skiff_common::lb::{
-    AF_INET, LB_DEFAULT_MAX_AFFINITY, LB_DEFAULT_MAX_BACKENDS, LB_DEFAULT_MAX_REVNAT,
-    LB_DEFAULT_MAX_SERVICES, LB_FLAG_AFFINITY, LbAffinity, LbAffinityKey, LbBackend, LbCounters,
-    LbRevNat, LbRevNatKey, LbService, LbServiceKey, LbSlotKey, v4_addr, v4_be,
+    AF_INET, IPPROTO_TCP, IPPROTO_UDP, LB_DEFAULT_MAX_AFFINITY, LB_DEFAULT_MAX_BACKENDS,
+    LB_DEFAULT_MAX_NP_CT, LB_DEFAULT_MAX_REVNAT, LB_DEFAULT_MAX_SERVICES, LB_FLAG_AFFINITY,
+    LB_FLAG_NODEPORT, LbAffinity, LbAffinityKey, LbBackend, LbCounters, LbRevNat, LbRevNatKey,
+    LbService, LbServiceKey, LbSlotKey, NP_CT_FORWARD, NP_CT_REPLY, NP_NAT_PORT_MAX,
+    NP_NAT_PORT_MIN, NpCtEntry, NpCtKey, v4_addr, v4_be,
 };
 
 /// cgroup_sock_addr verdict: go on (with whatever the program rewrote).
@@ -74,6 +82,11 @@ static LB_REVNAT: LruHashMap<LbRevNatKey, LbRevNat, { LB_DEFAULT_MAX_REVNAT as u
 
 #[btf_map]
 static LB_AFFINITY: LruHashMap<LbAffinityKey, LbAffinity, { LB_DEFAULT_MAX_AFFINITY as usize }> =
+    LruHashMap::new();
+
+/// NodePort connection tracking, both directions of every flow (see `skiff_common::lb`).
+#[btf_map]
+static NP_CT: LruHashMap<NpCtKey, NpCtEntry, { LB_DEFAULT_MAX_NP_CT as usize }> =
     LruHashMap::new();
 
 /// Which counter a translation adds to.
@@ -287,6 +300,288 @@ fn reverse(ctx: &SockAddrContext) {
             (*sa).user_port = u32::from(v.port.to_be());
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// NodePort (tc)
+// ---------------------------------------------------------------------------------------------
+
+const ETH_HLEN: usize = 14;
+const ETH_P_IP: u16 = 0x0800;
+const IP_OFF: usize = ETH_HLEN;
+const IP_CSUM_OFF: usize = IP_OFF + 10;
+const IP_SADDR_OFF: usize = IP_OFF + 12;
+const IP_DADDR_OFF: usize = IP_OFF + 16;
+/// Only option-less IPv4 headers are translated (IHL 5): the L4 header is at a fixed offset.
+const L4_OFF: usize = IP_OFF + 20;
+const TCP_CSUM_OFF: usize = L4_OFF + 16;
+const UDP_CSUM_OFF: usize = L4_OFF + 6;
+/// How many NAT ports to try (the client's own, then random ones) before giving up a flow.
+const NAT_PORT_ATTEMPTS: u32 = 8;
+const TC_ACT_SHOT: i32 = 2;
+const BPF_FIB_LKUP_RET_SUCCESS: i64 = 0;
+const BPF_FIB_LKUP_RET_NO_NEIGH: i64 = 7;
+
+/// A parsed IPv4 TCP/UDP packet: its 4-tuple (addresses as stored, ports in host order).
+#[derive(Clone, Copy)]
+struct Tuple {
+    saddr: u32,
+    daddr: u32,
+    sport: u16,
+    dport: u16,
+    proto: u8,
+}
+
+/// NodePort for clients outside the node (externalTrafficPolicy: Cluster), on the ingress of
+/// the node's uplink and of every pod host veth:
+///
+/// 1. A packet of a known flow (`NP_CT` forward entry) whose backend still exists, or a new
+///    packet to a frontend with `LB_FLAG_NODEPORT` (node address, nodePort, protocol), is
+///    rewritten to (node address → backend, NAT port → backend port): DNAT to a backend
+///    picked like the socket programs do, SNAT to the node address. The NAT port is the
+///    client's port when no other flow uses it towards that backend, else a random port in
+///    `NP_NAT_PORT_MIN..=NP_NAT_PORT_MAX` (claimed atomically with `BPF_NOEXIST` on the reply
+///    entry; up to `NAT_PORT_ATTEMPTS` tries, then the packet is dropped).
+/// 2. A packet matching a reply entry (backend → node address:NAT port) is rewritten to
+///    (node address:nodePort → client). Checked before step 1's frontend lookup.
+///
+/// Translated packets are routed with `bpf_fib_lookup` and sent with `bpf_redirect_neigh`
+/// (the kernel fills in the L2 header), bypassing the node's stack: it never sees a packet
+/// to a nodePort nobody listens on (no RST), nor one whose source is its own address (no
+/// martian drop). Everything else goes on untouched (`TC_ACT_OK`).
+#[classifier]
+pub fn skiff_np_ingress(ctx: TcContext) -> i32 {
+    np_ingress(&ctx)
+}
+
+#[inline(always)]
+fn np_ingress(ctx: &TcContext) -> i32 {
+    let Some(t) = parse(ctx) else {
+        return TC_ACT_OK as i32;
+    };
+    let fwd_key = NpCtKey {
+        saddr: t.saddr,
+        daddr: t.daddr,
+        sport: t.sport,
+        dport: t.dport,
+        proto: t.proto,
+        dir: NP_CT_FORWARD,
+        _pad: [0; 2],
+    };
+    // SAFETY: LRU value, copied out.
+    if let Some(e) = unsafe { NP_CT.get(&fwd_key) }.copied()
+        && backend_still(&e)
+    {
+        return translate(ctx, &t, &e);
+    }
+    // Replies before new flows: a reply's destination port (the NAT port) may also be a
+    // nodePort.
+    let reply_key = NpCtKey {
+        dir: NP_CT_REPLY,
+        ..fwd_key
+    };
+    // SAFETY: LRU value, copied out.
+    if let Some(e) = unsafe { NP_CT.get(&reply_key) }.copied() {
+        return translate(ctx, &t, &e);
+    }
+    let svc_key = LbServiceKey::v4(t.daddr, t.dport, t.proto);
+    // SAFETY: agent-written map, whole values replaced, copied out.
+    if let Some(svc) = unsafe { LB_SERVICES.get(&svc_key) }.copied()
+        && svc.flags & LB_FLAG_NODEPORT != 0
+    {
+        return new_flow(ctx, &t, &svc_key, &fwd_key);
+    }
+    TC_ACT_OK as i32
+}
+
+/// The IPv4 TCP/UDP 4-tuple of an unfragmented, option-less packet.
+#[inline(always)]
+fn parse(ctx: &TcContext) -> Option<Tuple> {
+    let ethertype = u16::from_be(ctx.load::<u16>(12).ok()?);
+    if ethertype != ETH_P_IP {
+        return None;
+    }
+    let vihl: u8 = ctx.load(IP_OFF).ok()?;
+    if vihl != 0x45 {
+        return None;
+    }
+    // More-fragments flag or a fragment offset: only whole datagrams are translated.
+    let frag = u16::from_be(ctx.load::<u16>(IP_OFF + 6).ok()?);
+    if frag & 0x3fff != 0 {
+        return None;
+    }
+    let proto: u8 = ctx.load(IP_OFF + 9).ok()?;
+    if proto != IPPROTO_TCP && proto != IPPROTO_UDP {
+        return None;
+    }
+    Some(Tuple {
+        saddr: ctx.load(IP_SADDR_OFF).ok()?,
+        daddr: ctx.load(IP_DADDR_OFF).ok()?,
+        sport: u16::from_be(ctx.load::<u16>(L4_OFF).ok()?),
+        dport: u16::from_be(ctx.load::<u16>(L4_OFF + 2).ok()?),
+        proto,
+    })
+}
+
+/// Whether the backend of a forward entry is still the same backend (not removed, its id
+/// not reused for another address).
+#[inline(always)]
+fn backend_still(e: &NpCtEntry) -> bool {
+    match backend_of(e.backend_id, e.service_id) {
+        Some(b) => v4_be(&b.addr) == e.daddr && b.port == e.dport,
+        None => false,
+    }
+}
+
+/// A first packet towards a NodePort frontend: pick a backend, claim a NAT port, record both
+/// directions, translate.
+#[inline(always)]
+fn new_flow(ctx: &TcContext, t: &Tuple, svc_key: &LbServiceKey, fwd_key: &NpCtKey) -> i32 {
+    let Some(picked) = random_backend(svc_key) else {
+        // No backend: drop (a TCP client sees its connect time out, like with kube-proxy's
+        // REJECT-less NodePort rules for services without endpoints).
+        return TC_ACT_SHOT;
+    };
+    let b = picked.backend;
+    let backend_ip = v4_be(&b.addr);
+    let back = NpCtEntry {
+        saddr: t.daddr,
+        daddr: t.saddr,
+        sport: t.dport,
+        dport: t.sport,
+        backend_id: picked.id,
+        service_id: b.service_id,
+    };
+    let mut reply_key = NpCtKey {
+        saddr: backend_ip,
+        daddr: t.daddr,
+        sport: b.port,
+        dport: t.sport,
+        proto: t.proto,
+        dir: NP_CT_REPLY,
+        _pad: [0; 2],
+    };
+    let mut claimed = false;
+    for attempt in 0..NAT_PORT_ATTEMPTS {
+        if attempt > 0 {
+            // SAFETY: bpf_get_prandom_u32 has no preconditions.
+            let r = unsafe { bpf_get_prandom_u32() };
+            let span = u32::from(NP_NAT_PORT_MAX - NP_NAT_PORT_MIN) + 1;
+            reply_key.dport = NP_NAT_PORT_MIN + (r % span) as u16;
+        }
+        if NP_CT
+            .insert(&reply_key, back, u64::from(BPF_NOEXIST))
+            .is_ok()
+        {
+            claimed = true;
+            break;
+        }
+        // Taken: by this very flow (a retransmitted first packet after its forward entry
+        // was evicted, or a backend change) it is ours again.
+        // SAFETY: LRU value, copied out.
+        if let Some(old) = unsafe { NP_CT.get(&reply_key) }.copied()
+            && old.daddr == t.saddr
+            && old.dport == t.sport
+            && old.sport == t.dport
+        {
+            let _ = NP_CT.insert(&reply_key, back, 0);
+            claimed = true;
+            break;
+        }
+    }
+    if !claimed {
+        return TC_ACT_SHOT;
+    }
+    let fwd = NpCtEntry {
+        saddr: t.daddr,
+        daddr: backend_ip,
+        sport: reply_key.dport,
+        dport: b.port,
+        backend_id: picked.id,
+        service_id: b.service_id,
+    };
+    if NP_CT.insert(fwd_key, fwd, 0).is_err() {
+        let _ = NP_CT.remove(&reply_key);
+        return TC_ACT_SHOT;
+    }
+    if let Some(c) = LB_COUNTERS.get_ptr_mut(picked.id) {
+        // SAFETY: a per-CPU map value: this CPU's copy, written by nobody else meanwhile.
+        unsafe { (*c).connects = (*c).connects.wrapping_add(1) };
+    }
+    translate(ctx, t, &fwd)
+}
+
+/// Rewrites the packet's 4-tuple `t` to `e`'s (fixing the IP and L4 checksums) and sends it
+/// where the FIB routes the new destination.
+#[inline(always)]
+fn translate(ctx: &TcContext, t: &Tuple, e: &NpCtEntry) -> i32 {
+    if rewrite(ctx, t, e).is_err() {
+        return TC_ACT_SHOT;
+    }
+    forward_to_fib(ctx, t.proto, e)
+}
+
+#[inline(always)]
+fn rewrite(ctx: &TcContext, t: &Tuple, e: &NpCtEntry) -> Result<(), i64> {
+    let (csum_off, mangled) = if t.proto == IPPROTO_TCP {
+        (TCP_CSUM_OFF, 0)
+    } else {
+        (UDP_CSUM_OFF, u64::from(BPF_F_MARK_MANGLED_0))
+    };
+    let pseudo = u64::from(BPF_F_PSEUDO_HDR) | mangled;
+    if t.saddr != e.saddr {
+        ctx.l4_csum_replace(csum_off, u64::from(t.saddr), u64::from(e.saddr), pseudo | 4)?;
+        ctx.l3_csum_replace(IP_CSUM_OFF, u64::from(t.saddr), u64::from(e.saddr), 4)?;
+        ctx.store(IP_SADDR_OFF, &e.saddr, 0)?;
+    }
+    if t.daddr != e.daddr {
+        ctx.l4_csum_replace(csum_off, u64::from(t.daddr), u64::from(e.daddr), pseudo | 4)?;
+        ctx.l3_csum_replace(IP_CSUM_OFF, u64::from(t.daddr), u64::from(e.daddr), 4)?;
+        ctx.store(IP_DADDR_OFF, &e.daddr, 0)?;
+    }
+    if t.sport != e.sport {
+        let (from, to) = (t.sport.to_be(), e.sport.to_be());
+        ctx.l4_csum_replace(csum_off, u64::from(from), u64::from(to), mangled | 2)?;
+        ctx.store(L4_OFF, &to, 0)?;
+    }
+    if t.dport != e.dport {
+        let (from, to) = (t.dport.to_be(), e.dport.to_be());
+        ctx.l4_csum_replace(csum_off, u64::from(from), u64::from(to), mangled | 2)?;
+        ctx.store(L4_OFF + 2, &to, 0)?;
+    }
+    Ok(())
+}
+
+/// Routes the rewritten packet: the egress interface from the FIB, the L2 header from the
+/// neighbour table (`bpf_redirect_neigh`). Without a route the packet is dropped.
+#[inline(always)]
+fn forward_to_fib(ctx: &TcContext, proto: u8, e: &NpCtEntry) -> i32 {
+    // SAFETY: all-zero is a valid bpf_fib_lookup (plain integers and unions of them).
+    let mut p: FibParams = unsafe { core::mem::zeroed() };
+    p.family = AF_INET;
+    p.l4_protocol = proto;
+    p.sport = e.sport.to_be();
+    p.dport = e.dport.to_be();
+    // SAFETY: `ctx.skb.skb` is this program's `__sk_buff`.
+    p.ifindex = unsafe { (*ctx.skb.skb).ingress_ifindex };
+    p.__bindgen_anon_1.tot_len = 0;
+    p.__bindgen_anon_3.ipv4_src = e.saddr;
+    p.__bindgen_anon_4.ipv4_dst = e.daddr;
+    // SAFETY: `p` is a bpf_fib_lookup on this stack of the size passed; the context is this
+    // program's skb.
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.skb.skb.cast(),
+            &mut p,
+            core::mem::size_of::<FibParams>() as i32,
+            0,
+        )
+    };
+    if rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH {
+        return TC_ACT_SHOT;
+    }
+    // SAFETY: no parameters: the kernel looks the next hop up itself for `p.ifindex`.
+    unsafe { bpf_redirect_neigh(p.ifindex, core::ptr::null_mut(), 0, 0) as i32 }
 }
 
 #[cfg(not(test))]

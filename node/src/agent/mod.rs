@@ -42,10 +42,10 @@ use skiff_client::reflector::{Event, reflector};
 use skiff_client::runtime::{CancelToken, EventRecorder, Informers};
 use skiff_client::{Client, ListParams};
 use tokio::sync::mpsc;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::bpf::Accounting;
-use crate::bpf::lb::{LbConfig, ServiceLb};
+use crate::bpf::lb::{LbConfig, ServiceLb, TcAttach};
 use crate::net::{NodeNetwork, NodeNetworkConfig};
 use crate::runtime::{NativeConfig, NativeRuntime, Runtime};
 
@@ -147,6 +147,29 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
+    /// Attaches the NodePort tc program to device `ifname` of the node namespace (a pod's
+    /// host veth, so that replies of a local backend to a NodePort client are translated
+    /// back). Failures are logged: the pod still runs, only NodePort replies through it fail.
+    pub async fn attach_nodeport(&self, ifname: &str) -> Option<TcAttach> {
+        let Ok(p) = &self.proxy else { return None };
+        let (p, netns, name) = (
+            p.clone(),
+            self.net.netns_path().map(std::path::Path::to_path_buf),
+            ifname.to_string(),
+        );
+        let attached =
+            tokio::task::spawn_blocking(move || p.attach_tc(netns.as_deref(), &name)).await;
+        match attached {
+            Ok(Ok(how)) => {
+                debug!(device = %ifname, ?how, "NodePort program attached");
+                return Some(how);
+            }
+            Ok(Err(e)) => warn!(device = %ifname, error = %e, "attaching the NodePort program"),
+            Err(e) => warn!(device = %ifname, error = %e, "attaching the NodePort program"),
+        }
+        None
+    }
+
     /// Drops the traffic counters of cgroups that no longer exist.
     pub fn forget_counters(&self, ids: &[u64]) {
         if let Some(acc) = &self.accounting {
@@ -217,12 +240,25 @@ pub async fn run(
         .await?,
     );
     let host_ip = net.node_ip().await.map(|ip| ip.to_string());
+    let uplink = match net.uplink().await {
+        Ok(u) => u,
+        Err(e) => {
+            warn!(error = %e, "finding the node's uplink");
+            None
+        }
+    };
     facts.internal_ip = host_ip.clone();
     // Loaded before the status goes out, so the Node says at once whether it balances
     // Services.
     let proxy = if cfg.service_lb {
         match load_service_lb(&cfg.node_name, &cgroup_parent, cfg.lb) {
-            Ok(lb) => Ok(proxy::Proxy::new(lb)),
+            Ok(lb) => Ok(proxy::Proxy::new(
+                lb,
+                uplink
+                    .iter()
+                    .map(|(_, ip)| std::net::IpAddr::V4(*ip))
+                    .collect(),
+            )),
             Err(e) => {
                 warn!(error = %e, "eBPF Service load balancing unavailable: ClusterIP Services do not work from this node's pods");
                 detach_stale_service_lb(&cfg.node_name);
@@ -263,6 +299,15 @@ pub async fn run(
         pods: api::PodRegistry::default(),
         recorder: EventRecorder::new(client.clone(), EVENT_COMPONENT, &cfg.node_name),
     });
+    // NodePort from outside: the tc program on the uplink (pod veths get it as they attach).
+    match &uplink {
+        Some((name, ip)) => {
+            if let Some(how) = ctx.attach_nodeport(name).await {
+                info!(uplink = %name, %ip, ?how, "NodePort served on the uplink");
+            }
+        }
+        None => warn!("no uplink with a global IPv4 address: NodePort Services are not served"),
+    }
     let api_server = api::serve(listener, &cfg.node_name, ctx.clone());
 
     // The cluster-wide controllers of the agent share one set of informers (the pod loop

@@ -73,7 +73,7 @@ use tracing::{debug, info, warn};
 use crate::bpf::BpfError;
 use crate::bpf::lb::{
     BackendAddr, BackendDump, Frontend, MapPressure, Protocol, ServiceDump, ServiceLb,
-    ServiceParams,
+    ServiceParams, TcAttach,
 };
 
 /// Kubernetes' default ClientIP affinity timeout (3 h).
@@ -90,8 +90,28 @@ pub struct DesiredPort {
     pub backends: Vec<BackendAddr>,
 }
 
-/// The frontends `svc` wants, with their ready backends from `eps` (pure; `None` = absent).
+/// The frontends `svc` wants, with their ready backends from `eps` (pure; `None` = absent),
+/// without NodePort frontends: [`desired_on`] for a node without addresses.
 pub fn desired(svc: Option<&Service>, eps: Option<&Endpoints>) -> Vec<DesiredPort> {
+    desired_on(svc, eps, &[])
+}
+
+/// Whether a Service of this `type` gets node ports (`LoadBalancer` includes `NodePort`).
+fn has_node_ports(service_type: &str) -> bool {
+    matches!(service_type, "NodePort" | "LoadBalancer")
+}
+
+/// The frontends `svc` wants on a node with addresses `node_ips`: one per ServicePort and
+/// cluster IP, plus, for a Service of type NodePort (or LoadBalancer), one per ServicePort
+/// with a `nodePort` and IPv4 node address, `<node IP>:<nodePort>` with
+/// [`ServiceParams::node_port`] set (the tc NodePort program serves only IPv4). NodePort
+/// frontends balance over every ready backend of the cluster (externalTrafficPolicy
+/// Cluster; `Local` is not implemented and treated the same).
+pub fn desired_on(
+    svc: Option<&Service>,
+    eps: Option<&Endpoints>,
+    node_ips: &[IpAddr],
+) -> Vec<DesiredPort> {
     let Some(spec) = svc.and_then(|s| s.spec.as_ref()) else {
         return Vec::new();
     };
@@ -119,7 +139,9 @@ pub fn desired(svc: Option<&Service>, eps: Option<&Endpoints>) -> Vec<DesiredPor
                 .filter(|t| *t > 0)
                 .unwrap_or(DEFAULT_AFFINITY_TIMEOUT_S)
         }),
+        node_port: false,
     };
+    let node_ports = has_node_ports(&spec.r#type);
     let mut out = Vec::new();
     for sp in &spec.ports {
         let protocol = if sp.protocol.is_empty() {
@@ -177,6 +199,29 @@ pub fn desired(svc: Option<&Service>, eps: Option<&Endpoints>) -> Vec<DesiredPor
                 backends: backends
                     .iter()
                     .filter(|b| b.ip.is_ipv4() == ip.is_ipv4())
+                    .copied()
+                    .collect(),
+            });
+        }
+        let node_port = u16::try_from(sp.node_port).unwrap_or(0);
+        if !node_ports || node_port == 0 {
+            continue;
+        }
+        for ip in node_ips.iter().filter(|ip| ip.is_ipv4()) {
+            out.push(DesiredPort {
+                frontend: Frontend {
+                    ip: *ip,
+                    port: node_port,
+                    protocol,
+                },
+                port_name: sp.name.clone(),
+                params: ServiceParams {
+                    node_port: true,
+                    ..params
+                },
+                backends: backends
+                    .iter()
+                    .filter(|b| b.ip.is_ipv4())
                     .copied()
                     .collect(),
             });
@@ -258,6 +303,8 @@ struct Owner {
 
 struct Inner {
     lb: ServiceLb,
+    /// The node's addresses: NodePort frontends are programmed for each.
+    node_ips: Vec<IpAddr>,
     owners: BTreeMap<Frontend, Owner>,
     writes: u64,
     latency: Histogram,
@@ -330,10 +377,12 @@ pub struct BackendEntry {
 }
 
 impl Proxy {
-    pub fn new(lb: ServiceLb) -> Arc<Self> {
+    /// A proxy programming `lb`, with NodePort frontends on `node_ips`.
+    pub fn new(lb: ServiceLb, node_ips: Vec<IpAddr>) -> Arc<Self> {
         Arc::new(Proxy {
             inner: Mutex::new(Inner {
                 lb,
+                node_ips,
                 owners: BTreeMap::new(),
                 writes: 0,
                 latency: Histogram::default(),
@@ -344,6 +393,26 @@ impl Proxy {
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Attaches the NodePort tc program to device `ifname` of the network namespace `netns`
+    /// (`None`: the agent's): the node's uplink, or a pod's host veth.
+    pub fn attach_tc(
+        &self,
+        netns: Option<&std::path::Path>,
+        ifname: &str,
+    ) -> Result<TcAttach, String> {
+        let mut inner = self.lock();
+        let lb = &mut inner.lb;
+        crate::net::run_in_netns_scoped(netns, || lb.attach_tc(ifname))
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("{ifname}: {e}"))
+    }
+
+    /// Detaches the NodePort tc program from device `ifname` (a pod's host veth going away).
+    pub fn detach_tc(&self, ifname: &str) -> Result<(), String> {
+        let inner = self.lock();
+        ServiceLb::detach_tc(inner.lb.pin_dir(), ifname).map_err(|e| format!("{ifname}: {e}"))
     }
 
     /// Map writes since this proxy was created.
@@ -404,10 +473,15 @@ impl Proxy {
     /// rest. Returns (owned, removed).
     fn adopt(&self, services: &Informer<Service>) -> Result<(usize, usize), BpfError> {
         let mut inner = self.lock();
-        let Inner { lb, owners, .. } = &mut *inner;
+        let Inner {
+            lb,
+            owners,
+            node_ips,
+            ..
+        } = &mut *inner;
         for svc in services.list() {
             let key = ObjectKey::of(&*svc);
-            for d in desired(Some(&svc), None) {
+            for d in desired_on(Some(&svc), None, node_ips) {
                 if lb.state().service(&d.frontend).is_some() && !owners.contains_key(&d.frontend) {
                     owners.insert(
                         d.frontend,
@@ -518,9 +592,11 @@ struct ServiceReconciler {
 
 impl ServiceReconciler {
     fn desired_of(&self, key: &ObjectKey) -> Vec<DesiredPort> {
-        desired(
+        let node_ips = self.proxy.lock().node_ips.clone();
+        desired_on(
             self.services.get(key).as_deref(),
             self.endpoints.get(key).as_deref(),
+            &node_ips,
         )
     }
 }
@@ -656,6 +732,42 @@ mod tests {
             ip: ip.parse().unwrap(),
             port,
         }
+    }
+
+    #[test]
+    fn node_port_services_get_a_frontend_per_node_address() {
+        let mut s = svc("10.96.0.20", &[("http", 80, "TCP"), ("dns", 53, "UDP")]);
+        let spec = s.spec.as_mut().unwrap();
+        spec.r#type = "NodePort".into();
+        spec.ports[0].node_port = 30080;
+        // No nodePort allocated yet for "dns": no NodePort frontend for it.
+        let e = eps(vec![subset(
+            &["10.244.0.5", "10.244.1.6"],
+            &[],
+            &[("http", 8080, "TCP"), ("dns", 5353, "UDP")],
+        )]);
+        let nodes: Vec<IpAddr> = vec!["192.168.100.2".parse().unwrap(), "fd00::2".parse().unwrap()];
+        let d = desired_on(Some(&s), Some(&e), &nodes);
+        let names: Vec<String> = d.iter().map(|d| d.frontend.to_string()).collect();
+        assert_eq!(
+            names,
+            [
+                "10.96.0.20:80/TCP",
+                "192.168.100.2:30080/TCP",
+                "10.96.0.20:53/UDP"
+            ]
+        );
+        assert!(d[1].params.node_port && !d[0].params.node_port);
+        assert_eq!(
+            d[1].backends,
+            [b("10.244.0.5", 8080), b("10.244.1.6", 8080)]
+        );
+        // ClusterIP Services, and nodes without addresses, get none.
+        s.spec.as_mut().unwrap().r#type = "ClusterIP".into();
+        assert_eq!(desired_on(Some(&s), Some(&e), &nodes).len(), 2);
+        s.spec.as_mut().unwrap().r#type = "LoadBalancer".into();
+        assert_eq!(desired_on(Some(&s), Some(&e), &nodes).len(), 3);
+        assert_eq!(desired(Some(&s), Some(&e)).len(), 2);
     }
 
     #[test]

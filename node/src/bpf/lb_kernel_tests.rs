@@ -443,6 +443,7 @@ impl LbFixture {
                 max_backends: 256,
                 max_revnat: 1024,
                 max_affinity: 1024,
+                max_np_ct: 1024,
             },
         )
         .expect("load the LB")
@@ -751,6 +752,7 @@ fn client_ip_affinity_sticks_to_one_backend() {
     let mut lb = fx.load_attached();
     let sticky = ServiceParams {
         affinity_timeout_s: Some(60),
+        ..Default::default()
     };
     lb.sync_service(tcp_frontend(), sticky, &tcp_backends(&[1, 2, 3]))
         .unwrap();
@@ -784,6 +786,7 @@ fn bpftool_shows_named_fields_of_the_lb_maps() {
         tcp_frontend(),
         ServiceParams {
             affinity_timeout_s: Some(7),
+            ..Default::default()
         },
         &tcp_backends(&[1]),
     )

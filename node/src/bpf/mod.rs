@@ -24,6 +24,8 @@ mod kernel_tests;
 pub mod lb;
 #[cfg(test)]
 pub(crate) mod lb_kernel_tests;
+#[cfg(test)]
+mod np_kernel_tests;
 mod sys;
 
 use std::{

@@ -22,6 +22,10 @@ pub const BPF_CGROUP_INET4_GETPEERNAME: u32 = 29;
 
 /// `BPF_LINK_TYPE_CGROUP`.
 const BPF_LINK_TYPE_CGROUP: u32 = 3;
+/// `BPF_LINK_TYPE_TCX`.
+const BPF_LINK_TYPE_TCX: u32 = 11;
+/// `enum bpf_attach_type` of TCX ingress.
+pub const BPF_TCX_INGRESS: u32 = 46;
 
 /// The `BPF_OBJ_*` member of `union bpf_attr` (up to `file_flags`).
 #[repr(C)]
@@ -128,6 +132,51 @@ pub fn cgroup_link_info(link: BorrowedFd<'_>) -> io::Result<CgroupLinkInfo> {
         link_id: info.id,
         prog_id: info.prog_id,
         cgroup_id: info.cgroup_id,
+        attach_type: info.attach_type,
+    })
+}
+
+/// The head of `struct bpf_link_info` up to the tcx member of its union.
+#[repr(C)]
+#[derive(Default)]
+struct TcxLinkInfoHead {
+    link_type: u32,
+    id: u32,
+    prog_id: u32,
+    _pad: u32,
+    ifindex: u32,
+    attach_type: u32,
+}
+
+/// What the kernel says about a TCX link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcxLinkInfo {
+    /// 0 once the device is gone (the kernel then detached the program).
+    pub ifindex: u32,
+    pub attach_type: u32,
+}
+
+/// The device and attach type of the TCX link `link`. Fails with `InvalidData` for a link
+/// of another type.
+pub fn tcx_link_info(link: BorrowedFd<'_>) -> io::Result<TcxLinkInfo> {
+    let mut info = TcxLinkInfoHead::default();
+    let mut attr = InfoByFdAttr {
+        bpf_fd: fd_u32(link)?,
+        info_len: std::mem::size_of::<TcxLinkInfoHead>() as u32,
+        info: std::ptr::from_mut(&mut info) as u64,
+    };
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    if info.link_type != BPF_LINK_TYPE_TCX {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "link {} is of type {}, not a tcx link",
+                info.id, info.link_type
+            ),
+        ));
+    }
+    Ok(TcxLinkInfo {
+        ifindex: info.ifindex,
         attach_type: info.attach_type,
     })
 }

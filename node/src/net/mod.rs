@@ -182,6 +182,24 @@ impl NodeNetwork {
         }
     }
 
+    /// The node's uplink: the interface holding [`NodeNetwork::node_ip`], as (name, address).
+    pub async fn uplink(&self) -> Result<Option<(String, Ipv4Addr)>, NetError> {
+        let Some((ip, index)) = self.node.first_global_ipv4_link().await? else {
+            return Ok(None);
+        };
+        Ok(self
+            .node
+            .link_by_index(index)
+            .await?
+            .and_then(|l| rtnl::name(&l).map(str::to_string))
+            .map(|name| (name, ip)))
+    }
+
+    /// The node network namespace file (`None`: the agent's own namespace).
+    pub fn netns_path(&self) -> Option<&Path> {
+        self.node_netns.path()
+    }
+
     /// Routes another node's pod CIDR through that node's address (`ip route replace <cidr>
     /// via <node_ip>` in the node namespace): pods on different nodes reach each other by
     /// their own addresses, without NAT or encapsulation, when the nodes share an L2 segment.
@@ -371,6 +389,16 @@ where
     R: Send + 'static,
 {
     netns::Netns::new(Some(path)).run(f).await
+}
+
+/// Runs the blocking `f` on a scoped thread inside the network namespace at `path` (`None`:
+/// the agent's own) and returns its result; `f` may borrow from the caller.
+pub fn run_in_netns_scoped<R, F>(path: Option<&Path>, f: F) -> Result<R, NetError>
+where
+    F: FnOnce() -> R + Send,
+    R: Send,
+{
+    netns::Netns::new(path).run_scoped(f)
 }
 
 #[cfg(test)]

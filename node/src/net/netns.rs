@@ -25,6 +25,11 @@ impl Netns {
         Self(path.map(Path::to_path_buf))
     }
 
+    /// The namespace file, `None` for the agent's own namespace.
+    pub(crate) fn path(&self) -> Option<&Path> {
+        self.0.as_deref()
+    }
+
     /// For error messages: the path, or the agent's own namespace file.
     pub(crate) fn display_path(&self) -> PathBuf {
         self.0
@@ -74,6 +79,37 @@ impl Netns {
             Ok(result) => result.map_err(netns_err),
             Err(_) => Err(netns_err(io::Error::other("netns worker thread panicked"))),
         }
+    }
+}
+
+impl Netns {
+    /// Like [`Netns::run`], but blocking and for a `f` that borrows from the caller (a scoped
+    /// thread): e.g. attaching a tc program, which needs the loaded program and resolves the
+    /// device in the calling thread's namespace.
+    pub(crate) fn run_scoped<R, F>(&self, f: F) -> Result<R, NetError>
+    where
+        F: FnOnce() -> R + Send,
+        R: Send,
+    {
+        let file = self.open()?;
+        let path = self.display_path();
+        let netns_err = |source: io::Error| NetError::Netns {
+            path: path.clone(),
+            source,
+        };
+        std::thread::scope(|s| {
+            let worker = std::thread::Builder::new()
+                .name("skiff-netns".into())
+                .spawn_scoped(s, move || match file {
+                    Some(file) => enter(&file).map(|()| f()),
+                    None => Ok(f()),
+                })
+                .map_err(netns_err)?;
+            match worker.join() {
+                Ok(result) => result.map_err(netns_err),
+                Err(_) => Err(netns_err(io::Error::other("netns worker thread panicked"))),
+            }
+        })
     }
 }
 

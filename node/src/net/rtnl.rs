@@ -87,6 +87,16 @@ impl Rtnl {
         }
     }
 
+    /// The link with index `index`, if there is one.
+    pub(crate) async fn link_by_index(&self, index: u32) -> Result<Option<LinkMessage>, NetError> {
+        let mut replies = self.handle.link().get().match_index(index).execute();
+        match replies.try_next().await {
+            Ok(link) => Ok(link),
+            Err(e) if errno(&e) == Some(ENODEV) => Ok(None),
+            Err(e) => Err(self.fail(format_args!("get link {index}"))(e)),
+        }
+    }
+
     /// Deletes link `index` (`name` is for messages). `Ok(false)` if it was already gone.
     pub(crate) async fn delete_link(&self, index: u32, name: &str) -> Result<bool, NetError> {
         match self.handle.link().del(index).execute().await {
@@ -295,6 +305,11 @@ impl Rtnl {
 
     /// The first global (scope universe) IPv4 address in this namespace.
     pub(crate) async fn first_global_ipv4(&self) -> Result<Option<Ipv4Addr>, NetError> {
+        Ok(self.first_global_ipv4_link().await?.map(|(ip, _)| ip))
+    }
+
+    /// [`Rtnl::first_global_ipv4`] and the index of the link that holds it.
+    pub(crate) async fn first_global_ipv4_link(&self) -> Result<Option<(Ipv4Addr, u32)>, NetError> {
         let mut addrs = self.handle.address().get().execute();
         while let Some(msg) = addrs
             .try_next()
@@ -309,7 +324,7 @@ impl Rtnl {
             if let Some(IpAddr::V4(v4)) = address_of(&msg)
                 && !v4.is_loopback()
             {
-                return Ok(Some(v4));
+                return Ok(Some((v4, msg.header.index)));
             }
         }
         Ok(None)
@@ -334,6 +349,13 @@ fn address_of(msg: &AddressMessage) -> Option<IpAddr> {
 pub(crate) fn peer_index(link: &LinkMessage) -> Option<u32> {
     link.attributes.iter().find_map(|a| match a {
         LinkAttribute::Link(i) => Some(*i),
+        _ => None,
+    })
+}
+
+pub(crate) fn name(link: &LinkMessage) -> Option<&str> {
+    link.attributes.iter().find_map(|a| match a {
+        LinkAttribute::IfName(s) => Some(s.as_str()),
         _ => None,
     })
 }

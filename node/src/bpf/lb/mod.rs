@@ -16,6 +16,15 @@
 //! a crash left half-written is repaired, before any change is made; unchanged services are
 //! then not rewritten at all.
 //!
+//! NodePort from outside the node: the same object holds `skiff_np_ingress`, a tc program
+//! (see its docs in `ebpf/skiff-ebpf/src/lb.rs`) sharing these maps plus the `NP_CT` LRU
+//! conntrack map. [`ServiceLb::attach_tc`] attaches it as a TCX ingress link on one device
+//! (the node's uplink at start, every pod host veth as pods attach), pinned as
+//! `link_np_<ifname>`; an earlier agent's link for the same device is taken over with
+//! `BPF_LINK_UPDATE` like the cgroup links, one for a device that is gone (the kernel already
+//! detached it) is unpinned and replaced. TCX attaches to the network namespace of the
+//! calling thread: the caller runs it inside the node namespace.
+//!
 //! Map sizes come from [`LbConfig`] when the maps are created; pinned maps keep the size they
 //! were created with (remove the pins, e.g. `skiff-node purge`, to resize).
 
@@ -29,15 +38,20 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use aya::maps::{HashMap, IterableMap, MapData, MapError, MapInfo, PerCpuHashMap, PerCpuValues};
-use aya::programs::{CgroupAttachMode, CgroupSockAddr, links::FdLink};
+use aya::programs::tc::TcAttachOptions;
+use aya::programs::{
+    CgroupAttachMode, CgroupSockAddr, LinkOrder, Program, ProgramError, SchedClassifier,
+    TcAttachType, links::FdLink,
+};
 use aya::{Ebpf, EbpfLoader};
 use serde::Serialize;
 use skiff_common::lb::{
     LB_AFFINITY_MAP, LB_BACKENDS_MAP, LB_CONNECT4_PROG, LB_COUNTERS_MAP, LB_DEFAULT_MAX_AFFINITY,
-    LB_DEFAULT_MAX_BACKENDS, LB_DEFAULT_MAX_REVNAT, LB_DEFAULT_MAX_SERVICES, LB_GETPEERNAME4_PROG,
-    LB_MAPS, LB_RECVMSG4_PROG, LB_REVNAT_MAP, LB_SENDMSG4_PROG, LB_SERVICES_MAP, LB_SLOTS_MAP,
-    LbAffinity, LbAffinityKey, LbBackend, LbCounters, LbRevNat, LbRevNatKey, LbService,
-    LbServiceKey, LbSlotKey,
+    LB_DEFAULT_MAX_BACKENDS, LB_DEFAULT_MAX_NP_CT, LB_DEFAULT_MAX_REVNAT, LB_DEFAULT_MAX_SERVICES,
+    LB_GETPEERNAME4_PROG, LB_MAPS, LB_RECVMSG4_PROG, LB_REVNAT_MAP, LB_SENDMSG4_PROG,
+    LB_SERVICES_MAP, LB_SLOTS_MAP, LbAffinity, LbAffinityKey, LbBackend, LbCounters, LbRevNat,
+    LbRevNatKey, LbService, LbServiceKey, LbSlotKey, NP_CT_MAP, NP_INGRESS_PROG, NpCtEntry,
+    NpCtKey,
 };
 
 use super::{BpfError, cgroup_id, fs, is_cgroup2, sys};
@@ -60,6 +74,8 @@ pub struct LbConfig {
     pub max_revnat: u32,
     /// (client netns, service) affinity entries (LRU): `LB_AFFINITY`.
     pub max_affinity: u32,
+    /// NodePort conntrack entries, two per flow (LRU): `NP_CT`.
+    pub max_np_ct: u32,
 }
 
 impl Default for LbConfig {
@@ -69,6 +85,7 @@ impl Default for LbConfig {
             max_backends: LB_DEFAULT_MAX_BACKENDS,
             max_revnat: LB_DEFAULT_MAX_REVNAT,
             max_affinity: LB_DEFAULT_MAX_AFFINITY,
+            max_np_ct: LB_DEFAULT_MAX_NP_CT,
         }
     }
 }
@@ -121,6 +138,26 @@ type BackendsMap = HashMap<MapData, u32, P<LbBackend>>;
 type CountersMap = PerCpuHashMap<MapData, u32, P<LbCounters>>;
 type RevNatMap = HashMap<MapData, P<LbRevNatKey>, P<LbRevNat>>;
 type AffinityMap = HashMap<MapData, P<LbAffinityKey>, P<LbAffinity>>;
+type NpCtMap = HashMap<MapData, P<NpCtKey>, P<NpCtEntry>>;
+
+/// Prefix of the pinned TCX links of the NodePort program (`link_np_<ifname>`).
+const NP_LINK_PREFIX: &str = "link_np_";
+
+/// Where the NodePort link of device `ifname` is pinned.
+fn np_link_pin(pin_dir: &Path, ifname: &str) -> PathBuf {
+    pin_dir.join(format!("{NP_LINK_PREFIX}{ifname}"))
+}
+
+/// How [`ServiceLb::attach_tc`] found a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TcAttach {
+    /// A new link.
+    Attached,
+    /// An earlier agent's link on this device, now running this agent's program.
+    Adopted,
+    /// A stale pin (device gone or another device of that name) replaced by a new link.
+    Replaced,
+}
 
 struct Maps {
     services: ServicesMap,
@@ -129,6 +166,7 @@ struct Maps {
     counters: CountersMap,
     revnat: RevNatMap,
     affinity: AffinityMap,
+    np_ct: NpCtMap,
     nr_cpus: usize,
 }
 
@@ -212,6 +250,7 @@ impl ServiceLb {
             || cfg.max_backends == 0
             || cfg.max_revnat == 0
             || cfg.max_affinity == 0
+            || cfg.max_np_ct == 0
         {
             return Err(BpfError::ZeroCapacity);
         }
@@ -227,15 +266,19 @@ impl ServiceLb {
             .map_max_entries(LB_BACKENDS_MAP, cfg.max_backends)
             .map_max_entries(LB_COUNTERS_MAP, cfg.max_backends)
             .map_max_entries(LB_REVNAT_MAP, cfg.max_revnat)
-            .map_max_entries(LB_AFFINITY_MAP, cfg.max_affinity);
+            .map_max_entries(LB_AFFINITY_MAP, cfg.max_affinity)
+            .map_max_entries(NP_CT_MAP, cfg.max_np_ct);
         let mut ebpf = loader
             .load(object)
             .map_err(|e| BpfError::Load(Box::new(e)))?;
         for hook in &HOOKS {
-            program(&mut ebpf, hook.prog)?
+            program::<CgroupSockAddr>(&mut ebpf, hook.prog)?
                 .load()
                 .map_err(BpfError::program(hook.prog))?;
         }
+        program::<SchedClassifier>(&mut ebpf, NP_INGRESS_PROG)?
+            .load()
+            .map_err(BpfError::program(NP_INGRESS_PROG))?;
         let nr_cpus = aya::util::nr_cpus().map_err(|(what, source)| BpfError::Io {
             path: PathBuf::from(what),
             source,
@@ -247,6 +290,7 @@ impl ServiceLb {
             counters: take_map(&mut ebpf, LB_COUNTERS_MAP, CountersMap::try_from)?,
             revnat: take_map(&mut ebpf, LB_REVNAT_MAP, RevNatMap::try_from)?,
             affinity: take_map(&mut ebpf, LB_AFFINITY_MAP, AffinityMap::try_from)?,
+            np_ct: take_map(&mut ebpf, NP_CT_MAP, NpCtMap::try_from)?,
             nr_cpus,
         };
         let max_services = max_entries(maps.services.map(), LB_SERVICES_MAP)?;
@@ -314,7 +358,7 @@ impl ServiceLb {
         let dir = File::open(cgroup_dir).map_err(BpfError::io(cgroup_dir))?;
         for hook in &HOOKS {
             let pin = link_pin(&self.pin_dir, hook.prog);
-            let prog = program(&mut self.ebpf, hook.prog)?;
+            let prog = program::<CgroupSockAddr>(&mut self.ebpf, hook.prog)?;
             match sys::obj_get(&pin) {
                 Ok(link) => {
                     let info = sys::cgroup_link_info(std::os::fd::AsFd::as_fd(&link))
@@ -358,6 +402,73 @@ impl ServiceLb {
         }
         self.attached_to = Some(id);
         Ok((id, report))
+    }
+
+    /// Attaches the NodePort program as a TCX ingress link on device `ifname` of the calling
+    /// thread's network namespace, pinned as `link_np_<ifname>`, or takes over the link an
+    /// earlier agent pinned for that very device.
+    pub fn attach_tc(&mut self, ifname: &str) -> Result<TcAttach, BpfError> {
+        let ifindex = ifindex(ifname)?;
+        let pin = np_link_pin(&self.pin_dir, ifname);
+        let prog = program::<SchedClassifier>(&mut self.ebpf, NP_INGRESS_PROG)?;
+        let mut outcome = TcAttach::Attached;
+        match sys::obj_get(&pin) {
+            Ok(link) => {
+                let same = sys::tcx_link_info(std::os::fd::AsFd::as_fd(&link))
+                    .map(|i| i.ifindex == ifindex && i.attach_type == sys::BPF_TCX_INGRESS)
+                    .unwrap_or(false);
+                if same {
+                    let prog_fd = prog.fd().map_err(BpfError::program(NP_INGRESS_PROG))?;
+                    sys::link_update(
+                        std::os::fd::AsFd::as_fd(&link),
+                        std::os::fd::AsFd::as_fd(prog_fd),
+                    )
+                    .map_err(BpfError::io(&pin))?;
+                    return Ok(TcAttach::Adopted);
+                }
+                remove_file(&pin)?;
+                drop(link);
+                outcome = TcAttach::Replaced;
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(BpfError::io(&pin)(e)),
+        }
+        let link_id = prog
+            .attach_with_options(
+                ifname,
+                TcAttachType::Ingress,
+                TcAttachOptions::TcxOrder(LinkOrder::default()),
+            )
+            .map_err(BpfError::program(NP_INGRESS_PROG))?;
+        let link = prog
+            .take_link(link_id)
+            .map_err(BpfError::program(NP_INGRESS_PROG))?;
+        let link = FdLink::try_from(link).map_err(|e| BpfError::Link {
+            name: NP_INGRESS_PROG,
+            source: Box::new(e),
+        })?;
+        link.pin(&pin).map_err(|e| BpfError::Pin {
+            path: pin.clone(),
+            source: Box::new(e),
+        })?;
+        Ok(outcome)
+    }
+
+    /// Detaches the NodePort program from device `ifname` (removes its link pin; the kernel
+    /// already detached it if the device is gone). Missing pins are not an error.
+    pub fn detach_tc(pin_dir: &Path, ifname: &str) -> Result<(), BpfError> {
+        remove_file(&np_link_pin(pin_dir, ifname))
+    }
+
+    /// The NodePort conntrack entries (both directions of every flow).
+    pub fn conntrack(&self) -> Result<Vec<(NpCtKey, NpCtEntry)>, BpfError> {
+        Ok(self
+            .maps
+            .np_ct
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| (k.0, v.0))
+            .collect())
     }
 
     /// The id of the cgroup [`ServiceLb::attach`] attached to.
@@ -521,6 +632,11 @@ impl ServiceLb {
                 entries: count(m.affinity.keys().filter(Result::is_ok).count()),
                 max_entries: max_entries(m.affinity.map(), LB_AFFINITY_MAP)?,
             },
+            MapPressure {
+                map: NP_CT_MAP,
+                entries: count(m.np_ct.keys().filter(Result::is_ok).count()),
+                max_entries: max_entries(m.np_ct.map(), NP_CT_MAP)?,
+            },
         ])
     }
 
@@ -531,6 +647,21 @@ impl ServiceLb {
     pub fn detach_pinned(pin_dir: &Path) -> Result<(), BpfError> {
         for hook in &HOOKS {
             remove_file(&link_pin(pin_dir, hook.prog))?;
+        }
+        let entries = match std::fs::read_dir(pin_dir) {
+            Ok(d) => d,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(BpfError::io(pin_dir)(e)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(BpfError::io(pin_dir))?;
+            if entry
+                .file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(NP_LINK_PREFIX))
+            {
+                remove_file(&entry.path())?;
+            }
         }
         Ok(())
     }
@@ -589,7 +720,10 @@ impl Maps {
     }
 }
 
-fn program<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut CgroupSockAddr, BpfError> {
+fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, BpfError>
+where
+    &'a mut T: TryFrom<&'a mut Program, Error = ProgramError>,
+{
     ebpf.program_mut(name)
         .ok_or(BpfError::Missing {
             kind: "program",
@@ -644,6 +778,19 @@ fn remove<K: aya::Pod, V: aya::Pod>(
     }
 }
 
+/// The index of device `ifname` in the calling thread's network namespace.
+fn ifindex(ifname: &str) -> Result<u32, BpfError> {
+    let c = std::ffi::CString::new(ifname).map_err(|e| {
+        BpfError::io(Path::new(ifname))(io::Error::new(io::ErrorKind::InvalidInput, e))
+    })?;
+    // SAFETY: `c` is a NUL-terminated string that outlives the call.
+    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if idx == 0 {
+        return Err(BpfError::io(Path::new(ifname))(io::Error::last_os_error()));
+    }
+    Ok(idx)
+}
+
 fn remove_file(path: &Path) -> Result<(), BpfError> {
     match std::fs::remove_file(path) {
         Ok(()) => Ok(()),
@@ -663,6 +810,7 @@ fn expected_sizes(name: &str) -> Option<(u32, u32)> {
         LB_COUNTERS_MAP => s(size_of::<u32>(), size_of::<LbCounters>()),
         LB_REVNAT_MAP => s(size_of::<LbRevNatKey>(), size_of::<LbRevNat>()),
         LB_AFFINITY_MAP => s(size_of::<LbAffinityKey>(), size_of::<LbAffinity>()),
+        NP_CT_MAP => s(size_of::<NpCtKey>(), size_of::<NpCtEntry>()),
         _ => None,
     }
 }
@@ -714,7 +862,11 @@ mod tests {
         for hook in &HOOKS {
             assert!(has(hook.prog.as_bytes()), "no program {}", hook.prog);
         }
-        assert!(has(b"LbServiceKey") && has(b"LbRevNatKey"));
+        assert!(
+            has(NP_INGRESS_PROG.as_bytes()),
+            "no program {NP_INGRESS_PROG}"
+        );
+        assert!(has(b"LbServiceKey") && has(b"LbRevNatKey") && has(b"NpCtKey"));
     }
 
     #[test]

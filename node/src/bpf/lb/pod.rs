@@ -3,7 +3,7 @@
 
 use skiff_common::lb::{
     LbAffinity, LbAffinityKey, LbBackend, LbCounters, LbRevNat, LbRevNatKey, LbService,
-    LbServiceKey, LbSlotKey,
+    LbServiceKey, LbSlotKey, NpCtEntry, NpCtKey,
 };
 
 /// A map key or value as aya reads and writes it.
@@ -32,4 +32,6 @@ pod!(
     LbRevNat,
     LbAffinityKey,
     LbAffinity,
+    NpCtKey,
+    NpCtEntry,
 );

@@ -29,8 +29,8 @@ use std::fmt;
 use std::net::IpAddr;
 
 use skiff_common::lb::{
-    AF_INET, AF_INET6, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, LB_FLAG_AFFINITY, LbAddr, LbBackend,
-    LbService, LbServiceKey, LbSlotKey,
+    AF_INET, AF_INET6, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, LB_FLAG_AFFINITY, LB_FLAG_NODEPORT,
+    LbAddr, LbBackend, LbService, LbServiceKey, LbSlotKey,
 };
 
 /// A transport protocol of a Service port.
@@ -119,10 +119,13 @@ impl fmt::Display for BackendAddr {
     }
 }
 
-/// How a frontend balances: `affinity_timeout_s` is `Some` for `sessionAffinity: ClientIP`.
+/// How a frontend balances: `affinity_timeout_s` is `Some` for `sessionAffinity: ClientIP`;
+/// `node_port` marks a NodePort frontend (node address, nodePort), which the tc NodePort
+/// program translates for packets from outside the node too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ServiceParams {
     pub affinity_timeout_s: Option<u32>,
+    pub node_port: bool,
 }
 
 impl ServiceParams {
@@ -134,7 +137,7 @@ impl ServiceParams {
                 LB_FLAG_AFFINITY
             } else {
                 0
-            },
+            } | if self.node_port { LB_FLAG_NODEPORT } else { 0 },
             affinity_timeout_s: self.affinity_timeout_s.unwrap_or(0),
         }
     }
@@ -143,6 +146,7 @@ impl ServiceParams {
         ServiceParams {
             affinity_timeout_s: (value.flags & LB_FLAG_AFFINITY != 0)
                 .then_some(value.affinity_timeout_s),
+            node_port: value.flags & LB_FLAG_NODEPORT != 0,
         }
     }
 }
@@ -1041,6 +1045,7 @@ mod tests {
         set(&mut s, f, &[be(1)]);
         let sticky = ServiceParams {
             affinity_timeout_s: Some(30),
+            ..Default::default()
         };
         let ops = s.plan_set(f, sticky, &[be(1)]).unwrap();
         assert_eq!(
@@ -1057,6 +1062,30 @@ mod tests {
         );
         run(&mut s, &ops, &f);
         assert_eq!(s.service(&f).unwrap().params, sticky);
+    }
+
+    #[test]
+    fn node_port_and_affinity_flags_round_trip_through_the_map_value() {
+        for params in [
+            ServiceParams {
+                affinity_timeout_s: None,
+                node_port: true,
+            },
+            ServiceParams {
+                affinity_timeout_s: Some(9),
+                node_port: true,
+            },
+            ServiceParams::default(),
+        ] {
+            let value = params.value(3, 2);
+            assert_eq!(
+                value.flags & LB_FLAG_NODEPORT != 0,
+                params.node_port,
+                "{value:?}"
+            );
+            // What a restarted agent reads back from the pinned map is what was written.
+            assert_eq!(ServiceParams::of(&value), params);
+        }
     }
 
     #[test]
@@ -1166,6 +1195,7 @@ mod tests {
         };
         let sticky = ServiceParams {
             affinity_timeout_s: Some(10),
+            ..Default::default()
         };
         let ops = s.plan_set(udp, sticky, &[be(3)]).unwrap();
         run(&mut s, &ops, &udp);
