@@ -471,6 +471,21 @@ impl LbFixture {
             .filter_map(|l| l.split_whitespace().next()?.parse().ok())
             .collect()
     }
+
+    /// Whether no program is attached to `hook`, waiting up to 2 s: a link whose last pin is
+    /// removed is released after an RCU grace period, not at once.
+    fn detached_soon(&self, hook: &str) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            if self.attached_programs(hook).is_empty() {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
 }
 
 impl Drop for LbFixture {
@@ -840,15 +855,12 @@ fn refuses_pins_of_another_layout_and_cleans_up() {
     drop(lb);
     assert_eq!(fx.attached_programs("cgroup_inet4_connect").len(), 1);
     ServiceLb::detach_pinned(&fx.pin_dir).unwrap();
-    assert!(
-        fx.attached_programs("cgroup_inet4_connect").is_empty(),
-        "detached"
-    );
+    assert!(fx.detached_soon("cgroup_inet4_connect"), "detached");
     assert!(fx.pin_dir.join("LB_SERVICES").exists(), "maps stay");
     ServiceLb::remove_pins(&fx.pin_dir).unwrap();
     assert!(!fx.pin_dir.exists());
     assert!(
-        fx.attached_programs("cgroup_inet4_connect").is_empty(),
+        fx.detached_soon("cgroup_inet4_connect"),
         "unpinned links detach"
     );
 }
