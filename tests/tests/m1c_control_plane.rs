@@ -600,20 +600,24 @@ async fn dead_node_goes_not_ready_and_its_pods_are_replaced() {
     .await;
     let took = stopped_at.elapsed();
     assert!(took <= Duration::from_secs(40), "NotReady after {took:?}");
-    let n = nodes.get(&victim).await.expect("node");
-    let taints: Vec<String> = n
-        .spec
-        .map(|s| {
-            s.taints
-                .iter()
-                .map(|t| format!("{}:{}", t.key, t.effect))
-                .collect()
-        })
-        .unwrap_or_default();
-    assert!(
-        taints.contains(&"node.kubernetes.io/unreachable:NoExecute".to_string()),
-        "{taints:?}"
-    );
+    // The taints follow the condition (a separate write of the node lifecycle controller).
+    eventually("the unreachable NoExecute taint", T, || async {
+        let n = nodes.get(&victim).await.map_err(|e| e.to_string())?;
+        let taints: Vec<String> = n
+            .spec
+            .map(|s| {
+                s.taints
+                    .iter()
+                    .map(|t| format!("{}:{}", t.key, t.effect))
+                    .collect()
+            })
+            .unwrap_or_default();
+        taints
+            .contains(&"node.kubernetes.io/unreachable:NoExecute".to_string())
+            .then_some(())
+            .ok_or(format!("{taints:?}"))
+    })
+    .await;
 
     // Replaced: 6 active, running pods, none on the dead node.
     let replaced = eventually("pods replaced on live nodes", T, || async {
