@@ -404,19 +404,26 @@ fn remove(map: &mut CounterMap, name: &'static str, cgroup_id: u64) -> Result<()
 mod tests {
     use super::*;
 
-    #[test]
-    fn embeds_an_elf_object_with_btf() {
-        let obj = object();
+    /// Checks an embedded eBPF object: an ELF with BTF that names every one of `names` (maps,
+    /// programs, BTF types). An empty object (built with `AYA_BUILD_SKIP=1`) is skipped.
+    pub(crate) fn assert_embedded(obj: &[u8], names: &[&str]) {
         if obj.is_empty() {
-            // Built with AYA_BUILD_SKIP=1.
             return;
         }
         assert_eq!(&obj[..4], b"\x7fELF");
         let has = |needle: &[u8]| obj.windows(needle.len()).any(|w| w == needle);
         assert!(has(b".BTF"), "object lacks BTF");
-        assert!(has(b"TrafficCounters"));
-        assert!(has(POD_INGRESS_PROG.as_bytes()));
-        assert!(has(POD_EGRESS_MAP.as_bytes()));
+        for name in names {
+            assert!(has(name.as_bytes()), "the object has no {name}");
+        }
+    }
+
+    #[test]
+    fn embeds_an_elf_object_with_btf() {
+        assert_embedded(
+            object(),
+            &["TrafficCounters", POD_INGRESS_PROG, POD_EGRESS_MAP],
+        );
     }
 
     #[test]
