@@ -280,6 +280,21 @@ impl Held {
 }
 
 /// Two namespaces joined by a veth pair, a cgroup for the client, a pin directory.
+/// Loads the LB with small maps pinned in `pin_dir` (the kernel tests' size).
+pub(crate) fn load_small(pin_dir: &std::path::Path) -> ServiceLb {
+    ServiceLb::load(
+        pin_dir,
+        LbConfig {
+            max_services: 64,
+            max_backends: 256,
+            max_revnat: 1024,
+            max_affinity: 1024,
+            max_np_ct: 1024,
+        },
+    )
+    .expect("load the LB")
+}
+
 pub(crate) struct LbFixture {
     client_ns: String,
     server_ns: String,
@@ -436,17 +451,7 @@ impl LbFixture {
     }
 
     pub(crate) fn load(&self) -> ServiceLb {
-        ServiceLb::load(
-            &self.pin_dir,
-            LbConfig {
-                max_services: 64,
-                max_backends: 256,
-                max_revnat: 1024,
-                max_affinity: 1024,
-                max_np_ct: 1024,
-            },
-        )
-        .expect("load the LB")
+        load_small(&self.pin_dir)
     }
 
     pub(crate) fn load_attached(&self) -> ServiceLb {

@@ -22,7 +22,7 @@ use serde_json::Value;
 use skiff_common::lb::{NP_CT_FORWARD, NP_CT_REPLY, NP_NAT_PORT_MAX, NP_NAT_PORT_MIN};
 
 use super::kernel_tests::{python, run, unique_name, wait_timeout};
-use super::lb::{BackendAddr, Frontend, LbConfig, Protocol, ServiceLb, ServiceParams, TcAttach};
+use super::lb::{BackendAddr, Frontend, Protocol, ServiceLb, ServiceParams, TcAttach};
 use super::*;
 
 const NODE_IP: Ipv4Addr = Ipv4Addr::new(10, 201, 0, 1);
@@ -194,17 +194,7 @@ impl NpFixture {
     }
 
     fn load(&self) -> ServiceLb {
-        ServiceLb::load(
-            &self.pin_dir,
-            LbConfig {
-                max_services: 64,
-                max_backends: 256,
-                max_revnat: 1024,
-                max_affinity: 1024,
-                max_np_ct: 1024,
-            },
-        )
-        .expect("load the LB")
+        super::lb_kernel_tests::load_small(&self.pin_dir)
     }
 
     /// Attaches the NodePort program to the uplink and both host veths, in the node netns.
