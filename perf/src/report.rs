@@ -96,6 +96,16 @@ pub struct Environment {
     pub binaries: BTreeMap<String, String>,
 }
 
+/// What a suite measured, for [`SuiteReport::new`].
+#[derive(Debug, Clone, Default)]
+pub struct Measured {
+    pub quick: bool,
+    pub params: BTreeMap<String, serde_json::Value>,
+    pub series: Vec<Series>,
+    pub notes: Vec<String>,
+    pub details: BTreeMap<String, serde_json::Value>,
+}
+
 /// The outcome of one suite run.
 #[derive(Debug, Clone, Serialize)]
 pub struct SuiteReport {
@@ -119,6 +129,32 @@ pub struct SuiteReport {
 }
 
 impl SuiteReport {
+    /// A report of suite `suite` started at `started_at`, with what was measured and how, and
+    /// the ratios of every Skiff series to every baseline series computed.
+    pub fn new(
+        suite: &str,
+        title: &str,
+        started_at: chrono::DateTime<chrono::Utc>,
+        environment: Environment,
+        measured: Measured,
+    ) -> Self {
+        let mut report = SuiteReport {
+            suite: suite.into(),
+            title: title.into(),
+            date: started_at.format("%Y-%m-%d").to_string(),
+            started_at: started_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            quick: measured.quick,
+            environment,
+            params: measured.params,
+            series: measured.series,
+            ratios: Vec::new(),
+            notes: measured.notes,
+            details: measured.details,
+        };
+        report.compute_ratios();
+        report
+    }
+
     /// Fills in the ratios: every Skiff series against every baseline series.
     pub fn compute_ratios(&mut self) {
         self.ratios.clear();

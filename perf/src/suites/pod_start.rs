@@ -24,7 +24,7 @@ use super::Options;
 use crate::baseline::{self, Baseline, Procs};
 use crate::host;
 use crate::pods::{PodWatch, delete_all};
-use crate::report::{Role, Series, SuiteReport};
+use crate::report::{Measured, Role, Series, SuiteReport};
 
 pub const NAME: &str = "pod-start";
 pub const TITLE: &str = "pod start latency";
@@ -243,21 +243,19 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
             watch_lists - 1
         ));
     }
-    let mut report = SuiteReport {
-        suite: NAME.into(),
-        title: TITLE.into(),
-        date: started_at.format("%Y-%m-%d").to_string(),
-        started_at: started_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        quick: opts.quick,
-        environment: env,
-        params,
-        series,
-        ratios: Vec::new(),
-        notes,
-        details: BTreeMap::new(),
-    };
-    report.compute_ratios();
-    Ok(report)
+    Ok(SuiteReport::new(
+        NAME,
+        TITLE,
+        started_at,
+        env,
+        Measured {
+            quick: opts.quick,
+            params,
+            series,
+            notes,
+            details: BTreeMap::new(),
+        },
+    ))
 }
 
 /// The pod the bench creates.

@@ -39,7 +39,7 @@ use tracing::{info, warn};
 use super::Options;
 use crate::host;
 use crate::pods::{PodWatch, delete_all};
-use crate::report::{Role, Series, SuiteReport, fmt_ms};
+use crate::report::{Measured, Role, Series, SuiteReport, fmt_ms};
 use crate::stats::Summary;
 
 pub const NAME: &str = "scheduler";
@@ -453,21 +453,19 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
                 .into(),
         );
     }
-    let mut report = SuiteReport {
-        suite: NAME.into(),
-        title: TITLE.into(),
-        date: started_at.format("%Y-%m-%d").to_string(),
-        started_at: started_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        quick: opts.quick,
-        environment: env,
-        params,
-        series,
-        ratios: Vec::new(),
-        notes,
-        details: BTreeMap::from([("rounds".to_string(), json!(per_run))]),
-    };
-    report.compute_ratios();
-    Ok(report)
+    Ok(SuiteReport::new(
+        NAME,
+        TITLE,
+        started_at,
+        env,
+        Measured {
+            quick: opts.quick,
+            params,
+            series,
+            notes,
+            details: BTreeMap::from([("rounds".to_string(), json!(per_run))]),
+        },
+    ))
 }
 
 /// The round with the median throughput (the lower middle one of an even count).
