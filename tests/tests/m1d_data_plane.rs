@@ -158,6 +158,36 @@ while True:\n    \
     c.sendall(c.getsockname()[0].encode())\n    \
     c.close()\n";
 
+/// A Service of type `ty` in front of the `echo` Deployment: TCP 80 → 8080 and UDP 53 →
+/// 8081, and with `stream` TCP 81 → 8082.
+fn echo_service(name: &str, ty: &str, stream: bool) -> String {
+    let stream = if stream {
+        "    - name: stream\n      port: 81\n      targetPort: stream\n      protocol: TCP\n"
+    } else {
+        ""
+    };
+    format!(
+        r#"apiVersion: v1
+kind: Service
+metadata:
+  name: {name}
+spec:
+  type: {ty}
+  selector:
+    app: echo
+  ports:
+    - name: tcp
+      port: 80
+      targetPort: tcp
+      protocol: TCP
+    - name: udp
+      port: 53
+      targetPort: udp
+      protocol: UDP
+{stream}"#
+    )
+}
+
 fn echo_app(replicas: i32) -> String {
     let script = serde_json::to_string(BACKEND).expect("a JSON string");
     format!(
@@ -191,27 +221,8 @@ spec:
               containerPort: 8082
               protocol: TCP
 ---
-apiVersion: v1
-kind: Service
-metadata:
-  name: echo
-spec:
-  selector:
-    app: echo
-  ports:
-    - name: tcp
-      port: 80
-      targetPort: tcp
-      protocol: TCP
-    - name: udp
-      port: 53
-      targetPort: udp
-      protocol: UDP
-    - name: stream
-      port: 81
-      targetPort: stream
-      protocol: TCP
-"#
+{service}"#,
+        service = echo_service("echo", "ClusterIP", true)
     )
 }
 
@@ -516,26 +527,6 @@ async fn established_streams_survive_an_agent_kill_9() {
     assert_eq!(refused["err"], "ECONNREFUSED");
 }
 
-/// A NodePort Service in front of the `echo` Deployment (TCP 80 → 8080, UDP 53 → 8081).
-const ECHO_NODEPORT: &str = r#"apiVersion: v1
-kind: Service
-metadata:
-  name: echo-np
-spec:
-  type: NodePort
-  selector:
-    app: echo
-  ports:
-    - name: tcp
-      port: 80
-      targetPort: tcp
-      protocol: TCP
-    - name: udp
-      port: 53
-      targetPort: udp
-      protocol: UDP
-"#;
-
 /// NodePort from outside the cluster with no firewall rule: a client in a namespace on the
 /// nodes' segment connects 50 times to `<node IP>:<nodePort>` of each node; the tc program on
 /// the node's uplink balances over every backend of the cluster (so each node serves both
@@ -547,7 +538,10 @@ spec:
 async fn node_port_services_are_reachable_from_outside_on_every_node() {
     let mut c = Cluster::start(2).await;
     c.server.skiff_stdin(&["apply", "-f", "-"], &echo_app(4));
-    c.server.skiff_stdin(&["apply", "-f", "-"], ECHO_NODEPORT);
+    c.server.skiff_stdin(
+        &["apply", "-f", "-"],
+        &echo_service("echo-np", "NodePort", false),
+    );
     ready_backends(&c, 4).await;
     let pods = c.client.namespaced::<Pod>("default");
     // Backend pod IP → node, with backends on both nodes.
