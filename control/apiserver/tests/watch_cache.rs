@@ -337,7 +337,9 @@ async fn shutdown_ends_watches_and_drop_stops_the_server() {
     let s = TestServer::start(Backend::Embedded).await;
     let mut w = s.api.watch::<Pod>("", "", "", "").await.expect("watch");
     let started = std::time::Instant::now();
-    s.handle.shutdown().await;
+    tokio::time::timeout(Duration::from_secs(10), s.handle.shutdown())
+        .await
+        .expect("graceful shutdown returned within 10 s");
     assert!(
         started.elapsed() < Duration::from_secs(4),
         "graceful shutdown hung"
@@ -350,16 +352,25 @@ async fn shutdown_ends_watches_and_drop_stops_the_server() {
 
     let (store, _guard) = open_store(Backend::Embedded).await;
     let handle = serve(store, ApiServerOptions::default()).await;
-    let api = Api::connect(&handle.endpoint()).await;
-    api.list::<Pod>("", "", "").await.expect("list");
+    let api = tokio::time::timeout(Duration::from_secs(10), Api::connect(&handle.endpoint()))
+        .await
+        .expect("connect within 10 s");
+    tokio::time::timeout(Duration::from_secs(10), api.list::<Pod>("", "", ""))
+        .await
+        .expect("list within 10 s")
+        .expect("list");
     drop(handle);
+    // Every call is bounded: a server that no longer answers (an error, or no answer within
+    // 2 s on a connection nobody serves) counts as stopped; one that still lists does not.
     let mut failed = false;
     for _ in 0..50 {
-        if api.list::<Pod>("", "", "").await.is_err() {
-            failed = true;
-            break;
+        match tokio::time::timeout(Duration::from_secs(2), api.list::<Pod>("", "", "")).await {
+            Ok(Ok(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Ok(Err(_)) | Err(_) => {
+                failed = true;
+                break;
+            }
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(failed, "server still answers after its handle was dropped");
 }
