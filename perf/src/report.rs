@@ -38,6 +38,10 @@ pub struct Series {
     /// Items per second over the wall time, for suites that measure throughput.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub throughput_per_s: Option<f64>,
+    /// The comparison this series belongs to (e.g. `10k services, TCP_CRR`): ratios are taken
+    /// only between series of the same group, and the report prints one table per group.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 impl Series {
@@ -58,7 +62,14 @@ impl Series {
             samples_ms: samples.iter().map(|d| d.as_secs_f64() * 1e3).collect(),
             wall_ms: wall.map(|w| w.as_secs_f64() * 1e3),
             throughput_per_s: None,
+            group: None,
         })
+    }
+
+    /// The series as part of comparison `group` (see [`Series::group`]).
+    pub fn in_group(mut self, group: impl Into<String>) -> Series {
+        self.group = Some(group.into());
+        self
     }
 
     /// The series with its throughput: `items` over `wall`.
@@ -73,6 +84,8 @@ impl Series {
 /// throughput as a share of the baseline's).
 #[derive(Debug, Clone, Serialize)]
 pub struct Ratio {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
     pub skiff: String,
     pub baseline: String,
     pub p50: f64,
@@ -155,12 +168,17 @@ impl SuiteReport {
         report
     }
 
-    /// Fills in the ratios: every Skiff series against every baseline series.
+    /// Fills in the ratios: every Skiff series against every baseline series of its group.
     pub fn compute_ratios(&mut self) {
         self.ratios.clear();
         for s in self.series.iter().filter(|s| s.role == Role::Skiff) {
-            for b in self.series.iter().filter(|b| b.role == Role::Baseline) {
+            for b in self
+                .series
+                .iter()
+                .filter(|b| b.role == Role::Baseline && b.group == s.group)
+            {
                 self.ratios.push(Ratio {
+                    group: s.group.clone(),
                     skiff: s.name.clone(),
                     baseline: b.name.clone(),
                     p50: s.summary.p50 / b.summary.p50,
@@ -230,16 +248,19 @@ impl SuiteReport {
         self.series.iter().any(|s| s.throughput_per_s.is_some())
     }
 
-    /// The markdown report.
-    pub fn markdown(&self, json_name: &str) -> String {
-        let mut md = String::new();
-        let _ = writeln!(md, "# {}: {} ({})\n", self.suite, self.title, self.date);
-        if self.quick {
-            let _ = writeln!(
-                md,
-                "**Quick run** (a smoke check of the benchmark, not a measurement).\n"
-            );
+    /// The groups of the series, in order of first appearance (`None`: series without one).
+    pub fn groups(&self) -> Vec<Option<String>> {
+        let mut out: Vec<Option<String>> = Vec::new();
+        for s in &self.series {
+            if !out.contains(&s.group) {
+                out.push(s.group.clone());
+            }
         }
+        out
+    }
+
+    /// One group's series table and ratio table.
+    fn tables(&self, md: &mut String, series: &[&Series], ratios: &[&Ratio]) {
         let throughput = self.has_throughput();
         let (t_head, t_rule) = if throughput {
             (" per s |", "---:|")
@@ -251,7 +272,7 @@ impl SuiteReport {
             "| series | N | p50 ms | p90 ms | p99 ms | max ms | mean ms | wall ms |{t_head}"
         );
         let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|{t_rule}");
-        for s in &self.series {
+        for s in series {
             let m = &s.summary;
             let _ = write!(
                 md,
@@ -275,7 +296,7 @@ impl SuiteReport {
             }
             md.push('\n');
         }
-        if !self.ratios.is_empty() {
+        if !ratios.is_empty() {
             let (t_head, t_rule) = if throughput {
                 (" throughput |", "---:|")
             } else {
@@ -285,7 +306,7 @@ impl SuiteReport {
                 md,
                 "\n| ratio | p50 | p99 |{t_head}\n|---|---:|---:|{t_rule}"
             );
-            for r in &self.ratios {
+            for r in ratios {
                 let _ = write!(
                     md,
                     "| {} / {} | {} | {} |",
@@ -303,6 +324,27 @@ impl SuiteReport {
                 }
                 md.push('\n');
             }
+        }
+    }
+
+    /// The markdown report.
+    pub fn markdown(&self, json_name: &str) -> String {
+        let mut md = String::new();
+        let _ = writeln!(md, "# {}: {} ({})\n", self.suite, self.title, self.date);
+        if self.quick {
+            let _ = writeln!(
+                md,
+                "**Quick run** (a smoke check of the benchmark, not a measurement).\n"
+            );
+        }
+        for group in self.groups() {
+            if let Some(g) = &group {
+                let _ = writeln!(md, "### {g}\n");
+            }
+            let series: Vec<&Series> = self.series.iter().filter(|s| s.group == group).collect();
+            let ratios: Vec<&Ratio> = self.ratios.iter().filter(|r| r.group == group).collect();
+            self.tables(&mut md, &series, &ratios);
+            md.push('\n');
         }
         let _ = writeln!(md, "\n## What is measured\n");
         for s in &self.series {
@@ -488,6 +530,32 @@ mod tests {
         assert!(json["series"][2].get("throughput_per_s").is_none());
         // Latency-only reports look as before.
         assert!(!report().markdown("x.json").contains("per s"));
+    }
+
+    #[test]
+    fn ratios_stay_within_a_group_and_each_group_gets_a_table() {
+        let one = |name: &str, role, group: &str, v: u64| {
+            Series::new(name, role, "x", &[Duration::from_millis(v)], None)
+                .unwrap()
+                .in_group(group)
+        };
+        let mut r = report();
+        r.series = vec![
+            one("skiff", Role::Skiff, "1 service", 2),
+            one("iptables", Role::Baseline, "1 service", 4),
+            one("skiff", Role::Skiff, "10k services", 3),
+            one("iptables", Role::Baseline, "10k services", 30),
+        ];
+        r.compute_ratios();
+        assert_eq!(r.ratios.len(), 2);
+        assert_eq!(r.ratios[0].group.as_deref(), Some("1 service"));
+        assert!((r.ratios[0].p50 - 0.5).abs() < 1e-9);
+        assert!((r.ratios[1].p50 - 0.1).abs() < 1e-9);
+        let md = r.markdown("x.json");
+        let a = md.find("### 1 service").unwrap();
+        let b = md.find("### 10k services").unwrap();
+        assert!(a < b);
+        assert_eq!(md.matches("| ratio |").count(), 2);
     }
 
     #[test]
