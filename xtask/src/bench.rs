@@ -1,5 +1,7 @@
 //! `cargo xtask bench [SUITE…] [--quick] [-- ARGS…]`: builds the benchmark (`skiff-perf`'s
-//! `skiff-bench`) and the binaries it starts in release, then runs it.
+//! `skiff-bench`) and the binaries it starts in release, then runs it. `--quick` (a smoke
+//! check that every suite works, run by CI) uses the debug builds the test tier already made:
+//! its numbers are never reported.
 //!
 //! The suites start `skiff-apiserver`, `skiff-node` and `skiff-scheduler` from the bench's own
 //! `target/<profile>/` directory (the harness would build missing ones in debug), so they and
@@ -33,10 +35,13 @@ pub struct BenchArgs {
     pub extra: Vec<String>,
 }
 
-/// `cargo build --release -p … --bins`.
-pub fn build_command(root: &Path) -> Command {
+/// `cargo build [--release] -p … --bins` (debug for `--quick`).
+pub fn build_command(root: &Path, quick: bool) -> Command {
     let mut cmd = Command::new("cargo");
-    cmd.current_dir(root).args(["build", "--release"]);
+    cmd.current_dir(root).arg("build");
+    if !quick {
+        cmd.arg("--release");
+    }
     for p in PACKAGES {
         cmd.args(["-p", p]);
     }
@@ -44,19 +49,14 @@ pub fn build_command(root: &Path) -> Command {
     cmd
 }
 
-/// `cargo run --release -p skiff-perf --bin skiff-bench -- …`.
+/// `cargo run [--release] -p skiff-perf --bin skiff-bench -- …` (debug for `--quick`).
 pub fn run_command(root: &Path, args: &BenchArgs) -> Command {
     let mut cmd = Command::new("cargo");
-    cmd.current_dir(root).args([
-        "run",
-        "--release",
-        "--quiet",
-        "-p",
-        "skiff-perf",
-        "--bin",
-        "skiff-bench",
-        "--",
-    ]);
+    cmd.current_dir(root).arg("run");
+    if !args.quick {
+        cmd.arg("--release");
+    }
+    cmd.args(["--quiet", "-p", "skiff-perf", "--bin", "skiff-bench", "--"]);
     cmd.args(&args.suites);
     if args.quick {
         cmd.arg("--quick");
@@ -70,7 +70,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         bail!("the benchmarks start a node agent (network namespaces, cgroups): run as root");
     }
     let root = util::repo_root();
-    let mut build = build_command(&root);
+    let mut build = build_command(&root, args.quick);
     println!("==> {}", util::display_cmd(&build));
     util::run_streaming(&mut build).context("building the benchmark in release failed")?;
     let mut bench = run_command(&root, &args);
@@ -90,7 +90,7 @@ mod tests {
 
     #[test]
     fn builds_every_started_binary_in_release() {
-        let a = argv(&build_command(Path::new("/r")));
+        let a = argv(&build_command(Path::new("/r"), false));
         assert_eq!(
             a,
             [
@@ -119,6 +119,15 @@ mod tests {
         let a = argv(&run_command(Path::new("/r"), &args));
         let tail = &a[a.iter().position(|x| x == "--").unwrap() + 1..];
         assert_eq!(tail, ["pod-start", "--quick", "--pods", "7"]);
-        assert!(a.contains(&"--release".to_string()));
+        assert!(
+            !a.contains(&"--release".to_string()),
+            "quick runs use debug builds"
+        );
+        let full = BenchArgs {
+            quick: false,
+            ..args
+        };
+        assert!(argv(&run_command(Path::new("/r"), &full)).contains(&"--release".to_string()));
+        assert!(!argv(&build_command(Path::new("/r"), true)).contains(&"--release".to_string()));
     }
 }

@@ -86,6 +86,16 @@ pub const APT_PACKAGES: &[AptPackage] = &[
         ebpf: false,
         why: "tests check that Skiff leaves every node's nftables rule set alone",
     },
+    AptPackage {
+        name: "iperf3",
+        ebpf: false,
+        why: "pod-net benchmark: TCP stream throughput",
+    },
+    AptPackage {
+        name: "fonts-dejavu-core",
+        ebpf: false,
+        why: "a TTF for the benchmark plots' text",
+    },
 ];
 
 pub const BPF_LINKER_VERSION: &str = "0.13.0";

@@ -63,9 +63,14 @@ pub const TIERS: &[Tier] = &[
         args: &["test", "--workspace"],
         quick: Quick::Same,
     },
-    // Example for later:
-    // Tier { name: "bench", program: "cargo", args: &["xtask", "bench"],
-    //        quick: Quick::Args(&["xtask", "bench", "--quick"]) },
+    // Every benchmark suite at a tiny size on debug builds: checks that they work (no
+    // timing is asserted anywhere); real numbers come from `cargo xtask bench`.
+    Tier {
+        name: "bench-quick",
+        program: "cargo",
+        args: &["xtask", "bench", "--quick"],
+        quick: Quick::Same,
+    },
 ];
 
 /// A tier resolved for this run: `argv` is `None` when it is skipped.
@@ -191,7 +196,7 @@ mod tests {
     #[test]
     fn default_tiers_in_order() {
         let names: Vec<_> = TIERS.iter().map(|t| t.name).collect();
-        assert_eq!(names, ["fmt", "clippy", "test"]);
+        assert_eq!(names, ["fmt", "clippy", "test", "bench-quick"]);
         let full = plan(TIERS, false);
         assert_eq!(
             full[0].argv.as_deref(),
@@ -214,6 +219,10 @@ mod tests {
         assert_eq!(
             full[2].argv.as_deref(),
             Some(&["cargo", "test", "--workspace"][..])
+        );
+        assert_eq!(
+            full[3].argv.as_deref(),
+            Some(&["cargo", "xtask", "bench", "--quick"][..])
         );
     }
 
