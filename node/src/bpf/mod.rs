@@ -118,6 +118,8 @@ pub enum BpfError {
     },
     #[error("pinned map {path} cannot be reused: {reason}")]
     IncompatiblePin { path: PathBuf, reason: String },
+    #[error("--lb-maglev-table-size: {0}")]
+    MaglevTableSize(#[from] lb::maglev::TableSizeError),
     #[error("{0} is not a programmed service")]
     NoSuchService(lb::Frontend),
     #[error(transparent)]
