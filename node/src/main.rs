@@ -118,6 +118,11 @@ struct RunArgs {
     #[arg(long, default_value_t = skiff_node::bpf::lb::LbConfig::default().maglev_table_size,
           value_parser = maglev_table_size)]
     lb_maglev_table_size: u32,
+    /// Log every translation of the eBPF Service load balancer (socket connect/sendmsg
+    /// rewrites, NodePort new flows) at debug level (tracing target `skiff_lb`; enable with
+    /// e.g. RUST_LOG=info,skiff_lb=debug). Off by default: then it costs the data path nothing.
+    #[arg(long)]
+    bpf_debug: bool,
     /// Where the agent's read-only HTTP API (logs, stats) listens; port 0 picks a free one.
     /// The port is published in the Node's status.daemonEndpoints.kubeletEndpoint.Port.
     #[arg(long, default_value = "127.0.0.1:0")]
@@ -163,6 +168,7 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
     cfg.lb.max_services = args.lb_max_services;
     cfg.lb.max_backends = args.lb_max_backends;
     cfg.lb.maglev_table_size = args.lb_maglev_table_size;
+    cfg.lb.debug = args.bpf_debug;
     cfg.api_listen = args.api_listen;
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     rt.block_on(async move {

@@ -308,6 +308,9 @@ pub const LB_MAPS: [&str; 8] = [
     LB_MAGLEV_MAP,
 ];
 
+/// The `skiff-lb` global (a `u8`) that switches the programs' aya-log debug records on.
+pub const LB_DEBUG_GLOBAL: &str = "DEBUG";
+
 /// Program names in the `skiff-lb` object.
 pub const LB_CONNECT4_PROG: &str = "skiff_lb_connect4";
 pub const LB_SENDMSG4_PROG: &str = "skiff_lb_sendmsg4";

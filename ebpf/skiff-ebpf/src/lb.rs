@@ -27,7 +27,10 @@
 #![no_std]
 #![no_main]
 
+use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
 use aya_ebpf::{
+    Global,
     bindings::{
         BPF_F_MARK_MANGLED_0, BPF_F_NO_PREALLOC, BPF_F_PSEUDO_HDR, BPF_NOEXIST, TC_ACT_OK,
         bpf_fib_lookup as FibParams, bpf_sock_addr,
@@ -40,6 +43,7 @@ use aya_ebpf::{
     macros::{btf_map, cgroup_sock_addr, classifier},
     programs::{SockAddrContext, TcContext},
 };
+use aya_log_ebpf::debug;
 use skiff_common::lb::{
     AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, LB_DEFAULT_MAX_AFFINITY, LB_DEFAULT_MAX_BACKENDS,
     LB_DEFAULT_MAX_NP_CT, LB_DEFAULT_MAX_REVNAT, LB_DEFAULT_MAX_SERVICES, LB_FLAG_AFFINITY,
@@ -54,6 +58,28 @@ const ALLOW: i32 = 1;
 /// cgroup_sock_addr verdict: fail the syscall (with the error set by `bpf_set_retval`).
 const REJECT: i32 = 0;
 const ECONNREFUSED: i32 = 111;
+/// Debug records of every translation (aya-log, read by the agent with `--bpf-debug`): 0 =
+/// off. Set by the loader before the programs are verified (a read-only global), so with 0
+/// the verifier drops the logging code and the hot path is unchanged.
+#[unsafe(no_mangle)]
+static DEBUG: Global<u8> = Global::new(0);
+
+/// Whether translations are logged ([`DEBUG`]).
+#[inline(always)]
+fn debug_on() -> bool {
+    DEBUG.load() != 0
+}
+
+/// An address of `family` for a log record.
+#[inline(always)]
+fn log_ip(a: &LbAddr, family: u8) -> IpAddr {
+    if family == AF_INET6 {
+        IpAddr::V6(Ipv6Addr::from(*a))
+    } else {
+        IpAddr::V4(Ipv4Addr::new(a[0], a[1], a[2], a[3]))
+    }
+}
+
 /// How many random slots to try when a slot or backend vanishes under a concurrent update.
 const PICK_ATTEMPTS: u32 = 3;
 const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
@@ -271,6 +297,23 @@ fn forward<F: Family>(ctx: &SockAddrContext, kind: Kind) -> i32 {
         (*sa).user_port = u32::from(b.port.to_be());
     }
     remember(ctx, &key, &svc, &b);
+    if debug_on() {
+        let what = match kind {
+            Kind::Connect => "connect",
+            Kind::Send => "sendmsg",
+        };
+        debug!(
+            ctx,
+            "socket lb {}: {:i}:{} -> backend {:i}:{} (service {}, backend id {})",
+            what,
+            log_ip(&key.addr, F::AF),
+            key.port,
+            log_ip(&b.addr, F::AF),
+            b.port,
+            svc.id,
+            picked.id
+        );
+    }
     if let Some(c) = LB_COUNTERS.get_ptr_mut(picked.id) {
         // SAFETY: a per-CPU map value: this CPU's copy, written by nobody else meanwhile.
         unsafe {
@@ -658,6 +701,21 @@ fn new_flow(
     if let Some(c) = LB_COUNTERS.get_ptr_mut(picked.id) {
         // SAFETY: a per-CPU map value: this CPU's copy, written by nobody else meanwhile.
         unsafe { (*c).connects = (*c).connects.wrapping_add(1) };
+    }
+    if debug_on() {
+        debug!(
+            ctx,
+            "nodeport new flow: {:i}:{} -> {:i}:{} to backend {:i}:{} (service {}, backend id {}, nat port {})",
+            t.saddr.to_ne_bytes(),
+            t.sport,
+            t.daddr.to_ne_bytes(),
+            t.dport,
+            fwd.daddr.to_ne_bytes(),
+            fwd.dport,
+            b.service_id,
+            picked.id,
+            fwd.sport
+        );
     }
     translate(ctx, t, &fwd)
 }

@@ -400,6 +400,13 @@ fn load_service_lb(
     std::fs::create_dir_all(cgroup_parent)
         .map_err(|e| format!("{}: {e}", cgroup_parent.display()))?;
     let (_, report) = lb.attach(cgroup_parent).map_err(|e| e.to_string())?;
+    // --bpf-debug: the programs' per-translation records, as tracing debug events.
+    if lb
+        .start_debug_log(crate::bpf::lb::debug::TracingLog)
+        .map_err(|e| e.to_string())?
+    {
+        info!("eBPF Service load balancer debug records on (tracing target skiff_lb, debug)");
+    }
     info!(
         attached = report.attached,
         adopted = report.adopted,

@@ -314,18 +314,19 @@ impl Held {
 /// Two namespaces joined by a veth pair, a cgroup for the client, a pin directory.
 /// Loads the LB with small maps pinned in `pin_dir` (the kernel tests' size).
 pub(crate) fn load_small(pin_dir: &std::path::Path) -> ServiceLb {
-    ServiceLb::load(
-        pin_dir,
-        LbConfig {
-            max_services: 64,
-            max_backends: 256,
-            max_revnat: 1024,
-            max_affinity: 1024,
-            max_np_ct: 1024,
-            ..LbConfig::default()
-        },
-    )
-    .expect("load the LB")
+    ServiceLb::load(pin_dir, small_config()).expect("load the LB")
+}
+
+/// The kernel tests' map sizes.
+pub(crate) fn small_config() -> LbConfig {
+    LbConfig {
+        max_services: 64,
+        max_backends: 256,
+        max_revnat: 1024,
+        max_affinity: 1024,
+        max_np_ct: 1024,
+        ..LbConfig::default()
+    }
 }
 
 pub(crate) struct LbFixture {
@@ -1019,4 +1020,93 @@ fn ipv6_frontends_are_balanced_reverse_translated_and_refused() {
     lb.remove_service(&tcp6).expect("remove");
     let v = fx.client(&["refused", &VIP6.to_string(), &TCP_PORT.to_string()]);
     assert_eq!(v["errno"], libc::ENETUNREACH, "{v}");
+}
+
+/// A `log` sink keeping every record's message.
+#[derive(Clone, Default)]
+pub(crate) struct Records(Arc<std::sync::Mutex<Vec<String>>>);
+
+impl log::Log for Records {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(format!("{} {}", record.level(), record.args()));
+    }
+
+    fn flush(&self) {}
+}
+
+impl Records {
+    /// Waits up to 10 s for a record containing each of `wanted`; returns all records.
+    pub(crate) fn wait_for(&self, wanted: &[&str]) -> Vec<String> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let all = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let found = wanted.iter().all(|w| all.iter().any(|r| r.contains(w)));
+            if found || std::time::Instant::now() >= deadline {
+                return all;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// `--bpf-debug`: a translated connect (and sendmsg) leaves a debug record naming the VIP
+/// and the backend, read by the reader thread into the sink (the agent's sink forwards to
+/// tracing, see `debug::tests`). Without the flag nothing is started.
+#[test]
+fn debug_records_name_the_vip_and_the_backend() {
+    let mut fx = LbFixture::new();
+    assert!(
+        !fx.load().start_debug_log(Records::default()).unwrap(),
+        "off by default"
+    );
+    let mut lb = ServiceLb::load(
+        &fx.pin_dir,
+        LbConfig {
+            debug: true,
+            ..small_config()
+        },
+    )
+    .expect("load with debug records");
+    lb.attach(&fx.cgroup).expect("attach");
+    lb.sync_service(
+        tcp_frontend(),
+        ServiceParams::default(),
+        &tcp_backends(&[2]),
+    )
+    .expect("program");
+    lb.sync_service(
+        udp_frontend(),
+        ServiceParams::default(),
+        &udp_backends(&[3]),
+    )
+    .expect("program");
+    let records = Records::default();
+    assert!(lb.start_debug_log(records.clone()).expect("reader"));
+    let (names, _) = fx.connects(2);
+    assert_eq!(names.get("b2"), Some(&2));
+    let v = fx.client(&["udp", &VIP.to_string(), &UDP_PORT.to_string()]);
+    assert_eq!(v["unconnected"]["name"], "b3", "{v}");
+
+    let connect = format!(
+        "socket lb connect: {VIP}:{TCP_PORT} -> backend {}:{BACKEND_TCP_PORT}",
+        backend_ip(2)
+    );
+    let sendmsg = format!(
+        "socket lb sendmsg: {VIP}:{UDP_PORT} -> backend {}:{BACKEND_UDP_PORT}",
+        backend_ip(3)
+    );
+    let all = records.wait_for(&[&connect, &sendmsg]);
+    eprintln!("{all:#?}");
+    let connects: Vec<&String> = all.iter().filter(|r| r.contains(&connect)).collect();
+    assert_eq!(connects.len(), 2, "one per TCP connect: {all:#?}");
+    assert!(connects.iter().all(|r| r.starts_with("DEBUG")), "{all:#?}");
+    assert!(all.iter().any(|r| r.contains(&sendmsg)), "{all:#?}");
+    drop(lb);
 }

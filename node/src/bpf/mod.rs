@@ -120,6 +120,8 @@ pub enum BpfError {
     IncompatiblePin { path: PathBuf, reason: String },
     #[error("--lb-maglev-table-size: {0}")]
     MaglevTableSize(#[from] lb::maglev::TableSizeError),
+    #[error("reading the LB programs' debug records: {0}")]
+    DebugLog(String),
     #[error("{0} is not a programmed service")]
     NoSuchService(lb::Frontend),
     #[error(transparent)]

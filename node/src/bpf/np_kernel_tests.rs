@@ -22,7 +22,7 @@ use serde_json::Value;
 use skiff_common::lb::{NP_CT_FORWARD, NP_CT_REPLY, NP_NAT_PORT_MAX, NP_NAT_PORT_MIN};
 
 use super::kernel_tests::{python, run, unique_name, wait_timeout};
-use super::lb::{BackendAddr, Frontend, Protocol, ServiceLb, ServiceParams, TcAttach};
+use super::lb::{BackendAddr, Frontend, LbConfig, Protocol, ServiceLb, ServiceParams, TcAttach};
 use super::*;
 
 const NODE_IP: Ipv4Addr = Ipv4Addr::new(10, 201, 0, 1);
@@ -507,11 +507,21 @@ fn predicted(lb: &ServiceLb, f: &Frontend, src: Ipv4Addr, sport: u16) -> String 
 /// different source ports spread over the backends, each lands exactly where
 /// `table[np_flow_hash(5-tuple) % m]` says, the same 5-tuple lands on the same backend again
 /// once its conntrack entry is gone, and a backend change rewrites the table (once) so new
-/// flows follow it. A reload finds the table as it was.
+/// flows follow it. A reload finds the table as it was. With debug records on, each new flow
+/// is logged with its client, frontend and backend.
 #[test]
 fn nodeport_new_flows_follow_the_maglev_table() {
     let fx = NpFixture::new();
-    let mut lb = fx.load();
+    let mut lb = ServiceLb::load(
+        &fx.pin_dir,
+        LbConfig {
+            debug: true,
+            ..super::lb_kernel_tests::small_config()
+        },
+    )
+    .expect("load with debug records");
+    let records = super::lb_kernel_tests::Records::default();
+    assert!(lb.start_debug_log(records.clone()).expect("debug reader"));
     let tcp = frontend(TCP_NODE_PORT, Protocol::Tcp);
     let udp = frontend(UDP_NODE_PORT, Protocol::Udp);
     lb.sync_service(tcp, NODE_PORT, &backends(&[1, 2]))
@@ -552,6 +562,16 @@ fn nodeport_new_flows_follow_the_maglev_table() {
     for b in ["b1", "b2"] {
         assert!(per(&tcp_names, b) * 4 >= N, "{b}: {tcp_names:?}");
     }
+    let i: usize = tcp_names[0][1..].parse().expect("b<i>");
+    let logged = format!(
+        "nodeport new flow: {src}:42000 -> {NODE_IP}:{TCP_NODE_PORT} to backend {}:{BACKEND_PORT}",
+        backend_ip(i)
+    );
+    let all = records.wait_for(&[&logged]);
+    assert!(
+        all.iter().any(|r| r.contains(&logged)),
+        "{logged:?} not in {all:#?}"
+    );
     let udp_first = check(&lb, &udp, &run("udp-ports", UDP_NODE_PORT, 43000));
     for b in ["b1", "b2"] {
         assert!(per(&udp_first, b) * 4 >= N, "{b}: {udp_first:?}");

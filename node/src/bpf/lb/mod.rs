@@ -28,6 +28,7 @@
 //! Map sizes come from [`LbConfig`] when the maps are created; pinned maps keep the size they
 //! were created with (remove the pins, e.g. `skiff-node purge`, to resize).
 
+pub mod debug;
 pub mod maglev;
 mod pod;
 pub mod state;
@@ -48,12 +49,13 @@ use aya::{Ebpf, EbpfLoader};
 use serde::Serialize;
 use skiff_common::lb::{
     LB_AFFINITY_MAP, LB_BACKENDS_MAP, LB_CONNECT4_PROG, LB_CONNECT6_PROG, LB_COUNTERS_MAP,
-    LB_DEFAULT_MAX_AFFINITY, LB_DEFAULT_MAX_BACKENDS, LB_DEFAULT_MAX_NP_CT, LB_DEFAULT_MAX_REVNAT,
-    LB_DEFAULT_MAX_SERVICES, LB_GETPEERNAME4_PROG, LB_GETPEERNAME6_PROG, LB_MAGLEV_DEFAULT_M,
-    LB_MAGLEV_MAP, LB_MAGLEV_MAX_M, LB_MAPS, LB_RECVMSG4_PROG, LB_RECVMSG6_PROG, LB_REVNAT_MAP,
-    LB_SENDMSG4_PROG, LB_SENDMSG6_PROG, LB_SERVICES_MAP, LB_SLOTS_MAP, LbAffinity, LbAffinityKey,
-    LbBackend, LbCounters, LbMaglev, LbRevNat, LbRevNatKey, LbService, LbServiceKey, LbSlotKey,
-    NP_CT_MAP, NP_INGRESS_PROG, NpCtEntry, NpCtKey,
+    LB_DEBUG_GLOBAL, LB_DEFAULT_MAX_AFFINITY, LB_DEFAULT_MAX_BACKENDS, LB_DEFAULT_MAX_NP_CT,
+    LB_DEFAULT_MAX_REVNAT, LB_DEFAULT_MAX_SERVICES, LB_GETPEERNAME4_PROG, LB_GETPEERNAME6_PROG,
+    LB_MAGLEV_DEFAULT_M, LB_MAGLEV_MAP, LB_MAGLEV_MAX_M, LB_MAPS, LB_RECVMSG4_PROG,
+    LB_RECVMSG6_PROG, LB_REVNAT_MAP, LB_SENDMSG4_PROG, LB_SENDMSG6_PROG, LB_SERVICES_MAP,
+    LB_SLOTS_MAP, LbAffinity, LbAffinityKey, LbBackend, LbCounters, LbMaglev, LbRevNat,
+    LbRevNatKey, LbService, LbServiceKey, LbSlotKey, NP_CT_MAP, NP_INGRESS_PROG, NpCtEntry,
+    NpCtKey,
 };
 
 use super::{BpfError, cgroup_id, fs, is_cgroup2, sys};
@@ -81,6 +83,9 @@ pub struct LbConfig {
     /// Entries of each NodePort service's Maglev table (`LB_MAGLEV`): a prime up to
     /// `LB_MAGLEV_MAX_M` ([`maglev::check_table_size`]).
     pub maglev_table_size: u32,
+    /// Whether the programs log every translation (aya-log debug records, see [`debug`]).
+    /// Fixed when the programs are loaded; off costs nothing on the hot path.
+    pub debug: bool,
 }
 
 impl Default for LbConfig {
@@ -92,6 +97,7 @@ impl Default for LbConfig {
             max_affinity: LB_DEFAULT_MAX_AFFINITY,
             max_np_ct: LB_DEFAULT_MAX_NP_CT,
             maglev_table_size: LB_MAGLEV_DEFAULT_M,
+            debug: false,
         }
     }
 }
@@ -208,6 +214,10 @@ pub struct ServiceLb {
     /// backend ids), and the size new tables get.
     maglev: std::collections::BTreeMap<u32, Vec<u32>>,
     maglev_m: u32,
+    /// The programs were loaded with debug records on ([`LbConfig::debug`]), and the thread
+    /// that reads them once started.
+    debug: bool,
+    debug_reader: Option<debug::Reader>,
 }
 
 impl fmt::Debug for ServiceLb {
@@ -299,6 +309,8 @@ impl ServiceLb {
             .map_max_entries(LB_AFFINITY_MAP, cfg.max_affinity)
             .map_max_entries(NP_CT_MAP, cfg.max_np_ct)
             .map_max_entries(LB_MAGLEV_MAP, cfg.max_services);
+        let debug = u8::from(cfg.debug);
+        loader.override_global(LB_DEBUG_GLOBAL, &debug, true);
         let mut ebpf = loader
             .load(object)
             .map_err(|e| BpfError::Load(Box::new(e)))?;
@@ -352,6 +364,8 @@ impl ServiceLb {
             attached_to: None,
             maglev: std::collections::BTreeMap::new(),
             maglev_m: cfg.maglev_table_size,
+            debug: cfg.debug,
+            debug_reader: None,
         };
         for key in &recovered.unreadable_services {
             remove(&mut lb.maps.services, LB_SERVICES_MAP, &P(*key))?;
@@ -368,6 +382,23 @@ impl ServiceLb {
         }
         lb.recover_maglev()?;
         Ok(lb)
+    }
+
+    /// With [`LbConfig::debug`], starts handing the programs' debug records to `sink` (see
+    /// [`debug`]) until this `ServiceLb` is dropped, and returns true; false (and nothing
+    /// started) when debug records are off. Once: the ring buffer then belongs to the reader.
+    pub fn start_debug_log<L: log::Log + Send + 'static>(
+        &mut self,
+        sink: L,
+    ) -> Result<bool, BpfError> {
+        if !self.debug || self.debug_reader.is_some() {
+            return Ok(false);
+        }
+        let logger = aya_log::EbpfLogger::init_with_logger(&mut self.ebpf, sink)
+            .map_err(|e| BpfError::DebugLog(e.to_string()))?;
+        let reader = debug::Reader::start(logger).map_err(|e| BpfError::DebugLog(e.to_string()))?;
+        self.debug_reader = Some(reader);
+        Ok(true)
     }
 
     /// Where the maps and links are pinned.
