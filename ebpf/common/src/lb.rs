@@ -46,6 +46,11 @@ pub const LB_FLAG_AFFINITY: u32 = 1;
 /// frontends are translated by the tc NodePort program for packets arriving from outside;
 /// the socket programs translate them too (a pod connecting to `<node IP>:<nodePort>`).
 pub const LB_FLAG_NODEPORT: u32 = 2;
+/// [`LbService::flags`], with [`LB_FLAG_NODEPORT`]: externalTrafficPolicy `Local`. The
+/// frontend's backends are this node's pods only, and the tc program does not SNAT: the
+/// backend sees the client's address, and its replies (which come back through its host veth)
+/// are translated back to the NodePort frontend.
+pub const LB_FLAG_LOCAL: u32 = 4;
 
 /// The [`LbAddr`] of an IPv4 address given as the kernel stores it (`user_ip4`: network byte
 /// order in memory).

@@ -47,8 +47,8 @@ use aya_log_ebpf::debug;
 use skiff_common::lb::{
     AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, LB_DEFAULT_MAX_AFFINITY, LB_DEFAULT_MAX_BACKENDS,
     LB_DEFAULT_MAX_NP_CT, LB_DEFAULT_MAX_REVNAT, LB_DEFAULT_MAX_SERVICES, LB_FLAG_AFFINITY,
-    LB_FLAG_NODEPORT, LB_MAGLEV_MAX_M, LbAddr, LbAffinity, LbAffinityKey, LbBackend, LbCounters,
-    LbMaglev, LbRevNat, LbRevNatKey, LbService, LbServiceKey, LbSlotKey, NP_CT_FORWARD,
+    LB_FLAG_LOCAL, LB_FLAG_NODEPORT, LB_MAGLEV_MAX_M, LbAddr, LbAffinity, LbAffinityKey, LbBackend,
+    LbCounters, LbMaglev, LbRevNat, LbRevNatKey, LbService, LbServiceKey, LbSlotKey, NP_CT_FORWARD,
     NP_CT_REPLY, NP_NAT_PORT_MAX, NP_NAT_PORT_MIN, NpCtEntry, NpCtKey, np_flow_hash, v4_addr,
     v4_be,
 };
@@ -492,8 +492,10 @@ struct Tuple {
     proto: u8,
 }
 
-/// NodePort for clients outside the node (externalTrafficPolicy: Cluster), on the ingress of
-/// the node's uplink and of every pod host veth:
+/// NodePort for clients outside the node, on the ingress of the node's uplink and of every
+/// pod host veth (externalTrafficPolicy `Cluster`; a frontend with `LB_FLAG_LOCAL` is
+/// `Local`: its backends are this node's pods and only the destination is translated, see
+/// [`record_local_flow`]):
 ///
 /// 1. A packet of a known flow (`NP_CT` forward entry) whose backend still exists, or a new
 ///    packet to a frontend with `LB_FLAG_NODEPORT` (node address, nodePort, protocol), is
@@ -636,6 +638,42 @@ fn new_flow(
         // REJECT-less NodePort rules for services without endpoints).
         return TC_ACT_SHOT;
     };
+    let recorded = if svc.flags & LB_FLAG_LOCAL != 0 {
+        record_local_flow(t, fwd_key, &picked)
+    } else {
+        record_snat_flow(t, fwd_key, &picked)
+    };
+    let Some(fwd) = recorded else {
+        return TC_ACT_SHOT;
+    };
+    let b = picked.backend;
+    if let Some(c) = LB_COUNTERS.get_ptr_mut(picked.id) {
+        // SAFETY: a per-CPU map value: this CPU's copy, written by nobody else meanwhile.
+        unsafe { (*c).connects = (*c).connects.wrapping_add(1) };
+    }
+    if debug_on() {
+        debug!(
+            ctx,
+            "nodeport new flow: {:i}:{} -> {:i}:{} to backend {:i}:{} (service {}, backend id {}, nat port {})",
+            t.saddr.to_ne_bytes(),
+            t.sport,
+            t.daddr.to_ne_bytes(),
+            t.dport,
+            fwd.daddr.to_ne_bytes(),
+            fwd.dport,
+            b.service_id,
+            picked.id,
+            fwd.sport
+        );
+    }
+    translate(ctx, t, &fwd)
+}
+
+/// externalTrafficPolicy Cluster: records a flow DNATed to `picked` and SNATed to the node
+/// address, with a NAT port (the client's, else a random free one of the NAT range) that
+/// tells its replies apart. Returns the forward translation; `None`: no port, drop.
+#[inline(always)]
+fn record_snat_flow(t: &Tuple, fwd_key: &NpCtKey, picked: &Picked) -> Option<NpCtEntry> {
     let b = picked.backend;
     let backend_ip = v4_be(&b.addr);
     let back = NpCtEntry {
@@ -684,7 +722,7 @@ fn new_flow(
         }
     }
     if !claimed {
-        return TC_ACT_SHOT;
+        return None;
     }
     let fwd = NpCtEntry {
         saddr: t.daddr,
@@ -696,28 +734,50 @@ fn new_flow(
     };
     if NP_CT.insert(fwd_key, fwd, 0).is_err() {
         let _ = NP_CT.remove(&reply_key);
-        return TC_ACT_SHOT;
+        return None;
     }
-    if let Some(c) = LB_COUNTERS.get_ptr_mut(picked.id) {
-        // SAFETY: a per-CPU map value: this CPU's copy, written by nobody else meanwhile.
-        unsafe { (*c).connects = (*c).connects.wrapping_add(1) };
+    Some(fwd)
+}
+
+/// externalTrafficPolicy Local: records a flow DNATed to `picked` (a pod of this node) with
+/// the client's address and port kept, so the backend sees the client. Its replies (backend →
+/// client, seen at the pod's host veth) are sent from the NodePort frontend again. Returns the
+/// forward translation; `None`: the conntrack map refused it, drop.
+#[inline(always)]
+fn record_local_flow(t: &Tuple, fwd_key: &NpCtKey, picked: &Picked) -> Option<NpCtEntry> {
+    let b = picked.backend;
+    let backend_ip = v4_be(&b.addr);
+    let reply_key = NpCtKey {
+        saddr: backend_ip,
+        daddr: t.saddr,
+        sport: b.port,
+        dport: t.sport,
+        proto: t.proto,
+        dir: NP_CT_REPLY,
+        _pad: [0; 2],
+    };
+    let back = NpCtEntry {
+        saddr: t.daddr,
+        daddr: t.saddr,
+        sport: t.dport,
+        dport: t.sport,
+        backend_id: picked.id,
+        service_id: b.service_id,
+    };
+    NP_CT.insert(&reply_key, back, 0).ok()?;
+    let fwd = NpCtEntry {
+        saddr: t.saddr,
+        daddr: backend_ip,
+        sport: t.sport,
+        dport: b.port,
+        backend_id: picked.id,
+        service_id: b.service_id,
+    };
+    if NP_CT.insert(fwd_key, fwd, 0).is_err() {
+        let _ = NP_CT.remove(&reply_key);
+        return None;
     }
-    if debug_on() {
-        debug!(
-            ctx,
-            "nodeport new flow: {:i}:{} -> {:i}:{} to backend {:i}:{} (service {}, backend id {}, nat port {})",
-            t.saddr.to_ne_bytes(),
-            t.sport,
-            t.daddr.to_ne_bytes(),
-            t.dport,
-            fwd.daddr.to_ne_bytes(),
-            fwd.dport,
-            b.service_id,
-            picked.id,
-            fwd.sport
-        );
-    }
-    translate(ctx, t, &fwd)
+    Some(fwd)
 }
 
 /// Rewrites the packet's 4-tuple `t` to `e`'s (fixing the IP and L4 checksums) and sends it

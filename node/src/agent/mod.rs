@@ -254,6 +254,7 @@ pub async fn run(
         match load_service_lb(&cfg.node_name, &cgroup_parent, cfg.lb) {
             Ok(lb) => Ok(proxy::Proxy::new(
                 lb,
+                &cfg.node_name,
                 uplink
                     .iter()
                     .map(|(_, ip)| std::net::IpAddr::V4(*ip))

@@ -325,6 +325,7 @@ fn backends(which: &[usize]) -> Vec<BackendAddr> {
 const NODE_PORT: ServiceParams = ServiceParams {
     affinity_timeout_s: None,
     node_port: true,
+    local: false,
 };
 
 /// (answering backend, the source it saw, the peer the client saw).
@@ -608,4 +609,55 @@ fn nodeport_new_flows_follow_the_maglev_table() {
     let pressure = lb.pressure().unwrap();
     let maglev = pressure.iter().find(|p| p.map == "LB_MAGLEV").unwrap();
     assert_eq!(maglev.entries, 0);
+}
+
+/// externalTrafficPolicy Local: no SNAT. The backend (a pod of the node) sees the client's
+/// own address, the client sees the NodePort frontend as its peer, TCP and UDP alike, and
+/// conntrack keeps the client's address in the forward translation.
+#[test]
+fn external_traffic_policy_local_keeps_the_client_address() {
+    let fx = NpFixture::new();
+    let mut lb = fx.load();
+    let local = ServiceParams {
+        local: true,
+        ..NODE_PORT
+    };
+    lb.sync_service(
+        frontend(TCP_NODE_PORT, Protocol::Tcp),
+        local,
+        &backends(&[1]),
+    )
+    .expect("program tcp");
+    lb.sync_service(
+        frontend(UDP_NODE_PORT, Protocol::Udp),
+        local,
+        &backends(&[2]),
+    )
+    .expect("program udp");
+    fx.attach(&mut lb);
+    let node = NODE_IP.to_string();
+    for (proto, port, want) in [("tcp", TCP_NODE_PORT, "b1"), ("udp", UDP_NODE_PORT, "b2")] {
+        let out = fx.client(&[proto, &node, &port.to_string(), "5"]);
+        assert_eq!(out.len(), 5);
+        for v in &out {
+            let (name, seen, peer) = split(v);
+            assert_eq!(name, want, "{v}");
+            assert_eq!(
+                peer,
+                format!("{NODE_IP}:{port}"),
+                "{proto}: reply from the frontend"
+            );
+            assert!(
+                seen.starts_with("10.201.0.2:"),
+                "{proto}: the backend saw {seen}, not the client's address"
+            );
+        }
+    }
+    let ct = lb.conntrack().expect("conntrack");
+    let fwd: Vec<_> = ct.iter().filter(|(k, _)| k.dir == NP_CT_FORWARD).collect();
+    assert!(fwd.len() >= 10, "{}", fwd.len());
+    for (k, e) in fwd {
+        assert_eq!(e.saddr, k.saddr, "client address kept");
+        assert_eq!(e.sport, k.sport, "client port kept");
+    }
 }
