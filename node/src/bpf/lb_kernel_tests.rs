@@ -1108,5 +1108,21 @@ fn debug_records_name_the_vip_and_the_backend() {
     assert_eq!(connects.len(), 2, "one per TCP connect: {all:#?}");
     assert!(connects.iter().all(|r| r.starts_with("DEBUG")), "{all:#?}");
     assert!(all.iter().any(|r| r.contains(&sendmsg)), "{all:#?}");
+
+    // Off, the verifier removed the logging code (DEBUG is a read-only global it knows):
+    // the hot path is what it was before debug records existed.
+    let off = fx.load();
+    for prog in [
+        skiff_common::lb::LB_CONNECT4_PROG,
+        skiff_common::lb::LB_SENDMSG6_PROG,
+        skiff_common::lb::NP_INGRESS_PROG,
+    ] {
+        let (without, with) = (off.translated_size(prog), lb.translated_size(prog));
+        eprintln!("{prog}: {without:?} bytes translated without debug, {with:?} with");
+        assert!(
+            matches!((without, with), (Some(a), Some(b)) if a < b),
+            "{prog}: {without:?} vs {with:?}"
+        );
+    }
     drop(lb);
 }

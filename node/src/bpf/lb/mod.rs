@@ -537,6 +537,13 @@ impl ServiceLb {
             .collect())
     }
 
+    /// How many instructions the kernel kept of program `name` after verification (tests:
+    /// the debug records' code is gone when they are off).
+    #[cfg(test)]
+    pub(crate) fn translated_size(&self, name: &str) -> Option<u32> {
+        self.ebpf.program(name)?.info().ok()?.size_translated()
+    }
+
     /// Deletes every NodePort conntrack entry (tests: replaying a 5-tuple as a new flow).
     #[cfg(test)]
     pub(crate) fn clear_conntrack(&mut self) -> Result<(), BpfError> {
