@@ -112,10 +112,27 @@ struct RunArgs {
     #[arg(long, default_value_t = skiff_node::bpf::lb::LbConfig::default().max_backends,
           value_parser = clap::value_parser!(u32).range(1..))]
     lb_max_backends: u32,
+    /// Size of each NodePort Service's Maglev table (the consistent-hash table that picks the
+    /// backend of a new NodePort flow): a prime up to 16381; larger tables spread more evenly
+    /// over many backends (about 4 bytes per entry per NodePort Service port).
+    #[arg(long, default_value_t = skiff_node::bpf::lb::LbConfig::default().maglev_table_size,
+          value_parser = maglev_table_size)]
+    lb_maglev_table_size: u32,
+    /// Log every translation of the eBPF Service load balancer (socket connect/sendmsg
+    /// rewrites, NodePort new flows) at debug level (tracing target `skiff_lb`; enable with
+    /// e.g. RUST_LOG=info,skiff_lb=debug). Off by default: then it costs the data path nothing.
+    #[arg(long)]
+    bpf_debug: bool,
     /// Where the agent's read-only HTTP API (logs, stats) listens; port 0 picks a free one.
     /// The port is published in the Node's status.daemonEndpoints.kubeletEndpoint.Port.
     #[arg(long, default_value = "127.0.0.1:0")]
     api_listen: std::net::SocketAddr,
+}
+
+/// `--lb-maglev-table-size`: a prime in range.
+fn maglev_table_size(s: &str) -> Result<u32, String> {
+    let m: u32 = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
+    skiff_node::bpf::lb::maglev::check_table_size(m).map_err(|e| e.to_string())
 }
 
 fn hostname() -> String {
@@ -150,6 +167,8 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
     cfg.service_lb = !args.no_service_lb;
     cfg.lb.max_services = args.lb_max_services;
     cfg.lb.max_backends = args.lb_max_backends;
+    cfg.lb.maglev_table_size = args.lb_maglev_table_size;
+    cfg.lb.debug = args.bpf_debug;
     cfg.api_listen = args.api_listen;
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     rt.block_on(async move {

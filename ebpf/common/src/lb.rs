@@ -16,11 +16,14 @@
 //! - [`LB_AFFINITY_MAP`] (LRU): [`LbAffinityKey`] (client netns cookie, service id) →
 //!   [`LbAffinity`] (backend id, last use) for `sessionAffinity: ClientIP`;
 //! - [`NP_CT_MAP`] (LRU): [`NpCtKey`] → [`NpCtEntry`], NodePort connection tracking (the
-//!   tc program's translations of packets from outside the node, both directions).
+//!   tc program's translations of packets from outside the node, both directions);
+//! - [`LB_MAGLEV_MAP`]: NodePort service id → [`LbMaglev`], the service's Maglev lookup table
+//!   (backend ids), which the tc program indexes with [`np_flow_hash`] of a new flow.
 //!
-//! Addresses are 16 bytes ([`LbAddr`]) with a family field so the same maps hold IPv6 later:
-//! an IPv4 address is its four octets in network order followed by twelve zero bytes. Ports are
-//! in host byte order (readable in `bpftool map dump`); the programs convert.
+//! Addresses are 16 bytes ([`LbAddr`]) with a family field, so the same maps hold IPv4 and
+//! IPv6 frontends and backends (the IPv6 socket programs use them): an IPv4 address is its
+//! four octets in network order followed by twelve zero bytes, an IPv6 address its sixteen.
+//! Ports are in host byte order (readable in `bpftool map dump`); the programs convert.
 //!
 //! Every type is `#[repr(C)]` with explicit padding fields (always zero), so keys hash the same
 //! on both sides and the verifier never sees uninitialised stack bytes in a key.
@@ -43,6 +46,11 @@ pub const LB_FLAG_AFFINITY: u32 = 1;
 /// frontends are translated by the tc NodePort program for packets arriving from outside;
 /// the socket programs translate them too (a pod connecting to `<node IP>:<nodePort>`).
 pub const LB_FLAG_NODEPORT: u32 = 2;
+/// [`LbService::flags`], with [`LB_FLAG_NODEPORT`]: externalTrafficPolicy `Local`. The
+/// frontend's backends are this node's pods only, and the tc program does not SNAT: the
+/// backend sees the client's address, and its replies (which come back through its host veth)
+/// are translated back to the NodePort frontend.
+pub const LB_FLAG_LOCAL: u32 = 4;
 
 /// The [`LbAddr`] of an IPv4 address given as the kernel stores it (`user_ip4`: network byte
 /// order in memory).
@@ -214,6 +222,48 @@ pub struct NpCtEntry {
 pub const NP_NAT_PORT_MIN: u16 = 61000;
 pub const NP_NAT_PORT_MAX: u16 = 65535;
 
+/// The largest Maglev table size (a prime): a table value always has room for this many
+/// entries, of which the first [`LbMaglev::m`] are used. 16381 × 4 bytes ≈ 64 KiB per
+/// NodePort service (hash map without preallocation: only programmed services cost memory).
+pub const LB_MAGLEV_MAX_M: u32 = 16381;
+/// The default Maglev table size (a prime, ≥ 100 × a typical backend count).
+pub const LB_MAGLEV_DEFAULT_M: u32 = 1021;
+
+/// One NodePort service's Maglev lookup table ([`LB_MAGLEV_MAP`] value), written whole by the
+/// agent (one map update per change of the service's backends: the program sees the old or
+/// the new table, never a mix).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LbMaglev {
+    /// Entries in use (`table[0..m]`), a prime ≤ [`LB_MAGLEV_MAX_M`]; 0 = no table.
+    pub m: u32,
+    pub _pad: u32,
+    /// Backend ids (of this service, in `LB_BACKENDS`).
+    pub table: [u32; LB_MAGLEV_MAX_M as usize],
+}
+
+/// The hash of a NodePort flow's 5-tuple (addresses as the kernel stores them, ports in host
+/// order) that picks its Maglev table entry: `np_flow_hash(..) % m`. Shared by the tc
+/// program and the agent's tests, so both compute the same entry.
+#[inline(always)]
+pub const fn np_flow_hash(saddr: u32, daddr: u32, sport: u16, dport: u16, proto: u8) -> u32 {
+    let a = ((saddr as u64) << 32) | daddr as u64;
+    let b = ((sport as u64) << 24) | ((dport as u64) << 8) | proto as u64;
+    let h = fmix64(a ^ fmix64(b.wrapping_add(0x9e37_79b9_7f4a_7c15)));
+    (h ^ (h >> 32)) as u32
+}
+
+/// MurmurHash3's 64-bit finalizer: every input bit affects every output bit.
+#[inline(always)]
+pub const fn fmix64(mut h: u64) -> u64 {
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^= h >> 33;
+    h
+}
+
 /// ClientIP affinity key: the client's network namespace (`bpf_get_netns_cookie`: every
 /// socket of a pod shares it, as they share the pod's IP) and the service.
 #[repr(C)]
@@ -249,9 +299,10 @@ pub const LB_COUNTERS_MAP: &str = "LB_COUNTERS";
 pub const LB_REVNAT_MAP: &str = "LB_REVNAT";
 pub const LB_AFFINITY_MAP: &str = "LB_AFFINITY";
 pub const NP_CT_MAP: &str = "NP_CT";
+pub const LB_MAGLEV_MAP: &str = "LB_MAGLEV";
 
 /// Every LB map, in the order the loader pins them.
-pub const LB_MAPS: [&str; 7] = [
+pub const LB_MAPS: [&str; 8] = [
     LB_SERVICES_MAP,
     LB_SLOTS_MAP,
     LB_BACKENDS_MAP,
@@ -259,13 +310,21 @@ pub const LB_MAPS: [&str; 7] = [
     LB_REVNAT_MAP,
     LB_AFFINITY_MAP,
     NP_CT_MAP,
+    LB_MAGLEV_MAP,
 ];
+
+/// The `skiff-lb` global (a `u8`) that switches the programs' aya-log debug records on.
+pub const LB_DEBUG_GLOBAL: &str = "DEBUG";
 
 /// Program names in the `skiff-lb` object.
 pub const LB_CONNECT4_PROG: &str = "skiff_lb_connect4";
 pub const LB_SENDMSG4_PROG: &str = "skiff_lb_sendmsg4";
 pub const LB_RECVMSG4_PROG: &str = "skiff_lb_recvmsg4";
 pub const LB_GETPEERNAME4_PROG: &str = "skiff_lb_getpeername4";
+pub const LB_CONNECT6_PROG: &str = "skiff_lb_connect6";
+pub const LB_SENDMSG6_PROG: &str = "skiff_lb_sendmsg6";
+pub const LB_RECVMSG6_PROG: &str = "skiff_lb_recvmsg6";
+pub const LB_GETPEERNAME6_PROG: &str = "skiff_lb_getpeername6";
 /// The tc (TCX ingress) NodePort program, on the node's uplink and on every pod host veth.
 pub const NP_INGRESS_PROG: &str = "skiff_np_ingress";
 
@@ -288,6 +347,7 @@ mod tests {
         assert_eq!(size_of::<LbAffinity>(), 16);
         assert_eq!(size_of::<NpCtKey>(), 4 + 4 + 2 + 2 + 1 + 1 + 2);
         assert_eq!(size_of::<NpCtEntry>(), 4 + 4 + 2 + 2 + 4 + 4);
+        assert_eq!(size_of::<LbMaglev>(), 8 + 4 * LB_MAGLEV_MAX_M as usize);
         assert!(align_of::<LbRevNatKey>() <= 8 && align_of::<LbAffinity>() <= 8);
     }
 
@@ -301,6 +361,28 @@ mod tests {
         assert_eq!(v4_be(&a), ip_be);
         let k = LbServiceKey::v4(ip_be, 80, IPPROTO_TCP);
         assert_eq!((k.port, k.proto, k.family), (80, 6, AF_INET));
+    }
+
+    #[test]
+    fn flow_hash_depends_on_every_field() {
+        let base = np_flow_hash(1, 2, 3, 4, IPPROTO_TCP);
+        assert_eq!(base, np_flow_hash(1, 2, 3, 4, IPPROTO_TCP));
+        for other in [
+            np_flow_hash(9, 2, 3, 4, IPPROTO_TCP),
+            np_flow_hash(1, 9, 3, 4, IPPROTO_TCP),
+            np_flow_hash(1, 2, 9, 4, IPPROTO_TCP),
+            np_flow_hash(1, 2, 3, 9, IPPROTO_TCP),
+            np_flow_hash(1, 2, 3, 4, IPPROTO_UDP),
+        ] {
+            assert_ne!(base, other);
+        }
+        // Consecutive source ports spread over a prime table.
+        let m = LB_MAGLEV_DEFAULT_M;
+        let mut hit = [0u32; 4];
+        for port in 40000..44000u16 {
+            hit[(np_flow_hash(1, 2, port, 80, IPPROTO_TCP) % m % 4) as usize] += 1;
+        }
+        assert!(hit.iter().all(|h| (900..1100).contains(h)), "{hit:?}");
     }
 
     #[test]

@@ -1,16 +1,23 @@
-//! Skiff's socket-level Service load balancer (the `skiff-lb` object): four
-//! `cgroup_sock_addr` programs the agent attaches to the node's pod cgroup parent, so they run
-//! for the sockets of every pod, whatever network namespace the pod is in. Built like
-//! `skiff-ebpf` by `node/build.rs`; the map layouts are in `skiff_common::lb`.
+//! Skiff's socket-level Service load balancer (the `skiff-lb` object): eight
+//! `cgroup_sock_addr` programs (four per address family) the agent attaches to the node's pod
+//! cgroup parent, so they run for the sockets of every pod, whatever network namespace the pod
+//! is in. Built like `skiff-ebpf` by `node/build.rs`; the map layouts are in
+//! `skiff_common::lb`.
 //!
-//! - `connect4` (TCP, connected UDP): a destination that is a frontend in `LB_SERVICES` is
-//!   rewritten to one of its backends (random slot, or the client netns' affinity entry when
-//!   the service has ClientIP affinity and it has not expired); the socket cookie and backend
-//!   are recorded in `LB_REVNAT`. A frontend with no backends fails the `connect()` at once
-//!   with ECONNREFUSED (`bpf_set_retval`, then return 0).
-//! - `sendmsg4` (unconnected UDP): the same per datagram.
-//! - `recvmsg4`, `getpeername4`: a peer that is the backend recorded for this socket is shown
-//!   as the frontend instead.
+//! - `connect4`/`connect6` (TCP, connected UDP): a destination that is a frontend in
+//!   `LB_SERVICES` is rewritten to one of its backends (random slot, or the client netns'
+//!   affinity entry when the service has ClientIP affinity and it has not expired); the socket
+//!   cookie and backend are recorded in `LB_REVNAT`. A frontend with no backends fails the
+//!   `connect()` at once with ECONNREFUSED (`bpf_set_retval`, then return 0).
+//! - `sendmsg4`/`sendmsg6` (unconnected UDP): the same per datagram.
+//! - `recvmsg4/6`, `getpeername4/6`: a peer that is the backend recorded for this socket is
+//!   shown as the frontend instead.
+//!
+//! The IPv4 and IPv6 programs share one generic body per hook ([`forward`], [`reverse`]); the
+//! family only decides where the address sits in `bpf_sock_addr` ([`Family`]) and the
+//! `family` field of the keys, so both families live in the same maps. IPv4-mapped IPv6
+//! destinations (`::ffff:a.b.c.d` on an IPv6 socket) are looked up as IPv6 keys, i.e. not
+//! translated.
 //!
 //! - `skiff_np_ingress` (tc, TCX ingress on the node's uplink and on every pod host veth):
 //!   NodePort from outside the node, see [`np_ingress`].
@@ -20,10 +27,13 @@
 #![no_std]
 #![no_main]
 
+use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
 use aya_ebpf::{
+    Global,
     bindings::{
         BPF_F_MARK_MANGLED_0, BPF_F_NO_PREALLOC, BPF_F_PSEUDO_HDR, BPF_NOEXIST, TC_ACT_OK,
-        bpf_fib_lookup as FibParams,
+        bpf_fib_lookup as FibParams, bpf_sock_addr,
     },
     btf_maps::{HashMap, LruHashMap, PerCpuHashMap},
     helpers::{
@@ -33,12 +43,14 @@ use aya_ebpf::{
     macros::{btf_map, cgroup_sock_addr, classifier},
     programs::{SockAddrContext, TcContext},
 };
+use aya_log_ebpf::debug;
 use skiff_common::lb::{
-    AF_INET, IPPROTO_TCP, IPPROTO_UDP, LB_DEFAULT_MAX_AFFINITY, LB_DEFAULT_MAX_BACKENDS,
+    AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, LB_DEFAULT_MAX_AFFINITY, LB_DEFAULT_MAX_BACKENDS,
     LB_DEFAULT_MAX_NP_CT, LB_DEFAULT_MAX_REVNAT, LB_DEFAULT_MAX_SERVICES, LB_FLAG_AFFINITY,
-    LB_FLAG_NODEPORT, LbAffinity, LbAffinityKey, LbBackend, LbCounters, LbRevNat, LbRevNatKey,
-    LbService, LbServiceKey, LbSlotKey, NP_CT_FORWARD, NP_CT_REPLY, NP_NAT_PORT_MAX,
-    NP_NAT_PORT_MIN, NpCtEntry, NpCtKey, v4_addr, v4_be,
+    LB_FLAG_LOCAL, LB_FLAG_NODEPORT, LB_MAGLEV_MAX_M, LbAddr, LbAffinity, LbAffinityKey, LbBackend,
+    LbCounters, LbMaglev, LbRevNat, LbRevNatKey, LbService, LbServiceKey, LbSlotKey, NP_CT_FORWARD,
+    NP_CT_REPLY, NP_NAT_PORT_MAX, NP_NAT_PORT_MIN, NpCtEntry, NpCtKey, np_flow_hash, v4_addr,
+    v4_be,
 };
 
 /// cgroup_sock_addr verdict: go on (with whatever the program rewrote).
@@ -46,6 +58,28 @@ const ALLOW: i32 = 1;
 /// cgroup_sock_addr verdict: fail the syscall (with the error set by `bpf_set_retval`).
 const REJECT: i32 = 0;
 const ECONNREFUSED: i32 = 111;
+/// Debug records of every translation (aya-log, read by the agent with `--bpf-debug`): 0 =
+/// off. Set by the loader before the programs are verified (a read-only global), so with 0
+/// the verifier drops the logging code and the hot path is unchanged.
+#[unsafe(no_mangle)]
+static DEBUG: Global<u8> = Global::new(0);
+
+/// Whether translations are logged ([`DEBUG`]).
+#[inline(always)]
+fn debug_on() -> bool {
+    DEBUG.load() != 0
+}
+
+/// An address of `family` for a log record.
+#[inline(always)]
+fn log_ip(a: &LbAddr, family: u8) -> IpAddr {
+    if family == AF_INET6 {
+        IpAddr::V6(Ipv6Addr::from(*a))
+    } else {
+        IpAddr::V4(Ipv4Addr::new(a[0], a[1], a[2], a[3]))
+    }
+}
+
 /// How many random slots to try when a slot or backend vanishes under a concurrent update.
 const PICK_ATTEMPTS: u32 = 3;
 const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
@@ -84,10 +118,15 @@ static LB_REVNAT: LruHashMap<LbRevNatKey, LbRevNat, { LB_DEFAULT_MAX_REVNAT as u
 static LB_AFFINITY: LruHashMap<LbAffinityKey, LbAffinity, { LB_DEFAULT_MAX_AFFINITY as usize }> =
     LruHashMap::new();
 
+/// Maglev tables of the NodePort services (service id → backend ids), written whole by the
+/// agent; read by [`maglev_backend`] only.
+#[btf_map]
+static LB_MAGLEV: HashMap<u32, LbMaglev, { LB_DEFAULT_MAX_SERVICES as usize }, NO_PREALLOC> =
+    HashMap::new();
+
 /// NodePort connection tracking, both directions of every flow (see `skiff_common::lb`).
 #[btf_map]
-static NP_CT: LruHashMap<NpCtKey, NpCtEntry, { LB_DEFAULT_MAX_NP_CT as usize }> =
-    LruHashMap::new();
+static NP_CT: LruHashMap<NpCtKey, NpCtEntry, { LB_DEFAULT_MAX_NP_CT as usize }> = LruHashMap::new();
 
 /// Which counter a translation adds to.
 #[derive(Clone, Copy)]
@@ -96,28 +135,126 @@ enum Kind {
     Send,
 }
 
+// ---------------------------------------------------------------------------------------------
+// Socket LB (cgroup_sock_addr), IPv4 and IPv6: one generic body per hook kind, instantiated
+// per address family through [`Family`].
+// ---------------------------------------------------------------------------------------------
+
 #[cgroup_sock_addr(connect4)]
 pub fn skiff_lb_connect4(ctx: SockAddrContext) -> i32 {
-    forward(&ctx, Kind::Connect)
+    forward::<V4>(&ctx, Kind::Connect)
 }
 
 #[cgroup_sock_addr(sendmsg4)]
 pub fn skiff_lb_sendmsg4(ctx: SockAddrContext) -> i32 {
-    forward(&ctx, Kind::Send)
+    forward::<V4>(&ctx, Kind::Send)
 }
 
 #[cgroup_sock_addr(recvmsg4)]
 pub fn skiff_lb_recvmsg4(ctx: SockAddrContext) -> i32 {
-    reverse(&ctx);
+    reverse::<V4>(&ctx);
     // recvmsg4 programs must return 1.
     ALLOW
 }
 
 #[cgroup_sock_addr(getpeername4)]
 pub fn skiff_lb_getpeername4(ctx: SockAddrContext) -> i32 {
-    reverse(&ctx);
+    reverse::<V4>(&ctx);
     // getpeername4 programs must return 1.
     ALLOW
+}
+
+#[cgroup_sock_addr(connect6)]
+pub fn skiff_lb_connect6(ctx: SockAddrContext) -> i32 {
+    forward::<V6>(&ctx, Kind::Connect)
+}
+
+#[cgroup_sock_addr(sendmsg6)]
+pub fn skiff_lb_sendmsg6(ctx: SockAddrContext) -> i32 {
+    forward::<V6>(&ctx, Kind::Send)
+}
+
+#[cgroup_sock_addr(recvmsg6)]
+pub fn skiff_lb_recvmsg6(ctx: SockAddrContext) -> i32 {
+    reverse::<V6>(&ctx);
+    // recvmsg6 programs must return 1.
+    ALLOW
+}
+
+#[cgroup_sock_addr(getpeername6)]
+pub fn skiff_lb_getpeername6(ctx: SockAddrContext) -> i32 {
+    reverse::<V6>(&ctx);
+    // getpeername6 programs must return 1.
+    ALLOW
+}
+
+/// An address family of the socket programs: where `bpf_sock_addr` keeps the user address
+/// (`user_ip4`, or `user_ip6` as four 32-bit words, both in network order in memory).
+trait Family {
+    /// `AF_INET` / `AF_INET6`, as stored in the map keys and values.
+    const AF: u8;
+    /// The user address (destination at connect/sendmsg, peer at recvmsg/getpeername).
+    ///
+    /// # Safety
+    /// `sa` is the context of a program of this family.
+    unsafe fn load(sa: *const bpf_sock_addr) -> LbAddr;
+    /// Overwrites the user address.
+    ///
+    /// # Safety
+    /// As [`Family::load`], in a hook where the address is writable (all four are).
+    unsafe fn store(sa: *mut bpf_sock_addr, addr: &LbAddr);
+}
+
+struct V4;
+struct V6;
+
+impl Family for V4 {
+    const AF: u8 = AF_INET;
+
+    #[inline(always)]
+    unsafe fn load(sa: *const bpf_sock_addr) -> LbAddr {
+        // SAFETY: per the trait contract; the verifier checks the context access.
+        v4_addr(unsafe { (*sa).user_ip4 })
+    }
+
+    #[inline(always)]
+    unsafe fn store(sa: *mut bpf_sock_addr, addr: &LbAddr) {
+        // SAFETY: per the trait contract.
+        unsafe { (*sa).user_ip4 = v4_be(addr) };
+    }
+}
+
+impl Family for V6 {
+    const AF: u8 = AF_INET6;
+
+    #[inline(always)]
+    unsafe fn load(sa: *const bpf_sock_addr) -> LbAddr {
+        // SAFETY: per the trait contract. Four 32-bit loads at constant offsets: the only
+        // access the verifier allows for `user_ip6`.
+        let w = unsafe {
+            [
+                (*sa).user_ip6[0].to_ne_bytes(),
+                (*sa).user_ip6[1].to_ne_bytes(),
+                (*sa).user_ip6[2].to_ne_bytes(),
+                (*sa).user_ip6[3].to_ne_bytes(),
+            ]
+        };
+        [
+            w[0][0], w[0][1], w[0][2], w[0][3], w[1][0], w[1][1], w[1][2], w[1][3], w[2][0],
+            w[2][1], w[2][2], w[2][3], w[3][0], w[3][1], w[3][2], w[3][3],
+        ]
+    }
+
+    #[inline(always)]
+    unsafe fn store(sa: *mut bpf_sock_addr, a: &LbAddr) {
+        // SAFETY: per the trait contract; four 32-bit stores at constant offsets.
+        unsafe {
+            (*sa).user_ip6[0] = u32::from_ne_bytes([a[0], a[1], a[2], a[3]]);
+            (*sa).user_ip6[1] = u32::from_ne_bytes([a[4], a[5], a[6], a[7]]);
+            (*sa).user_ip6[2] = u32::from_ne_bytes([a[8], a[9], a[10], a[11]]);
+            (*sa).user_ip6[3] = u32::from_ne_bytes([a[12], a[13], a[14], a[15]]);
+        }
+    }
 }
 
 /// A backend picked for one translation.
@@ -126,14 +263,20 @@ struct Picked {
     backend: LbBackend,
 }
 
-/// Frontend → backend for `connect4`/`sendmsg4`.
+/// Frontend → backend for `connect4/6`/`sendmsg4/6`.
 #[inline(always)]
-fn forward(ctx: &SockAddrContext, kind: Kind) -> i32 {
+fn forward<F: Family>(ctx: &SockAddrContext, kind: Kind) -> i32 {
     let sa = ctx.sock_addr;
-    // SAFETY: `sa` is the `bpf_sock_addr` context the kernel passed to this program; these
-    // fields are readable in connect4 and sendmsg4 programs (the verifier checks each access).
-    let (ip, port, proto) = unsafe { ((*sa).user_ip4, (*sa).user_port, (*sa).protocol) };
-    let key = LbServiceKey::v4(ip, u16::from_be(port as u16), proto as u8);
+    // SAFETY: `sa` is the `bpf_sock_addr` context the kernel passed to this program of family
+    // `F`; these fields are readable in connect and sendmsg programs (the verifier checks
+    // each access).
+    let (addr, port, proto) = unsafe { (F::load(sa), (*sa).user_port, (*sa).protocol) };
+    let key = LbServiceKey {
+        addr,
+        port: u16::from_be(port as u16),
+        proto: proto as u8,
+        family: F::AF,
+    };
     // SAFETY: only the agent writes LB_SERVICES, replacing whole values (never in place), so
     // the value read here is a consistent snapshot.
     let Some(svc) = (unsafe { LB_SERVICES.get(&key) }).copied() else {
@@ -142,18 +285,35 @@ fn forward(ctx: &SockAddrContext, kind: Kind) -> i32 {
     let Some(picked) = pick(ctx, &key, &svc) else {
         // No backend (none configured, or all vanished under concurrent updates): refuse at
         // once instead of letting the client wait for a virtual IP nobody answers.
-        // SAFETY: bpf_set_retval is allowed in connect4/sendmsg4 programs (kernel >= 5.18); a
+        // SAFETY: bpf_set_retval is allowed in connect/sendmsg programs (kernel >= 5.18); a
         // program returning 0 then fails the syscall with this error instead of EPERM.
         unsafe { bpf_set_retval(-ECONNREFUSED) };
         return REJECT;
     };
     let b = picked.backend;
-    // SAFETY: as above; user_ip4 and user_port are writable in connect4 and sendmsg4.
+    // SAFETY: as above; the user address and port are writable in connect and sendmsg.
     unsafe {
-        (*sa).user_ip4 = v4_be(&b.addr);
+        F::store(sa, &b.addr);
         (*sa).user_port = u32::from(b.port.to_be());
     }
     remember(ctx, &key, &svc, &b);
+    if debug_on() {
+        let what = match kind {
+            Kind::Connect => "connect",
+            Kind::Send => "sendmsg",
+        };
+        debug!(
+            ctx,
+            "socket lb {}: {:i}:{} -> backend {:i}:{} (service {}, backend id {})",
+            what,
+            log_ip(&key.addr, F::AF),
+            key.port,
+            log_ip(&b.addr, F::AF),
+            b.port,
+            svc.id,
+            picked.id
+        );
+    }
     if let Some(c) = LB_COUNTERS.get_ptr_mut(picked.id) {
         // SAFETY: a per-CPU map value: this CPU's copy, written by nobody else meanwhile.
         unsafe {
@@ -186,7 +346,7 @@ fn pick(ctx: &SockAddrContext, key: &LbServiceKey, svc: &LbService) -> Option<Pi
         if let Some(a) = unsafe { LB_AFFINITY.get(&aff_key) }.copied() {
             let timeout_ns = u64::from(svc.affinity_timeout_s) * 1_000_000_000;
             if now.wrapping_sub(a.last_used_ns) <= timeout_ns
-                && let Some(b) = backend_of(a.backend_id, svc.id)
+                && let Some(b) = backend_of(a.backend_id, svc.id, key.family)
             {
                 touch(&aff_key, a.backend_id, now);
                 return Some(Picked {
@@ -223,19 +383,19 @@ fn random_backend(key: &LbServiceKey) -> Option<Picked> {
         let Some(id) = unsafe { LB_SLOTS.get(&slot_key) }.copied() else {
             continue;
         };
-        if let Some(backend) = backend_of(id, svc.id) {
+        if let Some(backend) = backend_of(id, svc.id, key.family) {
             return Some(Picked { id, backend });
         }
     }
     None
 }
 
-/// Backend `id`, if it exists and belongs to service `service_id`.
+/// Backend `id`, if it exists, belongs to service `service_id` and is of `family`.
 #[inline(always)]
-fn backend_of(id: u32, service_id: u32) -> Option<LbBackend> {
+fn backend_of(id: u32, service_id: u32, family: u8) -> Option<LbBackend> {
     // SAFETY: agent-written map, value copied out.
     let b = unsafe { LB_BACKENDS.get(&id) }.copied()?;
-    (b.service_id == service_id && b.family == AF_INET).then_some(b)
+    (b.service_id == service_id && b.family == family).then_some(b)
 }
 
 #[inline(always)]
@@ -258,13 +418,13 @@ fn remember(ctx: &SockAddrContext, key: &LbServiceKey, svc: &LbService, b: &LbBa
         cookie,
         addr: b.addr,
         port: b.port,
-        family: AF_INET,
+        family: key.family,
         _pad: [0; 5],
     };
     let value = LbRevNat {
         addr: key.addr,
         port: key.port,
-        family: AF_INET,
+        family: key.family,
         _pad: 0,
         service_id: svc.id,
     };
@@ -277,26 +437,26 @@ fn remember(ctx: &SockAddrContext, key: &LbServiceKey, svc: &LbService, b: &LbBa
     let _ = LB_REVNAT.insert(&rev_key, value, 0);
 }
 
-/// Backend → frontend for `recvmsg4`/`getpeername4`.
+/// Backend → frontend for `recvmsg4/6`/`getpeername4/6`.
 #[inline(always)]
-fn reverse(ctx: &SockAddrContext) {
+fn reverse<F: Family>(ctx: &SockAddrContext) {
     let sa = ctx.sock_addr;
-    // SAFETY: readable fields of this program's context (recvmsg4/getpeername4).
-    let (ip, port) = unsafe { ((*sa).user_ip4, (*sa).user_port) };
+    // SAFETY: readable fields of this program's context (recvmsg/getpeername of family `F`).
+    let (addr, port) = unsafe { (F::load(sa), (*sa).user_port) };
     // SAFETY: `ctx` is this program's context; bpf_get_socket_cookie accepts it.
     let cookie = unsafe { bpf_get_socket_cookie(sa.cast()) };
     let key = LbRevNatKey {
         cookie,
-        addr: v4_addr(ip),
+        addr,
         port: u16::from_be(port as u16),
-        family: AF_INET,
+        family: F::AF,
         _pad: [0; 5],
     };
     // SAFETY: LRU value, copied out.
     if let Some(v) = unsafe { LB_REVNAT.get(&key) }.copied() {
-        // SAFETY: user_ip4 and user_port are writable in recvmsg4 and getpeername4.
+        // SAFETY: the user address and port are writable in recvmsg and getpeername.
         unsafe {
-            (*sa).user_ip4 = v4_be(&v.addr);
+            F::store(sa, &v.addr);
             (*sa).user_port = u32::from(v.port.to_be());
         }
     }
@@ -332,13 +492,16 @@ struct Tuple {
     proto: u8,
 }
 
-/// NodePort for clients outside the node (externalTrafficPolicy: Cluster), on the ingress of
-/// the node's uplink and of every pod host veth:
+/// NodePort for clients outside the node, on the ingress of the node's uplink and of every
+/// pod host veth (externalTrafficPolicy `Cluster`; a frontend with `LB_FLAG_LOCAL` is
+/// `Local`: its backends are this node's pods and only the destination is translated, see
+/// [`record_local_flow`]):
 ///
 /// 1. A packet of a known flow (`NP_CT` forward entry) whose backend still exists, or a new
 ///    packet to a frontend with `LB_FLAG_NODEPORT` (node address, nodePort, protocol), is
 ///    rewritten to (node address → backend, NAT port → backend port): DNAT to a backend
-///    picked like the socket programs do, SNAT to the node address. The NAT port is the
+///    picked by the service's Maglev table (`LB_MAGLEV`, [`maglev_backend`]; a random slot
+///    when it has none), SNAT to the node address. The NAT port is the
 ///    client's port when no other flow uses it towards that backend, else a random port in
 ///    `NP_NAT_PORT_MIN..=NP_NAT_PORT_MAX` (claimed atomically with `BPF_NOEXIST` on the reply
 ///    entry; up to `NAT_PORT_ATTEMPTS` tries, then the packet is dropped).
@@ -389,7 +552,7 @@ fn np_ingress(ctx: &TcContext) -> i32 {
     if let Some(svc) = unsafe { LB_SERVICES.get(&svc_key) }.copied()
         && svc.flags & LB_FLAG_NODEPORT != 0
     {
-        return new_flow(ctx, &t, &svc_key, &fwd_key);
+        return new_flow(ctx, &t, &svc_key, &svc, &fwd_key);
     }
     TC_ACT_OK as i32
 }
@@ -423,25 +586,94 @@ fn parse(ctx: &TcContext) -> Option<Tuple> {
     })
 }
 
+/// The backend of a new NodePort flow from the service's Maglev table: entry
+/// `np_flow_hash(5-tuple) % m`, so the same 5-tuple gets the same backend (on every node with
+/// the same backends) and a backend change moves few flows. `None` when the service has no
+/// table (yet) or the entry names a backend that is gone (the table is rewritten after a
+/// removal): the caller then picks at random.
+#[inline(always)]
+fn maglev_backend(svc: &LbService, t: &Tuple) -> Option<Picked> {
+    // SAFETY: agent-written map; the agent replaces whole values (a hash map update swaps the
+    // element), so this reference sees one table, old or new.
+    let table = unsafe { LB_MAGLEV.get(&svc.id) }?;
+    let m = table.m;
+    if m == 0 || m > LB_MAGLEV_MAX_M {
+        return None;
+    }
+    let i = np_flow_hash(t.saddr, t.daddr, t.sport, t.dport, t.proto) % m;
+    // The verifier does not derive `i < m` from the modulo, and the compiler drops a bounds
+    // check it can prove redundant: read `i` back opaquely so the check below stays.
+    // SAFETY: reading a local through a valid pointer to it.
+    let i = unsafe { core::ptr::read_volatile(&i) } as usize;
+    if i >= LB_MAGLEV_MAX_M as usize {
+        return None;
+    }
+    let id = *table.table.get(i)?;
+    let backend = backend_of(id, svc.id, AF_INET)?;
+    Some(Picked { id, backend })
+}
+
 /// Whether the backend of a forward entry is still the same backend (not removed, its id
 /// not reused for another address).
 #[inline(always)]
 fn backend_still(e: &NpCtEntry) -> bool {
-    match backend_of(e.backend_id, e.service_id) {
+    match backend_of(e.backend_id, e.service_id, AF_INET) {
         Some(b) => v4_be(&b.addr) == e.daddr && b.port == e.dport,
         None => false,
     }
 }
 
-/// A first packet towards a NodePort frontend: pick a backend, claim a NAT port, record both
-/// directions, translate.
+/// A first packet towards a NodePort frontend: pick a backend (Maglev, else at random), claim
+/// a NAT port, record both directions, translate.
 #[inline(always)]
-fn new_flow(ctx: &TcContext, t: &Tuple, svc_key: &LbServiceKey, fwd_key: &NpCtKey) -> i32 {
-    let Some(picked) = random_backend(svc_key) else {
+fn new_flow(
+    ctx: &TcContext,
+    t: &Tuple,
+    svc_key: &LbServiceKey,
+    svc: &LbService,
+    fwd_key: &NpCtKey,
+) -> i32 {
+    let Some(picked) = maglev_backend(svc, t).or_else(|| random_backend(svc_key)) else {
         // No backend: drop (a TCP client sees its connect time out, like with kube-proxy's
         // REJECT-less NodePort rules for services without endpoints).
         return TC_ACT_SHOT;
     };
+    let recorded = if svc.flags & LB_FLAG_LOCAL != 0 {
+        record_local_flow(t, fwd_key, &picked)
+    } else {
+        record_snat_flow(t, fwd_key, &picked)
+    };
+    let Some(fwd) = recorded else {
+        return TC_ACT_SHOT;
+    };
+    let b = picked.backend;
+    if let Some(c) = LB_COUNTERS.get_ptr_mut(picked.id) {
+        // SAFETY: a per-CPU map value: this CPU's copy, written by nobody else meanwhile.
+        unsafe { (*c).connects = (*c).connects.wrapping_add(1) };
+    }
+    if debug_on() {
+        debug!(
+            ctx,
+            "nodeport new flow: {:i}:{} -> {:i}:{} to backend {:i}:{} (service {}, backend id {}, nat port {})",
+            t.saddr.to_ne_bytes(),
+            t.sport,
+            t.daddr.to_ne_bytes(),
+            t.dport,
+            fwd.daddr.to_ne_bytes(),
+            fwd.dport,
+            b.service_id,
+            picked.id,
+            fwd.sport
+        );
+    }
+    translate(ctx, t, &fwd)
+}
+
+/// externalTrafficPolicy Cluster: records a flow DNATed to `picked` and SNATed to the node
+/// address, with a NAT port (the client's, else a random free one of the NAT range) that
+/// tells its replies apart. Returns the forward translation; `None`: no port, drop.
+#[inline(always)]
+fn record_snat_flow(t: &Tuple, fwd_key: &NpCtKey, picked: &Picked) -> Option<NpCtEntry> {
     let b = picked.backend;
     let backend_ip = v4_be(&b.addr);
     let back = NpCtEntry {
@@ -490,7 +722,7 @@ fn new_flow(ctx: &TcContext, t: &Tuple, svc_key: &LbServiceKey, fwd_key: &NpCtKe
         }
     }
     if !claimed {
-        return TC_ACT_SHOT;
+        return None;
     }
     let fwd = NpCtEntry {
         saddr: t.daddr,
@@ -502,13 +734,50 @@ fn new_flow(ctx: &TcContext, t: &Tuple, svc_key: &LbServiceKey, fwd_key: &NpCtKe
     };
     if NP_CT.insert(fwd_key, fwd, 0).is_err() {
         let _ = NP_CT.remove(&reply_key);
-        return TC_ACT_SHOT;
+        return None;
     }
-    if let Some(c) = LB_COUNTERS.get_ptr_mut(picked.id) {
-        // SAFETY: a per-CPU map value: this CPU's copy, written by nobody else meanwhile.
-        unsafe { (*c).connects = (*c).connects.wrapping_add(1) };
+    Some(fwd)
+}
+
+/// externalTrafficPolicy Local: records a flow DNATed to `picked` (a pod of this node) with
+/// the client's address and port kept, so the backend sees the client. Its replies (backend →
+/// client, seen at the pod's host veth) are sent from the NodePort frontend again. Returns the
+/// forward translation; `None`: the conntrack map refused it, drop.
+#[inline(always)]
+fn record_local_flow(t: &Tuple, fwd_key: &NpCtKey, picked: &Picked) -> Option<NpCtEntry> {
+    let b = picked.backend;
+    let backend_ip = v4_be(&b.addr);
+    let reply_key = NpCtKey {
+        saddr: backend_ip,
+        daddr: t.saddr,
+        sport: b.port,
+        dport: t.sport,
+        proto: t.proto,
+        dir: NP_CT_REPLY,
+        _pad: [0; 2],
+    };
+    let back = NpCtEntry {
+        saddr: t.daddr,
+        daddr: t.saddr,
+        sport: t.dport,
+        dport: t.sport,
+        backend_id: picked.id,
+        service_id: b.service_id,
+    };
+    NP_CT.insert(&reply_key, back, 0).ok()?;
+    let fwd = NpCtEntry {
+        saddr: t.saddr,
+        daddr: backend_ip,
+        sport: t.sport,
+        dport: b.port,
+        backend_id: picked.id,
+        service_id: b.service_id,
+    };
+    if NP_CT.insert(fwd_key, fwd, 0).is_err() {
+        let _ = NP_CT.remove(&reply_key);
+        return None;
     }
-    translate(ctx, t, &fwd)
+    Some(fwd)
 }
 
 /// Rewrites the packet's 4-tuple `t` to `e`'s (fixing the IP and L4 checksums) and sends it

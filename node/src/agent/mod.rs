@@ -254,6 +254,7 @@ pub async fn run(
         match load_service_lb(&cfg.node_name, &cgroup_parent, cfg.lb) {
             Ok(lb) => Ok(proxy::Proxy::new(
                 lb,
+                &cfg.node_name,
                 uplink
                     .iter()
                     .map(|(_, ip)| std::net::IpAddr::V4(*ip))
@@ -400,6 +401,13 @@ fn load_service_lb(
     std::fs::create_dir_all(cgroup_parent)
         .map_err(|e| format!("{}: {e}", cgroup_parent.display()))?;
     let (_, report) = lb.attach(cgroup_parent).map_err(|e| e.to_string())?;
+    // --bpf-debug: the programs' per-translation records, as tracing debug events.
+    if lb
+        .start_debug_log(crate::bpf::lb::debug::TracingLog)
+        .map_err(|e| e.to_string())?
+    {
+        info!("eBPF Service load balancer debug records on (tracing target skiff_lb, debug)");
+    }
     info!(
         attached = report.attached,
         adopted = report.adopted,

@@ -93,7 +93,7 @@ pub struct DesiredPort {
 /// The frontends `svc` wants, with their ready backends from `eps` (pure; `None` = absent),
 /// without NodePort frontends: [`desired_on`] for a node without addresses.
 pub fn desired(svc: Option<&Service>, eps: Option<&Endpoints>) -> Vec<DesiredPort> {
-    desired_on(svc, eps, &[])
+    desired_on(svc, eps, "", &[])
 }
 
 /// Whether a Service of this `type` gets node ports (`LoadBalancer` includes `NodePort`).
@@ -106,10 +106,13 @@ fn has_node_ports(service_type: &str) -> bool {
 /// with a `nodePort` and IPv4 node address, `<node IP>:<nodePort>` with
 /// [`ServiceParams::node_port`] set (the tc NodePort program serves only IPv4). NodePort
 /// frontends balance over every ready backend of the cluster (externalTrafficPolicy
-/// Cluster; `Local` is not implemented and treated the same).
+/// `Cluster`), or with `externalTrafficPolicy: Local` over the ready backends whose
+/// Endpoints address has `nodeName` = `node` only, without SNAT ([`ServiceParams::local`];
+/// no local backend: the frontend drops new flows, as kube-proxy does).
 pub fn desired_on(
     svc: Option<&Service>,
     eps: Option<&Endpoints>,
+    node: &str,
     node_ips: &[IpAddr],
 ) -> Vec<DesiredPort> {
     let Some(spec) = svc.and_then(|s| s.spec.as_ref()) else {
@@ -140,8 +143,10 @@ pub fn desired_on(
                 .unwrap_or(DEFAULT_AFFINITY_TIMEOUT_S)
         }),
         node_port: false,
+        local: false,
     };
     let node_ports = has_node_ports(&spec.r#type);
+    let local = spec.external_traffic_policy == "Local";
     let mut out = Vec::new();
     for sp in &spec.ports {
         let protocol = if sp.protocol.is_empty() {
@@ -156,6 +161,7 @@ pub fn desired_on(
             continue;
         }
         let mut backends = Vec::new();
+        let mut local_backends = Vec::new();
         for subset in eps.map(|e| e.subsets.as_slice()).unwrap_or_default() {
             // Endpoints ports match ServicePorts by name (and protocol).
             let Some(target) = subset.ports.iter().find(|p| {
@@ -182,6 +188,9 @@ pub fn desired_on(
                     };
                     if !backends.contains(&b) {
                         backends.push(b);
+                    }
+                    if a.node_name.as_deref() == Some(node) && !local_backends.contains(&b) {
+                        local_backends.push(b);
                     }
                 }
             }
@@ -217,9 +226,10 @@ pub fn desired_on(
                 port_name: sp.name.clone(),
                 params: ServiceParams {
                     node_port: true,
+                    local,
                     ..params
                 },
-                backends: backends
+                backends: if local { &local_backends } else { &backends }
                     .iter()
                     .filter(|b| b.ip.is_ipv4())
                     .copied()
@@ -303,7 +313,9 @@ struct Owner {
 
 struct Inner {
     lb: ServiceLb,
-    /// The node's addresses: NodePort frontends are programmed for each.
+    /// This node's name (externalTrafficPolicy Local: its own backends) and addresses
+    /// (NodePort frontends are programmed for each).
+    node_name: String,
     node_ips: Vec<IpAddr>,
     owners: BTreeMap<Frontend, Owner>,
     writes: u64,
@@ -377,11 +389,12 @@ pub struct BackendEntry {
 }
 
 impl Proxy {
-    /// A proxy programming `lb`, with NodePort frontends on `node_ips`.
-    pub fn new(lb: ServiceLb, node_ips: Vec<IpAddr>) -> Arc<Self> {
+    /// A proxy programming `lb` on node `node_name`, with NodePort frontends on `node_ips`.
+    pub fn new(lb: ServiceLb, node_name: &str, node_ips: Vec<IpAddr>) -> Arc<Self> {
         Arc::new(Proxy {
             inner: Mutex::new(Inner {
                 lb,
+                node_name: node_name.to_string(),
                 node_ips,
                 owners: BTreeMap::new(),
                 writes: 0,
@@ -476,12 +489,13 @@ impl Proxy {
         let Inner {
             lb,
             owners,
+            node_name,
             node_ips,
             ..
         } = &mut *inner;
         for svc in services.list() {
             let key = ObjectKey::of(&*svc);
-            for d in desired_on(Some(&svc), None, node_ips) {
+            for d in desired_on(Some(&svc), None, node_name, node_ips) {
                 if lb.state().service(&d.frontend).is_some() && !owners.contains_key(&d.frontend) {
                     owners.insert(
                         d.frontend,
@@ -592,10 +606,14 @@ struct ServiceReconciler {
 
 impl ServiceReconciler {
     fn desired_of(&self, key: &ObjectKey) -> Vec<DesiredPort> {
-        let node_ips = self.proxy.lock().node_ips.clone();
+        let (node, node_ips) = {
+            let inner = self.proxy.lock();
+            (inner.node_name.clone(), inner.node_ips.clone())
+        };
         desired_on(
             self.services.get(key).as_deref(),
             self.endpoints.get(key).as_deref(),
+            &node,
             &node_ips,
         )
     }
@@ -747,7 +765,7 @@ mod tests {
             &[("http", 8080, "TCP"), ("dns", 5353, "UDP")],
         )]);
         let nodes: Vec<IpAddr> = vec!["192.168.100.2".parse().unwrap(), "fd00::2".parse().unwrap()];
-        let d = desired_on(Some(&s), Some(&e), &nodes);
+        let d = desired_on(Some(&s), Some(&e), "node-1", &nodes);
         let names: Vec<String> = d.iter().map(|d| d.frontend.to_string()).collect();
         assert_eq!(
             names,
@@ -764,10 +782,44 @@ mod tests {
         );
         // ClusterIP Services, and nodes without addresses, get none.
         s.spec.as_mut().unwrap().r#type = "ClusterIP".into();
-        assert_eq!(desired_on(Some(&s), Some(&e), &nodes).len(), 2);
+        assert_eq!(desired_on(Some(&s), Some(&e), "node-1", &nodes).len(), 2);
         s.spec.as_mut().unwrap().r#type = "LoadBalancer".into();
-        assert_eq!(desired_on(Some(&s), Some(&e), &nodes).len(), 3);
+        assert_eq!(desired_on(Some(&s), Some(&e), "node-1", &nodes).len(), 3);
         assert_eq!(desired(Some(&s), Some(&e)).len(), 2);
+    }
+
+    #[test]
+    fn external_traffic_policy_local_keeps_this_nodes_backends_only() {
+        let mut s = svc("10.96.0.21", &[("http", 80, "TCP")]);
+        let spec = s.spec.as_mut().unwrap();
+        spec.r#type = "NodePort".into();
+        spec.ports[0].node_port = 30081;
+        spec.external_traffic_policy = "Local".into();
+        let mut sub = subset(
+            &["10.244.0.5", "10.244.1.6", "10.244.0.7"],
+            &[],
+            &[("http", 8080, "TCP")],
+        );
+        for (a, node) in sub.addresses.iter_mut().zip(["node-1", "node-2", "node-1"]) {
+            a.node_name = Some(node.to_string());
+        }
+        let e = eps(vec![sub]);
+        let nodes: Vec<IpAddr> = vec!["192.168.100.2".parse().unwrap()];
+        let d = desired_on(Some(&s), Some(&e), "node-1", &nodes);
+        assert_eq!(d.len(), 2);
+        assert_eq!(d[0].backends.len(), 3, "the clusterIP keeps every backend");
+        assert!(d[1].params.node_port && d[1].params.local);
+        assert_eq!(
+            d[1].backends,
+            [b("10.244.0.5", 8080), b("10.244.0.7", 8080)],
+            "the nodePort only this node's"
+        );
+        let other = desired_on(Some(&s), Some(&e), "node-3", &nodes);
+        assert!(other[1].backends.is_empty(), "no local backend: none");
+        s.spec.as_mut().unwrap().external_traffic_policy = "Cluster".into();
+        let d = desired_on(Some(&s), Some(&e), "node-1", &nodes);
+        assert!(!d[1].params.local);
+        assert_eq!(d[1].backends.len(), 3);
     }
 
     #[test]

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
-use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener, TcpStream, UdpSocket};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Arc;
@@ -26,6 +26,8 @@ use super::lb::{BackendAddr, Frontend, LbConfig, Protocol, ServiceLb, ServicePar
 use super::*;
 
 pub(crate) const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+/// The IPv6 "virtual IP" (only a map key, like [`VIP`]).
+pub(crate) const VIP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x10);
 pub(crate) const TCP_PORT: u16 = 80;
 pub(crate) const UDP_PORT: u16 = 53;
 pub(crate) const BACKEND_TCP_PORT: u16 = 8080;
@@ -37,10 +39,15 @@ pub(crate) fn backend_ip(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 200, 0, 10 + i as u8)
 }
 
+/// Backend `i` (1-based) also is `b<i>` at fd00:200::1<i> (hex).
+pub(crate) fn backend_ip6(i: usize) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd00, 0x200, 0, 0, 0, 0, 0, 0x10 + i as u16)
+}
+
 pub(crate) fn backend_name(ip: IpAddr) -> String {
     match ip {
         IpAddr::V4(v4) => format!("b{}", v4.octets()[3] - 10),
-        IpAddr::V6(_) => "v6?".into(),
+        IpAddr::V6(v6) => format!("b{}", v6.segments()[7] - 0x10),
     }
 }
 
@@ -58,6 +65,24 @@ pub(crate) fn udp_frontend() -> Frontend {
         port: UDP_PORT,
         protocol: Protocol::Udp,
     }
+}
+
+fn frontend6(port: u16, protocol: Protocol) -> Frontend {
+    Frontend {
+        ip: IpAddr::V6(VIP6),
+        port,
+        protocol,
+    }
+}
+
+fn backends6(which: &[usize], port: u16) -> Vec<BackendAddr> {
+    which
+        .iter()
+        .map(|i| BackendAddr {
+            ip: IpAddr::V6(backend_ip6(*i)),
+            port,
+        })
+        .collect()
 }
 
 fn tcp_backends(which: &[usize]) -> Vec<BackendAddr> {
@@ -84,8 +109,11 @@ fn udp_backends(which: &[usize]) -> Vec<BackendAddr> {
 const CLIENT: &str = r#"
 import json, socket, sys, time
 mode, vip, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+fam = socket.AF_INET6 if ":" in vip else socket.AF_INET
+def fmt(a):
+    return ("[%s]:%d" if ":" in a[0] else "%s:%d") % a[:2]
 def peer(s):
-    return "%s:%d" % s.getpeername()
+    return fmt(s.getpeername())
 if mode == "tcp":
     names, peers = {}, set()
     for _ in range(int(sys.argv[4])):
@@ -96,7 +124,7 @@ if mode == "tcp":
         s.close()
     print(json.dumps({"names": names, "peers": sorted(peers)}), flush=True)
 elif mode == "refused":
-    s = socket.socket()
+    s = socket.socket(fam)
     s.settimeout(5)
     t = time.monotonic()
     try:
@@ -107,13 +135,13 @@ elif mode == "refused":
     print(json.dumps({"errno": err, "ms": (time.monotonic() - t) * 1000}), flush=True)
 elif mode == "udp-refused":
     out = {}
-    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u = socket.socket(fam, socket.SOCK_DGRAM)
     try:
         u.sendto(b"ping", (vip, port))
         out["sendto"] = 0
     except OSError as e:
         out["sendto"] = e.errno
-    c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    c = socket.socket(fam, socket.SOCK_DGRAM)
     try:
         c.connect((vip, port))
         out["connect"] = 0
@@ -122,17 +150,17 @@ elif mode == "udp-refused":
     print(json.dumps(out), flush=True)
 elif mode == "udp":
     out = {}
-    c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    c = socket.socket(fam, socket.SOCK_DGRAM)
     c.settimeout(5)
     c.connect((vip, port))
     c.send(b"ping")
     data, src = c.recvfrom(100)
-    out["connected"] = {"name": data.decode(), "from": "%s:%d" % src, "peer": peer(c)}
-    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    out["connected"] = {"name": data.decode(), "from": fmt(src), "peer": peer(c)}
+    u = socket.socket(fam, socket.SOCK_DGRAM)
     u.settimeout(5)
     u.sendto(b"ping", (vip, port))
     data, src = u.recvfrom(100)
-    out["unconnected"] = {"name": data.decode(), "from": "%s:%d" % src}
+    out["unconnected"] = {"name": data.decode(), "from": fmt(src)}
     print(json.dumps(out), flush=True)
 elif mode == "hold":
     s = socket.create_connection((vip, port), timeout=20)
@@ -165,11 +193,11 @@ impl Servers {
             let ns = std::fs::File::open(&path).expect("open server netns");
             nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
             (1..=BACKENDS)
-                .map(|i| {
-                    let ip = backend_ip(i);
+                .flat_map(|i| [IpAddr::V4(backend_ip(i)), IpAddr::V6(backend_ip6(i))])
+                .map(|ip| {
                     let tcp = TcpListener::bind((ip, BACKEND_TCP_PORT)).expect("bind tcp");
                     let udp = UdpSocket::bind((ip, BACKEND_UDP_PORT)).expect("bind udp");
-                    (format!("b{i}"), tcp, udp)
+                    (backend_name(ip), tcp, udp)
                 })
                 .collect::<Vec<_>>()
         })
@@ -179,8 +207,12 @@ impl Servers {
         let mut threads = Vec::new();
         let mut accepted = Vec::new();
         for (name, tcp, udp) in sockets {
-            let count = Arc::new(AtomicU32::new(0));
-            accepted.push(count.clone());
+            // Both families of backend `i` count into one counter.
+            let i: usize = name[1..].parse().expect("backend name");
+            if accepted.len() < i {
+                accepted.push(Arc::new(AtomicU32::new(0)));
+            }
+            let count = accepted[i - 1].clone();
             tcp.set_nonblocking(true).expect("nonblocking");
             let (stop_t, name_t) = (stop.clone(), name.clone());
             threads.push(std::thread::spawn(move || {
@@ -282,17 +314,19 @@ impl Held {
 /// Two namespaces joined by a veth pair, a cgroup for the client, a pin directory.
 /// Loads the LB with small maps pinned in `pin_dir` (the kernel tests' size).
 pub(crate) fn load_small(pin_dir: &std::path::Path) -> ServiceLb {
-    ServiceLb::load(
-        pin_dir,
-        LbConfig {
-            max_services: 64,
-            max_backends: 256,
-            max_revnat: 1024,
-            max_affinity: 1024,
-            max_np_ct: 1024,
-        },
-    )
-    .expect("load the LB")
+    ServiceLb::load(pin_dir, small_config()).expect("load the LB")
+}
+
+/// The kernel tests' map sizes.
+pub(crate) fn small_config() -> LbConfig {
+    LbConfig {
+        max_services: 64,
+        max_backends: 256,
+        max_revnat: 1024,
+        max_affinity: 1024,
+        max_np_ct: 1024,
+        ..LbConfig::default()
+    }
 }
 
 pub(crate) struct LbFixture {
@@ -341,6 +375,20 @@ impl LbFixture {
             "ip",
             &["-n", c, "addr", "add", "10.200.0.1/24", "dev", "c0"],
         );
+        // IPv6 on the same veth, without duplicate address detection (usable at once).
+        run(
+            "ip",
+            &[
+                "-n",
+                c,
+                "addr",
+                "add",
+                "fd00:200::1/64",
+                "dev",
+                "c0",
+                "nodad",
+            ],
+        );
         run("ip", &["-n", c, "link", "set", "c0", "up"]);
         run(
             "ip",
@@ -349,6 +397,8 @@ impl LbFixture {
         for i in 1..=BACKENDS {
             let a = format!("{}/24", backend_ip(i));
             run("ip", &["-n", s, "addr", "add", &a, "dev", "s0"]);
+            let a = format!("{}/64", backend_ip6(i));
+            run("ip", &["-n", s, "addr", "add", &a, "dev", "s0", "nodad"]);
         }
         run("ip", &["-n", s, "link", "set", "s0", "up"]);
         fx.servers = Some(Servers::start(s));
@@ -403,9 +453,18 @@ impl LbFixture {
 
     /// `n` TCP connects to the VIP: backend name → count, and the peers getpeername showed.
     pub(crate) fn connects(&mut self, n: usize) -> (BTreeMap<String, u64>, Vec<String>) {
+        self.connects_to(IpAddr::V4(VIP), n)
+    }
+
+    /// `n` TCP connects to `vip`:[`TCP_PORT`], as [`LbFixture::connects`].
+    pub(crate) fn connects_to(
+        &mut self,
+        vip: IpAddr,
+        n: usize,
+    ) -> (BTreeMap<String, u64>, Vec<String>) {
         let v = self.client(&[
             "tcp",
-            &VIP.to_string(),
+            &vip.to_string(),
             &TCP_PORT.to_string(),
             &n.to_string(),
         ]);
@@ -458,7 +517,7 @@ impl LbFixture {
         let mut lb = self.load();
         let (id, report) = lb.attach(&self.cgroup).expect("attach");
         assert_eq!(id, cgroup_id(&self.cgroup).unwrap());
-        assert_eq!(report.attached + report.adopted, 4, "{report:?}");
+        assert_eq!(report.attached + report.adopted, 8, "{report:?}");
         lb
     }
 
@@ -715,13 +774,17 @@ fn a_reload_from_the_pins_keeps_connections_and_programming() {
         "the mirror is rebuilt from the maps"
     );
     let (_, report) = lb.attach(&fx.cgroup).expect("attach again");
-    assert_eq!(report.adopted, 4, "{report:?}");
+    assert_eq!(report.adopted, 8, "{report:?}");
     assert_eq!(report.attached, 0, "{report:?}");
     for hook in [
         "cgroup_inet4_connect",
         "cgroup_udp4_sendmsg",
         "cgroup_udp4_recvmsg",
         "cgroup_inet4_getpeername",
+        "cgroup_inet6_connect",
+        "cgroup_udp6_sendmsg",
+        "cgroup_udp6_recvmsg",
+        "cgroup_inet6_getpeername",
     ] {
         assert_eq!(fx.attached_programs(hook).len(), 1, "{hook} attached once");
     }
@@ -868,4 +931,198 @@ fn refuses_pins_of_another_layout_and_cleans_up() {
         fx.detached_soon("cgroup_inet4_connect"),
         "unpinned links detach"
     );
+}
+
+/// IPv6: connect6 spreads over the backends and getpeername6 shows the VIP; UDP through
+/// sendmsg6/recvmsg6 (and connected UDP) answers from the VIP; a frontend without backends
+/// refuses at once; the IPv4 programs leave IPv6 alone and vice versa (same maps).
+#[test]
+fn ipv6_frontends_are_balanced_reverse_translated_and_refused() {
+    let mut fx = LbFixture::new();
+    let mut lb = fx.load_attached();
+    let tcp6 = frontend6(TCP_PORT, Protocol::Tcp);
+    let udp6 = frontend6(UDP_PORT, Protocol::Udp);
+    lb.sync_service(
+        tcp6,
+        ServiceParams::default(),
+        &backends6(&[1, 2, 3], BACKEND_TCP_PORT),
+    )
+    .expect("program tcp6");
+    lb.sync_service(
+        udp6,
+        ServiceParams::default(),
+        &backends6(&[1, 2, 3], BACKEND_UDP_PORT),
+    )
+    .expect("program udp6");
+    // An IPv4 service with one backend next to it: its translations stay IPv4.
+    lb.sync_service(
+        tcp_frontend(),
+        ServiceParams::default(),
+        &tcp_backends(&[2]),
+    )
+    .expect("program tcp4");
+
+    const N: u64 = 150;
+    let (names, peers) = fx.connects_to(IpAddr::V6(VIP6), N as usize);
+    eprintln!("{N} connects over IPv6: {names:?}");
+    assert_eq!(
+        peers,
+        [format!("[{VIP6}]:{TCP_PORT}")],
+        "getpeername6 shows the VIP"
+    );
+    assert_eq!(names.values().sum::<u64>(), N);
+    for b in ["b1", "b2", "b3"] {
+        let got = names.get(b).copied().unwrap_or(0);
+        assert!(got * 5 >= N, "{b} got {got} of {N} (< 20 %): {names:?}");
+    }
+    let (names4, _) = fx.connects(5);
+    assert_eq!(names4.keys().collect::<Vec<_>>(), ["b2"], "IPv4 untouched");
+    let of = |lb: &ServiceLb, f: &Frontend| {
+        let dump = lb.dump().expect("dump");
+        dump.iter()
+            .find(|d| d.frontend == f.to_string())
+            .unwrap_or_else(|| panic!("{f} not in {dump:?}"))
+            .clone()
+    };
+    let d = of(&lb, &tcp6);
+    assert_eq!(d.connects, N, "per-backend counters of the IPv6 frontend");
+    assert!(d.backends.iter().all(|b| b.ip.is_ipv6()), "{d:?}");
+
+    let v = fx.client(&["udp", &VIP6.to_string(), &UDP_PORT.to_string()]);
+    eprintln!("udp6: {v}");
+    let vip = format!("[{VIP6}]:{UDP_PORT}");
+    assert_eq!(v["connected"]["from"], vip.as_str(), "recvmsg6 (connected)");
+    assert_eq!(v["connected"]["peer"], vip.as_str(), "getpeername6 (UDP)");
+    assert_eq!(
+        v["unconnected"]["from"],
+        vip.as_str(),
+        "recvmsg6 (sendmsg6)"
+    );
+    for mode in ["connected", "unconnected"] {
+        assert!(
+            v[mode]["name"].as_str().is_some_and(|n| n.starts_with('b')),
+            "{v}"
+        );
+    }
+    let d = of(&lb, &udp6);
+    assert_eq!((d.connects, d.sends), (1, 1), "one connect6, one sendmsg6");
+
+    // No backends: refused at once, TCP and UDP alike.
+    lb.set_backends(&tcp6, &[]).expect("empty tcp6");
+    lb.set_backends(&udp6, &[]).expect("empty udp6");
+    let v = fx.client(&["refused", &VIP6.to_string(), &TCP_PORT.to_string()]);
+    assert_eq!(v["errno"], libc::ECONNREFUSED, "{v}");
+    assert!(v["ms"].as_f64().unwrap() < 100.0, "took {v}");
+    let v = fx.client(&["udp-refused", &VIP6.to_string(), &UDP_PORT.to_string()]);
+    assert_eq!(v["sendto"], libc::ECONNREFUSED, "sendmsg6: {v}");
+    assert_eq!(v["connect"], libc::ECONNREFUSED, "connect6: {v}");
+    // Removed: the VIP is just an address nobody routes.
+    lb.remove_service(&tcp6).expect("remove");
+    let v = fx.client(&["refused", &VIP6.to_string(), &TCP_PORT.to_string()]);
+    assert_eq!(v["errno"], libc::ENETUNREACH, "{v}");
+}
+
+/// A `log` sink keeping every record's message.
+#[derive(Clone, Default)]
+pub(crate) struct Records(Arc<std::sync::Mutex<Vec<String>>>);
+
+impl log::Log for Records {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(format!("{} {}", record.level(), record.args()));
+    }
+
+    fn flush(&self) {}
+}
+
+impl Records {
+    /// Waits up to 10 s for a record containing each of `wanted`; returns all records.
+    pub(crate) fn wait_for(&self, wanted: &[&str]) -> Vec<String> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let all = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let found = wanted.iter().all(|w| all.iter().any(|r| r.contains(w)));
+            if found || std::time::Instant::now() >= deadline {
+                return all;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// `--bpf-debug`: a translated connect (and sendmsg) leaves a debug record naming the VIP
+/// and the backend, read by the reader thread into the sink (the agent's sink forwards to
+/// tracing, see `debug::tests`). Without the flag nothing is started.
+#[test]
+fn debug_records_name_the_vip_and_the_backend() {
+    let mut fx = LbFixture::new();
+    assert!(
+        !fx.load().start_debug_log(Records::default()).unwrap(),
+        "off by default"
+    );
+    let mut lb = ServiceLb::load(
+        &fx.pin_dir,
+        LbConfig {
+            debug: true,
+            ..small_config()
+        },
+    )
+    .expect("load with debug records");
+    lb.attach(&fx.cgroup).expect("attach");
+    lb.sync_service(
+        tcp_frontend(),
+        ServiceParams::default(),
+        &tcp_backends(&[2]),
+    )
+    .expect("program");
+    lb.sync_service(
+        udp_frontend(),
+        ServiceParams::default(),
+        &udp_backends(&[3]),
+    )
+    .expect("program");
+    let records = Records::default();
+    assert!(lb.start_debug_log(records.clone()).expect("reader"));
+    let (names, _) = fx.connects(2);
+    assert_eq!(names.get("b2"), Some(&2));
+    let v = fx.client(&["udp", &VIP.to_string(), &UDP_PORT.to_string()]);
+    assert_eq!(v["unconnected"]["name"], "b3", "{v}");
+
+    let connect = format!(
+        "socket lb connect: {VIP}:{TCP_PORT} -> backend {}:{BACKEND_TCP_PORT}",
+        backend_ip(2)
+    );
+    let sendmsg = format!(
+        "socket lb sendmsg: {VIP}:{UDP_PORT} -> backend {}:{BACKEND_UDP_PORT}",
+        backend_ip(3)
+    );
+    let all = records.wait_for(&[&connect, &sendmsg]);
+    eprintln!("{all:#?}");
+    let connects: Vec<&String> = all.iter().filter(|r| r.contains(&connect)).collect();
+    assert_eq!(connects.len(), 2, "one per TCP connect: {all:#?}");
+    assert!(connects.iter().all(|r| r.starts_with("DEBUG")), "{all:#?}");
+    assert!(all.iter().any(|r| r.contains(&sendmsg)), "{all:#?}");
+
+    // Off, the verifier removed the logging code (DEBUG is a read-only global it knows):
+    // the hot path is what it was before debug records existed.
+    let off = fx.load();
+    for prog in [
+        skiff_common::lb::LB_CONNECT4_PROG,
+        skiff_common::lb::LB_SENDMSG6_PROG,
+        skiff_common::lb::NP_INGRESS_PROG,
+    ] {
+        let (without, with) = (off.translated_size(prog), lb.translated_size(prog));
+        eprintln!("{prog}: {without:?} bytes translated without debug, {with:?} with");
+        assert!(
+            matches!((without, with), (Some(a), Some(b)) if a < b),
+            "{prog}: {without:?} vs {with:?}"
+        );
+    }
+    drop(lb);
 }

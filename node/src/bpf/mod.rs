@@ -118,6 +118,10 @@ pub enum BpfError {
     },
     #[error("pinned map {path} cannot be reused: {reason}")]
     IncompatiblePin { path: PathBuf, reason: String },
+    #[error("--lb-maglev-table-size: {0}")]
+    MaglevTableSize(#[from] lb::maglev::TableSizeError),
+    #[error("reading the LB programs' debug records: {0}")]
+    DebugLog(String),
     #[error("{0} is not a programmed service")]
     NoSuchService(lb::Frontend),
     #[error(transparent)]

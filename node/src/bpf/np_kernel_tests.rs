@@ -22,7 +22,7 @@ use serde_json::Value;
 use skiff_common::lb::{NP_CT_FORWARD, NP_CT_REPLY, NP_NAT_PORT_MAX, NP_NAT_PORT_MIN};
 
 use super::kernel_tests::{python, run, unique_name, wait_timeout};
-use super::lb::{BackendAddr, Frontend, Protocol, ServiceLb, ServiceParams, TcAttach};
+use super::lb::{BackendAddr, Frontend, LbConfig, Protocol, ServiceLb, ServiceParams, TcAttach};
 use super::*;
 
 const NODE_IP: Ipv4Addr = Ipv4Addr::new(10, 201, 0, 1);
@@ -76,6 +76,23 @@ elif mode == "udp":
         data, src = u.recvfrom(100)
         out.append({"answer": data.decode(), "peer": "%s:%d" % src})
         u.close()
+elif mode in ("tcp-ports", "udp-ports"):
+    # From source address argv[4], ports argv[5] .. argv[5] + argv[6] - 1: one flow each.
+    src, first, n = sys.argv[4], int(sys.argv[5]), int(sys.argv[6])
+    for sport in range(first, first + n):
+        kind = socket.SOCK_STREAM if mode == "tcp-ports" else socket.SOCK_DGRAM
+        s = socket.socket(socket.AF_INET, kind)
+        s.settimeout(5)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((src, sport))
+        if kind == socket.SOCK_STREAM:
+            s.connect((ip, int(sys.argv[3])))
+            line = s.makefile("r").readline().strip()
+        else:
+            s.sendto(b"ping", (ip, int(sys.argv[3])))
+            line = s.recvfrom(100)[0].decode()
+        out.append({"answer": line, "sport": sport})
+        s.close()
 elif mode == "collide":
     socks = []
     for src in sys.argv[4:]:
@@ -308,6 +325,7 @@ fn backends(which: &[usize]) -> Vec<BackendAddr> {
 const NODE_PORT: ServiceParams = ServiceParams {
     affinity_timeout_s: None,
     node_port: true,
+    local: false,
 };
 
 /// (answering backend, the source it saw, the peer the client saw).
@@ -466,4 +484,180 @@ fn a_new_agent_takes_over_the_pinned_tc_links() {
         .filter(|e| e.file_name().to_string_lossy().starts_with("link_"))
         .count();
     assert_eq!(links, 0);
+}
+
+/// The backend a Maglev table sends the flow `src:sport → NODE_IP:dport` to, as `b<i>`.
+fn predicted(lb: &ServiceLb, f: &Frontend, src: Ipv4Addr, sport: u16) -> String {
+    let table = lb.maglev_table(f).expect("a Maglev table");
+    let h = skiff_common::lb::np_flow_hash(
+        u32::from_ne_bytes(src.octets()),
+        u32::from_ne_bytes(NODE_IP.octets()),
+        sport,
+        f.port,
+        f.protocol.number(),
+    );
+    let id = table[(h % table.len() as u32) as usize];
+    let b = lb.state().backend(id).expect("table names a backend");
+    match b.addr.ip {
+        IpAddr::V4(v4) => format!("b{}", v4.octets()[2]),
+        IpAddr::V6(v6) => panic!("IPv6 backend {v6}"),
+    }
+}
+
+/// New NodePort flows pick their backend through the service's Maglev table: many flows from
+/// different source ports spread over the backends, each lands exactly where
+/// `table[np_flow_hash(5-tuple) % m]` says, the same 5-tuple lands on the same backend again
+/// once its conntrack entry is gone, and a backend change rewrites the table (once) so new
+/// flows follow it. A reload finds the table as it was. With debug records on, each new flow
+/// is logged with its client, frontend and backend.
+#[test]
+fn nodeport_new_flows_follow_the_maglev_table() {
+    let fx = NpFixture::new();
+    let mut lb = ServiceLb::load(
+        &fx.pin_dir,
+        LbConfig {
+            debug: true,
+            ..super::lb_kernel_tests::small_config()
+        },
+    )
+    .expect("load with debug records");
+    let records = super::lb_kernel_tests::Records::default();
+    assert!(lb.start_debug_log(records.clone()).expect("debug reader"));
+    let tcp = frontend(TCP_NODE_PORT, Protocol::Tcp);
+    let udp = frontend(UDP_NODE_PORT, Protocol::Udp);
+    lb.sync_service(tcp, NODE_PORT, &backends(&[1, 2]))
+        .expect("program tcp");
+    lb.sync_service(udp, NODE_PORT, &backends(&[1, 2]))
+        .expect("program udp");
+    let table = lb.maglev_table(&tcp).expect("table").to_vec();
+    assert_eq!(table.len(), skiff_common::lb::LB_MAGLEV_DEFAULT_M as usize);
+    fx.attach(&mut lb);
+
+    const N: usize = 60;
+    let src = Ipv4Addr::new(10, 201, 0, 2);
+    let node = NODE_IP.to_string();
+    let run = |mode: &str, port: u16, first: u16| {
+        fx.client(&[
+            mode,
+            &node,
+            &port.to_string(),
+            &src.to_string(),
+            &first.to_string(),
+            &N.to_string(),
+        ])
+    };
+    let check = |lb: &ServiceLb, f: &Frontend, out: &[Value]| -> Vec<String> {
+        assert_eq!(out.len(), N);
+        out.iter()
+            .map(|v| {
+                let (name, seen, _) = split(v);
+                assert!(seen.starts_with(&format!("{NODE_IP}:")), "SNAT: {v}");
+                let sport = v["sport"].as_u64().expect("sport") as u16;
+                assert_eq!(name, predicted(lb, f, src, sport), "flow from port {sport}");
+                name
+            })
+            .collect()
+    };
+    let tcp_names = check(&lb, &tcp, &run("tcp-ports", TCP_NODE_PORT, 42000));
+    let per = |names: &[String], b: &str| names.iter().filter(|n| *n == b).count();
+    for b in ["b1", "b2"] {
+        assert!(per(&tcp_names, b) * 4 >= N, "{b}: {tcp_names:?}");
+    }
+    let i: usize = tcp_names[0][1..].parse().expect("b<i>");
+    let logged = format!(
+        "nodeport new flow: {src}:42000 -> {NODE_IP}:{TCP_NODE_PORT} to backend {}:{BACKEND_PORT}",
+        backend_ip(i)
+    );
+    let all = records.wait_for(&[&logged]);
+    assert!(
+        all.iter().any(|r| r.contains(&logged)),
+        "{logged:?} not in {all:#?}"
+    );
+    let udp_first = check(&lb, &udp, &run("udp-ports", UDP_NODE_PORT, 43000));
+    for b in ["b1", "b2"] {
+        assert!(per(&udp_first, b) * 4 >= N, "{b}: {udp_first:?}");
+    }
+    // The same 5-tuples without their conntrack entries: the same backends.
+    lb.clear_conntrack().expect("clear conntrack");
+    assert!(lb.conntrack().unwrap().is_empty());
+    let udp_again = check(&lb, &udp, &run("udp-ports", UDP_NODE_PORT, 43000));
+    assert_eq!(udp_again, udp_first, "same 5-tuple, same backend");
+
+    // One backend gone: the table is rewritten without it, new flows avoid it.
+    lb.set_backends(&udp, &backends(&[1])).expect("remove b2");
+    let t = lb.maglev_table(&udp).expect("table").to_vec();
+    let b1 = t[0];
+    assert!(t.iter().all(|id| *id == b1), "only b1 left");
+    lb.clear_conntrack().expect("clear conntrack");
+    let after = check(&lb, &udp, &run("udp-ports", UDP_NODE_PORT, 43000));
+    assert!(after.iter().all(|n| n == "b1"), "{after:?}");
+
+    // Restart: the pinned tables are found as written; nothing is rewritten.
+    drop(lb);
+    let mut lb = fx.load();
+    assert_eq!(lb.maglev_table(&tcp), Some(&table[..]));
+    assert_eq!(
+        lb.sync_service(tcp, NODE_PORT, &backends(&[1, 2])).unwrap(),
+        0
+    );
+    // Not a NodePort frontend any more: its table goes (random choice, as ClusterIPs).
+    lb.sync_service(tcp, ServiceParams::default(), &backends(&[1, 2]))
+        .unwrap();
+    assert_eq!(lb.maglev_table(&tcp), None);
+    lb.remove_service(&udp).unwrap();
+    assert_eq!(lb.maglev_table(&udp), None);
+    let pressure = lb.pressure().unwrap();
+    let maglev = pressure.iter().find(|p| p.map == "LB_MAGLEV").unwrap();
+    assert_eq!(maglev.entries, 0);
+}
+
+/// externalTrafficPolicy Local: no SNAT. The backend (a pod of the node) sees the client's
+/// own address, the client sees the NodePort frontend as its peer, TCP and UDP alike, and
+/// conntrack keeps the client's address in the forward translation.
+#[test]
+fn external_traffic_policy_local_keeps_the_client_address() {
+    let fx = NpFixture::new();
+    let mut lb = fx.load();
+    let local = ServiceParams {
+        local: true,
+        ..NODE_PORT
+    };
+    lb.sync_service(
+        frontend(TCP_NODE_PORT, Protocol::Tcp),
+        local,
+        &backends(&[1]),
+    )
+    .expect("program tcp");
+    lb.sync_service(
+        frontend(UDP_NODE_PORT, Protocol::Udp),
+        local,
+        &backends(&[2]),
+    )
+    .expect("program udp");
+    fx.attach(&mut lb);
+    let node = NODE_IP.to_string();
+    for (proto, port, want) in [("tcp", TCP_NODE_PORT, "b1"), ("udp", UDP_NODE_PORT, "b2")] {
+        let out = fx.client(&[proto, &node, &port.to_string(), "5"]);
+        assert_eq!(out.len(), 5);
+        for v in &out {
+            let (name, seen, peer) = split(v);
+            assert_eq!(name, want, "{v}");
+            assert_eq!(
+                peer,
+                format!("{NODE_IP}:{port}"),
+                "{proto}: reply from the frontend"
+            );
+            assert!(
+                seen.starts_with("10.201.0.2:"),
+                "{proto}: the backend saw {seen}, not the client's address"
+            );
+        }
+    }
+    let ct = lb.conntrack().expect("conntrack");
+    let fwd: Vec<_> = ct.iter().filter(|(k, _)| k.dir == NP_CT_FORWARD).collect();
+    assert!(fwd.len() >= 10, "{}", fwd.len());
+    for (k, e) in fwd {
+        assert_eq!(e.saddr, k.saddr, "client address kept");
+        assert_eq!(e.sport, k.sport, "client port kept");
+    }
 }

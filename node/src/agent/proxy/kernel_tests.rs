@@ -147,7 +147,7 @@ struct Running {
 }
 
 fn start(fx: &LbFixture, client: &Client) -> Running {
-    let proxy = Proxy::new(fx.load_attached(), Vec::new());
+    let proxy = Proxy::new(fx.load_attached(), "node-1", Vec::new());
     let stop = CancelToken::new();
     let task = tokio::spawn(
         proxy

@@ -1,8 +1,8 @@
 //! The Service load balancer's kernel side: loads the `skiff-lb` object (a second object next
 //! to accounting's, so each is loaded, pinned and sized on its own), pins its maps under the
 //! agent's pin directory `/sys/fs/bpf/skiff/<node>/` (`LB_SERVICES`, `LB_SLOTS`,
-//! `LB_BACKENDS`, `LB_COUNTERS`, `LB_REVNAT`, `LB_AFFINITY`), attaches its four
-//! `cgroup_sock_addr` programs to the node's pod cgroup parent through *pinned* BPF links
+//! `LB_BACKENDS`, `LB_COUNTERS`, `LB_REVNAT`, `LB_AFFINITY`), attaches its eight
+//! `cgroup_sock_addr` programs (connect, sendmsg, recvmsg, getpeername for IPv4 and IPv6) to the node's pod cgroup parent through *pinned* BPF links
 //! (`link_skiff_lb_connect4`, …), and programs the maps through a typed API.
 //!
 //! Restarts: maps already pinned are reused as they are (entries, counters, sizes), so the
@@ -28,6 +28,8 @@
 //! Map sizes come from [`LbConfig`] when the maps are created; pinned maps keep the size they
 //! were created with (remove the pins, e.g. `skiff-node purge`, to resize).
 
+pub mod debug;
+pub mod maglev;
 mod pod;
 pub mod state;
 
@@ -46,10 +48,12 @@ use aya::programs::{
 use aya::{Ebpf, EbpfLoader};
 use serde::Serialize;
 use skiff_common::lb::{
-    LB_AFFINITY_MAP, LB_BACKENDS_MAP, LB_CONNECT4_PROG, LB_COUNTERS_MAP, LB_DEFAULT_MAX_AFFINITY,
-    LB_DEFAULT_MAX_BACKENDS, LB_DEFAULT_MAX_NP_CT, LB_DEFAULT_MAX_REVNAT, LB_DEFAULT_MAX_SERVICES,
-    LB_GETPEERNAME4_PROG, LB_MAPS, LB_RECVMSG4_PROG, LB_REVNAT_MAP, LB_SENDMSG4_PROG,
-    LB_SERVICES_MAP, LB_SLOTS_MAP, LbAffinity, LbAffinityKey, LbBackend, LbCounters, LbRevNat,
+    LB_AFFINITY_MAP, LB_BACKENDS_MAP, LB_CONNECT4_PROG, LB_CONNECT6_PROG, LB_COUNTERS_MAP,
+    LB_DEBUG_GLOBAL, LB_DEFAULT_MAX_AFFINITY, LB_DEFAULT_MAX_BACKENDS, LB_DEFAULT_MAX_NP_CT,
+    LB_DEFAULT_MAX_REVNAT, LB_DEFAULT_MAX_SERVICES, LB_GETPEERNAME4_PROG, LB_GETPEERNAME6_PROG,
+    LB_MAGLEV_DEFAULT_M, LB_MAGLEV_MAP, LB_MAGLEV_MAX_M, LB_MAPS, LB_RECVMSG4_PROG,
+    LB_RECVMSG6_PROG, LB_REVNAT_MAP, LB_SENDMSG4_PROG, LB_SENDMSG6_PROG, LB_SERVICES_MAP,
+    LB_SLOTS_MAP, LbAffinity, LbAffinityKey, LbBackend, LbCounters, LbMaglev, LbRevNat,
     LbRevNatKey, LbService, LbServiceKey, LbSlotKey, NP_CT_MAP, NP_INGRESS_PROG, NpCtEntry,
     NpCtKey,
 };
@@ -76,6 +80,12 @@ pub struct LbConfig {
     pub max_affinity: u32,
     /// NodePort conntrack entries, two per flow (LRU): `NP_CT`.
     pub max_np_ct: u32,
+    /// Entries of each NodePort service's Maglev table (`LB_MAGLEV`): a prime up to
+    /// `LB_MAGLEV_MAX_M` ([`maglev::check_table_size`]).
+    pub maglev_table_size: u32,
+    /// Whether the programs log every translation (aya-log debug records, see [`debug`]).
+    /// Fixed when the programs are loaded; off costs nothing on the hot path.
+    pub debug: bool,
 }
 
 impl Default for LbConfig {
@@ -86,6 +96,8 @@ impl Default for LbConfig {
             max_revnat: LB_DEFAULT_MAX_REVNAT,
             max_affinity: LB_DEFAULT_MAX_AFFINITY,
             max_np_ct: LB_DEFAULT_MAX_NP_CT,
+            maglev_table_size: LB_MAGLEV_DEFAULT_M,
+            debug: false,
         }
     }
 }
@@ -97,7 +109,8 @@ struct Hook {
     attach_type: u32,
 }
 
-const HOOKS: [Hook; 4] = [
+/// Every socket-LB hook, IPv4 then IPv6; attach, takeover and detach all walk this list.
+const HOOKS: [Hook; 8] = [
     Hook {
         prog: LB_CONNECT4_PROG,
         attach_type: sys::BPF_CGROUP_INET4_CONNECT,
@@ -113,6 +126,22 @@ const HOOKS: [Hook; 4] = [
     Hook {
         prog: LB_GETPEERNAME4_PROG,
         attach_type: sys::BPF_CGROUP_INET4_GETPEERNAME,
+    },
+    Hook {
+        prog: LB_CONNECT6_PROG,
+        attach_type: sys::BPF_CGROUP_INET6_CONNECT,
+    },
+    Hook {
+        prog: LB_SENDMSG6_PROG,
+        attach_type: sys::BPF_CGROUP_UDP6_SENDMSG,
+    },
+    Hook {
+        prog: LB_RECVMSG6_PROG,
+        attach_type: sys::BPF_CGROUP_UDP6_RECVMSG,
+    },
+    Hook {
+        prog: LB_GETPEERNAME6_PROG,
+        attach_type: sys::BPF_CGROUP_INET6_GETPEERNAME,
     },
 ];
 
@@ -139,6 +168,7 @@ type CountersMap = PerCpuHashMap<MapData, u32, P<LbCounters>>;
 type RevNatMap = HashMap<MapData, P<LbRevNatKey>, P<LbRevNat>>;
 type AffinityMap = HashMap<MapData, P<LbAffinityKey>, P<LbAffinity>>;
 type NpCtMap = HashMap<MapData, P<NpCtKey>, P<NpCtEntry>>;
+type MaglevMap = HashMap<MapData, u32, P<LbMaglev>>;
 
 /// Prefix of the pinned TCX links of the NodePort program (`link_np_<ifname>`).
 const NP_LINK_PREFIX: &str = "link_np_";
@@ -167,6 +197,7 @@ struct Maps {
     revnat: RevNatMap,
     affinity: AffinityMap,
     np_ct: NpCtMap,
+    maglev: MaglevMap,
     nr_cpus: usize,
 }
 
@@ -179,6 +210,14 @@ pub struct ServiceLb {
     state: LbState,
     pin_dir: PathBuf,
     attached_to: Option<u64>,
+    /// Maglev tables of the NodePort services as written to `LB_MAGLEV` (service id →
+    /// backend ids), and the size new tables get.
+    maglev: std::collections::BTreeMap<u32, Vec<u32>>,
+    maglev_m: u32,
+    /// The programs were loaded with debug records on ([`LbConfig::debug`]), and the thread
+    /// that reads them once started.
+    debug: bool,
+    debug_reader: Option<debug::Reader>,
 }
 
 impl fmt::Debug for ServiceLb {
@@ -254,6 +293,7 @@ impl ServiceLb {
         {
             return Err(BpfError::ZeroCapacity);
         }
+        maglev::check_table_size(cfg.maglev_table_size)?;
         fs::prepare_pin_dir(pin_dir)?;
         check_pins(pin_dir)?;
         let mut loader = EbpfLoader::new();
@@ -267,7 +307,10 @@ impl ServiceLb {
             .map_max_entries(LB_COUNTERS_MAP, cfg.max_backends)
             .map_max_entries(LB_REVNAT_MAP, cfg.max_revnat)
             .map_max_entries(LB_AFFINITY_MAP, cfg.max_affinity)
-            .map_max_entries(NP_CT_MAP, cfg.max_np_ct);
+            .map_max_entries(NP_CT_MAP, cfg.max_np_ct)
+            .map_max_entries(LB_MAGLEV_MAP, cfg.max_services);
+        let debug = u8::from(cfg.debug);
+        loader.override_global(LB_DEBUG_GLOBAL, &debug, true);
         let mut ebpf = loader
             .load(object)
             .map_err(|e| BpfError::Load(Box::new(e)))?;
@@ -291,6 +334,7 @@ impl ServiceLb {
             revnat: take_map(&mut ebpf, LB_REVNAT_MAP, RevNatMap::try_from)?,
             affinity: take_map(&mut ebpf, LB_AFFINITY_MAP, AffinityMap::try_from)?,
             np_ct: take_map(&mut ebpf, NP_CT_MAP, NpCtMap::try_from)?,
+            maglev: take_map(&mut ebpf, LB_MAGLEV_MAP, MaglevMap::try_from)?,
             nr_cpus,
         };
         let max_services = max_entries(maps.services.map(), LB_SERVICES_MAP)?;
@@ -318,6 +362,10 @@ impl ServiceLb {
             state: recovered.state,
             pin_dir: pin_dir.to_path_buf(),
             attached_to: None,
+            maglev: std::collections::BTreeMap::new(),
+            maglev_m: cfg.maglev_table_size,
+            debug: cfg.debug,
+            debug_reader: None,
         };
         for key in &recovered.unreadable_services {
             remove(&mut lb.maps.services, LB_SERVICES_MAP, &P(*key))?;
@@ -332,7 +380,25 @@ impl ServiceLb {
                 "repaired the pinned service maps"
             );
         }
+        lb.recover_maglev()?;
         Ok(lb)
+    }
+
+    /// With [`LbConfig::debug`], starts handing the programs' debug records to `sink` (see
+    /// [`debug`]) until this `ServiceLb` is dropped, and returns true; false (and nothing
+    /// started) when debug records are off. Once: the ring buffer then belongs to the reader.
+    pub fn start_debug_log<L: log::Log + Send + 'static>(
+        &mut self,
+        sink: L,
+    ) -> Result<bool, BpfError> {
+        if !self.debug || self.debug_reader.is_some() {
+            return Ok(false);
+        }
+        let logger = aya_log::EbpfLogger::init_with_logger(&mut self.ebpf, sink)
+            .map_err(|e| BpfError::DebugLog(e.to_string()))?;
+        let reader = debug::Reader::start(logger).map_err(|e| BpfError::DebugLog(e.to_string()))?;
+        self.debug_reader = Some(reader);
+        Ok(true)
     }
 
     /// Where the maps and links are pinned.
@@ -345,7 +411,7 @@ impl ServiceLb {
         &self.state
     }
 
-    /// Attaches the four programs to the cgroup v2 directory `cgroup_dir` (normally the node's
+    /// Attaches the eight socket programs to the cgroup v2 directory `cgroup_dir` (normally the node's
     /// pod cgroup parent; programs on an ancestor run for the sockets of every descendant)
     /// through pinned links, or takes over the links an earlier agent pinned for that cgroup
     /// (swapping in this agent's programs). Returns the cgroup id and what it did.
@@ -471,6 +537,23 @@ impl ServiceLb {
             .collect())
     }
 
+    /// How many instructions the kernel kept of program `name` after verification (tests:
+    /// the debug records' code is gone when they are off).
+    #[cfg(test)]
+    pub(crate) fn translated_size(&self, name: &str) -> Option<u32> {
+        self.ebpf.program(name)?.info().ok()?.size_translated()
+    }
+
+    /// Deletes every NodePort conntrack entry (tests: replaying a 5-tuple as a new flow).
+    #[cfg(test)]
+    pub(crate) fn clear_conntrack(&mut self) -> Result<(), BpfError> {
+        let keys: Vec<P<NpCtKey>> = self.maps.np_ct.keys().filter_map(Result::ok).collect();
+        for k in keys {
+            remove(&mut self.maps.np_ct, NP_CT_MAP, &k)?;
+        }
+        Ok(())
+    }
+
     /// The id of the cgroup [`ServiceLb::attach`] attached to.
     pub fn attached_to(&self) -> Option<u64> {
         self.attached_to
@@ -486,7 +569,8 @@ impl ServiceLb {
         backends: &[BackendAddr],
     ) -> Result<usize, BpfError> {
         let ops = self.state.plan_set(frontend, params, backends)?;
-        self.execute(&ops)
+        let writes = self.execute(&ops)?;
+        Ok(writes + self.sync_maglev(&frontend)?)
     }
 
     /// Creates `frontend` (no backends: connections are refused) or changes its parameters,
@@ -521,9 +605,14 @@ impl ServiceLb {
     /// Removes `frontend` (its connections are no longer translated) and its backends.
     /// Returns the number of writes (0 if it was no service).
     pub fn remove_service(&mut self, frontend: &Frontend) -> Result<usize, BpfError> {
+        let id = self.state.service(frontend).map(|s| s.id);
         let mut ops = self.state.plan_remove(frontend);
         ops.extend(self.state.plan_gc());
-        self.execute(&ops)
+        let mut writes = self.execute(&ops)?;
+        if let Some(id) = id {
+            writes += self.write_maglev(id, None)?;
+        }
+        Ok(writes)
     }
 
     /// The backends of `frontend` in slot order.
@@ -545,6 +634,119 @@ impl ServiceLb {
             self.state.apply(op);
         }
         Ok(ops.len())
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Maglev tables of the NodePort services (`LB_MAGLEV`)
+    // -----------------------------------------------------------------------------------------
+
+    /// The Maglev table `frontend` should have: for a NodePort service with backends, its
+    /// service id and table; `None` otherwise (no table: the program picks at random).
+    fn maglev_want(&self, frontend: &Frontend) -> Option<(u32, Vec<u32>)> {
+        let view = self.state.service(frontend)?;
+        if !view.params.node_port || view.slots.is_empty() {
+            return None;
+        }
+        let backends: Vec<(u32, Vec<u8>)> = view
+            .slots
+            .iter()
+            .filter_map(|id| {
+                let b = self.state.backend(*id)?;
+                let (addr, family) = state::lb_addr(b.addr.ip);
+                let mut identity = vec![family];
+                identity.extend_from_slice(&addr);
+                identity.extend_from_slice(&b.addr.port.to_be_bytes());
+                Some((*id, identity))
+            })
+            .collect();
+        Some((view.id, maglev::table(&backends, self.maglev_m)))
+    }
+
+    /// Writes (or deletes, `None`) the Maglev table of service `id` if it differs from what
+    /// the map holds: one map update. Returns the number of writes.
+    fn write_maglev(&mut self, id: u32, table: Option<Vec<u32>>) -> Result<usize, BpfError> {
+        if self.maglev.get(&id) == table.as_ref() {
+            return Ok(0);
+        }
+        match table {
+            Some(t) => {
+                let mut value = Box::new(P(LbMaglev {
+                    m: t.len() as u32,
+                    _pad: 0,
+                    table: [0; LB_MAGLEV_MAX_M as usize],
+                }));
+                value.0.table[..t.len()].copy_from_slice(&t);
+                self.maps
+                    .maglev
+                    .insert(id, value.as_ref(), 0)
+                    .map_err(BpfError::map(LB_MAGLEV_MAP))?;
+                self.maglev.insert(id, t);
+            }
+            None => {
+                match self.maps.maglev.remove(&id) {
+                    Ok(()) | Err(MapError::KeyNotFound) => {}
+                    Err(MapError::SyscallError(e))
+                        if e.io_error.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(BpfError::map(LB_MAGLEV_MAP)(e)),
+                }
+                self.maglev.remove(&id);
+            }
+        }
+        Ok(1)
+    }
+
+    /// Brings the Maglev table of `frontend`'s service up to date. Returns the writes.
+    fn sync_maglev(&mut self, frontend: &Frontend) -> Result<usize, BpfError> {
+        match self.maglev_want(frontend) {
+            Some((id, table)) => self.write_maglev(id, Some(table)),
+            None => match self.state.service(frontend) {
+                Some(view) => self.write_maglev(view.id, None),
+                None => Ok(0),
+            },
+        }
+    }
+
+    /// At load: reads the tables an earlier agent wrote, then rewrites those that are not
+    /// what the services need now (a crash between a backend change and its table write,
+    /// another table size) and deletes those of services that no longer have one.
+    fn recover_maglev(&mut self) -> Result<(), BpfError> {
+        let mut found = std::collections::BTreeMap::new();
+        for entry in self.maps.maglev.iter() {
+            let (id, value) = entry.map_err(BpfError::map(LB_MAGLEV_MAP))?;
+            let m = (value.0.m as usize).min(LB_MAGLEV_MAX_M as usize);
+            found.insert(id, value.0.table[..m].to_vec());
+        }
+        self.maglev = found;
+        let mut want = std::collections::BTreeMap::new();
+        let frontends: Vec<Frontend> = self.state.frontends().copied().collect();
+        for f in &frontends {
+            if let Some((id, table)) = self.maglev_want(f) {
+                want.insert(id, table);
+            }
+        }
+        let stale: Vec<u32> = self
+            .maglev
+            .keys()
+            .filter(|id| !want.contains_key(id))
+            .copied()
+            .collect();
+        let mut writes = 0;
+        for id in stale {
+            writes += self.write_maglev(id, None)?;
+        }
+        for (id, table) in want {
+            writes += self.write_maglev(id, Some(table))?;
+        }
+        if writes > 0 {
+            tracing::info!(writes, "repaired the pinned Maglev tables");
+        }
+        Ok(())
+    }
+
+    /// The Maglev table of `frontend` as written to `LB_MAGLEV` (backend ids), if any.
+    pub fn maglev_table(&self, frontend: &Frontend) -> Option<&[u32]> {
+        let id = self.state.service(frontend)?.id;
+        self.maglev.get(&id).map(Vec::as_slice)
     }
 
     /// The counters of backend `id`, summed over CPUs (zero if it has none).
@@ -631,6 +833,11 @@ impl ServiceLb {
                 map: LB_AFFINITY_MAP,
                 entries: count(m.affinity.keys().filter(Result::is_ok).count()),
                 max_entries: max_entries(m.affinity.map(), LB_AFFINITY_MAP)?,
+            },
+            MapPressure {
+                map: LB_MAGLEV_MAP,
+                entries: count(self.maglev.len()),
+                max_entries: max_entries(m.maglev.map(), LB_MAGLEV_MAP)?,
             },
             MapPressure {
                 map: NP_CT_MAP,
@@ -811,6 +1018,7 @@ fn expected_sizes(name: &str) -> Option<(u32, u32)> {
         LB_REVNAT_MAP => s(size_of::<LbRevNatKey>(), size_of::<LbRevNat>()),
         LB_AFFINITY_MAP => s(size_of::<LbAffinityKey>(), size_of::<LbAffinity>()),
         NP_CT_MAP => s(size_of::<NpCtKey>(), size_of::<NpCtEntry>()),
+        LB_MAGLEV_MAP => s(size_of::<u32>(), size_of::<LbMaglev>()),
         _ => None,
     }
 }
@@ -850,7 +1058,13 @@ mod tests {
     fn embeds_the_lb_object_with_btf() {
         let mut names: Vec<&str> = LB_MAPS.to_vec();
         names.extend(HOOKS.iter().map(|h| h.prog));
-        names.extend([NP_INGRESS_PROG, "LbServiceKey", "LbRevNatKey", "NpCtKey"]);
+        names.extend([
+            NP_INGRESS_PROG,
+            "LbServiceKey",
+            "LbRevNatKey",
+            "NpCtKey",
+            "LbMaglev",
+        ]);
         crate::bpf::tests::assert_embedded(object(), &names);
     }
 

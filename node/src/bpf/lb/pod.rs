@@ -2,7 +2,7 @@
 //! not depend on aya, so aya sees them through the transparent wrapper [`P`].
 
 use skiff_common::lb::{
-    LbAffinity, LbAffinityKey, LbBackend, LbCounters, LbRevNat, LbRevNatKey, LbService,
+    LbAffinity, LbAffinityKey, LbBackend, LbCounters, LbMaglev, LbRevNat, LbRevNatKey, LbService,
     LbServiceKey, LbSlotKey, NpCtEntry, NpCtKey,
 };
 
@@ -34,4 +34,5 @@ pod!(
     LbAffinity,
     NpCtKey,
     NpCtEntry,
+    LbMaglev,
 );

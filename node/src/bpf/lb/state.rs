@@ -29,8 +29,8 @@ use std::fmt;
 use std::net::IpAddr;
 
 use skiff_common::lb::{
-    AF_INET, AF_INET6, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, LB_FLAG_AFFINITY, LB_FLAG_NODEPORT,
-    LbAddr, LbBackend, LbService, LbServiceKey, LbSlotKey,
+    AF_INET, AF_INET6, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, LB_FLAG_AFFINITY, LB_FLAG_LOCAL,
+    LB_FLAG_NODEPORT, LbAddr, LbBackend, LbService, LbServiceKey, LbSlotKey,
 };
 
 /// A transport protocol of a Service port.
@@ -126,6 +126,8 @@ impl fmt::Display for BackendAddr {
 pub struct ServiceParams {
     pub affinity_timeout_s: Option<u32>,
     pub node_port: bool,
+    /// With `node_port`: externalTrafficPolicy `Local` (node-local backends, no SNAT).
+    pub local: bool,
 }
 
 impl ServiceParams {
@@ -137,7 +139,8 @@ impl ServiceParams {
                 LB_FLAG_AFFINITY
             } else {
                 0
-            } | if self.node_port { LB_FLAG_NODEPORT } else { 0 },
+            } | if self.node_port { LB_FLAG_NODEPORT } else { 0 }
+                | if self.local { LB_FLAG_LOCAL } else { 0 },
             affinity_timeout_s: self.affinity_timeout_s.unwrap_or(0),
         }
     }
@@ -147,6 +150,7 @@ impl ServiceParams {
             affinity_timeout_s: (value.flags & LB_FLAG_AFFINITY != 0)
                 .then_some(value.affinity_timeout_s),
             node_port: value.flags & LB_FLAG_NODEPORT != 0,
+            local: value.flags & LB_FLAG_LOCAL != 0,
         }
     }
 }
@@ -1070,10 +1074,17 @@ mod tests {
             ServiceParams {
                 affinity_timeout_s: None,
                 node_port: true,
+                local: false,
             },
             ServiceParams {
                 affinity_timeout_s: Some(9),
                 node_port: true,
+                local: false,
+            },
+            ServiceParams {
+                affinity_timeout_s: None,
+                node_port: true,
+                local: true,
             },
             ServiceParams::default(),
         ] {
