@@ -250,8 +250,9 @@ pub const LB_REVNAT_MAP: &str = "LB_REVNAT";
 pub const LB_AFFINITY_MAP: &str = "LB_AFFINITY";
 pub const NP_CT_MAP: &str = "NP_CT";
 
-/// Every LB map, in the order the loader pins them.
-pub const LB_MAPS: [&str; 7] = [
+/// Every map of the `skiff-lb` object, in the order the loader pins them (the last two are
+/// the pod networking fast path's, see [`crate::podnet`]).
+pub const LB_MAPS: [&str; 9] = [
     LB_SERVICES_MAP,
     LB_SLOTS_MAP,
     LB_BACKENDS_MAP,
@@ -259,6 +260,8 @@ pub const LB_MAPS: [&str; 7] = [
     LB_REVNAT_MAP,
     LB_AFFINITY_MAP,
     NP_CT_MAP,
+    crate::podnet::POD_ENDPOINTS_MAP,
+    crate::podnet::FP_COUNTERS_MAP,
 ];
 
 /// Program names in the `skiff-lb` object.
@@ -266,7 +269,8 @@ pub const LB_CONNECT4_PROG: &str = "skiff_lb_connect4";
 pub const LB_SENDMSG4_PROG: &str = "skiff_lb_sendmsg4";
 pub const LB_RECVMSG4_PROG: &str = "skiff_lb_recvmsg4";
 pub const LB_GETPEERNAME4_PROG: &str = "skiff_lb_getpeername4";
-/// The tc (TCX ingress) NodePort program, on the node's uplink and on every pod host veth.
+/// The tc (TCX ingress) NodePort and pod networking fast path program, on the node's uplink
+/// and on every pod host veth.
 pub const NP_INGRESS_PROG: &str = "skiff_np_ingress";
 
 #[cfg(test)]

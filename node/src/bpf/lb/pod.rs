@@ -5,6 +5,7 @@ use skiff_common::lb::{
     LbAffinity, LbAffinityKey, LbBackend, LbCounters, LbRevNat, LbRevNatKey, LbService,
     LbServiceKey, LbSlotKey, NpCtEntry, NpCtKey,
 };
+use skiff_common::podnet::{FastPathCounters, PodEndpoint, PodEndpointKey};
 
 /// A map key or value as aya reads and writes it.
 #[repr(transparent)]
@@ -34,4 +35,7 @@ pod!(
     LbAffinity,
     NpCtKey,
     NpCtEntry,
+    PodEndpointKey,
+    PodEndpoint,
+    FastPathCounters,
 );
