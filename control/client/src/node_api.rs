@@ -197,9 +197,11 @@ pub struct BpfFastPath {
     pub redirect_peer: u64,
     /// Forwarded from a pod to the FIB's next hop with `bpf_redirect_neigh`.
     pub redirect_neigh: u64,
-    /// From a pod, handed to the node's stack unchanged.
+    /// From a pod, handed to the node's stack unchanged (for the node, no route, broadcast,
+    /// ...).
     pub pass: u64,
-    /// From a pod, FIB lookup failed, handed to the node's stack.
+    /// From a pod, FIB lookup failed (unreachable, fragmentation needed, ...), handed to the
+    /// node's stack.
     pub fib_fail: u64,
 }
 

@@ -54,11 +54,13 @@ pub struct FastPathCounters {
     pub redirect_peer: u64,
     /// Packets from a pod sent to the FIB's next hop with `bpf_redirect_neigh`.
     pub redirect_neigh: u64,
-    /// Packets from a pod handed to the node's stack unchanged (not IPv4, for the node
-    /// itself, broadcast or multicast, TTL about to expire).
+    /// IPv4 packets from a pod handed to the node's stack unchanged: for the node itself or
+    /// without any route (the FIB's `NOT_FWDED`), broadcast or multicast, not addressed to
+    /// the host's MAC, TTL about to expire.
     pub pass: u64,
-    /// Packets from a pod whose FIB lookup failed (no route, unreachable, fragmentation
-    /// needed, ...), handed to the node's stack, which answers them as forwarding would.
+    /// IPv4 packets from a pod whose FIB lookup failed otherwise (unreachable, blackhole or
+    /// prohibit routes, fragmentation needed, forwarding disabled), handed to the node's
+    /// stack, which answers them as forwarding would.
     pub fib_fail: u64,
 }
 

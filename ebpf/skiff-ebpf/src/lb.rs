@@ -663,8 +663,8 @@ fn pass(from_pod: bool, which: Fp) -> i32 {
 ///
 /// Everything else goes on to the stack unchanged: non-IPv4 (ARP), frames for other hosts,
 /// broadcast and multicast, a TTL that would expire (the stack sends the ICMP error), local
-/// node addresses (`NOT_FWDED`) and failed lookups (no route, fragmentation needed: the stack
-/// answers them as forwarding would).
+/// node addresses and destinations without a route (`NOT_FWDED`), and failed lookups
+/// (unreachable routes, fragmentation needed: the stack answers them as forwarding would).
 #[inline(always)]
 fn fast_path(ctx: &TcContext) -> i32 {
     let skb = ctx.skb.skb;

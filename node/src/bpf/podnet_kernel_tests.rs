@@ -203,9 +203,13 @@ impl PodnetFixture {
     /// Connects from `from` to `to` and sends [`PAYLOAD`] bytes: `Ok((peer the server saw,
     /// bytes it read))` or `Err(why)`.
     fn connect(&self, from: &TestPod, to: &TestPod) -> Result<(String, usize), String> {
+        self.connect_ip(from, to.ip())
+    }
+
+    fn connect_ip(&self, from: &TestPod, to: IpAddr) -> Result<(String, usize), String> {
         let mut child = Command::new("nsenter")
             .arg(format!("--net=/run/netns/{}", from.ns))
-            .args([python(), "-c", CLIENT, &to.ip().to_string()])
+            .args([python(), "-c", CLIENT, &to.to_string()])
             .args([PORT.to_string(), PAYLOAD.to_string()])
             .stdout(Stdio::piped())
             .spawn()
@@ -305,8 +309,35 @@ async fn pods_on_one_node_talk_past_a_forward_drop_through_redirect_peer() {
     );
     assert_eq!(after.fib_fail, before.fib_fail, "{after:?}");
 
+    // An agent restart: the pinned endpoint map is kept; reconciling it against the pods
+    // that still exist (b's address is no longer allocated) removes only b's entry.
+    fx.nodes[node].proxy = None;
+    let proxy = fx.nodes[node].load();
+    assert_eq!(
+        proxy.pod_endpoints().expect("endpoints").len(),
+        2,
+        "pins reused"
+    );
+    let allocations = [(a.ip(), a.uid.clone())].into();
+    let netns = fx.nodes[node].netns();
+    assert_eq!(
+        proxy.reconcile_pod_endpoints(Some(&netns), &allocations),
+        Ok(1)
+    );
+    let endpoints = proxy.pod_endpoints().expect("endpoints");
+    assert_eq!(endpoints.len(), 1, "{endpoints:?}");
+    assert_eq!(endpoints[0].ip, a.ip());
+    assert_eq!(endpoints[0].uid.as_deref(), Some(a.uid.as_str()));
+    // Without b's entry, a's packets to b take the FIB path on a's veth (still past the
+    // DROP), b's replies are delivered into a with redirect_peer.
+    let before = fx.nodes[node].counters();
+    ok_from(fx.connect(&a, &b), &a);
+    let after = fx.nodes[node].counters();
+    eprintln!("without b's entry: {before:?} → {after:?}");
+    assert!(after.redirect_neigh > before.redirect_neigh, "{after:?}");
+    assert!(after.redirect_peer > before.redirect_peer, "{after:?}");
+
     // Detached (as a pod teardown does): entries gone, the stack (and its DROP) is back.
-    let proxy = fx.nodes[node].proxy.clone().expect("loaded");
     proxy.detach_pod(&a.uid, Some(a.ip())).expect("detach a");
     proxy.detach_pod(&b.uid, Some(b.ip())).expect("detach b");
     assert!(proxy.pod_endpoints().expect("endpoints").is_empty());
@@ -382,6 +413,31 @@ async fn pods_on_two_nodes_talk_past_forward_drops_through_redirect_neigh() {
         // redirect_peer into the pod.
         assert!(c.redirect_neigh >= 4, "{what}: {c:?}");
         assert!(c.redirect_peer >= 4, "{what}: {c:?}");
-        assert_eq!(c.fib_fail, 0, "{what}: {c:?}");
+        assert_eq!((c.pass, c.fib_fail), (0, 0), "{what}: {c:?}");
     }
+
+    // What the fast path does not forward goes to node 1's stack: its own address (nothing
+    // listens: the stack answers with a reset) and an unreachable route (the stack answers
+    // with an ICMP error); both fail at once instead of timing out.
+    run(
+        "ip",
+        &["-n", &ns1, "route", "add", "unreachable", "10.99.0.0/16"],
+    );
+    let before = fx.nodes[n1].counters();
+    let local = fx.connect_ip(&a, IpAddr::V4(Ipv4Addr::new(10, 231, 0, 1)));
+    assert!(
+        local.as_ref().is_err_and(|e| e.contains("refused")),
+        "{local:?}"
+    );
+    let unreachable = fx.connect_ip(&a, IpAddr::V4(Ipv4Addr::new(10, 99, 0, 1)));
+    assert!(
+        unreachable
+            .as_ref()
+            .is_err_and(|e| e.contains("No route to host")),
+        "{unreachable:?}"
+    );
+    let after = fx.nodes[n1].counters();
+    eprintln!("node 1, to itself and unreachable: {before:?} → {after:?}");
+    assert!(after.pass > before.pass, "{after:?}");
+    assert!(after.fib_fail > before.fib_fail, "{after:?}");
 }
