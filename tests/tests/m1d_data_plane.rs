@@ -128,10 +128,12 @@ async fn pods_reach_pods_on_other_nodes_without_nat() {
     };
     let (d0, d1) = (dump(&n0), dump(&n1));
     assert!(
-        d0["pods"].as_array().is_some_and(|p| p
-            .iter()
-            .any(|p| p["ip"] == server_ip && p["name"] == "server")),
-        "the server's endpoint on {n0}: {out}"
+        d0["pods"].as_array().is_some_and(|p| p.iter().any(|p| {
+            p["ip"] == server_ip
+                && p["name"] == "server"
+                && p["network"]["rx_bytes"].as_u64() > Some(0)
+        })),
+        "the server's endpoint on {n0}, with the traffic it received: {out}"
     );
     assert!(
         d1["fastPath"]["redirectNeigh"].as_u64() > Some(0),
@@ -141,6 +143,12 @@ async fn pods_reach_pods_on_other_nodes_without_nat() {
         d0["fastPath"]["redirectPeer"].as_u64() > Some(0),
         "the server's node delivered with redirect_peer: {out}"
     );
+    let table = c.skiff(&["bpf", "pods", "--node", &n0]);
+    assert!(
+        table.contains("default/server") && table.contains("REDIRECT PEER"),
+        "{table}"
+    );
+    c.skiff(&["bpf", "conntrack"]);
 
     // Nothing of this went through (or created) an iptables or nftables rule.
     for node in &c.nodes {
