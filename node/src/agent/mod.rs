@@ -18,6 +18,12 @@
 //! pods; it warns, reports `ServiceLoadBalancerReady=False` on its Node, and detaches programs
 //! an earlier agent left attached (their maps would go stale); likewise with
 //! `--no-service-lb`.
+//!
+//! Pod networking fast path: the same object's tc program runs on the uplink and on every
+//! pod's host veth; a pod worker connects its pod through `Ctx::attach_pod_datapath` right
+//! after the pod's network is set up and disconnects it through
+//! `Ctx::detach_pod_datapath` before the network is torn down. At start the endpoint map an
+//! earlier agent left is reconciled against the pod addresses still allocated.
 
 pub mod api;
 mod logs;

@@ -19,6 +19,11 @@
 //! Two Services that claim the same frontend (a duplicate user-chosen clusterIP): the one
 //! that programmed it first keeps it; the other is retried every 30 s and logs a warning.
 //!
+//! It is also the agent's one way to connect a pod to the eBPF data path
+//! ([`Proxy::attach_pod`] / [`Proxy::detach_pod`]: the tc program on the pod's host veth and
+//! its entry in the fast path's endpoint map, see `crate::bpf::lb`), and reconciles that map
+//! after a restart ([`Proxy::reconcile_pod_endpoints`]).
+//!
 //! Programming latency (a change seen by the informer → the maps written, back-off of failed
 //! attempts included) is kept in a histogram, reported by `GET /bpf/services` and logged at
 //! debug level. "Seen" is when the change reached this controller's informer subscription (or
