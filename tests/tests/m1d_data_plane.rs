@@ -71,7 +71,8 @@ async fn running_ip(c: &Cluster, name: &str) -> (String, String) {
 }
 
 /// A pod on one node reaches a pod on another by its pod IP, through the nodes' direct routes
-/// over the shared segment, and the server sees the client's own pod IP (no NAT).
+/// over the shared segment, and the server sees the client's own pod IP (no NAT); the eBPF
+/// fast path's counters show it carried the traffic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_reach_pods_on_other_nodes_without_nat() {
     let c = Cluster::start(2).await;
@@ -113,6 +114,41 @@ async fn pods_reach_pods_on_other_nodes_without_nat() {
     })
     .await;
     assert_eq!(seen, client_ip, "the server saw the client's own pod IP");
+
+    // The eBPF fast path carried it: out of the client's node with fib + redirect_neigh, into
+    // the server with redirect_peer; `skiff bpf pods` lists the server on its node.
+    let out = c.skiff(&["bpf", "pods", "-o", "json"]);
+    let dumps: serde_json::Value = serde_json::from_str(&out).expect("JSON from skiff bpf pods");
+    let dump = |node: &str| {
+        dumps
+            .as_array()
+            .and_then(|a| a.iter().find(|d| d["node"] == node))
+            .cloned()
+            .unwrap_or_else(|| panic!("no dump of {node}: {out}"))
+    };
+    let (d0, d1) = (dump(&n0), dump(&n1));
+    assert!(
+        d0["pods"].as_array().is_some_and(|p| p.iter().any(|p| {
+            p["ip"] == server_ip
+                && p["name"] == "server"
+                && p["network"]["rx_bytes"].as_u64() > Some(0)
+        })),
+        "the server's endpoint on {n0}, with the traffic it received: {out}"
+    );
+    assert!(
+        d1["fastPath"]["redirectNeigh"].as_u64() > Some(0),
+        "the client's node forwarded with redirect_neigh: {out}"
+    );
+    assert!(
+        d0["fastPath"]["redirectPeer"].as_u64() > Some(0),
+        "the server's node delivered with redirect_peer: {out}"
+    );
+    let table = c.skiff(&["bpf", "pods", "--node", &n0]);
+    assert!(
+        table.contains("default/server") && table.contains("REDIRECT PEER"),
+        "{table}"
+    );
+    c.skiff(&["bpf", "conntrack"]);
 
     // Nothing of this went through (or created) an iptables or nftables rule.
     for node in &c.nodes {

@@ -1,13 +1,16 @@
-//! `skiff bpf services|backends [--node NODE] [-o json]`: the eBPF socket load balancer's maps
-//! of every node (or one), read from the agents' `/bpf/*` API, printed like
-//! `cilium bpf lb list`, with the per-backend counters.
+//! `skiff bpf services|backends|pods|conntrack [--node NODE] [-o json]`: the eBPF maps of
+//! every node (or one), read from the agents' `/bpf/*` API: the socket load balancer printed
+//! like `cilium bpf lb list` with the per-backend counters, the pod fast path's endpoints
+//! with each pod's traffic and the fast path's counters, the NodePort conntrack entries.
 
 use std::process::ExitCode;
 
 use anyhow::{Result, bail};
 use skiff_api::Resource;
 use skiff_api::api::Node;
-use skiff_client::node_api::{AgentEndpoint, BpfBackends, BpfServices, NodeApiError};
+use skiff_client::node_api::{
+    AgentEndpoint, BpfBackends, BpfConntrack, BpfDump, BpfPods, BpfServices, NodeApiError,
+};
 use skiff_client::{Client, ListParams};
 
 use crate::{print_out, table, top};
@@ -17,6 +20,8 @@ use crate::{print_out, table, top};
 pub enum What {
     Services,
     Backends,
+    Pods,
+    Conntrack,
 }
 
 pub struct BpfOpts {
@@ -107,6 +112,93 @@ pub fn render_backends(dumps: &[BpfBackends]) -> Vec<String> {
     table::render(&headers, &rows)
 }
 
+/// One row per local pod of the fast path, then one line of counters per node.
+pub fn render_pods(dumps: &[BpfPods]) -> Vec<String> {
+    let headers: Vec<String> = [
+        "NODE", "POD IP", "POD", "IFINDEX", "POD MAC", "HOST MAC", "RX BYTES", "TX BYTES",
+    ]
+    .map(String::from)
+    .to_vec();
+    let none = || "<none>".to_string();
+    let bytes = |n: Option<u64>| n.map_or_else(none, |n| n.to_string());
+    let mut rows = Vec::new();
+    for d in dumps {
+        for p in &d.pods {
+            let pod = match (&p.namespace, &p.name) {
+                (Some(ns), Some(name)) => format!("{ns}/{name}"),
+                _ => none(),
+            };
+            rows.push(vec![
+                d.node.clone(),
+                p.ip.clone(),
+                pod,
+                p.ifindex.to_string(),
+                p.pod_mac.clone(),
+                p.host_mac.clone(),
+                bytes(p.network.map(|n| n.rx_bytes)),
+                bytes(p.network.map(|n| n.tx_bytes)),
+            ]);
+        }
+    }
+    let mut lines = table::render(&headers, &rows);
+    lines.push(String::new());
+    let headers: Vec<String> = [
+        "NODE",
+        "REDIRECT PEER",
+        "REDIRECT NEIGH",
+        "PASS",
+        "FIB FAIL",
+    ]
+    .map(String::from)
+    .to_vec();
+    let rows: Vec<Vec<String>> = dumps
+        .iter()
+        .map(|d| {
+            let f = d.fast_path;
+            vec![
+                d.node.clone(),
+                f.redirect_peer.to_string(),
+                f.redirect_neigh.to_string(),
+                f.pass.to_string(),
+                f.fib_fail.to_string(),
+            ]
+        })
+        .collect();
+    lines.extend(table::render(&headers, &rows));
+    lines
+}
+
+pub fn render_conntrack(dumps: &[BpfConntrack]) -> Vec<String> {
+    let headers: Vec<String> = [
+        "NODE",
+        "DIRECTION",
+        "PROTOCOL",
+        "PACKET",
+        "REWRITTEN TO",
+        "SERVICE ID",
+        "BACKEND ID",
+    ]
+    .map(String::from)
+    .to_vec();
+    let rows: Vec<Vec<String>> = dumps
+        .iter()
+        .flat_map(|d| {
+            d.entries.iter().map(|e| {
+                vec![
+                    d.node.clone(),
+                    e.direction.clone(),
+                    e.protocol.clone(),
+                    e.packet.clone(),
+                    e.rewritten.clone(),
+                    e.service_id.to_string(),
+                    e.backend_id.to_string(),
+                ]
+            })
+        })
+        .collect();
+    table::render(&headers, &rows)
+}
+
 async fn nodes(client: &Client, only: Option<&str>) -> Result<Vec<Node>> {
     Ok(match only {
         Some(n) => vec![client.cluster::<Node>().get(n).await?],
@@ -129,33 +221,39 @@ pub async fn run(client: &Client, opts: &BpfOpts) -> Result<ExitCode> {
     if nodes.is_empty() {
         bail!("no nodes");
     }
+    match opts.what {
+        What::Services => show(&nodes, opts.output, render_services).await,
+        What::Backends => show(&nodes, opts.output, render_backends).await,
+        What::Pods => show(&nodes, opts.output, render_pods).await,
+        What::Conntrack => show(&nodes, opts.output, render_conntrack).await,
+    }
+}
+
+/// Fetches dump `T` from every node's agent and prints it as a table (`render`) or JSON.
+async fn show<T: BpfDump>(
+    nodes: &[Node],
+    output: Option<top::Output>,
+    render: fn(&[T]) -> Vec<String>,
+) -> Result<ExitCode> {
     let mut failed = false;
-    let mut services = Vec::new();
-    let mut backends = Vec::new();
-    for n in &nodes {
-        let result: Result<(), NodeApiError> = async {
+    let mut dumps = Vec::new();
+    for n in nodes {
+        let result: Result<T, NodeApiError> = async {
             let agent = AgentEndpoint::of_node(n)?;
-            match opts.what {
-                What::Services => services.push(agent.bpf_services().await?),
-                What::Backends => backends.push(agent.bpf_backends().await?),
-            }
-            Ok(())
+            agent.bpf::<T>().await
         }
         .await;
-        if let Err(e) = result {
-            eprintln!("error: node {}: {e}", n.name());
-            failed = true;
+        match result {
+            Ok(d) => dumps.push(d),
+            Err(e) => {
+                eprintln!("error: node {}: {e}", n.name());
+                failed = true;
+            }
         }
     }
-    let lines = match (opts.what, opts.output) {
-        (What::Services, Some(top::Output::Json)) => {
-            vec![serde_json::to_string_pretty(&services)?]
-        }
-        (What::Backends, Some(top::Output::Json)) => {
-            vec![serde_json::to_string_pretty(&backends)?]
-        }
-        (What::Services, None) => render_services(&services),
-        (What::Backends, None) => render_backends(&backends),
+    let lines = match output {
+        Some(top::Output::Json) => vec![serde_json::to_string_pretty(&dumps)?],
+        None => render(&dumps),
     };
     for l in lines {
         print_out(&l)?;
@@ -215,6 +313,70 @@ mod tests {
         assert!(!lines[2].contains("10.96.0.10") && lines[2].contains("10.244.2.3:8080 (2)"));
         assert!(lines[3].contains("10.96.0.11:53/UDP") && lines[3].contains("no backends"));
         assert_eq!(lines.len(), 4);
+    }
+
+    #[test]
+    fn pods_table_joins_traffic_and_shows_counters() {
+        use skiff_client::node_api::{BpfFastPath, BpfPod, NetworkStats};
+        let dump = BpfPods {
+            node: "node-1".into(),
+            pods: vec![
+                BpfPod {
+                    ip: "10.244.1.5".into(),
+                    ifindex: 12,
+                    namespace: Some("default".into()),
+                    name: Some("web-1".into()),
+                    network: Some(NetworkStats {
+                        rx_bytes: 1200,
+                        tx_bytes: 800,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                BpfPod {
+                    ip: "10.244.1.6".into(),
+                    ..Default::default()
+                },
+            ],
+            fast_path: BpfFastPath {
+                redirect_peer: 41,
+                redirect_neigh: 17,
+                pass: 3,
+                fib_fail: 0,
+            },
+        };
+        let lines = render_pods(&[dump]);
+        assert!(
+            lines[0].starts_with("NODE") && lines[0].contains("RX BYTES"),
+            "{lines:?}"
+        );
+        assert!(lines[1].contains("default/web-1") && lines[1].contains(" 1200 "));
+        assert!(lines[1].trim_end().ends_with("800"), "{lines:?}");
+        assert!(lines[2].contains("10.244.1.6") && lines[2].contains("<none>"));
+        assert!(lines[4].contains("REDIRECT PEER"), "{lines:?}");
+        assert!(
+            lines[5].contains(" 41 ") && lines[5].contains(" 17 "),
+            "{lines:?}"
+        );
+    }
+
+    #[test]
+    fn conntrack_table_has_a_row_per_direction() {
+        use skiff_client::node_api::BpfConntrackEntry;
+        let dump = BpfConntrack {
+            node: "node-1".into(),
+            entries: vec![BpfConntrackEntry {
+                direction: "forward".into(),
+                protocol: "TCP".into(),
+                packet: "10.0.0.9:40000 -> 192.168.100.2:30080".into(),
+                rewritten: "192.168.100.2:40000 -> 10.244.1.5:8080".into(),
+                backend_id: 3,
+                service_id: 2,
+            }],
+        };
+        let lines = render_conntrack(&[dump]);
+        assert_eq!(lines.len(), 2);
+        assert!(lines[1].contains("forward") && lines[1].contains("10.244.1.5:8080"));
     }
 
     #[test]

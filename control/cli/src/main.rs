@@ -70,7 +70,8 @@ enum Command {
     /// Manage the rollout of deployments: status, history, undo, pause, resume, restart.
     #[command(subcommand)]
     Rollout(RolloutCommand),
-    /// Show the nodes' eBPF Service load balancer maps (from their agents).
+    /// Show the nodes' eBPF maps: Service load balancer, pod fast path, NodePort conntrack
+    /// (from their agents).
     #[command(subcommand)]
     Bpf(BpfCommand),
 }
@@ -83,6 +84,12 @@ enum BpfCommand {
     Services(BpfArgs),
     /// Every backend with its frontend and counters.
     Backends(BpfArgs),
+    /// The pod fast path's local pods (address, host veth, MACs) with their traffic, and its
+    /// packet counters.
+    Pods(BpfArgs),
+    /// The NodePort conntrack entries (both directions of every flow).
+    #[command(visible_alias = "ct")]
+    Conntrack(BpfArgs),
 }
 
 #[derive(Debug, Args)]
@@ -458,6 +465,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let (what, args) = match b {
                 BpfCommand::Services(a) => (bpf::What::Services, a),
                 BpfCommand::Backends(a) => (bpf::What::Backends, a),
+                BpfCommand::Pods(a) => (bpf::What::Pods, a),
+                BpfCommand::Conntrack(a) => (bpf::What::Conntrack, a),
             };
             let opts = bpf::BpfOpts {
                 what,

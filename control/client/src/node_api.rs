@@ -7,7 +7,10 @@
 //!   its RFC 3339 time); `follow=true` keeps streaming new lines until the client goes away.
 //! - `GET /stats/summary`: a [`StatsSummary`] as JSON.
 //! - `GET /bpf/services`, `GET /bpf/backends`: the node's Service load balancer maps
-//!   ([`BpfServices`], [`BpfBackends`]), with per-backend connection counters.
+//!   ([`BpfServices`], [`BpfBackends`]), with per-backend connection counters;
+//!   `GET /bpf/pods`: the pod fast path's endpoints and counters ([`BpfPods`]);
+//!   `GET /bpf/conntrack`: the NodePort conntrack map ([`BpfConntrack`]). All through
+//!   [`AgentEndpoint::bpf`].
 //! - `GET /metrics`: the same numbers for Prometheus (text exposition format 0.0.4;
 //!   scraped, not read by this client).
 //!
@@ -44,6 +47,29 @@ pub const STATS_SUMMARY_PATH: &str = "/stats/summary";
 /// Paths of the load balancer map dumps.
 pub const BPF_SERVICES_PATH: &str = "/bpf/services";
 pub const BPF_BACKENDS_PATH: &str = "/bpf/backends";
+pub const BPF_PODS_PATH: &str = "/bpf/pods";
+pub const BPF_CONNTRACK_PATH: &str = "/bpf/conntrack";
+
+/// A dump of one of the agent's eBPF maps and where it is served.
+pub trait BpfDump: serde::de::DeserializeOwned + Serialize {
+    const PATH: &'static str;
+}
+
+impl BpfDump for BpfServices {
+    const PATH: &'static str = BPF_SERVICES_PATH;
+}
+
+impl BpfDump for BpfBackends {
+    const PATH: &'static str = BPF_BACKENDS_PATH;
+}
+
+impl BpfDump for BpfPods {
+    const PATH: &'static str = BPF_PODS_PATH;
+}
+
+impl BpfDump for BpfConntrack {
+    const PATH: &'static str = BPF_CONNTRACK_PATH;
+}
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest error body read from the agent.
@@ -127,6 +153,81 @@ pub struct BpfBackends {
     pub node: String,
     #[serde(default)]
     pub backends: Vec<BpfBackend>,
+}
+
+/// `GET /bpf/pods`: the local pods of a node's fast path and its counters.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BpfPods {
+    pub node: String,
+    #[serde(default)]
+    pub pods: Vec<BpfPod>,
+    #[serde(default)]
+    pub fast_path: BpfFastPath,
+}
+
+/// One endpoint of the fast path, with the pod's traffic.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BpfPod {
+    pub ip: String,
+    /// The pod's host veth, in the node namespace.
+    #[serde(default)]
+    pub ifindex: u32,
+    #[serde(default)]
+    pub pod_mac: String,
+    #[serde(default)]
+    pub host_mac: String,
+    #[serde(default)]
+    pub uid: Option<String>,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+    /// `None` without the agent's traffic accounting.
+    #[serde(default)]
+    pub network: Option<NetworkStats>,
+}
+
+/// The fast path's packet counters (summed over CPUs, since the maps were created).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BpfFastPath {
+    /// Delivered into a local pod with `bpf_redirect_peer`.
+    pub redirect_peer: u64,
+    /// Forwarded from a pod to the FIB's next hop with `bpf_redirect_neigh`.
+    pub redirect_neigh: u64,
+    /// From a pod, handed to the node's stack unchanged (for the node, no route, broadcast,
+    /// ...).
+    pub pass: u64,
+    /// From a pod, FIB lookup failed (unreachable, fragmentation needed, ...), handed to the
+    /// node's stack.
+    pub fib_fail: u64,
+}
+
+/// `GET /bpf/conntrack`: a node's NodePort translations.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BpfConntrack {
+    pub node: String,
+    #[serde(default)]
+    pub entries: Vec<BpfConntrackEntry>,
+}
+
+/// One direction of a NodePort flow: packets matching `packet` become `rewritten`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BpfConntrackEntry {
+    /// `forward` or `reply`.
+    pub direction: String,
+    pub protocol: String,
+    /// `src:port -> dst:port`.
+    pub packet: String,
+    pub rewritten: String,
+    #[serde(default)]
+    pub backend_id: u32,
+    #[serde(default)]
+    pub service_id: u32,
 }
 
 /// `GET /stats/summary`: what a node's pods use, at one instant.
@@ -295,14 +396,9 @@ impl AgentEndpoint {
         self.get_json(STATS_SUMMARY_PATH).await
     }
 
-    /// `GET /bpf/services`.
-    pub async fn bpf_services(&self) -> Result<BpfServices, NodeApiError> {
-        self.get_json(BPF_SERVICES_PATH).await
-    }
-
-    /// `GET /bpf/backends`.
-    pub async fn bpf_backends(&self) -> Result<BpfBackends, NodeApiError> {
-        self.get_json(BPF_BACKENDS_PATH).await
+    /// `GET` of the eBPF map dump `T` (`/bpf/services`, `/bpf/pods`, ...).
+    pub async fn bpf<T: BpfDump>(&self) -> Result<T, NodeApiError> {
+        self.get_json(T::PATH).await
     }
 
     async fn get_json<T: serde::de::DeserializeOwned>(

@@ -301,8 +301,9 @@ pub const LB_AFFINITY_MAP: &str = "LB_AFFINITY";
 pub const NP_CT_MAP: &str = "NP_CT";
 pub const LB_MAGLEV_MAP: &str = "LB_MAGLEV";
 
-/// Every LB map, in the order the loader pins them.
-pub const LB_MAPS: [&str; 8] = [
+/// Every map of the `skiff-lb` object, in the order the loader pins them (the last two are
+/// the pod networking fast path's, see [`crate::podnet`]).
+pub const LB_MAPS: [&str; 10] = [
     LB_SERVICES_MAP,
     LB_SLOTS_MAP,
     LB_BACKENDS_MAP,
@@ -311,6 +312,8 @@ pub const LB_MAPS: [&str; 8] = [
     LB_AFFINITY_MAP,
     NP_CT_MAP,
     LB_MAGLEV_MAP,
+    crate::podnet::POD_ENDPOINTS_MAP,
+    crate::podnet::FP_COUNTERS_MAP,
 ];
 
 /// The `skiff-lb` global (a `u8`) that switches the programs' aya-log debug records on.
@@ -325,7 +328,8 @@ pub const LB_CONNECT6_PROG: &str = "skiff_lb_connect6";
 pub const LB_SENDMSG6_PROG: &str = "skiff_lb_sendmsg6";
 pub const LB_RECVMSG6_PROG: &str = "skiff_lb_recvmsg6";
 pub const LB_GETPEERNAME6_PROG: &str = "skiff_lb_getpeername6";
-/// The tc (TCX ingress) NodePort program, on the node's uplink and on every pod host veth.
+/// The tc (TCX ingress) NodePort and pod networking fast path program, on the node's uplink
+/// and on every pod host veth.
 pub const NP_INGRESS_PROG: &str = "skiff_np_ingress";
 
 #[cfg(test)]

@@ -4,10 +4,11 @@
 //! same thing on both sides of a BPF map.
 //!
 //! Per-pod traffic accounting (`skiff-ebpf`) is at the top level; the Service load balancer's
-//! layouts (`skiff-lb`) are in [`lb`].
+//! layouts (`skiff-lb`) are in [`lb`], the pod networking fast path's in [`podnet`].
 #![no_std]
 
 pub mod lb;
+pub mod podnet;
 
 /// Traffic counters of one pod, one direction, one CPU (the map is per-CPU; userspace sums).
 #[repr(C)]

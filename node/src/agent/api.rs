@@ -9,8 +9,11 @@
 //! - `GET /stats/summary`: JSON [`StatsSummary`]: per pod the CPU time of its cgroup and the
 //!   traffic the eBPF accounting counted for its containers' cgroups.
 //! - `GET /bpf/services`, `GET /bpf/backends`: JSON of the Service load balancer's maps
-//!   (frontends, backends, per-backend counters, map pressure, programming latency); the
-//!   shapes are documented in [`super::proxy`]. 503 when it is not running on this node.
+//!   (frontends, backends, per-backend counters, map pressure, programming latency);
+//!   `GET /bpf/pods`: the pod fast path's endpoint map joined with the pods' traffic, and its
+//!   counters; `GET /bpf/conntrack`: the NodePort conntrack map. The shapes are documented
+//!   in [`super::proxy`]. 503 when the load balancer (whose object holds the fast path) is
+//!   not running on this node.
 //! - `GET /metrics`: the same numbers for Prometheus, in its text exposition format 0.0.4
 //!   (`Content-Type: text/plain; version=0.0.4`), read at scrape time (encoder in
 //!   [`super::metrics`]):
@@ -23,7 +26,9 @@
 //!     `skiff_lb_programming_latency_seconds` (histogram);
 //!     `skiff_lb_backend_connects_total` and `skiff_lb_backend_sends_total`
 //!     `{service,port_name,frontend,backend}` (`service`/`port_name` empty for a frontend no
-//!     Service owns), all as in `/bpf/services`.
+//!     Service owns), all as in `/bpf/services`;
+//!   - `skiff_fastpath_packets_total{action}`: the pod fast path's counters (`action` =
+//!     `redirect_peer`, `redirect_neigh`, `pass`, `fib_fail`), as in `/bpf/pods`.
 //!
 //!   A failure to read the LB maps fails the scrape (500), as it fails `/bpf/services`.
 //!
@@ -148,13 +153,14 @@ struct ApiState {
 }
 
 fn router(state: ApiState) -> Router {
-    let bpf = bpf_router(state.node.clone(), state.ctx.proxy.clone());
-    let metrics = metrics_router(MetricsSources {
+    let sources = Sources {
         node: state.node.clone(),
         pods: state.ctx.pods.clone(),
         accounting: state.ctx.accounting.clone(),
         proxy: state.ctx.proxy.clone(),
-    });
+    };
+    let bpf = bpf_router(sources.clone());
+    let metrics = metrics_router(sources);
     Router::new()
         .route("/logs/{namespace}/{pod}/{container}", get(logs))
         .route("/stats/summary", get(stats_summary))
@@ -165,33 +171,28 @@ fn router(state: ApiState) -> Router {
             error(
                 StatusCode::NOT_FOUND,
                 "no such endpoint; the agent serves GET /logs/{namespace}/{pod}/{container}, \
-                 GET /stats/summary, GET /bpf/services, GET /bpf/backends and GET /metrics"
+                 GET /stats/summary, GET /bpf/services, GET /bpf/backends, GET /bpf/pods, \
+                 GET /bpf/conntrack and GET /metrics"
                     .into(),
             )
         })
 }
 
-/// What the `/bpf/*` endpoints read: the Service load balancer, or why it is not running.
-#[derive(Clone)]
-struct BpfState {
-    node: Arc<str>,
-    proxy: Result<Arc<super::proxy::Proxy>, String>,
-}
-
-/// `GET /bpf/services` and `GET /bpf/backends` (the shapes are in [`super::proxy`]).
-pub(crate) fn bpf_router(
-    node: Arc<str>,
-    proxy: Result<Arc<super::proxy::Proxy>, String>,
-) -> Router {
+/// `GET /bpf/services`, `/bpf/backends`, `/bpf/pods` and `/bpf/conntrack` (the shapes are in
+/// [`super::proxy`]).
+pub(crate) fn bpf_router(sources: Sources) -> Router {
     Router::new()
         .route("/bpf/services", get(bpf_services))
         .route("/bpf/backends", get(bpf_backends))
-        .with_state(BpfState { node, proxy })
+        .route("/bpf/pods", get(bpf_pods))
+        .route("/bpf/conntrack", get(bpf_conntrack))
+        .with_state(sources)
 }
 
-/// What `GET /metrics` reads: the sources of `/stats/summary` and `/bpf/services`.
+/// What the `/bpf/*` endpoints and `GET /metrics` read: the pods, the traffic accounting and
+/// the Service load balancer (or why it is not running).
 #[derive(Clone)]
-pub(crate) struct MetricsSources {
+pub(crate) struct Sources {
     pub node: Arc<str>,
     pub pods: PodRegistry,
     pub accounting: Option<Arc<Mutex<Accounting>>>,
@@ -199,26 +200,30 @@ pub(crate) struct MetricsSources {
 }
 
 /// `GET /metrics` (the metrics are listed in the module documentation).
-pub(crate) fn metrics_router(sources: MetricsSources) -> Router {
+pub(crate) fn metrics_router(sources: Sources) -> Router {
     Router::new()
         .route("/metrics", get(metrics_handler))
         .with_state(sources)
 }
 
-async fn metrics_handler(State(src): State<MetricsSources>) -> Response {
+async fn metrics_handler(State(src): State<Sources>) -> Response {
     // Reads maps: a blocking thread.
     let scrape = tokio::task::spawn_blocking(move || {
         let pods = src.pods.snapshot();
         let pods_running = pods.iter().filter(|p| p.sandbox.is_some()).count();
-        let lb = match &src.proxy {
-            Ok(proxy) => Some(proxy.services_report(&src.node)?),
-            Err(_) => None,
+        let (lb, fast_path) = match &src.proxy {
+            Ok(proxy) => (
+                Some(proxy.services_report(&src.node)?),
+                Some(proxy.fast_path_counters()?),
+            ),
+            Err(_) => (None, None),
         };
         let summary = summarize(&src.node, pods, src.accounting.as_deref());
         Ok::<_, crate::bpf::BpfError>(metrics::Scrape {
             summary,
             pods_running,
             lb,
+            fast_path,
         })
     })
     .await;
@@ -417,11 +422,11 @@ fn json(value: &impl serde::Serialize) -> Response {
 
 /// Runs `report` on the Service load balancer (reading maps: a blocking thread), as JSON.
 async fn lb_report<T: serde::Serialize + Send + 'static>(
-    st: BpfState,
-    report: fn(&super::proxy::Proxy, &str) -> Result<T, crate::bpf::BpfError>,
+    st: Sources,
+    report: fn(&super::proxy::Proxy, &Sources) -> Result<T, crate::bpf::BpfError>,
 ) -> Response {
-    let proxy = match st.proxy {
-        Ok(p) => p,
+    let proxy = match &st.proxy {
+        Ok(p) => p.clone(),
         Err(why) => {
             return error(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -432,20 +437,57 @@ async fn lb_report<T: serde::Serialize + Send + 'static>(
             );
         }
     };
-    let node = st.node;
-    match tokio::task::spawn_blocking(move || report(&proxy, &node)).await {
+    match tokio::task::spawn_blocking(move || report(&proxy, &st)).await {
         Ok(Ok(r)) => json(&r),
         Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }
 
-async fn bpf_services(State(st): State<BpfState>) -> Response {
-    lb_report(st, super::proxy::Proxy::services_report).await
+async fn bpf_services(State(st): State<Sources>) -> Response {
+    lb_report(st, |p, s| p.services_report(&s.node)).await
 }
 
-async fn bpf_backends(State(st): State<BpfState>) -> Response {
-    lb_report(st, super::proxy::Proxy::backends_report).await
+async fn bpf_backends(State(st): State<Sources>) -> Response {
+    lb_report(st, |p, s| p.backends_report(&s.node)).await
+}
+
+async fn bpf_pods(State(st): State<Sources>) -> Response {
+    lb_report(st, pods_report).await
+}
+
+async fn bpf_conntrack(State(st): State<Sources>) -> Response {
+    lb_report(st, |p, s| p.conntrack_report(&s.node)).await
+}
+
+/// `GET /bpf/pods`: the fast path's endpoints joined with the pods they were written for and
+/// those pods' traffic (the `/stats/summary` numbers), plus the fast path's counters.
+fn pods_report(
+    proxy: &super::proxy::Proxy,
+    src: &Sources,
+) -> Result<super::proxy::PodsReport, crate::bpf::BpfError> {
+    let endpoints = proxy.pod_endpoints()?;
+    let summary = summarize(&src.node, src.pods.snapshot(), src.accounting.as_deref());
+    let pods = endpoints
+        .into_iter()
+        .map(|endpoint| {
+            let stats = endpoint
+                .uid
+                .as_ref()
+                .and_then(|uid| summary.pods.iter().find(|p| &p.uid == uid));
+            super::proxy::PodEntry {
+                namespace: stats.map(|p| p.namespace.clone()),
+                name: stats.map(|p| p.name.clone()),
+                network: stats.and_then(|p| p.network),
+                endpoint,
+            }
+        })
+        .collect();
+    Ok(super::proxy::PodsReport {
+        node: src.node.to_string(),
+        pods,
+        fast_path: proxy.fast_path_counters()?.into(),
+    })
 }
 
 /// `usage_usec` from a cgroup's `cpu.stat` (present in every v2 cgroup, with or without the
@@ -647,7 +689,7 @@ mod tests {
             name: "web-2".into(),
             ..Default::default()
         });
-        let app = metrics_router(MetricsSources {
+        let app = metrics_router(Sources {
             node: "node-x".into(),
             pods,
             accounting: None,

@@ -12,6 +12,7 @@ use std::fmt::Write as _;
 use skiff_client::node_api::StatsSummary;
 
 use super::proxy::{HistogramSnapshot, ServicesReport};
+use crate::bpf::lb::FastPathCounters;
 
 /// `Content-Type` of the text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -258,12 +259,14 @@ fn escape_help(v: &str) -> String {
 }
 
 /// What one scrape reads: the stats summary (`/stats/summary`), how many of its pods have a
-/// sandbox, and the Service load balancer's report (`/bpf/services`) if it runs.
+/// sandbox, and the Service load balancer's report (`/bpf/services`) and the pod fast path's
+/// counters (`/bpf/pods`) if it runs.
 #[derive(Debug)]
 pub struct Scrape {
     pub summary: StatsSummary,
     pub pods_running: usize,
     pub lb: Option<ServicesReport>,
+    pub fast_path: Option<FastPathCounters>,
 }
 
 const POD: &[&str] = &["namespace", "pod"];
@@ -328,6 +331,24 @@ pub fn render(s: &Scrape) -> String {
     );
     if let Some(lb) = &s.lb {
         render_lb(&mut e, lb);
+    }
+    if let Some(fp) = &s.fast_path {
+        for (action, n) in [
+            ("redirect_peer", fp.redirect_peer),
+            ("redirect_neigh", fp.redirect_neigh),
+            ("pass", fp.pass),
+            ("fib_fail", fp.fib_fail),
+        ] {
+            e.counter(
+                "skiff_fastpath_packets_total",
+                "Packets of the eBPF pod networking fast path: delivered into a local pod \
+                 (redirect_peer), forwarded to the FIB's next hop (redirect_neigh), handed to \
+                 the node's stack (pass), or handed to it after a failed FIB lookup (fib_fail).",
+                &["action"],
+                &[action],
+                n,
+            );
+        }
     }
     e.render()
 }
@@ -527,6 +548,7 @@ mod tests {
             summary: summary(None),
             pods_running: 1,
             lb: None,
+            fast_path: None,
         });
         let version = env!("CARGO_PKG_VERSION");
         assert!(text.contains(&format!(
@@ -591,6 +613,12 @@ mod tests {
             })),
             pods_running: 1,
             lb: Some(lb),
+            fast_path: Some(FastPathCounters {
+                redirect_peer: 5,
+                redirect_neigh: 3,
+                pass: 1,
+                fib_fail: 0,
+            }),
         });
         for line in [
             "skiff_lb_up 1",
@@ -614,6 +642,11 @@ mod tests {
             "skiff_pod_network_receive_packets_total{namespace=\"default\",pod=\"web-1\"} 2",
             "skiff_pod_network_transmit_bytes_total{namespace=\"default\",pod=\"web-1\"} 300",
             "skiff_pod_network_transmit_packets_total{namespace=\"default\",pod=\"web-1\"} 4",
+            "skiff_fastpath_packets_total{action=\"redirect_peer\"} 5",
+            "skiff_fastpath_packets_total{action=\"redirect_neigh\"} 3",
+            "skiff_fastpath_packets_total{action=\"pass\"} 1",
+            "skiff_fastpath_packets_total{action=\"fib_fail\"} 0",
+            "# TYPE skiff_fastpath_packets_total counter",
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
         }

@@ -18,6 +18,12 @@
 //! pods; it warns, reports `ServiceLoadBalancerReady=False` on its Node, and detaches programs
 //! an earlier agent left attached (their maps would go stale); likewise with
 //! `--no-service-lb`.
+//!
+//! Pod networking fast path: the same object's tc program runs on the uplink and on every
+//! pod's host veth; a pod worker connects its pod through `Ctx::attach_pod_datapath` right
+//! after the pod's network is set up and disconnects it through
+//! `Ctx::detach_pod_datapath` before the network is torn down. At start the endpoint map an
+//! earlier agent left is reconciled against the pod addresses still allocated.
 
 pub mod api;
 mod logs;
@@ -147,9 +153,41 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
-    /// Attaches the NodePort tc program to device `ifname` of the node namespace (a pod's
-    /// host veth, so that replies of a local backend to a NodePort client are translated
-    /// back). Failures are logged: the pod still runs, only NodePort replies through it fail.
+    /// Connects a pod whose network was just set up (`att`) to the eBPF data path
+    /// ([`proxy::Proxy::attach_pod`]: the tc program on its host veth, NodePort replies and
+    /// the fast path, and its endpoint entry). Failures are logged: the pod still runs,
+    /// through the node's stack.
+    pub async fn attach_pod_datapath(&self, uid: &str, att: &crate::net::PodAttachment) {
+        let Ok(p) = &self.proxy else { return };
+        let (p, netns, uid_owned, att_owned) = (
+            p.clone(),
+            self.net.netns_path().map(std::path::Path::to_path_buf),
+            uid.to_string(),
+            att.clone(),
+        );
+        let attached = tokio::task::spawn_blocking(move || {
+            p.attach_pod(netns.as_deref(), &uid_owned, &att_owned)
+        })
+        .await;
+        match attached {
+            Ok(Ok(how)) => debug!(device = %att.host_veth, ?how, "pod data path attached"),
+            Ok(Err(e)) => warn!(device = %att.host_veth, error = %e, "attaching the pod data path"),
+            Err(e) => warn!(device = %att.host_veth, error = %e, "attaching the pod data path"),
+        }
+    }
+
+    /// Disconnects pod `uid` from the eBPF data path ([`proxy::Proxy::detach_pod`]); called
+    /// before its network is torn down.
+    pub fn detach_pod_datapath(&self, uid: &str) {
+        if let Ok(p) = &self.proxy
+            && let Err(e) = p.detach_pod(uid, self.net.pod_ip(uid))
+        {
+            warn!(pod_uid = %uid, error = %e, "detaching the pod data path");
+        }
+    }
+
+    /// Attaches the NodePort tc program to device `ifname` of the node namespace (the
+    /// uplink). Failures are logged: pods still run, only NodePort through it fails.
     pub async fn attach_nodeport(&self, ifname: &str) -> Option<TcAttach> {
         let Ok(p) = &self.proxy else { return None };
         let (p, netns, name) = (
@@ -300,7 +338,24 @@ pub async fn run(
         pods: api::PodRegistry::default(),
         recorder: EventRecorder::new(client.clone(), EVENT_COMPONENT, &cfg.node_name),
     });
-    // NodePort from outside: the tc program on the uplink (pod veths get it as they attach).
+    // The fast path's endpoint entries of an earlier agent: those of pods that are gone are
+    // removed now; the running pods' workers rewrite theirs as they adopt them.
+    if let Ok(p) = &ctx.proxy {
+        let allocations = ctx.net.allocations().into_iter().collect();
+        let netns = ctx.net.netns_path().map(std::path::Path::to_path_buf);
+        let p = p.clone();
+        match tokio::task::spawn_blocking(move || {
+            p.reconcile_pod_endpoints(netns.as_deref(), &allocations)
+        })
+        .await
+        {
+            Ok(Ok(removed)) => info!(removed, "pod fast path endpoints reconciled"),
+            Ok(Err(e)) => warn!(error = %e, "reconciling the pod fast path endpoints"),
+            Err(e) => warn!(error = %e, "reconciling the pod fast path endpoints"),
+        }
+    }
+    // NodePort from outside and the fast path into local pods: the tc program on the uplink
+    // (pod veths get it as they attach).
     match &uplink {
         Some((name, ip)) => {
             if let Some(how) = ctx.attach_nodeport(name).await {

@@ -19,6 +19,11 @@
 //! Two Services that claim the same frontend (a duplicate user-chosen clusterIP): the one
 //! that programmed it first keeps it; the other is retried every 30 s and logs a warning.
 //!
+//! It is also the agent's one way to connect a pod to the eBPF data path
+//! ([`Proxy::attach_pod`] / [`Proxy::detach_pod`]: the tc program on the pod's host veth and
+//! its entry in the fast path's endpoint map, see `crate::bpf::lb`), and reconciles that map
+//! after a restart ([`Proxy::reconcile_pod_endpoints`]).
+//!
 //! Programming latency (a change seen by the informer → the maps written, back-off of failed
 //! attempts included) is kept in a histogram, reported by `GET /bpf/services` and logged at
 //! debug level. "Seen" is when the change reached this controller's informer subscription (or
@@ -53,6 +58,23 @@
 //!                 "connects": 7, "sends": 0}]
 //! }
 //! ```
+//! `GET /bpf/pods` (the pod fast path; `uid`/`namespace`/`name`/`network` are `null` for an
+//! entry no pod of this agent claimed yet, `network` also without the traffic accounting):
+//! ```json
+//! {
+//!   "node": "node-1",
+//!   "pods": [{"ip": "10.244.1.5", "ifindex": 12, "podMac": "9a:…", "hostMac": "2e:…",
+//!             "uid": "…", "namespace": "default", "name": "web-1",
+//!             "network": {"rx_bytes": 1200, "rx_packets": 10, "tx_bytes": 800, "tx_packets": 9}}],
+//!   "fastPath": {"redirectPeer": 41, "redirectNeigh": 17, "pass": 3, "fibFail": 0}
+//! }
+//! ```
+//! `GET /bpf/conntrack` (NodePort translations, both directions of every flow):
+//! ```json
+//! {"node": "node-1", "entries": [{"direction": "forward", "protocol": "TCP",
+//!   "packet": "10.0.0.9:40000 -> 192.168.100.2:30080",
+//!   "rewritten": "192.168.100.2:40000 -> 10.244.1.5:8080", "backendId": 3, "serviceId": 2}]}
+//! ```
 //! `service`/`portName` are `null` for a frontend no Service owns (only until it is removed).
 //! `connects` counts `connect()` calls sent to a backend (TCP, connected UDP), `sends`
 //! unconnected UDP datagrams; both count since the backend was added (they survive agent
@@ -72,9 +94,10 @@ use tracing::{debug, info, warn};
 
 use crate::bpf::BpfError;
 use crate::bpf::lb::{
-    BackendAddr, BackendDump, Frontend, MapPressure, Protocol, ServiceDump, ServiceLb,
-    ServiceParams, TcAttach,
+    BackendAddr, BackendDump, FastPathCounters, Frontend, MapPressure, PodEndpoint, Protocol,
+    ServiceDump, ServiceLb, ServiceParams, TcAttach,
 };
+use crate::net::PodAttachment;
 
 /// Kubernetes' default ClientIP affinity timeout (3 h).
 const DEFAULT_AFFINITY_TIMEOUT_S: u32 = 10800;
@@ -318,6 +341,8 @@ struct Inner {
     node_name: String,
     node_ips: Vec<IpAddr>,
     owners: BTreeMap<Frontend, Owner>,
+    /// The pods given to the fast path by this agent: address → pod uid.
+    pods: BTreeMap<IpAddr, String>,
     writes: u64,
     latency: Histogram,
 }
@@ -363,6 +388,129 @@ pub struct ProgrammingStats {
     pub latency_micros: HistogramSnapshot,
 }
 
+/// `GET /bpf/pods`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodsReport {
+    pub node: String,
+    pub pods: Vec<PodEntry>,
+    pub fast_path: FastPathReport,
+}
+
+/// A local pod of the fast path, with its traffic (eBPF accounting, as `/stats/summary`).
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodEntry {
+    #[serde(flatten)]
+    pub endpoint: PodEndpointEntry,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    pub network: Option<skiff_client::node_api::NetworkStats>,
+}
+
+/// The fast path's packet counters, summed over CPUs (see `skiff_common::podnet`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FastPathReport {
+    pub redirect_peer: u64,
+    pub redirect_neigh: u64,
+    pub pass: u64,
+    pub fib_fail: u64,
+}
+
+impl From<FastPathCounters> for FastPathReport {
+    fn from(c: FastPathCounters) -> Self {
+        FastPathReport {
+            redirect_peer: c.redirect_peer,
+            redirect_neigh: c.redirect_neigh,
+            pass: c.pass,
+            fib_fail: c.fib_fail,
+        }
+    }
+}
+
+/// One entry of the fast path's endpoint map.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodEndpointEntry {
+    pub ip: IpAddr,
+    /// The pod's host veth, in the node namespace.
+    pub ifindex: u32,
+    pub pod_mac: String,
+    pub host_mac: String,
+    /// The pod it was written for (`None`: an entry this agent has not (re)written).
+    pub uid: Option<String>,
+}
+
+/// `GET /bpf/conntrack`: the NodePort translations.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConntrackReport {
+    pub node: String,
+    pub entries: Vec<ConntrackEntry>,
+}
+
+/// One direction of a NodePort flow: packets matching `packet` are rewritten to `rewritten`
+/// (both `src:port -> dst:port`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConntrackEntry {
+    /// `forward` (client → node) or `reply` (backend → node).
+    pub direction: &'static str,
+    pub protocol: &'static str,
+    pub packet: String,
+    pub rewritten: String,
+    pub backend_id: u32,
+    pub service_id: u32,
+}
+
+impl ConntrackEntry {
+    fn of(k: &skiff_common::lb::NpCtKey, e: &skiff_common::lb::NpCtEntry) -> Self {
+        let ip = |be: u32| std::net::Ipv4Addr::from(be.to_ne_bytes());
+        ConntrackEntry {
+            direction: if k.dir == skiff_common::lb::NP_CT_REPLY {
+                "reply"
+            } else {
+                "forward"
+            },
+            protocol: match k.proto {
+                skiff_common::lb::IPPROTO_TCP => "TCP",
+                skiff_common::lb::IPPROTO_UDP => "UDP",
+                _ => "?",
+            },
+            packet: format!("{}:{} -> {}:{}", ip(k.saddr), k.sport, ip(k.daddr), k.dport),
+            rewritten: format!("{}:{} -> {}:{}", ip(e.saddr), e.sport, ip(e.daddr), e.dport),
+            backend_id: e.backend_id,
+            service_id: e.service_id,
+        }
+    }
+}
+
+fn mac_string(mac: &[u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// The endpoint entries to remove: addresses not allocated to a pod, or whose pod's host
+/// veth (`ifindex_of` its name) is not the recorded device (pure).
+fn stale_endpoints(
+    entries: &[(IpAddr, PodEndpoint)],
+    allocations: &BTreeMap<IpAddr, String>,
+    ifindex_of: impl Fn(&str) -> Option<u32>,
+) -> Vec<IpAddr> {
+    entries
+        .iter()
+        .filter(|(ip, ep)| {
+            allocations
+                .get(ip)
+                .is_none_or(|uid| ifindex_of(&crate::net::host_veth_name(uid)) != Some(ep.ifindex))
+        })
+        .map(|(ip, _)| *ip)
+        .collect()
+}
+
 /// `GET /bpf/backends`.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -397,6 +545,7 @@ impl Proxy {
                 node_name: node_name.to_string(),
                 node_ips,
                 owners: BTreeMap::new(),
+                pods: BTreeMap::new(),
                 writes: 0,
                 latency: Histogram::default(),
             }),
@@ -422,10 +571,132 @@ impl Proxy {
             .map_err(|e| format!("{ifname}: {e}"))
     }
 
-    /// Detaches the NodePort tc program from device `ifname` (a pod's host veth going away).
-    pub fn detach_tc(&self, ifname: &str) -> Result<(), String> {
+    /// Connects a pod's network to the data path, the one way the agent does it: the
+    /// NodePort/fast path tc program on its host veth (in the node namespace `netns`), then
+    /// its entry in the fast path's endpoint map (packets for it are delivered straight into
+    /// its namespace from then on). Idempotent (the agent calls it again after a restart).
+    pub fn attach_pod(
+        &self,
+        netns: Option<&std::path::Path>,
+        uid: &str,
+        att: &PodAttachment,
+    ) -> Result<TcAttach, String> {
+        let how = self.attach_tc(netns, &att.host_veth)?;
+        let (IpAddr::V4(ip), Some(host_mac), Some(pod_mac)) =
+            (att.pod_ip, att.host_mac, att.pod_mac)
+        else {
+            return Err(format!(
+                "pod {uid}: no fast path (only IPv4 pods with MACs on both veth ends have one)"
+            ));
+        };
+        let ep = PodEndpoint {
+            ifindex: att.host_ifindex,
+            pod_mac,
+            host_mac,
+        };
+        let mut inner = self.lock();
+        inner
+            .lb
+            .set_pod_endpoint(ip, ep)
+            .map_err(|e| format!("pod {uid}: {e}"))?;
+        inner.pods.insert(att.pod_ip, uid.to_string());
+        Ok(how)
+    }
+
+    /// Disconnects pod `uid` (address `ip`, if known) from the data path: removes its
+    /// endpoint entry (before its veth and address go, so a reused address never points at a
+    /// stale device) and detaches the tc program from its host veth.
+    pub fn detach_pod(&self, uid: &str, ip: Option<IpAddr>) -> Result<(), String> {
+        let mut inner = self.lock();
+        let mut ips: Vec<IpAddr> = inner
+            .pods
+            .iter()
+            .filter(|(_, u)| *u == uid)
+            .map(|(ip, _)| *ip)
+            .collect();
+        ips.extend(ip);
+        for ip in ips {
+            inner.pods.remove(&ip);
+            if let IpAddr::V4(v4) = ip {
+                inner
+                    .lb
+                    .remove_pod_endpoint(v4)
+                    .map_err(|e| format!("pod {uid}: {e}"))?;
+            }
+        }
+        let ifname = crate::net::host_veth_name(uid);
+        ServiceLb::detach_tc(inner.lb.pin_dir(), &ifname).map_err(|e| format!("{ifname}: {e}"))
+    }
+
+    /// Removes the endpoint entries (left by an earlier agent) that are not pods this node
+    /// runs: an address not allocated (`allocations`: address → pod uid), or whose host veth
+    /// in the node namespace `netns` is not the device recorded. Returns how many it removed.
+    pub fn reconcile_pod_endpoints(
+        &self,
+        netns: Option<&std::path::Path>,
+        allocations: &BTreeMap<IpAddr, String>,
+    ) -> Result<usize, String> {
+        let mut inner = self.lock();
+        let entries = inner.lb.pod_endpoints().map_err(|e| e.to_string())?;
+        let stale = crate::net::run_in_netns_scoped(netns, || {
+            stale_endpoints(&entries, allocations, |name| {
+                crate::bpf::lb::ifindex(name).ok()
+            })
+        })
+        .map_err(|e| e.to_string())?;
+        for ip in &stale {
+            inner.pods.remove(ip);
+            if let IpAddr::V4(v4) = ip {
+                inner
+                    .lb
+                    .remove_pod_endpoint(*v4)
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        for (ip, uid) in allocations {
+            if entries.iter().any(|(e, _)| e == ip) && !stale.contains(ip) {
+                inner.pods.insert(*ip, uid.clone());
+            }
+        }
+        Ok(stale.len())
+    }
+
+    /// The fast path's counters, summed over CPUs.
+    pub fn fast_path_counters(&self) -> Result<FastPathCounters, BpfError> {
+        self.lock().lb.fast_path_counters()
+    }
+
+    /// The fast path's endpoints with the pod (uid) each was written for, for `GET /bpf/pods`.
+    pub fn pod_endpoints(&self) -> Result<Vec<PodEndpointEntry>, BpfError> {
         let inner = self.lock();
-        ServiceLb::detach_tc(inner.lb.pin_dir(), ifname).map_err(|e| format!("{ifname}: {e}"))
+        Ok(inner
+            .lb
+            .pod_endpoints()?
+            .into_iter()
+            .map(|(ip, ep)| PodEndpointEntry {
+                ip,
+                ifindex: ep.ifindex,
+                pod_mac: mac_string(&ep.pod_mac),
+                host_mac: mac_string(&ep.host_mac),
+                uid: inner.pods.get(&ip).cloned(),
+            })
+            .collect())
+    }
+
+    /// The NodePort conntrack entries, for `GET /bpf/conntrack`.
+    pub fn conntrack_report(&self, node: &str) -> Result<ConntrackReport, BpfError> {
+        let mut entries: Vec<ConntrackEntry> = self
+            .lock()
+            .lb
+            .conntrack()?
+            .into_iter()
+            .map(|(k, e)| ConntrackEntry::of(&k, &e))
+            .collect();
+        entries.sort_by(|a, b| (&a.direction, &a.packet).cmp(&(&b.direction, &b.packet)));
+        Ok(ConntrackReport {
+            node: node.to_string(),
+            entries,
+        })
     }
 
     /// Map writes since this proxy was created.
@@ -916,6 +1187,64 @@ mod tests {
             desired(Some(&s), None)[0].params.affinity_timeout_s,
             Some(60)
         );
+    }
+
+    #[test]
+    fn stale_endpoints_are_unallocated_or_on_another_device() {
+        let ep = |ifindex| PodEndpoint {
+            ifindex,
+            ..Default::default()
+        };
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let entries = vec![
+            (ip("10.244.1.2"), ep(7)),
+            (ip("10.244.1.3"), ep(8)),
+            (ip("10.244.1.4"), ep(9)),
+        ];
+        let allocations: BTreeMap<IpAddr, String> = [
+            (ip("10.244.1.2"), "a".to_string()),
+            (ip("10.244.1.3"), "b".to_string()),
+        ]
+        .into();
+        let devices = [
+            (crate::net::host_veth_name("a"), 7),
+            (crate::net::host_veth_name("b"), 12),
+        ];
+        let ifindex_of = |name: &str| devices.iter().find(|(n, _)| n == name).map(|(_, i)| *i);
+        // .2 is a's and on a's veth; .3 is b's but b's veth is another device now; .4 is
+        // nobody's.
+        assert_eq!(
+            stale_endpoints(&entries, &allocations, ifindex_of),
+            [ip("10.244.1.3"), ip("10.244.1.4")]
+        );
+    }
+
+    #[test]
+    fn conntrack_entries_read_as_addresses() {
+        let be = |a: [u8; 4]| u32::from_ne_bytes(a);
+        let k = skiff_common::lb::NpCtKey {
+            saddr: be([10, 201, 0, 2]),
+            daddr: be([10, 201, 0, 1]),
+            sport: 40000,
+            dport: 30080,
+            proto: skiff_common::lb::IPPROTO_TCP,
+            dir: skiff_common::lb::NP_CT_FORWARD,
+            _pad: [0; 2],
+        };
+        let e = skiff_common::lb::NpCtEntry {
+            saddr: be([10, 201, 0, 1]),
+            daddr: be([10, 202, 1, 11]),
+            sport: 40000,
+            dport: 8080,
+            backend_id: 3,
+            service_id: 1,
+        };
+        let c = ConntrackEntry::of(&k, &e);
+        assert_eq!(c.direction, "forward");
+        assert_eq!(c.protocol, "TCP");
+        assert_eq!(c.packet, "10.201.0.2:40000 -> 10.201.0.1:30080");
+        assert_eq!(c.rewritten, "10.201.0.1:40000 -> 10.202.1.11:8080");
+        assert_eq!(mac_string(&[0, 0x1b, 2, 3, 4, 0xff]), "00:1b:02:03:04:ff");
     }
 
     #[test]

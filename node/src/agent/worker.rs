@@ -325,7 +325,7 @@ impl Worker {
                 .await
                 .map_err(|e| ("NetworkSetupFailed", e.to_string()))?;
             info!(pod = %self.name(), ip = %att.pod_ip, "pod network ready");
-            self.ctx.attach_nodeport(&att.host_veth).await;
+            self.ctx.attach_pod_datapath(&self.uid, &att).await;
             self.pod_ip = Some(att.pod_ip);
         }
         Ok(())
@@ -729,16 +729,12 @@ impl Worker {
                 return Err(format!("removing sandbox: {e}"));
             }
         }
+        self.ctx.detach_pod_datapath(&self.uid);
         self.ctx
             .net
             .detach_pod(&self.uid)
             .await
             .map_err(|e| format!("detaching network: {e}"))?;
-        if let Ok(p) = &self.ctx.proxy
-            && let Err(e) = p.detach_tc(&crate::net::host_veth_name(&self.uid))
-        {
-            warn!(pod = %self.name(), error = %e, "detaching the NodePort program");
-        }
         let ids: Vec<u64> = self.tracks.values().filter_map(|t| t.cgroup_id).collect();
         self.ctx.forget_counters(&ids);
         if !self.gone {

@@ -26,6 +26,8 @@ pub mod lb;
 pub(crate) mod lb_kernel_tests;
 #[cfg(test)]
 mod np_kernel_tests;
+#[cfg(test)]
+mod podnet_kernel_tests;
 mod sys;
 
 use std::{

@@ -24,8 +24,10 @@
 //! other node ([`NodeNetwork::set_peer_route`], driven by the agent's `routes` controller), so
 //! nodes on one L2 segment route pod traffic directly, unencapsulated and untranslated.
 //!
-//! Seam for what comes later: an eBPF fast path can redirect straight to
-//! [`PodAttachment::host_ifindex`] / [`PodAttachment::pod_ifindex`].
+//! The eBPF fast path (`bpf::lb`, programmed by `agent::proxy`) bypasses the node's IP stack
+//! for pod traffic: it delivers straight into a pod through [`PodAttachment::host_ifindex`]
+//! with [`PodAttachment::host_mac`] / [`PodAttachment::pod_mac`]; the routes above stay, for
+//! what it hands to the stack and for when it is not loaded.
 
 mod cidr;
 mod error;
@@ -77,6 +79,10 @@ pub struct PodAttachment {
     pub host_ifindex: u32,
     /// ifindex of `eth0`, in the pod namespace.
     pub pod_ifindex: u32,
+    /// MAC of the host end (the pod's gateway), if the kernel reported one.
+    pub host_mac: Option<[u8; 6]>,
+    /// MAC of the pod's `eth0`, if the kernel reported one.
+    pub pod_mac: Option<[u8; 6]>,
 }
 
 /// The name of the host-side veth of `pod_uid`: `skv` + 8 hex digits of the FNV-1a hash of
@@ -281,6 +287,8 @@ impl NodeNetwork {
             host_veth: host_name,
             host_ifindex: host_idx,
             pod_ifindex: peer_idx,
+            host_mac: rtnl::mac(&host).and_then(|m| m.try_into().ok()),
+            pod_mac: rtnl::mac(&peer).and_then(|m| m.try_into().ok()),
         })
     }
 

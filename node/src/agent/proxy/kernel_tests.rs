@@ -129,13 +129,14 @@ fn names(which: &[&str]) -> BTreeSet<String> {
 /// Serves the agent's `/bpf` routes and `/metrics` (no pods) on a loopback port and GETs
 /// `path` (HTTP/1.1).
 async fn http_get(proxy: Result<std::sync::Arc<Proxy>, String>, path: &str) -> (u16, String) {
-    use crate::agent::api::{MetricsSources, bpf_router, metrics_router, test_http};
-    let app = bpf_router("node-x".into(), proxy.clone()).merge(metrics_router(MetricsSources {
+    use crate::agent::api::{Sources, bpf_router, metrics_router, test_http};
+    let sources = Sources {
         node: "node-x".into(),
         pods: Default::default(),
         accounting: None,
         proxy,
-    }));
+    };
+    let app = bpf_router(sources.clone()).merge(metrics_router(sources));
     let (status, _, body) = test_http::get(app, path).await;
     (status, body)
 }

@@ -25,6 +25,13 @@
 //! detached it) is unpinned and replaced. TCX attaches to the network namespace of the
 //! calling thread: the caller runs it inside the node namespace.
 //!
+//! Pod networking fast path: the same tc program then delivers packets for local pods with
+//! `bpf_redirect_peer` and forwards pods' other packets with `bpf_fib_lookup` +
+//! `bpf_redirect_neigh`, bypassing the node's IP stack. It reads `POD_ENDPOINTS` (pod address
+//! → host veth ifindex and MACs, written through [`ServiceLb::set_pod_endpoint`] /
+//! [`ServiceLb::remove_pod_endpoint`]) and counts into the per-CPU `FP_COUNTERS`
+//! ([`ServiceLb::fast_path_counters`]); both are pinned with the other maps.
+//!
 //! Map sizes come from [`LbConfig`] when the maps are created; pinned maps keep the size they
 //! were created with (remove the pins, e.g. `skiff-node purge`, to resize).
 
@@ -36,10 +43,12 @@ pub mod state;
 use std::fmt;
 use std::fs::File;
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 
-use aya::maps::{HashMap, IterableMap, MapData, MapError, MapInfo, PerCpuHashMap, PerCpuValues};
+use aya::maps::{
+    HashMap, IterableMap, MapData, MapError, MapInfo, PerCpuArray, PerCpuHashMap, PerCpuValues,
+};
 use aya::programs::tc::TcAttachOptions;
 use aya::programs::{
     CgroupAttachMode, CgroupSockAddr, LinkOrder, Program, ProgramError, SchedClassifier,
@@ -57,6 +66,8 @@ use skiff_common::lb::{
     LbRevNatKey, LbService, LbServiceKey, LbSlotKey, NP_CT_MAP, NP_INGRESS_PROG, NpCtEntry,
     NpCtKey,
 };
+use skiff_common::podnet::{FP_COUNTERS_MAP, POD_ENDPOINTS_MAP, PodEndpointKey};
+pub use skiff_common::podnet::{FastPathCounters, PodEndpoint};
 
 use super::{BpfError, cgroup_id, fs, is_cgroup2, sys};
 use pod::P;
@@ -169,6 +180,8 @@ type RevNatMap = HashMap<MapData, P<LbRevNatKey>, P<LbRevNat>>;
 type AffinityMap = HashMap<MapData, P<LbAffinityKey>, P<LbAffinity>>;
 type NpCtMap = HashMap<MapData, P<NpCtKey>, P<NpCtEntry>>;
 type MaglevMap = HashMap<MapData, u32, P<LbMaglev>>;
+type PodEndpointsMap = HashMap<MapData, P<PodEndpointKey>, P<PodEndpoint>>;
+type FpCountersMap = PerCpuArray<MapData, P<FastPathCounters>>;
 
 /// Prefix of the pinned TCX links of the NodePort program (`link_np_<ifname>`).
 const NP_LINK_PREFIX: &str = "link_np_";
@@ -198,6 +211,8 @@ struct Maps {
     affinity: AffinityMap,
     np_ct: NpCtMap,
     maglev: MaglevMap,
+    pod_endpoints: PodEndpointsMap,
+    fp_counters: FpCountersMap,
     nr_cpus: usize,
 }
 
@@ -335,6 +350,8 @@ impl ServiceLb {
             affinity: take_map(&mut ebpf, LB_AFFINITY_MAP, AffinityMap::try_from)?,
             np_ct: take_map(&mut ebpf, NP_CT_MAP, NpCtMap::try_from)?,
             maglev: take_map(&mut ebpf, LB_MAGLEV_MAP, MaglevMap::try_from)?,
+            pod_endpoints: take_map(&mut ebpf, POD_ENDPOINTS_MAP, PodEndpointsMap::try_from)?,
+            fp_counters: take_map(&mut ebpf, FP_COUNTERS_MAP, FpCountersMap::try_from)?,
             nr_cpus,
         };
         let max_services = max_entries(maps.services.map(), LB_SERVICES_MAP)?;
@@ -552,6 +569,52 @@ impl ServiceLb {
             remove(&mut self.maps.np_ct, NP_CT_MAP, &k)?;
         }
         Ok(())
+    }
+
+    /// Makes `ip` a local pod for the fast path: packets to it are delivered into its
+    /// namespace through its host veth `ep.ifindex` (IPv4 only: the program handles no IPv6).
+    pub fn set_pod_endpoint(&mut self, ip: Ipv4Addr, ep: PodEndpoint) -> Result<(), BpfError> {
+        self.maps
+            .pod_endpoints
+            .insert(P(pod_key(ip)), P(ep), 0)
+            .map_err(BpfError::map(POD_ENDPOINTS_MAP))
+    }
+
+    /// Forgets the local pod `ip` (missing is not an error).
+    pub fn remove_pod_endpoint(&mut self, ip: Ipv4Addr) -> Result<(), BpfError> {
+        remove(
+            &mut self.maps.pod_endpoints,
+            POD_ENDPOINTS_MAP,
+            &P(pod_key(ip)),
+        )
+    }
+
+    /// Every local pod of the fast path, by address.
+    pub fn pod_endpoints(&self) -> Result<Vec<(IpAddr, PodEndpoint)>, BpfError> {
+        Ok(entries(&self.maps.pod_endpoints, POD_ENDPOINTS_MAP)?
+            .into_iter()
+            .filter_map(|(k, v)| {
+                let k = k.0;
+                let ip: IpAddr = match k.family {
+                    skiff_common::lb::AF_INET => {
+                        Ipv4Addr::new(k.addr[0], k.addr[1], k.addr[2], k.addr[3]).into()
+                    }
+                    skiff_common::lb::AF_INET6 => std::net::Ipv6Addr::from(k.addr).into(),
+                    _ => return None,
+                };
+                Some((ip, v.0))
+            })
+            .collect())
+    }
+
+    /// The fast path's counters, summed over CPUs.
+    pub fn fast_path_counters(&self) -> Result<FastPathCounters, BpfError> {
+        let per_cpu = self
+            .maps
+            .fp_counters
+            .get(&0, 0)
+            .map_err(BpfError::map(FP_COUNTERS_MAP))?;
+        Ok(FastPathCounters::sum(per_cpu.iter().map(|c| &c.0)))
     }
 
     /// The id of the cgroup [`ServiceLb::attach`] attached to.
@@ -844,6 +907,11 @@ impl ServiceLb {
                 entries: count(m.np_ct.keys().filter(Result::is_ok).count()),
                 max_entries: max_entries(m.np_ct.map(), NP_CT_MAP)?,
             },
+            MapPressure {
+                map: POD_ENDPOINTS_MAP,
+                entries: count(m.pod_endpoints.keys().filter(Result::is_ok).count()),
+                max_entries: max_entries(m.pod_endpoints.map(), POD_ENDPOINTS_MAP)?,
+            },
         ])
     }
 
@@ -985,8 +1053,13 @@ fn remove<K: aya::Pod, V: aya::Pod>(
     }
 }
 
+/// The fast path's key of pod address `ip`.
+fn pod_key(ip: Ipv4Addr) -> PodEndpointKey {
+    PodEndpointKey::v4(u32::from_ne_bytes(ip.octets()))
+}
+
 /// The index of device `ifname` in the calling thread's network namespace.
-fn ifindex(ifname: &str) -> Result<u32, BpfError> {
+pub(crate) fn ifindex(ifname: &str) -> Result<u32, BpfError> {
     let c = std::ffi::CString::new(ifname).map_err(|e| {
         BpfError::io(Path::new(ifname))(io::Error::new(io::ErrorKind::InvalidInput, e))
     })?;
@@ -1019,6 +1092,8 @@ fn expected_sizes(name: &str) -> Option<(u32, u32)> {
         LB_AFFINITY_MAP => s(size_of::<LbAffinityKey>(), size_of::<LbAffinity>()),
         NP_CT_MAP => s(size_of::<NpCtKey>(), size_of::<NpCtEntry>()),
         LB_MAGLEV_MAP => s(size_of::<u32>(), size_of::<LbMaglev>()),
+        POD_ENDPOINTS_MAP => s(size_of::<PodEndpointKey>(), size_of::<PodEndpoint>()),
+        FP_COUNTERS_MAP => s(size_of::<u32>(), size_of::<FastPathCounters>()),
         _ => None,
     }
 }
@@ -1064,6 +1139,8 @@ mod tests {
             "LbRevNatKey",
             "NpCtKey",
             "LbMaglev",
+            "PodEndpointKey",
+            "FastPathCounters",
         ]);
         crate::bpf::tests::assert_embedded(object(), &names);
     }

@@ -5,6 +5,7 @@ use skiff_common::lb::{
     LbAffinity, LbAffinityKey, LbBackend, LbCounters, LbMaglev, LbRevNat, LbRevNatKey, LbService,
     LbServiceKey, LbSlotKey, NpCtEntry, NpCtKey,
 };
+use skiff_common::podnet::{FastPathCounters, PodEndpoint, PodEndpointKey};
 
 /// A map key or value as aya reads and writes it.
 #[repr(transparent)]
@@ -35,4 +36,7 @@ pod!(
     NpCtKey,
     NpCtEntry,
     LbMaglev,
+    PodEndpointKey,
+    PodEndpoint,
+    FastPathCounters,
 );
