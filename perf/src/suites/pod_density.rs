@@ -227,7 +227,8 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
         // Dropping `procs` kills the processes and removes the cgroups.
     };
 
-    // The agent idle.
+    // The agent idle, after it has settled from its start.
+    tokio::time::sleep(window / 2).await;
     info!(window_s = window.as_secs_f64(), "agent idle");
     let idle = observe(agent_pid, window).await?;
 
@@ -329,10 +330,11 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
     let notes = vec![
         format!(
             "One run on this machine: the baseline first (API server and agent idle), then the \
-             agent {:.0} s idle, then the ramp of {n} pods (plus one unmeasured warm-up pod \
+             agent {:.0} s idle (after {:.1} s to settle), then the ramp of {n} pods (plus one unmeasured warm-up pod \
              before it), then {:.0} s at steady state with all {} pods Running, then every \
              pod deleted.",
             window.as_secs_f64(),
+            window.as_secs_f64() / 2.0,
             window.as_secs_f64(),
             n + 1
         ),
