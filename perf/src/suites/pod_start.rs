@@ -466,6 +466,24 @@ mod tests {
     }
 
     #[test]
+    fn sizes_and_groups() {
+        assert_eq!(sizes(&Options::default()), [1, 50, 200]);
+        let quick = Options {
+            quick: true,
+            ..Default::default()
+        };
+        assert_eq!(sizes(&quick), [1, 3]);
+        let one = Options {
+            pods: Some(7),
+            ..quick
+        };
+        assert_eq!(sizes(&one), [7]);
+        assert_eq!(group(1), "1 pod");
+        assert_eq!(group(200), "200 pods");
+        assert!(DEFAULT_SIZES.iter().all(|n| *n < MAX_PODS));
+    }
+
+    #[test]
     fn bench_pod_is_bound_and_labelled() {
         let p = bench_pod("pod-x-1", "node-a", "x").unwrap();
         let spec = p.spec.as_ref().unwrap();

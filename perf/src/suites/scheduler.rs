@@ -913,6 +913,25 @@ mod tests {
     }
 
     #[test]
+    fn node_counts_default_quick_and_given() {
+        assert_eq!(node_counts(&Options::default()), [1000, 5000]);
+        let quick = Options {
+            quick: true,
+            ..Default::default()
+        };
+        assert_eq!(node_counts(&quick), [100]);
+        let given = Options {
+            nodes: vec![10, 20],
+            ..quick
+        };
+        assert_eq!(node_counts(&given), [10, 20]);
+        assert_eq!(group(5000), "5000 nodes");
+        for n in DEFAULT_NODES {
+            assert!(check_sizes(*n, DEFAULT_PODS).is_ok());
+        }
+    }
+
+    #[test]
     fn sizes_must_fit() {
         assert!(check_sizes(1000, 3000).is_ok());
         assert!(check_sizes(100, 300).is_ok());
