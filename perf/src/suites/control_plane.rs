@@ -49,7 +49,7 @@ const BATCH_LABEL: &str = "skiff-perf-batch";
 const DEFAULT_CREATES: usize = 2000;
 const QUICK_CREATES: usize = 50;
 /// Creates (or puts) while the many watchers watch.
-const DEFAULT_FANOUT_CREATES: usize = 200;
+const DEFAULT_FANOUT_CREATES: usize = 500;
 const QUICK_FANOUT_CREATES: usize = 10;
 const DEFAULT_WATCHERS: usize = 1000;
 const QUICK_WATCHERS: usize = 10;
@@ -831,7 +831,7 @@ mod tests {
         let full = Sizes::of(&Options::default()).unwrap();
         assert_eq!(
             (full.creates, full.fanout_creates, full.watchers),
-            (2000, 200, 1000)
+            (2000, 500, 1000)
         );
         let quick = Sizes::of(&Options {
             quick: true,
