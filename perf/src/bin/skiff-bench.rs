@@ -47,8 +47,8 @@ struct Args {
     /// [default: 1000,5000; 100 with --quick].
     #[arg(long, value_name = "N[,N…]", value_delimiter = ',')]
     nodes: Vec<usize>,
-    /// Repetitions of each scheduler-suite measurement; the median is reported [default: 3,
-    /// 1 with --quick].
+    /// Repetitions of each scheduler and control-plane measurement; the median is reported
+    /// [default: 3, 1 with --quick].
     #[arg(long, value_name = "N")]
     runs: Option<usize>,
     /// Scheduler suite: run the API server on a real etcd (started on loopback) instead of

@@ -13,8 +13,10 @@
 //! with C creates in flight — the create calls give the throughput and the call latency, the
 //! watcher the delivery latency (create call start → event received); (b) W watchers opened
 //! over W/100 connections, a warm-up item seen by all, then M items created the same way —
-//! per item, create call start → the event received by the last of the W watchers. Every
-//! process started is killed by pid when its guard drops, also on error.
+//! per item, create call start → the event received by the last of the W watchers. The three
+//! sides run R times (default 3), each time on fresh servers; each side reports its median run
+//! by create throughput. Every process started is killed by pid when its guard drops, also on
+//! error.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -57,6 +59,9 @@ const QUICK_WATCHERS: usize = 10;
 const CREATE_CONCURRENCY: usize = 16;
 /// Watch streams per client connection (HTTP/2 connection).
 const WATCHERS_PER_CONNECTION: usize = 100;
+/// Repetitions of the whole measurement; each side reports its median run.
+const DEFAULT_RUNS: usize = 3;
+const QUICK_RUNS: usize = 1;
 
 /// Bound for `deliveries` watch deliveries after the creates.
 fn delivery_timeout(deliveries: usize) -> Duration {
@@ -385,6 +390,12 @@ struct Side {
     rss_bytes: u64,
 }
 
+impl Side {
+    fn create_throughput(&self) -> f64 {
+        self.create_calls.len() as f64 / self.create_wall.as_secs_f64().max(f64::EPSILON)
+    }
+}
+
 /// Latencies from each item's create call start to when watchers got it: per item the
 /// latest over `watchers`, and every pair.
 fn deliveries(
@@ -518,9 +529,43 @@ async fn api_target(server: &ApiServer, run_id: &str) -> Result<Target> {
 async fn measure(opts: &Options) -> Result<SuiteReport> {
     let bin_dir = host::check_binaries(&["skiff-apiserver"])?;
     let sizes = Sizes::of(opts)?;
+    let runs = opts
+        .runs
+        .unwrap_or(if opts.quick { QUICK_RUNS } else { DEFAULT_RUNS });
+    if runs == 0 {
+        bail!("--runs must be at least 1");
+    }
     let started_at = chrono::Utc::now();
-    let run_id = skiff_tests::unique();
     let mut env = host::environment();
+    let mut all: [Vec<Side>; 3] = Default::default();
+    let mut value_bytes = 0;
+    for r in 0..runs {
+        info!(run = r + 1, runs, "control-plane run");
+        let (sides, bytes) = measure_once(&bin_dir, sizes, &mut env)
+            .await
+            .with_context(|| format!("run {}", r + 1))?;
+        value_bytes = bytes;
+        for (list, side) in all.iter_mut().zip(sides) {
+            list.push(side);
+        }
+    }
+    report(opts, started_at, env, sizes, value_bytes, &all)
+}
+
+/// The run with the median create throughput (the lower middle one of an even count).
+fn median_run(runs: &[Side]) -> Option<&Side> {
+    let mut sorted: Vec<&Side> = runs.iter().collect();
+    sorted.sort_by(|a, b| a.create_throughput().total_cmp(&b.create_throughput()));
+    sorted.get(sorted.len().saturating_sub(1) / 2).copied()
+}
+
+/// One run of the three sides, each on fresh servers; also the size of the stored pod.
+async fn measure_once(
+    bin_dir: &std::path::Path,
+    sizes: Sizes,
+    env: &mut crate::report::Environment,
+) -> Result<([Side; 3], usize)> {
+    let run_id = skiff_tests::unique();
 
     // 1. The API server on etcd.
     info!(
@@ -531,7 +576,7 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
     let etcd = EtcdServer::start().map_err(|e| anyhow::anyhow!("starting etcd: {}", e.0))?;
     let etcd_pid = etcd.pid().context("etcd is not running")?;
     let server = ApiServer::start(Backend::Etcd(etcd.endpoint.clone()));
-    let (api_pid, exe) = apiserver_pid(&server, &bin_dir)?;
+    let (api_pid, exe) = apiserver_pid(&server, bin_dir)?;
     env.binaries.insert("skiff-apiserver".into(), exe);
     if let Ok(exe) = std::fs::read_link(format!("/proc/{etcd_pid}/exe")) {
         env.binaries
@@ -580,7 +625,7 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
     // 3. The API server on its embedded store.
     info!("the API server on its embedded store");
     let server = ApiServer::start(Backend::Embedded);
-    let (api_pid, _) = apiserver_pid(&server, &bin_dir)?;
+    let (api_pid, _) = apiserver_pid(&server, bin_dir)?;
     let target = api_target(&server, &run_id).await?;
     let embedded = measure_side(&target, &format!("{run_id}-api-emb"), sizes, &[api_pid])
         .await
@@ -588,14 +633,7 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
     drop(target);
     drop(server);
 
-    report(
-        opts,
-        started_at,
-        env,
-        sizes,
-        value.len(),
-        [&on_etcd, &raw, &embedded],
-    )
+    Ok(([on_etcd, raw, embedded], value.len()))
 }
 
 /// The series of the three sides, the notes and the details.
@@ -605,8 +643,13 @@ fn report(
     env: crate::report::Environment,
     sizes: Sizes,
     value_bytes: usize,
-    [on_etcd, raw, embedded]: [&Side; 3],
+    all: &[Vec<Side>; 3],
 ) -> Result<SuiteReport> {
+    let [on_etcd, raw, embedded] = [0, 1, 2].map(|i| median_run(&all[i]));
+    let (Some(on_etcd), Some(raw), Some(embedded)) = (on_etcd, raw, embedded) else {
+        bail!("no runs");
+    };
+    let runs = all[0].len();
     let w = sizes.watchers;
     let (n, m) = (sizes.creates, sizes.fanout_creates);
     let create = |name: &str, role, measures: &str, s: &Side, group: &str| -> Result<Series> {
@@ -735,6 +778,11 @@ fn report(
              a connection with the creates. Skiff's watchers decode every pod (the typed \
              client); etcd's get the raw value bytes."
         ),
+        format!(
+            "The whole measurement ran {runs} time(s), each on fresh servers; each side's \
+             series come from its median run by create throughput (every run below and in \
+             the JSON's details.runs)."
+        ),
         "Roles: in the first three groups the API server on etcd is Skiff and etcd alone the \
          baseline (the limit of an API server on etcd); in the \"embedded vs etcd\" groups the \
          API server on its embedded store is Skiff and the same API server on etcd the \
@@ -742,6 +790,31 @@ fn report(
             .into(),
     ];
     let mut details = BTreeMap::new();
+    let mut per_run = Vec::new();
+    for (i, (name, _, _)) in sides.iter().enumerate() {
+        let line: Vec<String> = all[i]
+            .iter()
+            .enumerate()
+            .map(|(r, s)| {
+                let fan = Summary::of(&s.fanout_last);
+                per_run.push(json!({
+                    "side": name,
+                    "run": r + 1,
+                    "creates_per_s": s.create_throughput().round(),
+                    "fanout_last_p50_ms": fan.map(|f| (f.p50 * 100.0).round() / 100.0),
+                    "fanout_last_p99_ms": fan.map(|f| (f.p99 * 100.0).round() / 100.0),
+                }));
+                format!(
+                    "run {}: {:.0}/s, {w}-watcher fan-out p50 {} ms",
+                    r + 1,
+                    s.create_throughput(),
+                    fan.map_or_else(|| "–".into(), |f| fmt_ms(f.p50))
+                )
+            })
+            .collect();
+        notes.push(format!("{name}, every run: {}.", line.join("; ")));
+    }
+    details.insert("runs".to_string(), json!(per_run));
     for (name, s, procs) in sides {
         if let Some(p) = &s.fanout_pairs {
             notes.push(format!(
@@ -776,6 +849,7 @@ fn report(
         ("fanout_creates".to_string(), json!(m)),
         ("watchers".to_string(), json!(w)),
         ("create_concurrency".to_string(), json!(CREATE_CONCURRENCY)),
+        ("runs".to_string(), json!(runs)),
         (
             "watchers_per_connection".to_string(),
             json!(WATCHERS_PER_CONNECTION),
@@ -824,6 +898,28 @@ mod tests {
         assert_eq!(end, ms(30));
         let missing = vec![HashMap::from([("a".to_string(), ms(5))])];
         assert!(deliveries(&names, &starts, &missing).is_err());
+    }
+
+    fn side(creates: usize) -> Side {
+        Side {
+            create_calls: vec![Duration::from_millis(1); creates],
+            create_wall: Duration::from_secs(1),
+            one_watcher: vec![Duration::from_millis(1)],
+            one_wall: Duration::from_secs(1),
+            fanout_last: vec![Duration::from_millis(1)],
+            fanout_wall: Duration::from_secs(1),
+            fanout_pairs: None,
+            cpu: Duration::ZERO,
+            rss_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn median_run_by_create_throughput() {
+        let runs = vec![side(30), side(10), side(20)];
+        assert_eq!(median_run(&runs).unwrap().create_calls.len(), 20);
+        assert_eq!(median_run(&runs[..2]).unwrap().create_calls.len(), 10);
+        assert!(median_run(&[]).is_none());
     }
 
     #[test]

@@ -24,8 +24,8 @@ pub struct Options {
     /// Hollow node counts, one comparison group each (scheduler suite); empty: the suite's
     /// default.
     pub nodes: Vec<usize>,
-    /// Repetitions of each measurement, the median reported (scheduler suite); `None`: the
-    /// suite's default.
+    /// Repetitions of each measurement, the median reported (scheduler and control-plane
+    /// suites); `None`: the suite's default.
     pub runs: Option<usize>,
     /// Run the API server on a real etcd instead of the embedded store (scheduler suite).
     pub etcd: bool,
