@@ -43,6 +43,9 @@ pub(crate) const RUN_LABEL: &str = "skiff-perf-run";
 /// Pod counts, one comparison group each.
 const DEFAULT_SIZES: &[usize] = &[1, 50, 200];
 const QUICK_SIZES: &[usize] = &[1, 3];
+/// The "1 pod" group starts a lone pod this many times, one at a time.
+const DEFAULT_SINGLE_STARTS: usize = 20;
+const QUICK_SINGLE_STARTS: usize = 3;
 
 const NODE_READY_TIMEOUT: Duration = Duration::from_secs(30);
 const DELETE_TIMEOUT: Duration = Duration::from_secs(120);
@@ -78,6 +81,11 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
     host::require_root()?;
     let bin_dir = host::check_binaries(&["skiff-apiserver", "skiff-node"])?;
     let sizes = sizes(opts);
+    let single = if opts.quick {
+        QUICK_SINGLE_STARTS
+    } else {
+        DEFAULT_SINGLE_STARTS
+    };
     let warmup = opts.warmup;
     for &n in &sizes {
         if n == 0 || n + warmup > MAX_PODS {
@@ -129,7 +137,12 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
     let mut notes = Vec::new();
     let mut concurrency = BTreeMap::new();
     for &n in &sizes {
-        let c = opts.concurrency.clamp(1, n);
+        // A lone pod is started `single` times, one at a time, for a distribution.
+        let (count, c) = if n == 1 {
+            (single, 1)
+        } else {
+            (n, opts.concurrency.clamp(1, n))
+        };
         concurrency.insert(group(n), c);
         let cluster = SizeRun {
             pods: &pods,
@@ -139,14 +152,14 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
             run_id: &run_id,
         };
         let (s, delete_wall) = cluster
-            .measure(n, c, warmup)
+            .measure(n, count, c, warmup)
             .await
             .with_context(|| group(n))?;
         series.extend(s);
         notes.push(format!(
             "{}: deleting all {} pods took {:.2} s until the watch had seen every one deleted.",
             group(n),
-            n + warmup,
+            count + warmup,
             delete_wall.as_secs_f64()
         ));
     }
@@ -181,7 +194,8 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
              with at most min(N, {}) starts in flight (a start ends when the process runs / \
              the watch shows the pod Running), after {warmup} unmeasured warm-up start(s); \
              then the group's pods are deleted (seen gone) and its processes killed before \
-             the next group.",
+             the next group. The \"1 pod\" group starts a lone pod {single} times, one at a \
+             time (each start alone in flight), for a distribution.",
             sizes
                 .iter()
                 .map(|n| n.to_string())
@@ -228,10 +242,16 @@ struct SizeRun<'a> {
 }
 
 impl SizeRun<'_> {
-    /// The baselines and Skiff with `n` items, `c` in flight; then deletes the pods (and
-    /// kills the baselines' processes). Returns the group's series and how long the delete
-    /// took.
-    async fn measure(&self, n: usize, c: usize, warmup: usize) -> Result<(Vec<Series>, Duration)> {
+    /// The baselines and Skiff of group `n` with `count` items, `c` in flight; then deletes
+    /// the pods (and kills the baselines' processes). Returns the group's series and how long
+    /// the delete took.
+    async fn measure(
+        &self,
+        n: usize,
+        count: usize,
+        c: usize,
+        warmup: usize,
+    ) -> Result<(Vec<Series>, Duration)> {
         let group = group(n);
         // The baselines, while the API server and the agent are idle.
         let mut baselines = Vec::new();
@@ -242,7 +262,7 @@ impl SizeRun<'_> {
             let procs = Procs::new(cgroup)?;
             baseline::run(&procs, b, 0, warmup, 1, COMMAND).with_context(|| b.name())?;
             let (samples, wall) =
-                baseline::run(&procs, b, warmup, n, c, COMMAND).with_context(|| b.name())?;
+                baseline::run(&procs, b, warmup, count, c, COMMAND).with_context(|| b.name())?;
             info!(series = b.name(), processes = procs.len(), "baseline done");
             baselines.push(
                 Series::new(
@@ -260,7 +280,7 @@ impl SizeRun<'_> {
         let warm: Vec<String> = (0..warmup)
             .map(|i| format!("warmup-{}-{n}-{i}", self.run_id))
             .collect();
-        let measured: Vec<String> = (0..n)
+        let measured: Vec<String> = (0..count)
             .map(|i| format!("pod-{}-{n}-{i}", self.run_id))
             .collect();
         let make = |name: &String| bench_pod(name, self.node_name, self.run_id);
@@ -270,7 +290,7 @@ impl SizeRun<'_> {
             .await
             .map_err(|e| with_agent_log(e, self.node))?;
 
-        info!(pods = n, concurrency = c, "measured pods");
+        info!(pods = count, concurrency = c, "measured pods");
         let t0 = Instant::now();
         let starts = start_pods(self.pods, self.watch, &measured, c, make)
             .await
