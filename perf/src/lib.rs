@@ -8,6 +8,7 @@
 //! - [`pods`]: the watch that timestamps the bench's pods reaching a state, deleting them.
 //! - [`stats`], [`report`]: percentiles, the printed table, the markdown and JSON reports.
 //! - [`host`]: which binaries the harness starts, machine facts for the report.
+//! - [`procfs`]: a process's RSS and CPU time, a cgroup's memory, as the kernel reports them.
 //!
 //! Skiff's side uses the end-to-end harness of `skiff-tests` (real `skiff-apiserver` and
 //! `skiff-node` processes in namespaces and cgroups of their own, removed on drop).
@@ -15,6 +16,7 @@
 pub mod baseline;
 pub mod host;
 pub mod pods;
+pub mod procfs;
 pub mod report;
 pub mod stats;
 pub mod suites;

@@ -4,7 +4,7 @@
 //! ```text
 //! skiff-bench                      # every suite, results in perf/results/
 //! skiff-bench pod-start --pods 50 --concurrency 10
-//! skiff-bench scheduler --nodes 1000 --pods 3000 --runs 3
+//! skiff-bench scheduler --nodes 1000,5000 --pods 3000 --runs 3
 //! skiff-bench --quick              # smoke check: small sizes, results in $TMPDIR/skiff-perf-quick
 //! ```
 //!
@@ -31,7 +31,9 @@ struct Args {
     /// Smoke check: a few items per series, results outside the repository.
     #[arg(long)]
     quick: bool,
-    /// Pods per series [pod-start: 50, 3 with --quick; scheduler: 3000, 300 with --quick].
+    /// Pods per series [pod-start: groups of 1, 50 and 200 (1 and 3 with --quick), this one
+    /// size instead when given; pod-density: 500, 10 with --quick; scheduler: 3000, 300 with
+    /// --quick; control-plane: creates per measurement, 2000, 50 with --quick].
     #[arg(long, value_name = "N")]
     pods: Option<usize>,
     /// Starts in flight at once, the same for Skiff (a pod start: create → Running) and the
@@ -41,11 +43,12 @@ struct Args {
     /// Unmeasured starts before each series.
     #[arg(long, value_name = "W", default_value_t = 1)]
     warmup: usize,
-    /// Hollow nodes for the scheduler suite [default: 1000, 100 with --quick].
-    #[arg(long, value_name = "N")]
-    nodes: Option<usize>,
-    /// Repetitions of each scheduler-suite measurement; the median is reported [default: 3,
-    /// 1 with --quick].
+    /// Hollow node counts for the scheduler suite, comma-separated, one comparison each
+    /// [default: 1000,5000; 100 with --quick].
+    #[arg(long, value_name = "N[,N…]", value_delimiter = ',')]
+    nodes: Vec<usize>,
+    /// Repetitions of each scheduler and control-plane measurement; the median is reported
+    /// [default: 3, 1 with --quick].
     #[arg(long, value_name = "N")]
     runs: Option<usize>,
     /// Scheduler suite: run the API server on a real etcd (started on loopback) instead of

@@ -5,6 +5,8 @@ use futures::future::LocalBoxFuture;
 
 use crate::report::SuiteReport;
 
+pub mod control_plane;
+pub mod pod_density;
 pub mod pod_start;
 pub mod scheduler;
 
@@ -19,10 +21,11 @@ pub struct Options {
     pub concurrency: usize,
     /// Unmeasured starts before each series.
     pub warmup: usize,
-    /// Hollow nodes (scheduler suite); `None`: the suite's default.
-    pub nodes: Option<usize>,
-    /// Repetitions of each measurement, the median reported (scheduler suite); `None`: the
-    /// suite's default.
+    /// Hollow node counts, one comparison group each (scheduler suite); empty: the suite's
+    /// default.
+    pub nodes: Vec<usize>,
+    /// Repetitions of each measurement, the median reported (scheduler and control-plane
+    /// suites); `None`: the suite's default.
     pub runs: Option<usize>,
     /// Run the API server on a real etcd instead of the embedded store (scheduler suite).
     pub etcd: bool,
@@ -35,7 +38,7 @@ impl Default for Options {
             pods: None,
             concurrency: 10,
             warmup: 1,
-            nodes: None,
+            nodes: Vec::new(),
             runs: None,
             etcd: false,
         }
@@ -62,6 +65,16 @@ pub static SUITES: &[Suite] = &[
         title: scheduler::TITLE,
         run: scheduler::run,
     },
+    Suite {
+        name: pod_density::NAME,
+        title: pod_density::TITLE,
+        run: pod_density::run,
+    },
+    Suite {
+        name: control_plane::NAME,
+        title: control_plane::TITLE,
+        run: control_plane::run,
+    },
 ];
 
 pub fn find(name: &str) -> Option<&'static Suite> {
@@ -80,6 +93,8 @@ mod tests {
         }
         assert!(find("pod-start").is_some());
         assert!(find("scheduler").is_some());
+        assert!(find("pod-density").is_some());
+        assert!(find("control-plane").is_some());
         assert!(find("nope").is_none());
     }
 }

@@ -2,12 +2,14 @@
 //! Running with its container running, against starting the same command without Skiff.
 //!
 //! One run: the real API server (embedded store) and one real node agent (its node in a network
-//! namespace of its own) from the `skiff-tests` harness; the baselines while that cluster is
-//! idle; then one watch on the bench's pods, opened before the first create, and N pods bound
-//! to the node (`spec.nodeName`), with at most `concurrency` pod starts (create → Running) in
-//! flight, as the baselines have at most `concurrency` process starts. Afterwards every pod is
-//! deleted and the bench waits (bounded) until the watch has seen them all go; the harness
-//! then removes the agent, the pods' processes, namespaces and cgroups, also on failure.
+//! namespace of its own, pod CIDR a /22) from the `skiff-tests` harness, and one watch on the
+//! bench's pods, opened before the first create. Then one comparison group per pod count N
+//! (default 1, 50 and 200; `--pods N` for one): the baselines while the cluster is idle; then
+//! N pods bound to the node (`spec.nodeName`), with at most `concurrency` pod starts (create →
+//! Running) in flight, as the baselines have at most `concurrency` process starts; then every
+//! pod of the group is deleted and the bench waits (bounded) until the watch has seen them all
+//! go. The harness then removes the agent, the pods' processes, namespaces and cgroups, also
+//! on failure.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -30,15 +32,20 @@ pub const NAME: &str = "pod-start";
 pub const TITLE: &str = "pod start latency";
 
 /// The command every pod (and every baseline process) runs.
-const COMMAND: &[&str] = &["sleep", "3600"];
-const POD_CIDR: &str = "10.244.9.0/24";
-/// Addresses the node's /24 offers pods.
-const MAX_PODS: usize = 250;
-const NAMESPACE: &str = "default";
+pub(crate) const COMMAND: &[&str] = &["sleep", "3600"];
+/// A /22: room for 1,022 pod addresses; a group's pods are deleted before the next.
+const POD_CIDR: &str = "10.244.8.0/22";
+/// The largest group (pods plus warm-up pods) the bench accepts: well inside the /22.
+const MAX_PODS: usize = 1000;
+pub(crate) const NAMESPACE: &str = "default";
 /// Label on every pod of a run (value: the run id); the watch selects on it.
-const RUN_LABEL: &str = "skiff-perf-run";
-const DEFAULT_PODS: usize = 50;
-const QUICK_PODS: usize = 3;
+pub(crate) const RUN_LABEL: &str = "skiff-perf-run";
+/// Pod counts, one comparison group each.
+const DEFAULT_SIZES: &[usize] = &[1, 50, 200];
+const QUICK_SIZES: &[usize] = &[1, 3];
+/// The "1 pod" group starts a lone pod this many times, one at a time.
+const DEFAULT_SINGLE_STARTS: usize = 20;
+const QUICK_SINGLE_STARTS: usize = 3;
 
 const NODE_READY_TIMEOUT: Duration = Duration::from_secs(30);
 const DELETE_TIMEOUT: Duration = Duration::from_secs(120);
@@ -52,19 +59,42 @@ fn running_timeout(pods: usize) -> Duration {
     Duration::from_secs(60) + Duration::from_secs(2) * pods as u32
 }
 
+/// The pod counts to measure, one comparison group each: `--pods` alone, or the default list.
+fn sizes(opts: &Options) -> Vec<usize> {
+    match opts.pods {
+        Some(n) => vec![n],
+        None if opts.quick => QUICK_SIZES.to_vec(),
+        None => DEFAULT_SIZES.to_vec(),
+    }
+}
+
+/// The comparison group of one size.
+fn group(n: usize) -> String {
+    if n == 1 {
+        "1 pod".into()
+    } else {
+        format!("{n} pods")
+    }
+}
+
 async fn measure(opts: &Options) -> Result<SuiteReport> {
     host::require_root()?;
     let bin_dir = host::check_binaries(&["skiff-apiserver", "skiff-node"])?;
-    let n = opts
-        .pods
-        .unwrap_or(if opts.quick { QUICK_PODS } else { DEFAULT_PODS });
-    let c = opts.concurrency.clamp(1, n.max(1));
+    let sizes = sizes(opts);
+    let single = if opts.quick {
+        QUICK_SINGLE_STARTS
+    } else {
+        DEFAULT_SINGLE_STARTS
+    };
     let warmup = opts.warmup;
-    if n == 0 || n + warmup > MAX_PODS {
-        bail!(
-            "--pods must be between 1 and {} (the node's /24 minus {warmup} warm-up pods)",
-            MAX_PODS - warmup
-        );
+    for &n in &sizes {
+        if n == 0 || n + warmup > MAX_PODS {
+            bail!(
+                "--pods must be between 1 and {} (the node's pod CIDR {POD_CIDR} minus {warmup} \
+                 warm-up pods)",
+                MAX_PODS - warmup
+            );
+        }
     }
     let started_at = chrono::Utc::now();
     let run_id = skiff_tests::unique();
@@ -73,8 +103,7 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
 
     info!(
         suite = NAME,
-        pods = n,
-        concurrency = c,
+        ?sizes,
         "starting the API server and a node agent"
     );
     let server = ApiServer::start(Backend::Embedded);
@@ -101,100 +130,38 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
     wait_node_ready(&client, &node_name)
         .await
         .map_err(|e| with_agent_log(e, &node))?;
-
-    // The baselines, while the API server and the agent are idle.
-    let mut series = Vec::new();
-    for b in [Baseline::ForkExec, Baseline::Isolated] {
-        let cgroup = (b == Baseline::Isolated)
-            .then(|| skiff_tests::cgroup2_root().join(format!("skiff-perf-{run_id}")));
-        let procs = Procs::new(cgroup)?;
-        baseline::run(&procs, b, 0, warmup, 1, COMMAND).with_context(|| b.name())?;
-        let (samples, wall) =
-            baseline::run(&procs, b, warmup, n, c, COMMAND).with_context(|| b.name())?;
-        info!(series = b.name(), processes = procs.len(), "baseline done");
-        series.push(Series::new(
-            b.name(),
-            Role::Baseline,
-            &b.measures(COMMAND),
-            &samples,
-            Some(wall),
-        )?);
-    }
-
-    // Skiff.
     let pods = client.namespaced::<Pod>(NAMESPACE);
     let watch = PodWatch::start(pods.clone(), &format!("{RUN_LABEL}={run_id}"), is_running).await?;
-    let warm: Vec<String> = (0..warmup)
-        .map(|i| format!("warmup-{run_id}-{i}"))
-        .collect();
-    let measured: Vec<String> = (0..n).map(|i| format!("pod-{run_id}-{i}")).collect();
-    let make = |name: &String| bench_pod(name, &node_name, &run_id);
 
-    info!(pods = warmup, "warm-up pods");
-    start_pods(&pods, &watch, &warm, 1, make)
-        .await
-        .map_err(|e| with_agent_log(e, &node))?;
-
-    info!(pods = n, concurrency = c, "measured pods");
-    let t0 = Instant::now();
-    let starts = start_pods(&pods, &watch, &measured, c, make)
-        .await
-        .map_err(|e| with_agent_log(e, &node))?;
-    let wall = t0.elapsed();
-    let samples: Vec<Duration> = measured
-        .iter()
-        .map(|name| {
-            starts[name]
-                .running
-                .saturating_duration_since(starts[name].create)
-        })
-        .collect();
-    let create_calls: Vec<Duration> = measured
-        .iter()
-        .map(|name| {
-            starts[name]
-                .created
-                .saturating_duration_since(starts[name].create)
-        })
-        .collect();
-    series.insert(
-        0,
-        Series::new(
-            "skiff",
-            Role::Skiff,
-            "Pod create call (client side, just before the gRPC call) → the first event of \
-             one pod watch (a skiff_client reflector opened before the first create) with \
-             status.phase Running and every container state running, timestamped when the \
-             bench receives it",
-            &samples,
-            Some(wall),
-        )?,
-    );
-    series.push(Series::new(
-        "skiff create call",
-        Role::Detail,
-        "the create call alone: just before the gRPC call → its response (the pod is \
-         stored); part of the skiff series",
-        &create_calls,
-        None,
-    )?);
-
-    // Delete everything the bench created and wait until the watch has seen it go.
-    info!("deleting the pods");
-    let all: Vec<String> = warm.iter().chain(&measured).cloned().collect();
-    let t_delete = Instant::now();
-    delete_all(&pods, &all, &DeleteParams::default(), c).await?;
-    watch
-        .wait_deleted(&all, DELETE_TIMEOUT)
-        .await
-        .map_err(|e| with_agent_log(e, &node))?;
-    let delete_wall = t_delete.elapsed();
-    let left = pods
-        .list(&ListParams::default().labels(&format!("{RUN_LABEL}={run_id}")))
-        .await
-        .context("listing the bench's pods after the delete")?;
-    if !left.items.is_empty() {
-        bail!("{} pods still exist after the delete", left.items.len());
+    let mut series = Vec::new();
+    let mut notes = Vec::new();
+    let mut concurrency = BTreeMap::new();
+    for &n in &sizes {
+        // A lone pod is started `single` times, one at a time, for a distribution.
+        let (count, c) = if n == 1 {
+            (single, 1)
+        } else {
+            (n, opts.concurrency.clamp(1, n))
+        };
+        concurrency.insert(group(n), c);
+        let cluster = SizeRun {
+            pods: &pods,
+            watch: &watch,
+            node: &node,
+            node_name: &node_name,
+            run_id: &run_id,
+        };
+        let (s, delete_wall) = cluster
+            .measure(n, count, c, warmup)
+            .await
+            .with_context(|| group(n))?;
+        series.extend(s);
+        notes.push(format!(
+            "{}: deleting all {} pods took {:.2} s until the watch had seen every one deleted.",
+            group(n),
+            count + warmup,
+            delete_wall.as_secs_f64()
+        ));
     }
     let watch_lists = watch.lists();
 
@@ -207,10 +174,11 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
     }
 
     let params = BTreeMap::from([
-        ("pods".to_string(), serde_json::json!(n)),
-        ("concurrency".to_string(), serde_json::json!(c)),
+        ("pods".to_string(), serde_json::json!(sizes)),
+        ("concurrency".to_string(), serde_json::json!(concurrency)),
         ("warmup".to_string(), serde_json::json!(warmup)),
         ("command".to_string(), serde_json::json!(COMMAND)),
+        ("pod_cidr".to_string(), serde_json::json!(POD_CIDR)),
         (
             "cluster".to_string(),
             serde_json::json!(
@@ -218,26 +186,32 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
             ),
         ),
     ]);
-    let mut notes = vec![
+    let mut all_notes = vec![
         format!(
-            "All series ran in this one run on this machine: the baselines first (with the API \
-             server and the agent up and idle), then Skiff. Each series starts its {n} items \
-             with at most {c} starts in flight (a start ends when the process runs / the watch \
-             shows the pod Running), after {warmup} unmeasured warm-up start(s)."
+            "All series ran in this one run on this machine, one group per pod count ({}), on \
+             one API server and one node agent. Per group: the baselines first (with the API \
+             server and the agent up and idle), then Skiff; each series starts its N items \
+             with at most min(N, {}) starts in flight (a start ends when the process runs / \
+             the watch shows the pod Running), after {warmup} unmeasured warm-up start(s); \
+             then the group's pods are deleted (seen gone) and its processes killed before \
+             the next group. The \"1 pod\" group starts a lone pod {single} times, one at a \
+             time (each start alone in flight), for a distribution.",
+            sizes
+                .iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            opts.concurrency
         ),
         format!(
             "Pods: one container, image `host`, command `{}`, spec.nodeName set (no scheduler).",
             COMMAND.join(" ")
         ),
         "Percentiles are nearest-rank (with 50 samples p99 is the maximum).".into(),
-        format!(
-            "Deleting all {} pods took {:.2} s until the watch had seen every one deleted.",
-            all.len(),
-            delete_wall.as_secs_f64()
-        ),
     ];
+    all_notes.extend(notes);
     if watch_lists > 1 {
-        notes.push(format!(
+        all_notes.push(format!(
             "The pod watch was re-established {} times (relists): running times seen at a \
              relist may be late.",
             watch_lists - 1
@@ -252,14 +226,142 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
             quick: opts.quick,
             params,
             series,
-            notes,
+            notes: all_notes,
             details: BTreeMap::new(),
         },
     ))
 }
 
+/// The cluster one size is measured on.
+struct SizeRun<'a> {
+    pods: &'a Api<Pod>,
+    watch: &'a PodWatch,
+    node: &'a Node,
+    node_name: &'a str,
+    run_id: &'a str,
+}
+
+impl SizeRun<'_> {
+    /// The baselines and Skiff of group `n` with `count` items, `c` in flight; then deletes
+    /// the pods (and kills the baselines' processes). Returns the group's series and how long
+    /// the delete took.
+    async fn measure(
+        &self,
+        n: usize,
+        count: usize,
+        c: usize,
+        warmup: usize,
+    ) -> Result<(Vec<Series>, Duration)> {
+        let group = group(n);
+        // The baselines, while the API server and the agent are idle.
+        let mut baselines = Vec::new();
+        for b in [Baseline::ForkExec, Baseline::Isolated] {
+            let cgroup = (b == Baseline::Isolated).then(|| {
+                skiff_tests::cgroup2_root().join(format!("skiff-perf-{}-{n}", self.run_id))
+            });
+            let procs = Procs::new(cgroup)?;
+            baseline::run(&procs, b, 0, warmup, 1, COMMAND).with_context(|| b.name())?;
+            let (samples, wall) =
+                baseline::run(&procs, b, warmup, count, c, COMMAND).with_context(|| b.name())?;
+            info!(series = b.name(), processes = procs.len(), "baseline done");
+            baselines.push(
+                Series::new(
+                    b.name(),
+                    Role::Baseline,
+                    &b.measures(COMMAND),
+                    &samples,
+                    Some(wall),
+                )?
+                .in_group(&group),
+            );
+            // Dropping `procs` kills its processes before the next series.
+        }
+
+        let warm: Vec<String> = (0..warmup)
+            .map(|i| format!("warmup-{}-{n}-{i}", self.run_id))
+            .collect();
+        let measured: Vec<String> = (0..count)
+            .map(|i| format!("pod-{}-{n}-{i}", self.run_id))
+            .collect();
+        let make = |name: &String| bench_pod(name, self.node_name, self.run_id);
+
+        info!(pods = warmup, "warm-up pods");
+        start_pods(self.pods, self.watch, &warm, 1, make)
+            .await
+            .map_err(|e| with_agent_log(e, self.node))?;
+
+        info!(pods = count, concurrency = c, "measured pods");
+        let t0 = Instant::now();
+        let starts = start_pods(self.pods, self.watch, &measured, c, make)
+            .await
+            .map_err(|e| with_agent_log(e, self.node))?;
+        let wall = t0.elapsed();
+        let samples: Vec<Duration> = measured
+            .iter()
+            .map(|name| {
+                starts[name]
+                    .running
+                    .saturating_duration_since(starts[name].create)
+            })
+            .collect();
+        let create_calls: Vec<Duration> = measured
+            .iter()
+            .map(|name| {
+                starts[name]
+                    .created
+                    .saturating_duration_since(starts[name].create)
+            })
+            .collect();
+        let mut series = vec![
+            Series::new(
+                "skiff",
+                Role::Skiff,
+                "Pod create call (client side, just before the gRPC call) → the first event \
+                 of one pod watch (a skiff_client reflector opened before the first create) \
+                 with status.phase Running and every container state running, timestamped \
+                 when the bench receives it",
+                &samples,
+                Some(wall),
+            )?
+            .in_group(&group),
+        ];
+        series.extend(baselines);
+        series.push(
+            Series::new(
+                "skiff create call",
+                Role::Detail,
+                "the create call alone: just before the gRPC call → its response (the pod is \
+                 stored); part of the skiff series",
+                &create_calls,
+                None,
+            )?
+            .in_group(&group),
+        );
+
+        // Delete everything of this size and wait until the watch has seen it go.
+        info!("deleting the pods");
+        let all: Vec<String> = warm.iter().chain(&measured).cloned().collect();
+        let t_delete = Instant::now();
+        delete_all(self.pods, &all, &DeleteParams::default(), c).await?;
+        self.watch
+            .wait_deleted(&all, DELETE_TIMEOUT)
+            .await
+            .map_err(|e| with_agent_log(e, self.node))?;
+        let delete_wall = t_delete.elapsed();
+        let left = self
+            .pods
+            .list(&ListParams::default().labels(&format!("{RUN_LABEL}={}", self.run_id)))
+            .await
+            .context("listing the bench's pods after the delete")?;
+        if !left.items.is_empty() {
+            bail!("{} pods still exist after the delete", left.items.len());
+        }
+        Ok((series, delete_wall))
+    }
+}
+
 /// The pod the bench creates.
-fn bench_pod(name: &str, node: &str, run_id: &str) -> Result<Pod> {
+pub(crate) fn bench_pod(name: &str, node: &str, run_id: &str) -> Result<Pod> {
     skiff_api::manifest::decode(serde_json::json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "labels": {RUN_LABEL: run_id}},
@@ -273,7 +375,7 @@ fn bench_pod(name: &str, node: &str, run_id: &str) -> Result<Pod> {
 }
 
 /// Running, with every container running.
-fn is_running(p: &Pod) -> bool {
+pub(crate) fn is_running(p: &Pod) -> bool {
     let Some(st) = &p.status else {
         return false;
     };
@@ -286,14 +388,14 @@ fn is_running(p: &Pod) -> bool {
 }
 
 /// `err` followed by the end of the agent's log.
-fn with_agent_log(err: anyhow::Error, node: &Node) -> anyhow::Error {
+pub(crate) fn with_agent_log(err: anyhow::Error, node: &Node) -> anyhow::Error {
     let log = node.agent_log();
     let lines: Vec<&str> = log.lines().collect();
     let tail = lines[lines.len().saturating_sub(30)..].join("\n");
     anyhow::anyhow!("{err:#}\nagent log (last 30 lines):\n{tail}")
 }
 
-async fn wait_node_ready(client: &Client, name: &str) -> Result<()> {
+pub(crate) async fn wait_node_ready(client: &Client, name: &str) -> Result<()> {
     let nodes = client.cluster::<ApiNode>();
     let deadline = Instant::now() + NODE_READY_TIMEOUT;
     loop {
@@ -315,18 +417,18 @@ async fn wait_node_ready(client: &Client, name: &str) -> Result<()> {
 }
 
 /// The instants of one pod start.
-struct Start {
+pub(crate) struct Start {
     /// Just before the create call.
-    create: Instant,
+    pub create: Instant,
     /// The create call returned.
-    created: Instant,
+    pub created: Instant,
     /// The watch delivered the pod Running.
-    running: Instant,
+    pub running: Instant,
 }
 
 /// Starts the pods `names` with at most `concurrency` starts (create → Running) in flight,
 /// like the baselines' process starts; fails if they take longer than [`running_timeout`].
-async fn start_pods(
+pub(crate) async fn start_pods(
     pods: &Api<Pod>,
     watch: &PodWatch,
     names: &[String],
@@ -381,6 +483,24 @@ mod tests {
         .unwrap();
         p.status = full.status;
         p
+    }
+
+    #[test]
+    fn sizes_and_groups() {
+        assert_eq!(sizes(&Options::default()), [1, 50, 200]);
+        let quick = Options {
+            quick: true,
+            ..Default::default()
+        };
+        assert_eq!(sizes(&quick), [1, 3]);
+        let one = Options {
+            pods: Some(7),
+            ..quick
+        };
+        assert_eq!(sizes(&one), [7]);
+        assert_eq!(group(1), "1 pod");
+        assert_eq!(group(200), "200 pods");
+        assert!(DEFAULT_SIZES.iter().all(|n| *n < MAX_PODS));
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! `scheduler`: scheduler throughput, as pods bound per second from the first create to the
 //! last binding seen through a watch, against a trivial binder on the same cluster.
 //!
-//! One run: the real API server (release binary; embedded store, or etcd with `--etcd`), N
-//! hollow nodes (Node objects, Ready, no agent: `skiff_scheduler::hollow`), and per round:
+//! One comparison group per node count (default 1,000 and 5,000; `--nodes 1000,5000`), each on
+//! a fresh API server (release binary; embedded store, or etcd with `--etcd`) with N hollow
+//! nodes (Node objects, Ready, no agent: `skiff_scheduler::hollow`), and per round:
 //!
 //! - **baseline**: a round-robin binder in the bench process (its own client connection, the
 //!   same `pods/binding` call and as many bindings in flight as the scheduler), with no
@@ -50,8 +51,9 @@ const NAMESPACE: &str = "default";
 const RUN_LABEL: &str = "skiff-perf-run";
 /// On every pod of one batch (value: the batch id); the measuring watch selects on it.
 const BATCH_LABEL: &str = "skiff-perf-batch";
-const DEFAULT_NODES: usize = 1000;
-const QUICK_NODES: usize = 100;
+/// Hollow node counts, one comparison group each.
+const DEFAULT_NODES: &[usize] = &[1000, 5000];
+const QUICK_NODES: &[usize] = &[100];
 const DEFAULT_PODS: usize = 3000;
 const QUICK_PODS: usize = 300;
 const DEFAULT_RUNS: usize = 3;
@@ -211,27 +213,158 @@ fn spread(pods: &[Pod], nodes: &[String]) -> Result<(usize, usize, usize)> {
     Ok((max, min, used))
 }
 
+/// The node counts to measure: `--nodes` (each must be at least 1) or the default list.
+fn node_counts(opts: &Options) -> Vec<usize> {
+    if !opts.nodes.is_empty() {
+        opts.nodes.clone()
+    } else if opts.quick {
+        QUICK_NODES.to_vec()
+    } else {
+        DEFAULT_NODES.to_vec()
+    }
+}
+
+/// The comparison group of one node count.
+fn group(n_nodes: usize) -> String {
+    format!("{n_nodes} nodes")
+}
+
+/// What one node count contributes to the report.
+struct NodesResult {
+    series: Vec<Series>,
+    notes: Vec<String>,
+    rounds: Vec<serde_json::Value>,
+    ready: usize,
+    register_wall: Duration,
+    shape: serde_json::Value,
+}
+
 async fn measure(opts: &Options) -> Result<SuiteReport> {
     let bin_dir = host::check_binaries(&["skiff-apiserver", "skiff-scheduler"])?;
-    let n_nodes = opts.nodes.unwrap_or(if opts.quick {
-        QUICK_NODES
-    } else {
-        DEFAULT_NODES
-    });
+    let counts = node_counts(opts);
     let n_pods = opts
         .pods
         .unwrap_or(if opts.quick { QUICK_PODS } else { DEFAULT_PODS });
     let runs = opts
         .runs
         .unwrap_or(if opts.quick { QUICK_RUNS } else { DEFAULT_RUNS });
-    check_sizes(n_nodes, n_pods)?;
+    for &n in &counts {
+        check_sizes(n, n_pods)?;
+    }
     if runs == 0 {
         bail!("--runs must be at least 1");
     }
     let started_at = chrono::Utc::now();
-    let run_id = skiff_tests::unique();
     let mut env = host::environment();
+    let store = if opts.etcd {
+        "etcd"
+    } else {
+        "embedded redb store"
+    };
 
+    let mut series = Vec::new();
+    let mut notes = Vec::new();
+    let mut rounds = Vec::new();
+    let mut ready = serde_json::Map::new();
+    let mut shape = serde_json::Value::Null;
+    for &n_nodes in &counts {
+        let r = measure_nodes(opts, &bin_dir, &mut env, n_nodes, n_pods, runs)
+            .await
+            .with_context(|| group(n_nodes))?;
+        series.extend(r.series);
+        notes.push(format!(
+            "{}: a fresh API server with {n_nodes} hollow nodes (all {} Ready; registered in \
+             {:.2} s).",
+            group(n_nodes),
+            r.ready,
+            r.register_wall.as_secs_f64()
+        ));
+        notes.extend(
+            r.notes
+                .into_iter()
+                .map(|n| format!("{}: {n}", group(n_nodes))),
+        );
+        rounds.extend(r.rounds);
+        ready.insert(group(n_nodes), json!(format!("{}/{n_nodes}", r.ready)));
+        shape = r.shape;
+    }
+
+    let params = BTreeMap::from([
+        ("nodes".to_string(), json!(counts)),
+        ("pods".to_string(), json!(n_pods)),
+        ("runs".to_string(), json!(runs)),
+        ("create_concurrency".to_string(), json!(CREATE_CONCURRENCY)),
+        ("bind_concurrency".to_string(), json!(BIND_CONCURRENCY)),
+        (
+            "pod_requests".to_string(),
+            json!({"cpu": CPU_REQUEST, "memory": MEMORY_REQUEST}),
+        ),
+        ("node_shape".to_string(), shape),
+        ("hollow_nodes_ready".to_string(), json!(ready)),
+        (
+            "cluster".to_string(),
+            json!(format!(
+                "skiff-apiserver ({store}) on loopback + N hollow nodes (no agents), a fresh \
+                 API server per node count"
+            )),
+        ),
+    ]);
+    let mut all_notes = vec![
+        format!(
+            "All series ran in this one run on this machine. Each node count ({}) is a \
+             comparison group of its own, on its own API server: rounds alternate baseline, \
+             then skiff-scheduler, {runs} time(s); each series shows its median round by \
+             throughput (every round is listed below and in the JSON's details.rounds).",
+            counts
+                .iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        format!(
+            "Each round: one warm-up pod bound (unmeasured; it also shows the binder is up), \
+             then {n_pods} unbound pods (one container, requests cpu {CPU_REQUEST} / memory \
+             {MEMORY_REQUEST}) created with {CREATE_CONCURRENCY} creates in flight, then all \
+             deleted (grace 0) and seen gone before the next round. The scheduler process is \
+             started for its rounds only and killed after them; the baseline binder runs only \
+             in its rounds."
+        ),
+        "Per-pod latency includes waiting behind the other pods of the batch: all are \
+         created at once, so it grows with the pod count. Percentiles are nearest-rank."
+            .into(),
+    ];
+    all_notes.extend(notes);
+    all_notes.push(
+        "The bench (creates, watch, baseline binder), the API server and the scheduler share \
+         this machine's CPUs: while the pods are being created, scheduling competes with \
+         creating for CPU."
+            .into(),
+    );
+    Ok(SuiteReport::new(
+        NAME,
+        TITLE,
+        started_at,
+        env,
+        Measured {
+            quick: opts.quick,
+            params,
+            series,
+            notes: all_notes,
+            details: BTreeMap::from([("rounds".to_string(), json!(rounds))]),
+        },
+    ))
+}
+
+/// The rounds on one API server with `n_nodes` hollow nodes.
+async fn measure_nodes(
+    opts: &Options,
+    bin_dir: &std::path::Path,
+    env: &mut crate::report::Environment,
+    n_nodes: usize,
+    n_pods: usize,
+    runs: usize,
+) -> Result<NodesResult> {
+    let run_id = skiff_tests::unique();
     info!(
         suite = NAME,
         nodes = n_nodes,
@@ -249,14 +382,9 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
         Some(e) => Backend::Etcd(e.endpoint.clone()),
         None => Backend::Embedded,
     };
-    let store = if etcd.is_some() {
-        "etcd"
-    } else {
-        "embedded redb store"
-    };
     let server = ApiServer::start(backend);
     let listen = server.addr.to_string();
-    let apiserver_exe = host::verify_process("skiff-apiserver", &["--listen", &listen], &bin_dir)?;
+    let apiserver_exe = host::verify_process("skiff-apiserver", &["--listen", &listen], bin_dir)?;
     env.binaries.insert(
         "skiff-apiserver".into(),
         apiserver_exe.display().to_string(),
@@ -280,7 +408,7 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
 
     let cluster = Cluster {
         endpoint: server.endpoint.clone(),
-        bin_dir,
+        bin_dir: bin_dir.to_path_buf(),
         logs: tempfile::Builder::new()
             .prefix("skiff-perf-scheduler-")
             .tempdir()
@@ -295,6 +423,7 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
         for binder in [Binder::Baseline, Binder::Skiff] {
             info!(
                 series = binder.series(),
+                nodes = n_nodes,
                 run = r + 1,
                 pods = n_pods,
                 "round"
@@ -329,7 +458,9 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
     let mut per_run = Vec::new();
     for (binder, list) in &rounds {
         for (i, r) in list.iter().enumerate() {
-            per_run.push(r.json(*binder, i + 1));
+            let mut j = r.json(*binder, i + 1);
+            j["nodes"] = json!(n_nodes);
+            per_run.push(j);
         }
         let median = median_round(list).context("no rounds")?;
         let (role, measures) = match binder {
@@ -355,7 +486,8 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
                 &median.samples,
                 Some(median.wall),
             )?
-            .with_throughput(median.samples.len(), median.wall),
+            .with_throughput(median.samples.len(), median.wall)
+            .in_group(group(n_nodes)),
         );
     }
     // Skiff first, as in the other suites.
@@ -363,51 +495,7 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
 
     let skiff = rounds.get(&Binder::Skiff).and_then(|l| median_round(l));
     let base = rounds.get(&Binder::Baseline).and_then(|l| median_round(l));
-    let params = BTreeMap::from([
-        ("nodes".to_string(), json!(n_nodes)),
-        ("pods".to_string(), json!(n_pods)),
-        ("runs".to_string(), json!(runs)),
-        ("create_concurrency".to_string(), json!(CREATE_CONCURRENCY)),
-        ("bind_concurrency".to_string(), json!(BIND_CONCURRENCY)),
-        (
-            "pod_requests".to_string(),
-            json!({"cpu": CPU_REQUEST, "memory": MEMORY_REQUEST}),
-        ),
-        (
-            "node_shape".to_string(),
-            json!({"cpu": hollow.shape.cpu, "memory": hollow.shape.memory, "pods": hollow.shape.pods, "zones": hollow.zones}),
-        ),
-        (
-            "hollow_nodes_ready".to_string(),
-            json!(format!("{ready}/{n_nodes}")),
-        ),
-        (
-            "cluster".to_string(),
-            json!(format!(
-                "skiff-apiserver ({store}) on loopback + {n_nodes} hollow nodes (no agents)"
-            )),
-        ),
-    ]);
-    let mut notes = vec![
-        format!(
-            "All series ran in this one run on this machine, on one API server with {n_nodes} \
-             hollow nodes (all {ready} Ready; registered in {:.2} s). Rounds alternate: \
-             baseline, then skiff-scheduler, {runs} time(s); each series shows its median \
-             round by throughput (every round is listed below and in the JSON's details.rounds).",
-            register_wall.as_secs_f64()
-        ),
-        format!(
-            "Each round: one warm-up pod bound (unmeasured; it also shows the binder is up), \
-             then {n_pods} unbound pods (one container, requests cpu {CPU_REQUEST} / memory \
-             {MEMORY_REQUEST}) created with {CREATE_CONCURRENCY} creates in flight, then all \
-             deleted (grace 0) and seen gone before the next round. The scheduler process is \
-             started for its rounds only and killed after them; the baseline binder runs only \
-             in its rounds."
-        ),
-        "Per-pod latency includes waiting behind the other pods of the batch: all are \
-         created at once, so it grows with the pod count. Percentiles are nearest-rank."
-            .into(),
-    ];
+    let mut notes = Vec::new();
     for (name, r) in [("skiff-scheduler", &skiff), ("baseline", &base)] {
         if let Some(r) = r {
             notes.push(format!(
@@ -440,12 +528,6 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
             .collect();
         notes.push(format!("Round {}: {}.", run + 1, line.join("; ")));
     }
-    notes.push(
-        "The bench (creates, watch, baseline binder), the API server and the scheduler share \
-         this machine's CPUs: while the pods are being created, scheduling competes with \
-         creating for CPU."
-            .into(),
-    );
     if rounds.values().flatten().any(|r| r.watch_lists > 1) {
         notes.push(
             "A measuring watch had to relist in some round: bindings seen at a relist are \
@@ -453,19 +535,14 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
                 .into(),
         );
     }
-    Ok(SuiteReport::new(
-        NAME,
-        TITLE,
-        started_at,
-        env,
-        Measured {
-            quick: opts.quick,
-            params,
-            series,
-            notes,
-            details: BTreeMap::from([("rounds".to_string(), json!(per_run))]),
-        },
-    ))
+    Ok(NodesResult {
+        series,
+        notes,
+        rounds: per_run,
+        ready,
+        register_wall,
+        shape: json!({"cpu": hollow.shape.cpu, "memory": hollow.shape.memory, "pods": hollow.shape.pods, "zones": hollow.zones}),
+    })
 }
 
 /// The round with the median throughput (the lower middle one of an even count).
@@ -833,6 +910,25 @@ mod tests {
         let pods = vec![on("a"), on("a"), on("b")];
         assert_eq!(spread(&pods, &nodes).unwrap(), (2, 0, 2));
         assert!(spread(&[on("elsewhere")], &nodes).is_err());
+    }
+
+    #[test]
+    fn node_counts_default_quick_and_given() {
+        assert_eq!(node_counts(&Options::default()), [1000, 5000]);
+        let quick = Options {
+            quick: true,
+            ..Default::default()
+        };
+        assert_eq!(node_counts(&quick), [100]);
+        let given = Options {
+            nodes: vec![10, 20],
+            ..quick
+        };
+        assert_eq!(node_counts(&given), [10, 20]);
+        assert_eq!(group(5000), "5000 nodes");
+        for n in DEFAULT_NODES {
+            assert!(check_sizes(*n, DEFAULT_PODS).is_ok());
+        }
     }
 
     #[test]
