@@ -5,8 +5,10 @@ use futures::future::LocalBoxFuture;
 
 use crate::report::SuiteReport;
 
+pub mod lb_programming;
 pub mod pod_start;
 pub mod scheduler;
+pub mod service_lb;
 
 /// Settings shared by the suites; each uses those that apply to it.
 #[derive(Debug, Clone)]
@@ -62,6 +64,16 @@ pub static SUITES: &[Suite] = &[
         title: scheduler::TITLE,
         run: scheduler::run,
     },
+    Suite {
+        name: service_lb::NAME,
+        title: service_lb::TITLE,
+        run: service_lb::run,
+    },
+    Suite {
+        name: lb_programming::NAME,
+        title: lb_programming::TITLE,
+        run: lb_programming::run,
+    },
 ];
 
 pub fn find(name: &str) -> Option<&'static Suite> {
@@ -80,6 +92,8 @@ mod tests {
         }
         assert!(find("pod-start").is_some());
         assert!(find("scheduler").is_some());
+        assert!(find("service-lb").is_some());
+        assert!(find("lb-programming").is_some());
         assert!(find("nope").is_none());
     }
 }
