@@ -358,9 +358,10 @@ add chain ip kube-proxy nat-postrouting { type nat hook postrouting priority 100
 add rule ip kube-proxy nat-postrouting jump masquerading
 ";
 
-/// Chain names with `/` and `:` need quoting in nft's syntax.
+/// A chain name as nft's parser takes it: kube-proxy's names (letters, digits, `-`, `_`,
+/// `.`, `/`) are plain nft strings, unquoted (nft 1.0 rejects quoted chain names).
 fn nft_quote(name: &str) -> String {
-    format!("\"{name}\"")
+    name.to_string()
 }
 
 fn nft_service(out: &mut String, s: &Service) {
@@ -549,9 +550,9 @@ mod tests {
         assert!(s.contains("nat-output { type nat hook output priority -100 ; }"));
         let chain = set.measured().nft_service_chain();
         assert!(chain.starts_with("service-") && chain.ends_with("-default/svc-1/tcp/http"));
-        assert!(s.contains(&format!("10.96.0.2 . tcp . 80 : goto \"{chain}\"")));
+        assert!(s.contains(&format!("10.96.0.2 . tcp . 80 : goto {chain}")));
         assert!(s.contains(&format!(
-            "add rule ip kube-proxy \"{chain}\" numgen random mod 3 vmap {{ 0 : goto \"endpoint-"
+            "add rule ip kube-proxy {chain} numgen random mod 3 vmap {{ 0 : goto endpoint-"
         )));
         assert!(s.contains("meta l4proto tcp dnat to 10.200.0.13:8080\n"));
         assert_eq!(
@@ -573,7 +574,7 @@ mod tests {
         let changed = set.services[0].clone();
         let p = set.nft_partial(&changed, &[extra]);
         assert!(p.contains(&format!("dnat to {extra}:8080")));
-        assert!(p.contains("flush chain ip kube-proxy \"service-"));
+        assert!(p.contains("flush chain ip kube-proxy service-"));
         assert!(p.contains("numgen random mod 4 vmap"));
         assert!(!p.contains("add table"));
     }

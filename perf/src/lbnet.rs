@@ -184,6 +184,18 @@ impl Topology {
             ip(&["-n", &s, "addr", "add", &format!("{b}/24"), "dev", "s0"])?;
         }
         ip(&["-n", &s, "link", "set", "s0", "up"])?;
+        // A node has a default route: the VIPs must be routable before OUTPUT's DNAT.
+        ip(&[
+            "-n",
+            &c,
+            "route",
+            "add",
+            "default",
+            "via",
+            &SERVER_IP.to_string(),
+            "dev",
+            "c0",
+        ])?;
         // Many short connections: let the client reuse ports in TIME_WAIT (namespace-local).
         in_netns(&c, "sysctl", &["-q", "-w", "net.ipv4.tcp_tw_reuse=1"], None)?;
         in_netns(

@@ -262,6 +262,20 @@ impl Ranged for Ticked {
     }
 }
 
+/// A tick value without trailing zeros: `0.5`, `2`, `10`, `0.02`.
+pub(crate) fn fmt_tick(v: f64) -> String {
+    let s = if v.abs() >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.4}")
+    };
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    }
+}
+
 /// `1`, `2.5`, `10k`, `50k`, `1.5M`: a count on an axis.
 pub(crate) fn fmt_count(v: f64) -> String {
     let trim = |s: String| {
@@ -298,11 +312,12 @@ fn bar_chart(
     let mut chart = ChartBuilder::on(&root)
         .caption(title, (FAMILY, 22))
         .margin(18)
+        .margin_top(34)
         .x_label_area_size(48)
         .y_label_area_size(80)
         .build_cartesian_2d(-0.5..n - 0.5, y.coord(y.lo, y.hi))
         .map_err(draw_err(path))?;
-    let y_fmt = |v: &f64| fmt_ms(y.value(*v));
+    let y_fmt = |v: &f64| fmt_tick(y.value(*v));
     let y_desc = if y.log {
         "latency ms (log scale)"
     } else {
@@ -350,7 +365,7 @@ fn bar_chart(
     }
     // Legend: which shade is which percentile.
     let legend = TextStyle::from((FAMILY, 14).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
-    let (lx, ly) = (BAR_SIZE.0 as i32 - 260, 52);
+    let (lx, ly) = (BAR_SIZE.0 as i32 - 260, 62);
     for (k, (label, fill)) in [
         ("p50 (dark)", LEGEND_GREY),
         ("p99 (light)", lighter(LEGEND_GREY)),
@@ -459,7 +474,7 @@ fn line_chart(
         .build_cartesian_2d(x.coord(x_lo, x_hi), y.coord(y.lo, y.hi))
         .map_err(draw_err(path))?;
     let x_fmt = |v: &f64| fmt_count(x.value(*v));
-    let y_fmt = |v: &f64| fmt_ms(y.value(*v));
+    let y_fmt = |v: &f64| fmt_tick(y.value(*v));
     let x_desc = format!(
         "{}{}",
         chart_data.axis,
@@ -550,5 +565,9 @@ mod tests {
         assert_eq!(fmt_count(2500.0), "2.5k");
         assert_eq!(fmt_count(1_500_000.0), "1.5M");
         assert_eq!(fmt_count(0.5), "0.5");
+        assert_eq!(fmt_tick(0.5), "0.5");
+        assert_eq!(fmt_tick(10.0), "10");
+        assert_eq!(fmt_tick(0.02), "0.02");
+        assert_eq!(fmt_tick(2000.0), "2000");
     }
 }

@@ -235,7 +235,12 @@ impl SuiteReport {
             "{:<suite_w$}  {:<width$}  {:>4}  {:>10}  {:>10}  {:>10}  {:>10}",
             "suite", "series", "N", "p50 ms", "p90 ms", "p99 ms", "max ms"
         );
+        let mut group = None;
         for s in &self.series {
+            if s.group.is_some() && s.group != group {
+                let _ = writeln!(out, "-- {}", s.group.as_deref().unwrap_or_default());
+                group = s.group.clone();
+            }
             let m = &s.summary;
             let _ = writeln!(
                 out,
@@ -251,15 +256,16 @@ impl SuiteReport {
         }
         for s in &self.series {
             if let Some(t) = s.throughput_per_s {
-                let _ = writeln!(out, "throughput {}: {t:.0}/s", s.name);
+                let _ = writeln!(out, "throughput {}{}: {t:.0}/s", s.name, in_group(&s.group));
             }
         }
         for r in &self.ratios {
             let _ = write!(
                 out,
-                "ratio {} / {}: p50 {}, p99 {}",
+                "ratio {} / {}{}: p50 {}, p99 {}",
                 r.skiff,
                 r.baseline,
+                in_group(&r.group),
                 fmt_ratio(r.p50),
                 fmt_ratio(r.p99)
             );
@@ -435,6 +441,11 @@ impl SuiteReport {
     }
 }
 
+/// ` (group)` for the plain-text table, or nothing.
+fn in_group(group: &Option<String>) -> String {
+    group.as_ref().map(|g| format!(" ({g})")).unwrap_or_default()
+}
+
 /// Milliseconds with a precision that suits their size.
 pub fn fmt_ms(ms: f64) -> String {
     if ms >= 100.0 {
@@ -460,8 +471,12 @@ pub fn fmt_ratio(r: f64) -> String {
         "n/a".into()
     } else if r >= 100.0 {
         format!("{r:.0}x")
-    } else {
+    } else if r >= 0.095 || r == 0.0 {
         format!("{r:.1}x")
+    } else {
+        // Two significant digits: 0.0012x, not 0.0x.
+        let decimals = (1.0 - r.log10().floor()).max(0.0) as usize;
+        format!("{r:.decimals$}x")
     }
 }
 
@@ -609,6 +624,9 @@ mod tests {
         assert_eq!(fmt_ms(0.1234), "0.123");
         assert_eq!(fmt_ratio(181.4), "181x");
         assert_eq!(fmt_ratio(2.54), "2.5x");
+        assert_eq!(fmt_ratio(0.5), "0.5x");
+        assert_eq!(fmt_ratio(0.0123), "0.012x");
+        assert_eq!(fmt_ratio(0.00079), "0.00079x");
         assert_eq!(fmt_ratio(f64::INFINITY), "n/a");
         assert_eq!(fmt_share(0.854), "85%");
     }
