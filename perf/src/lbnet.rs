@@ -22,6 +22,8 @@ use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -341,6 +343,42 @@ impl Drop for Topology {
             }
         }
     }
+}
+
+/// Set when the suite's future is dropped (SIGINT/SIGTERM): the blocking work checks it
+/// between steps and stops, so its guards run before the process exits (dropping the tokio
+/// runtime waits for blocking tasks).
+#[derive(Debug, Clone)]
+pub struct Cancel(Arc<AtomicBool>);
+
+impl Cancel {
+    /// Fails once the run was cancelled.
+    pub fn check(&self) -> Result<()> {
+        if self.0.load(Ordering::Relaxed) {
+            bail!("cancelled");
+        }
+        Ok(())
+    }
+}
+
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Runs `f` on tokio's blocking pool; dropping the returned future cancels it (see
+/// [`Cancel`]).
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce(Cancel) -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let _guard = CancelOnDrop(flag.clone());
+    tokio::task::spawn_blocking(move || f(Cancel(flag)))
+        .await
+        .context("the suite panicked")?
 }
 
 /// Map sizes for `set` (plus room for the one-change measurements).

@@ -386,13 +386,16 @@ fn bar_chart(
     Ok(())
 }
 
+/// One line of a [`LineChart`]: a series name and its `(x, p50, p99)` points, sorted by x.
+pub(crate) type Line = (String, Vec<(f64, f64, f64)>);
+
 /// One line chart: the series placed on one `(chart, axis)`.
 #[derive(Debug, Clone)]
 pub(crate) struct LineChart {
     pub name: String,
     pub axis: String,
-    /// Per series name, in first-appearance order: (x, p50, p99), sorted by x.
-    pub lines: Vec<(String, Vec<(f64, f64, f64)>)>,
+    /// Per series name, in first-appearance order.
+    pub lines: Vec<Line>,
 }
 
 /// The line charts of `series`: one per `(chart, axis)` of [`Series::x`] with at least two

@@ -443,7 +443,10 @@ impl SuiteReport {
 
 /// ` (group)` for the plain-text table, or nothing.
 fn in_group(group: &Option<String>) -> String {
-    group.as_ref().map(|g| format!(" ({g})")).unwrap_or_default()
+    group
+        .as_ref()
+        .map(|g| format!(" ({g})"))
+        .unwrap_or_default()
 }
 
 /// Milliseconds with a precision that suits their size.

@@ -80,15 +80,13 @@ pub fn run(opts: &Options) -> LocalBoxFuture<'_, Result<SuiteReport>> {
     Box::pin(async move {
         // Namespaces, rule loads and the client are blocking work.
         let quick = opts.quick;
-        tokio::task::spawn_blocking(move || measure(quick))
-            .await
-            .context("the service-lb suite panicked")?
+        lbnet::blocking(move |cancel| measure(quick, &cancel)).await
     })
 }
 
 /// `1`, `1k`, `10k`, `50k`.
 pub(crate) fn fmt_n(n: usize) -> String {
-    if n >= 1000 && n % 1000 == 0 {
+    if n >= 1000 && n.is_multiple_of(1000) {
         format!("{}k", n / 1000)
     } else {
         n.to_string()
@@ -109,7 +107,7 @@ pub(crate) fn measured_index(n: usize) -> usize {
     n / 2
 }
 
-fn measure(quick: bool) -> Result<SuiteReport> {
+fn measure(quick: bool, cancel: &lbnet::Cancel) -> Result<SuiteReport> {
     host::require_root()?;
     let started_at = chrono::Utc::now();
     let env = host::environment();
@@ -127,6 +125,7 @@ fn measure(quick: bool) -> Result<SuiteReport> {
         let set = ServiceSet::new(n, measured_index(n), &real);
         let vip = set.measured().vip;
         for method in Method::ALL {
+            cancel.check()?;
             let t_install = Instant::now();
             let mut lb = install(&topo, &set, method)?;
             let install_ms = t_install.elapsed().as_secs_f64() * 1e3;
