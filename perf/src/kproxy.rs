@@ -156,9 +156,10 @@ impl ServiceSet {
              -A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
              -A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\n",
         );
-        self.nat_fixed_rules(&mut out);
+        let comments = self.comments();
+        self.nat_fixed_rules(&mut out, comments);
         for s in &self.services {
-            self.service_rules(&mut out, s);
+            service_rules(&mut out, s, comments);
         }
         out.push_str("COMMIT\n");
         out
@@ -178,16 +179,16 @@ impl ServiceSet {
         for b in &changed.backends {
             let _ = writeln!(out, ":{} - [0:0]", changed.sep_chain(*b));
         }
-        self.nat_fixed_rules(&mut out);
-        self.service_rules(&mut out, changed);
+        let comments = self.comments();
+        self.nat_fixed_rules(&mut out, comments);
+        service_rules(&mut out, changed, comments);
         out.push_str("COMMIT\n");
         out
     }
 
     /// `KUBE-SERVICES` (every service's jump, then the node-port jump), `KUBE-MARK-MASQ`,
     /// `KUBE-POSTROUTING`.
-    fn nat_fixed_rules(&self, out: &mut String) {
-        let comments = self.comments();
+    fn nat_fixed_rules(&self, out: &mut String, comments: bool) {
         for s in &self.services {
             let comment = if comments {
                 format!(" -m comment --comment \"{} cluster IP\"", s.port_name())
@@ -211,49 +212,6 @@ impl ServiceSet {
              -A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring \
              SNAT\" -j MASQUERADE --random-fully"
         );
-    }
-
-    /// One service's `KUBE-SVC-` and `KUBE-SEP-` rules.
-    fn service_rules(&self, out: &mut String, s: &Service) {
-        let comments = self.comments();
-        let name = s.port_name();
-        let c = |text: &str| {
-            if comments {
-                format!(" -m comment --comment \"{text}\"")
-            } else {
-                String::new()
-            }
-        };
-        let svc = s.svc_chain();
-        let _ = writeln!(
-            out,
-            "-A {svc} ! -s {CLUSTER_CIDR} -d {}/32 -p tcp{} -m tcp --dport {SERVICE_PORT} -j KUBE-MARK-MASQ",
-            s.vip,
-            c(&format!("{name} cluster IP"))
-        );
-        let n = s.backends.len();
-        for (i, b) in s.backends.iter().enumerate() {
-            let sep = s.sep_chain(*b);
-            let comment = c(&format!("{name} -> {b}:{BACKEND_PORT}"));
-            if i + 1 < n {
-                let p = 1.0 / (n - i) as f64;
-                let _ = writeln!(
-                    out,
-                    "-A {svc}{comment} -m statistic --mode random --probability {p:.10} -j {sep}"
-                );
-            } else {
-                let _ = writeln!(out, "-A {svc}{comment} -j {sep}");
-            }
-        }
-        for b in &s.backends {
-            let sep = s.sep_chain(*b);
-            let comment = c(&name);
-            let _ = writeln!(out, "-A {sep} -s {b}/32{comment} -j KUBE-MARK-MASQ");
-            let _ = writeln!(
-                out,
-                "-A {sep} -p tcp{comment} -m tcp -j DNAT --to-destination {b}:{BACKEND_PORT}"
-            );
-        }
     }
 
     /// The complete `nft -f` input: table `ip kube-proxy` (created, then flushed, then filled,
@@ -291,6 +249,48 @@ impl ServiceSet {
         let _ = writeln!(out, "flush chain ip kube-proxy {chain}");
         nft_service_rules(&mut out, changed);
         out
+    }
+}
+
+/// One service's `KUBE-SVC-` and `KUBE-SEP-` rules.
+fn service_rules(out: &mut String, s: &Service, comments: bool) {
+    let name = s.port_name();
+    let c = |text: &str| {
+        if comments {
+            format!(" -m comment --comment \"{text}\"")
+        } else {
+            String::new()
+        }
+    };
+    let svc = s.svc_chain();
+    let _ = writeln!(
+        out,
+        "-A {svc} ! -s {CLUSTER_CIDR} -d {}/32 -p tcp{} -m tcp --dport {SERVICE_PORT} -j KUBE-MARK-MASQ",
+        s.vip,
+        c(&format!("{name} cluster IP"))
+    );
+    let n = s.backends.len();
+    for (i, b) in s.backends.iter().enumerate() {
+        let sep = s.sep_chain(*b);
+        let comment = c(&format!("{name} -> {b}:{BACKEND_PORT}"));
+        if i + 1 < n {
+            let p = 1.0 / (n - i) as f64;
+            let _ = writeln!(
+                out,
+                "-A {svc}{comment} -m statistic --mode random --probability {p:.10} -j {sep}"
+            );
+        } else {
+            let _ = writeln!(out, "-A {svc}{comment} -j {sep}");
+        }
+    }
+    for b in &s.backends {
+        let sep = s.sep_chain(*b);
+        let comment = c(&name);
+        let _ = writeln!(out, "-A {sep} -s {b}/32{comment} -j KUBE-MARK-MASQ");
+        let _ = writeln!(
+            out,
+            "-A {sep} -p tcp{comment} -m tcp -j DNAT --to-destination {b}:{BACKEND_PORT}"
+        );
     }
 }
 
