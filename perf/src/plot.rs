@@ -305,24 +305,25 @@ fn bar_chart(
         .iter()
         .flat_map(|s| [s.summary.p50, s.summary.p99])
         .collect();
-    let y = Axis::fit(&values, true);
+    let mut y = Axis::fit(&values, true);
+    // Room above the tallest bar for its value label.
+    let top = values.iter().copied().fold(0.0, f64::max);
+    if y.log && top > 0.0 && y.hi - top.log10() < 0.2 {
+        y.hi += 1.0;
+        y.ticks.push(y.hi);
+    }
     let n = series.len().max(1) as f64;
     let root = BitMapBackend::new(path, BAR_SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(draw_err(path))?;
     let mut chart = ChartBuilder::on(&root)
         .caption(title, (FAMILY, 22))
         .margin(18)
-        .margin_top(34)
-        .x_label_area_size(48)
+        .x_label_area_size(64)
         .y_label_area_size(80)
         .build_cartesian_2d(-0.5..n - 0.5, y.coord(y.lo, y.hi))
         .map_err(draw_err(path))?;
     let y_fmt = |v: &f64| fmt_tick(y.value(*v));
-    let y_desc = if y.log {
-        "latency ms (log scale)"
-    } else {
-        "latency ms"
-    };
+    let y_desc = if y.log { "ms (log scale)" } else { "ms" };
     chart
         .configure_mesh()
         .disable_x_mesh()
@@ -363,9 +364,9 @@ fn bar_chart(
         root.draw(&Text::new(s.name.clone(), (px, py + 8), label))
             .map_err(draw_err(path))?;
     }
-    // Legend: which shade is which percentile.
+    // Legend, under the category names: which shade is which percentile.
     let legend = TextStyle::from((FAMILY, 14).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
-    let (lx, ly) = (BAR_SIZE.0 as i32 - 260, 62);
+    let (lx, ly) = (BAR_SIZE.0 as i32 - 260, BAR_SIZE.1 as i32 - 22);
     for (k, (label, fill)) in [
         ("p50 (dark)", LEGEND_GREY),
         ("p99 (light)", lighter(LEGEND_GREY)),
@@ -484,7 +485,7 @@ fn line_chart(
         if x.log { " (log scale)" } else { "" }
     );
     let y_desc = format!(
-        "latency ms, p50 solid, p99 dashed{}",
+        "ms, p50 solid, p99 dashed{}",
         if y.log { " (log scale)" } else { "" }
     );
     chart
@@ -518,9 +519,23 @@ fn line_chart(
             .draw_series(p99.iter().map(|p| Circle::new(*p, 3, c.stroke_width(2))))
             .map_err(draw_err(path))?;
     }
+    // The legend goes to the corner with the fewest points under it.
+    let norm: Vec<(f64, f64)> = chart_data
+        .lines
+        .iter()
+        .flat_map(|(_, p)| p.iter())
+        .flat_map(|p| [(p.0, p.1), (p.0, p.2)])
+        .map(|(px, py)| {
+            (
+                (x.at(px) - x_lo) / (x_hi - x_lo),
+                (y.at(py) - y.lo) / (y.hi - y.lo),
+            )
+        })
+        .collect();
+    let corner = legend_corner(&norm);
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(corner)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK.mix(0.4))
         .label_font((FAMILY, 15))
@@ -530,9 +545,43 @@ fn line_chart(
     Ok(())
 }
 
+/// The corner of the plot (points normalised to 0..1, y up) whose legend-sized box, a third
+/// of the width and a third of the height, covers the fewest points; upper corners first.
+fn legend_corner(points: &[(f64, f64)]) -> SeriesLabelPosition {
+    let count = |left: bool, upper: bool| {
+        points
+            .iter()
+            .filter(|(x, y)| {
+                let in_x = if left { *x <= 0.36 } else { *x >= 0.64 };
+                let in_y = if upper { *y >= 0.64 } else { *y <= 0.36 };
+                in_x && in_y
+            })
+            .count()
+    };
+    let corners = [
+        (true, true, SeriesLabelPosition::UpperLeft),
+        (false, true, SeriesLabelPosition::UpperRight),
+        (true, false, SeriesLabelPosition::LowerLeft),
+        (false, false, SeriesLabelPosition::LowerRight),
+    ];
+    corners
+        .into_iter()
+        .min_by_key(|(l, u, _)| count(*l, *u))
+        .map(|(_, _, c)| c)
+        .unwrap_or(SeriesLabelPosition::UpperLeft)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn legend_avoids_the_points() {
+        let pos = |p: &[(f64, f64)]| format!("{:?}", legend_corner(p));
+        assert_eq!(pos(&[]), "UpperLeft");
+        assert_eq!(pos(&[(0.1, 0.9)]), "UpperRight");
+        assert_eq!(pos(&[(0.1, 0.9), (0.9, 0.9)]), "LowerLeft");
+    }
 
     #[test]
     fn linear_axis_has_round_ticks_from_zero() {

@@ -474,12 +474,13 @@ pub fn fmt_ratio(r: f64) -> String {
         "n/a".into()
     } else if r >= 100.0 {
         format!("{r:.0}x")
-    } else if r >= 0.095 || r == 0.0 {
+    } else if r >= 0.095 || r <= 0.0 {
         format!("{r:.1}x")
+    } else if r >= 0.01 {
+        format!("{r:.3}x")
     } else {
-        // Two significant digits: 0.0012x, not 0.0x.
-        let decimals = (1.0 - r.log10().floor()).max(0.0) as usize;
-        format!("{r:.decimals$}x")
+        // 1/120482 reads better than 0.0000083x.
+        format!("1/{:.0}", 1.0 / r)
     }
 }
 
@@ -629,7 +630,7 @@ mod tests {
         assert_eq!(fmt_ratio(2.54), "2.5x");
         assert_eq!(fmt_ratio(0.5), "0.5x");
         assert_eq!(fmt_ratio(0.0123), "0.012x");
-        assert_eq!(fmt_ratio(0.00079), "0.00079x");
+        assert_eq!(fmt_ratio(0.00079), "1/1266");
         assert_eq!(fmt_ratio(f64::INFINITY), "n/a");
         assert_eq!(fmt_share(0.854), "85%");
     }
