@@ -7,6 +7,9 @@
 //! - [`baseline`]: starting the same command without Skiff (fork+exec; cgroup + namespaces).
 //! - [`pods`]: the watch that timestamps the bench's pods reaching a state, deleting them.
 //! - [`stats`], [`report`]: percentiles, the printed table, the markdown and JSON reports.
+//! - [`plot`]: PNG charts of a report (bars per group, lines against a numeric axis).
+//! - [`kproxy`], [`lbnet`]: kube-proxy's iptables/nftables rules for a synthetic service set;
+//!   the private two-namespace network, client and server of the load-balancing suites.
 //! - [`host`]: which binaries the harness starts, machine facts for the report.
 //! - [`procfs`]: a process's RSS and CPU time, a cgroup's memory, as the kernel reports them.
 //!
@@ -15,6 +18,9 @@
 
 pub mod baseline;
 pub mod host;
+pub mod kproxy;
+pub mod lbnet;
+pub mod plot;
 pub mod pods;
 pub mod procfs;
 pub mod report;

@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde::Serialize;
 
+use crate::plot::Plot;
 use crate::stats::Summary;
 
 /// Whose numbers a series holds.
@@ -42,6 +43,21 @@ pub struct Series {
     /// only between series of the same group, and the report prints one table per group.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
+    /// Where the series sits on a numeric axis shared with other groups (e.g. 10000 on
+    /// "services"): the report then also plots its percentiles against that axis.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub x: Option<XPoint>,
+}
+
+/// A series' place on a line chart (see [`Series::at_x`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct XPoint {
+    /// The line chart (e.g. `TCP_CRR`): series with the same chart and axis share one, one
+    /// line per series name.
+    pub chart: String,
+    /// What the axis counts (e.g. `services`).
+    pub axis: String,
+    pub value: f64,
 }
 
 impl Series {
@@ -63,12 +79,23 @@ impl Series {
             wall_ms: wall.map(|w| w.as_secs_f64() * 1e3),
             throughput_per_s: None,
             group: None,
+            x: None,
         })
     }
 
     /// The series as part of comparison `group` (see [`Series::group`]).
     pub fn in_group(mut self, group: impl Into<String>) -> Series {
         self.group = Some(group.into());
+        self
+    }
+
+    /// The series at `value` on axis `axis` of line chart `chart` (see [`XPoint`]).
+    pub fn at_x(mut self, chart: impl Into<String>, axis: impl Into<String>, value: f64) -> Series {
+        self.x = Some(XPoint {
+            chart: chart.into(),
+            axis: axis.into(),
+            value,
+        });
         self
     }
 
@@ -208,7 +235,12 @@ impl SuiteReport {
             "{:<suite_w$}  {:<width$}  {:>4}  {:>10}  {:>10}  {:>10}  {:>10}",
             "suite", "series", "N", "p50 ms", "p90 ms", "p99 ms", "max ms"
         );
+        let mut group = None;
         for s in &self.series {
+            if s.group.is_some() && s.group != group {
+                let _ = writeln!(out, "-- {}", s.group.as_deref().unwrap_or_default());
+                group = s.group.clone();
+            }
             let m = &s.summary;
             let _ = writeln!(
                 out,
@@ -224,15 +256,16 @@ impl SuiteReport {
         }
         for s in &self.series {
             if let Some(t) = s.throughput_per_s {
-                let _ = writeln!(out, "throughput {}: {t:.0}/s", s.name);
+                let _ = writeln!(out, "throughput {}{}: {t:.0}/s", s.name, in_group(&s.group));
             }
         }
         for r in &self.ratios {
             let _ = write!(
                 out,
-                "ratio {} / {}: p50 {}, p99 {}",
+                "ratio {} / {}{}: p50 {}, p99 {}",
                 r.skiff,
                 r.baseline,
+                in_group(&r.group),
                 fmt_ratio(r.p50),
                 fmt_ratio(r.p99)
             );
@@ -329,6 +362,11 @@ impl SuiteReport {
 
     /// The markdown report.
     pub fn markdown(&self, json_name: &str) -> String {
+        self.markdown_with_plots(json_name, &[])
+    }
+
+    /// The markdown report, embedding the charts `plots` (files next to it).
+    pub fn markdown_with_plots(&self, json_name: &str, plots: &[Plot]) -> String {
         let mut md = String::new();
         let _ = writeln!(md, "# {}: {} ({})\n", self.suite, self.title, self.date);
         if self.quick {
@@ -345,6 +383,12 @@ impl SuiteReport {
             let ratios: Vec<&Ratio> = self.ratios.iter().filter(|r| r.group == group).collect();
             self.tables(&mut md, &series, &ratios);
             md.push('\n');
+        }
+        if !plots.is_empty() {
+            let _ = writeln!(md, "## Charts\n");
+            for p in plots {
+                let _ = writeln!(md, "![{}]({})\n", p.title, p.file);
+            }
         }
         let _ = writeln!(md, "\n## What is measured\n");
         for s in &self.series {
@@ -376,7 +420,9 @@ impl SuiteReport {
         md
     }
 
-    /// Writes `<dir>/<date>-<suite>.md` and `.json`; returns both paths.
+    /// Writes `<dir>/<date>-<suite>.md` and `.json`, and the charts as
+    /// `<date>-<suite>-<n>.png` (embedded in the markdown; none without a font, see
+    /// [`crate::plot`]); returns the paths of the markdown and the JSON.
     pub fn write(&self, dir: &Path) -> Result<(PathBuf, PathBuf)> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let stem = format!("{}-{}", self.date, self.suite);
@@ -385,10 +431,22 @@ impl SuiteReport {
         let json = serde_json::to_string_pretty(self).context("encoding the report")?;
         std::fs::write(&json_path, json + "\n")
             .with_context(|| format!("writing {}", json_path.display()))?;
-        std::fs::write(&md_path, self.markdown(&format!("{stem}.json")))
-            .with_context(|| format!("writing {}", md_path.display()))?;
+        let plots = crate::plot::write_plots(self, dir, &stem)?;
+        std::fs::write(
+            &md_path,
+            self.markdown_with_plots(&format!("{stem}.json"), &plots),
+        )
+        .with_context(|| format!("writing {}", md_path.display()))?;
         Ok((md_path, json_path))
     }
+}
+
+/// ` (group)` for the plain-text table, or nothing.
+fn in_group(group: &Option<String>) -> String {
+    group
+        .as_ref()
+        .map(|g| format!(" ({g})"))
+        .unwrap_or_default()
 }
 
 /// Milliseconds with a precision that suits their size.
@@ -416,8 +474,13 @@ pub fn fmt_ratio(r: f64) -> String {
         "n/a".into()
     } else if r >= 100.0 {
         format!("{r:.0}x")
-    } else {
+    } else if r >= 0.095 || r <= 0.0 {
         format!("{r:.1}x")
+    } else if r >= 0.01 {
+        format!("{r:.3}x")
+    } else {
+        // 1/120482 reads better than 0.0000083x.
+        format!("1/{:.0}", 1.0 / r)
     }
 }
 
@@ -565,6 +628,9 @@ mod tests {
         assert_eq!(fmt_ms(0.1234), "0.123");
         assert_eq!(fmt_ratio(181.4), "181x");
         assert_eq!(fmt_ratio(2.54), "2.5x");
+        assert_eq!(fmt_ratio(0.5), "0.5x");
+        assert_eq!(fmt_ratio(0.0123), "0.012x");
+        assert_eq!(fmt_ratio(0.00079), "1/1266");
         assert_eq!(fmt_ratio(f64::INFINITY), "n/a");
         assert_eq!(fmt_share(0.854), "85%");
     }
@@ -578,6 +644,56 @@ mod tests {
             serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
         assert_eq!(v["series"][0]["samples_ms"][2], 300.0);
         assert_eq!(v["series"][1]["role"], "baseline");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A PNG's width and height from its IHDR chunk, after checking the signature.
+    fn png_size(bytes: &[u8]) -> (u32, u32) {
+        assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "PNG signature");
+        assert_eq!(&bytes[12..16], b"IHDR");
+        let be = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+        (be(&bytes[16..20]), be(&bytes[20..24]))
+    }
+
+    #[test]
+    fn write_draws_a_bar_chart_per_group_and_a_line_chart_and_embeds_them() {
+        if crate::plot::font().is_none() {
+            eprintln!("no font: charts are skipped, nothing to check");
+            return;
+        }
+        let one = |name: &str, role, n: u64, v: u64| {
+            Series::new(
+                name,
+                role,
+                "x",
+                &[Duration::from_millis(v), Duration::from_millis(2 * v)],
+                None,
+            )
+            .unwrap()
+            .in_group(format!("{n} services"))
+            .at_x("TCP_CRR", "services", n as f64)
+        };
+        let mut r = report();
+        r.series = vec![
+            one("skiff", Role::Skiff, 1, 2),
+            one("iptables", Role::Baseline, 1, 3),
+            one("skiff", Role::Skiff, 1000, 2),
+            one("iptables", Role::Baseline, 1000, 300),
+        ];
+        r.compute_ratios();
+        let dir = std::env::temp_dir().join(format!("skiff-perf-plot-{}", std::process::id()));
+        let (md, _) = r.write(&dir).unwrap();
+        let md = std::fs::read_to_string(md).unwrap();
+        for n in 1..=3 {
+            let file = format!("2026-01-02-pod-start-{n}.png");
+            assert!(md.contains(&format!("]({file})")), "{file} embedded:\n{md}");
+            let bytes = std::fs::read(dir.join(&file)).unwrap();
+            assert!(bytes.len() > 5_000, "{file}: only {} bytes", bytes.len());
+            let (w, h) = png_size(&bytes);
+            assert!(w >= 800 && h >= 400, "{file}: {w}x{h}");
+        }
+        assert!(!dir.join("2026-01-02-pod-start-4.png").exists());
+        assert!(md.contains("![pod-start: TCP_CRR vs services]"), "{md}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

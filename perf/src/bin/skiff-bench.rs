@@ -5,6 +5,7 @@
 //! skiff-bench                      # every suite, results in perf/results/
 //! skiff-bench pod-start --pods 50 --concurrency 10
 //! skiff-bench scheduler --nodes 1000,5000 --pods 3000 --runs 3
+//! skiff-bench service-lb lb-programming   # load balancing: Skiff eBPF vs kube-proxy rules
 //! skiff-bench --quick              # smoke check: small sizes, results in $TMPDIR/skiff-perf-quick
 //! ```
 //!
@@ -16,8 +17,8 @@ use std::process::ExitCode;
 
 use anyhow::{Result, anyhow, bail};
 use clap::Parser;
-use skiff_perf::host;
 use skiff_perf::suites::{self, Options, SUITES, Suite};
+use skiff_perf::{host, lbnet};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::info;
 use tracing_subscriber::EnvFilter;
@@ -65,6 +66,22 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    // The load-balancing suites re-execute the bench as their client and server.
+    let argv: Vec<String> = std::env::args().collect();
+    let helper = match argv.get(1).map(String::as_str) {
+        Some(lbnet::CLIENT_CMD) => Some(lbnet::client_main as fn(&[String]) -> Result<()>),
+        Some(lbnet::SERVER_CMD) => Some(lbnet::server_main as fn(&[String]) -> Result<()>),
+        _ => None,
+    };
+    if let Some(helper) = helper {
+        return match helper(&argv[2..]) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("error: {err:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env()

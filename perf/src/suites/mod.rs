@@ -6,9 +6,11 @@ use futures::future::LocalBoxFuture;
 use crate::report::SuiteReport;
 
 pub mod control_plane;
+pub mod lb_programming;
 pub mod pod_density;
 pub mod pod_start;
 pub mod scheduler;
+pub mod service_lb;
 
 /// Settings shared by the suites; each uses those that apply to it.
 #[derive(Debug, Clone)]
@@ -53,17 +55,23 @@ pub struct Suite {
     pub run: RunFn,
 }
 
-/// Every suite, in the order `skiff-bench` without arguments runs them.
+/// Every suite, in the order `skiff-bench` without arguments runs them (the order of the
+/// report's sections: packet paths, then pods, then the control plane).
 pub static SUITES: &[Suite] = &[
+    Suite {
+        name: service_lb::NAME,
+        title: service_lb::TITLE,
+        run: service_lb::run,
+    },
+    Suite {
+        name: lb_programming::NAME,
+        title: lb_programming::TITLE,
+        run: lb_programming::run,
+    },
     Suite {
         name: pod_start::NAME,
         title: pod_start::TITLE,
         run: pod_start::run,
-    },
-    Suite {
-        name: scheduler::NAME,
-        title: scheduler::TITLE,
-        run: scheduler::run,
     },
     Suite {
         name: pod_density::NAME,
@@ -74,6 +82,11 @@ pub static SUITES: &[Suite] = &[
         name: control_plane::NAME,
         title: control_plane::TITLE,
         run: control_plane::run,
+    },
+    Suite {
+        name: scheduler::NAME,
+        title: scheduler::TITLE,
+        run: scheduler::run,
     },
 ];
 
@@ -95,6 +108,8 @@ mod tests {
         assert!(find("scheduler").is_some());
         assert!(find("pod-density").is_some());
         assert!(find("control-plane").is_some());
+        assert!(find("service-lb").is_some());
+        assert!(find("lb-programming").is_some());
         assert!(find("nope").is_none());
     }
 }
