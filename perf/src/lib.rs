@@ -7,6 +7,9 @@
 //! - [`baseline`]: starting the same command without Skiff (fork+exec; cgroup + namespaces).
 //! - [`pods`]: the watch that timestamps the bench's pods reaching a state, deleting them.
 //! - [`stats`], [`report`]: percentiles, the printed table, the markdown and JSON reports.
+//! - [`topology`]: network baselines in the suite's own namespaces (bridge + iptables, veth).
+//! - [`iperf`], [`rr`]: the stream throughput tool's JSON, and the bench's own TCP
+//!   request/response client and server (`skiff-bench __rr …`).
 //! - [`host`]: which binaries the harness starts, machine facts for the report.
 //!
 //! Skiff's side uses the end-to-end harness of `skiff-tests` (real `skiff-apiserver` and
@@ -14,7 +17,10 @@
 
 pub mod baseline;
 pub mod host;
+pub mod iperf;
 pub mod pods;
 pub mod report;
+pub mod rr;
 pub mod stats;
 pub mod suites;
+pub mod topology;

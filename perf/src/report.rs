@@ -197,7 +197,7 @@ impl SuiteReport {
         let width = self
             .series
             .iter()
-            .map(|s| s.name.len())
+            .map(|s| labelled(&s.group, &s.name).chars().count())
             .chain(["series".len()])
             .max()
             .unwrap_or(0);
@@ -214,7 +214,7 @@ impl SuiteReport {
                 out,
                 "{:<suite_w$}  {:<width$}  {:>4}  {:>10}  {:>10}  {:>10}  {:>10}",
                 self.suite,
-                s.name,
+                labelled(&s.group, &s.name),
                 m.n,
                 fmt_ms(m.p50),
                 fmt_ms(m.p90),
@@ -224,14 +224,14 @@ impl SuiteReport {
         }
         for s in &self.series {
             if let Some(t) = s.throughput_per_s {
-                let _ = writeln!(out, "throughput {}: {t:.0}/s", s.name);
+                let _ = writeln!(out, "throughput {}: {t:.0}/s", labelled(&s.group, &s.name));
             }
         }
         for r in &self.ratios {
             let _ = write!(
                 out,
                 "ratio {} / {}: p50 {}, p99 {}",
-                r.skiff,
+                labelled(&r.group, &r.skiff),
                 r.baseline,
                 fmt_ratio(r.p50),
                 fmt_ratio(r.p99)
@@ -388,6 +388,15 @@ impl SuiteReport {
         std::fs::write(&md_path, self.markdown(&format!("{stem}.json")))
             .with_context(|| format!("writing {}", md_path.display()))?;
         Ok((md_path, json_path))
+    }
+}
+
+/// `name`, prefixed with its group when it has one (`same node · RR · skiff`): the plain-text
+/// table lists every group's series together.
+fn labelled(group: &Option<String>, name: &str) -> String {
+    match group {
+        Some(g) => format!("{g} · {name}"),
+        None => name.to_string(),
     }
 }
 
@@ -556,6 +565,12 @@ mod tests {
         let b = md.find("### 10k services").unwrap();
         assert!(a < b);
         assert_eq!(md.matches("| ratio |").count(), 2);
+        let t = r.table();
+        assert!(t.contains("10k services · iptables "), "{t}");
+        assert!(
+            t.contains("ratio 1 service · skiff / iptables: p50 0.5x"),
+            "{t}"
+        );
     }
 
     #[test]

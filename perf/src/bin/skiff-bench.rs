@@ -5,10 +5,14 @@
 //! skiff-bench                      # every suite, results in perf/results/
 //! skiff-bench pod-start --pods 50 --concurrency 10
 //! skiff-bench scheduler --nodes 1000 --pods 3000 --runs 3
+//! skiff-bench pod-net --runs 3
 //! skiff-bench --quick              # smoke check: small sizes, results in $TMPDIR/skiff-perf-quick
 //! ```
 //!
-//! pod-start needs root. Prefer `cargo xtask bench`, which builds it and the binaries it
+//! `skiff-bench __rr server|client …` is the pod-net suite's request/response helper, which the
+//! suite starts in pods' and baselines' network namespaces (not for direct use).
+//!
+//! pod-start and pod-net need root. Prefer `cargo xtask bench`, which builds it and the binaries it
 //! starts in release first.
 
 use std::path::PathBuf;
@@ -16,8 +20,8 @@ use std::process::ExitCode;
 
 use anyhow::{Result, anyhow, bail};
 use clap::Parser;
-use skiff_perf::host;
 use skiff_perf::suites::{self, Options, SUITES, Suite};
+use skiff_perf::{host, rr};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::info;
 use tracing_subscriber::EnvFilter;
@@ -44,8 +48,8 @@ struct Args {
     /// Hollow nodes for the scheduler suite [default: 1000, 100 with --quick].
     #[arg(long, value_name = "N")]
     nodes: Option<usize>,
-    /// Repetitions of each scheduler-suite measurement; the median is reported [default: 3,
-    /// 1 with --quick].
+    /// Repetitions: of each scheduler-suite measurement, the median reported; of the pod-net
+    /// suite's rounds, every round reported [default: 3, 1 with --quick].
     #[arg(long, value_name = "N")]
     runs: Option<usize>,
     /// Scheduler suite: run the API server on a real etcd (started on loopback) instead of
@@ -62,6 +66,18 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == rr::HELPER_ARG)
+    {
+        return match rr::helper_main(std::env::args_os().skip(2)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("error: {err:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env()

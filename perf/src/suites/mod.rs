@@ -5,6 +5,7 @@ use futures::future::LocalBoxFuture;
 
 use crate::report::SuiteReport;
 
+pub mod pod_net;
 pub mod pod_start;
 pub mod scheduler;
 
@@ -21,8 +22,8 @@ pub struct Options {
     pub warmup: usize,
     /// Hollow nodes (scheduler suite); `None`: the suite's default.
     pub nodes: Option<usize>,
-    /// Repetitions of each measurement, the median reported (scheduler suite); `None`: the
-    /// suite's default.
+    /// Repetitions of each measurement (scheduler suite: the median reported; pod-net: rounds,
+    /// every round's samples reported); `None`: the suite's default.
     pub runs: Option<usize>,
     /// Run the API server on a real etcd instead of the embedded store (scheduler suite).
     pub etcd: bool,
@@ -62,6 +63,11 @@ pub static SUITES: &[Suite] = &[
         title: scheduler::TITLE,
         run: scheduler::run,
     },
+    Suite {
+        name: pod_net::NAME,
+        title: pod_net::TITLE,
+        run: pod_net::run,
+    },
 ];
 
 pub fn find(name: &str) -> Option<&'static Suite> {
@@ -80,6 +86,7 @@ mod tests {
         }
         assert!(find("pod-start").is_some());
         assert!(find("scheduler").is_some());
+        assert!(find("pod-net").is_some());
         assert!(find("nope").is_none());
     }
 }

@@ -286,14 +286,14 @@ fn is_running(p: &Pod) -> bool {
 }
 
 /// `err` followed by the end of the agent's log.
-fn with_agent_log(err: anyhow::Error, node: &Node) -> anyhow::Error {
+pub(crate) fn with_agent_log(err: anyhow::Error, node: &Node) -> anyhow::Error {
     let log = node.agent_log();
     let lines: Vec<&str> = log.lines().collect();
     let tail = lines[lines.len().saturating_sub(30)..].join("\n");
     anyhow::anyhow!("{err:#}\nagent log (last 30 lines):\n{tail}")
 }
 
-async fn wait_node_ready(client: &Client, name: &str) -> Result<()> {
+pub(crate) async fn wait_node_ready(client: &Client, name: &str) -> Result<()> {
     let nodes = client.cluster::<ApiNode>();
     let deadline = Instant::now() + NODE_READY_TIMEOUT;
     loop {
