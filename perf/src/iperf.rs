@@ -61,7 +61,9 @@ struct Report {
     error: Option<String>,
     #[serde(default)]
     intervals: Vec<ReportInterval>,
-    end: Option<End>,
+    /// Decoded only without an `error` (a failed run has an empty `end`).
+    #[serde(default)]
+    end: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -99,7 +101,8 @@ impl StreamResult {
         if let Some(e) = r.error {
             bail!("iperf3: {e}");
         }
-        let end = r.end.context("iperf3 report without `end`")?;
+        let end: End = serde_json::from_value(r.end.context("iperf3 report without `end`")?)
+            .context("iperf3 report: `end` without the sums")?;
         if r.intervals.is_empty() {
             bail!("iperf3 report without intervals");
         }

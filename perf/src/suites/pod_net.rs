@@ -577,16 +577,7 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
         }
     }
     notes.push(format!(
-        "Skiff's data path on the server's node at measurement time (`bpftool net show` in \
-         the node netns): {}",
-        if datapath.trim().is_empty() {
-            "nothing attached".to_string()
-        } else {
-            format!(
-                "`{}`",
-                datapath.split_whitespace().collect::<Vec<_>>().join(" ")
-            )
-        }
+        "Skiff's eBPF on the server's node at measurement time: {datapath}."
     ));
     Ok(SuiteReport::new(
         NAME,
@@ -730,20 +721,40 @@ fn in_pod(p: &Pod, node: &Node, server: Ipv4Addr) -> Result<NetPath> {
     })
 }
 
-/// `bpftool net show` in the node's namespace (what eBPF sits on its interfaces), or why not.
+/// What eBPF the agent of `node` has put on the data path: the names of its pins under
+/// `/sys/fs/bpf/skiff/<node>/` (maps and links, e.g. `link_np_<ifname>`), and `bpftool net
+/// show` in the node's namespace (tc and XDP programs on its interfaces; this bpftool may not
+/// list TCX links, which the pins name).
 fn node_datapath(node: &Node) -> String {
+    let pins_dir = std::path::Path::new("/sys/fs/bpf/skiff").join(&node.name);
+    let mut pins: Vec<String> = std::fs::read_dir(&pins_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    pins.sort();
     let out = std::process::Command::new("nsenter")
         .arg(format!("--net={}", node.netns_path().display()))
         .args(["bpftool", "net", "show"])
         .output();
-    match out {
-        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
-        Ok(o) => format!(
-            "bpftool failed: {}",
-            String::from_utf8_lossy(&o.stderr).trim()
-        ),
-        Err(e) => format!("bpftool not run: {e}"),
-    }
+    let net = match out {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" "),
+        Ok(o) => format!("failed: {}", String::from_utf8_lossy(&o.stderr).trim()),
+        Err(e) => format!("not run: {e}"),
+    };
+    format!(
+        "pins in {}: {}; bpftool net show: {net}",
+        pins_dir.display(),
+        if pins.is_empty() {
+            "none".to_string()
+        } else {
+            pins.join(", ")
+        }
+    )
 }
 
 fn tool_version(argv: &[&str]) -> String {
