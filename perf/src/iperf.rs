@@ -53,6 +53,8 @@ pub struct StreamResult {
     /// CPU use of the client ("host") and server ("remote") processes, percent of one run.
     pub cpu_client_percent: f64,
     pub cpu_server_percent: f64,
+    /// The sender's TCP congestion control (the namespace's default, e.g. `cubic`, `bbr`).
+    pub congestion: String,
 }
 
 #[derive(Deserialize)]
@@ -77,6 +79,8 @@ struct End {
     sum_received: Sum,
     #[serde(default)]
     cpu_utilization_percent: Option<Cpu>,
+    #[serde(default)]
+    sender_tcp_congestion: String,
 }
 
 #[derive(Deserialize)]
@@ -117,6 +121,7 @@ impl StreamResult {
             retransmits: end.sum_sent.retransmits,
             cpu_client_percent: cpu.as_ref().map_or(0.0, |c| c.host_total),
             cpu_server_percent: cpu.as_ref().map_or(0.0, |c| c.remote_total),
+            congestion: end.sender_tcp_congestion,
         })
     }
 
@@ -144,6 +149,7 @@ mod tests {
             r.gbit_per_s()
         );
         assert!((r.cpu_server_percent - 36.517).abs() < 0.001);
+        assert_eq!(r.congestion, "bbr");
     }
 
     #[test]

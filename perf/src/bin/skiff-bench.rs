@@ -5,7 +5,7 @@
 //! skiff-bench                      # every suite, results in perf/results/
 //! skiff-bench pod-start --pods 50 --concurrency 10
 //! skiff-bench scheduler --nodes 1000 --pods 3000 --runs 3
-//! skiff-bench pod-net --runs 3
+//! skiff-bench pod-net --runs 6
 //! skiff-bench --quick              # smoke check: small sizes, results in $TMPDIR/skiff-perf-quick
 //! ```
 //!
@@ -49,7 +49,7 @@ struct Args {
     #[arg(long, value_name = "N")]
     nodes: Option<usize>,
     /// Repetitions: of each scheduler-suite measurement, the median reported; of the pod-net
-    /// suite's rounds, every round reported [default: 3, 1 with --quick].
+    /// suite's rounds, every round reported [default: 3, pod-net 6; 1 with --quick].
     #[arg(long, value_name = "N")]
     runs: Option<usize>,
     /// Scheduler suite: run the API server on a real etcd (started on loopback) instead of

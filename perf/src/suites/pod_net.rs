@@ -70,10 +70,12 @@ struct Sizes {
     rounds: usize,
 }
 
+/// Many short rounds rather than a few long ones: on a shared machine the load drifts, and
+/// interleaving the implementations finely spreads that drift over all of them.
 const FULL: Sizes = Sizes {
-    stream_s: 4,
-    rr_s: 4.0,
-    rounds: 3,
+    stream_s: 2,
+    rr_s: 2.0,
+    rounds: 6,
 };
 const QUICK: Sizes = Sizes {
     stream_s: 1,
@@ -451,6 +453,13 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
     drop(servers);
     drop(namespaces);
 
+    let mut congestion: Vec<String> = acc
+        .values()
+        .flat_map(|a| a.streams.iter().map(|s| s.congestion.clone()))
+        .collect();
+    congestion.sort();
+    congestion.dedup();
+    let congestion = congestion.join(", ");
     let mut series = Vec::new();
     let mut per_run = BTreeMap::new();
     for p in Placement::ALL {
@@ -471,6 +480,7 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
                                 "retransmits": s.retransmits,
                                 "cpu_client_percent": s.cpu_client_percent,
                                 "cpu_server_percent": s.cpu_server_percent,
+                                "congestion": s.congestion,
                             })).collect::<Vec<_>>(),
                             Test::Rr => a.rrs.iter().map(|r| json!({
                                 "transactions": r.transactions,
@@ -523,13 +533,14 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
         ),
         format!(
             "Stream: `iperf3 -c <server> -t {} -i {INTERVAL_S} -J`, one TCP stream, client \
-             sends (iperf3 defaults: 128 KiB writes, Cubic). The `per s` column is Mbit/s \
+             sends (iperf3's default 128 KiB writes; TCP congestion control: the \
+             namespaces' default, {}). The `per s` column is Mbit/s \
              received by the server over all rounds (bytes × 8 / 10^6 / seconds, iperf3's \
              `end.sum_received`), so the throughput ratio is Skiff's share of the baseline's \
              bandwidth. Each sample is one {INTERVAL_S} s interval of the sender, expressed as \
              the time it would take to move 1 GB (10^9 bytes) at that interval's rate: lower \
              is better, and p50/p99 ratios compare typical and slow intervals.",
-            sizes.stream_s
+            sizes.stream_s, congestion
         ),
         format!(
             "RR: the bench's own `skiff-bench __rr client` (Rust, blocking sockets, \
@@ -968,6 +979,7 @@ mod tests {
             retransmits: 0,
             cpu_client_percent: 0.0,
             cpu_server_percent: 0.0,
+            congestion: "cubic".into(),
         }
     }
 
