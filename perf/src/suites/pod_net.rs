@@ -53,7 +53,7 @@ const RR_PORT: u16 = 5300;
 /// iperf3 reporting interval: one stream sample per interval.
 const INTERVAL_S: f64 = 0.5;
 /// Round-trip times kept per RR run (every k-th transaction).
-const RR_SAMPLES_PER_RUN: usize = 1000;
+const RR_SAMPLES_PER_RUN: usize = 300;
 /// Tries of one client run (a server may still be starting or resetting after a test).
 const TRIES: usize = 3;
 
@@ -960,7 +960,7 @@ mod tests {
         );
         assert_eq!(
             c.join(" "),
-            "/b __rr client --connect 10.0.0.9:5300 --seconds 2 --max-samples 1000 \
+            "/b __rr client --connect 10.0.0.9:5300 --seconds 2 --max-samples 300 \
              --connect-timeout-secs 5"
         );
     }
