@@ -109,7 +109,8 @@ impl Procs {
         Ok(t0.elapsed())
     }
 
-    fn spawn(&self, cmd: &mut Command) -> Result<u32> {
+    /// Spawns `cmd` (stdio to /dev/null) and keeps it, to be killed by pid on drop.
+    pub fn spawn(&self, cmd: &mut Command) -> Result<u32> {
         let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -10,6 +10,9 @@
 //! - [`plot`]: PNG charts of a report (bars per group, lines against a numeric axis).
 //! - [`kproxy`], [`lbnet`]: kube-proxy's iptables/nftables rules for a synthetic service set;
 //!   the private two-namespace network, client and server of the load-balancing suites.
+//! - [`topology`]: network baselines in the suite's own namespaces (bridge + iptables, veth).
+//! - [`iperf`], [`rr`]: the stream throughput tool's JSON, and the bench's own TCP
+//!   request/response client and server (`skiff-bench __rr …`).
 //! - [`host`]: which binaries the harness starts, machine facts for the report.
 //! - [`procfs`]: a process's RSS and CPU time, a cgroup's memory, as the kernel reports them.
 //!
@@ -18,11 +21,14 @@
 
 pub mod baseline;
 pub mod host;
+pub mod iperf;
 pub mod kproxy;
 pub mod lbnet;
 pub mod plot;
 pub mod pods;
 pub mod procfs;
 pub mod report;
+pub mod rr;
 pub mod stats;
 pub mod suites;
+pub mod topology;

@@ -619,6 +619,12 @@ mod tests {
         let b = md.find("### 10k services").unwrap();
         assert!(a < b);
         assert_eq!(md.matches("| ratio |").count(), 2);
+        let t = r.table();
+        assert!(t.contains("-- 10k services\n"), "{t}");
+        assert!(
+            t.contains("ratio skiff / iptables (1 service): p50 0.5x"),
+            "{t}"
+        );
     }
 
     #[test]

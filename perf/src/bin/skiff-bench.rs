@@ -6,10 +6,14 @@
 //! skiff-bench pod-start --pods 50 --concurrency 10
 //! skiff-bench scheduler --nodes 1000,5000 --pods 3000 --runs 3
 //! skiff-bench service-lb lb-programming   # load balancing: Skiff eBPF vs kube-proxy rules
+//! skiff-bench pod-net --runs 6
 //! skiff-bench --quick              # smoke check: small sizes, results in $TMPDIR/skiff-perf-quick
 //! ```
 //!
-//! pod-start needs root. Prefer `cargo xtask bench`, which builds it and the binaries it
+//! `skiff-bench __rr server|client …` is the pod-net suite's request/response helper, which the
+//! suite starts in pods' and baselines' network namespaces (not for direct use).
+//!
+//! pod-start and pod-net need root. Prefer `cargo xtask bench`, which builds it and the binaries it
 //! starts in release first.
 
 use std::path::PathBuf;
@@ -18,7 +22,7 @@ use std::process::ExitCode;
 use anyhow::{Result, anyhow, bail};
 use clap::Parser;
 use skiff_perf::suites::{self, Options, SUITES, Suite};
-use skiff_perf::{host, lbnet};
+use skiff_perf::{host, lbnet, rr};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::info;
 use tracing_subscriber::EnvFilter;
@@ -48,8 +52,8 @@ struct Args {
     /// [default: 1000,5000; 100 with --quick].
     #[arg(long, value_name = "N[,N…]", value_delimiter = ',')]
     nodes: Vec<usize>,
-    /// Repetitions of each scheduler and control-plane measurement; the median is reported
-    /// [default: 3, 1 with --quick].
+    /// Repetitions: of each scheduler and control-plane measurement, the median reported; of
+    /// the pod-net suite's rounds, every round reported [default: 3, pod-net 6; 1 with --quick].
     #[arg(long, value_name = "N")]
     runs: Option<usize>,
     /// Scheduler suite: run the API server on a real etcd (started on loopback) instead of
@@ -65,12 +69,18 @@ struct Args {
     list: bool,
 }
 
+/// A hidden subcommand's entry point: the arguments after its name.
+type HelperMain = fn(&[String]) -> Result<()>;
+
 fn main() -> ExitCode {
-    // The load-balancing suites re-execute the bench as their client and server.
+    // Some suites re-execute the bench as their clients and servers (hidden subcommands).
     let argv: Vec<String> = std::env::args().collect();
-    let helper = match argv.get(1).map(String::as_str) {
-        Some(lbnet::CLIENT_CMD) => Some(lbnet::client_main as fn(&[String]) -> Result<()>),
-        Some(lbnet::SERVER_CMD) => Some(lbnet::server_main as fn(&[String]) -> Result<()>),
+    let helper: Option<HelperMain> = match argv.get(1).map(String::as_str) {
+        Some(lbnet::CLIENT_CMD) => Some(lbnet::client_main),
+        Some(lbnet::SERVER_CMD) => Some(lbnet::server_main),
+        Some(rr::HELPER_ARG) => {
+            Some(|args: &[String]| rr::helper_main(args.iter().map(Into::into)))
+        }
         _ => None,
     };
     if let Some(helper) = helper {

@@ -8,6 +8,7 @@ use crate::report::SuiteReport;
 pub mod control_plane;
 pub mod lb_programming;
 pub mod pod_density;
+pub mod pod_net;
 pub mod pod_start;
 pub mod scheduler;
 pub mod service_lb;
@@ -26,8 +27,8 @@ pub struct Options {
     /// Hollow node counts, one comparison group each (scheduler suite); empty: the suite's
     /// default.
     pub nodes: Vec<usize>,
-    /// Repetitions of each measurement, the median reported (scheduler and control-plane
-    /// suites); `None`: the suite's default.
+    /// Repetitions of each measurement (scheduler and control-plane suites: the median
+    /// reported; pod-net: rounds, every round's samples reported); `None`: the suite's default.
     pub runs: Option<usize>,
     /// Run the API server on a real etcd instead of the embedded store (scheduler suite).
     pub etcd: bool,
@@ -67,6 +68,11 @@ pub static SUITES: &[Suite] = &[
         name: lb_programming::NAME,
         title: lb_programming::TITLE,
         run: lb_programming::run,
+    },
+    Suite {
+        name: pod_net::NAME,
+        title: pod_net::TITLE,
+        run: pod_net::run,
     },
     Suite {
         name: pod_start::NAME,
@@ -110,6 +116,7 @@ mod tests {
         assert!(find("control-plane").is_some());
         assert!(find("service-lb").is_some());
         assert!(find("lb-programming").is_some());
+        assert!(find("pod-net").is_some());
         assert!(find("nope").is_none());
     }
 }
