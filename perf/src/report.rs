@@ -441,6 +441,78 @@ impl SuiteReport {
     }
 }
 
+/// The sections of the whole benchmark report, in order: (number, title).
+pub const SECTIONS: &[(u8, &str)] = &[
+    (1, "Service load balancing versus number of services"),
+    (2, "Programming time"),
+    (3, "Pod networking"),
+    (4, "Pods: start latency and density"),
+    (5, "Control plane"),
+];
+
+/// One suite's entry in the whole report: its section, its report, and the file name of its
+/// markdown (for the link).
+pub struct IndexEntry<'a> {
+    pub section: u8,
+    pub report: &'a SuiteReport,
+    pub markdown: String,
+}
+
+/// `<date>-report.md`: every section with each suite's ratios (Skiff against each baseline,
+/// per comparison) and a link to the suite's full report, tables and charts.
+pub fn index_markdown(date: &str, entries: &[IndexEntry<'_>]) -> String {
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "# Skiff benchmarks ({date})
+"
+    );
+    let _ = writeln!(
+        md,
+        "Every suite runs its baselines and Skiff in the same run on the same machine; the \
+         ratios below are Skiff's value divided by the baseline's (below 1x: Skiff is faster \
+         for latencies; for throughput the share of the baseline's rate). Reproduce with \
+         `cargo xtask bench` (as root).\n"
+    );
+    for &(n, title) in SECTIONS {
+        let _ = writeln!(md, "## {n}. {title}\n");
+        let mut any = false;
+        for e in entries.iter().filter(|e| e.section == n) {
+            any = true;
+            let r = e.report;
+            let _ = writeln!(md, "### [{}: {}]({})\n", r.suite, r.title, e.markdown);
+            if r.quick {
+                let _ = writeln!(md, "**Quick run**: not a measurement.\n");
+            }
+            if r.ratios.is_empty() {
+                let _ = writeln!(md, "(no ratios: see the suite's report)\n");
+                continue;
+            }
+            let _ = writeln!(
+                md,
+                "| comparison | Skiff / baseline | p50 | p99 | throughput |\n|---|---|---:|---:|---:|"
+            );
+            for q in &r.ratios {
+                let _ = writeln!(
+                    md,
+                    "| {} | {} / {} | {} | {} | {} |",
+                    q.group.as_deref().unwrap_or("–"),
+                    q.skiff,
+                    q.baseline,
+                    fmt_ratio(q.p50),
+                    fmt_ratio(q.p99),
+                    q.throughput.map_or_else(|| "–".into(), fmt_share)
+                );
+            }
+            md.push('\n');
+        }
+        if !any {
+            let _ = writeln!(md, "(not run)\n");
+        }
+    }
+    md
+}
+
 /// ` (group)` for the plain-text table, or nothing.
 fn in_group(group: &Option<String>) -> String {
     group
@@ -625,6 +697,23 @@ mod tests {
             t.contains("ratio skiff / iptables (1 service): p50 0.5x"),
             "{t}"
         );
+    }
+
+    #[test]
+    fn index_has_every_section_and_each_suites_ratios() {
+        let r = report();
+        let entries = [IndexEntry {
+            section: 4,
+            report: &r,
+            markdown: "2026-01-02-pod-start.md".into(),
+        }];
+        let md = index_markdown("2026-01-02", &entries);
+        for (n, title) in SECTIONS {
+            assert!(md.contains(&format!("## {n}. {title}")), "{md}");
+        }
+        assert_eq!(md.matches("(not run)").count(), SECTIONS.len() - 1);
+        assert!(md.contains("(2026-01-02-pod-start.md)"));
+        assert!(md.contains("| – | skiff / fork+exec | 100x | 100x | – |"), "{md}");
     }
 
     #[test]

@@ -19,8 +19,9 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use clap::Parser;
+use skiff_perf::report::{IndexEntry, index_markdown};
 use skiff_perf::suites::{self, Options, SUITES, Suite};
 use skiff_perf::{host, lbnet, rr};
 use tokio::signal::unix::{SignalKind, signal};
@@ -166,7 +167,9 @@ fn run(args: Args) -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
+    let every_suite = chosen.len() == SUITES.len();
     let mut tables = Vec::new();
+    let mut reports = Vec::new();
     for suite in chosen {
         info!(suite = suite.name, "running");
         // On SIGINT/SIGTERM the suite's future is dropped, and with it everything it started.
@@ -181,6 +184,26 @@ fn run(args: Args) -> Result<()> {
         let (md, json) = report.write(&out)?;
         println!("report: {}\nraw:    {}", md.display(), json.display());
         tables.push(table);
+        let md_name = md
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        reports.push((suite.section, report, md_name));
+    }
+    // The whole report, only when every suite ran (a partial run keeps the last whole one).
+    if every_suite && let Some((_, first, _)) = reports.first() {
+        let entries: Vec<IndexEntry<'_>> = reports
+            .iter()
+            .map(|(section, report, md)| IndexEntry {
+                section: *section,
+                report,
+                markdown: md.clone(),
+            })
+            .collect();
+        let path = out.join(format!("{}-report.md", first.date));
+        std::fs::write(&path, index_markdown(&first.date, &entries))
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("\nwhole report: {}", path.display());
     }
     if tables.len() > 1 {
         println!("\n{}", tables.join("\n"));

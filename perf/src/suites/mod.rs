@@ -53,6 +53,8 @@ pub type RunFn = for<'a> fn(&'a Options) -> LocalBoxFuture<'a, anyhow::Result<Su
 pub struct Suite {
     pub name: &'static str,
     pub title: &'static str,
+    /// The section of the whole report it belongs to ([`crate::report::SECTIONS`]).
+    pub section: u8,
     pub run: RunFn,
 }
 
@@ -62,36 +64,43 @@ pub static SUITES: &[Suite] = &[
     Suite {
         name: service_lb::NAME,
         title: service_lb::TITLE,
+        section: 1,
         run: service_lb::run,
     },
     Suite {
         name: lb_programming::NAME,
         title: lb_programming::TITLE,
+        section: 2,
         run: lb_programming::run,
     },
     Suite {
         name: pod_net::NAME,
         title: pod_net::TITLE,
+        section: 3,
         run: pod_net::run,
     },
     Suite {
         name: pod_start::NAME,
         title: pod_start::TITLE,
+        section: 4,
         run: pod_start::run,
     },
     Suite {
         name: pod_density::NAME,
         title: pod_density::TITLE,
+        section: 4,
         run: pod_density::run,
     },
     Suite {
         name: control_plane::NAME,
         title: control_plane::TITLE,
+        section: 5,
         run: control_plane::run,
     },
     Suite {
         name: scheduler::NAME,
         title: scheduler::TITLE,
+        section: 5,
         run: scheduler::run,
     },
 ];
@@ -118,5 +127,19 @@ mod tests {
         assert!(find("lb-programming").is_some());
         assert!(find("pod-net").is_some());
         assert!(find("nope").is_none());
+        for s in SUITES {
+            assert!(
+                crate::report::SECTIONS.iter().any(|(n, _)| *n == s.section),
+                "{}: no section {}",
+                s.name,
+                s.section
+            );
+        }
+        for (n, title) in crate::report::SECTIONS {
+            assert!(
+                SUITES.iter().any(|s| s.section == *n),
+                "section {title}: no suite"
+            );
+        }
     }
 }
