@@ -713,7 +713,10 @@ mod tests {
         }
         assert_eq!(md.matches("(not run)").count(), SECTIONS.len() - 1);
         assert!(md.contains("(2026-01-02-pod-start.md)"));
-        assert!(md.contains("| – | skiff / fork+exec | 100x | 100x | – |"), "{md}");
+        assert!(
+            md.contains("| – | skiff / fork+exec | 100x | 100x | – |"),
+            "{md}"
+        );
     }
 
     #[test]

@@ -22,14 +22,12 @@ use anyhow::{Context, Result, bail};
 use futures::future::LocalBoxFuture;
 use serde_json::json;
 use skiff_api::api::Pod;
-use skiff_client::{Client, DeleteParams};
-use skiff_tests::{ApiServer, Backend, Node};
+use skiff_client::DeleteParams;
 use tracing::{info, warn};
 
 use super::Options;
 use super::pod_start::{
-    COMMAND, NAMESPACE, RUN_LABEL, bench_pod, is_running, start_pods, wait_node_ready,
-    with_agent_log,
+    COMMAND, NAMESPACE, OneNode, RUN_LABEL, bench_pod, is_running, start_pods, with_agent_log,
 };
 use crate::baseline::{self, Baseline, Procs};
 use crate::host;
@@ -187,30 +185,14 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
         concurrency = c,
         "starting the API server and a node agent"
     );
-    let server = ApiServer::start(Backend::Embedded);
-    let node = Node::start(&server, &node_name, POD_CIDR);
-    let (node_netns, node_cgroup) = (node.netns_path(), node.cgroup_parent.clone());
-    let listen = server.addr.to_string();
-    let apiserver_exe = host::verify_process("skiff-apiserver", &["--listen", &listen], &bin_dir)?;
-    let agent_needles = ["run", "--node-name", node_name.as_str()];
-    let agent_exe = host::verify_process("skiff-node agent", &agent_needles, &bin_dir)?;
-    let agent_pid = host::processes_with_args(&agent_needles)
-        .first()
-        .map(|(pid, _)| *pid)
-        .context("the agent process is gone")?;
-    env.binaries.insert(
-        "skiff-apiserver".into(),
-        apiserver_exe.display().to_string(),
-    );
-    env.binaries
-        .insert("skiff-node".into(), agent_exe.display().to_string());
-
-    let client = Client::connect(&server.endpoint)
-        .await
-        .context("connecting to the API server")?;
-    wait_node_ready(&client, &node_name)
-        .await
-        .map_err(|e| with_agent_log(e, &node))?;
+    let OneNode {
+        server,
+        node,
+        client,
+        netns: node_netns,
+        cgroup: node_cgroup,
+        agent_pid,
+    } = OneNode::start(&node_name, POD_CIDR, &bin_dir, &mut env).await?;
 
     // The baseline, while the API server and the agent are idle.
     info!(processes = n, "baseline");
@@ -243,6 +225,7 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
     let names: Vec<String> = (0..n).map(|i| format!("pod-{run_id}-{i}")).collect();
     info!(pods = n, concurrency = c, "ramp");
     let before = procfs::usage(agent_pid)?;
+    let listen = server.addr.to_string();
     let api_pid = host::processes_with_args(&["--listen", &listen])
         .first()
         .map(|(pid, _)| *pid)

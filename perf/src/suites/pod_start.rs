@@ -12,6 +12,7 @@
 //! on failure.
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -26,7 +27,7 @@ use super::Options;
 use crate::baseline::{self, Baseline, Procs};
 use crate::host;
 use crate::pods::{PodWatch, delete_all};
-use crate::report::{Measured, Role, Series, SuiteReport};
+use crate::report::{Environment, Measured, Role, Series, SuiteReport};
 
 pub const NAME: &str = "pod-start";
 pub const TITLE: &str = "pod start latency";
@@ -77,6 +78,60 @@ fn group(n: usize) -> String {
     }
 }
 
+/// The API server (embedded store) and one node agent the pod suites run against, checked to
+/// be the expected binaries (recorded in `env`) and Ready.
+pub(crate) struct OneNode {
+    pub server: ApiServer,
+    pub node: Node,
+    pub client: Client,
+    /// The node's network namespace and cgroup parent (checked gone after teardown).
+    pub netns: PathBuf,
+    pub cgroup: PathBuf,
+    pub agent_pid: u32,
+}
+
+impl OneNode {
+    pub(crate) async fn start(
+        node_name: &str,
+        pod_cidr: &str,
+        bin_dir: &Path,
+        env: &mut Environment,
+    ) -> Result<OneNode> {
+        let server = ApiServer::start(Backend::Embedded);
+        let node = Node::start(&server, node_name, pod_cidr);
+        let (netns, cgroup) = (node.netns_path(), node.cgroup_parent.clone());
+        let listen = server.addr.to_string();
+        let apiserver_exe =
+            host::verify_process("skiff-apiserver", &["--listen", &listen], bin_dir)?;
+        let needles = ["run", "--node-name", node_name];
+        let agent_exe = host::verify_process("skiff-node agent", &needles, bin_dir)?;
+        let agent_pid = host::processes_with_args(&needles)
+            .first()
+            .map(|(pid, _)| *pid)
+            .context("the agent process is gone")?;
+        env.binaries.insert(
+            "skiff-apiserver".into(),
+            apiserver_exe.display().to_string(),
+        );
+        env.binaries
+            .insert("skiff-node".into(), agent_exe.display().to_string());
+        let client = Client::connect(&server.endpoint)
+            .await
+            .context("connecting to the API server")?;
+        wait_node_ready(&client, node_name)
+            .await
+            .map_err(|e| with_agent_log(e, &node))?;
+        Ok(OneNode {
+            server,
+            node,
+            client,
+            netns,
+            cgroup,
+            agent_pid,
+        })
+    }
+}
+
 async fn measure(opts: &Options) -> Result<SuiteReport> {
     host::require_root()?;
     let bin_dir = host::check_binaries(&["skiff-apiserver", "skiff-node"])?;
@@ -106,30 +161,14 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
         ?sizes,
         "starting the API server and a node agent"
     );
-    let server = ApiServer::start(Backend::Embedded);
-    let node = Node::start(&server, &node_name, POD_CIDR);
-    let (node_netns, node_cgroup) = (node.netns_path(), node.cgroup_parent.clone());
-
-    let listen = server.addr.to_string();
-    let apiserver_exe = host::verify_process("skiff-apiserver", &["--listen", &listen], &bin_dir)?;
-    let agent_exe = host::verify_process(
-        "skiff-node agent",
-        &["run", "--node-name", &node_name],
-        &bin_dir,
-    )?;
-    env.binaries.insert(
-        "skiff-apiserver".into(),
-        apiserver_exe.display().to_string(),
-    );
-    env.binaries
-        .insert("skiff-node".into(), agent_exe.display().to_string());
-
-    let client = Client::connect(&server.endpoint)
-        .await
-        .context("connecting to the API server")?;
-    wait_node_ready(&client, &node_name)
-        .await
-        .map_err(|e| with_agent_log(e, &node))?;
+    let OneNode {
+        server,
+        node,
+        client,
+        netns: node_netns,
+        cgroup: node_cgroup,
+        ..
+    } = OneNode::start(&node_name, POD_CIDR, &bin_dir, &mut env).await?;
     let pods = client.namespaced::<Pod>(NAMESPACE);
     let watch = PodWatch::start(pods.clone(), &format!("{RUN_LABEL}={run_id}"), is_running).await?;
 
