@@ -45,6 +45,7 @@ use std::fs::File;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use aya::maps::{
     HashMap, IterableMap, MapData, MapError, MapInfo, PerCpuArray, PerCpuHashMap, PerCpuValues,
@@ -55,6 +56,7 @@ use aya::programs::{
     TcAttachType, links::FdLink,
 };
 use aya::{Ebpf, EbpfLoader};
+use nix::errno::Errno;
 use serde::Serialize;
 use skiff_common::lb::{
     LB_AFFINITY_MAP, LB_BACKENDS_MAP, LB_CONNECT4_PROG, LB_CONNECT6_PROG, LB_COUNTERS_MAP,
@@ -953,6 +955,10 @@ impl ServiceLb {
     }
 }
 
+/// How often a per-CPU counters insert that failed with ENOMEM is retried (pauses of 1, 2, 4,
+/// … ms: at most about a quarter of a second in all).
+const COUNTERS_ENOMEM_RETRIES: u32 = 8;
+
 impl Maps {
     /// Performs one write. Deleting what is not there is not an error.
     fn write(&mut self, op: &Op) -> Result<(), BpfError> {
@@ -975,13 +981,33 @@ impl Maps {
                 .map_err(BpfError::map(LB_BACKENDS_MAP)),
             Op::DeleteBackend { id } => remove(&mut self.backends, LB_BACKENDS_MAP, id),
             Op::PutCounters { id } => {
-                let zeros = PerCpuValues::try_from(vec![P(LbCounters::default()); self.nr_cpus])
-                    .map_err(|e| BpfError::Io {
-                        path: PathBuf::from(LB_COUNTERS_MAP),
-                        source: e,
-                    })?;
+                let zeros = || {
+                    PerCpuValues::try_from(vec![P(LbCounters::default()); self.nr_cpus]).map_err(
+                        |e| BpfError::Io {
+                            path: PathBuf::from(LB_COUNTERS_MAP),
+                            source: e,
+                        },
+                    )
+                };
+                // Per-CPU values of a map created without preallocation come from the kernel's
+                // per-CPU allocator in atomic context, which fails with ENOMEM while it grows
+                // its pool (tens of thousands of inserts in a row; the pool is refilled
+                // asynchronously): such an insert is retried after a short pause, bounded.
+                let mut pause = Duration::from_millis(1);
+                for _ in 0..COUNTERS_ENOMEM_RETRIES {
+                    match self.counters.insert(*id, zeros()?, 0) {
+                        Err(MapError::SyscallError(e))
+                            if e.io_error.raw_os_error() == Some(Errno::ENOMEM as i32) =>
+                        {
+                            tracing::debug!(backend = id, "per-CPU counters: ENOMEM, retrying");
+                            std::thread::sleep(pause);
+                            pause *= 2;
+                        }
+                        r => return r.map_err(BpfError::map(LB_COUNTERS_MAP)),
+                    }
+                }
                 self.counters
-                    .insert(*id, zeros, 0)
+                    .insert(*id, zeros()?, 0)
                     .map_err(BpfError::map(LB_COUNTERS_MAP))
             }
             Op::DeleteCounters { id } => match self.counters.remove(id) {
