@@ -61,6 +61,12 @@ struct Args {
     /// the embedded store.
     #[arg(long)]
     etcd: bool,
+    /// service-lb and lb-programming: load kube-proxy's iptables and nftables rules for
+    /// service counts up to N (larger counts measure Skiff and the direct connection only).
+    /// 50000 adds the rule-based methods at 50k services, which takes well over 15 minutes
+    /// more on 2 cores (one iptables-restore of that ruleset alone took 7 minutes).
+    #[arg(long, value_name = "N", default_value_t = suites::service_lb::RULES_MAX)]
+    rules_max: usize,
     /// Directory for the reports [default: perf/results, or $TMPDIR/skiff-perf-quick with
     /// --quick].
     #[arg(long, value_name = "DIR")]
@@ -149,6 +155,7 @@ fn run(args: Args) -> Result<()> {
         nodes: args.nodes,
         runs: args.runs,
         etcd: args.etcd,
+        rules_max: args.rules_max,
     };
     let out = args.out.clone().unwrap_or_else(|| {
         if args.quick {

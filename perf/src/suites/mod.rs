@@ -32,6 +32,9 @@ pub struct Options {
     pub runs: Option<usize>,
     /// Run the API server on a real etcd instead of the embedded store (scheduler suite).
     pub etcd: bool,
+    /// Load-balancing suites: kube-proxy's rules are loaded for service counts up to this
+    /// many (Skiff and the direct connection run at every count).
+    pub rules_max: usize,
 }
 
 impl Default for Options {
@@ -44,6 +47,7 @@ impl Default for Options {
             nodes: Vec::new(),
             runs: None,
             etcd: false,
+            rules_max: service_lb::RULES_MAX,
         }
     }
 }
