@@ -43,6 +43,14 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
+/// The median item by `key` (the lower one of the middle two for an even count), e.g. the
+/// median run of a repeated measurement by its throughput; `None` when `items` is empty.
+pub fn median_by<T>(items: &[T], key: impl Fn(&T) -> f64) -> Option<&T> {
+    let mut sorted: Vec<&T> = items.iter().collect();
+    sorted.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    sorted.get(sorted.len().saturating_sub(1) / 2).copied()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

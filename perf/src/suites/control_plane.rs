@@ -554,9 +554,7 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
 
 /// The run with the median create throughput (the lower middle one of an even count).
 fn median_run(runs: &[Side]) -> Option<&Side> {
-    let mut sorted: Vec<&Side> = runs.iter().collect();
-    sorted.sort_by(|a, b| a.create_throughput().total_cmp(&b.create_throughput()));
-    sorted.get(sorted.len().saturating_sub(1) / 2).copied()
+    crate::stats::median_by(runs, Side::create_throughput)
 }
 
 /// One run of the three sides, each on fresh servers; also the size of the stored pod.

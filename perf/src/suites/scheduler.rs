@@ -547,9 +547,7 @@ async fn measure_nodes(
 
 /// The round with the median throughput (the lower middle one of an even count).
 fn median_round(rounds: &[Round]) -> Option<&Round> {
-    let mut sorted: Vec<&Round> = rounds.iter().collect();
-    sorted.sort_by(|a, b| a.throughput().total_cmp(&b.throughput()));
-    sorted.get(sorted.len().saturating_sub(1) / 2).copied()
+    crate::stats::median_by(rounds, Round::throughput)
 }
 
 /// Hollow nodes with `Ready=True`.
