@@ -1,11 +1,13 @@
 //! Skiff developer tasks: `cargo xtask <command>` (alias in .cargo/config.toml).
 //!
 //! - `setup`: install what a fresh Debian 12 machine lacks (idempotent).
-//! - `test`:  setup, then fmt / clippy / tests, failing fast, with a summary.
+//! - `doctor`: check every prerequisite by using it; one line per missing one, with its fix.
+//! - `test`:  setup, doctor, then fmt / clippy / tests, failing fast, with a summary.
 //! - `up`:    build and run a local control plane until Ctrl-C.
 //! - `bench`: build in release and run the benchmarks (`perf/`), baseline and Skiff side by side.
 
 mod bench;
+mod doctor;
 mod setup;
 mod tiers;
 mod up;
@@ -36,7 +38,16 @@ enum Cmd {
         #[arg(long)]
         skip_ebpf: bool,
     },
-    /// Run setup, then every test tier in order (fmt, clippy, test), failing fast.
+    /// Check every prerequisite by using it (protoc, the eBPF toolchain, etcd, ...).
+    Doctor {
+        /// Run only these checks (repeatable), e.g. `--only protoc`.
+        #[arg(long, value_name = "CHECK")]
+        only: Vec<String>,
+        /// List the checks, what each proves and what fixes it; run none.
+        #[arg(long)]
+        list: bool,
+    },
+    /// Run setup and doctor, then every test tier in order (fmt, clippy, test), failing fast.
     Test {
         /// Quick run: tiers marked as slow are skipped or run in their quick variant.
         #[arg(long)]
@@ -62,6 +73,7 @@ fn main() -> ExitCode {
 fn run(command: Cmd) -> Result<()> {
     match command {
         Cmd::Setup { skip_ebpf } => setup::run(setup::SetupOptions { skip_ebpf }),
+        Cmd::Doctor { only, list } => doctor::run(&doctor::DoctorOptions { only, list }),
         Cmd::Test { quick } => tiers::run(quick),
         Cmd::Up(args) => up::run(args),
         Cmd::Bench(args) => bench::run(args),

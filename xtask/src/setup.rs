@@ -27,6 +27,11 @@ pub const APT_PACKAGES: &[AptPackage] = &[
         why: "protoc for prost/tonic/etcd-client builds",
     },
     AptPackage {
+        name: "libprotobuf-dev",
+        ebpf: false,
+        why: "protobuf's well-known .proto files (google/protobuf/descriptor.proto) for etcd-client",
+    },
+    AptPackage {
         name: "etcd-server",
         ebpf: false,
         why: "etcd store backend",
@@ -109,6 +114,7 @@ pub struct SetupOptions {
 
 pub fn run(opts: SetupOptions) -> Result<()> {
     apt_packages(opts).context("setup: apt packages")?;
+    nextest().context("setup: cargo-nextest")?;
     if opts.skip_ebpf {
         println!("skip: nightly rust-src and bpf-linker (--skip-ebpf)");
     } else {
@@ -326,6 +332,27 @@ fn nightly_rust_src() -> Result<()> {
     ]))
     .context("could not add rust-src to the nightly toolchain (needed for -Z build-std=core)")?;
     println!("installed rust-src ({NIGHTLY})");
+    Ok(())
+}
+
+/// cargo-nextest runs the test tier. These machines' image ships it; install it when absent.
+fn nextest() -> Result<()> {
+    let path = util::path_with_cargo_bin()?;
+    let present = Command::new("cargo")
+        .args(["nextest", "--version"])
+        .env("PATH", &path)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if present {
+        println!("ok: cargo-nextest present");
+        return Ok(());
+    }
+    println!("installing cargo-nextest... (cargo install from crates.io, several minutes)");
+    let mut cmd = Command::new("cargo");
+    cmd.args(["install", "cargo-nextest", "--locked"])
+        .env("PATH", &path);
+    util::run_streaming(&mut cmd).context("building cargo-nextest from crates.io failed")?;
+    println!("installed cargo-nextest");
     Ok(())
 }
 

@@ -1,4 +1,8 @@
-//! `cargo xtask test`: setup, then each test tier in order, failing fast.
+//! `cargo xtask test`: setup, doctor, then each test tier in order, failing fast.
+//!
+//! The workspace tests run under cargo-nextest (one process per test, .config/nextest.toml):
+//! a test that hangs is killed after its time bound and named in the report, instead of
+//! running CI into its overall limit.
 //!
 //! To add a tier (for example benchmarks), append to [`TIERS`]; use
 //! [`Quick::Args`] to run it differently under `--quick`, or
@@ -10,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 
+use crate::doctor::{self, DoctorOptions};
 use crate::setup::{self, SetupOptions};
 use crate::util;
 
@@ -60,7 +65,14 @@ pub const TIERS: &[Tier] = &[
     Tier {
         name: "test",
         program: "cargo",
-        args: &["test", "--workspace"],
+        args: &["nextest", "run", "--workspace", "--profile", "ci"],
+        quick: Quick::Same,
+    },
+    // nextest does not run doctests.
+    Tier {
+        name: "doctest",
+        program: "cargo",
+        args: &["test", "--workspace", "--doc"],
         quick: Quick::Same,
     },
     // Every benchmark suite at a tiny size on debug builds: checks that they work (no
@@ -131,20 +143,28 @@ pub fn run(quick: bool) -> Result<()> {
     let path = util::path_with_cargo_bin()?;
     let mut results: Vec<(&str, Outcome)> = Vec::new();
 
-    println!("==> setup");
-    let start = Instant::now();
-    let setup_result = setup::run(SetupOptions { skip_ebpf: false });
-    let elapsed = start.elapsed();
     let planned = plan(TIERS, quick);
-    if let Err(e) = setup_result {
-        util::print_error(&e);
-        println!("FAILED: setup");
-        results.push(("setup", Outcome::Fail(elapsed)));
-        results.extend(planned.iter().map(|p| (p.name, Outcome::NotRun)));
-        print!("{}", summary(&results));
-        bail!("tier setup failed");
+    // Setup installs what is missing; doctor then proves each prerequisite works, so a gap
+    // stops the run here with one line naming it instead of as a compiler backtrace later.
+    let steps: [(&str, &dyn Fn() -> Result<()>); 2] = [
+        ("setup", &|| setup::run(SetupOptions { skip_ebpf: false })),
+        ("doctor", &|| doctor::run(&DoctorOptions::default())),
+    ];
+    for (name, step) in steps {
+        println!("==> {name}");
+        let start = Instant::now();
+        let result = step();
+        let elapsed = start.elapsed();
+        if let Err(e) = result {
+            util::print_error(&e);
+            println!("FAILED: {name}");
+            results.push((name, Outcome::Fail(elapsed)));
+            results.extend(planned.iter().map(|p| (p.name, Outcome::NotRun)));
+            print!("{}", summary(&results));
+            bail!("tier {name} failed");
+        }
+        results.push((name, Outcome::Pass(elapsed)));
     }
-    results.push(("setup", Outcome::Pass(elapsed)));
 
     let mut failed: Option<&str> = None;
     for tier in &planned {
@@ -196,7 +216,7 @@ mod tests {
     #[test]
     fn default_tiers_in_order() {
         let names: Vec<_> = TIERS.iter().map(|t| t.name).collect();
-        assert_eq!(names, ["fmt", "clippy", "test", "bench-quick"]);
+        assert_eq!(names, ["fmt", "clippy", "test", "doctest", "bench-quick"]);
         let full = plan(TIERS, false);
         assert_eq!(
             full[0].argv.as_deref(),
@@ -218,10 +238,14 @@ mod tests {
         );
         assert_eq!(
             full[2].argv.as_deref(),
-            Some(&["cargo", "test", "--workspace"][..])
+            Some(&["cargo", "nextest", "run", "--workspace", "--profile", "ci"][..])
         );
         assert_eq!(
             full[3].argv.as_deref(),
+            Some(&["cargo", "test", "--workspace", "--doc"][..])
+        );
+        assert_eq!(
+            full[4].argv.as_deref(),
             Some(&["cargo", "xtask", "bench", "--quick"][..])
         );
     }

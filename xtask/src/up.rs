@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
+use crate::doctor;
+use crate::setup::{self, SetupOptions};
 use crate::util;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -456,6 +458,10 @@ fn port_open(addr: SocketAddr) -> bool {
 }
 
 pub fn run(args: UpArgs) -> Result<()> {
+    // What `up` builds and starts needs the same prerequisites as the tests: install what is
+    // missing, then prove each works, before any build can fail obscurely.
+    setup::run(SetupOptions { skip_ebpf: false }).context("setup failed; nothing was started")?;
+    doctor::run(&doctor::DoctorOptions::default()).context("nothing was started")?;
     let root = util::repo_root();
     let cwd = std::env::current_dir().context("current directory")?;
     let cfg = UpConfig::from_args(&args, &root, &cwd);
