@@ -121,9 +121,12 @@ pub const CHECKS: &[Check] = &[
     Check {
         name: "bpf-load",
         what: "the cgroup v2 mount, and loading and attaching a BPF program to a cgroup",
-        fixes: &[Fix::Manual(
-            "run as root on a kernel with BPF and cgroup v2 (see ../shared/platform.md)",
-        )],
+        fixes: &[
+            Fix::Apt("bpftool"),
+            Fix::Manual(
+                "run as root on a kernel with BPF and cgroup v2 (see ../shared/platform.md)",
+            ),
+        ],
         needs_root: true,
         run: check_bpf_load,
     },
@@ -676,6 +679,12 @@ fn check_bpf_load(ctx: &Context) -> Verdict {
     }
     cleanup.mounts.push(bpffs.clone());
 
+    if let Err(why) = run_ok(ctx, "bpftool", &["version"]) {
+        return fail(
+            format!("{why} (it loads the probe program)"),
+            Fix::Apt("bpftool"),
+        );
+    }
     let pin = bpffs.join("prog").display().to_string();
     let obj = object.display().to_string();
     if let Err(why) = run_ok(
