@@ -133,9 +133,7 @@ impl Drop for Procs {
         if let Some(parent) = &self.cgroup_parent {
             let _ = std::fs::write(parent.join("cgroup.kill"), "1");
             let deadline = Instant::now() + Duration::from_secs(5);
-            while skiff_node::purge::remove_cgroup_tree(parent).is_err()
-                && Instant::now() < deadline
-            {
+            while skiff_runtime::remove_cgroup_tree(parent).is_err() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(20));
             }
         }

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
-use skiff_node::bpf::lb::{BackendAddr, Frontend, LbConfig, Protocol, ServiceLb, ServiceParams};
+use skiff_datapath::lb::{BackendAddr, Frontend, LbConfig, Protocol, ServiceLb, ServiceParams};
 
 use crate::kproxy::{BACKEND_PORT, SERVICE_PORT, ServiceSet};
 
@@ -141,7 +141,7 @@ impl Topology {
             client_ns: format!("skiff-bench-{suite}-{pid}-c"),
             server_ns: format!("skiff-bench-{suite}-{pid}-s"),
             cgroup: skiff_tests::cgroup2_root().join(format!("skiff-bench-{suite}-{pid}")),
-            pin_dir: PathBuf::from(skiff_node::bpf::BPFFS_ROOT).join(format!("skiff-bench-{pid}")),
+            pin_dir: PathBuf::from(skiff_datapath::BPFFS_ROOT).join(format!("skiff-bench-{pid}")),
             created_ns: Vec::new(),
             cgroup_created: false,
             server: None,
@@ -336,7 +336,7 @@ impl Drop for Topology {
         if self.cgroup_created {
             let _ = std::fs::write(self.cgroup.join("cgroup.kill"), "1");
             let deadline = Instant::now() + Duration::from_secs(5);
-            while skiff_node::purge::remove_cgroup_tree(&self.cgroup).is_err()
+            while skiff_runtime::remove_cgroup_tree(&self.cgroup).is_err()
                 && Instant::now() < deadline
             {
                 std::thread::sleep(Duration::from_millis(20));

@@ -557,7 +557,7 @@ impl Drop for Node {
         // Wait for the cgroups to empty, then remove them bottom-up.
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline
-            && skiff_node::purge::remove_cgroup_tree(&self.cgroup_parent).is_err()
+            && skiff_runtime::remove_cgroup_tree(&self.cgroup_parent).is_err()
         {
             std::thread::sleep(Duration::from_millis(50));
         }

@@ -384,9 +384,9 @@ async fn agent_runs_pods_end_to_end() {
 }
 
 fn skiff_node_limits() -> &'static str {
-    skiff_node::agent::LIMITS_CONDITION
+    skiff_node::LIMITS_CONDITION
 }
 
 fn skiff_node_veth(uid: &str) -> String {
-    skiff_node::net::host_veth_name(uid)
+    skiff_hostnet::host_veth_name(uid)
 }

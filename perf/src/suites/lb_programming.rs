@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use futures::future::LocalBoxFuture;
 use serde_json::json;
-use skiff_node::bpf::lb::ServiceLb;
+use skiff_datapath::lb::ServiceLb;
 use tracing::info;
 
 use super::Options;

@@ -1,7 +1,7 @@
 //! `service-lb`: ClusterIP load balancing against the number of Services, four ways on the
 //! same private network ([`crate::lbnet::Topology`]) with the same client in the same run:
 //!
-//! - Skiff: the real `skiff-lb` eBPF object loaded through `skiff_node::bpf::lb::ServiceLb`,
+//! - Skiff: the real `skiff-lb` eBPF object loaded through `skiff_datapath::lb::ServiceLb`,
 //!   attached to the cgroup the client runs in, every service programmed with
 //!   `sync_service` (translation at `connect()`, no per-packet work);
 //! - kube-proxy's iptables mode and its nftables mode: the rules it would write for the same
@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use futures::future::LocalBoxFuture;
 use serde_json::json;
-use skiff_node::bpf::lb::ServiceLb;
+use skiff_datapath::lb::ServiceLb;
 use tracing::info;
 
 use super::Options;
@@ -192,7 +192,7 @@ fn measure(quick: bool, rules_max: usize, cancel: &lbnet::Cancel) -> Result<Suit
         ),
         "skiff eBPF socket LB: the `skiff-lb` object (cgroup connect4/sendmsg4/recvmsg4/\
          getpeername4 programs) loaded and attached to the client's cgroup through \
-         skiff_node::bpf::lb::ServiceLb, maps sized for N, every service programmed with \
+         skiff_datapath::lb::ServiceLb, maps sized for N, every service programmed with \
          sync_service. The VIP is rewritten to a backend once, at connect(); packets then \
          flow as for the direct connection."
             .into(),

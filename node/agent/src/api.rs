@@ -1,0 +1,729 @@
+//! The agent's small read-only HTTP API, served on loopback by default (`--api-listen`), its
+//! port published in the Node's `status.daemonEndpoints.kubeletEndpoint.Port`:
+//!
+//! - `GET /logs/{namespace}/{pod}/{container}?tail=N&follow=true&timestamps=true`: the
+//!   container's output as text, one line per line it printed (the time and stream prefix
+//!   of the log records stripped; `timestamps=true` keeps the time). `tail=N` gives the last
+//!   N lines across the rotated files; `follow=true` then streams new lines (the file is
+//!   polled every 200 ms) until the client disconnects or the pod is gone.
+//! - `GET /stats/summary`: JSON [`StatsSummary`]: per pod the CPU time of its cgroup and the
+//!   traffic the eBPF accounting counted for its containers' cgroups.
+//! - `GET /bpf/services`, `GET /bpf/backends`: JSON of the Service load balancer's maps
+//!   (frontends, backends, per-backend counters, map pressure, programming latency);
+//!   `GET /bpf/pods`: the pod fast path's endpoint map joined with the pods' traffic, and its
+//!   counters; `GET /bpf/conntrack`: the NodePort conntrack map. The shapes are documented
+//!   in [`super::proxy`]. 503 when the load balancer (whose object holds the fast path) is
+//!   not running on this node.
+//! - `GET /metrics`: the same numbers for Prometheus, in its text exposition format 0.0.4
+//!   (`Content-Type: text/plain; version=0.0.4`), read at scrape time (encoder in
+//!   [`super::metrics`]):
+//!   - `skiff_agent_info{node,version}` 1; `skiff_pods_running` (pods with a sandbox);
+//!   - `skiff_pod_network_{receive,transmit}_{bytes,packets}_total{namespace,pod}`: the
+//!     `/stats/summary` traffic (absent when the eBPF accounting is not loaded);
+//!   - `skiff_lb_up`: 1 when the Service load balancer runs, else 0 and no other `skiff_lb_`
+//!     metric; `skiff_lb_frontends`; `skiff_lb_map_entries{map}`,
+//!     `skiff_lb_map_max_entries{map}` (map pressure); `skiff_lb_map_writes_total`;
+//!     `skiff_lb_programming_latency_seconds` (histogram);
+//!     `skiff_lb_backend_connects_total` and `skiff_lb_backend_sends_total`
+//!     `{service,port_name,frontend,backend}` (`service`/`port_name` empty for a frontend no
+//!     Service owns), all as in `/bpf/services`;
+//!   - `skiff_fastpath_packets_total{action}`: the pod fast path's counters (`action` =
+//!     `redirect_peer`, `redirect_neigh`, `pass`, `fib_fail`), as in `/bpf/pods`.
+//!
+//!   A failure to read the LB maps fails the scrape (500), as it fails `/bpf/services`.
+//!
+//! It reads only local state: the runtime's log files, the pods' cgroups, the pinned
+//! counters and LB maps, and the [`PodRegistry`] the pod workers keep up to date. Cluster state stays in
+//! the API server.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path as UrlPath, RawQuery, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use bytes::Bytes;
+use skiff_client::node_api::{NetworkStats, PodStats, StatsSummary};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use super::Ctx;
+use super::logs::LogReader;
+use super::metrics;
+use skiff_datapath::Accounting;
+use skiff_runtime::Sandbox;
+
+/// How often a followed log file is checked for new lines.
+const FOLLOW_POLL: Duration = Duration::from_millis(200);
+
+/// What the API knows about one pod the agent runs, published by its worker.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodInfo {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub sandbox: Option<Sandbox>,
+    /// Container names, in spec order.
+    pub containers: Vec<String>,
+    /// Every leaf cgroup id the pod's containers have run in (traffic is counted per id).
+    pub cgroup_ids: BTreeSet<u64>,
+}
+
+/// The pods of this node, by uid, as their workers last saw them.
+#[derive(Debug, Clone, Default)]
+pub struct PodRegistry(Arc<RwLock<HashMap<String, PodInfo>>>);
+
+impl PodRegistry {
+    /// Records `info`, keeping the cgroup ids seen before.
+    pub fn publish(&self, mut info: PodInfo) {
+        let mut pods = self.0.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(old) = pods.get(&info.uid) {
+            if *old == info {
+                return;
+            }
+            info.cgroup_ids.extend(old.cgroup_ids.iter().copied());
+        }
+        pods.insert(info.uid.clone(), info);
+    }
+
+    pub fn remove(&self, uid: &str) {
+        self.0
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(uid);
+    }
+
+    pub fn contains(&self, uid: &str) -> bool {
+        self.0
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(uid)
+    }
+
+    /// The pod `namespace/name` (if two share the name, one being replaced, the newest).
+    pub fn find(&self, namespace: &str, name: &str) -> Option<PodInfo> {
+        self.0
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|p| p.namespace == namespace && p.name == name)
+            .max_by_key(|p| p.sandbox.as_ref().map(|s| s.created_at))
+            .cloned()
+    }
+
+    /// Every pod, sorted by namespace and name.
+    pub fn snapshot(&self) -> Vec<PodInfo> {
+        let mut pods: Vec<PodInfo> = self
+            .0
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        pods
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("listening on {addr} for the agent API: {source}")]
+pub struct ListenError {
+    addr: SocketAddr,
+    #[source]
+    source: std::io::Error,
+}
+
+/// Binds the API's listener (port 0 picks a free one; see `local_addr`).
+pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, ListenError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ListenError { addr, source })
+}
+
+#[derive(Clone)]
+struct ApiState {
+    node: Arc<str>,
+    ctx: Arc<Ctx>,
+}
+
+fn router(state: ApiState) -> Router {
+    let sources = Sources {
+        node: state.node.clone(),
+        pods: state.ctx.pods.clone(),
+        accounting: state.ctx.accounting.clone(),
+        proxy: state.ctx.proxy.clone(),
+    };
+    let bpf = bpf_router(sources.clone());
+    let metrics = metrics_router(sources);
+    Router::new()
+        .route("/logs/{namespace}/{pod}/{container}", get(logs))
+        .route("/stats/summary", get(stats_summary))
+        .with_state(state)
+        .merge(bpf)
+        .merge(metrics)
+        .fallback(|| async {
+            error(
+                StatusCode::NOT_FOUND,
+                "no such endpoint; the agent serves GET /logs/{namespace}/{pod}/{container}, \
+                 GET /stats/summary, GET /bpf/services, GET /bpf/backends, GET /bpf/pods, \
+                 GET /bpf/conntrack and GET /metrics"
+                    .into(),
+            )
+        })
+}
+
+/// `GET /bpf/services`, `/bpf/backends`, `/bpf/pods` and `/bpf/conntrack` (the shapes are in
+/// [`super::proxy`]).
+pub(crate) fn bpf_router(sources: Sources) -> Router {
+    Router::new()
+        .route("/bpf/services", get(bpf_services))
+        .route("/bpf/backends", get(bpf_backends))
+        .route("/bpf/pods", get(bpf_pods))
+        .route("/bpf/conntrack", get(bpf_conntrack))
+        .with_state(sources)
+}
+
+/// What the `/bpf/*` endpoints and `GET /metrics` read: the pods, the traffic accounting and
+/// the Service load balancer (or why it is not running).
+#[derive(Clone)]
+pub(crate) struct Sources {
+    pub node: Arc<str>,
+    pub pods: PodRegistry,
+    pub accounting: Option<Arc<Mutex<Accounting>>>,
+    pub proxy: Result<Arc<super::proxy::Proxy>, String>,
+}
+
+/// `GET /metrics` (the metrics are listed in the module documentation).
+pub(crate) fn metrics_router(sources: Sources) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_handler))
+        .with_state(sources)
+}
+
+async fn metrics_handler(State(src): State<Sources>) -> Response {
+    // Reads maps: a blocking thread.
+    let scrape = tokio::task::spawn_blocking(move || {
+        let pods = src.pods.snapshot();
+        let pods_running = pods.iter().filter(|p| p.sandbox.is_some()).count();
+        let (lb, fast_path) = match &src.proxy {
+            Ok(proxy) => (
+                Some(proxy.services_report(&src.node)?),
+                Some(proxy.fast_path_counters()?),
+            ),
+            Err(_) => (None, None),
+        };
+        let summary = summarize(&src.node, pods, src.accounting.as_deref());
+        Ok::<_, skiff_datapath::BpfError>(metrics::Scrape {
+            summary,
+            pods_running,
+            lb,
+            fast_path,
+        })
+    })
+    .await;
+    match scrape {
+        Ok(Ok(s)) => (
+            [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
+            metrics::render(&s),
+        )
+            .into_response(),
+        Ok(Err(e)) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("reading the Service load balancer's maps: {e}"),
+        ),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+/// Serves the API on `listener` until the task is aborted.
+pub(crate) fn serve(
+    listener: tokio::net::TcpListener,
+    node: &str,
+    ctx: Arc<Ctx>,
+) -> tokio::task::JoinHandle<()> {
+    let app = router(ApiState {
+        node: node.into(),
+        ctx,
+    });
+    tokio::spawn(async move {
+        let addr = listener.local_addr().ok();
+        info!(?addr, "agent API listening");
+        if let Err(e) = axum::serve(listener, app).await {
+            warn!(error = %e, "agent API server stopped");
+        }
+    })
+}
+
+fn error(status: StatusCode, message: String) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        format!("{message}\n"),
+    )
+        .into_response()
+}
+
+/// Query parameters of the logs endpoint.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct LogQuery {
+    tail: Option<usize>,
+    follow: bool,
+    timestamps: bool,
+}
+
+fn parse_bool(key: &str, v: &str) -> Result<bool, String> {
+    match v {
+        "" | "true" | "1" => Ok(true),
+        "false" | "0" => Ok(false),
+        _ => Err(format!("{key}={v}: expected true or false")),
+    }
+}
+
+fn parse_log_query(raw: Option<&str>) -> Result<LogQuery, String> {
+    let mut q = LogQuery::default();
+    for pair in raw.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "tail" => {
+                let n: i64 = v
+                    .parse()
+                    .map_err(|_| format!("tail={v}: expected a number of lines"))?;
+                // kubectl's --tail=-1 means everything.
+                q.tail = usize::try_from(n).ok();
+            }
+            "follow" => q.follow = parse_bool(k, v)?,
+            "timestamps" => q.timestamps = parse_bool(k, v)?,
+            other => {
+                return Err(format!(
+                    "unknown parameter {other:?} (tail, follow, timestamps)"
+                ));
+            }
+        }
+    }
+    Ok(q)
+}
+
+async fn logs(
+    State(st): State<ApiState>,
+    UrlPath((namespace, pod, container)): UrlPath<(String, String, String)>,
+    RawQuery(raw): RawQuery,
+) -> Response {
+    let q = match parse_log_query(raw.as_deref()) {
+        Ok(q) => q,
+        Err(msg) => return error(StatusCode::BAD_REQUEST, msg),
+    };
+    let Some(info) = st.ctx.pods.find(&namespace, &pod) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("pod {namespace}/{pod} is not running on node {}", st.node),
+        );
+    };
+    if !info.containers.contains(&container) {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "pod {namespace}/{pod} has no container {container:?} (containers: {})",
+                info.containers.join(", ")
+            ),
+        );
+    }
+    let reader = LogReader::new(st.ctx.runtime.log_path(&info.uid, &container), q.timestamps);
+    if !reader.exists() && !q.follow {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "container {container:?} in pod {namespace}/{pod} has not started yet: no logs"
+            ),
+        );
+    }
+    debug!(pod = %format!("{namespace}/{pod}"), %container, ?q, "serving logs");
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(16);
+    let pods = st.ctx.pods.clone();
+    let what = format!("{namespace}/{pod}/{container}");
+    tokio::task::spawn_blocking(move || {
+        let why = stream_logs(reader, q, tx, pods, info.uid);
+        debug!(container = %what, why, "log stream ended");
+    });
+    let body = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    (
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        Body::from_stream(body),
+    )
+        .into_response()
+}
+
+/// Feeds the log to `tx`: what is there, then (following) what gets appended, until the
+/// client goes away (the body, and with it the receiver, is dropped) or the pod is gone.
+/// Returns why it stopped.
+///
+/// Runs on a blocking thread: it reads local files in 64 KiB chunks and hands each over
+/// before reading the next, so a slow client slows the reading down.
+fn stream_logs(
+    mut reader: LogReader,
+    q: LogQuery,
+    tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
+    pods: PodRegistry,
+    uid: String,
+) -> &'static str {
+    let send = |chunk: Vec<u8>| tx.blocking_send(Ok(Bytes::from(chunk))).is_ok();
+    if let Err(e) = reader.initial(q.tail, send) {
+        let _ = tx.blocking_send(Err(e));
+        return "read error";
+    }
+    if !q.follow {
+        return "end of log";
+    }
+    loop {
+        if tx.is_closed() {
+            return "client gone";
+        }
+        if !pods.contains(&uid) {
+            return "pod gone";
+        }
+        std::thread::sleep(FOLLOW_POLL);
+        match reader.poll(send) {
+            Ok(true) => {}
+            Ok(false) => return "client gone",
+            Err(e) => {
+                let _ = tx.blocking_send(Err(e));
+                return "read error";
+            }
+        }
+    }
+}
+
+async fn stats_summary(State(st): State<ApiState>) -> Response {
+    let summary = summarize(
+        &st.node,
+        st.ctx.pods.snapshot(),
+        st.ctx.accounting.as_deref(),
+    );
+    json(&summary)
+}
+
+fn json(value: &impl serde::Serialize) -> Response {
+    match serde_json::to_vec_pretty(value) {
+        Ok(body) => (
+            [(header::CONTENT_TYPE, "application/json")],
+            Body::from(body),
+        )
+            .into_response(),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+/// Runs `report` on the Service load balancer (reading maps: a blocking thread), as JSON.
+async fn lb_report<T: serde::Serialize + Send + 'static>(
+    st: Sources,
+    report: fn(&super::proxy::Proxy, &Sources) -> Result<T, skiff_datapath::BpfError>,
+) -> Response {
+    let proxy = match &st.proxy {
+        Ok(p) => p.clone(),
+        Err(why) => {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "the Service load balancer is not running on node {}: {why}",
+                    st.node
+                ),
+            );
+        }
+    };
+    match tokio::task::spawn_blocking(move || report(&proxy, &st)).await {
+        Ok(Ok(r)) => json(&r),
+        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+async fn bpf_services(State(st): State<Sources>) -> Response {
+    lb_report(st, |p, s| p.services_report(&s.node)).await
+}
+
+async fn bpf_backends(State(st): State<Sources>) -> Response {
+    lb_report(st, |p, s| p.backends_report(&s.node)).await
+}
+
+async fn bpf_pods(State(st): State<Sources>) -> Response {
+    lb_report(st, pods_report).await
+}
+
+async fn bpf_conntrack(State(st): State<Sources>) -> Response {
+    lb_report(st, |p, s| p.conntrack_report(&s.node)).await
+}
+
+/// `GET /bpf/pods`: the fast path's endpoints joined with the pods they were written for and
+/// those pods' traffic (the `/stats/summary` numbers), plus the fast path's counters.
+fn pods_report(
+    proxy: &super::proxy::Proxy,
+    src: &Sources,
+) -> Result<super::proxy::PodsReport, skiff_datapath::BpfError> {
+    let endpoints = proxy.pod_endpoints()?;
+    let summary = summarize(&src.node, src.pods.snapshot(), src.accounting.as_deref());
+    let pods = endpoints
+        .into_iter()
+        .map(|endpoint| {
+            let stats = endpoint
+                .uid
+                .as_ref()
+                .and_then(|uid| summary.pods.iter().find(|p| &p.uid == uid));
+            super::proxy::PodEntry {
+                namespace: stats.map(|p| p.namespace.clone()),
+                name: stats.map(|p| p.name.clone()),
+                network: stats.and_then(|p| p.network),
+                endpoint,
+            }
+        })
+        .collect();
+    Ok(super::proxy::PodsReport {
+        node: src.node.to_string(),
+        pods,
+        fast_path: proxy.fast_path_counters()?.into(),
+    })
+}
+
+/// `usage_usec` from a cgroup's `cpu.stat` (present in every v2 cgroup, with or without the
+/// cpu controller). Covers all descendant cgroups.
+pub fn cpu_usage_usec(cgroup_dir: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(cgroup_dir.join("cpu.stat")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("usage_usec "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The cgroup ids to account a pod's traffic to: those its worker saw, plus the leaf
+/// cgroups of its containers that exist now (a container the agent never saw running).
+fn pod_cgroup_ids(info: &PodInfo) -> BTreeSet<u64> {
+    let mut ids = info.cgroup_ids.clone();
+    if let Some(sb) = &info.sandbox {
+        for c in &info.containers {
+            let leaf: PathBuf = sb.cgroup_dir.join(c);
+            if let Ok(id) = skiff_datapath::cgroup_id(&leaf) {
+                ids.insert(id);
+            }
+        }
+    }
+    ids
+}
+
+/// `/stats/summary` of `pods` (also what `/metrics` reports of them).
+fn summarize(
+    node: &str,
+    pods: Vec<PodInfo>,
+    accounting: Option<&Mutex<Accounting>>,
+) -> StatsSummary {
+    let timestamp = chrono::DateTime::<chrono::Utc>::from(SystemTime::now())
+        .to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    let pods = pods
+        .into_iter()
+        .map(|info| {
+            let cpu_usage_usec = info
+                .sandbox
+                .as_ref()
+                .and_then(|sb| cpu_usage_usec(&sb.cgroup_dir))
+                .unwrap_or(0);
+            let network = accounting.map(|acc| {
+                let acc = acc.lock().unwrap_or_else(|e| e.into_inner());
+                let mut n = NetworkStats::default();
+                for id in pod_cgroup_ids(&info) {
+                    match acc.counters(id) {
+                        Ok((ingress, egress)) => {
+                            n.rx_bytes += ingress.bytes;
+                            n.rx_packets += ingress.packets;
+                            n.tx_bytes += egress.bytes;
+                            n.tx_packets += egress.packets;
+                        }
+                        Err(e) => warn!(cgroup_id = id, error = %e, "reading traffic counters"),
+                    }
+                }
+                n
+            });
+            PodStats {
+                namespace: info.namespace,
+                name: info.name,
+                uid: info.uid,
+                cpu_usage_usec,
+                network,
+            }
+        })
+        .collect();
+    StatsSummary {
+        node_name: node.to_string(),
+        timestamp,
+        pods,
+    }
+}
+
+/// Serving a router on loopback in tests.
+#[cfg(test)]
+pub(crate) mod test_http {
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    /// Serves `app` on a loopback port and GETs `path` (HTTP/1.1): status, head, body.
+    pub(crate) async fn get(app: axum::Router, path: &str) -> (u16, String, String) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        conn.write_all(req.as_bytes()).await.unwrap();
+        let mut raw = String::new();
+        tokio::time::timeout(Duration::from_secs(20), conn.read_to_string(&mut raw))
+            .await
+            .expect("response in time")
+            .unwrap();
+        server.abort();
+        let (head, body) = raw.split_once("\r\n\r\n").expect("HTTP response");
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .expect("status");
+        (status, head.to_string(), body.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_query() {
+        assert_eq!(parse_log_query(None).unwrap(), LogQuery::default());
+        assert_eq!(
+            parse_log_query(Some("tail=2&follow=true&timestamps")).unwrap(),
+            LogQuery {
+                tail: Some(2),
+                follow: true,
+                timestamps: true
+            }
+        );
+        assert_eq!(parse_log_query(Some("tail=-1")).unwrap().tail, None);
+        assert!(
+            parse_log_query(Some("tail=x"))
+                .unwrap_err()
+                .contains("tail=x")
+        );
+        assert!(parse_log_query(Some("follow=maybe")).is_err());
+        assert!(
+            parse_log_query(Some("since=1h"))
+                .unwrap_err()
+                .contains("since")
+        );
+    }
+
+    #[test]
+    fn registry_keeps_cgroup_ids_and_finds_by_name() {
+        let r = PodRegistry::default();
+        let info = |ids: &[u64]| PodInfo {
+            uid: "u1".into(),
+            namespace: "default".into(),
+            name: "web".into(),
+            containers: vec!["c".into()],
+            cgroup_ids: ids.iter().copied().collect(),
+            ..Default::default()
+        };
+        r.publish(info(&[1]));
+        r.publish(info(&[2]));
+        let found = r.find("default", "web").unwrap();
+        assert_eq!(found.cgroup_ids, [1, 2].into());
+        assert!(r.find("other", "web").is_none());
+        assert!(r.contains("u1"));
+        r.remove("u1");
+        assert!(r.snapshot().is_empty());
+    }
+
+    #[test]
+    fn cpu_stat_usage() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("cpu.stat"),
+            "usage_usec 1234\nuser_usec 1000\nsystem_usec 234\n",
+        )
+        .unwrap();
+        assert_eq!(cpu_usage_usec(dir.path()), Some(1234));
+        assert_eq!(cpu_usage_usec(&dir.path().join("absent")), None);
+    }
+
+    #[tokio::test]
+    async fn metrics_over_http_without_lb_or_accounting() {
+        let pods = PodRegistry::default();
+        let sandbox = Sandbox {
+            uid: "u1".into(),
+            namespace: "default".into(),
+            name: "web-1".into(),
+            hostname: "web-1".into(),
+            cgroup_dir: "/nonexistent/skiff-test".into(),
+            cgroup_id: 1,
+            netns_path: PathBuf::new(),
+            uts_path: PathBuf::new(),
+            ipc_path: PathBuf::new(),
+            pid_namespace: false,
+            mount_namespace: false,
+            limits: Default::default(),
+            created_at: SystemTime::now(),
+        };
+        pods.publish(PodInfo {
+            uid: "u1".into(),
+            namespace: "default".into(),
+            name: "web-1".into(),
+            sandbox: Some(sandbox),
+            ..Default::default()
+        });
+        // Not started yet: no sandbox, not running.
+        pods.publish(PodInfo {
+            uid: "u2".into(),
+            namespace: "default".into(),
+            name: "web-2".into(),
+            ..Default::default()
+        });
+        let app = metrics_router(Sources {
+            node: "node-x".into(),
+            pods,
+            accounting: None,
+            proxy: Err("disabled (--no-service-lb)".into()),
+        });
+        let (status, head, body) = test_http::get(app, "/metrics").await;
+        assert_eq!(status, 200, "{body}");
+        let content_type = head
+            .lines()
+            .find_map(|l| {
+                l.split_once(':')
+                    .filter(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+            })
+            .map(|(_, v)| v.trim().to_string())
+            .expect("a content type");
+        assert!(
+            content_type.starts_with("text/plain; version=0.0.4"),
+            "{content_type}"
+        );
+        let lines: Vec<&str> = body.lines().collect();
+        let version = env!("CARGO_PKG_VERSION");
+        let info = format!("skiff_agent_info{{node=\"node-x\",version=\"{version}\"}} 1");
+        for want in [
+            info.as_str(),
+            "# TYPE skiff_pods_running gauge",
+            "skiff_pods_running 1",
+            "# TYPE skiff_lb_up gauge",
+            "skiff_lb_up 0",
+        ] {
+            assert!(lines.contains(&want), "no {want:?} in\n{body}");
+        }
+        assert!(
+            !body.contains("skiff_lb_frontends") && !body.contains("skiff_pod_network"),
+            "LB and traffic metrics are absent when they do not run:\n{body}"
+        );
+    }
+}

@@ -1,0 +1,669 @@
+//! The node agent: registers the Node, renews its Lease, and runs the pods bound to it.
+//!
+//! Observation is watch-driven: a reflector on the pods whose `spec.nodeName` is this node
+//! feeds one [`worker::Worker`] per pod, and the runtime's exit notifications wake the
+//! worker of the pod concerned. Each worker converges its pod level-triggered.
+//!
+//! The agent talks only to the API server (through `skiff-client`). It keeps the pods running
+//! when it exits: a restarted agent adopts them (same processes) through the runtime's
+//! on-disk state and resumes their status updates.
+//!
+//! It also serves a small read-only HTTP API ([`api`]: container logs, stats, the Service
+//! load balancer's maps) on loopback, and publishes its port in the Node's
+//! `status.daemonEndpoints.kubeletEndpoint.Port`.
+//!
+//! Service load balancing ([`proxy`]): the socket LB programs are attached to the node's pod
+//! cgroup parent next to the accounting programs, and a controller on the shared runtime
+//! programs them from Services and Endpoints. If they cannot be loaded the agent still runs
+//! pods; it warns, reports `ServiceLoadBalancerReady=False` on its Node, and detaches programs
+//! an earlier agent left attached (their maps would go stale); likewise with
+//! `--no-service-lb`.
+//!
+//! Pod networking fast path: the same object's tc program runs on the uplink and on every
+//! pod's host veth; a pod worker connects its pod through `Ctx::attach_pod_datapath` right
+//! after the pod's network is set up and disconnects it through
+//! `Ctx::detach_pod_datapath` before the network is torn down. At start the endpoint map an
+//! earlier agent left is reconciled against the pod addresses still allocated.
+
+pub mod api;
+mod logs;
+mod metrics;
+mod node;
+mod probe;
+pub mod proxy;
+pub mod purge;
+pub mod routes;
+mod status;
+mod worker;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use skiff_api::Resource;
+use skiff_api::api::Pod;
+use skiff_client::reflector::{Event, reflector};
+use skiff_client::runtime::{CancelToken, EventRecorder, Informers};
+use skiff_client::{Client, ListParams};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use skiff_datapath::Accounting;
+use skiff_datapath::lb::{LbConfig, ServiceLb, TcAttach};
+use skiff_hostnet::{NodeNetwork, NodeNetworkConfig};
+use skiff_runtime::{NativeConfig, NativeRuntime, Runtime};
+
+pub use node::{LEASE_NAMESPACE, LIMITS_CONDITION, SERVICE_LB_CONDITION};
+
+/// `source.component` of the agent's Events (the kubelet's role).
+pub const EVENT_COMPONENT: &str = "skiff-node";
+pub use status::{pod_status, rfc3339};
+
+/// How the agent runs.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub node_name: String,
+    /// Runtime state, IP allocations and logs live here.
+    pub state_dir: PathBuf,
+    /// The node's network namespace (`/run/netns/NAME`); `None` = the agent's own.
+    pub node_netns: Option<PathBuf>,
+    /// Used when the control plane has not set `Node.spec.podCIDR`.
+    pub pod_cidr: Option<String>,
+    /// Labels set on the Node at registration (kubelet's `--node-labels`).
+    pub node_labels: std::collections::BTreeMap<String, String>,
+    /// Parent cgroup of this node's pods; default `<cgroup v2 root>/skiff/<node>`.
+    pub cgroup_parent: Option<PathBuf>,
+    /// The `skiff-node` binary, run as the container shim.
+    pub shim_path: PathBuf,
+    pub lease_duration: Duration,
+    pub lease_renew: Duration,
+    /// Node status refresh (conditions' heartbeat).
+    pub status_interval: Duration,
+    /// First crash-loop back-off; doubles up to `backoff_max`.
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    /// Load the eBPF per-pod traffic accounting.
+    pub accounting: bool,
+    /// Load the eBPF Service load balancer (socket LB for ClusterIP Services).
+    pub service_lb: bool,
+    /// Sizes of its maps (`--lb-max-services`, `--lb-max-backends`).
+    pub lb: LbConfig,
+    pub max_pods: u32,
+    /// Where the agent's HTTP API listens (port 0: a free one, published in the Node).
+    pub api_listen: SocketAddr,
+}
+
+impl AgentConfig {
+    pub fn new(node_name: &str, state_dir: PathBuf, shim_path: PathBuf) -> Self {
+        AgentConfig {
+            node_name: node_name.into(),
+            state_dir,
+            node_netns: None,
+            pod_cidr: None,
+            node_labels: Default::default(),
+            cgroup_parent: None,
+            shim_path,
+            lease_duration: Duration::from_secs(40),
+            lease_renew: Duration::from_secs(10),
+            status_interval: Duration::from_secs(60),
+            backoff_initial: Duration::from_secs(10),
+            backoff_max: Duration::from_secs(300),
+            accounting: true,
+            service_lb: true,
+            lb: LbConfig::default(),
+            max_pods: 110,
+            api_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("inspecting the host: {0}")]
+    Host(#[from] skiff_runtime::host::HostError),
+    #[error("starting the runtime: {0}")]
+    Runtime(#[from] skiff_runtime::RuntimeError),
+    #[error("setting up pod networking: {0}")]
+    Net(#[from] skiff_hostnet::NetError),
+    #[error("talking to the API server: {0}")]
+    Api(#[from] skiff_client::ClientError),
+    #[error(transparent)]
+    ApiListen(#[from] api::ListenError),
+    #[error("the watch of node {0} ended while waiting for its spec.podCIDR")]
+    NoPodCidr(String),
+}
+
+/// What every pod worker shares.
+pub(crate) struct Ctx {
+    pub client: Client,
+    pub runtime: Arc<dyn Runtime>,
+    pub net: Arc<NodeNetwork>,
+    pub accounting: Option<Arc<Mutex<Accounting>>>,
+    /// The Service load balancer, or why it is not running.
+    pub proxy: Result<Arc<proxy::Proxy>, String>,
+    pub host_ip: Option<String>,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    /// The pods this agent runs, as their workers publish them (for the HTTP API).
+    pub pods: api::PodRegistry,
+    /// Events about pods (Started, Killing, BackOff, Unhealthy, Failed).
+    pub recorder: EventRecorder,
+}
+
+impl Ctx {
+    /// Connects a pod whose network was just set up (`att`) to the eBPF data path
+    /// ([`proxy::Proxy::attach_pod`]: the tc program on its host veth, NodePort replies and
+    /// the fast path, and its endpoint entry). Failures are logged: the pod still runs,
+    /// through the node's stack.
+    pub async fn attach_pod_datapath(&self, uid: &str, att: &skiff_hostnet::PodAttachment) {
+        let Ok(p) = &self.proxy else { return };
+        let (p, netns, uid_owned, att_owned) = (
+            p.clone(),
+            self.net.netns_path().map(std::path::Path::to_path_buf),
+            uid.to_string(),
+            att.clone(),
+        );
+        let attached = tokio::task::spawn_blocking(move || {
+            p.attach_pod(netns.as_deref(), &uid_owned, &att_owned)
+        })
+        .await;
+        match attached {
+            Ok(Ok(how)) => debug!(device = %att.host_veth, ?how, "pod data path attached"),
+            Ok(Err(e)) => warn!(device = %att.host_veth, error = %e, "attaching the pod data path"),
+            Err(e) => warn!(device = %att.host_veth, error = %e, "attaching the pod data path"),
+        }
+    }
+
+    /// Disconnects pod `uid` from the eBPF data path ([`proxy::Proxy::detach_pod`]); called
+    /// before its network is torn down.
+    pub fn detach_pod_datapath(&self, uid: &str) {
+        if let Ok(p) = &self.proxy
+            && let Err(e) = p.detach_pod(uid, self.net.pod_ip(uid))
+        {
+            warn!(pod_uid = %uid, error = %e, "detaching the pod data path");
+        }
+    }
+
+    /// Attaches the NodePort tc program to device `ifname` of the node namespace (the
+    /// uplink). Failures are logged: pods still run, only NodePort through it fails.
+    pub async fn attach_nodeport(&self, ifname: &str) -> Option<TcAttach> {
+        let Ok(p) = &self.proxy else { return None };
+        let (p, netns, name) = (
+            p.clone(),
+            self.net.netns_path().map(std::path::Path::to_path_buf),
+            ifname.to_string(),
+        );
+        let attached =
+            tokio::task::spawn_blocking(move || p.attach_tc(netns.as_deref(), &name)).await;
+        match attached {
+            Ok(Ok(how)) => {
+                debug!(device = %ifname, ?how, "NodePort program attached");
+                return Some(how);
+            }
+            Ok(Err(e)) => warn!(device = %ifname, error = %e, "attaching the NodePort program"),
+            Err(e) => warn!(device = %ifname, error = %e, "attaching the NodePort program"),
+        }
+        None
+    }
+
+    /// Drops the traffic counters of cgroups that no longer exist.
+    pub fn forget_counters(&self, ids: &[u64]) {
+        if let Some(acc) = &self.accounting {
+            let mut acc = acc.lock().unwrap_or_else(|e| e.into_inner());
+            for id in ids {
+                if let Err(e) = acc.forget(*id) {
+                    warn!(cgroup_id = id, error = %e, "forgetting traffic counters");
+                }
+            }
+        }
+    }
+}
+
+/// Runs the agent until `shutdown` resolves. Pods keep running after it returns.
+pub async fn run(
+    cfg: AgentConfig,
+    client: Client,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), AgentError> {
+    let host = skiff_runtime::host::report()?;
+    if !host.missing_controllers.is_empty() {
+        warn!(missing = ?host.missing_controllers, "cgroup v2 lacks controllers: their pod limits are not enforced");
+    }
+    let cgroup_parent = cfg
+        .cgroup_parent
+        .clone()
+        .unwrap_or_else(|| host.cgroup2_root.join("skiff").join(&cfg.node_name));
+    let runtime: Arc<dyn Runtime> = Arc::new(NativeRuntime::new(NativeConfig::new(
+        cfg.state_dir.join("runtime"),
+        cgroup_parent.clone(),
+        cfg.shim_path.clone(),
+    ))?);
+
+    // Bound before registering, so the Node can carry the port from the start.
+    let listener = api::bind(cfg.api_listen).await?;
+    let api_port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
+
+    let mut facts = node::NodeFacts {
+        name: cfg.node_name.clone(),
+        pod_cidr_flag: cfg.pod_cidr.clone(),
+        labels: cfg.node_labels.clone(),
+        host: host.clone(),
+        internal_ip: None,
+        max_pods: cfg.max_pods,
+        service_lb: None,
+        api_port,
+    };
+    let registered = node::register(&client, &facts).await?;
+    // The Lease is renewed from now on, also while waiting for a pod CIDR, so the node
+    // lifecycle controller sees a live node.
+    let lease = AbortOnDrop(tokio::spawn(lease_loop(client.clone(), cfg.clone())));
+    let registered_cidr = registered
+        .spec
+        .as_ref()
+        .map(|s| s.pod_cidr.clone())
+        .filter(|c| !c.is_empty())
+        .or_else(|| cfg.pod_cidr.clone());
+    let pod_cidr = match registered_cidr {
+        Some(c) => c,
+        None => wait_for_pod_cidr(&client, &cfg.node_name).await?,
+    };
+    let net = Arc::new(
+        NodeNetwork::new(NodeNetworkConfig {
+            node_netns: cfg.node_netns.clone(),
+            pod_cidr: pod_cidr.clone(),
+            state_dir: cfg.state_dir.join("net"),
+        })
+        .await?,
+    );
+    let host_ip = net.node_ip().await.map(|ip| ip.to_string());
+    let uplink = match net.uplink().await {
+        Ok(u) => u,
+        Err(e) => {
+            warn!(error = %e, "finding the node's uplink");
+            None
+        }
+    };
+    facts.internal_ip = host_ip.clone();
+    // Loaded before the status goes out, so the Node says at once whether it balances
+    // Services.
+    let proxy = if cfg.service_lb {
+        match load_service_lb(&cfg.node_name, &cgroup_parent, cfg.lb) {
+            Ok(lb) => Ok(proxy::Proxy::new(
+                lb,
+                &cfg.node_name,
+                uplink
+                    .iter()
+                    .map(|(_, ip)| std::net::IpAddr::V4(*ip))
+                    .collect(),
+            )),
+            Err(e) => {
+                warn!(error = %e, "eBPF Service load balancing unavailable: ClusterIP Services do not work from this node's pods");
+                detach_stale_service_lb(&cfg.node_name);
+                Err(e)
+            }
+        }
+    } else {
+        detach_stale_service_lb(&cfg.node_name);
+        Err("disabled (--no-service-lb)".to_string())
+    };
+    facts.service_lb = cfg
+        .service_lb
+        .then(|| proxy.as_ref().map(|_| ()).map_err(Clone::clone));
+    node::heartbeat(&client, &facts).await?;
+    info!(node = %cfg.node_name, %pod_cidr, host_ip = ?host_ip, cgroup = %cgroup_parent.display(), "node registered");
+
+    let accounting = if cfg.accounting {
+        match load_accounting(&cfg.node_name, &cgroup_parent) {
+            Ok(acc) => Some(Arc::new(Mutex::new(acc))),
+            Err(e) => {
+                warn!(error = %e, "eBPF traffic accounting unavailable");
+                None
+            }
+        }
+    } else {
+        None
+    };
+
+    let ctx = Arc::new(Ctx {
+        client: client.clone(),
+        runtime: runtime.clone(),
+        net,
+        accounting,
+        proxy: proxy.clone(),
+        host_ip,
+        backoff_initial: cfg.backoff_initial,
+        backoff_max: cfg.backoff_max,
+        pods: api::PodRegistry::default(),
+        recorder: EventRecorder::new(client.clone(), EVENT_COMPONENT, &cfg.node_name),
+    });
+    // The fast path's endpoint entries of an earlier agent: those of pods that are gone are
+    // removed now; the running pods' workers rewrite theirs as they adopt them.
+    if let Ok(p) = &ctx.proxy {
+        let allocations = ctx.net.allocations().into_iter().collect();
+        let netns = ctx.net.netns_path().map(std::path::Path::to_path_buf);
+        let p = p.clone();
+        match tokio::task::spawn_blocking(move || {
+            p.reconcile_pod_endpoints(netns.as_deref(), &allocations)
+        })
+        .await
+        {
+            Ok(Ok(removed)) => info!(removed, "pod fast path endpoints reconciled"),
+            Ok(Err(e)) => warn!(error = %e, "reconciling the pod fast path endpoints"),
+            Err(e) => warn!(error = %e, "reconciling the pod fast path endpoints"),
+        }
+    }
+    // NodePort from outside and the fast path into local pods: the tc program on the uplink
+    // (pod veths get it as they attach).
+    match &uplink {
+        Some((name, ip)) => {
+            if let Some(how) = ctx.attach_nodeport(name).await {
+                info!(uplink = %name, %ip, ?how, "NodePort served on the uplink");
+            }
+        }
+        None => warn!("no uplink with a global IPv4 address: NodePort Services are not served"),
+    }
+    let api_server = api::serve(listener, &cfg.node_name, ctx.clone());
+
+    // The cluster-wide controllers of the agent share one set of informers (the pod loop
+    // watches only this node's pods) and stop together.
+    let informers = Informers::new(client.clone());
+    let stop_controllers = CancelToken::new();
+    // Routes to the other nodes' pod CIDRs, from the Nodes they register.
+    let routes = AbortOnDrop(tokio::spawn({
+        let (name, net, stop, informers) = (
+            cfg.node_name.clone(),
+            ctx.net.clone(),
+            stop_controllers.clone(),
+            informers.clone(),
+        );
+        async move { routes::PeerRoutes::run(&name, net, &informers, stop).await }
+    }));
+    // Service load balancing, programmed from Services and Endpoints.
+    let lb_task = proxy
+        .ok()
+        .map(|p| AbortOnDrop(tokio::spawn(p.run(informers, stop_controllers.clone()))));
+    // Node status on its own schedule (the Lease loop runs since registration).
+    let heartbeat = tokio::spawn(heartbeat_loop(client.clone(), facts, cfg.status_interval));
+
+    let result = pod_loop(ctx, &cfg.node_name, shutdown).await;
+    stop_controllers.cancel();
+    drop(routes);
+    drop(lb_task);
+    drop(lease);
+    heartbeat.abort();
+    api_server.abort();
+    result
+}
+
+/// Aborts a background task when dropped (also on an early return).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Waits, watching the Node, until the node IPAM controller has set `spec.podCIDR` (the
+/// agent was started without `--pod-cidr` and the Node had none).
+async fn wait_for_pod_cidr(client: &Client, node_name: &str) -> Result<String, AgentError> {
+    info!(node = %node_name, "no --pod-cidr and no spec.podCIDR yet: waiting for the node IPAM controller to assign one");
+    let lp = ListParams::default().fields(&format!("metadata.name={node_name}"));
+    let events = reflector(client.cluster::<skiff_api::api::Node>(), lp);
+    tokio::pin!(events);
+    let mut last_note = tokio::time::Instant::now();
+    while let Some(ev) = events.next().await {
+        let nodes = match ev {
+            Event::Restarted(v) => v,
+            Event::Applied(n) => vec![n],
+            Event::Deleted(_) => continue,
+        };
+        if let Some(cidr) = nodes
+            .iter()
+            .filter(|n| n.name() == node_name)
+            .filter_map(|n| n.spec.as_ref())
+            .map(|s| s.pod_cidr.clone())
+            .find(|c| !c.is_empty())
+        {
+            return Ok(cidr);
+        }
+        if last_note.elapsed() >= Duration::from_secs(30) {
+            info!(node = %node_name, "still waiting for spec.podCIDR (is the controller manager's nodeipam controller running?)");
+            last_note = tokio::time::Instant::now();
+        }
+    }
+    Err(AgentError::NoPodCidr(node_name.to_string()))
+}
+
+fn load_accounting(node: &str, cgroup_parent: &std::path::Path) -> Result<Accounting, String> {
+    let mut acc =
+        Accounting::load(&skiff_datapath::node_pin_dir(node)).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(cgroup_parent).map_err(|e| e.to_string())?;
+    acc.attach(cgroup_parent).map_err(|e| e.to_string())?;
+    Ok(acc)
+}
+
+/// Loads the Service load balancer (reusing the maps and links an earlier agent pinned) and
+/// attaches it to the node's pod cgroup parent.
+fn load_service_lb(
+    node: &str,
+    cgroup_parent: &std::path::Path,
+    cfg: LbConfig,
+) -> Result<ServiceLb, String> {
+    let mut lb =
+        ServiceLb::load(&skiff_datapath::node_pin_dir(node), cfg).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(cgroup_parent)
+        .map_err(|e| format!("{}: {e}", cgroup_parent.display()))?;
+    let (_, report) = lb.attach(cgroup_parent).map_err(|e| e.to_string())?;
+    // --bpf-debug: the programs' per-translation records, as tracing debug events.
+    if lb
+        .start_debug_log(skiff_datapath::lb::debug::TracingLog)
+        .map_err(|e| e.to_string())?
+    {
+        info!("eBPF Service load balancer debug records on (tracing target skiff_lb, debug)");
+    }
+    info!(
+        attached = report.attached,
+        adopted = report.adopted,
+        replaced = report.replaced,
+        services = lb.state().service_count(),
+        backends = lb.state().backend_count(),
+        "eBPF Service load balancer attached"
+    );
+    Ok(lb)
+}
+
+/// Without a running load balancer, programs an earlier agent left attached would keep
+/// translating with maps nobody updates (backends that are gone, IPs since reused): detach
+/// them. Their maps stay pinned (for inspection, and for a later agent to reuse).
+fn detach_stale_service_lb(node: &str) {
+    if let Err(e) = ServiceLb::detach_pinned(&skiff_datapath::node_pin_dir(node)) {
+        warn!(error = %e, "detaching the Service load balancer of an earlier agent");
+    }
+}
+
+async fn lease_loop(client: Client, cfg: AgentConfig) {
+    let mut tick = tokio::time::interval(cfg.lease_renew);
+    loop {
+        tick.tick().await;
+        if let Err(e) =
+            skiff_client::node_lease::renew(&client, &cfg.node_name, cfg.lease_duration).await
+        {
+            warn!(error = %e, "renewing the node lease");
+        }
+    }
+}
+
+/// Posts the node status every `every`, and at once (at most once a second) when the Node's
+/// Ready condition is Unknown while this agent runs: the node lifecycle controller set it so
+/// during a partition, and the agent is back.
+async fn heartbeat_loop(client: Client, facts: node::NodeFacts, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    let lp = ListParams::default().fields(&format!("metadata.name={}", facts.name));
+    let events = reflector(client.cluster::<skiff_api::api::Node>(), lp);
+    tokio::pin!(events);
+    let mut last_post = tokio::time::Instant::now();
+    loop {
+        let due = tokio::select! {
+            _ = tick.tick() => true,
+            ev = events.next() => {
+                let nodes = match ev {
+                    Some(Event::Restarted(v)) => v,
+                    Some(Event::Applied(n)) => vec![n],
+                    Some(Event::Deleted(_)) | None => Vec::new(),
+                };
+                let not_ready = nodes.iter().any(|n| node::ready_status(n) == "Unknown");
+                if not_ready && last_post.elapsed() < Duration::from_secs(1) {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                not_ready
+            }
+        };
+        if due {
+            if let Err(e) = node::heartbeat(&client, &facts).await {
+                warn!(error = %e, "updating node status");
+            }
+            last_post = tokio::time::Instant::now();
+        }
+    }
+}
+
+struct Workers {
+    ctx: Arc<Ctx>,
+    senders: HashMap<String, mpsc::UnboundedSender<worker::Msg>>,
+    done_tx: mpsc::UnboundedSender<String>,
+}
+
+impl Workers {
+    fn send(&mut self, uid: &str, pod: Option<&Pod>, msg: worker::Msg) {
+        let msg = match self.senders.get(uid) {
+            Some(tx) => match tx.send(msg) {
+                Ok(()) => return,
+                Err(mpsc::error::SendError(msg)) => msg,
+            },
+            None => msg,
+        };
+        drop(msg);
+        // No live worker: start one (it reconciles at once, so the message is implied).
+        let (tx, rx) = mpsc::unbounded_channel();
+        let w = worker::Worker::new(self.ctx.clone(), uid.to_string(), pod.cloned());
+        let done = self.done_tx.clone();
+        let uid_owned = uid.to_string();
+        tokio::spawn(async move {
+            w.run(rx).await;
+            let _ = done.send(uid_owned);
+        });
+        self.senders.insert(uid.to_string(), tx);
+    }
+
+    fn update(&mut self, pod: &Pod) {
+        let uid = pod
+            .metadata
+            .as_ref()
+            .map(|m| m.uid.clone())
+            .unwrap_or_default();
+        if uid.is_empty() {
+            return;
+        }
+        self.send(&uid, Some(pod), worker::Msg::Update(Box::new(pod.clone())));
+    }
+
+    fn gone(&mut self, uid: &str) {
+        self.send(uid, None, worker::Msg::Gone);
+    }
+}
+
+async fn pod_loop(
+    ctx: Arc<Ctx>,
+    node: &str,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), AgentError> {
+    let api = ctx.client.all::<Pod>();
+    let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
+    let mut pods = Box::pin(reflector(api, lp));
+    let mut exits = ctx.runtime.exits();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel();
+    let mut workers = Workers {
+        ctx: ctx.clone(),
+        senders: HashMap::new(),
+        done_tx,
+    };
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => {
+                info!("agent stopping; pods keep running");
+                return Ok(());
+            }
+            ev = pods.next() => match ev {
+                Some(Event::Restarted(list)) => {
+                    let live: std::collections::HashSet<String> = list
+                        .iter()
+                        .filter_map(|p| p.metadata.as_ref().map(|m| m.uid.clone()))
+                        .collect();
+                    for p in &list {
+                        workers.update(p);
+                    }
+                    // Pods deleted while we were not watching, and sandboxes left on disk
+                    // for pods that no longer exist: tear them down.
+                    let stale: Vec<String> = workers
+                        .senders
+                        .keys()
+                        .filter(|u| !live.contains(*u))
+                        .cloned()
+                        .collect();
+                    for uid in stale {
+                        workers.gone(&uid);
+                    }
+                    match ctx.runtime.list_sandboxes().await {
+                        Ok(sandboxes) => {
+                            for sb in sandboxes.iter().filter(|s| !live.contains(&s.uid)) {
+                                info!(pod = %format!("{}/{}", sb.namespace, sb.name), "removing orphaned pod");
+                                workers.gone(&sb.uid);
+                            }
+                        }
+                        Err(e) => warn!(error = %e, "listing sandboxes"),
+                    }
+                }
+                Some(Event::Applied(p)) => workers.update(&p),
+                Some(Event::Deleted(p)) => {
+                    if let Some(m) = &p.metadata {
+                        workers.gone(&m.uid);
+                    }
+                }
+                None => return Ok(()),
+            },
+            exit = exits.recv() => match exit {
+                Ok((uid, container)) => {
+                    tracing::debug!(%uid, %container, "container exited");
+                    if let Some(tx) = workers.senders.get(&uid) {
+                        let _ = tx.send(worker::Msg::Wake);
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    warn!(missed = n, "exit notifications lagged; waking every pod");
+                    for tx in workers.senders.values() {
+                        let _ = tx.send(worker::Msg::Wake);
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                    exits = ctx.runtime.exits();
+                }
+            },
+            Some(uid) = done_rx.recv() => {
+                if workers.senders.get(&uid).is_some_and(|tx| tx.is_closed()) {
+                    workers.senders.remove(&uid);
+                }
+            }
+        }
+    }
+}
+
+/// Name of a pod for logs.
+pub fn pod_name(p: &Pod) -> String {
+    format!("{}/{}", p.namespace(), p.name())
+}

@@ -1,0 +1,308 @@
+//! `skiff-node`: the node agent (`run`), the container shim it starts (`shim`), and a host
+//! check (`check-host`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "skiff-node", about = "Skiff node agent")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Reports what this host offers the agent: cgroup v2 mount and controllers, bpffs, BTF.
+    CheckHost,
+    /// Runs the agent: registers the node and runs the pods bound to it.
+    Run(RunArgs),
+    /// Stops and removes every pod this node ran, its cgroups, pinned maps and state
+    /// directory (for tearing down a local cluster; the agent must not be running).
+    Purge(PurgeArgs),
+    /// Internal: supervises one container (started by the agent), or runs one command
+    /// inside a running container (`--join-pid`, for exec probes).
+    #[command(hide = true)]
+    Shim(Box<skiff_runtime::shim::ShimArgs>),
+}
+
+/// Parses `10s`, `500ms`, `2m` or a plain number of seconds.
+fn duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map(|i| s.split_at(i))
+        .unwrap_or((s, "s"));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 10s, 500ms or 2m"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        _ => Err(format!("{s:?}: unknown unit {unit:?} (use ms, s or m)")),
+    }
+}
+
+/// `--node-labels`: `k=v,k2=v2` (the API server validates keys and values at registration).
+fn node_labels(s: &str) -> Result<std::collections::BTreeMap<String, String>, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => {
+                Ok((k.trim().to_string(), v.trim().to_string()))
+            }
+            _ => Err(format!("{p:?} is not a label like key=value")),
+        })
+        .collect()
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// The API server (default: SKIFF_SERVER, then the skiff config file, then
+    /// http://127.0.0.1:7443).
+    #[arg(long)]
+    server: Option<String>,
+    /// This node's name (default: the host name).
+    #[arg(long)]
+    node_name: Option<String>,
+    /// Where runtime state, IP allocations and container logs live
+    /// (default: /var/lib/skiff/<node>).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// The node's network namespace (e.g. /run/netns/skiff-node-1); default: the agent's own.
+    #[arg(long)]
+    node_netns: Option<PathBuf>,
+    /// This node's pod CIDR, registered as Node.spec.podCIDR when the Node has none. Without
+    /// it the agent waits for the controller manager's node IPAM to assign one.
+    #[arg(long)]
+    pod_cidr: Option<String>,
+    /// Labels for the Node at registration: `key=value` pairs separated by commas (added to
+    /// an existing Node's labels; existing keys are overwritten).
+    #[arg(long, value_parser = node_labels, default_value = "")]
+    node_labels: std::collections::BTreeMap<String, String>,
+    /// Parent cgroup of this node's pods (default: <cgroup v2 root>/skiff/<node>).
+    #[arg(long)]
+    cgroup_parent: Option<PathBuf>,
+    /// Lease duration; the lease is renewed every quarter of it.
+    #[arg(long, value_parser = duration, default_value = "40s")]
+    lease_duration: Duration,
+    /// First crash-loop back-off (doubles up to 5 minutes).
+    #[arg(long, value_parser = duration, default_value = "10s")]
+    backoff: Duration,
+    /// Node status refresh interval.
+    #[arg(long, value_parser = duration, default_value = "60s")]
+    status_interval: Duration,
+    /// Do not load the eBPF per-pod traffic accounting.
+    #[arg(long)]
+    no_accounting: bool,
+    /// Do not load the eBPF Service load balancer (ClusterIP Services then do not work from
+    /// this node's pods).
+    #[arg(long)]
+    no_service_lb: bool,
+    /// Capacity of the Service load balancer's frontend map (Service ports), used when the
+    /// maps are created (pinned maps keep their size until `skiff-node purge`).
+    #[arg(long, default_value_t = skiff_datapath::lb::LbConfig::default().max_services,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    lb_max_services: u32,
+    /// Capacity of the Service load balancer's backend maps (backends over all Services).
+    #[arg(long, default_value_t = skiff_datapath::lb::LbConfig::default().max_backends,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    lb_max_backends: u32,
+    /// Size of each NodePort Service's Maglev table (the consistent-hash table that picks the
+    /// backend of a new NodePort flow): a prime up to 16381; larger tables spread more evenly
+    /// over many backends (about 4 bytes per entry per NodePort Service port).
+    #[arg(long, default_value_t = skiff_datapath::lb::LbConfig::default().maglev_table_size,
+          value_parser = maglev_table_size)]
+    lb_maglev_table_size: u32,
+    /// Log every translation of the eBPF Service load balancer (socket connect/sendmsg
+    /// rewrites, NodePort new flows) at debug level (tracing target `skiff_lb`; enable with
+    /// e.g. RUST_LOG=info,skiff_lb=debug). Off by default: then it costs the data path nothing.
+    #[arg(long)]
+    bpf_debug: bool,
+    /// Where the agent's read-only HTTP API (logs, stats) listens; port 0 picks a free one.
+    /// The port is published in the Node's status.daemonEndpoints.kubeletEndpoint.Port.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    api_listen: std::net::SocketAddr,
+}
+
+/// `--lb-maglev-table-size`: a prime in range.
+fn maglev_table_size(s: &str) -> Result<u32, String> {
+    let m: u32 = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
+    skiff_datapath::lb::maglev::check_table_size(m).map_err(|e| e.to_string())
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_lowercase())
+        .unwrap_or_else(|_| "node".into())
+}
+
+fn run_agent(args: RunArgs) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        // Diagnostics go to stderr (where supervisors and the test harness collect them).
+        .with_writer(std::io::stderr)
+        .init();
+    let node = args.node_name.unwrap_or_else(hostname);
+    let shim = std::env::current_exe().context("locating the skiff-node binary for the shim")?;
+    let state_dir = args
+        .state_dir
+        .unwrap_or_else(|| PathBuf::from("/var/lib/skiff").join(&node));
+    let mut cfg = skiff_node::AgentConfig::new(&node, state_dir, shim);
+    cfg.node_netns = args.node_netns;
+    cfg.pod_cidr = args.pod_cidr;
+    cfg.node_labels = args.node_labels;
+    cfg.cgroup_parent = args.cgroup_parent;
+    cfg.lease_duration = args.lease_duration;
+    cfg.lease_renew = args.lease_duration / 4;
+    cfg.backoff_initial = args.backoff;
+    cfg.status_interval = args.status_interval;
+    cfg.accounting = !args.no_accounting;
+    cfg.service_lb = !args.no_service_lb;
+    cfg.lb.max_services = args.lb_max_services;
+    cfg.lb.max_backends = args.lb_max_backends;
+    cfg.lb.maglev_table_size = args.lb_maglev_table_size;
+    cfg.lb.debug = args.bpf_debug;
+    cfg.api_listen = args.api_listen;
+    let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    rt.block_on(async move {
+        let config = skiff_client::ClientConfig::load(args.server.as_deref())?;
+        let client = skiff_client::Client::connect_lazy(config.endpoint())?;
+        let shutdown = async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("installing a SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        };
+        skiff_node::run(cfg, client, shutdown)
+            .await
+            .with_context(|| format!("node agent {node}"))
+    })
+}
+
+#[derive(Args, Debug)]
+struct PurgeArgs {
+    /// The node's name (default: the host name).
+    #[arg(long)]
+    node_name: Option<String>,
+    /// The agent's state directory (default: /var/lib/skiff/<node>).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// The agent's pod cgroup parent (default: <cgroup v2 root>/skiff/<node>).
+    #[arg(long)]
+    cgroup_parent: Option<PathBuf>,
+}
+
+fn purge(args: PurgeArgs) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let node = args.node_name.unwrap_or_else(hostname);
+    let cgroup_parent = match args.cgroup_parent {
+        Some(p) => p,
+        None => skiff_runtime::host::cgroup2_mount()
+            .context("finding the cgroup v2 mount")?
+            .join("skiff")
+            .join(&node),
+    };
+    let cfg = skiff_node::purge::PurgeConfig {
+        state_dir: args
+            .state_dir
+            .unwrap_or_else(|| PathBuf::from("/var/lib/skiff").join(&node)),
+        cgroup_parent,
+        shim_path: std::env::current_exe().context("locating the skiff-node binary")?,
+        grace: Duration::from_secs(5),
+        node_name: node.clone(),
+    };
+    let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    rt.block_on(skiff_node::purge::purge(&cfg))
+        .with_context(|| format!("purging node {node}"))
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(args) => run_agent(args)?,
+        Command::Purge(args) => purge(args)?,
+        // The shim must stay single-threaded until it forks: nothing else runs before it.
+        Command::Shim(args) => std::process::exit(skiff_runtime::shim::run(*args)),
+        Command::CheckHost => {
+            let r = skiff_runtime::host::report().context("inspecting the host")?;
+            println!("cgroup v2 root:      {}", r.cgroup2_root.display());
+            println!("v2 controllers:      {}", r.controllers.join(" "));
+            if r.missing_controllers.is_empty() {
+                println!("missing controllers: none");
+            } else {
+                println!(
+                    "missing controllers: {} (pod limits for these will be reported as not enforced)",
+                    r.missing_controllers.join(" ")
+                );
+            }
+            println!("bpffs mounted:       {}", r.bpffs_mounted);
+            println!("kernel BTF:          {}", r.btf_available);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_durations() {
+        assert_eq!(duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(duration("7"), Ok(Duration::from_secs(7)));
+        assert!(duration("soon").is_err());
+        assert!(duration("5h").is_err());
+    }
+
+    #[test]
+    fn lb_sizes_have_defaults_and_must_be_positive() {
+        let run = |extra: &[&str]| {
+            Cli::try_parse_from(["skiff-node", "run"].iter().chain(extra)).map(|c| {
+                match c.command {
+                    Command::Run(a) => (a.lb_max_services, a.lb_max_backends, a.no_service_lb),
+                    _ => unreachable!(),
+                }
+            })
+        };
+        assert_eq!(run(&[]).unwrap(), (65536, 65536, false));
+        assert_eq!(
+            run(&[
+                "--lb-max-services",
+                "10",
+                "--lb-max-backends=20",
+                "--no-service-lb"
+            ])
+            .unwrap(),
+            (10, 20, true)
+        );
+        let err = run(&["--lb-max-services", "0"]).unwrap_err().to_string();
+        assert!(err.contains("--lb-max-services"), "{err}");
+    }
+
+    #[test]
+    fn parses_node_labels() {
+        assert_eq!(node_labels(""), Ok(Default::default()));
+        let l = node_labels("disk=ssd, zone=a,empty=").expect("valid");
+        assert_eq!(l.get("disk").map(String::as_str), Some("ssd"));
+        assert_eq!(l.get("zone").map(String::as_str), Some("a"));
+        assert_eq!(l.get("empty").map(String::as_str), Some(""));
+        assert!(node_labels("disk").unwrap_err().contains("\"disk\""));
+        assert!(node_labels("=x").is_err());
+    }
+}

@@ -1,0 +1,339 @@
+//! The agent's Node object and Lease: registration, capacity, addresses, conditions, and the
+//! heartbeat the node lifecycle controller watches.
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use skiff_api::api::{
+    Condition, DaemonEndpoint, Node, NodeAddress, NodeDaemonEndpoints, NodeSpec, NodeStatus,
+    NodeSystemInfo, ObjectMeta,
+};
+use skiff_client::{Client, ClientError};
+use tracing::info;
+
+use super::status::rfc3339;
+use skiff_runtime::host::HostReport;
+
+pub use super::status::LIMITS_CONDITION;
+/// Node condition type saying whether the node's eBPF Service load balancer runs (absent when
+/// it is switched off with `--no-service-lb`).
+pub const SERVICE_LB_CONDITION: &str = "ServiceLoadBalancerReady";
+/// Namespace of node leases, as in Kubernetes.
+pub use skiff_client::node_lease::NAMESPACE as LEASE_NAMESPACE;
+
+fn meminfo_total_kib() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn kernel_version() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The Node's capacity: CPUs, memory and the pod limit.
+pub fn capacity(max_pods: u32) -> BTreeMap<String, String> {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let mut c = BTreeMap::new();
+    c.insert("cpu".into(), cpus.to_string());
+    if let Some(kib) = meminfo_total_kib() {
+        c.insert("memory".into(), format!("{kib}Ki"));
+    }
+    c.insert("pods".into(), max_pods.to_string());
+    c
+}
+
+/// The node's conditions: Ready, which resource limits the host cannot enforce, and whether
+/// the Service load balancer runs (`service_lb`: `None` when switched off).
+pub fn conditions(
+    host: &HostReport,
+    service_lb: Option<&Result<(), String>>,
+    previous: &[Condition],
+    now: SystemTime,
+) -> Vec<Condition> {
+    let now_s = rfc3339(now);
+    let keep_transition = |kind: &str, status: &str| {
+        previous
+            .iter()
+            .find(|c| c.r#type == kind && c.status == status)
+            .map(|c| c.last_transition_time.clone())
+            .unwrap_or_else(|| now_s.clone())
+    };
+    let ready = Condition {
+        r#type: "Ready".into(),
+        status: "True".into(),
+        reason: "SkiffNodeReady".into(),
+        message: "skiff-node is posting ready status".into(),
+        last_heartbeat_time: now_s.clone(),
+        last_transition_time: keep_transition("Ready", "True"),
+        ..Default::default()
+    };
+    let (status, reason, message) = if host.missing_controllers.is_empty() {
+        (
+            "True",
+            "CgroupControllersPresent",
+            "cpu, memory and pids limits are enforced through cgroup v2".to_string(),
+        )
+    } else {
+        (
+            "False",
+            "CgroupControllersMissing",
+            format!(
+                "the cgroup v2 tree at {} does not offer the {} controller(s): pod limits on \
+                 them are not enforced",
+                host.cgroup2_root.display(),
+                host.missing_controllers.join(", ")
+            ),
+        )
+    };
+    let limits = Condition {
+        r#type: LIMITS_CONDITION.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message,
+        last_heartbeat_time: now_s.clone(),
+        last_transition_time: keep_transition(LIMITS_CONDITION, status),
+        ..Default::default()
+    };
+    let mut out = vec![ready, limits];
+    if let Some(lb) = service_lb {
+        let (status, reason, message) = match lb {
+            Ok(()) => (
+                "True",
+                "SocketLBAttached",
+                "eBPF socket load balancing for ClusterIP Services is attached to the pods' \
+                 cgroups"
+                    .to_string(),
+            ),
+            Err(e) => (
+                "False",
+                "SocketLBUnavailable",
+                format!("ClusterIP Services do not work from this node's pods: {e}"),
+            ),
+        };
+        out.push(Condition {
+            r#type: SERVICE_LB_CONDITION.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message,
+            last_heartbeat_time: now_s.clone(),
+            last_transition_time: keep_transition(SERVICE_LB_CONDITION, status),
+            ..Default::default()
+        });
+    }
+    out
+}
+
+/// Everything the agent reports about its node.
+pub struct NodeFacts {
+    pub name: String,
+    pub pod_cidr_flag: Option<String>,
+    /// Labels the Node gets at registration (`--node-labels`), next to the well-known ones.
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub host: HostReport,
+    pub internal_ip: Option<String>,
+    pub max_pods: u32,
+    /// Whether the Service load balancer loaded (`None`: switched off).
+    pub service_lb: Option<Result<(), String>>,
+    /// Port of the agent's HTTP API (0: none), published as
+    /// `status.daemonEndpoints.kubeletEndpoint.Port`.
+    pub api_port: u16,
+}
+
+impl NodeFacts {
+    fn status(&self, previous: Option<&NodeStatus>) -> NodeStatus {
+        let cap = capacity(self.max_pods);
+        let mut addresses = vec![NodeAddress {
+            r#type: "Hostname".into(),
+            address: self.name.clone(),
+        }];
+        if let Some(ip) = &self.internal_ip {
+            addresses.insert(
+                0,
+                NodeAddress {
+                    r#type: "InternalIP".into(),
+                    address: ip.clone(),
+                },
+            );
+        }
+        NodeStatus {
+            allocatable: cap.clone(),
+            capacity: cap,
+            conditions: conditions(
+                &self.host,
+                self.service_lb.as_ref(),
+                previous.map(|p| p.conditions.as_slice()).unwrap_or(&[]),
+                SystemTime::now(),
+            ),
+            addresses,
+            node_info: Some(NodeSystemInfo {
+                kernel_version: kernel_version(),
+                operating_system: "linux".into(),
+                architecture: std::env::consts::ARCH.into(),
+                kubelet_version: format!("skiff-node/{}", env!("CARGO_PKG_VERSION")),
+                container_runtime_version: "skiff-native/1".into(),
+                ..Default::default()
+            }),
+            phase: String::new(),
+            daemon_endpoints: (self.api_port != 0).then(|| NodeDaemonEndpoints {
+                kubelet_endpoint: Some(DaemonEndpoint {
+                    port: i32::from(self.api_port),
+                }),
+            }),
+        }
+    }
+}
+
+/// Creates or updates this node's Node object and returns it (with `spec.podCIDR` as the
+/// control plane set it, or from `--pod-cidr` when it set none).
+pub async fn register(client: &Client, facts: &NodeFacts) -> Result<Node, ClientError> {
+    let api = client.cluster::<Node>();
+    loop {
+        let existing = api.get_opt(&facts.name).await?;
+        let result = match existing {
+            None => {
+                let node = Node {
+                    metadata: Some(ObjectMeta {
+                        name: facts.name.clone(),
+                        labels: facts
+                            .labels
+                            .clone()
+                            .into_iter()
+                            .chain([
+                                ("kubernetes.io/hostname".to_string(), facts.name.clone()),
+                                ("kubernetes.io/os".to_string(), "linux".to_string()),
+                            ])
+                            .collect(),
+                        ..Default::default()
+                    }),
+                    spec: Some(NodeSpec {
+                        pod_cidr: facts.pod_cidr_flag.clone().unwrap_or_default(),
+                        pod_cidrs: facts.pod_cidr_flag.iter().cloned().collect(),
+                        ..Default::default()
+                    }),
+                    status: Some(facts.status(None)),
+                    ..Default::default()
+                };
+                info!(node = %facts.name, "registering node");
+                api.create(&node).await
+            }
+            Some(mut node) => {
+                let mut changed = false;
+                let meta = node.metadata.get_or_insert_with(Default::default);
+                for (k, v) in &facts.labels {
+                    if meta.labels.get(k) != Some(v) {
+                        meta.labels.insert(k.clone(), v.clone());
+                        changed = true;
+                    }
+                }
+                let spec = node.spec.get_or_insert_with(Default::default);
+                if spec.pod_cidr.is_empty()
+                    && let Some(cidr) = &facts.pod_cidr_flag
+                {
+                    spec.pod_cidr = cidr.clone();
+                    spec.pod_cidrs = vec![cidr.clone()];
+                    changed = true;
+                }
+                if changed {
+                    node = match api.update(&node).await {
+                        Ok(n) => n,
+                        Err(ClientError::Conflict { .. }) => continue,
+                        Err(e) => return Err(e),
+                    };
+                }
+                node.status = Some(facts.status(node.status.as_ref()));
+                api.update_status(&node).await
+            }
+        };
+        match result {
+            Ok(node) => return Ok(node),
+            Err(ClientError::Conflict { .. } | ClientError::AlreadyExists { .. }) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The status of the Node's Ready condition ("" when it has none).
+pub fn ready_status(node: &Node) -> &str {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.r#type == "Ready"))
+        .map(|c| c.status.as_str())
+        .unwrap_or("")
+}
+
+/// Refreshes the node's status (heartbeat and conditions).
+pub async fn heartbeat(client: &Client, facts: &NodeFacts) -> Result<(), ClientError> {
+    let api = client.cluster::<Node>();
+    for _ in 0..5 {
+        let mut node = api.get(&facts.name).await?;
+        node.status = Some(facts.status(node.status.as_ref()));
+        match api.update_status(&node).await {
+            Ok(_) => return Ok(()),
+            Err(ClientError::Conflict { .. }) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn host(missing: &[&str]) -> HostReport {
+        HostReport {
+            cgroup2_root: PathBuf::from("/sys/fs/cgroup/unified"),
+            controllers: vec![],
+            missing_controllers: missing.iter().map(|s| s.to_string()).collect(),
+            bpffs_mounted: true,
+            btf_available: true,
+        }
+    }
+
+    #[test]
+    fn names_missing_controllers() {
+        let c = conditions(&host(&["cpu", "memory"]), None, &[], SystemTime::UNIX_EPOCH);
+        assert_eq!(c[0].r#type, "Ready");
+        assert_eq!(c[1].status, "False");
+        assert!(c[1].message.contains("cpu, memory"), "{}", c[1].message);
+        assert_eq!(
+            c.len(),
+            2,
+            "no Service LB condition when it is switched off"
+        );
+        let ok = conditions(&host(&[]), None, &c, SystemTime::UNIX_EPOCH);
+        assert_eq!(ok[1].status, "True");
+    }
+
+    #[test]
+    fn reports_the_service_load_balancer() {
+        let failed = Err("loading the eBPF object: no BTF".to_string());
+        let c = conditions(&host(&[]), Some(&failed), &[], SystemTime::UNIX_EPOCH);
+        assert_eq!(c[2].r#type, SERVICE_LB_CONDITION);
+        assert_eq!(
+            (c[2].status.as_str(), c[2].reason.as_str()),
+            ("False", "SocketLBUnavailable")
+        );
+        assert!(c[2].message.contains("no BTF"), "{}", c[2].message);
+        let later = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(60);
+        let ok = conditions(&host(&[]), Some(&Ok(())), &c, later);
+        assert_eq!(ok[2].status, "True");
+        assert_ne!(ok[2].last_transition_time, c[2].last_transition_time);
+    }
+
+    #[test]
+    fn capacity_has_cpu_memory_pods() {
+        let c = capacity(110);
+        assert!(c["cpu"].parse::<u32>().unwrap() >= 1);
+        assert!(c["memory"].ends_with("Ki"));
+        assert_eq!(c["pods"], "110");
+    }
+}

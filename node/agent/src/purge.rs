@@ -1,0 +1,96 @@
+//! Removing everything a node ran: every pod sandbox (processes, cgroups, namespaces) through
+//! the runtime's own teardown, the shims, the node's cgroup parent, its pinned BPF maps and
+//! its state directory. Used when a local cluster (`cargo xtask up`) stops, so nothing is left
+//! on the machine; a node agent never does this on its own.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use skiff_runtime::{NativeConfig, NativeRuntime, Runtime, remove_cgroup_tree};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PurgeError {
+    #[error("runtime: {0}")]
+    Runtime(#[from] skiff_runtime::RuntimeError),
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What to purge; the same paths the agent ran with.
+pub struct PurgeConfig {
+    pub node_name: String,
+    pub state_dir: PathBuf,
+    pub cgroup_parent: PathBuf,
+    pub shim_path: PathBuf,
+    pub grace: Duration,
+}
+
+/// Stops and removes every pod of the node, then the node's cgroups, pins and state.
+/// Must run inside a Tokio runtime.
+pub async fn purge(cfg: &PurgeConfig) -> Result<(), PurgeError> {
+    if cfg.state_dir.join("runtime").exists() {
+        let runtime = NativeRuntime::new(NativeConfig::new(
+            cfg.state_dir.join("runtime"),
+            cfg.cgroup_parent.clone(),
+            cfg.shim_path.clone(),
+        ))?;
+        for sb in runtime.list_sandboxes().await? {
+            info!(pod = %format!("{}/{}", sb.namespace, sb.name), "removing pod");
+            if let Err(e) = runtime.remove_sandbox(&sb, cfg.grace).await {
+                warn!(pod = %sb.name, error = %e, "removing pod");
+            }
+        }
+    }
+    // Whatever is still in the node's cgroups (shims finishing up) goes now.
+    let kill = cfg.cgroup_parent.join("cgroup.kill");
+    if kill.exists() {
+        let _ = std::fs::write(&kill, "1");
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match remove_cgroup_tree(&cfg.cgroup_parent) {
+            Ok(()) => break,
+            Err(_) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    // The default parent `<v2 root>/skiff` is shared by the nodes of a machine: it goes with
+    // the last of them (rmdir fails while other nodes' cgroups are in it).
+    if let Some(parent) = cfg.cgroup_parent.parent()
+        && parent.file_name().is_some_and(|n| n == "skiff")
+    {
+        let _ = std::fs::remove_dir(parent);
+    }
+    let pins = skiff_datapath::node_pin_dir(&cfg.node_name);
+    if pins.exists() {
+        // The Service LB's link pins (cgroup hooks and NodePort tc links) go first: that
+        // detaches its programs.
+        if let Err(e) = skiff_datapath::lb::ServiceLb::remove_pins(&pins) {
+            warn!(error = %e, "removing the Service load balancer's pinned links and maps");
+        }
+        if let Err(e) = skiff_datapath::Accounting::remove_pins(&pins) {
+            warn!(error = %e, "removing pinned maps");
+        }
+        // The shared parent goes when the last node's pins are gone.
+        if let Some(parent) = pins.parent() {
+            let _ = std::fs::remove_dir(parent);
+        }
+    }
+    if cfg.state_dir.exists() {
+        std::fs::remove_dir_all(&cfg.state_dir).map_err(|source| PurgeError::Io {
+            what: "removing state directory",
+            path: cfg.state_dir.clone(),
+            source,
+        })?;
+    }
+    Ok(())
+}

@@ -1,0 +1,798 @@
+//! The pod worker: one task per pod bound to this node, converging it level-triggered.
+//!
+//! Every wake-up (a new version of the pod, a container exit, a due probe or back-off, or the
+//! periodic resync) runs [`Worker::reconcile`], which looks at what is (the runtime's sandbox
+//! and containers, the pod's network) and does the next step towards what the pod asks for.
+//! It is idempotent: running it twice in a row changes nothing the second time.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use skiff_api::api::{Container, ContainerStateTerminated, Pod, PodStatus};
+use skiff_api::{Resource, quantity};
+use skiff_client::runtime::EventType;
+use skiff_client::{ClientError, DeleteParams, Preconditions};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use super::Ctx;
+use super::probe::{self, Tracker};
+use super::status::{self, ContainerView, PodFacts};
+use skiff_runtime::{ContainerSpec, ContainerState, Image, Limits, Sandbox, SandboxSpec};
+
+/// What the agent tells a worker.
+#[derive(Debug)]
+pub enum Msg {
+    /// The latest version of the pod.
+    Update(Box<Pod>),
+    /// The pod no longer exists in the API (or was never there: an orphan sandbox).
+    Gone,
+    /// Something happened to one of the pod's containers.
+    Wake,
+}
+
+/// Resync period: a pod is reconciled at least this often even if nothing is heard.
+const RESYNC: Duration = Duration::from_secs(30);
+/// A container that ran this long without failing gets its back-off reset.
+const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(600);
+/// Retry delay after an infrastructure failure (sandbox, network, status write).
+const RETRY: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Default)]
+struct Track {
+    restart_count: i32,
+    last_terminated: Option<ContainerStateTerminated>,
+    /// The back-off to apply to the next crash.
+    backoff: Option<Duration>,
+    /// When the container may be started again.
+    restart_at: Option<Instant>,
+    waiting: Option<(String, String)>,
+    /// `finished_at` of the exit already accounted for.
+    handled_exit: Option<SystemTime>,
+    /// The pid whose probes `probes` track.
+    pid: Option<u32>,
+    cgroup_id: Option<u64>,
+    startup: Option<Tracker>,
+    liveness: Option<Tracker>,
+    readiness: Option<Tracker>,
+    /// Started (startup probe passed or none) for the current run.
+    started: bool,
+    ready: bool,
+}
+
+pub struct Worker {
+    ctx: Arc<Ctx>,
+    uid: String,
+    pod: Pod,
+    gone: bool,
+    sandbox: Option<Sandbox>,
+    pod_ip: Option<IpAddr>,
+    tracks: BTreeMap<String, Track>,
+    /// A pod-level problem shown in status.reason/message.
+    failure: Option<(&'static str, String)>,
+    start_time: Option<SystemTime>,
+    written: Option<PodStatus>,
+}
+
+fn grace_of(pod: &Pod) -> Duration {
+    let meta = pod.metadata.as_ref();
+    let secs = meta
+        .and_then(|m| m.deletion_grace_period_seconds)
+        .or_else(|| {
+            pod.spec
+                .as_ref()
+                .and_then(|s| s.termination_grace_period_seconds)
+        })
+        .unwrap_or(30);
+    Duration::from_secs(secs.max(0) as u64)
+}
+
+fn limits_of(c: &Container) -> Limits {
+    let limits = c.resources.as_ref().map(|r| &r.limits);
+    let get = |k: &str| limits.and_then(|l| l.get(k)).map(String::as_str);
+    let milli = |k| get(k).and_then(|q| quantity::parse_milli(q).ok());
+    let value = |k| get(k).and_then(|q| quantity::parse_value(q).ok());
+    Limits {
+        cpu_millis: milli("cpu").and_then(|m| u64::try_from(m).ok()),
+        memory_bytes: value("memory").and_then(|v| u64::try_from(v).ok()),
+        pids: value("pids").and_then(|v| u64::try_from(v).ok()),
+    }
+}
+
+/// The runtime's view of a container, or the reason it cannot be run.
+fn container_spec(c: &Container) -> Result<ContainerSpec, String> {
+    let field = format!("containers[{}]", c.name);
+    let image = Image::parse(&c.image).map_err(|e| format!("{field}.image: {e}"))?;
+    if let Image::RootFs(dir) = &image
+        && !dir.is_dir()
+    {
+        return Err(format!(
+            "{field}.image: root directory {} does not exist",
+            dir.display()
+        ));
+    }
+    let argv: Vec<String> = c.command.iter().chain(&c.args).cloned().collect();
+    if c.command.is_empty() {
+        return Err(format!(
+            "{field}.command: required (images have no default command in Skiff)"
+        ));
+    }
+    Ok(ContainerSpec {
+        name: c.name.clone(),
+        image,
+        argv,
+        env: c
+            .env
+            .iter()
+            .map(|e| (e.name.clone(), e.value.clone()))
+            .collect(),
+        working_dir: (!c.working_dir.is_empty()).then(|| c.working_dir.clone().into()),
+        limits: limits_of(c),
+    })
+}
+
+fn containers(pod: &Pod) -> Vec<Container> {
+    pod.spec
+        .as_ref()
+        .map(|s| s.containers.clone())
+        .unwrap_or_default()
+}
+
+fn restart_policy(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .map(|s| s.restart_policy.clone())
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| "Always".into())
+}
+
+impl Worker {
+    pub fn new(ctx: Arc<Ctx>, uid: String, pod: Option<Pod>) -> Worker {
+        let gone = pod.is_none();
+        let pod = pod.unwrap_or_default();
+        // Restart counts and last terminations survive agent restarts through the API.
+        let mut tracks = BTreeMap::new();
+        if let Some(st) = &pod.status {
+            for cs in &st.container_statuses {
+                tracks.insert(
+                    cs.name.clone(),
+                    Track {
+                        restart_count: cs.restart_count,
+                        last_terminated: cs.last_state.as_ref().and_then(|s| s.terminated.clone()),
+                        ..Default::default()
+                    },
+                );
+            }
+        }
+        let start_time = pod.status.as_ref().and_then(|s| {
+            chrono::DateTime::parse_from_rfc3339(&s.start_time)
+                .ok()
+                .map(SystemTime::from)
+        });
+        Worker {
+            ctx,
+            uid,
+            written: pod.status.clone(),
+            pod,
+            gone,
+            sandbox: None,
+            pod_ip: None,
+            tracks,
+            failure: None,
+            start_time,
+        }
+    }
+
+    /// Runs until the pod is gone and torn down.
+    pub async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
+        let mut wake = Instant::now();
+        loop {
+            let sleep = tokio::time::sleep_until(wake.into());
+            tokio::select! {
+                msg = rx.recv() => match msg {
+                    Some(Msg::Update(pod)) => self.pod = *pod,
+                    Some(Msg::Gone) | None => self.gone = true,
+                    Some(Msg::Wake) => {}
+                },
+                () = sleep => {}
+            }
+            // Take everything queued so one reconcile sees the latest state.
+            while let Ok(msg) = rx.try_recv() {
+                match msg {
+                    Msg::Update(pod) => self.pod = *pod,
+                    Msg::Gone => self.gone = true,
+                    Msg::Wake => {}
+                }
+            }
+            match self.reconcile().await {
+                Some(next) => {
+                    self.publish();
+                    wake = next;
+                }
+                None => {
+                    self.ctx.pods.remove(&self.uid);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn name(&self) -> String {
+        format!("{}/{}", self.pod.namespace(), self.pod.name())
+    }
+
+    /// Tells the agent's HTTP API about the pod (names, sandbox, container cgroups).
+    fn publish(&self) {
+        if self.gone || self.pod.name().is_empty() {
+            return;
+        }
+        self.ctx.pods.publish(super::api::PodInfo {
+            uid: self.uid.clone(),
+            namespace: self.pod.namespace().to_string(),
+            name: self.pod.name().to_string(),
+            sandbox: self.sandbox.clone(),
+            containers: containers(&self.pod).into_iter().map(|c| c.name).collect(),
+            cgroup_ids: self.tracks.values().filter_map(|t| t.cgroup_id).collect(),
+        });
+    }
+
+    /// One convergence step. Returns when to run again, or `None` when the worker is done.
+    pub async fn reconcile(&mut self) -> Option<Instant> {
+        let now = Instant::now();
+        let deleting = self
+            .pod
+            .metadata
+            .as_ref()
+            .is_some_and(|m| !m.deletion_timestamp.is_empty());
+        if self.gone || deleting {
+            return match self.teardown().await {
+                Ok(()) => None,
+                Err(e) => {
+                    warn!(pod = %self.name(), error = %e, "teardown failed, retrying");
+                    Some(now + RETRY)
+                }
+            };
+        }
+        let mut next = now + RESYNC;
+
+        if let Err(e) = self.ensure_sandbox_and_network().await {
+            warn!(pod = %self.name(), error = %e.1, "pod infrastructure");
+            self.failure = Some(e);
+            self.write_status().await;
+            return Some(now + RETRY);
+        }
+        let Some(sandbox) = self.sandbox.clone() else {
+            return Some(now + RETRY);
+        };
+        self.start_time.get_or_insert_with(SystemTime::now);
+
+        let policy = restart_policy(&self.pod);
+        let mut bad_spec = None;
+        for c in containers(&self.pod) {
+            if let Some(n) = self.container(&sandbox, &c, &policy, now).await {
+                next = next.min(n);
+            }
+            if let Some((reason, msg)) = &self.tracks.get(&c.name).and_then(|t| t.waiting.clone())
+                && reason.starts_with("CreateContainer")
+            {
+                bad_spec = Some(("CreateContainerConfigError", msg.clone()));
+            }
+        }
+        self.failure = bad_spec;
+        if !self.write_status().await {
+            next = next.min(now + RETRY);
+        }
+        Some(next)
+    }
+
+    async fn ensure_sandbox_and_network(&mut self) -> Result<(), (&'static str, String)> {
+        if self.sandbox.is_none() {
+            let spec = SandboxSpec {
+                uid: self.uid.clone(),
+                namespace: self.pod.namespace().to_string(),
+                name: self.pod.name().to_string(),
+                hostname: self
+                    .pod
+                    .spec
+                    .as_ref()
+                    .map(|s| s.hostname.clone())
+                    .filter(|h| !h.is_empty())
+                    .unwrap_or_else(|| self.pod.name().to_string()),
+                pid_namespace: false,
+                mount_namespace: false,
+                limits: Limits::default(),
+            };
+            let sb = self
+                .ctx
+                .runtime
+                .create_sandbox(&spec)
+                .await
+                .map_err(|e| ("SandboxCreateFailed", e.to_string()))?;
+            self.sandbox = Some(sb);
+        }
+        if self.pod_ip.is_none() {
+            let netns = self
+                .sandbox
+                .as_ref()
+                .map(|s| s.netns_path.clone())
+                .unwrap_or_default();
+            let att = self
+                .ctx
+                .net
+                .attach_pod(&self.uid, &netns)
+                .await
+                .map_err(|e| ("NetworkSetupFailed", e.to_string()))?;
+            info!(pod = %self.name(), ip = %att.pod_ip, "pod network ready");
+            self.ctx.attach_pod_datapath(&self.uid, &att).await;
+            self.pod_ip = Some(att.pod_ip);
+        }
+        Ok(())
+    }
+
+    /// Converges one container; returns when it needs attention next.
+    async fn container(
+        &mut self,
+        sandbox: &Sandbox,
+        c: &Container,
+        policy: &str,
+        now: Instant,
+    ) -> Option<Instant> {
+        let spec = match container_spec(c) {
+            Ok(s) => s,
+            Err(msg) => {
+                self.tracks.entry(c.name.clone()).or_default().waiting =
+                    Some(("CreateContainerConfigError".into(), msg));
+                return None;
+            }
+        };
+        let probes = match self.probe_specs(c) {
+            Ok(p) => p,
+            Err(msg) => {
+                self.tracks.entry(c.name.clone()).or_default().waiting =
+                    Some(("CreateContainerConfigError".into(), msg));
+                return None;
+            }
+        };
+        let state = match self.ctx.runtime.container_state(sandbox, &c.name).await {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(pod = %self.name(), container = %c.name, error = %e, "container state");
+                return Some(now + RETRY);
+            }
+        };
+        let (initial, max) = (self.ctx.backoff_initial, self.ctx.backoff_max);
+        let pod_name = self.name();
+        let track = self.tracks.entry(c.name.clone()).or_default();
+        match state {
+            None => self.start(sandbox, &spec, now).await,
+            Some(ContainerState::Running {
+                pid,
+                started_at,
+                cgroup_id,
+            }) => {
+                track.waiting = None;
+                track.cgroup_id = Some(cgroup_id);
+                if track.pid != Some(pid) {
+                    // A new run (or one adopted after an agent restart): fresh probe state.
+                    let age = SystemTime::now()
+                        .duration_since(started_at)
+                        .unwrap_or_default();
+                    let started = now.checked_sub(age).unwrap_or(now);
+                    track.pid = Some(pid);
+                    track.startup = probes.0.map(|s| Tracker::new(s, started));
+                    track.liveness = probes.1.map(|s| Tracker::new(s, started));
+                    track.readiness = probes.2.map(|s| Tracker::new(s, started));
+                    track.started = track.startup.is_none();
+                    track.ready = track.started && track.readiness.is_none();
+                    if age > BACKOFF_RESET_AFTER {
+                        track.backoff = None;
+                    }
+                }
+                self.run_probes(sandbox, &c.name, now).await
+            }
+            Some(ContainerState::Exited {
+                exit_code,
+                finished_at,
+                ref reason,
+                ..
+            }) => {
+                track.pid = None;
+                track.ready = false;
+                track.started = false;
+                if track.handled_exit != Some(finished_at) {
+                    track.handled_exit = Some(finished_at);
+                    if let Some(ContainerState::Exited { .. }) = &state {
+                        track.last_terminated = state.as_ref().and_then(status::terminated);
+                    }
+                    info!(pod = %pod_name, container = %c.name, exit_code, reason = %reason, "container exited");
+                    if status::should_restart(policy, exit_code) {
+                        // The first crash restarts at once; later ones back off, doubling.
+                        let delay = track.backoff.unwrap_or(Duration::ZERO);
+                        track.restart_at = Some(now + delay);
+                        track.backoff = Some(if delay.is_zero() {
+                            initial
+                        } else {
+                            (delay * 2).min(max)
+                        });
+                    }
+                }
+                if !status::should_restart(policy, exit_code) {
+                    track.waiting = None;
+                    return None;
+                }
+                let at = track.restart_at.unwrap_or(now);
+                if now >= at {
+                    track.waiting = None;
+                    self.start(sandbox, &spec, now).await
+                } else {
+                    let wait = at - now;
+                    let entering =
+                        !matches!(&track.waiting, Some((r, _)) if r == "CrashLoopBackOff");
+                    track.waiting = Some((
+                        "CrashLoopBackOff".into(),
+                        format!(
+                            "back-off {}s restarting failed container={} pod={}",
+                            wait.as_secs().max(1),
+                            c.name,
+                            pod_name
+                        ),
+                    ));
+                    if entering {
+                        let msg = format!("Back-off restarting failed container {}", c.name);
+                        self.event(EventType::Warning, "BackOff", &msg).await;
+                    }
+                    Some(at)
+                }
+            }
+        }
+    }
+
+    async fn start(
+        &mut self,
+        sandbox: &Sandbox,
+        spec: &ContainerSpec,
+        now: Instant,
+    ) -> Option<Instant> {
+        let result = self.ctx.runtime.start_container(sandbox, spec).await;
+        let track = self.tracks.entry(spec.name.clone()).or_default();
+        let (next, event) = match result {
+            Ok(state) => {
+                if track.handled_exit.is_some() || track.last_terminated.is_some() {
+                    track.restart_count += 1;
+                }
+                track.waiting = None;
+                debug!(container = %spec.name, ?state, "started");
+                // Look again right away: record the run (or its immediate failure).
+                let msg = format!("Started container {}", spec.name);
+                (Some(now), (EventType::Normal, "Started", msg))
+            }
+            Err(e) => {
+                let delay = track.backoff.unwrap_or(self.ctx.backoff_initial);
+                track.backoff = Some((delay * 2).min(self.ctx.backoff_max));
+                track.waiting = Some(("CreateContainerError".into(), e.to_string()));
+                let msg = format!("Error: starting container {}: {e}", spec.name);
+                (Some(now + delay), (EventType::Warning, "Failed", msg))
+            }
+        };
+        self.event(event.0, event.1, &event.2).await;
+        next
+    }
+
+    /// Records an Event about this pod (kubelet's Started, Killing, BackOff, Unhealthy, ...);
+    /// failures are logged, never fatal.
+    async fn event(&self, ty: EventType, reason: &str, message: &str) {
+        self.ctx
+            .recorder
+            .publish(&self.pod, ty, reason, message)
+            .await;
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn probe_specs(
+        &self,
+        c: &Container,
+    ) -> Result<
+        (
+            Option<probe::Spec>,
+            Option<probe::Spec>,
+            Option<probe::Spec>,
+        ),
+        String,
+    > {
+        let one = |p: &Option<skiff_api::api::Probe>, what: &str| {
+            p.as_ref()
+                .map(|p| probe::Spec::from_api(c, p, &format!("containers[{}].{what}", c.name)))
+                .transpose()
+                .map_err(|e| e.0)
+        };
+        Ok((
+            one(&c.startup_probe, "startupProbe")?,
+            one(&c.liveness_probe, "livenessProbe")?,
+            one(&c.readiness_probe, "readinessProbe")?,
+        ))
+    }
+
+    /// Runs the probes that are due; returns when the next one is.
+    async fn run_probes(&mut self, sandbox: &Sandbox, name: &str, now: Instant) -> Option<Instant> {
+        let target = self.pod_ip.map(|ip| probe::Target {
+            netns: sandbox.netns_path.clone(),
+            ip,
+        });
+        let runtime = self.ctx.runtime.clone();
+        let pod_name = self.name();
+        let grace = grace_of(&self.pod);
+        let mut events = Vec::new();
+        let track = self.tracks.get_mut(name)?;
+        let mut kill = None;
+        for kind in [
+            probe::Kind::Startup,
+            probe::Kind::Liveness,
+            probe::Kind::Readiness,
+        ] {
+            // Liveness and readiness wait for the startup probe.
+            if kind != probe::Kind::Startup && !track.started {
+                continue;
+            }
+            let tracker = match kind {
+                probe::Kind::Startup if !track.started => track.startup.as_mut(),
+                probe::Kind::Startup => None,
+                probe::Kind::Liveness => track.liveness.as_mut(),
+                probe::Kind::Readiness => track.readiness.as_mut(),
+            };
+            let Some(t) = tracker else { continue };
+            if !t.due(now) {
+                continue;
+            }
+            let result = probe::run(
+                &t.spec.handler,
+                t.spec.timeout,
+                &runtime,
+                sandbox,
+                name,
+                target.as_ref(),
+            )
+            .await;
+            let message = result.clone().err().unwrap_or_default();
+            let changed = t.record(result.is_ok(), message.clone(), Instant::now());
+            if changed == Some(false) {
+                events.push((
+                    EventType::Warning,
+                    "Unhealthy",
+                    format!("{kind:?} probe failed: {message}"),
+                ));
+            }
+            match (kind, changed) {
+                (probe::Kind::Startup, Some(true)) => {
+                    track.started = true;
+                    track.ready = track.readiness.is_none();
+                }
+                (probe::Kind::Readiness, Some(ok)) => {
+                    info!(pod = %pod_name, container = %name, ready = ok, %message, "readiness changed");
+                    track.ready = ok;
+                }
+                (probe::Kind::Startup | probe::Kind::Liveness, Some(false)) => {
+                    kill = Some(format!("{kind:?} probe failed: {message}"));
+                }
+                _ => {}
+            }
+        }
+        let next = if let Some(why) = kill {
+            info!(pod = %pod_name, container = %name, %why, "restarting container");
+            track.ready = false;
+            events.push((
+                EventType::Normal,
+                "Killing",
+                format!("Container {name} {why}, will be restarted"),
+            ));
+            if let Err(e) = self.ctx.runtime.stop_container(sandbox, name, grace).await {
+                warn!(pod = %pod_name, container = %name, error = %e, "stopping failed container");
+            }
+            Some(Instant::now())
+        } else {
+            [&track.startup, &track.liveness, &track.readiness]
+                .into_iter()
+                .flatten()
+                .map(Tracker::next_run)
+                .min()
+        };
+        for (ty, reason, message) in events {
+            self.event(ty, reason, &message).await;
+        }
+        next
+    }
+
+    fn views(&self, states: &BTreeMap<String, Option<ContainerState>>) -> Vec<ContainerView> {
+        containers(&self.pod)
+            .iter()
+            .map(|c| {
+                let t = self.tracks.get(&c.name);
+                let state = states.get(&c.name).cloned().flatten();
+                let running = state.as_ref().is_some_and(ContainerState::is_running);
+                ContainerView {
+                    name: c.name.clone(),
+                    image: c.image.clone(),
+                    waiting: t.and_then(|t| t.waiting.clone()),
+                    restart_count: t.map(|t| t.restart_count).unwrap_or(0),
+                    last_terminated: t.and_then(|t| {
+                        // Only a previous run's termination is "last": the current one shows
+                        // as the state.
+                        if running || t.waiting.is_some() {
+                            t.last_terminated.clone()
+                        } else {
+                            None
+                        }
+                    }),
+                    ready: running && t.is_some_and(|t| t.ready),
+                    started: running && t.is_some_and(|t| t.started),
+                    state,
+                }
+            })
+            .collect()
+    }
+
+    /// The limits of the pod's containers that this node cannot enforce.
+    fn limits_not_enforced(&self) -> Vec<String> {
+        let mut out: Vec<String> = containers(&self.pod)
+            .iter()
+            .flat_map(|c| self.ctx.runtime.limit_report(&limits_of(c)).not_enforced)
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// Writes the pod's status if it changed. Returns false if the write must be retried.
+    async fn write_status(&mut self) -> bool {
+        let mut states = BTreeMap::new();
+        if let Some(sb) = &self.sandbox {
+            for c in containers(&self.pod) {
+                let s = self
+                    .ctx
+                    .runtime
+                    .container_state(sb, &c.name)
+                    .await
+                    .ok()
+                    .flatten();
+                states.insert(c.name.clone(), s);
+            }
+        }
+        let facts = PodFacts {
+            pod_ip: self.pod_ip.map(|ip| ip.to_string()),
+            host_ip: self.ctx.host_ip.clone(),
+            start_time: self.start_time,
+            failure: self.failure.clone(),
+            limits_not_enforced: self.limits_not_enforced(),
+            now: SystemTime::now(),
+        };
+        let status = status::pod_status(&self.pod, &self.views(&states), &facts);
+        // Compared with the API's copy (not only with what this agent last wrote): another
+        // writer, e.g. the node lifecycle controller marking pods not ready while the node was
+        // unreachable, is corrected as soon as the agent sees it.
+        let current = self.pod.status.as_ref().or(self.written.as_ref());
+        if current.is_some_and(|w| status::same_status(w, &status)) {
+            return true;
+        }
+        let api = self.ctx.client.namespaced::<Pod>(self.pod.namespace());
+        let mut pod = self.pod.clone();
+        pod.status = Some(status.clone());
+        match api.update_status(&pod).await {
+            Ok(updated) => {
+                self.pod = updated;
+                self.written = Some(status);
+                true
+            }
+            Err(ClientError::Conflict { .. }) => {
+                // Our copy is stale: fetch the latest and write again on the next pass.
+                if let Ok(latest) = api.get(self.pod.name()).await {
+                    self.pod = latest;
+                }
+                false
+            }
+            Err(ClientError::NotFound { .. }) => {
+                self.gone = true;
+                false
+            }
+            Err(e) => {
+                warn!(pod = %self.name(), error = %e, "writing pod status");
+                false
+            }
+        }
+    }
+
+    /// Stops the pod (grace period, then kill), releases its network and cgroups, and, when it
+    /// was deleted gracefully through the API, finishes the delete.
+    async fn teardown(&mut self) -> Result<(), String> {
+        let grace = grace_of(&self.pod);
+        let sandbox = match self.sandbox.take() {
+            Some(s) => Some(s),
+            None => self
+                .ctx
+                .runtime
+                .list_sandboxes()
+                .await
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .find(|s| s.uid == self.uid),
+        };
+        if let Some(sb) = &sandbox {
+            info!(pod = %format!("{}/{}", sb.namespace, sb.name), ?grace, "stopping pod");
+            if self.pod.metadata().is_some() {
+                for c in containers(&self.pod) {
+                    let msg = format!("Stopping container {}", c.name);
+                    self.event(EventType::Normal, "Killing", &msg).await;
+                }
+            }
+            if let Err(e) = self.ctx.runtime.remove_sandbox(sb, grace).await {
+                self.sandbox = sandbox.clone();
+                return Err(format!("removing sandbox: {e}"));
+            }
+        }
+        self.ctx.detach_pod_datapath(&self.uid);
+        self.ctx
+            .net
+            .detach_pod(&self.uid)
+            .await
+            .map_err(|e| format!("detaching network: {e}"))?;
+        let ids: Vec<u64> = self.tracks.values().filter_map(|t| t.cgroup_id).collect();
+        self.ctx.forget_counters(&ids);
+        if !self.gone {
+            let api = self.ctx.client.namespaced::<Pod>(self.pod.namespace());
+            let dp = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(Preconditions {
+                    uid: Some(self.uid.clone()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            match api.delete(self.pod.name(), &dp).await {
+                Ok(_) | Err(ClientError::NotFound { .. }) => {}
+                // The uid precondition failed: a new pod of the same name; not ours to delete.
+                Err(ClientError::Conflict { .. }) => {}
+                Err(e) => return Err(format!("finishing the delete: {e}")),
+            }
+        }
+        info!(uid = %self.uid, "pod torn down");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn container_spec_errors_name_the_field() {
+        let c = Container {
+            name: "web".into(),
+            image: "host".into(),
+            ..Default::default()
+        };
+        let e = container_spec(&c).unwrap_err();
+        assert!(e.starts_with("containers[web].command: required"), "{e}");
+        let c = Container {
+            name: "web".into(),
+            image: "/no/such/rootfs".into(),
+            command: vec!["sh".into()],
+            ..Default::default()
+        };
+        let e = container_spec(&c).unwrap_err();
+        assert!(
+            e.contains("containers[web].image: root directory /no/such/rootfs does not exist"),
+            "{e}"
+        );
+        let c = Container {
+            name: "web".into(),
+            image: "busybox:latest".into(),
+            command: vec!["sh".into()],
+            ..Default::default()
+        };
+        assert!(
+            container_spec(&c)
+                .unwrap_err()
+                .starts_with("containers[web].image")
+        );
+    }
+}

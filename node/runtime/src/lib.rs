@@ -1,0 +1,272 @@
+//! The pod runtime: what the agent needs to run a pod's containers, behind the narrow
+//! [`Runtime`] trait, and [`NativeRuntime`], which runs them as plain processes in cgroup v2
+//! groups and Linux namespaces (a kubelet without container images).
+//!
+//! Model (the pause-container model without a pause process):
+//!
+//! * A **sandbox** is a cgroup v2 directory `<cgroup_parent>/pod-<uid>` plus persistent
+//!   network, UTS (hostname = pod hostname) and IPC namespaces, kept alive by bind mounts
+//!   (`/run/netns/skiff-<short uid>` for the network namespace, so `ip netns list` shows it;
+//!   the others under the state directory). All containers of a pod join them.
+//! * Every **container** runs in its own leaf cgroup `<pod cgroup>/<container name>`; the pod
+//!   cgroup itself holds no processes. eBPF accounting keys on the cgroup id of the socket's
+//!   cgroup, so [`ContainerState::Running::cgroup_id`] is the id to account a container's
+//!   traffic to, and [`Sandbox::cgroup_id`] is their common ancestor (attach point, and the
+//!   id `bpf_skb_ancestor_cgroup_id` yields for the pod level).
+//! * Containers are started through a **shim** (`skiff-node shim …`, see [`shim`]) that
+//!   stays outside the pod cgroup, survives the agent, copies the container's output into a
+//!   rotated log file and records the exit status in the state directory.
+//! * State lives on disk (see [`NativeRuntime`] for the layout), so a restarted agent adopts
+//!   running pods without restarting anything.
+//!
+//! Limits are applied only where the cgroup v2 tree offers the controller; the rest are
+//! reported as not enforced ([`Runtime::limit_report`]).
+
+mod cgroup;
+pub mod host;
+mod log;
+mod native;
+mod ns;
+pub mod shim;
+mod state;
+mod sys;
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast;
+
+pub use cgroup::remove_tree as remove_cgroup_tree;
+pub use native::{NativeConfig, NativeRuntime};
+
+/// What a container runs from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Image {
+    /// A host command, in the host's root filesystem.
+    Host,
+    /// An absolute directory that becomes the container's root filesystem (pivot_root).
+    RootFs(PathBuf),
+}
+
+impl Image {
+    /// Parses the image field of a pod spec: `host`, or an absolute directory.
+    pub fn parse(image: &str) -> Result<Image, RuntimeError> {
+        if image == "host" {
+            Ok(Image::Host)
+        } else if image.starts_with('/') {
+            Ok(Image::RootFs(PathBuf::from(image)))
+        } else {
+            Err(RuntimeError::InvalidSpec(format!(
+                "image {image:?}: expected \"host\" or an absolute root directory"
+            )))
+        }
+    }
+}
+
+/// Resource limits of a pod or a container. `None` = unlimited.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// CPU in millicores (1000 = one core), enforced through `cpu.max`.
+    pub cpu_millis: Option<u64>,
+    /// `memory.max`.
+    pub memory_bytes: Option<u64>,
+    /// `pids.max`.
+    pub pids: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxSpec {
+    /// Pod uid; names the cgroup, the network namespace and the state directory.
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    /// The hostname set in the pod's UTS namespace (usually the pod name).
+    pub hostname: String,
+    /// Give every container its own PID namespace (the container's process is PID 1).
+    pub pid_namespace: bool,
+    /// Give every container its own (private) mount namespace. Containers with a root
+    /// filesystem image always get one.
+    pub mount_namespace: bool,
+    /// Pod-level limits, on the pod cgroup.
+    pub limits: Limits,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerSpec {
+    /// A DNS-1123 label; names the container's leaf cgroup and state directory.
+    pub name: String,
+    pub image: Image,
+    /// Command and arguments, resolved (argv[0] is looked up in the container's `PATH`).
+    pub argv: Vec<String>,
+    /// Environment. `PATH` and `HOSTNAME` get defaults when missing.
+    pub env: Vec<(String, String)>,
+    /// Absolute working directory inside the container (default `/`).
+    pub working_dir: Option<PathBuf>,
+    /// Container-level limits, on the container's leaf cgroup.
+    pub limits: Limits,
+}
+
+/// A pod sandbox as created (and persisted) by a runtime.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sandbox {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub hostname: String,
+    /// The pod cgroup (holds no processes itself; containers have leaf cgroups below it).
+    pub cgroup_dir: PathBuf,
+    /// Id of the pod cgroup (the inode number of its directory, as BPF sees it).
+    pub cgroup_id: u64,
+    /// Bind mount of the pod's network namespace (`/run/netns/skiff-…`).
+    pub netns_path: PathBuf,
+    /// Bind mount of the pod's UTS namespace.
+    pub uts_path: PathBuf,
+    /// Bind mount of the pod's IPC namespace.
+    pub ipc_path: PathBuf,
+    pub pid_namespace: bool,
+    pub mount_namespace: bool,
+    pub limits: Limits,
+    pub created_at: SystemTime,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ContainerState {
+    Running {
+        /// Host pid of the container's main process.
+        pid: u32,
+        started_at: SystemTime,
+        /// Id of the cgroup the container's processes live in (its leaf cgroup).
+        cgroup_id: u64,
+    },
+    Exited {
+        /// The exit code; `128 + signal` when killed by a signal; 127/126 when the command
+        /// could not be started.
+        exit_code: i32,
+        signal: Option<i32>,
+        started_at: SystemTime,
+        finished_at: SystemTime,
+        /// `Completed`, `Error`, `OOMKilled`, `StartError` or `Unknown`.
+        reason: String,
+        /// Human-readable detail, e.g. `exec "nosuchcmd": No such file or directory`.
+        message: String,
+    },
+}
+
+impl ContainerState {
+    pub fn is_running(&self) -> bool {
+        matches!(self, ContainerState::Running { .. })
+    }
+
+    /// The pid of a running container.
+    pub fn pid(&self) -> Option<u32> {
+        match self {
+            ContainerState::Running { pid, .. } => Some(*pid),
+            ContainerState::Exited { .. } => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecOutput {
+    /// Exit code of the command; `128 + signal` when killed by a signal.
+    pub exit_code: i32,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+/// Which of the requested limits this host enforces, one entry per limit kind, e.g.
+/// `memory: controller missing from cgroup v2 (…)`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitReport {
+    pub enforced: Vec<String>,
+    pub not_enforced: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The spec cannot be run, e.g. `containers[web].image: root directory /x does not exist`.
+    #[error("invalid spec: {0}")]
+    InvalidSpec(String),
+    #[error("invalid runtime configuration: {0}")]
+    InvalidConfig(String),
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error("container {0} is already running")]
+    AlreadyRunning(String),
+    #[error("container {0} is not running")]
+    NotRunning(String),
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{op}: {source}")]
+    Sys {
+        op: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("state file {path}: {message}")]
+    State { path: PathBuf, message: String },
+    #[error("shim for {container}: {message}")]
+    Shim { container: String, message: String },
+    #[error("exec timed out after {0:?}")]
+    ExecTimeout(Duration),
+    #[error("the native runtime must be created inside a Tokio runtime")]
+    NoTokioRuntime,
+    #[error(transparent)]
+    Host(#[from] crate::host::HostError),
+}
+
+/// The pod runtime the agent drives. Implementations: [`NativeRuntime`] (processes in
+/// namespaces and cgroups); an OCI runtime (crun) can be another.
+#[async_trait]
+pub trait Runtime: Send + Sync {
+    /// Creates the pod's cgroup and namespaces. Idempotent: returns the existing sandbox.
+    async fn create_sandbox(&self, spec: &SandboxSpec) -> Result<Sandbox, RuntimeError>;
+    /// Starts a container (again, if an earlier run of it has exited) and returns its state:
+    /// `Running`, or `Exited` with reason `StartError` when the command could not be run.
+    async fn start_container(
+        &self,
+        sandbox: &Sandbox,
+        spec: &ContainerSpec,
+    ) -> Result<ContainerState, RuntimeError>;
+    /// `None` when the container was never started in this sandbox.
+    async fn container_state(
+        &self,
+        sandbox: &Sandbox,
+        name: &str,
+    ) -> Result<Option<ContainerState>, RuntimeError>;
+    /// SIGTERM to the container's processes, wait up to `grace`, then kill them all.
+    async fn stop_container(
+        &self,
+        sandbox: &Sandbox,
+        name: &str,
+        grace: Duration,
+    ) -> Result<(), RuntimeError>;
+    /// Stops every container (SIGTERM, `grace`, kill), then removes the cgroups, the
+    /// namespaces and the state. Idempotent.
+    async fn remove_sandbox(&self, sandbox: &Sandbox, grace: Duration) -> Result<(), RuntimeError>;
+    /// The sandboxes on this node, from the state directory (adoption after a restart).
+    async fn list_sandboxes(&self) -> Result<Vec<Sandbox>, RuntimeError>;
+    /// Runs `argv` inside a running container (its namespaces, cgroup, environment and
+    /// working directory), killing it after `timeout` ([`RuntimeError::ExecTimeout`]).
+    async fn exec(
+        &self,
+        sandbox: &Sandbox,
+        container: &str,
+        argv: &[String],
+        timeout: Duration,
+    ) -> Result<ExecOutput, RuntimeError>;
+    /// `(pod uid, container name)` whenever a container's main process exits, for adopted
+    /// containers too. Subscribe before starting what you want to hear about.
+    fn exits(&self) -> broadcast::Receiver<(String, String)>;
+    /// Which of `limits` this host can enforce.
+    fn limit_report(&self, limits: &Limits) -> LimitReport;
+    /// The container's log file (rotated copies get `.1`, `.2`, … appended).
+    fn log_path(&self, sandbox_uid: &str, container: &str) -> PathBuf;
+}
