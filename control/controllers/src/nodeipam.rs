@@ -37,7 +37,7 @@ impl Policy for PodCidrs {
         };
         std::iter::once(&spec.pod_cidr)
             .chain(&spec.pod_cidrs)
-            .filter_map(|c| Ipv4Cidr::parse_lenient(c).ok())
+            .filter_map(|c| c.parse::<Ipv4Cidr>().ok())
             .filter_map(|c| self.0.overlapping(c))
             .flatten()
             .map(|b| (BLOCKS, b))

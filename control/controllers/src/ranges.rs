@@ -8,15 +8,17 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 use std::ops::RangeInclusive;
 use std::str::FromStr;
+
+pub use skiff_cidr::{CidrError, Ipv4Cidr};
 
 /// Why a CIDR, a block size or a port range is not usable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RangeError {
-    #[error("invalid CIDR {value:?}: {reason}")]
-    Cidr { value: String, reason: String },
+    #[error(transparent)]
+    Cidr(#[from] CidrError),
     #[error("invalid block size /{mask} for {cidr}: {reason}")]
     BlockSize {
         cidr: Ipv4Cidr,
@@ -28,150 +30,14 @@ pub enum RangeError {
 }
 
 /// Kubernetes' default service CIDR, 10.96.0.0/16.
-pub const DEFAULT_SERVICE_CIDR: Ipv4Cidr = Ipv4Cidr {
-    network: u32::from_be_bytes([10, 96, 0, 0]),
-    prefix: 16,
-};
+pub const DEFAULT_SERVICE_CIDR: Ipv4Cidr = Ipv4Cidr::from_octets([10, 96, 0, 0], 16);
 /// The usual cluster (pod) CIDR, 10.244.0.0/16.
-pub const DEFAULT_CLUSTER_CIDR: Ipv4Cidr = Ipv4Cidr {
-    network: u32::from_be_bytes([10, 244, 0, 0]),
-    prefix: 16,
-};
+pub const DEFAULT_CLUSTER_CIDR: Ipv4Cidr = Ipv4Cidr::from_octets([10, 244, 0, 0], 16);
 /// Kubernetes' default node port range, 30000-32767.
 pub const DEFAULT_NODE_PORTS: PortRange = PortRange {
     first: 30000,
     last: 32767,
 };
-
-/// An IPv4 network: an address whose host bits are zero, and a prefix length (0..=32).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Ipv4Cidr {
-    network: u32,
-    prefix: u8,
-}
-
-fn mask(prefix: u8) -> u32 {
-    u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0)
-}
-
-impl Ipv4Cidr {
-    /// The network of `addr`/`prefix` (host bits cleared); `None` if `prefix` > 32.
-    pub fn new(addr: Ipv4Addr, prefix: u8) -> Option<Self> {
-        (prefix <= 32).then(|| Ipv4Cidr {
-            network: u32::from(addr) & mask(prefix),
-            prefix,
-        })
-    }
-
-    /// Parses `a.b.c.d/n`, clearing host bits instead of rejecting them (for CIDRs read from
-    /// objects, which the API server validated less strictly).
-    pub fn parse_lenient(s: &str) -> Result<Self, RangeError> {
-        let (addr, prefix) = split_cidr(s)?;
-        Ipv4Cidr::new(addr, prefix).ok_or_else(|| cidr_error(s, "prefix length above 32"))
-    }
-
-    pub fn network(&self) -> Ipv4Addr {
-        Ipv4Addr::from(self.network)
-    }
-
-    pub fn prefix_len(&self) -> u8 {
-        self.prefix
-    }
-
-    /// Number of addresses, network and broadcast included.
-    pub fn size(&self) -> u64 {
-        1u64 << (32 - u32::from(self.prefix))
-    }
-
-    fn last(&self) -> u32 {
-        self.network | !mask(self.prefix)
-    }
-
-    pub fn contains(&self, ip: Ipv4Addr) -> bool {
-        u32::from(ip) & mask(self.prefix) == self.network
-    }
-
-    /// The `n`-th address (0 is the network address).
-    pub fn nth(&self, n: u64) -> Option<Ipv4Addr> {
-        (n < self.size())
-            .then(|| u32::try_from(n).ok())
-            .flatten()
-            .map(|n| Ipv4Addr::from(self.network + n))
-    }
-
-    /// Which address of the network `ip` is (`None` if outside).
-    pub fn offset_of(&self, ip: Ipv4Addr) -> Option<u64> {
-        self.contains(ip)
-            .then(|| u64::from(u32::from(ip) - self.network))
-    }
-
-    /// Number of host addresses: every address but the network and broadcast ones (0 for
-    /// /31 and /32).
-    pub fn hosts(&self) -> u64 {
-        self.size().saturating_sub(2)
-    }
-
-    /// The `n`-th host address (0 is the first after the network address).
-    pub fn host(&self, n: u64) -> Option<Ipv4Addr> {
-        (n < self.hosts()).then(|| self.nth(n + 1)).flatten()
-    }
-
-    /// Which host address `ip` is (`None` outside the network, or for the network and
-    /// broadcast addresses).
-    pub fn host_index(&self, ip: Ipv4Addr) -> Option<u64> {
-        let off = self.offset_of(ip)?;
-        (off >= 1 && off <= self.hosts()).then(|| off - 1)
-    }
-}
-
-fn cidr_error(value: &str, reason: impl Into<String>) -> RangeError {
-    RangeError::Cidr {
-        value: value.to_string(),
-        reason: reason.into(),
-    }
-}
-
-fn split_cidr(s: &str) -> Result<(Ipv4Addr, u8), RangeError> {
-    let (ip, bits) = s
-        .trim()
-        .split_once('/')
-        .ok_or_else(|| cidr_error(s, "want address/prefix-length, e.g. 10.96.0.0/16"))?;
-    let addr = match ip.parse::<IpAddr>() {
-        Ok(IpAddr::V4(a)) => a,
-        Ok(IpAddr::V6(_)) => return Err(cidr_error(s, "IPv6 is not supported, only IPv4")),
-        Err(_) => return Err(cidr_error(s, format!("{ip:?} is not an IP address"))),
-    };
-    let prefix = bits
-        .parse::<u8>()
-        .ok()
-        .filter(|b| *b <= 32)
-        .ok_or_else(|| cidr_error(s, format!("prefix length {bits:?} is not in 0-32")))?;
-    Ok((addr, prefix))
-}
-
-/// Strict: host bits must be zero (`10.96.0.1/16` is an error naming `10.96.0.0/16`).
-impl FromStr for Ipv4Cidr {
-    type Err = RangeError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let (addr, prefix) = split_cidr(s)?;
-        let cidr =
-            Ipv4Cidr::new(addr, prefix).ok_or_else(|| cidr_error(s, "prefix length above 32"))?;
-        if cidr.network() != addr {
-            return Err(cidr_error(
-                s,
-                format!("host bits are set (the network is {cidr})"),
-            ));
-        }
-        Ok(cidr)
-    }
-}
-
-impl fmt::Display for Ipv4Cidr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.network(), self.prefix)
-    }
-}
 
 /// A CIDR cut into blocks of prefix length `mask` (a cluster CIDR cut into node pod CIDRs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,8 +50,11 @@ impl CidrBlocks {
     /// Blocks of `/mask` in `cidr`; `mask` must be at least `cidr`'s prefix length and at most
     /// 30 (a block needs addresses for pods besides its network and broadcast addresses).
     pub fn new(cidr: Ipv4Cidr, mask: u8) -> Result<Self, RangeError> {
-        let reason = if mask < cidr.prefix {
-            format!("smaller than the prefix length {} of the CIDR", cidr.prefix)
+        let reason = if mask < cidr.prefix_len() {
+            format!(
+                "smaller than the prefix length {} of the CIDR",
+                cidr.prefix_len()
+            )
         } else if mask > 30 {
             "larger than 30".to_string()
         } else {
@@ -204,7 +73,7 @@ impl CidrBlocks {
 
     /// Number of blocks.
     pub fn count(&self) -> u64 {
-        1u64 << (self.mask - self.cidr.prefix)
+        1u64 << (self.mask - self.cidr.prefix_len())
     }
 
     fn shift(&self) -> u32 {
@@ -218,7 +87,7 @@ impl CidrBlocks {
         }
         let n = u32::try_from(n).ok()?;
         Ipv4Cidr::new(
-            Ipv4Addr::from(self.cidr.network + (n << self.shift())),
+            Ipv4Addr::from(self.cidr.first_u32() + (n << self.shift())),
             self.mask,
         )
     }
@@ -226,9 +95,9 @@ impl CidrBlocks {
     /// The blocks `other` overlaps (`None` if it lies outside the CIDR): one block for a
     /// CIDR of the block size or smaller, several for a larger one.
     pub fn overlapping(&self, other: Ipv4Cidr) -> Option<RangeInclusive<u64>> {
-        let lo = other.network.max(self.cidr.network);
-        let hi = other.last().min(self.cidr.last());
-        let index = |a: u32| u64::from((a - self.cidr.network) >> self.shift());
+        let lo = other.first_u32().max(self.cidr.first_u32());
+        let hi = other.last_u32().min(self.cidr.last_u32());
+        let index = |a: u32| u64::from((a - self.cidr.first_u32()) >> self.shift());
         (lo <= hi).then(|| index(lo)..=index(hi))
     }
 }
@@ -394,55 +263,6 @@ mod tests {
         assert_eq!(DEFAULT_SERVICE_CIDR, cidr("10.96.0.0/16"));
         assert_eq!(DEFAULT_CLUSTER_CIDR, cidr("10.244.0.0/16"));
         assert_eq!(DEFAULT_NODE_PORTS, "30000-32767".parse().unwrap());
-    }
-
-    #[test]
-    fn parses_cidrs_strictly() {
-        let c = cidr("10.96.0.0/16");
-        assert_eq!(c.network(), Ipv4Addr::new(10, 96, 0, 0));
-        assert_eq!(c.prefix_len(), 16);
-        assert_eq!(c.size(), 65536);
-        assert_eq!(c.to_string(), "10.96.0.0/16");
-        assert_eq!(cidr("0.0.0.0/0").size(), 1 << 32);
-        assert_eq!(cidr("10.0.0.7/32").size(), 1);
-        let err = |s: &str| s.parse::<Ipv4Cidr>().unwrap_err().to_string();
-        assert!(err("10.96.0.1/16").contains("host bits are set (the network is 10.96.0.0/16)"));
-        assert!(err("fd00::/64").contains("IPv6 is not supported"));
-        assert!(err("10.96.0.0/33").contains("prefix length \"33\" is not in 0-32"));
-        assert!(err("10.96.0.0").contains("want address/prefix-length"));
-        assert!(err("10.960.0.0/16").contains("is not an IP address"));
-        assert_eq!(
-            Ipv4Cidr::parse_lenient("10.244.3.7/24").unwrap(),
-            cidr("10.244.3.0/24")
-        );
-        assert!(Ipv4Cidr::parse_lenient("fd00::/64").is_err());
-    }
-
-    #[test]
-    fn addresses_and_hosts() {
-        let c = cidr("10.96.0.0/29");
-        assert_eq!(c.nth(0), Some(Ipv4Addr::new(10, 96, 0, 0)));
-        assert_eq!(c.nth(7), Some(Ipv4Addr::new(10, 96, 0, 7)));
-        assert_eq!(c.nth(8), None);
-        assert_eq!(c.offset_of(Ipv4Addr::new(10, 96, 0, 5)), Some(5));
-        assert_eq!(c.offset_of(Ipv4Addr::new(10, 96, 0, 8)), None);
-        // Neither the network nor the broadcast address is a host.
-        assert_eq!(c.hosts(), 6);
-        assert_eq!(c.host(0), Some(Ipv4Addr::new(10, 96, 0, 1)));
-        assert_eq!(c.host(5), Some(Ipv4Addr::new(10, 96, 0, 6)));
-        assert_eq!(c.host(6), None);
-        assert_eq!(c.host_index(Ipv4Addr::new(10, 96, 0, 0)), None);
-        assert_eq!(c.host_index(Ipv4Addr::new(10, 96, 0, 7)), None);
-        assert_eq!(c.host_index(Ipv4Addr::new(10, 96, 0, 6)), Some(5));
-        assert_eq!(c.host_index(Ipv4Addr::new(10, 97, 0, 6)), None);
-        assert_eq!(cidr("10.0.0.0/31").hosts(), 0);
-        assert_eq!(cidr("10.0.0.0/32").host(0), None);
-        let all = cidr("0.0.0.0/0");
-        assert_eq!(all.nth((1 << 32) - 1), Some(Ipv4Addr::BROADCAST));
-        assert_eq!(
-            all.host_index(Ipv4Addr::new(255, 255, 255, 254)),
-            Some((1 << 32) - 3)
-        );
     }
 
     #[test]

@@ -24,7 +24,7 @@ use skiff_api::api::Service;
 use skiff_client::runtime::{CancelToken, EventRecorder, EventType, Informers, ObjectKey};
 
 use crate::allocator::{Allocator, Claim, Ledger, Plan, Policy};
-use crate::ranges::{Ipv4Cidr, PortRange, RangeAllocator, RangeError};
+use crate::ranges::{CidrError, Ipv4Cidr, PortRange, RangeAllocator, RangeError};
 
 const IPS: usize = 0;
 const NODE_PORTS: usize = 1;
@@ -41,10 +41,10 @@ impl ServiceRanges {
     /// The service CIDR needs host addresses (a prefix length of at most 30).
     pub fn new(cluster_ips: Ipv4Cidr, node_ports: PortRange) -> Result<Self, RangeError> {
         if cluster_ips.hosts() == 0 {
-            return Err(RangeError::Cidr {
+            return Err(RangeError::Cidr(CidrError {
                 value: cluster_ips.to_string(),
                 reason: "has no host addresses (the prefix length must be at most 30)".into(),
-            });
+            }));
         }
         Ok(ServiceRanges {
             cluster_ips,

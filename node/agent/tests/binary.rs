@@ -23,7 +23,11 @@ fn a_maglev_table_size_that_is_not_prime_is_refused_naming_the_flag() {
 fn check_host_finds_the_cgroup_v2_mount() {
     let out = skiff_node(&["check-host"]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let root = skiff_runtime::host::cgroup2_mount().expect("cgroup v2 is mounted here");
     assert!(
         text.contains(&format!("cgroup v2 root:      {}", root.display())),
@@ -39,5 +43,9 @@ fn the_shim_is_a_hidden_subcommand() {
     assert!(!help.contains("shim"), "{help}");
     // The runtime starts it as `<shim path> shim …`: it must parse.
     let out = skiff_node(&["shim", "--help"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

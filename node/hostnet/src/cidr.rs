@@ -3,19 +3,20 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 
+use skiff_cidr::{CidrError, Ipv4Cidr};
+
 use super::NetError;
 
 /// The largest prefix length accepted: a /30 still has one usable pod address once the
 /// network address, the reserved first address and the broadcast address are skipped.
 pub const MAX_POD_PREFIX_V4: u8 = 30;
 
-/// A validated pod CIDR. IPv4 only today; the public surface speaks [`IpAddr`] so that an IPv6
-/// range can be added without changing callers.
+/// A validated pod CIDR: a canonical IPv4 CIDR (the shared [`skiff_cidr`] rules, the same the
+/// API server validates `spec.podCIDR` with) with at least one pod address. IPv4 only today;
+/// the public surface speaks [`IpAddr`] so that an IPv6 range can be added without changing
+/// callers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PodCidr {
-    network: Ipv4Addr,
-    prefix: u8,
-}
+pub struct PodCidr(Ipv4Cidr);
 
 impl PodCidr {
     /// Parses `a.b.c.d/len`. The address must be the network address (no host bits set) and
@@ -25,62 +26,48 @@ impl PodCidr {
             cidr: cidr.to_string(),
             reason,
         };
-        let (addr, prefix) = cidr
-            .trim()
-            .split_once('/')
-            .ok_or_else(|| invalid("expected <address>/<prefix length>".into()))?;
-        let addr: IpAddr = addr
-            .parse()
-            .map_err(|_| invalid(format!("{addr:?} is not an IP address")))?;
-        let IpAddr::V4(network) = addr else {
-            return Err(invalid("IPv6 pod CIDRs are not supported yet".into()));
-        };
-        let prefix: u8 =
-            prefix.parse().ok().filter(|p| *p <= 32).ok_or_else(|| {
-                invalid(format!("{prefix:?} is not a prefix length from 0 to 32"))
-            })?;
-        if prefix > MAX_POD_PREFIX_V4 {
+        let c: Ipv4Cidr = cidr.parse().map_err(|e: CidrError| {
+            invalid(if e.reason.contains("IPv6") {
+                "IPv6 pod CIDRs are not supported yet".into()
+            } else {
+                e.reason
+            })
+        })?;
+        if c.prefix_len() > MAX_POD_PREFIX_V4 {
             return Err(invalid(format!(
-                "prefix length {prefix} leaves no pod address (at most /{MAX_POD_PREFIX_V4})"
+                "prefix length {} leaves no pod address (at most /{MAX_POD_PREFIX_V4})",
+                c.prefix_len()
             )));
         }
-        let canonical = Ipv4Addr::from(u32::from(network) & mask(prefix));
-        if canonical != network {
-            return Err(invalid(format!(
-                "host bits are set (the network address is {canonical}/{prefix})"
-            )));
-        }
-        Ok(Self { network, prefix })
+        Ok(Self(c))
     }
 
     pub fn network(&self) -> IpAddr {
-        IpAddr::V4(self.network)
+        IpAddr::V4(self.0.network())
     }
 
     pub fn prefix_len(&self) -> u8 {
-        self.prefix
+        self.0.prefix_len()
     }
 
     /// Whether `ip` lies inside this CIDR (including its reserved addresses).
     pub fn contains(&self, ip: IpAddr) -> bool {
         match ip {
-            IpAddr::V4(v4) => u32::from(v4) & mask(self.prefix) == u32::from(self.network),
+            IpAddr::V4(v4) => self.0.contains(v4),
             IpAddr::V6(_) => false,
         }
     }
 
     /// The address reserved for the node (gateway use later): network + 1. Never handed to pods.
     pub fn reserved_first(&self) -> IpAddr {
-        IpAddr::V4(Ipv4Addr::from(u32::from(self.network) + 1))
+        IpAddr::V4(Ipv4Addr::from(self.0.first_u32() + 1))
     }
 
     /// The addresses pods may get, in order: everything except the network address, the first
     /// address and the broadcast address.
     pub(crate) fn pod_range_v4(&self) -> std::ops::RangeInclusive<u32> {
-        let first = u32::from(self.network);
-        let last = first | !mask(self.prefix);
         // prefix <= 30, so last - first >= 3 and the range below is never empty.
-        (first + 2)..=(last - 1)
+        (self.0.first_u32() + 2)..=(self.0.last_u32() - 1)
     }
 
     /// Number of addresses pods may get.
@@ -92,12 +79,8 @@ impl PodCidr {
 
 impl fmt::Display for PodCidr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.network, self.prefix)
+        self.0.fmt(f)
     }
-}
-
-fn mask(prefix: u8) -> u32 {
-    u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -265,10 +265,7 @@ impl NodeNetwork {
             .replace_host_route(ip, host_idx, &host_name)
             .await?;
 
-        // Pod side.
-        if let Some(lo) = pod.link_by_name("lo").await? {
-            pod.set_up(lo.header.index, "lo", None).await?;
-        }
+        // Pod side (its loopback is up since the runtime created the namespace).
         pod.set_up(peer_idx, POD_IFNAME, None).await?;
         pod.set_only_ipv4(peer_idx, POD_IFNAME, ip, 32).await?;
         match rtnl::mac(&host) {

@@ -29,44 +29,15 @@ fn read(path: &Path) -> Result<String, HostError> {
 
 /// Finds the mount point of the cgroup2 filesystem in the text of a mountinfo file.
 pub fn cgroup2_mount_in(mountinfo: &str) -> Option<PathBuf> {
-    mountinfo.lines().find_map(|line| {
-        // Fields: id parent major:minor root mountpoint options [optional...] - fstype source superopts
-        let (left, right) = line.split_once(" - ")?;
-        let fstype = right.split_whitespace().next()?;
-        if fstype != "cgroup2" {
-            return None;
-        }
-        let mountpoint = left.split_whitespace().nth(4)?;
-        Some(PathBuf::from(unescape_octal(mountpoint)))
-    })
-}
-
-/// mountinfo escapes space, tab, newline and backslash as `\NNN` octal.
-fn unescape_octal(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\'
-            && i + 3 < bytes.len()
-            && bytes[i + 1..i + 4]
-                .iter()
-                .all(|b| (b'0'..=b'7').contains(b))
-        {
-            let v = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    crate::mountinfo::parse(mountinfo)
+        .into_iter()
+        .find(|m| m.fstype == "cgroup2")
+        .map(|m| m.mount_point)
 }
 
 /// The cgroup v2 mount point of this machine.
 pub fn cgroup2_mount() -> Result<PathBuf, HostError> {
-    let path = Path::new("/proc/self/mountinfo");
+    let path = Path::new(crate::mountinfo::PATH);
     cgroup2_mount_in(&read(path)?).ok_or_else(|| HostError::NoCgroup2(path.display().to_string()))
 }
 
@@ -93,11 +64,9 @@ pub fn report_for(cgroup2_root: &Path, mountinfo: &str) -> Result<HostReport, Ho
         .filter(|c| !controllers.iter().any(|have| have == *c))
         .map(|c| c.to_string())
         .collect();
-    let bpffs_mounted = mountinfo.lines().any(|l| {
-        l.split_once(" - ")
-            .and_then(|(_, r)| r.split_whitespace().next())
-            == Some("bpf")
-    });
+    let bpffs_mounted = crate::mountinfo::parse(mountinfo)
+        .iter()
+        .any(|m| m.fstype == "bpf");
     Ok(HostReport {
         cgroup2_root: cgroup2_root.to_path_buf(),
         controllers,
@@ -109,9 +78,9 @@ pub fn report_for(cgroup2_root: &Path, mountinfo: &str) -> Result<HostReport, Ho
 
 /// Inspects this machine.
 pub fn report() -> Result<HostReport, HostError> {
-    let mountinfo = read(Path::new("/proc/self/mountinfo"))?;
+    let mountinfo = read(Path::new(crate::mountinfo::PATH))?;
     let root = cgroup2_mount_in(&mountinfo)
-        .ok_or_else(|| HostError::NoCgroup2("/proc/self/mountinfo".into()))?;
+        .ok_or_else(|| HostError::NoCgroup2(crate::mountinfo::PATH.into()))?;
     report_for(&root, &mountinfo)
 }
 

@@ -25,6 +25,7 @@
 mod cgroup;
 pub mod host;
 mod log;
+pub mod mountinfo;
 mod native;
 mod ns;
 pub mod shim;

@@ -35,10 +35,9 @@ fn sys_err(op: String) -> impl FnOnce(io::Error) -> io::Error {
 pub(crate) fn ensure_netns_dir() -> io::Result<bool> {
     let dir = Path::new(NETNS_DIR);
     fs::create_dir_all(dir)?;
-    let mountinfo = fs::read_to_string("/proc/self/mountinfo")?;
-    let is_mount = mountinfo
-        .lines()
-        .any(|l| l.split_whitespace().nth(4) == Some(NETNS_DIR));
+    let is_mount = crate::mountinfo::read()?
+        .iter()
+        .any(|m| m.mount_point == dir);
     if is_mount {
         return Ok(false);
     }

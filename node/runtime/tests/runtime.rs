@@ -99,14 +99,13 @@ impl Harness {
         }
         // Everything mounted below the temporary directory (UTS/IPC namespace files).
         let tmp = self.tmp.path().to_string_lossy().into_owned();
-        if let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") {
-            for line in mountinfo.lines() {
-                if let Some(mp) = line.split_whitespace().nth(4)
-                    && mp.starts_with(&tmp)
-                {
-                    out.push(PathBuf::from(mp));
-                }
-            }
+        if let Ok(mounts) = skiff_runtime::mountinfo::read() {
+            out.extend(
+                mounts
+                    .into_iter()
+                    .map(|m| m.mount_point)
+                    .filter(|mp| mp.starts_with(&tmp)),
+            );
         }
         out
     }

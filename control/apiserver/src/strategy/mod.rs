@@ -166,15 +166,12 @@ impl Strategy for Namespace {
 
 const TAINT_EFFECTS: &[&str] = &["NoSchedule", "PreferNoSchedule", "NoExecute"];
 
-fn valid_cidr(s: &str) -> bool {
-    s.split_once('/').is_some_and(|(ip, bits)| {
-        let max = match ip.parse::<std::net::IpAddr>() {
-            Ok(std::net::IpAddr::V4(_)) => 32,
-            Ok(std::net::IpAddr::V6(_)) => 128,
-            Err(_) => return false,
-        };
-        bits.parse::<u8>().is_ok_and(|b| b <= max)
-    })
+/// Why `s` is not a CIDR the node agent and the allocators can use (the one parser they all
+/// share), or `None`.
+fn cidr_problem(s: &str) -> Option<String> {
+    s.parse::<skiff_cidr::Cidr>()
+        .err()
+        .map(|e| format!("must be a valid CIDR: {}", e.reason))
 }
 
 impl Strategy for Node {
@@ -207,20 +204,14 @@ impl Strategy for Node {
                 out.push(FieldError::duplicate(p, format!("{}:{}", t.key, t.effect)));
             }
         }
-        if !spec.pod_cidr.is_empty() && !valid_cidr(&spec.pod_cidr) {
-            out.push(FieldError::invalid(
-                "spec.podCIDR",
-                &spec.pod_cidr,
-                "must be a valid CIDR",
-            ));
+        if !spec.pod_cidr.is_empty()
+            && let Some(why) = cidr_problem(&spec.pod_cidr)
+        {
+            out.push(FieldError::invalid("spec.podCIDR", &spec.pod_cidr, why));
         }
         for (i, c) in spec.pod_cidrs.iter().enumerate() {
-            if !valid_cidr(c) {
-                out.push(FieldError::invalid(
-                    format!("spec.podCIDRs[{i}]"),
-                    c,
-                    "must be a valid CIDR",
-                ));
+            if let Some(why) = cidr_problem(c) {
+                out.push(FieldError::invalid(format!("spec.podCIDRs[{i}]"), c, why));
             }
         }
         out
@@ -350,7 +341,7 @@ impl Strategy for Event {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use skiff_api::api::{NodeSpec, Taint};
+    use skiff_api::api::{NodeSpec, ObjectMeta, Taint};
 
     #[test]
     fn node_taint_effects() {
@@ -389,6 +380,49 @@ mod tests {
             s.pod_cidr = "10.0.1.0/24".into();
         }
         assert_eq!(changed.validate_update(&n).len(), 1);
+    }
+
+    /// The API accepts exactly the pod CIDRs the node agent and the allocators accept (one
+    /// parser): host bits set is refused naming the network, IPv6 is valid syntax.
+    #[test]
+    fn pod_cidrs_are_validated_by_the_shared_parser() {
+        let node = |cidr: &str, cidrs: &[&str]| Node {
+            metadata: Some(ObjectMeta {
+                name: "n".into(),
+                ..Default::default()
+            }),
+            spec: Some(NodeSpec {
+                pod_cidr: cidr.into(),
+                pod_cidrs: cidrs.iter().map(|c| c.to_string()).collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(
+            node("10.244.1.0/24", &["10.244.1.0/24", "fd00:1::/64"])
+                .validate()
+                .is_empty()
+        );
+        let errs = node("10.244.1.5/24", &["fd00:1::1/64", "10.244.1.0"]).validate();
+        let shown: Vec<String> = errs.iter().map(ToString::to_string).collect();
+        assert_eq!(shown.len(), 3, "{shown:?}");
+        assert!(
+            shown[0].starts_with("spec.podCIDR: Invalid value"),
+            "{shown:?}"
+        );
+        assert!(
+            shown[0].contains("(the network is 10.244.1.0/24)"),
+            "{shown:?}"
+        );
+        assert!(
+            shown[1].starts_with("spec.podCIDRs[0]: Invalid value"),
+            "{shown:?}"
+        );
+        assert!(shown[1].contains("fd00:1::/64"), "{shown:?}");
+        assert!(
+            shown[2].contains("expected <address>/<prefix length>"),
+            "{shown:?}"
+        );
     }
 
     #[test]
