@@ -11,7 +11,7 @@
 //!   `GET /bpf/pods`: the pod fast path's endpoints and counters ([`BpfPods`]);
 //!   `GET /bpf/conntrack`: the NodePort conntrack map ([`BpfConntrack`]). All through
 //!   [`AgentEndpoint::bpf`].
-//! - `GET /metrics`: the same numbers for Prometheus (text exposition format 0.0.4;
+//! - `GET /metrics`: the same numbers for Prometheus (OpenMetrics text format;
 //!   scraped, not read by this client).
 //!
 //! The agent publishes the port in its Node's `status.daemonEndpoints.kubeletEndpoint.Port`
@@ -77,8 +77,11 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
 /// Largest stats summary accepted.
 const MAX_SUMMARY: usize = 64 * 1024 * 1024;
 
+// The types below are the agent's HTTP API: the agent serializes exactly these, and clients
+// (the CLI, tests) read them. One definition for both sides.
+
 /// `GET /bpf/services`: the frontends programmed in a node's socket load balancer.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BpfServices {
     pub node: String,
@@ -87,20 +90,29 @@ pub struct BpfServices {
     /// How full each map is.
     #[serde(default)]
     pub maps: Vec<BpfMapPressure>,
-    /// Programming statistics (writes, latency histogram), as the agent reports them.
+    /// Programming statistics: writes and the latency from a change seen to maps written.
     #[serde(default)]
-    pub programming: serde_json::Value,
+    pub programming: BpfProgramming,
 }
 
-/// One frontend (clusterIP:port/protocol) and its backends.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// One frontend (clusterIP:port/protocol, or nodeIP:nodePort) and its backends.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BpfService {
     pub id: u32,
     /// `ip:port/PROTOCOL`.
     pub frontend: String,
     #[serde(default)]
+    pub ip: String,
+    #[serde(default)]
+    pub port: u16,
+    #[serde(default)]
+    pub protocol: String,
+    /// `None` or `ClientIP`.
+    #[serde(default)]
     pub session_affinity: String,
+    #[serde(default)]
+    pub affinity_timeout_seconds: Option<u32>,
     /// `namespace/name` of the Service (none for a frontend about to be removed).
     #[serde(default)]
     pub service: Option<String>,
@@ -108,29 +120,40 @@ pub struct BpfService {
     pub port_name: Option<String>,
     #[serde(default)]
     pub backends: Vec<BpfBackend>,
-    /// connect() calls translated to a backend (TCP, connected UDP).
+    /// connect() calls translated to a backend (TCP, connected UDP), summed over backends.
     #[serde(default)]
     pub connects: u64,
-    /// Unconnected UDP datagrams translated.
+    /// Unconnected UDP datagrams translated, summed over backends.
     #[serde(default)]
     pub sends: u64,
 }
 
-/// One backend of a frontend.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// One backend: in a [`BpfService`] (where the frontend fields are left out, being the
+/// service's), or in the flat [`BpfBackends`] list (with them).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BpfBackend {
     pub id: u32,
     #[serde(default)]
     pub slot: u32,
-    /// `ip:port`.
+    #[serde(default)]
+    pub ip: String,
+    #[serde(default)]
+    pub port: u16,
+    /// `ip:port` (`[ip]:port` for IPv6).
     pub address: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_id: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frontend: Option<String>,
-    #[serde(default)]
+    /// `namespace/name` of the Service (absent for a frontend no Service owns, only until it
+    /// is removed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port_name: Option<String>,
     #[serde(default)]
     pub connects: u64,
     #[serde(default)]
@@ -146,8 +169,37 @@ pub struct BpfMapPressure {
     pub max_entries: u64,
 }
 
+/// Map writes since the agent started and how long programming took.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BpfProgramming {
+    pub writes: u64,
+    /// From a Service or Endpoints change seen by the agent to its maps written.
+    pub latency_micros: LatencyHistogram,
+}
+
+/// A histogram with cumulative buckets, in microseconds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LatencyHistogram {
+    pub count: u64,
+    /// Sum of the observations, in microseconds.
+    pub sum: u64,
+    pub buckets: Vec<HistogramBucket>,
+}
+
+/// One cumulative bucket.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HistogramBucket {
+    /// Upper bound in microseconds; `None` is +Inf.
+    pub le: Option<u64>,
+    /// Observations at or below `le`.
+    pub count: u64,
+}
+
 /// `GET /bpf/backends`: every backend of a node's socket load balancer.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BpfBackends {
     pub node: String,
@@ -156,7 +208,7 @@ pub struct BpfBackends {
 }
 
 /// `GET /bpf/pods`: the local pods of a node's fast path and its counters.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BpfPods {
     pub node: String,
@@ -167,7 +219,7 @@ pub struct BpfPods {
 }
 
 /// One endpoint of the fast path, with the pod's traffic.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BpfPod {
     pub ip: String,
@@ -178,6 +230,7 @@ pub struct BpfPod {
     pub pod_mac: String,
     #[serde(default)]
     pub host_mac: String,
+    /// The pod it was written for (`None`: an entry this agent has not (re)written).
     #[serde(default)]
     pub uid: Option<String>,
     #[serde(default)]
@@ -206,7 +259,7 @@ pub struct BpfFastPath {
 }
 
 /// `GET /bpf/conntrack`: a node's NodePort translations.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BpfConntrack {
     pub node: String,
@@ -218,7 +271,7 @@ pub struct BpfConntrack {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BpfConntrackEntry {
-    /// `forward` or `reply`.
+    /// `forward` (client → node) or `reply` (backend → node).
     pub direction: String,
     pub protocol: String,
     /// `src:port -> dst:port`.
@@ -272,7 +325,41 @@ pub struct LogOptions {
 }
 
 impl LogOptions {
-    fn query(&self) -> String {
+    /// Parses the query string of the logs endpoint (`tail=N&follow=true&timestamps=true`);
+    /// the agent's side of [`LogOptions::query`]. `tail=-1` means everything, as kubectl's
+    /// `--tail=-1`.
+    pub fn parse_query(raw: Option<&str>) -> Result<LogOptions, String> {
+        fn flag(key: &str, v: &str) -> Result<bool, String> {
+            match v {
+                "" | "true" | "1" => Ok(true),
+                "false" | "0" => Ok(false),
+                _ => Err(format!("{key}={v}: expected true or false")),
+            }
+        }
+        let mut q = LogOptions::default();
+        for pair in raw.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            match k {
+                "tail" => {
+                    let n: i64 = v
+                        .parse()
+                        .map_err(|_| format!("tail={v}: expected a number of lines"))?;
+                    q.tail = u64::try_from(n).ok();
+                }
+                "follow" => q.follow = flag(k, v)?,
+                "timestamps" => q.timestamps = flag(k, v)?,
+                other => {
+                    return Err(format!(
+                        "unknown parameter {other:?} (tail, follow, timestamps)"
+                    ));
+                }
+            }
+        }
+        Ok(q)
+    }
+
+    /// The query string for these options (`""` or `?…`).
+    pub fn query(&self) -> String {
         let mut q = Vec::new();
         if let Some(n) = self.tail {
             q.push(format!("tail={n}"));
@@ -591,6 +678,28 @@ mod tests {
             timestamps: true,
         };
         assert_eq!(o.query(), "?tail=2&follow=true&timestamps=true");
+        // The agent parses what the client writes.
+        assert_eq!(LogOptions::parse_query(Some(&o.query()[1..])), Ok(o));
+        assert_eq!(
+            LogOptions::parse_query(Some("tail=-1&follow")),
+            Ok(LogOptions {
+                tail: None,
+                follow: true,
+                timestamps: false
+            })
+        );
+        assert!(
+            LogOptions::parse_query(Some("tail=x"))
+                .unwrap_err()
+                .contains("tail=x")
+        );
+        assert!(
+            LogOptions::parse_query(Some("since=1h"))
+                .unwrap_err()
+                .contains("unknown parameter \"since\"")
+        );
+        assert!(LogOptions::parse_query(Some("follow=maybe")).is_err());
+        assert_eq!(LogOptions::parse_query(None), Ok(LogOptions::default()));
         assert_eq!(segment("web-1.a"), "web-1.a");
         assert_eq!(segment("a/b c"), "a%2Fb%20c");
     }

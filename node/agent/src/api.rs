@@ -14,8 +14,9 @@
 //!   counters; `GET /bpf/conntrack`: the NodePort conntrack map. The shapes are documented
 //!   in [`super::proxy`]. 503 when the load balancer (whose object holds the fast path) is
 //!   not running on this node.
-//! - `GET /metrics`: the same numbers for Prometheus, in its text exposition format 0.0.4
-//!   (`Content-Type: text/plain; version=0.0.4`), read at scrape time (encoder in
+//! - `GET /metrics`: the same numbers for Prometheus, in the OpenMetrics text format
+//!   (`Content-Type: application/openmetrics-text; version=1.0.0`, written by the
+//!   `prometheus-client` crate), read at scrape time (in
 //!   [`super::metrics`]):
 //!   - `skiff_agent_info{node,version}` 1; `skiff_pods_running` (pods with a sandbox);
 //!   - `skiff_pod_network_{receive,transmit}_{bytes,packets}_total{namespace,pod}`: the
@@ -49,7 +50,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use bytes::Bytes;
-use skiff_client::node_api::{NetworkStats, PodStats, StatsSummary};
+use skiff_client::node_api::{BpfPod, BpfPods, LogOptions, NetworkStats, PodStats, StatsSummary};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
@@ -230,7 +231,7 @@ async fn metrics_handler(State(src): State<Sources>) -> Response {
     match scrape {
         Ok(Ok(s)) => (
             [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
-            metrics::render(&s),
+            metrics::render(s),
         )
             .into_response(),
         Ok(Err(e)) => error(
@@ -269,52 +270,12 @@ fn error(status: StatusCode, message: String) -> Response {
         .into_response()
 }
 
-/// Query parameters of the logs endpoint.
-#[derive(Debug, Default, PartialEq, Eq)]
-struct LogQuery {
-    tail: Option<usize>,
-    follow: bool,
-    timestamps: bool,
-}
-
-fn parse_bool(key: &str, v: &str) -> Result<bool, String> {
-    match v {
-        "" | "true" | "1" => Ok(true),
-        "false" | "0" => Ok(false),
-        _ => Err(format!("{key}={v}: expected true or false")),
-    }
-}
-
-fn parse_log_query(raw: Option<&str>) -> Result<LogQuery, String> {
-    let mut q = LogQuery::default();
-    for pair in raw.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        match k {
-            "tail" => {
-                let n: i64 = v
-                    .parse()
-                    .map_err(|_| format!("tail={v}: expected a number of lines"))?;
-                // kubectl's --tail=-1 means everything.
-                q.tail = usize::try_from(n).ok();
-            }
-            "follow" => q.follow = parse_bool(k, v)?,
-            "timestamps" => q.timestamps = parse_bool(k, v)?,
-            other => {
-                return Err(format!(
-                    "unknown parameter {other:?} (tail, follow, timestamps)"
-                ));
-            }
-        }
-    }
-    Ok(q)
-}
-
 async fn logs(
     State(st): State<ApiState>,
     UrlPath((namespace, pod, container)): UrlPath<(String, String, String)>,
     RawQuery(raw): RawQuery,
 ) -> Response {
-    let q = match parse_log_query(raw.as_deref()) {
+    let q = match LogOptions::parse_query(raw.as_deref()) {
         Ok(q) => q,
         Err(msg) => return error(StatusCode::BAD_REQUEST, msg),
     };
@@ -368,13 +329,14 @@ async fn logs(
 /// before reading the next, so a slow client slows the reading down.
 fn stream_logs(
     mut reader: LogReader,
-    q: LogQuery,
+    q: LogOptions,
     tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
     pods: PodRegistry,
     uid: String,
 ) -> &'static str {
     let send = |chunk: Vec<u8>| tx.blocking_send(Ok(Bytes::from(chunk))).is_ok();
-    if let Err(e) = reader.initial(q.tail, send) {
+    let tail = q.tail.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+    if let Err(e) = reader.initial(tail, send) {
         let _ = tx.blocking_send(Err(e));
         return "read error";
     }
@@ -465,7 +427,7 @@ async fn bpf_conntrack(State(st): State<Sources>) -> Response {
 fn pods_report(
     proxy: &super::proxy::Proxy,
     src: &Sources,
-) -> Result<super::proxy::PodsReport, skiff_datapath::BpfError> {
+) -> Result<BpfPods, skiff_datapath::BpfError> {
     let endpoints = proxy.pod_endpoints()?;
     let summary = summarize(&src.node, src.pods.snapshot(), src.accounting.as_deref());
     let pods = endpoints
@@ -475,18 +437,18 @@ fn pods_report(
                 .uid
                 .as_ref()
                 .and_then(|uid| summary.pods.iter().find(|p| &p.uid == uid));
-            super::proxy::PodEntry {
+            BpfPod {
                 namespace: stats.map(|p| p.namespace.clone()),
                 name: stats.map(|p| p.name.clone()),
                 network: stats.and_then(|p| p.network),
-                endpoint,
+                ..endpoint
             }
         })
         .collect();
-    Ok(super::proxy::PodsReport {
+    Ok(BpfPods {
         node: src.node.to_string(),
         pods,
-        fast_path: proxy.fast_path_counters()?.into(),
+        fast_path: super::proxy::fast_path(proxy.fast_path_counters()?),
     })
 }
 
@@ -600,31 +562,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn log_query() {
-        assert_eq!(parse_log_query(None).unwrap(), LogQuery::default());
-        assert_eq!(
-            parse_log_query(Some("tail=2&follow=true&timestamps")).unwrap(),
-            LogQuery {
-                tail: Some(2),
-                follow: true,
-                timestamps: true
-            }
-        );
-        assert_eq!(parse_log_query(Some("tail=-1")).unwrap().tail, None);
-        assert!(
-            parse_log_query(Some("tail=x"))
-                .unwrap_err()
-                .contains("tail=x")
-        );
-        assert!(parse_log_query(Some("follow=maybe")).is_err());
-        assert!(
-            parse_log_query(Some("since=1h"))
-                .unwrap_err()
-                .contains("since")
-        );
-    }
-
-    #[test]
     fn registry_keeps_cgroup_ids_and_finds_by_name() {
         let r = PodRegistry::default();
         let info = |ids: &[u64]| PodInfo {
@@ -706,7 +643,7 @@ mod tests {
             .map(|(_, v)| v.trim().to_string())
             .expect("a content type");
         assert!(
-            content_type.starts_with("text/plain; version=0.0.4"),
+            content_type.starts_with("application/openmetrics-text; version=1.0.0"),
             "{content_type}"
         );
         let lines: Vec<&str> = body.lines().collect();

@@ -53,7 +53,7 @@ use tracing::{debug, info, warn};
 
 use skiff_datapath::Accounting;
 use skiff_datapath::lb::{LbConfig, ServiceLb, TcAttach};
-use skiff_hostnet::{NodeNetwork, NodeNetworkConfig};
+use skiff_hostnet::{NodeNetwork, NodeNetworkConfig, PodNetwork};
 use skiff_runtime::{NativeConfig, NativeRuntime, Runtime};
 
 pub use node::{LEASE_NAMESPACE, LIMITS_CONDITION, SERVICE_LB_CONDITION};
@@ -140,7 +140,7 @@ pub enum AgentError {
 pub(crate) struct Ctx {
     pub client: Client,
     pub runtime: Arc<dyn Runtime>,
-    pub net: Arc<NodeNetwork>,
+    pub net: Arc<dyn PodNetwork>,
     pub accounting: Option<Arc<Mutex<Accounting>>>,
     /// The Service load balancer, or why it is not running.
     pub proxy: Result<Arc<proxy::Proxy>, String>,
@@ -330,7 +330,7 @@ pub async fn run(
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         runtime: runtime.clone(),
-        net,
+        net: net.clone(),
         accounting,
         proxy: proxy.clone(),
         host_ip,
@@ -375,7 +375,7 @@ pub async fn run(
     let routes = AbortOnDrop(tokio::spawn({
         let (name, net, stop, informers) = (
             cfg.node_name.clone(),
-            ctx.net.clone(),
+            net.clone(),
             stop_controllers.clone(),
             informers.clone(),
         );

@@ -1,262 +1,23 @@
-//! The agent's metrics in the Prometheus text exposition format (version 0.0.4), for
-//! `GET /metrics` (see [`super::api`]).
+//! The agent's metrics for `GET /metrics` (see [`super::api`]), in the OpenMetrics text
+//! format written by the `prometheus-client` crate.
 //!
 //! Nothing is counted here: a scrape reads the same sources as the JSON endpoints
-//! (`/stats/summary`'s [`StatsSummary`], `/bpf/services`' [`ServicesReport`]) and renders
-//! them. [`Exposition`] is the (small) text encoder: families sorted by name, series by
-//! label values, so the same state always gives the same text.
+//! (`/stats/summary`'s [`StatsSummary`], `/bpf/services`' [`BpfServices`] and the fast path's
+//! counters) into a [`Scrape`], which is registered as a `prometheus-client` collector and
+//! encoded. Families come in a fixed order and each family's series sorted by their label
+//! values, so the same state always gives the same text.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::fmt;
 
-use skiff_client::node_api::StatsSummary;
-
-use super::proxy::{HistogramSnapshot, ServicesReport};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use skiff_client::node_api::{BpfServices, LatencyHistogram, StatsSummary};
 use skiff_datapath::lb::FastPathCounters;
 
-/// `Content-Type` of the text exposition format.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Counter,
-    Gauge,
-    Histogram,
-}
-
-impl Kind {
-    fn as_str(self) -> &'static str {
-        match self {
-            Kind::Counter => "counter",
-            Kind::Gauge => "gauge",
-            Kind::Histogram => "histogram",
-        }
-    }
-}
-
-/// Cumulative histogram: `(upper bound, observations at or below it)`, ascending; the
-/// `+Inf` bucket is added from `count` when rendering.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HistogramValue {
-    pub buckets: Vec<(f64, u64)>,
-    pub sum: f64,
-    pub count: u64,
-}
-
-impl HistogramValue {
-    /// The proxy's microsecond histogram, in seconds.
-    pub fn from_micros(h: &HistogramSnapshot) -> Self {
-        HistogramValue {
-            buckets: h
-                .buckets
-                .iter()
-                .filter_map(|b| b.le.map(|le| (le as f64 / 1e6, b.count)))
-                .collect(),
-            sum: h.sum as f64 / 1e6,
-            count: h.count,
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-enum Value {
-    Number(f64),
-    Histogram(HistogramValue),
-}
-
-/// Label values in the family's label order (the key that sorts the series).
-type LabelValues = Vec<String>;
-
-#[derive(Debug)]
-struct Family {
-    help: &'static str,
-    kind: Kind,
-    labels: &'static [&'static str],
-    series: BTreeMap<LabelValues, Value>,
-}
-
-/// Metric families being rendered. Names and label names are the code's own (checked in
-/// debug builds); label values are escaped.
-#[derive(Debug, Default)]
-pub struct Exposition {
-    families: BTreeMap<&'static str, Family>,
-}
-
-fn valid_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
-}
-
-impl Exposition {
-    fn family(
-        &mut self,
-        name: &'static str,
-        help: &'static str,
-        kind: Kind,
-        labels: &'static [&'static str],
-    ) -> &mut Family {
-        debug_assert!(valid_name(name), "metric name {name:?}");
-        debug_assert!(
-            labels
-                .iter()
-                .all(|l| valid_name(l) && !l.starts_with("__") && *l != "le"),
-            "label names of {name}: {labels:?}"
-        );
-        debug_assert!(
-            kind != Kind::Counter || name.ends_with("_total"),
-            "counter {name} must end in _total"
-        );
-        let family = self.families.entry(name).or_insert(Family {
-            help,
-            kind,
-            labels,
-            series: BTreeMap::new(),
-        });
-        debug_assert!(
-            family.kind == kind && family.labels == labels,
-            "{name} declared twice differently"
-        );
-        family
-    }
-
-    fn values(labels: &[&'static str], values: &[&str]) -> LabelValues {
-        debug_assert_eq!(labels.len(), values.len(), "label values for {labels:?}");
-        values.iter().map(|v| v.to_string()).collect()
-    }
-
-    /// Adds `value` to the counter series (a series given twice is summed).
-    pub fn counter(
-        &mut self,
-        name: &'static str,
-        help: &'static str,
-        labels: &'static [&'static str],
-        values: &[&str],
-        value: u64,
-    ) {
-        let key = Self::values(labels, values);
-        let series = &mut self.family(name, help, Kind::Counter, labels).series;
-        let v = series.entry(key).or_insert(Value::Number(0.0));
-        if let Value::Number(n) = v {
-            *n += value as f64;
-        }
-    }
-
-    /// Sets the gauge series (a series given twice keeps the last value).
-    pub fn gauge(
-        &mut self,
-        name: &'static str,
-        help: &'static str,
-        labels: &'static [&'static str],
-        values: &[&str],
-        value: f64,
-    ) {
-        let key = Self::values(labels, values);
-        self.family(name, help, Kind::Gauge, labels)
-            .series
-            .insert(key, Value::Number(value));
-    }
-
-    /// Sets the histogram series.
-    pub fn histogram(
-        &mut self,
-        name: &'static str,
-        help: &'static str,
-        labels: &'static [&'static str],
-        values: &[&str],
-        value: HistogramValue,
-    ) {
-        let key = Self::values(labels, values);
-        self.family(name, help, Kind::Histogram, labels)
-            .series
-            .insert(key, Value::Histogram(value));
-    }
-
-    /// The text exposition: `# HELP`, `# TYPE` and the samples of each family, by name.
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        for (name, f) in &self.families {
-            let _ = writeln!(out, "# HELP {name} {}", escape_help(f.help));
-            let _ = writeln!(out, "# TYPE {name} {}", f.kind.as_str());
-            for (values, value) in &f.series {
-                let pairs: Vec<(&str, &str)> = f
-                    .labels
-                    .iter()
-                    .copied()
-                    .zip(values.iter().map(String::as_str))
-                    .collect();
-                match value {
-                    Value::Number(n) => sample(&mut out, name, "", &pairs, *n),
-                    Value::Histogram(h) => {
-                        let bucket = |out: &mut String, le: &str, count: u64| {
-                            let mut with_le = pairs.clone();
-                            with_le.push(("le", le));
-                            sample(out, name, "_bucket", &with_le, count as f64);
-                        };
-                        for (le, count) in &h.buckets {
-                            bucket(&mut out, &number(*le), *count);
-                        }
-                        bucket(&mut out, "+Inf", h.count);
-                        sample(&mut out, name, "_sum", &pairs, h.sum);
-                        sample(&mut out, name, "_count", &pairs, h.count as f64);
-                    }
-                }
-            }
-        }
-        out
-    }
-}
-
-fn sample(out: &mut String, name: &str, suffix: &str, labels: &[(&str, &str)], value: f64) {
-    out.push_str(name);
-    out.push_str(suffix);
-    if !labels.is_empty() {
-        out.push('{');
-        for (i, (k, v)) in labels.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            let _ = write!(out, "{k}=\"{}\"", escape_label(v));
-        }
-        out.push('}');
-    }
-    out.push(' ');
-    out.push_str(&number(value));
-    out.push('\n');
-}
-
-/// A sample value or `le` as the format writes it (integers without a fraction).
-fn number(v: f64) -> String {
-    if v.is_nan() {
-        "NaN".into()
-    } else if v.is_infinite() {
-        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
-    } else {
-        // Rust's shortest round-trip form, which Go's ParseFloat reads back exactly.
-        format!("{v}")
-    }
-}
-
-/// Label values escape `\`, `"` and line feeds.
-fn escape_label(v: &str) -> String {
-    let mut s = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '\\' => s.push_str("\\\\"),
-            '"' => s.push_str("\\\""),
-            '\n' => s.push_str("\\n"),
-            c => s.push(c),
-        }
-    }
-    s
-}
-
-/// Help texts escape `\` and line feeds.
-fn escape_help(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('\n', "\\n")
-}
+/// `Content-Type` of the OpenMetrics text format.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// What one scrape reads: the stats summary (`/stats/summary`), how many of its pods have a
 /// sandbox, and the Service load balancer's report (`/bpf/services`) and the pod fast path's
@@ -265,268 +26,272 @@ fn escape_help(v: &str) -> String {
 pub struct Scrape {
     pub summary: StatsSummary,
     pub pods_running: usize,
-    pub lb: Option<ServicesReport>,
+    pub lb: Option<BpfServices>,
     pub fast_path: Option<FastPathCounters>,
 }
 
-const POD: &[&str] = &["namespace", "pod"];
-const BACKEND: &[&str] = &["service", "port_name", "frontend", "backend"];
+/// Label pairs of one series, in the family's label order.
+type Labels = Vec<(&'static str, String)>;
 
-/// The agent's metrics (names and meanings in [`super::api`]'s documentation).
-pub fn render(s: &Scrape) -> String {
-    let mut e = Exposition::default();
-    e.gauge(
-        "skiff_agent_info",
-        "The node agent: its node name and version.",
-        &["node", "version"],
-        &[&s.summary.node_name, env!("CARGO_PKG_VERSION")],
-        1.0,
-    );
-    e.gauge(
-        "skiff_pods_running",
-        "Pods this agent runs that have a sandbox.",
-        &[],
-        &[],
-        s.pods_running as f64,
-    );
-    for p in &s.summary.pods {
+fn labels<const N: usize>(names: [&'static str; N], values: [&str; N]) -> Labels {
+    names.into_iter().zip(values.map(str::to_string)).collect()
+}
+
+/// Writes one family of counters (names without `_total`: the format adds it).
+fn counters(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    series: impl IntoIterator<Item = (Labels, u64)>,
+) -> fmt::Result {
+    let mut series: Vec<(Labels, u64)> = series.into_iter().collect();
+    series.sort();
+    // Samples of one label set given twice add up.
+    series.dedup_by(|later, kept| {
+        let same = later.0 == kept.0;
+        if same {
+            kept.1 += later.1;
+        }
+        same
+    });
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, v) in &series {
+        if labels.is_empty() {
+            m.encode_counter::<NoLabelSet, _, u64>(v, None)?;
+        } else {
+            m.encode_family(labels)?
+                .encode_counter::<NoLabelSet, _, u64>(v, None)?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes one family of integer gauges.
+fn gauges(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    series: impl IntoIterator<Item = (Labels, i64)>,
+) -> fmt::Result {
+    let mut series: Vec<(Labels, i64)> = series.into_iter().collect();
+    series.sort();
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, v) in &series {
+        if labels.is_empty() {
+            m.encode_gauge(v)?;
+        } else {
+            m.encode_family(labels)?.encode_gauge(v)?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes the programming latency histogram (kept in microseconds, exposed in seconds).
+fn latency_histogram(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    h: &LatencyHistogram,
+) -> fmt::Result {
+    // prometheus-client takes per-bucket counts and makes them cumulative itself.
+    let mut buckets = Vec::with_capacity(h.buckets.len());
+    let mut below = 0;
+    for b in &h.buckets {
+        let le = b.le.map_or(f64::INFINITY, |us| us as f64 / 1e6);
+        buckets.push((le, b.count.saturating_sub(below)));
+        below = b.count;
+    }
+    enc.encode_descriptor(name, help, None, MetricType::Histogram)?
+        .encode_histogram::<NoLabelSet>(h.sum as f64 / 1e6, h.count, &buckets, None)
+}
+
+fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl Collector for Scrape {
+    fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
+        let e = &mut enc;
+        gauges(
+            e,
+            "skiff_agent_info",
+            "The node agent: its node name and version.",
+            [(
+                labels(
+                    ["node", "version"],
+                    [&self.summary.node_name, env!("CARGO_PKG_VERSION")],
+                ),
+                1,
+            )],
+        )?;
+        gauges(
+            e,
+            "skiff_pods_running",
+            "Pods this agent runs that have a sandbox.",
+            [(Labels::new(), to_i64(self.pods_running as u64))],
+        )?;
         // Absent when the traffic accounting is not loaded.
-        let Some(n) = &p.network else { continue };
-        let pod = [p.namespace.as_str(), p.name.as_str()];
-        e.counter(
-            "skiff_pod_network_receive_bytes_total",
-            "Bytes received by the pod's containers (eBPF cgroup accounting).",
-            POD,
-            &pod,
-            n.rx_bytes,
-        );
-        e.counter(
-            "skiff_pod_network_receive_packets_total",
-            "Packets received by the pod's containers (eBPF cgroup accounting).",
-            POD,
-            &pod,
-            n.rx_packets,
-        );
-        e.counter(
-            "skiff_pod_network_transmit_bytes_total",
-            "Bytes sent by the pod's containers (eBPF cgroup accounting).",
-            POD,
-            &pod,
-            n.tx_bytes,
-        );
-        e.counter(
-            "skiff_pod_network_transmit_packets_total",
-            "Packets sent by the pod's containers (eBPF cgroup accounting).",
-            POD,
-            &pod,
-            n.tx_packets,
-        );
-    }
-    e.gauge(
-        "skiff_lb_up",
-        "1 if the eBPF Service load balancer runs on this node, else 0.",
-        &[],
-        &[],
-        if s.lb.is_some() { 1.0 } else { 0.0 },
-    );
-    if let Some(lb) = &s.lb {
-        render_lb(&mut e, lb);
-    }
-    if let Some(fp) = &s.fast_path {
-        for (action, n) in [
-            ("redirect_peer", fp.redirect_peer),
-            ("redirect_neigh", fp.redirect_neigh),
-            ("pass", fp.pass),
-            ("fib_fail", fp.fib_fail),
-        ] {
-            e.counter(
-                "skiff_fastpath_packets_total",
+        let pods: Vec<_> = self
+            .summary
+            .pods
+            .iter()
+            .filter_map(|p| {
+                let n = p.network?;
+                Some((labels(["namespace", "pod"], [&p.namespace, &p.name]), n))
+            })
+            .collect();
+        if !pods.is_empty() {
+            for (name, help, pick) in [
+                (
+                    "skiff_pod_network_receive_bytes",
+                    "Bytes received by the pod's containers (eBPF cgroup accounting).",
+                    (|n| n.rx_bytes) as fn(&skiff_client::node_api::NetworkStats) -> u64,
+                ),
+                (
+                    "skiff_pod_network_receive_packets",
+                    "Packets received by the pod's containers (eBPF cgroup accounting).",
+                    |n| n.rx_packets,
+                ),
+                (
+                    "skiff_pod_network_transmit_bytes",
+                    "Bytes sent by the pod's containers (eBPF cgroup accounting).",
+                    |n| n.tx_bytes,
+                ),
+                (
+                    "skiff_pod_network_transmit_packets",
+                    "Packets sent by the pod's containers (eBPF cgroup accounting).",
+                    |n| n.tx_packets,
+                ),
+            ] {
+                counters(
+                    e,
+                    name,
+                    help,
+                    pods.iter().map(|(l, n)| (l.clone(), pick(n))),
+                )?;
+            }
+        }
+        gauges(
+            e,
+            "skiff_lb_up",
+            "1 if the eBPF Service load balancer runs on this node, else 0.",
+            [(Labels::new(), i64::from(self.lb.is_some()))],
+        )?;
+        if let Some(lb) = &self.lb {
+            encode_lb(e, lb)?;
+        }
+        if let Some(fp) = &self.fast_path {
+            counters(
+                e,
+                "skiff_fastpath_packets",
                 "Packets of the eBPF pod networking fast path: delivered into a local pod \
                  (redirect_peer), forwarded to the FIB's next hop (redirect_neigh), handed to \
                  the node's stack (pass), or handed to it after a failed FIB lookup (fib_fail).",
-                &["action"],
-                &[action],
-                n,
-            );
+                [
+                    ("redirect_peer", fp.redirect_peer),
+                    ("redirect_neigh", fp.redirect_neigh),
+                    ("pass", fp.pass),
+                    ("fib_fail", fp.fib_fail),
+                ]
+                .map(|(action, n)| (labels(["action"], [action]), n)),
+            )?;
         }
+        Ok(())
     }
-    e.render()
 }
 
-fn render_lb(e: &mut Exposition, lb: &ServicesReport) {
-    for m in &lb.maps {
-        e.gauge(
-            "skiff_lb_map_entries",
-            "Entries in a Service load balancer map.",
-            &["map"],
-            &[m.map],
-            m.entries as f64,
-        );
-        e.gauge(
-            "skiff_lb_map_max_entries",
-            "Capacity of a Service load balancer map.",
-            &["map"],
-            &[m.map],
-            f64::from(m.max_entries),
-        );
-    }
-    e.gauge(
+fn encode_lb(e: &mut DescriptorEncoder, lb: &BpfServices) -> fmt::Result {
+    gauges(
+        e,
+        "skiff_lb_map_entries",
+        "Entries in a Service load balancer map.",
+        lb.maps
+            .iter()
+            .map(|m| (labels(["map"], [&m.map]), to_i64(m.entries))),
+    )?;
+    gauges(
+        e,
+        "skiff_lb_map_max_entries",
+        "Capacity of a Service load balancer map.",
+        lb.maps
+            .iter()
+            .map(|m| (labels(["map"], [&m.map]), to_i64(m.max_entries))),
+    )?;
+    gauges(
+        e,
         "skiff_lb_frontends",
         "Frontends (Service IP, port, protocol) programmed in the load balancer.",
-        &[],
-        &[],
-        lb.services.len() as f64,
-    );
-    e.counter(
-        "skiff_lb_map_writes_total",
+        [(Labels::new(), to_i64(lb.services.len() as u64))],
+    )?;
+    counters(
+        e,
+        "skiff_lb_map_writes",
         "Load balancer map writes since the agent started.",
-        &[],
-        &[],
-        lb.programming.writes,
-    );
-    e.histogram(
+        [(Labels::new(), lb.programming.writes)],
+    )?;
+    latency_histogram(
+        e,
         "skiff_lb_programming_latency_seconds",
         "Time from a Service or Endpoints change seen to the load balancer maps written.",
-        &[],
-        &[],
-        HistogramValue::from_micros(&lb.programming.latency_micros),
-    );
-    for svc in &lb.services {
-        let service = svc.service.as_deref().unwrap_or("");
-        let port_name = svc.port_name.as_deref().unwrap_or("");
-        for b in &svc.lb.backends {
-            let labels = [
-                service,
-                port_name,
-                svc.lb.frontend.as_str(),
-                b.address.as_str(),
-            ];
-            e.counter(
-                "skiff_lb_backend_connects_total",
-                "connect() calls (TCP, connected UDP) sent to a backend since it was added.",
-                BACKEND,
-                &labels,
-                b.connects,
-            );
-            e.counter(
-                "skiff_lb_backend_sends_total",
-                "Unconnected UDP datagrams sent to a backend since it was added.",
-                BACKEND,
-                &labels,
-                b.sends,
-            );
-        }
+        &lb.programming.latency_micros,
+    )?;
+    let backends: Vec<(Labels, u64, u64)> = lb
+        .services
+        .iter()
+        .flat_map(|svc| {
+            svc.backends.iter().map(move |b| {
+                (
+                    labels(
+                        ["service", "port_name", "frontend", "backend"],
+                        [
+                            svc.service.as_deref().unwrap_or(""),
+                            svc.port_name.as_deref().unwrap_or(""),
+                            &svc.frontend,
+                            &b.address,
+                        ],
+                    ),
+                    b.connects,
+                    b.sends,
+                )
+            })
+        })
+        .collect();
+    counters(
+        e,
+        "skiff_lb_backend_connects",
+        "connect() calls (TCP, connected UDP) sent to a backend since it was added.",
+        backends.iter().map(|(l, c, _)| (l.clone(), *c)),
+    )?;
+    counters(
+        e,
+        "skiff_lb_backend_sends",
+        "Unconnected UDP datagrams sent to a backend since it was added.",
+        backends.iter().map(|(l, _, s)| (l.clone(), *s)),
+    )
+}
+
+/// The text of one scrape.
+pub fn render(s: Scrape) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(s));
+    let mut out = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &registry) {
+        // Writing into a String fails only if an encoder refuses a value.
+        out.push_str(&format!("# encoding the metrics failed: {e}\n# EOF\n"));
     }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
-    use skiff_client::node_api::{NetworkStats, PodStats};
+    use skiff_client::node_api::{
+        BpfBackend, BpfMapPressure, BpfProgramming, BpfService, NetworkStats, PodStats,
+    };
 
     use super::*;
-    use crate::proxy::{Histogram, ProgrammingStats, ServiceEntry};
-    use skiff_datapath::lb::{BackendDump, MapPressure, ServiceDump};
-
-    #[test]
-    fn escapes_label_values_and_help() {
-        let mut e = Exposition::default();
-        e.gauge(
-            "x_info",
-            "a \\ b\nc",
-            &["v"],
-            &["quote\" back\\slash\nnew line"],
-            1.0,
-        );
-        assert_eq!(
-            e.render(),
-            "# HELP x_info a \\\\ b\\nc\n\
-             # TYPE x_info gauge\n\
-             x_info{v=\"quote\\\" back\\\\slash\\nnew line\"} 1\n"
-        );
-    }
-
-    #[test]
-    fn histogram_has_cumulative_buckets_inf_sum_and_count() {
-        let mut h = Histogram::default();
-        h.observe(Duration::from_micros(50));
-        h.observe(Duration::from_micros(700));
-        h.observe(Duration::from_secs(60));
-        let mut e = Exposition::default();
-        e.histogram(
-            "lat_seconds",
-            "Latency.",
-            &["k"],
-            &["a"],
-            HistogramValue::from_micros(&h.snapshot()),
-        );
-        let text = e.render();
-        let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines[0], "# HELP lat_seconds Latency.");
-        assert_eq!(lines[1], "# TYPE lat_seconds histogram");
-        assert_eq!(lines[2], "lat_seconds_bucket{k=\"a\",le=\"0.0001\"} 1");
-        assert_eq!(lines[3], "lat_seconds_bucket{k=\"a\",le=\"0.00025\"} 1");
-        assert!(lines.contains(&"lat_seconds_bucket{k=\"a\",le=\"0.001\"} 2"));
-        assert!(lines.contains(&"lat_seconds_bucket{k=\"a\",le=\"10\"} 2"));
-        let n = lines.len();
-        assert_eq!(lines[n - 3], "lat_seconds_bucket{k=\"a\",le=\"+Inf\"} 3");
-        assert_eq!(lines[n - 2], "lat_seconds_sum{k=\"a\"} 60.00075");
-        assert_eq!(lines[n - 1], "lat_seconds_count{k=\"a\"} 3");
-        // 16 finite bounds + Inf, then sum and count.
-        assert_eq!(n, 2 + 17 + 2);
-        // Bucket bounds ascend and counts never decrease.
-        let buckets: Vec<(f64, f64)> = lines[2..n - 3]
-            .iter()
-            .map(|l| {
-                let le = l.split("le=\"").nth(1).unwrap().split('"').next().unwrap();
-                let v = l.rsplit(' ').next().unwrap();
-                (le.parse().unwrap(), v.parse().unwrap())
-            })
-            .collect();
-        assert!(
-            buckets
-                .windows(2)
-                .all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1)
-        );
-    }
-
-    #[test]
-    fn output_is_sorted_and_stable() {
-        let fill = |order: &[usize]| {
-            let mut e = Exposition::default();
-            for i in order {
-                let v = ["b", "a", "c"][*i];
-                e.counter("z_total", "Z.", &["l"], &[v], *i as u64);
-                e.gauge("a_gauge", "A.", &["l"], &[v], 0.5);
-            }
-            // Counters given twice add up.
-            e.counter("z_total", "Z.", &["l"], &["a"], 10);
-            e.render()
-        };
-        let text = fill(&[0, 1, 2]);
-        assert_eq!(text, fill(&[2, 1, 0]), "independent of insertion order");
-        assert_eq!(
-            text,
-            "# HELP a_gauge A.\n# TYPE a_gauge gauge\n\
-             a_gauge{l=\"a\"} 0.5\na_gauge{l=\"b\"} 0.5\na_gauge{l=\"c\"} 0.5\n\
-             # HELP z_total Z.\n# TYPE z_total counter\n\
-             z_total{l=\"a\"} 11\nz_total{l=\"b\"} 0\nz_total{l=\"c\"} 2\n"
-        );
-    }
-
-    #[test]
-    fn numbers() {
-        assert_eq!(number(3.0), "3");
-        assert_eq!(number(1e-4), "0.0001");
-        assert_eq!(number(f64::INFINITY), "+Inf");
-        assert_eq!(number(f64::NEG_INFINITY), "-Inf");
-        assert_eq!(number(f64::NAN), "NaN");
-        assert_eq!(
-            number(u64::MAX as f64).parse::<f64>().unwrap(),
-            u64::MAX as f64
-        );
-    }
+    use crate::proxy::Histogram;
 
     fn summary(network: Option<NetworkStats>) -> StatsSummary {
         StatsSummary {
@@ -544,7 +309,7 @@ mod tests {
 
     #[test]
     fn agent_metrics_without_lb_or_accounting() {
-        let text = render(&Scrape {
+        let text = render(Scrape {
             summary: summary(None),
             pods_running: 1,
             lb: None,
@@ -558,53 +323,56 @@ mod tests {
         assert!(text.contains("\nskiff_lb_up 0\n"), "{text}");
         assert!(!text.contains("skiff_lb_map"), "{text}");
         assert!(!text.contains("skiff_pod_network"), "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    fn lb_report(latency: &Histogram) -> BpfServices {
+        let backend = |id: u32, address: &str, connects, sends| BpfBackend {
+            id,
+            slot: id - 1,
+            ip: "10.244.1.5".into(),
+            port: 8080,
+            address: address.into(),
+            connects,
+            sends,
+            ..BpfBackend::default()
+        };
+        BpfServices {
+            node: "node-1".into(),
+            services: vec![BpfService {
+                id: 1,
+                frontend: "10.96.0.10:80/TCP".into(),
+                ip: "10.96.0.10".into(),
+                port: 80,
+                protocol: "TCP".into(),
+                session_affinity: "None".into(),
+                affinity_timeout_seconds: None,
+                backends: vec![
+                    backend(1, "10.244.1.5:8080", 7, 0),
+                    backend(2, "10.244.1.6:8080", 3, 2),
+                ],
+                connects: 10,
+                sends: 2,
+                service: Some("default/web".into()),
+                port_name: None,
+            }],
+            maps: vec![BpfMapPressure {
+                map: "LB_SERVICES".into(),
+                entries: 1,
+                max_entries: 65536,
+            }],
+            programming: BpfProgramming {
+                writes: 42,
+                latency_micros: latency.snapshot(),
+            },
+        }
     }
 
     #[test]
     fn agent_metrics_with_lb_and_accounting() {
         let mut latency = Histogram::default();
         latency.observe(Duration::from_micros(300));
-        let backend = |id, address: &str, connects, sends| BackendDump {
-            id,
-            slot: id - 1,
-            ip: "10.244.1.5".parse().unwrap(),
-            port: 8080,
-            address: address.into(),
-            connects,
-            sends,
-        };
-        let lb = ServicesReport {
-            node: "node-1".into(),
-            services: vec![ServiceEntry {
-                lb: ServiceDump {
-                    id: 1,
-                    frontend: "10.96.0.10:80/TCP".into(),
-                    ip: "10.96.0.10".parse().unwrap(),
-                    port: 80,
-                    protocol: "TCP",
-                    session_affinity: "None",
-                    affinity_timeout_seconds: None,
-                    backends: vec![
-                        backend(1, "10.244.1.5:8080", 7, 0),
-                        backend(2, "10.244.1.6:8080", 3, 2),
-                    ],
-                    connects: 10,
-                    sends: 2,
-                },
-                service: Some("default/web".into()),
-                port_name: None,
-            }],
-            maps: vec![MapPressure {
-                map: "LB_SERVICES",
-                entries: 1,
-                max_entries: 65536,
-            }],
-            programming: ProgrammingStats {
-                writes: 42,
-                latency_micros: latency.snapshot(),
-            },
-        };
-        let text = render(&Scrape {
+        let text = render(Scrape {
             summary: summary(Some(NetworkStats {
                 rx_bytes: 100,
                 rx_packets: 2,
@@ -612,7 +380,7 @@ mod tests {
                 tx_packets: 4,
             })),
             pods_running: 1,
-            lb: Some(lb),
+            lb: Some(lb_report(&latency)),
             fast_path: Some(FastPathCounters {
                 redirect_peer: 5,
                 redirect_neigh: 3,
@@ -636,7 +404,7 @@ mod tests {
             "skiff_lb_programming_latency_seconds_sum 0.0003",
             "skiff_lb_programming_latency_seconds_count 1",
             "# TYPE skiff_lb_programming_latency_seconds histogram",
-            "# TYPE skiff_lb_backend_connects_total counter",
+            "# TYPE skiff_lb_backend_connects counter",
             "# TYPE skiff_lb_frontends gauge",
             "skiff_pod_network_receive_bytes_total{namespace=\"default\",pod=\"web-1\"} 100",
             "skiff_pod_network_receive_packets_total{namespace=\"default\",pod=\"web-1\"} 2",
@@ -646,23 +414,70 @@ mod tests {
             "skiff_fastpath_packets_total{action=\"redirect_neigh\"} 3",
             "skiff_fastpath_packets_total{action=\"pass\"} 1",
             "skiff_fastpath_packets_total{action=\"fib_fail\"} 0",
-            "# TYPE skiff_fastpath_packets_total counter",
+            "# TYPE skiff_fastpath_packets counter",
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
         }
         // Every family has exactly one HELP and one TYPE, before its samples.
-        let families: Vec<&str> = text
+        let types: Vec<&str> = text
             .lines()
             .filter_map(|l| l.strip_prefix("# TYPE "))
-            .map(|l| l.split(' ').next().unwrap())
+            .map(|l| l.split(' ').next().unwrap_or_default())
             .collect();
-        let mut sorted = families.clone();
-        sorted.sort();
-        sorted.dedup();
-        assert_eq!(families, sorted, "families sorted, each once");
+        let mut unique = types.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(types.len(), unique.len(), "each family once: {types:?}");
         assert_eq!(
             text.lines().filter(|l| l.starts_with("# HELP ")).count(),
-            families.len()
+            types.len()
+        );
+        // Buckets ascend, counts never decrease, the last is +Inf with the count.
+        let buckets: Vec<(f64, u64)> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("skiff_lb_programming_latency_seconds_bucket{le=\""))
+            .map(|l| {
+                let (le, rest) = l.split_once('"').unwrap_or_default();
+                let n = rest.rsplit(' ').next().unwrap_or_default();
+                (
+                    if le == "+Inf" {
+                        f64::INFINITY
+                    } else {
+                        le.parse().unwrap()
+                    },
+                    n.parse().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(buckets.len(), 17, "16 bounds and +Inf");
+        assert!(
+            buckets
+                .windows(2)
+                .all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1)
+        );
+    }
+
+    #[test]
+    fn output_is_stable_and_escaped() {
+        let mut s = summary(Some(NetworkStats::default()));
+        s.pods.push(PodStats {
+            namespace: "a\"b\\c\nd".into(),
+            name: "x".into(),
+            ..s.pods[0].clone()
+        });
+        let scrape = |pods: Vec<PodStats>| Scrape {
+            summary: StatsSummary { pods, ..s.clone() },
+            pods_running: 2,
+            lb: None,
+            fast_path: None,
+        };
+        let mut reversed = s.pods.clone();
+        reversed.reverse();
+        let text = render(scrape(s.pods.clone()));
+        assert_eq!(text, render(scrape(reversed)), "independent of input order");
+        assert!(
+            text.contains("{namespace=\"a\\\"b\\\\c\\nd\",pod=\"x\"} 0"),
+            "label values escaped:\n{text}"
         );
     }
 }

@@ -760,6 +760,9 @@ impl Worker {
 }
 
 #[cfg(test)]
+mod fake_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

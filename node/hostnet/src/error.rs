@@ -7,6 +7,11 @@ use std::path::PathBuf;
 /// names the object and the operation that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
+    /// A failure made up by `fake::FakeNetwork` (tests).
+    #[cfg(any(test, feature = "fake"))]
+    #[error("{0}")]
+    Fake(String),
+
     /// The configured pod CIDR cannot be used.
     #[error("invalid pod CIDR {cidr:?}: {reason}")]
     PodCidrInvalid { cidr: String, reason: String },

@@ -31,6 +31,8 @@
 
 mod cidr;
 mod error;
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
 mod ipam;
 mod netns;
 mod rtnl;
@@ -383,6 +385,42 @@ impl NodeNetwork {
         self.ipam.release(pod_uid)?;
         info!(pod_uid, host_veth = %host_name, "pod detached");
         Ok(())
+    }
+}
+
+/// What the node agent's pod workers need from pod networking: the narrow interface over
+/// [`NodeNetwork`] (and `fake::FakeNetwork`, feature `fake`, for tests without root).
+#[async_trait::async_trait]
+pub trait PodNetwork: Send + Sync {
+    /// Connects the pod namespace `pod_netns` to the node and gives the pod its address
+    /// (idempotent).
+    async fn attach_pod(&self, pod_uid: &str, pod_netns: &Path) -> Result<PodAttachment, NetError>;
+    /// Disconnects the pod and releases its address (idempotent).
+    async fn detach_pod(&self, pod_uid: &str) -> Result<(), NetError>;
+    /// The address allocated to `pod_uid`, if any.
+    fn pod_ip(&self, pod_uid: &str) -> Option<IpAddr>;
+    /// Every allocation, as (pod address, pod uid), ordered by address.
+    fn allocations(&self) -> Vec<(IpAddr, String)>;
+    /// The node network namespace file (`None`: the agent's own namespace).
+    fn netns_path(&self) -> Option<&Path>;
+}
+
+#[async_trait::async_trait]
+impl PodNetwork for NodeNetwork {
+    async fn attach_pod(&self, pod_uid: &str, pod_netns: &Path) -> Result<PodAttachment, NetError> {
+        NodeNetwork::attach_pod(self, pod_uid, pod_netns).await
+    }
+    async fn detach_pod(&self, pod_uid: &str) -> Result<(), NetError> {
+        NodeNetwork::detach_pod(self, pod_uid).await
+    }
+    fn pod_ip(&self, pod_uid: &str) -> Option<IpAddr> {
+        NodeNetwork::pod_ip(self, pod_uid)
+    }
+    fn allocations(&self) -> Vec<(IpAddr, String)> {
+        NodeNetwork::allocations(self)
+    }
+    fn netns_path(&self) -> Option<&Path> {
+        NodeNetwork::netns_path(self)
     }
 }
 

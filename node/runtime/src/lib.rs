@@ -23,6 +23,8 @@
 //! reported as not enforced ([`Runtime::limit_report`]).
 
 mod cgroup;
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
 pub mod host;
 mod log;
 pub mod mountinfo;

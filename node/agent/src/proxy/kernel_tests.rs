@@ -113,11 +113,11 @@ fn programmed(proxy: &Proxy, frontend: &Frontend) -> Option<BTreeMap<String, u32
     report
         .services
         .iter()
-        .find(|s| s.lb.frontend == frontend.to_string())
+        .find(|s| s.frontend == frontend.to_string())
         .map(|s| {
-            s.lb.backends
+            s.backends
                 .iter()
-                .map(|b| (backend_name(b.ip), b.id))
+                .filter_map(|b| Some((backend_name(b.ip.parse().ok()?), b.id)))
                 .collect()
         })
 }

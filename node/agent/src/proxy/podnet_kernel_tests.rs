@@ -294,7 +294,7 @@ async fn pods_on_one_node_talk_past_a_forward_drop_through_redirect_peer() {
     for p in [&a, &b] {
         let e = endpoints
             .iter()
-            .find(|e| e.ip == p.ip())
+            .find(|e| e.ip == p.ip().to_string())
             .unwrap_or_else(|| panic!("no endpoint for {}: {endpoints:?}", p.ip()));
         assert_eq!(e.ifindex, p.att.host_ifindex);
         assert_eq!(e.uid.as_deref(), Some(p.uid.as_str()));
@@ -372,7 +372,7 @@ async fn pods_on_one_node_talk_past_a_forward_drop_through_redirect_peer() {
     );
     let endpoints = proxy.pod_endpoints().expect("endpoints");
     assert_eq!(endpoints.len(), 1, "{endpoints:?}");
-    assert_eq!(endpoints[0].ip, a.ip());
+    assert_eq!(endpoints[0].ip, a.ip().to_string());
     assert_eq!(endpoints[0].uid.as_deref(), Some(a.uid.as_str()));
     // Without b's entry, a's packets to b take the FIB path on a's veth (still past the
     // DROP), b's replies are delivered into a with redirect_peer.

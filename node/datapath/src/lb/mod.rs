@@ -36,6 +36,8 @@
 //! were created with (remove the pins, e.g. `skiff-node purge`, to resize).
 
 pub mod debug;
+#[cfg(any(test, feature = "testing"))]
+pub mod fake;
 pub mod maglev;
 mod pod;
 pub mod state;
@@ -202,6 +204,88 @@ pub enum TcAttach {
     Adopted,
     /// A stale pin (device gone or another device of that name) replaced by a new link.
     Replaced,
+}
+
+/// What the node agent needs from the Service load balancer's kernel side: programming
+/// frontends and backends, the pod fast path's endpoints and tc links, and reading it all
+/// back. [`ServiceLb`] is the kernel implementation; `fake::FakeLb` (feature `testing`) an
+/// in-memory one that records the planned map writes, so the agent's service reconciler and
+/// pod worker are tested without root.
+pub trait LbDatapath: Send {
+    /// The mirror of the programmed maps.
+    fn state(&self) -> &LbState;
+    /// Makes `frontend` a service with `params` and exactly `backends`, writing only what
+    /// differs; returns the number of map writes.
+    fn sync_service(
+        &mut self,
+        frontend: Frontend,
+        params: ServiceParams,
+        backends: &[BackendAddr],
+    ) -> Result<usize, BpfError>;
+    /// Removes `frontend` and its backends; returns the number of map writes.
+    fn remove_service(&mut self, frontend: &Frontend) -> Result<usize, BpfError>;
+    /// Every programmed frontend with its backends and their counters.
+    fn dump(&self) -> Result<Vec<ServiceDump>, BpfError>;
+    /// Entries and capacity of every map.
+    fn pressure(&self) -> Result<Vec<MapPressure>, BpfError>;
+    /// Attaches the tc program to device `ifname` of the calling thread's network namespace.
+    fn attach_tc(&mut self, ifname: &str) -> Result<TcAttach, BpfError>;
+    /// Detaches the tc program from device `ifname` (missing is not an error).
+    fn detach_tc(&mut self, ifname: &str) -> Result<(), BpfError>;
+    /// Makes `ip` a local pod of the fast path.
+    fn set_pod_endpoint(&mut self, ip: Ipv4Addr, ep: PodEndpoint) -> Result<(), BpfError>;
+    /// Forgets the local pod `ip` (missing is not an error).
+    fn remove_pod_endpoint(&mut self, ip: Ipv4Addr) -> Result<(), BpfError>;
+    /// Every local pod of the fast path.
+    fn pod_endpoints(&self) -> Result<Vec<(IpAddr, PodEndpoint)>, BpfError>;
+    /// The fast path's counters, summed over CPUs.
+    fn fast_path_counters(&self) -> Result<FastPathCounters, BpfError>;
+    /// The NodePort conntrack entries (both directions of every flow).
+    fn conntrack(&self) -> Result<Vec<(NpCtKey, NpCtEntry)>, BpfError>;
+}
+
+impl LbDatapath for ServiceLb {
+    fn state(&self) -> &LbState {
+        ServiceLb::state(self)
+    }
+    fn sync_service(
+        &mut self,
+        frontend: Frontend,
+        params: ServiceParams,
+        backends: &[BackendAddr],
+    ) -> Result<usize, BpfError> {
+        ServiceLb::sync_service(self, frontend, params, backends)
+    }
+    fn remove_service(&mut self, frontend: &Frontend) -> Result<usize, BpfError> {
+        ServiceLb::remove_service(self, frontend)
+    }
+    fn dump(&self) -> Result<Vec<ServiceDump>, BpfError> {
+        ServiceLb::dump(self)
+    }
+    fn pressure(&self) -> Result<Vec<MapPressure>, BpfError> {
+        ServiceLb::pressure(self)
+    }
+    fn attach_tc(&mut self, ifname: &str) -> Result<TcAttach, BpfError> {
+        ServiceLb::attach_tc(self, ifname)
+    }
+    fn detach_tc(&mut self, ifname: &str) -> Result<(), BpfError> {
+        ServiceLb::detach_tc(&self.pin_dir, ifname)
+    }
+    fn set_pod_endpoint(&mut self, ip: Ipv4Addr, ep: PodEndpoint) -> Result<(), BpfError> {
+        ServiceLb::set_pod_endpoint(self, ip, ep)
+    }
+    fn remove_pod_endpoint(&mut self, ip: Ipv4Addr) -> Result<(), BpfError> {
+        ServiceLb::remove_pod_endpoint(self, ip)
+    }
+    fn pod_endpoints(&self) -> Result<Vec<(IpAddr, PodEndpoint)>, BpfError> {
+        ServiceLb::pod_endpoints(self)
+    }
+    fn fast_path_counters(&self) -> Result<FastPathCounters, BpfError> {
+        ServiceLb::fast_path_counters(self)
+    }
+    fn conntrack(&self) -> Result<Vec<(NpCtKey, NpCtEntry)>, BpfError> {
+        ServiceLb::conntrack(self)
+    }
 }
 
 struct Maps {
@@ -825,43 +909,7 @@ impl ServiceLb {
 
     /// Every programmed frontend with its backends (slot order) and their counters.
     pub fn dump(&self) -> Result<Vec<ServiceDump>, BpfError> {
-        let mut out = Vec::new();
-        for view in self.state.services() {
-            let mut backends = Vec::with_capacity(view.slots.len());
-            for (slot, id) in view.slots.iter().enumerate() {
-                let Some(b) = self.state.backend(*id) else {
-                    continue;
-                };
-                let c = self.counters(*id)?;
-                backends.push(BackendDump {
-                    id: *id,
-                    slot: slot as u32,
-                    ip: b.addr.ip,
-                    port: b.addr.port,
-                    address: b.addr.to_string(),
-                    connects: c.connects,
-                    sends: c.sends,
-                });
-            }
-            let f = view.frontend;
-            out.push(ServiceDump {
-                id: view.id,
-                frontend: f.to_string(),
-                ip: f.ip,
-                port: f.port,
-                protocol: f.protocol.as_str(),
-                session_affinity: if view.params.affinity_timeout_s.is_some() {
-                    "ClientIP"
-                } else {
-                    "None"
-                },
-                affinity_timeout_seconds: view.params.affinity_timeout_s,
-                connects: backends.iter().map(|b| b.connects).sum(),
-                sends: backends.iter().map(|b| b.sends).sum(),
-                backends,
-            });
-        }
-        Ok(out)
+        self.state.dump(|id| self.counters(id))
     }
 
     /// Entries and capacity of every LB map (the LRU maps are counted by walking their keys).

@@ -352,6 +352,51 @@ impl LbState {
         }
     }
 
+    /// Every service of the mirror with its backends in slot order, and the counters
+    /// `counters(backend id)` gives (the kernel's per-CPU sums, or zeros for a fake).
+    pub fn dump<E>(
+        &self,
+        counters: impl Fn(u32) -> Result<super::Counters, E>,
+    ) -> Result<Vec<super::ServiceDump>, E> {
+        let mut out = Vec::new();
+        for view in self.services() {
+            let mut backends = Vec::with_capacity(view.slots.len());
+            for (slot, id) in view.slots.iter().enumerate() {
+                let Some(b) = self.backend(*id) else {
+                    continue;
+                };
+                let c = counters(*id)?;
+                backends.push(super::BackendDump {
+                    id: *id,
+                    slot: u32::try_from(slot).unwrap_or(u32::MAX),
+                    ip: b.addr.ip,
+                    port: b.addr.port,
+                    address: b.addr.to_string(),
+                    connects: c.connects,
+                    sends: c.sends,
+                });
+            }
+            let f = view.frontend;
+            out.push(super::ServiceDump {
+                id: view.id,
+                frontend: f.to_string(),
+                ip: f.ip,
+                port: f.port,
+                protocol: f.protocol.as_str(),
+                session_affinity: if view.params.affinity_timeout_s.is_some() {
+                    "ClientIP"
+                } else {
+                    "None"
+                },
+                affinity_timeout_seconds: view.params.affinity_timeout_s,
+                connects: backends.iter().map(|b| b.connects).sum(),
+                sends: backends.iter().map(|b| b.sends).sum(),
+                backends,
+            });
+        }
+        Ok(out)
+    }
+
     pub fn service_count(&self) -> usize {
         self.services.len()
     }
