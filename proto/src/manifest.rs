@@ -139,9 +139,9 @@ fn supported() -> String {
 pub fn parse(text: &str) -> Result<Vec<Document>, DocumentError> {
     use serde::Deserialize;
     let mut docs = Vec::new();
-    for (i, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
+    for (i, de) in yaml_serde::Deserializer::from_str(text).enumerate() {
         let index = i + 1;
-        let yaml = serde_yaml::Value::deserialize(de).map_err(|e| DocumentError {
+        let yaml = yaml_serde::Value::deserialize(de).map_err(|e| DocumentError {
             index,
             error: ManifestError::new("", format!("invalid YAML: {e}")),
         })?;

@@ -15,7 +15,7 @@ pub fn list(items: Vec<Value>) -> Value {
 }
 
 pub fn to_yaml(v: &Value) -> Result<String> {
-    serde_yaml::to_string(v).context("formatting YAML")
+    yaml_serde::to_string(v).context("formatting YAML")
 }
 
 /// Pretty JSON with kubectl's four-space indentation and a final newline.

@@ -116,8 +116,8 @@ pub struct Loaded {
 /// [`manifest::parse`] returns them.
 fn raw_documents(text: &str) -> Vec<serde_json::Value> {
     use serde::Deserialize;
-    serde_yaml::Deserializer::from_str(text)
-        .filter_map(|de| serde_yaml::Value::deserialize(de).ok())
+    yaml_serde::Deserializer::from_str(text)
+        .filter_map(|de| yaml_serde::Value::deserialize(de).ok())
         .filter(|y| !y.is_null())
         .map(|y| serde_json::to_value(&y).unwrap_or(serde_json::Value::Null))
         .collect()

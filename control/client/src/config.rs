@@ -118,14 +118,14 @@ fn read_config_file(path: &Path) -> Result<Option<String>, ClientError> {
 /// Parses the config file's text: a YAML mapping whose `server` key, if present, must be a
 /// string. Other keys are ignored (later versions may add some).
 pub fn parse_config(text: &str) -> Result<Option<String>, String> {
-    let value: serde_yaml::Value =
-        serde_yaml::from_str(text).map_err(|e| format!("invalid YAML: {e}"))?;
+    let value: yaml_serde::Value =
+        yaml_serde::from_str(text).map_err(|e| format!("invalid YAML: {e}"))?;
     match value {
-        serde_yaml::Value::Null => Ok(None),
-        serde_yaml::Value::Mapping(m) => match m.get("server") {
-            None | Some(serde_yaml::Value::Null) => Ok(None),
-            Some(serde_yaml::Value::String(s)) if s.trim().is_empty() => Ok(None),
-            Some(serde_yaml::Value::String(s)) => Ok(Some(s.trim().to_string())),
+        yaml_serde::Value::Null => Ok(None),
+        yaml_serde::Value::Mapping(m) => match m.get("server") {
+            None | Some(yaml_serde::Value::Null) => Ok(None),
+            Some(yaml_serde::Value::String(s)) if s.trim().is_empty() => Ok(None),
+            Some(yaml_serde::Value::String(s)) => Ok(Some(s.trim().to_string())),
             Some(_) => Err("server: must be a string such as http://127.0.0.1:7443".into()),
         },
         _ => Err("expected a mapping with a `server:` key".into()),
