@@ -51,6 +51,7 @@ impl Baseline {
 }
 
 /// Processes and cgroups a baseline started; dropping it kills and removes them.
+#[derive(Debug)]
 pub struct Procs {
     children: Mutex<Vec<Child>>,
     /// Parent of the per-process cgroups ([`Baseline::Isolated`] only).
@@ -70,7 +71,10 @@ impl Procs {
     }
 
     pub fn len(&self) -> usize {
-        self.children.lock().expect("children lock").len()
+        self.children
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -118,14 +122,17 @@ impl Procs {
             .spawn()
             .with_context(|| format!("spawning {:?}", cmd.get_program()))?;
         let pid = child.id();
-        self.children.lock().expect("children lock").push(child);
+        self.children
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(child);
         Ok(pid)
     }
 }
 
 impl Drop for Procs {
     fn drop(&mut self) {
-        let children = std::mem::take(self.children.get_mut().expect("children lock"));
+        let children = std::mem::take(self.children.get_mut().unwrap_or_else(|e| e.into_inner()));
         for mut c in children {
             let _ = c.kill();
             let _ = c.wait();
@@ -182,19 +189,20 @@ pub fn run(
                             return Ok(());
                         }
                         let d = procs.start(baseline, first_index + i, command)?;
-                        results.lock().expect("results lock")[i] = Some(d);
+                        results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(d);
                     }
                 })
             })
             .collect();
-        workers
-            .into_iter()
-            .try_for_each(|w| w.join().expect("baseline worker panicked"))
+        workers.into_iter().try_for_each(|w| {
+            w.join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("a baseline worker panicked")))
+        })
     })?;
     let wall = t0.elapsed();
     let samples = results
         .into_inner()
-        .expect("results lock")
+        .unwrap_or_else(|e| e.into_inner())
         .into_iter()
         .collect::<Option<Vec<_>>>()
         .context("a baseline start left no sample")?;

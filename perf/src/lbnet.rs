@@ -121,6 +121,7 @@ fn ip(args: &[&str]) -> Result<()> {
 }
 
 /// The two namespaces, the cgroup, the pin directory and the server; removed on drop.
+#[derive(Debug)]
 pub struct Topology {
     pub client_ns: String,
     pub server_ns: String,

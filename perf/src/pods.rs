@@ -27,6 +27,7 @@ pub struct Seen {
 
 /// One reflector on the pods a label selector picks, in a task that timestamps events as they
 /// arrive. Dropping it stops the task.
+#[derive(Debug)]
 pub struct PodWatch {
     task: tokio::task::JoinHandle<()>,
     seen: watch::Receiver<Seen>,

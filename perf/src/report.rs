@@ -452,6 +452,7 @@ pub const SECTIONS: &[(u8, &str)] = &[
 
 /// One suite's entry in the whole report: its section, its report, and the file name of its
 /// markdown (for the link).
+#[derive(Debug)]
 pub struct IndexEntry<'a> {
     pub section: u8,
     pub report: &'a SuiteReport,

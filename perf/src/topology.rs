@@ -27,6 +27,7 @@ use anyhow::{Context, Result, bail};
 pub const NETNS_DIR: &str = "/run/netns";
 
 /// The network namespaces one suite run created; dropping it deletes them.
+#[derive(Debug)]
 pub struct Namespaces {
     prefix: String,
     names: Mutex<Vec<String>>,

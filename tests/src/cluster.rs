@@ -16,6 +16,7 @@ const T: Duration = Duration::from_secs(90);
 pub const LEASE_SECONDS: &str = "4";
 
 /// A whole cluster: etcd, API server, scheduler, controller manager and `n` real nodes.
+#[derive(Debug)]
 pub struct Cluster {
     // Dropped in field order: components and nodes before the server, the server before etcd.
     pub scheduler: Component,

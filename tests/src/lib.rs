@@ -2,6 +2,11 @@
 //! binary (embedded store or a real etcd) on a free loopback port and runs the real `skiff`
 //! CLI against it. Processes are killed by pid when the harness is dropped, also when a test
 //! fails.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test support: a failed setup step is the calling test's failure"
+)]
 
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -50,12 +55,14 @@ fn free_port() -> u16 {
 }
 
 /// Which store the API server runs on.
+#[derive(Debug)]
 pub enum Backend {
     Embedded,
     Etcd(String),
 }
 
 /// A running `skiff-apiserver` process.
+#[derive(Debug)]
 pub struct ApiServer {
     child: Child,
     pub endpoint: String,
@@ -150,6 +157,7 @@ impl Drop for ApiServer {
 }
 
 /// A child process whose stdout is read line by line in the background.
+#[derive(Debug)]
 pub struct Streaming {
     child: Child,
     lines: mpsc::Receiver<String>,
@@ -242,6 +250,7 @@ fn run_ip(args: &[&str]) -> Output {
 /// with addresses in 192.168.100.0/24. Nothing of it exists in the root namespace, so the
 /// host's network is never touched. Dropping it deletes its namespace (and with it every veth
 /// end on the bridge) and the outside namespaces it made.
+#[derive(Debug)]
 pub struct Fabric {
     pub netns: String,
     next_host: std::sync::atomic::AtomicU8,
@@ -364,6 +373,7 @@ impl Drop for Fabric {
 /// `skiff-node run` agent process. Dropping it kills every process it started (the agent by
 /// pid; the pods and their shims through `cgroup.kill` on the node's cgroup), removes the
 /// pods' network namespaces, the cgroups and the node namespace — also when a test fails.
+#[derive(Debug)]
 pub struct Node {
     pub name: String,
     pub netns: String,
@@ -574,6 +584,7 @@ impl Drop for Node {
 
 /// A control-plane process (`skiff-scheduler`, `skiff-controller-manager`) talking to an
 /// [`ApiServer`]; its stderr goes to a log file. Killed by pid on drop.
+#[derive(Debug)]
 pub struct Component {
     pub binary: String,
     args: Vec<String>,

@@ -1,5 +1,10 @@
 //! M1-A as a new user tries it: a real `skiff-apiserver` process (embedded store, and a real
 //! etcd) driven by the real `skiff` CLI with a Kubernetes-style manifest.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test: a failed step is the test's failure"
+)]
 
 use std::time::Duration;
 

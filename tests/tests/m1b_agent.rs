@@ -1,6 +1,11 @@
 //! M1-B end to end: the real API server, and a real `skiff-node` agent whose node lives in a
 //! network namespace of its own, running pods as cgroup v2 process groups with their own
 //! network namespaces, veths and pod IPs.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test: a failed step is the test's failure"
+)]
 
 use std::path::Path;
 use std::time::Duration;

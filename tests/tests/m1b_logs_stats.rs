@@ -2,6 +2,11 @@
 //! (all, `--tail`, `--timestamps`, `-f`), `skiff top pods` — and the per-pod traffic
 //! accounting acceptance test: a known TCP payload between two pods shows up, once, as the
 //! sender's TX and the receiver's RX.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test: a failed step is the test's failure"
+)]
 
 use std::path::Path;
 use std::time::Duration;

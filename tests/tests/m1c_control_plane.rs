@@ -5,6 +5,11 @@
 //!
 //! The tests share the machine's two cores with many processes, so they run one at a time
 //! (a process-wide lock) and wait with generous, bounded timeouts.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test: a failed step is the test's failure"
+)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};

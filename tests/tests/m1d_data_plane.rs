@@ -1,6 +1,11 @@
 //! M1-D end to end (the parts that exist so far): nodes in network namespaces of their own,
 //! joined by a bridge in another namespace; pods reach pods on other nodes by their own
 //! addresses, and nothing on the way translates them.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test: a failed step is the test's failure"
+)]
 
 use std::time::Duration;
 

@@ -609,7 +609,9 @@ async fn supervise(plan: Plan<'_>) -> Result<()> {
             }
             if c.readiness == Readiness::ApiPort {
                 let addr = connect_addr(plan.cfg.listen);
-                let r = running.last_mut().expect("just pushed");
+                let Some(r) = running.last_mut() else {
+                    continue;
+                };
                 tokio::select! {
                     res = wait_port(r, addr) => if let Err(e) = res { break 'run Stop::Failed(e) },
                     _ = signals.recv() => break 'run Stop::Signal,

@@ -11,10 +11,8 @@ use anyhow::{Context, Result, bail};
 /// Root of the workspace (the directory holding the top-level Cargo.toml).
 pub fn repo_root() -> PathBuf {
     let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest_dir
-        .parent()
-        .expect("xtask lives one level below the workspace root")
-        .to_path_buf()
+    // xtask lives one level below the workspace root.
+    manifest_dir.parent().unwrap_or(manifest_dir).to_path_buf()
 }
 
 /// Where `cargo install` puts binaries: `$CARGO_HOME/bin`, else `$HOME/.cargo/bin`.

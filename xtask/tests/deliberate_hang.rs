@@ -2,6 +2,11 @@
 //! eating CI's time budget. Without `XTASK_DELIBERATE_HANG=1` it returns at once, so the
 //! default run never hangs; `hang_is_reported.rs` sets the variable and runs it under
 //! cargo-nextest's `hang-check` profile.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test: a failed step is the test's failure"
+)]
 
 use std::time::Duration;
 

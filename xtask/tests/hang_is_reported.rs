@@ -4,6 +4,11 @@
 //! profile (.config/nextest.toml: the same slow-timeout mechanism as the default profile, with
 //! a bound of 2 × 2 s instead of 4 × 60 s) and checks that nextest kills it within the bound,
 //! fails the run, and names the test in its report.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test: a failed step is the test's failure"
+)]
 
 use std::path::Path;
 use std::process::Command;

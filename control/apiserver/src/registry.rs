@@ -161,6 +161,14 @@ pub struct Handler<T: Strategy> {
     cache: Arc<WatchCache<T>>,
 }
 
+impl<T: Strategy> std::fmt::Debug for Handler<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handler")
+            .field("kind", &T::INFO.kind)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<T: Strategy> Handler<T> {
     /// Starts the type's watch cache (listing its objects) and returns the handler.
     pub(crate) async fn start(
@@ -805,6 +813,14 @@ impl<T: Strategy> ResourceHandler for Handler<T> {
 /// Every served resource type by plural name.
 pub struct Registry {
     handlers: BTreeMap<&'static str, Arc<dyn ResourceHandler>>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("resources", &self.handlers.keys().collect::<Vec<_>>())
+            .finish()
+    }
 }
 
 impl Registry {

@@ -1,5 +1,10 @@
 //! For other crates' tests: a real API server, in process, on an embedded store in a
 //! temporary directory that is removed when the server is dropped. (Feature `testing`.)
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test support: a failed setup step is the calling test's failure"
+)]
 
 use std::sync::Arc;
 
@@ -8,6 +13,7 @@ use skiff_store::{EmbeddedOptions, EmbeddedStore};
 use crate::{ApiServerOptions, ServerHandle};
 
 /// A running in-process API server and the directory of its store.
+#[derive(Debug)]
 pub struct TestServer {
     pub handle: ServerHandle,
     _dir: tempfile::TempDir,

@@ -1,5 +1,10 @@
 //! The main API suite, over real gRPC, against both store backends (embedded redb in a
 //! tempdir and a real etcd).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test: a failed step is the test's failure"
+)]
 
 mod common;
 

@@ -1,4 +1,9 @@
 //! The `skiff-apiserver` binary, run the way `cargo xtask up` runs it.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test: a failed step is the test's failure"
+)]
 
 mod common;
 

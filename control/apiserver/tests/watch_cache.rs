@@ -1,5 +1,10 @@
 //! The watch cache: one store watch per resource however many watchers, the window of
 //! servable revisions, slow watchers, compaction, and shutdown.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test: a failed step is the test's failure"
+)]
 
 mod common;
 

@@ -1,5 +1,10 @@
 //! The `skiff` binary against a real API server, started in-process on an embedded store in a
 //! tempdir.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test: a failed step is the test's failure"
+)]
 
 use skiff_apiserver::testing::TestServer;
 use std::io::{BufRead, BufReader, Write};

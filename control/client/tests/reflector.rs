@@ -1,4 +1,9 @@
 //! The reflector against a real API server (in-process, embedded store in a tempdir).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test: a failed step is the test's failure"
+)]
 
 use std::time::Duration;
 

@@ -187,6 +187,14 @@ pub struct KindGraph<T> {
     client: Client,
 }
 
+impl<T: Resource> std::fmt::Debug for KindGraph<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KindGraph")
+            .field("kind", &T::INFO.kind)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<T: Resource> KindGraph<T> {
     pub fn new(informers: &Informers) -> Self {
         KindGraph {
@@ -328,6 +336,14 @@ impl Dependent {
 /// The object graph: every kind the collector handles.
 pub struct Graph {
     kinds: Vec<Arc<dyn GraphKind>>,
+}
+
+impl std::fmt::Debug for Graph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Graph")
+            .field("kinds", &self.kinds.len())
+            .finish()
+    }
 }
 
 impl Graph {

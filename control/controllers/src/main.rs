@@ -117,28 +117,15 @@ async fn run(args: Args) -> Result<()> {
     tokio::spawn({
         let shutdown = shutdown.clone();
         async move {
-            wait_for_signal().await;
+            if let Err(e) = skiff_client::runtime::terminated().await {
+                tracing::error!(error = %e, "cannot watch for SIGTERM/SIGINT");
+            }
             tracing::info!("shutting down");
             shutdown.cancel();
         }
     });
     manager::run(client, manager_config, shutdown).await?;
     Ok(())
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }
 
 fn main() -> ExitCode {

@@ -4,6 +4,11 @@
 //!
 //! Unlike the scheduler's hollow kubelet it does not care about nodes: a pod counts as
 //! started whether or not it is bound, since these tests run no scheduler.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test support: a failed setup step is the calling test's failure"
+)]
 
 use std::collections::HashSet;
 use std::time::Duration;

@@ -1,5 +1,10 @@
 //! The Deployment controller against a real API server, with the ReplicaSet controller and a
 //! fake kubelet that marks pods ready.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test: a failed step is the test's failure"
+)]
 
 mod common;
 

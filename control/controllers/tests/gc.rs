@@ -1,5 +1,10 @@
 //! The garbage collector against a real API server, with the Deployment and ReplicaSet
 //! controllers and a fake kubelet running too.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test: a failed step is the test's failure"
+)]
 
 mod common;
 

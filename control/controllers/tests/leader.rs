@@ -1,5 +1,10 @@
 //! Leader election between two controller managers in one process: only the leader acts; a
 //! killed leader is replaced within the lease duration; a stopped one hands over at once.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test: a failed step is the test's failure"
+)]
 
 mod common;
 

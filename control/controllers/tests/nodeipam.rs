@@ -1,4 +1,9 @@
 //! Node IPAM (pod CIDRs of Nodes) against a real API server.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test: a failed step is the test's failure"
+)]
 
 mod common;
 

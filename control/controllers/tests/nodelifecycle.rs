@@ -2,6 +2,11 @@
 //! renew (standing in for node agents), Unknown conditions, unreachable taints, pods marked not
 //! ready and evicted per their tolerations, recovery, the startup grace of a restarted
 //! controller, and a Deployment whose pods on a dead node are replaced.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test: a failed step is the test's failure"
+)]
 
 mod common;
 

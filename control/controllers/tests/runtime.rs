@@ -1,6 +1,11 @@
 //! The controller runtime of `skiff_client::runtime` against a real API server: informer
 //! indexes and notifications, the controller loop (owned objects, retries, one key at a
 //! time), and leader election between two electors.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test: a failed step is the test's failure"
+)]
 
 mod common;
 

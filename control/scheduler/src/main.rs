@@ -95,12 +95,9 @@ async fn main() -> anyhow::Result<()> {
     let on_signal = {
         let shutdown = shutdown.clone();
         async move {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("installing the SIGTERM handler");
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => tracing::info!("interrupted, exiting"),
-                _ = term.recv() => tracing::info!("terminated, exiting"),
+            match skiff_client::runtime::terminated().await {
+                Ok(signal) => tracing::info!(signal, "exiting"),
+                Err(e) => tracing::error!(error = %e, "cannot watch for SIGTERM/SIGINT; exiting"),
             }
             shutdown.cancel();
         }

@@ -1,5 +1,10 @@
 //! The scheduler against a real API server: binding, the filters, spreading, retries when
 //! the cluster changes, events.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test: a failed step is the test's failure"
+)]
 
 mod common;
 

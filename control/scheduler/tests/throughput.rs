@@ -1,6 +1,11 @@
 //! Throughput smoke test: 200 pending pods on 100 hollow nodes, all bound. Prints pods/s
 //! from the scheduler's start to the last binding seen (no timing assertion: machines
 //! differ).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test: a failed step is the test's failure"
+)]
 
 mod common;
 

@@ -13,6 +13,11 @@
 //!     skiff_store::conformance::run_all(&store, "/conformance").await;
 //! }
 //! ```
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test support: a failed setup step is the calling test's failure"
+)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;

@@ -9,6 +9,11 @@
 //! // Dropping `etcd` kills the server and deletes its data.
 //! # }
 //! ```
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test support: a failed setup step is the calling test's failure"
+)]
 
 use std::fs::File;
 use std::io::{Read, Write};

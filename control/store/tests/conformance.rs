@@ -1,6 +1,11 @@
 //! Runs the conformance suite against both backends: the embedded store on a temporary file
 //! and the etcd store on a real etcd server (which must be installed: this test fails, not
 //! skips, without it).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test: a failed step is the test's failure"
+)]
 
 use std::time::Duration;
 

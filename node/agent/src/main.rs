@@ -175,12 +175,8 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
         let config = skiff_client::ClientConfig::load(args.server.as_deref())?;
         let client = skiff_client::Client::connect_lazy(config.endpoint())?;
         let shutdown = async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("installing a SIGTERM handler");
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
+            if let Err(e) = skiff_client::runtime::terminated().await {
+                tracing::error!(error = %e, "cannot watch for SIGTERM/SIGINT; stopping");
             }
         };
         skiff_node::run(cfg, client, shutdown)

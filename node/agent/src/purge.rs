@@ -24,6 +24,7 @@ pub enum PurgeError {
 }
 
 /// What to purge; the same paths the agent ran with.
+#[derive(Debug)]
 pub struct PurgeConfig {
     pub node_name: String,
     pub state_dir: PathBuf,

@@ -35,6 +35,7 @@ pub fn peer_of(node: &Node) -> Option<(String, Ipv4Addr)> {
 }
 
 /// Keeps this node's routes to the other nodes' pod CIDRs.
+#[derive(Debug)]
 pub struct PeerRoutes {
     own_name: String,
     net: Arc<NodeNetwork>,

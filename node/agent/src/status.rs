@@ -164,6 +164,7 @@ fn condition(kind: &str, ok: bool, now: &str, previous: &PodStatus) -> Condition
 }
 
 /// Inputs for [`pod_status`] besides the containers.
+#[derive(Debug)]
 pub struct PodFacts<'a> {
     pub pod_ip: Option<String>,
     pub host_ip: Option<String>,

@@ -1,5 +1,10 @@
 //! The `skiff-node` binary as an operator runs it: its subcommands exist, bad flags are
 //! refused with the flag named and nothing started, and `check-host` reports this host.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test: a failed step is the test's failure"
+)]
 
 use std::process::Command;
 

@@ -231,6 +231,7 @@ elif mode == "hold":
 
 /// Backends in the server namespace: per address a TCP listener (sends its name, then echoes
 /// lines) and a UDP socket (answers every datagram with its name). Threads stop on drop.
+#[derive(Debug)]
 pub struct Servers {
     pub stop: Arc<AtomicBool>,
     pub threads: Vec<JoinHandle<()>>,
@@ -339,6 +340,7 @@ impl Drop for Servers {
 }
 
 /// A client that keeps one TCP connection through the VIP open and echoes on request.
+#[derive(Debug)]
 pub struct Held {
     pub stdin: ChildStdin,
     pub lines: mpsc::Receiver<String>,
@@ -383,6 +385,7 @@ pub fn small_config() -> LbConfig {
     }
 }
 
+#[derive(Debug)]
 pub struct LbFixture {
     pub client_ns: String,
     pub server_ns: String,
@@ -638,7 +641,7 @@ impl Drop for LbFixture {
 
 /// (a) spread over all backends, (b) getpeername shows the VIP, counters match.
 /// A `log` sink keeping every record's message.
-#[derive(Clone, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Records(Arc<std::sync::Mutex<Vec<String>>>);
 
 impl log::Log for Records {

@@ -143,6 +143,15 @@ pub struct NodeNetwork {
     ops: tokio::sync::Mutex<()>,
 }
 
+impl std::fmt::Debug for NodeNetwork {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeNetwork")
+            .field("node_netns", &self.node_netns.to_string())
+            .field("pod_cidr", &self.ipam.cidr().to_string())
+            .finish_non_exhaustive()
+    }
+}
+
 impl NodeNetwork {
     /// Validates the CIDR, loads the IPAM state and prepares the node namespace
     /// (`net.ipv4.ip_forward=1` there). Must be called on a tokio runtime, whose handle is kept

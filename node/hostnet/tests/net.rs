@@ -4,6 +4,11 @@
 //! address, route and packet lives inside them, and a [`World`] guard deletes the namespaces
 //! (which destroys the veths in them) and kills the processes it started, also when a test
 //! panics. Nothing is configured in the machine's root network namespace; one test checks that.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test: a failed step is the test's failure"
+)]
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::{IpAddr, Ipv4Addr};

@@ -88,6 +88,15 @@ pub struct NativeRuntime {
     inner: Arc<Inner>,
 }
 
+impl std::fmt::Debug for NativeRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NativeRuntime")
+            .field("state_dir", &self.inner.cfg.state_dir)
+            .field("cgroup_parent", &self.inner.cfg.cgroup_parent)
+            .finish_non_exhaustive()
+    }
+}
+
 struct Inner {
     cfg: NativeConfig,
     v2_root: PathBuf,

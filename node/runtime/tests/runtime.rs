@@ -4,6 +4,11 @@
 //! state directory; network traffic stays on the loopback of the pods' own namespaces. The
 //! [`Harness`] guard removes everything (processes, namespace mounts, cgroups) also when a
 //! test fails.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test: a failed step is the test's failure"
+)]
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};

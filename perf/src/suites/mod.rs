@@ -54,6 +54,7 @@ impl Default for Options {
 
 pub type RunFn = for<'a> fn(&'a Options) -> LocalBoxFuture<'a, anyhow::Result<SuiteReport>>;
 
+#[derive(Debug)]
 pub struct Suite {
     pub name: &'static str,
     pub title: &'static str,

@@ -35,6 +35,14 @@ pub struct DeleteContext<'a> {
     pub grace_period_seconds: Option<i64>,
 }
 
+impl std::fmt::Debug for DeleteContext<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeleteContext")
+            .field("grace_period_seconds", &self.grace_period_seconds)
+            .finish_non_exhaustive()
+    }
+}
+
 impl DeleteContext<'_> {
     /// Whether any namespaced resource has an object in `namespace`.
     pub async fn namespace_has_content(&self, namespace: &str) -> Result<bool, ApiError> {

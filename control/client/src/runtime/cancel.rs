@@ -80,6 +80,18 @@ impl CancelToken {
     }
 }
 
+/// Resolves when the process is asked to stop, by SIGTERM or Ctrl-C (SIGINT), with which of
+/// them. The one way the components that run on the client library (scheduler, controller
+/// manager, node agent) wait for it.
+pub async fn terminated() -> std::io::Result<&'static str> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => Ok("SIGTERM"),
+        r = tokio::signal::ctrl_c() => r.map(|()| "SIGINT"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

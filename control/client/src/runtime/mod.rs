@@ -45,7 +45,7 @@ mod leader;
 mod queue;
 pub(crate) mod time;
 
-pub use cancel::CancelToken;
+pub use cancel::{CancelToken, terminated};
 pub use controller::{Action, Controller, Reconciler, owner_key};
 pub use events::{EventRecorder, EventType, object_reference};
 pub use informer::{
