@@ -8,6 +8,8 @@
 
 mod bench;
 mod doctor;
+#[cfg(test)]
+mod layers;
 mod setup;
 mod tiers;
 mod up;
