@@ -12,6 +12,8 @@
 //! - [`FOREGROUND_FINALIZER`], [`ORPHAN_FINALIZER`]: the finalizers of a delete's propagation
 //!   policy, shared by the API server (which adds them) and the garbage collector (which acts
 //!   on them and removes them).
+//! - [`columns`]: the table columns kubectl shows per kind (the API server's Tables and
+//!   `skiff get`), and kubectl-style ages.
 //! - [`taints`]: taint/toleration matching (shared by the scheduler and the node lifecycle
 //!   controller).
 
@@ -25,6 +27,7 @@ pub mod rpc {
     tonic::include_proto!("skiff.rpc");
 }
 
+pub mod columns;
 pub mod manifest;
 pub mod quantity;
 mod resource;

@@ -121,6 +121,28 @@ impl FieldError {
     }
 }
 
+impl FieldError {
+    /// Kubernetes' `StatusCause.reason` for this field error (`FieldValueInvalid`, ...).
+    pub fn cause_reason(&self) -> &'static str {
+        match self.kind {
+            FieldErrorKind::Required => "FieldValueRequired",
+            FieldErrorKind::Invalid => "FieldValueInvalid",
+            FieldErrorKind::NotSupported => "FieldValueNotSupported",
+            FieldErrorKind::Duplicate => "FieldValueDuplicate",
+            FieldErrorKind::Forbidden => "FieldValueForbidden",
+            FieldErrorKind::TooLong => "FieldValueTooLong",
+        }
+    }
+
+    /// The cause's message: this error without its path (`Invalid value: "x": detail`).
+    pub fn cause_message(&self) -> String {
+        let full = self.to_string();
+        full.strip_prefix(&format!("{}: ", self.path))
+            .map(str::to_string)
+            .unwrap_or(full)
+    }
+}
+
 impl fmt::Display for FieldError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.kind == FieldErrorKind::Invalid && self.value.is_none() {
@@ -238,6 +260,24 @@ impl ApiError {
             ApiError::NamespaceTerminating(_) => "Forbidden",
             ApiError::Unavailable(_) => "Unavailable",
             ApiError::Internal(_) => "Internal",
+        }
+    }
+
+    /// The HTTP status code and Kubernetes `Status.reason` of this error (the REST API's
+    /// one mapping, as kube-apiserver answers the same failure).
+    pub fn http(&self) -> (u16, &'static str) {
+        match self {
+            ApiError::NotFound { .. }
+            | ApiError::UnknownResource(_)
+            | ApiError::NamespaceNotFound(_) => (404, "NotFound"),
+            ApiError::AlreadyExists { .. } => (409, "AlreadyExists"),
+            ApiError::Conflict(_) => (409, "Conflict"),
+            ApiError::Invalid { .. } => (422, "Invalid"),
+            ApiError::BadRequest(_) => (400, "BadRequest"),
+            ApiError::Expired(_) => (410, "Expired"),
+            ApiError::NamespaceTerminating(_) => (403, "Forbidden"),
+            ApiError::Unavailable(_) => (503, "ServiceUnavailable"),
+            ApiError::Internal(_) => (500, "InternalError"),
         }
     }
 

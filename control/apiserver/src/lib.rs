@@ -210,7 +210,10 @@ async fn bootstrap(
             }),
             ..Default::default()
         };
-        match handler.create("", &ns.encode_to_vec()).await {
+        match handler
+            .create("", &ns.encode_to_vec(), registry::WriteOptions::default())
+            .await
+        {
             Ok(_) => info!(namespace = %name, "created namespace"),
             Err(ApiError::AlreadyExists { .. }) => {}
             Err(source) => {

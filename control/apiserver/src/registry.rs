@@ -132,20 +132,36 @@ fn parse_filter<T: Resource>(
     })
 }
 
+/// How a write is made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteOptions {
+    /// Run everything (defaulting, validation, admission of the namespace, preconditions)
+    /// but write nothing; return what would have been stored (`dryRun=All`).
+    pub dry_run: bool,
+}
+
 /// The object-safe face of a resource type's handler. Objects travel encoded.
 #[async_trait]
 pub trait ResourceHandler: Send + Sync {
     fn info(&self) -> &'static KindInfo;
-    async fn create(&self, namespace: &str, object: &[u8]) -> Result<Vec<u8>, ApiError>;
+    async fn create(
+        &self,
+        namespace: &str,
+        object: &[u8],
+        opts: WriteOptions,
+    ) -> Result<Vec<u8>, ApiError>;
     async fn get(&self, namespace: &str, name: &str) -> Result<Vec<u8>, ApiError>;
-    async fn list(&self, req: &ListRequest) -> Result<ListResponse, ApiError>;
+    /// A list at the current revision, or at `at` (a past revision still in the store's
+    /// history; `Expired` when compacted).
+    async fn list(&self, req: &ListRequest, at: Option<i64>) -> Result<ListResponse, ApiError>;
     async fn update(
         &self,
         namespace: &str,
         object: &[u8],
         subresource: &str,
+        opts: WriteOptions,
     ) -> Result<Vec<u8>, ApiError>;
-    async fn delete(&self, req: &DeleteRequest) -> Result<Vec<u8>, ApiError>;
+    async fn delete(&self, req: &DeleteRequest, opts: WriteOptions) -> Result<Vec<u8>, ApiError>;
     async fn watch(&self, req: &WatchRequest) -> Result<WatchReceiver, ApiError>;
     /// The binding subresource (pods only).
     async fn bind(&self, namespace: &str, binding: &[u8]) -> Result<Vec<u8>, ApiError>;
@@ -295,7 +311,12 @@ impl<T: Strategy> Handler<T> {
     /// Create: type meta, namespace, generated name, uid/creationTimestamp/generation,
     /// defaulting, validation, then an atomic create in the store. The status is kept (nodes
     /// are created by their agents with a status).
-    pub async fn create_object(&self, req_ns: &str, mut obj: T) -> Result<T, ApiError> {
+    pub async fn create_object(
+        &self,
+        req_ns: &str,
+        mut obj: T,
+        opts: WriteOptions,
+    ) -> Result<T, ApiError> {
         let info = Self::info();
         let mut errors = Vec::new();
         Self::check_type_meta(&obj, &mut errors);
@@ -333,6 +354,19 @@ impl<T: Strategy> Handler<T> {
         if info.namespaced {
             self.check_namespace_accepts(&namespace).await?;
         }
+        if opts.dry_run {
+            let key = Self::key(&namespace, obj.name());
+            if self
+                .store
+                .get(&key)
+                .await
+                .map_err(ApiError::from_store)?
+                .is_some()
+            {
+                return Err(ApiError::already_exists(info, obj.name()));
+            }
+            return Ok(obj);
+        }
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -368,7 +402,11 @@ impl<T: Strategy> Handler<T> {
 
     /// A consistent list from the store, filtered; returns the items and the listing
     /// revision.
-    pub async fn list_objects(&self, req: &ListRequest) -> Result<(Vec<T>, i64), ApiError> {
+    pub async fn list_objects(
+        &self,
+        req: &ListRequest,
+        at: Option<i64>,
+    ) -> Result<(Vec<T>, i64), ApiError> {
         let filter = parse_filter::<T>(&req.namespace, &req.label_selector, &req.field_selector)?;
         let prefix = if filter.namespace.is_empty() {
             key_prefix(Self::info())
@@ -377,7 +415,7 @@ impl<T: Strategy> Handler<T> {
         };
         let listing = self
             .store
-            .list(&prefix, None)
+            .list(&prefix, at)
             .await
             .map_err(ApiError::from_store)?;
         let mut items = Vec::new();
@@ -403,6 +441,7 @@ impl<T: Strategy> Handler<T> {
         req_ns: &str,
         new: T,
         subresource: &str,
+        opts: WriteOptions,
     ) -> Result<T, ApiError> {
         let info = Self::info();
         let status_only = match subresource {
@@ -500,6 +539,9 @@ impl<T: Strategy> Handler<T> {
         if obj == old {
             return Ok(old);
         }
+        if opts.dry_run {
+            return Ok(obj);
+        }
         let finalized = obj.metadata().is_some_and(|m| {
             !m.deletion_timestamp.is_empty()
                 && m.finalizers.is_empty()
@@ -551,7 +593,11 @@ impl<T: Strategy> Handler<T> {
     /// as Kubernetes) and `deletionGracePeriodSeconds`, and returned; a later delete can only
     /// shorten the grace period. Otherwise the object is removed (CAS on the revision read)
     /// and its last state returned with the delete's revision as resourceVersion.
-    pub async fn delete_object(&self, req: &DeleteRequest) -> Result<T, ApiError> {
+    pub async fn delete_object(
+        &self,
+        req: &DeleteRequest,
+        opts: WriteOptions,
+    ) -> Result<T, ApiError> {
         let info = Self::info();
         let policy_finalizer = match req.propagation_policy.as_str() {
             "" | "Background" => None,
@@ -612,6 +658,9 @@ impl<T: Strategy> Handler<T> {
             let decision = marked.delete_decision(&ctx).await?;
             let has_finalizers = marked.metadata().is_some_and(|m| !m.finalizers.is_empty());
             if decision == DeleteDecision::Now && !has_finalizers {
+                if opts.dry_run {
+                    return Ok(obj);
+                }
                 match self.store.delete(&key, Some(kv.mod_revision)).await {
                     Ok((_, revision)) => {
                         debug!(resource = info.plural, namespace, name, "deleted");
@@ -644,8 +693,8 @@ impl<T: Strategy> Handler<T> {
                 }
             }
             Strategy::default(&mut marked);
-            if marked == obj {
-                return Ok(obj);
+            if marked == obj || opts.dry_run {
+                return Ok(marked);
             }
             match self
                 .store
@@ -758,17 +807,25 @@ impl<T: Strategy> ResourceHandler for Handler<T> {
         Self::info()
     }
 
-    async fn create(&self, namespace: &str, object: &[u8]) -> Result<Vec<u8>, ApiError> {
+    async fn create(
+        &self,
+        namespace: &str,
+        object: &[u8],
+        opts: WriteOptions,
+    ) -> Result<Vec<u8>, ApiError> {
         let obj = decode_request::<T>(object, T::INFO.kind)?;
-        Ok(self.create_object(namespace, obj).await?.encode_to_vec())
+        Ok(self
+            .create_object(namespace, obj, opts)
+            .await?
+            .encode_to_vec())
     }
 
     async fn get(&self, namespace: &str, name: &str) -> Result<Vec<u8>, ApiError> {
         Ok(self.get_object(namespace, name).await?.encode_to_vec())
     }
 
-    async fn list(&self, req: &ListRequest) -> Result<ListResponse, ApiError> {
-        let (items, revision) = self.list_objects(req).await?;
+    async fn list(&self, req: &ListRequest, at: Option<i64>) -> Result<ListResponse, ApiError> {
+        let (items, revision) = self.list_objects(req, at).await?;
         Ok(ListResponse {
             items: items.iter().map(Message::encode_to_vec).collect(),
             resource_version: revision.to_string(),
@@ -780,16 +837,17 @@ impl<T: Strategy> ResourceHandler for Handler<T> {
         namespace: &str,
         object: &[u8],
         subresource: &str,
+        opts: WriteOptions,
     ) -> Result<Vec<u8>, ApiError> {
         let obj = decode_request::<T>(object, T::INFO.kind)?;
         Ok(self
-            .update_object(namespace, obj, subresource)
+            .update_object(namespace, obj, subresource, opts)
             .await?
             .encode_to_vec())
     }
 
-    async fn delete(&self, req: &DeleteRequest) -> Result<Vec<u8>, ApiError> {
-        Ok(self.delete_object(req).await?.encode_to_vec())
+    async fn delete(&self, req: &DeleteRequest, opts: WriteOptions) -> Result<Vec<u8>, ApiError> {
+        Ok(self.delete_object(req, opts).await?.encode_to_vec())
     }
 
     async fn watch(&self, req: &WatchRequest) -> Result<WatchReceiver, ApiError> {

@@ -16,7 +16,7 @@ use tonic::{Request, Response, Status};
 use tracing::{debug, warn};
 
 use crate::error::ApiError;
-use crate::registry::Registry;
+use crate::registry::{Registry, WriteOptions};
 
 /// Implements `skiff.rpc.Api` over a [`Registry`].
 pub(crate) struct ApiService {
@@ -58,7 +58,9 @@ impl Api for ApiService {
         let r = request.into_inner();
         let result = async {
             let h = self.registry.handler(&r.resource)?;
-            h.create(&r.namespace, &r.object).await.map(object)
+            h.create(&r.namespace, &r.object, WriteOptions::default())
+                .await
+                .map(object)
         }
         .await;
         respond("create", &r.resource, result)
@@ -76,7 +78,7 @@ impl Api for ApiService {
 
     async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
         let r = request.into_inner();
-        let result = async { self.registry.handler(&r.resource)?.list(&r).await }.await;
+        let result = async { self.registry.handler(&r.resource)?.list(&r, None).await }.await;
         respond("list", &r.resource, result)
     }
 
@@ -87,9 +89,14 @@ impl Api for ApiService {
         let r = request.into_inner();
         let result = async {
             let h = self.registry.handler(&r.resource)?;
-            h.update(&r.namespace, &r.object, &r.subresource)
-                .await
-                .map(object)
+            h.update(
+                &r.namespace,
+                &r.object,
+                &r.subresource,
+                WriteOptions::default(),
+            )
+            .await
+            .map(object)
         }
         .await;
         respond("update", &r.resource, result)
@@ -102,7 +109,7 @@ impl Api for ApiService {
         let r = request.into_inner();
         let result = async {
             let h = self.registry.handler(&r.resource)?;
-            h.delete(&r).await.map(object)
+            h.delete(&r, WriteOptions::default()).await.map(object)
         }
         .await;
         respond("delete", &r.resource, result)

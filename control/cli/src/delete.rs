@@ -6,9 +6,9 @@ use anyhow::{Result, anyhow, bail};
 use skiff_api::DynKind;
 use skiff_client::{Client, ClientError, DeleteParams, ListParams, PropagationPolicy};
 
-use crate::columns::name_of;
 use crate::resources::{self, Target, kind_ref};
 use crate::server_message;
+use skiff_api::columns::name_of;
 
 /// `--cascade`: kubectl's values, plus its legacy `true`/`false`.
 pub fn parse_cascade(s: &str) -> Result<PropagationPolicy, String> {
@@ -94,7 +94,8 @@ async fn victims(client: &Client, opts: &DeleteOpts) -> Result<Vec<Victim>> {
             .items;
         out.extend(items.iter().map(|o| Victim {
             kind,
-            namespace: Some(crate::columns::namespace_of(o).to_string()).filter(|n| !n.is_empty()),
+            namespace:
+                Some(skiff_api::columns::namespace_of(o).to_string()).filter(|n| !n.is_empty()),
             name: name_of(o).to_string(),
         }));
     }

@@ -10,10 +10,10 @@ use skiff_api::{DynKind, KindInfo};
 use skiff_client::{Client, ListParams};
 
 use crate::apply::LAST_APPLIED;
-use crate::columns::{self, name_of, namespace_of, str_at};
 use crate::resources::Target;
 use crate::table::{self, age};
 use crate::{print_out, server_message};
+use skiff_api::columns::{self, name_of, namespace_of, str_at};
 
 /// Lines of `Key:  value`, with values aligned within each run of consecutive lines that
 /// have one (like kubectl's tabwriter output).

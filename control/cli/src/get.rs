@@ -11,11 +11,11 @@ use serde_json::Value;
 use skiff_api::DynKind;
 use skiff_client::{Client, ListParams, WatchEvent};
 
-use crate::columns::{self, name_of, namespace_of, str_at};
 use crate::output;
 use crate::resources::{Target, kind_ref};
 use crate::table;
 use crate::{print_out, server_message};
+use skiff_api::columns::{self, name_of, namespace_of, str_at};
 
 /// `-o` formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -2,7 +2,6 @@
 
 mod apply;
 mod bpf;
-mod columns;
 mod delete;
 mod describe;
 mod get;

@@ -1,16 +1,15 @@
-//! Per-kind table columns for `skiff get`, as pure functions of the object.
+//! Per-kind table columns, as pure functions of the object: what kubectl shows for each kind
+//! (the API server's `Table` responses and `skiff get` both use them), and kubectl's ages.
 
 use std::collections::BTreeMap;
 
-use chrono::{DateTime, Utc};
-use serde::de::DeserializeOwned;
-use serde_json::Value;
-use skiff_api::api::{
+use crate::api::{
     ContainerStatus, Deployment, Endpoints, Event, LabelSelector, Lease, Namespace, Node, Pod,
     PodTemplateSpec, ReplicaSet, Service, ServicePort,
 };
-
-use crate::table::age;
+use chrono::{DateTime, TimeDelta, Utc};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
 
 /// A string at a JSON pointer, or "".
 pub fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
@@ -29,7 +28,7 @@ fn typed<T: DeserializeOwned + Default>(v: &Value) -> T {
     match serde_json::from_value(v.clone()) {
         Ok(t) => t,
         Err(e) => {
-            tracing::debug!(error = %e, "object does not decode as its kind; showing blanks");
+            let _ = e; // An object that does not decode as its kind shows blanks.
             T::default()
         }
     }
@@ -365,7 +364,7 @@ pub fn pod_ready(p: &Pod) -> (usize, usize) {
     (ready, total)
 }
 
-fn terminated_reason(t: &skiff_api::api::ContainerStateTerminated) -> String {
+fn terminated_reason(t: &crate::api::ContainerStateTerminated) -> String {
     if !t.reason.is_empty() {
         t.reason.clone()
     } else if t.signal != 0 {
@@ -458,7 +457,7 @@ pub fn pod_restarts(p: &Pod, now: DateTime<Utc>) -> String {
     match last {
         Some(t) if restarts > 0 => format!(
             "{restarts} ({} ago)",
-            crate::table::human_duration(now.signed_duration_since(t.with_timezone(&Utc)))
+            human_duration(now.signed_duration_since(t.with_timezone(&Utc)))
         ),
         _ => restarts.to_string(),
     }
@@ -564,8 +563,98 @@ pub fn endpoints(e: &Endpoints) -> String {
     out
 }
 
+/// The age of an RFC 3339 timestamp at `now`, like kubectl (`45s`, `3m12s`, `5h`, `2d`);
+/// `<unknown>` when the timestamp is missing or unreadable.
+pub fn age(timestamp: &str, now: DateTime<Utc>) -> String {
+    match DateTime::parse_from_rfc3339(timestamp) {
+        Ok(t) => human_duration(now.signed_duration_since(t.with_timezone(&Utc))),
+        Err(_) => "<unknown>".to_string(),
+    }
+}
+
+/// kubectl's `duration.HumanDuration`: two significant units while they matter.
+pub fn human_duration(d: TimeDelta) -> String {
+    let seconds = d.num_seconds();
+    if seconds < -1 {
+        return "<invalid>".into();
+    } else if seconds < 0 {
+        return "0s".into();
+    } else if seconds < 60 * 2 {
+        return format!("{seconds}s");
+    }
+    let minutes = seconds / 60;
+    if minutes < 10 {
+        let s = seconds % 60;
+        return if s == 0 {
+            format!("{minutes}m")
+        } else {
+            format!("{minutes}m{s}s")
+        };
+    } else if minutes < 60 * 3 {
+        return format!("{minutes}m");
+    }
+    let hours = minutes / 60;
+    if hours < 8 {
+        let m = minutes % 60;
+        return if m == 0 {
+            format!("{hours}h")
+        } else {
+            format!("{hours}h{m}m")
+        };
+    } else if hours < 48 {
+        return format!("{hours}h");
+    } else if hours < 24 * 8 {
+        let h = hours % 24;
+        return if h == 0 {
+            format!("{}d", hours / 24)
+        } else {
+            format!("{}d{h}h", hours / 24)
+        };
+    } else if hours < 24 * 365 * 2 {
+        return format!("{}d", hours / 24);
+    } else if hours < 24 * 365 * 8 {
+        let days = (hours / 24) % 365;
+        return if days == 0 {
+            format!("{}y", hours / 24 / 365)
+        } else {
+            format!("{}y{days}d", hours / 24 / 365)
+        };
+    }
+    format!("{}y", hours / 24 / 365)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn ages_look_like_kubectl() {
+        let d = TimeDelta::seconds;
+        assert_eq!(human_duration(d(-5)), "<invalid>");
+        assert_eq!(human_duration(d(-1)), "0s");
+        assert_eq!(human_duration(d(45)), "45s");
+        assert_eq!(human_duration(d(119)), "119s");
+        assert_eq!(human_duration(d(192)), "3m12s");
+        assert_eq!(human_duration(d(300)), "5m");
+        assert_eq!(human_duration(d(11 * 60 + 5)), "11m");
+        assert_eq!(human_duration(d(5 * 3600)), "5h");
+        assert_eq!(human_duration(d(5 * 3600 + 60 * 7)), "5h7m");
+        assert_eq!(human_duration(d(20 * 3600)), "20h");
+        assert_eq!(human_duration(d(2 * 86400)), "2d");
+        assert_eq!(human_duration(d(2 * 86400 + 3 * 3600)), "2d3h");
+        assert_eq!(human_duration(d(30 * 86400)), "30d");
+        assert_eq!(human_duration(d(3 * 365 * 86400 + 86400)), "3y1d");
+        assert_eq!(human_duration(d(10 * 365 * 86400)), "10y");
+    }
+
+    #[test]
+    fn age_of_timestamps() {
+        let now = DateTime::parse_from_rfc3339("2024-05-01T12:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        assert_eq!(age("2024-05-01T11:59:15Z", now), "45s");
+        assert_eq!(age("2024-05-01T13:59:15+02:00", now), "45s");
+        assert_eq!(age("", now), "<unknown>");
+        assert_eq!(age("yesterday", now), "<unknown>");
+    }
     use super::*;
     use serde_json::json;
 
@@ -631,7 +720,7 @@ mod tests {
             "Init:0/1"
         );
         let mut deleting = p(json!({"phase": "Running"}));
-        deleting.metadata = Some(skiff_api::api::ObjectMeta {
+        deleting.metadata = Some(crate::api::ObjectMeta {
             deletion_timestamp: "2024-05-01T11:00:00Z".into(),
             ..Default::default()
         });

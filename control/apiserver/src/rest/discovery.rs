@@ -1,0 +1,315 @@
+//! API discovery as kubectl and client-go read it: the legacy documents (`/api`,
+//! `/apis`, one `APIResourceList` per group-version) and aggregated discovery
+//! (`apidiscovery.k8s.io/v2`, chosen by the Accept header), both from the registry's kinds.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+use skiff_api::KindInfo;
+
+/// Verbs of every resource (one generic handler serves them all).
+pub const VERBS: [&str; 8] = [
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
+
+/// A subresource as discovery lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Subresource {
+    pub name: &'static str,
+    pub verbs: &'static [&'static str],
+    /// (group, version, kind) of what it answers; `None`: the parent's kind.
+    pub response: Option<(&'static str, &'static str, &'static str)>,
+}
+
+/// The subresources a kind serves.
+pub fn subresources(info: &KindInfo) -> Vec<Subresource> {
+    let mut out = Vec::new();
+    if info.has_status {
+        out.push(Subresource {
+            name: "status",
+            verbs: &["get", "patch", "update"],
+            response: None,
+        });
+    }
+    match info.plural {
+        "deployments" | "replicasets" => out.push(Subresource {
+            name: "scale",
+            verbs: &["get", "patch", "update"],
+            response: Some(("autoscaling", "v1", "Scale")),
+        }),
+        "pods" => out.push(Subresource {
+            name: "binding",
+            verbs: &["create"],
+            response: Some(("", "v1", "Binding")),
+        }),
+        _ => {}
+    }
+    out
+}
+
+/// kubectl's `all` category holds the workload kinds.
+fn categories(info: &KindInfo) -> &'static [&'static str] {
+    match info.plural {
+        "pods" | "services" | "deployments" | "replicasets" => &["all"],
+        _ => &[],
+    }
+}
+
+fn singular(info: &KindInfo) -> String {
+    info.kind.to_lowercase()
+}
+
+fn version_of(info: &KindInfo) -> &'static str {
+    info.api_version
+        .rsplit_once('/')
+        .map_or(info.api_version, |(_, v)| v)
+}
+
+/// Group → versions → kinds, core group `""` included.
+pub fn groups(infos: &[&'static KindInfo]) -> BTreeMap<&'static str, BTreeMap<&'static str, Vec<&'static KindInfo>>> {
+    let mut g: BTreeMap<_, BTreeMap<_, Vec<_>>> = BTreeMap::new();
+    for i in infos {
+        g.entry(i.group())
+            .or_default()
+            .entry(version_of(i))
+            .or_default()
+            .push(*i);
+    }
+    g
+}
+
+/// `GET /api`.
+pub fn core_versions(server_address: &str) -> Value {
+    json!({
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [
+            {"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}
+        ],
+    })
+}
+
+fn group_doc(name: &str, versions: &BTreeMap<&'static str, Vec<&'static KindInfo>>) -> Value {
+    let vs: Vec<Value> = versions
+        .keys()
+        .map(|v| json!({"groupVersion": format!("{name}/{v}"), "version": v}))
+        .collect();
+    json!({
+        "name": name,
+        "versions": vs,
+        "preferredVersion": vs.first().cloned().unwrap_or(Value::Null),
+    })
+}
+
+/// `GET /apis`.
+pub fn group_list(infos: &[&'static KindInfo]) -> Value {
+    let groups: Vec<Value> = groups(infos)
+        .iter()
+        .filter(|(g, _)| !g.is_empty())
+        .map(|(g, vs)| group_doc(g, vs))
+        .collect();
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+}
+
+/// `GET /apis/<group>`, `None` if no such group.
+pub fn group(infos: &[&'static KindInfo], name: &str) -> Option<Value> {
+    let all = groups(infos);
+    let vs = all.get(name).filter(|_| !name.is_empty())?;
+    let mut doc = group_doc(name, vs);
+    doc["kind"] = "APIGroup".into();
+    doc["apiVersion"] = "v1".into();
+    Some(doc)
+}
+
+/// `GET /api/v1` or `/apis/<group>/<version>`, `None` if no such group-version.
+pub fn resource_list(infos: &[&'static KindInfo], group: &str, version: &str) -> Option<Value> {
+    let all = groups(infos);
+    let kinds = all.get(group)?.get(version)?;
+    let mut resources = Vec::new();
+    for i in kinds {
+        let mut r = json!({
+            "name": i.plural,
+            "singularName": singular(i),
+            "namespaced": i.namespaced,
+            "kind": i.kind,
+            "verbs": VERBS,
+        });
+        if !i.short_names.is_empty() {
+            r["shortNames"] = json!(i.short_names);
+        }
+        if !categories(i).is_empty() {
+            r["categories"] = json!(categories(i));
+        }
+        resources.push(r);
+        for s in subresources(i) {
+            let mut sub = json!({
+                "name": format!("{}/{}", i.plural, s.name),
+                "singularName": "",
+                "namespaced": i.namespaced,
+                "kind": s.response.map_or(i.kind, |(_, _, k)| k),
+                "verbs": s.verbs,
+            });
+            if let Some((g, v, _)) = s.response
+                && (g != group || v != version)
+            {
+                sub["group"] = g.into();
+                sub["version"] = v.into();
+            }
+            resources.push(sub);
+        }
+    }
+    let group_version = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
+    Some(json!({
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": group_version,
+        "resources": resources,
+    }))
+}
+
+/// Aggregated discovery (`apidiscovery.k8s.io/v2` `APIGroupDiscoveryList`) of the core group
+/// (`core == true`, for `/api`) or of every named group (`/apis`).
+pub fn aggregated(infos: &[&'static KindInfo], core: bool) -> Value {
+    let items: Vec<Value> = groups(infos)
+        .iter()
+        .filter(|(g, _)| g.is_empty() == core)
+        .map(|(g, vs)| {
+            let versions: Vec<Value> = vs
+                .iter()
+                .map(|(v, kinds)| {
+                    let resources: Vec<Value> = kinds
+                        .iter()
+                        .map(|i| {
+                            let mut r = json!({
+                                "resource": i.plural,
+                                "responseKind": {"group": g, "version": v, "kind": i.kind},
+                                "scope": if i.namespaced { "Namespaced" } else { "Cluster" },
+                                "singularResource": singular(i),
+                                "verbs": VERBS,
+                            });
+                            if !i.short_names.is_empty() {
+                                r["shortNames"] = json!(i.short_names);
+                            }
+                            if !categories(i).is_empty() {
+                                r["categories"] = json!(categories(i));
+                            }
+                            let subs: Vec<Value> = subresources(i)
+                                .iter()
+                                .map(|s| {
+                                    let (rg, rv, rk) = s.response.unwrap_or((g, v, i.kind));
+                                    json!({
+                                        "subresource": s.name,
+                                        "responseKind": {"group": rg, "version": rv, "kind": rk},
+                                        "verbs": s.verbs,
+                                    })
+                                })
+                                .collect();
+                            if !subs.is_empty() {
+                                r["subresources"] = Value::Array(subs);
+                            }
+                            r
+                        })
+                        .collect();
+                    json!({"version": v, "resources": resources, "freshness": "Current"})
+                })
+                .collect();
+            json!({"metadata": {"name": g}, "versions": versions})
+        })
+        .collect();
+    json!({
+        "kind": "APIGroupDiscoveryList",
+        "apiVersion": "apidiscovery.k8s.io/v2",
+        "metadata": {},
+        "items": items,
+    })
+}
+
+/// The Content-Type of aggregated discovery documents.
+pub const AGGREGATED_CONTENT_TYPE: &str =
+    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn infos() -> Vec<&'static KindInfo> {
+        skiff_api::kinds().iter().map(|k| k.info()).collect()
+    }
+
+    #[test]
+    fn legacy_documents() {
+        let i = infos();
+        let core = resource_list(&i, "", "v1").expect("v1");
+        let names: Vec<&str> = core["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|r| r["name"].as_str())
+            .collect();
+        assert!(names.contains(&"pods") && names.contains(&"pods/status"), "{names:?}");
+        assert!(names.contains(&"pods/binding"));
+        let apps = resource_list(&i, "apps", "v1").expect("apps/v1");
+        let scale = apps["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == "deployments/scale")
+            .expect("scale");
+        assert_eq!(scale["kind"], "Scale");
+        assert_eq!(scale["group"], "autoscaling");
+        let deploy = apps["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == "deployments")
+            .expect("deployments");
+        assert_eq!(deploy["shortNames"], json!(["deploy"]));
+        assert_eq!(deploy["categories"], json!(["all"]));
+        let groups = group_list(&i);
+        assert!(
+            groups["groups"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|g| g["name"] == "apps" && g["preferredVersion"]["groupVersion"] == "apps/v1")
+        );
+        assert!(resource_list(&i, "apps", "v2").is_none());
+        assert!(group(&i, "apps").is_some() && group(&i, "nope").is_none());
+    }
+
+    #[test]
+    fn aggregated_documents() {
+        let i = infos();
+        let core = aggregated(&i, true);
+        assert_eq!(core["items"].as_array().map(Vec::len), Some(1));
+        assert_eq!(core["items"][0]["metadata"]["name"], "");
+        let named = aggregated(&i, false);
+        let apps = named["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["metadata"]["name"] == "apps")
+            .expect("apps");
+        let deploy = &apps["versions"][0]["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["resource"] == "deployments")
+            .cloned()
+            .expect("deployments");
+        assert_eq!(deploy["scope"], "Namespaced");
+        assert_eq!(deploy["subresources"][1]["subresource"], "scale");
+        assert_eq!(deploy["subresources"][1]["responseKind"]["group"], "autoscaling");
+    }
+}
