@@ -1,6 +1,55 @@
 //! Compiles proto/skiff/*.proto. The resource messages (package skiff.api) get serde derives
 //! so the same Rust types read and write Kubernetes-style JSON/YAML (camelCase, strict).
 
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use prost::Message as _;
+use prost_types::field_descriptor_proto::{Label, Type};
+use prost_types::{DescriptorProto, FileDescriptorSet};
+
+/// Kubernetes spells these with capitalised initialisms, which camelCase can't derive.
+const RENAMES: [(&str, &str); 19] = [
+    ("NodeSpec.pod_cidr", "podCIDR"),
+    ("NodeSpec.pod_cidrs", "podCIDRs"),
+    ("NodeSpec.provider_id", "providerID"),
+    ("NodeSystemInfo.machine_id", "machineID"),
+    ("NodeSystemInfo.boot_id", "bootID"),
+    ("PodSpec.host_pid", "hostPID"),
+    ("PodStatus.host_ip", "hostIP"),
+    ("PodStatus.host_ips", "hostIPs"),
+    ("PodStatus.pod_ip", "podIP"),
+    ("PodStatus.pod_ips", "podIPs"),
+    ("ContainerPort.host_ip", "hostIP"),
+    ("ContainerStatus.image_id", "imageID"),
+    ("ContainerStatus.container_id", "containerID"),
+    ("ContainerStateTerminated.container_id", "containerID"),
+    ("ServiceSpec.cluster_ip", "clusterIP"),
+    ("ServiceSpec.cluster_ips", "clusterIPs"),
+    ("ServiceSpec.external_ips", "externalIPs"),
+    ("SessionAffinityConfig.client_ip", "clientIP"),
+    // Kubernetes' DaemonEndpoint is the one type that spells a field capitalised.
+    ("DaemonEndpoint.port", "Port"),
+];
+
+/// IntOrString: a port number or a name, a count or a percentage.
+const INT_OR_STRING: [&str; 5] = [
+    "ServicePort.target_port",
+    "HTTPGetAction.port",
+    "TCPSocketAction.port",
+    "RollingUpdateDeployment.max_unavailable",
+    "RollingUpdateDeployment.max_surge",
+];
+
+/// Quantities may be written as YAML numbers (cpu: 1).
+const QUANTITY_MAPS: [&str; 4] = [
+    "ResourceRequirements.limits",
+    "ResourceRequirements.requests",
+    "NodeStatus.capacity",
+    "NodeStatus.allocatable",
+];
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = [
         "proto/skiff/meta.proto",
@@ -15,66 +64,148 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "#[derive(serde::Serialize, serde::Deserialize)] \
              #[serde(rename_all = \"camelCase\", default, deny_unknown_fields)]",
         );
-    // Kubernetes spells these with capitalised initialisms, which camelCase can't derive.
-    for (field, json) in [
-        ("NodeSpec.pod_cidr", "podCIDR"),
-        ("NodeSpec.pod_cidrs", "podCIDRs"),
-        ("NodeSpec.provider_id", "providerID"),
-        ("NodeSystemInfo.machine_id", "machineID"),
-        ("NodeSystemInfo.boot_id", "bootID"),
-        ("PodSpec.host_pid", "hostPID"),
-        ("PodStatus.host_ip", "hostIP"),
-        ("PodStatus.host_ips", "hostIPs"),
-        ("PodStatus.pod_ip", "podIP"),
-        ("PodStatus.pod_ips", "podIPs"),
-        ("ContainerPort.host_ip", "hostIP"),
-        ("ContainerStatus.image_id", "imageID"),
-        ("ContainerStatus.container_id", "containerID"),
-        ("ContainerStateTerminated.container_id", "containerID"),
-        ("ServiceSpec.cluster_ip", "clusterIP"),
-        ("ServiceSpec.cluster_ips", "clusterIPs"),
-        ("ServiceSpec.external_ips", "externalIPs"),
-        ("SessionAffinityConfig.client_ip", "clientIP"),
-        // Kubernetes' DaemonEndpoint is the one type that spells a field capitalised.
-        ("DaemonEndpoint.port", "Port"),
-    ] {
+    for (field, json) in RENAMES {
         builder = builder.field_attribute(
             format!(".skiff.api.{field}"),
             format!("#[serde(rename = \"{json}\")]"),
         );
     }
-    // IntOrString: a port number or a name, a count or a percentage.
-    for field in [
-        "ServicePort.target_port",
-        "HTTPGetAction.port",
-        "TCPSocketAction.port",
-    ] {
+    for field in INT_OR_STRING {
+        let with = if field.starts_with("RollingUpdateDeployment.") {
+            "opt_int_or_string"
+        } else {
+            "int_or_string"
+        };
         builder = builder.field_attribute(
             format!(".skiff.api.{field}"),
-            "#[serde(with = \"crate::serde_util::int_or_string\")]",
+            format!("#[serde(with = \"crate::serde_util::{with}\")]"),
         );
     }
-    for field in [
-        "RollingUpdateDeployment.max_unavailable",
-        "RollingUpdateDeployment.max_surge",
-    ] {
-        builder = builder.field_attribute(
-            format!(".skiff.api.{field}"),
-            "#[serde(with = \"crate::serde_util::opt_int_or_string\")]",
-        );
-    }
-    // Quantities may be written as YAML numbers (cpu: 1).
-    for field in [
-        "ResourceRequirements.limits",
-        "ResourceRequirements.requests",
-        "NodeStatus.capacity",
-        "NodeStatus.allocatable",
-    ] {
+    for field in QUANTITY_MAPS {
         builder = builder.field_attribute(
             format!(".skiff.api.{field}"),
             "#[serde(deserialize_with = \"crate::serde_util::quantity_map\")]",
         );
     }
-    builder.compile_protos(&protos, &["proto"])?;
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
+    let descriptors = out.join("skiff_descriptors.bin");
+    builder
+        .file_descriptor_set_path(&descriptors)
+        .compile_protos(&protos, &["proto"])?;
+    let set = FileDescriptorSet::decode(std::fs::read(&descriptors)?.as_slice())?;
+    std::fs::write(out.join("schema_data.rs"), schema(&set))?;
     Ok(())
+}
+
+/// `snake_case` → `camelCase`, as serde's `rename_all = "camelCase"` does.
+fn camel(s: &str) -> String {
+    let mut out = String::new();
+    let mut up = false;
+    for c in s.chars() {
+        if c == '_' {
+            up = true;
+        } else if up {
+            out.extend(c.to_uppercase());
+            up = false;
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The comment above the element at `path` of a file.
+fn doc_of(file: &prost_types::FileDescriptorProto, path: &[i32]) -> String {
+    file.source_code_info
+        .as_ref()
+        .and_then(|i| i.location.iter().find(|l| l.path == path))
+        .and_then(|l| l.leading_comments.clone())
+        .map(|c| {
+            c.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default()
+}
+
+/// The scalar or message type of a field, as `schema::Ty` source.
+fn ty(f: &prost_types::FieldDescriptorProto) -> String {
+    match f.r#type() {
+        Type::String => "Ty::String".into(),
+        Type::Bool => "Ty::Bool".into(),
+        Type::Int32 | Type::Sint32 | Type::Sfixed32 | Type::Uint32 | Type::Fixed32 => {
+            "Ty::Int32".into()
+        }
+        Type::Int64 | Type::Sint64 | Type::Sfixed64 | Type::Uint64 | Type::Fixed64 => {
+            "Ty::Int64".into()
+        }
+        Type::Double | Type::Float => "Ty::Double".into(),
+        Type::Bytes => "Ty::Bytes".into(),
+        Type::Message | Type::Enum | Type::Group => format!(
+            "Ty::Message({:?})",
+            f.type_name().rsplit('.').next().unwrap_or_default()
+        ),
+    }
+}
+
+/// Rust source of the `MESSAGES` table (package `skiff.api` only).
+fn schema(set: &FileDescriptorSet) -> String {
+    let renames: BTreeMap<&str, &str> = RENAMES.into_iter().collect();
+    let mut out = String::from("// Generated by proto/build.rs from the .proto files.\n");
+    out.push_str("pub static MESSAGES: &[Message] = &[\n");
+    for file in set.file.iter().filter(|f| f.package() == "skiff.api") {
+        for (mi, m) in file.message_type.iter().enumerate() {
+            let entries: BTreeMap<String, &DescriptorProto> = m
+                .nested_type
+                .iter()
+                .filter(|n| n.options.as_ref().is_some_and(|o| o.map_entry()))
+                .map(|n| (n.name().to_string(), n))
+                .collect();
+            let _ = writeln!(
+                out,
+                "    Message {{ name: {:?}, doc: {:?}, fields: &[",
+                m.name(),
+                doc_of(file, &[4, mi as i32])
+            );
+            for (fi, f) in m.field.iter().enumerate() {
+                let qualified = format!("{}.{}", m.name(), f.name());
+                let json = renames
+                    .get(qualified.as_str())
+                    .map(|s| s.to_string())
+                    .unwrap_or_else(|| camel(f.name()));
+                let repeated = f.label() == Label::Repeated;
+                let entry = f
+                    .type_name()
+                    .rsplit('.')
+                    .next()
+                    .and_then(|n| entries.get(n));
+                let (ty, list, map) = match entry {
+                    Some(e) => {
+                        let value = e.field.iter().find(|v| v.name() == "value");
+                        let t = if QUANTITY_MAPS.contains(&qualified.as_str()) {
+                            "Ty::Quantity".to_string()
+                        } else {
+                            value.map(ty).unwrap_or_else(|| "Ty::String".into())
+                        };
+                        (t, false, true)
+                    }
+                    None if INT_OR_STRING.contains(&qualified.as_str()) => {
+                        ("Ty::IntOrString".into(), repeated, false)
+                    }
+                    None => (ty(f), repeated, false),
+                };
+                let _ = writeln!(
+                    out,
+                    "        Field {{ json: {json:?}, ty: {ty}, list: {list}, map: {map}, optional: {}, doc: {:?} }},",
+                    f.proto3_optional(),
+                    doc_of(file, &[4, mi as i32, 2, fi as i32])
+                );
+            }
+            out.push_str("    ] },\n");
+        }
+    }
+    out.push_str("];\n");
+    out
 }

@@ -12,6 +12,8 @@
 //! - [`FOREGROUND_FINALIZER`], [`ORPHAN_FINALIZER`]: the finalizers of a delete's propagation
 //!   policy, shared by the API server (which adds them) and the garbage collector (which acts
 //!   on them and removes them).
+//! - [`schema`]: every message's fields as JSON sees them, generated from the `.proto` files,
+//!   and Kubernetes' patch strategies; [`strategic`]: strategic merge patch on top of it.
 //! - [`columns`]: the table columns kubectl shows per kind (the API server's Tables and
 //!   `skiff get`), and kubectl-style ages.
 //! - [`taints`]: taint/toleration matching (shared by the scheduler and the node lifecycle
@@ -31,8 +33,10 @@ pub mod columns;
 pub mod manifest;
 pub mod quantity;
 mod resource;
+pub mod schema;
 pub mod selector;
 pub mod serde_util;
+pub mod strategic;
 pub mod taints;
 
 pub use resource::{DynKind, KindInfo, Resource, find_kind, kinds};

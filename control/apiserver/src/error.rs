@@ -221,6 +221,17 @@ pub enum ApiError {
     /// The namespace is being deleted; nothing new may be created in it.
     #[error("unable to create new content in namespace {0} because it is being terminated")]
     NamespaceTerminating(String),
+    /// A patch that cannot be applied to the object (a JSON patch `test` that does not hold,
+    /// a path that does not exist).
+    #[error("{0}")]
+    UnprocessablePatch(String),
+    /// The body is in a format the server does not read.
+    #[error(
+        "the body of the request was in an unknown format ({0}) - accepted media types include: \
+         application/json, application/yaml, application/json-patch+json, \
+         application/merge-patch+json, application/strategic-merge-patch+json"
+    )]
+    UnsupportedMediaType(String),
     /// The store could not be reached or failed.
     #[error("storage unavailable: {0}")]
     Unavailable(String),
@@ -236,7 +247,10 @@ impl ApiError {
             ApiError::NotFound { .. } | ApiError::UnknownResource(_) => Code::NotFound,
             ApiError::AlreadyExists { .. } => Code::AlreadyExists,
             ApiError::Conflict(_) => Code::Aborted,
-            ApiError::Invalid { .. } | ApiError::BadRequest(_) => Code::InvalidArgument,
+            ApiError::Invalid { .. }
+            | ApiError::BadRequest(_)
+            | ApiError::UnsupportedMediaType(_)
+            | ApiError::UnprocessablePatch(_) => Code::InvalidArgument,
             ApiError::Expired(_) => Code::OutOfRange,
             ApiError::NamespaceNotFound(_) | ApiError::NamespaceTerminating(_) => {
                 Code::FailedPrecondition
@@ -256,6 +270,8 @@ impl ApiError {
             ApiError::Conflict(_) => "Conflict",
             ApiError::Invalid { .. } => "Invalid",
             ApiError::BadRequest(_) => "BadRequest",
+            ApiError::UnsupportedMediaType(_) => "UnsupportedMediaType",
+            ApiError::UnprocessablePatch(_) => "Invalid",
             ApiError::Expired(_) => "Expired",
             ApiError::NamespaceTerminating(_) => "Forbidden",
             ApiError::Unavailable(_) => "Unavailable",
@@ -274,6 +290,8 @@ impl ApiError {
             ApiError::Conflict(_) => (409, "Conflict"),
             ApiError::Invalid { .. } => (422, "Invalid"),
             ApiError::BadRequest(_) => (400, "BadRequest"),
+            ApiError::UnsupportedMediaType(_) => (415, "UnsupportedMediaType"),
+            ApiError::UnprocessablePatch(_) => (422, "Invalid"),
             ApiError::Expired(_) => (410, "Expired"),
             ApiError::NamespaceTerminating(_) => (403, "Forbidden"),
             ApiError::Unavailable(_) => (503, "ServiceUnavailable"),

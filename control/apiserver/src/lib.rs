@@ -34,13 +34,12 @@ use skiff_api::rpc::api_server::ApiServer;
 use skiff_store::{Store, StoreError};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::TcpListenerStream;
 use tracing::{info, warn};
 
 mod cache;
 pub mod error;
 pub mod registry;
+mod rest;
 mod service;
 pub mod strategy;
 #[cfg(feature = "testing")]
@@ -96,8 +95,8 @@ pub enum ApiServerError {
     },
     #[error("resource types without a handler: {0:?}")]
     MissingKinds(Vec<&'static str>),
-    #[error("gRPC server failed: {0}")]
-    Transport(#[from] tonic::transport::Error),
+    #[error("the server failed: {0}")]
+    Serve(#[from] std::io::Error),
     #[error("the server task failed: {0}")]
     Task(String),
 }
@@ -108,7 +107,7 @@ pub struct ServerHandle {
     addr: SocketAddr,
     registry: Arc<registry::Registry>,
     shutdown: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
+    task: Option<JoinHandle<std::io::Result<()>>>,
     shutdown_timeout: Duration,
 }
 
@@ -247,17 +246,22 @@ pub async fn spawn(
     let (tx, rx) = oneshot::channel::<()>();
     let service = ApiServer::new(service::ApiService::new(Arc::clone(&registry)))
         .max_decoding_message_size(MAX_REQUEST_BYTES);
-    let incoming = TcpListenerStream::new(listener).map(|conn| {
-        if let Ok(stream) = &conn {
-            // Small request/response messages: don't let Nagle delay them.
-            let _ = stream.set_nodelay(true);
-        }
-        conn
+    // One port for both APIs: gRPC (`skiff.rpc.Api`, HTTP/2) for Skiff's own components and
+    // the Kubernetes REST API (HTTP/1.1 or HTTP/2) for kubectl and client libraries.
+    let app = rest::router(Arc::clone(&registry)).route_service(
+        &format!(
+            "/{}/{{*method}}",
+            <ApiServer<service::ApiService> as tonic::server::NamedService>::NAME
+        ),
+        service,
+    );
+    // Small request/response messages: don't let Nagle delay them.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
     });
     let task = tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .add_service(service)
-            .serve_with_incoming_shutdown(incoming, async {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
                 let _ = rx.await;
             })
             .await

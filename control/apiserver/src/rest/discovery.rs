@@ -73,7 +73,9 @@ fn version_of(info: &KindInfo) -> &'static str {
 }
 
 /// Group → versions → kinds, core group `""` included.
-pub fn groups(infos: &[&'static KindInfo]) -> BTreeMap<&'static str, BTreeMap<&'static str, Vec<&'static KindInfo>>> {
+pub fn groups(
+    infos: &[&'static KindInfo],
+) -> BTreeMap<&'static str, BTreeMap<&'static str, Vec<&'static KindInfo>>> {
     let mut g: BTreeMap<_, BTreeMap<_, Vec<_>>> = BTreeMap::new();
     for i in infos {
         g.entry(i.group())
@@ -257,7 +259,10 @@ mod tests {
             .iter()
             .filter_map(|r| r["name"].as_str())
             .collect();
-        assert!(names.contains(&"pods") && names.contains(&"pods/status"), "{names:?}");
+        assert!(
+            names.contains(&"pods") && names.contains(&"pods/status"),
+            "{names:?}"
+        );
         assert!(names.contains(&"pods/binding"));
         let apps = resource_list(&i, "apps", "v1").expect("apps/v1");
         let scale = apps["resources"]
@@ -310,6 +315,9 @@ mod tests {
             .expect("deployments");
         assert_eq!(deploy["scope"], "Namespaced");
         assert_eq!(deploy["subresources"][1]["subresource"], "scale");
-        assert_eq!(deploy["subresources"][1]["responseKind"]["group"], "autoscaling");
+        assert_eq!(
+            deploy["subresources"][1]["responseKind"]["group"],
+            "autoscaling"
+        );
     }
 }

@@ -129,7 +129,10 @@ mod tests {
             }
         );
         let d = res("/apis/apps/v1/namespaces/shop/deployments");
-        assert_eq!((d.group.as_str(), d.resource.as_str()), ("apps", "deployments"));
+        assert_eq!(
+            (d.group.as_str(), d.resource.as_str()),
+            ("apps", "deployments")
+        );
         assert_eq!(d.name, None);
         let all = res("/apis/apps/v1/deployments");
         assert_eq!(all.namespace, None);
@@ -149,7 +152,11 @@ mod tests {
         );
         let st = res("/api/v1/namespaces/shop/status");
         assert_eq!(
-            (st.resource.as_str(), st.name.as_deref(), st.subresource.as_deref()),
+            (
+                st.resource.as_str(),
+                st.name.as_deref(),
+                st.subresource.as_deref()
+            ),
             ("namespaces", Some("shop"), Some("status"))
         );
         let list = res("/api/v1/namespaces");

@@ -160,7 +160,10 @@ mod tests {
         assert_eq!(s["message"], "pods \"x\" not found");
         assert_eq!(s["details"]["kind"], "pods");
         assert!(s["details"].get("group").is_none());
-        let (code, s) = failure(&ApiError::Expired("too old resource version: 1 (5)".into()), &subject);
+        let (code, s) = failure(
+            &ApiError::Expired("too old resource version: 1 (5)".into()),
+            &subject,
+        );
         assert_eq!((code, s["reason"].as_str()), (410, Some("Expired")));
     }
 }

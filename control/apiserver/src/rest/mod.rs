@@ -1,0 +1,342 @@
+//! The Kubernetes REST API, on the same generic registry as the gRPC API: kubectl, client-go,
+//! kube-rs and the Python client talk to Skiff unchanged.
+//!
+//! One handler ([`dispatch`]) serves every path: [`path::parse`] reads what a request
+//! addresses (as kube-apiserver's request-info factory), and each verb is implemented once
+//! for every kind through the registry's object-safe handler and the kind's
+//! [`skiff_api::DynKind`] (strict JSON in, Kubernetes-style JSON out). Nothing is written per
+//! kind: the per-kind facts are the registry's (`KindInfo`), the discovery table
+//! ([`discovery`]) and the kubectl columns ([`skiff_api::columns`]).
+//!
+//! - discovery: `/api`, `/apis`, `/apis/<g>`, each group-version's `APIResourceList`, and
+//!   aggregated discovery (`apidiscovery.k8s.io/v2`) when the Accept header asks for it;
+//! - `/version`, `/healthz`, `/livez`, `/readyz`;
+//! - objects: get, list (selectors, `limit`/`continue`, `resourceVersion`), watch
+//!   (`?watch=true`, newline-delimited events, bookmarks, `timeoutSeconds`), create, update,
+//!   patch (JSON patch, merge patch, strategic merge patch), delete (DeleteOptions),
+//!   deletecollection, `dryRun=All`, `fieldValidation=Strict|Warn|Ignore`;
+//! - subresources: `status`, `scale` (as `autoscaling/v1` Scale), `pods/binding`;
+//! - answers as JSON, YAML (`Accept: application/yaml`) or a `meta.k8s.io/v1` Table
+//!   (`;as=Table`); errors as `Status` objects with Kubernetes' codes and reasons.
+
+mod discovery;
+mod objects;
+mod patch;
+mod path;
+mod status;
+mod table;
+mod watch;
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use skiff_api::KindInfo;
+
+use crate::registry::Registry;
+use path::Target;
+
+/// Largest request body accepted (kube-apiserver's limit).
+pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+
+/// The Kubernetes version Skiff speaks (kubectl compares it with its own).
+pub const KUBERNETES_MAJOR: &str = "1";
+pub const KUBERNETES_MINOR: &str = "32";
+
+/// What every REST request shares.
+#[derive(Debug, Clone)]
+pub(crate) struct Rest {
+    pub registry: Arc<Registry>,
+}
+
+/// The REST API as an axum router: one fallback handler for every path.
+pub(crate) fn router(registry: Arc<Registry>) -> axum::Router {
+    axum::Router::new()
+        .fallback(dispatch)
+        .with_state(Rest { registry })
+}
+
+/// The query parameters of a request, in order.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Query(Vec<(String, String)>);
+
+impl Query {
+    fn parse(raw: Option<&str>) -> Query {
+        Query(serde_urlencoded::from_str(raw.unwrap_or("")).unwrap_or_default())
+    }
+
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn flag(&self, key: &str) -> bool {
+        matches!(self.get(key), Some("true" | "1" | ""))
+    }
+}
+
+/// How the client wants the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Format {
+    Json,
+    Yaml,
+    Table,
+    /// Aggregated discovery (`apidiscovery.k8s.io/v2`).
+    AggregatedDiscovery,
+}
+
+/// The first representation the Accept header asks for that Skiff serves.
+pub(crate) fn negotiate(headers: &HeaderMap) -> Format {
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    for part in accept.split(',') {
+        let params: Vec<&str> = part.split(';').map(str::trim).collect();
+        let media = params.first().copied().unwrap_or("");
+        let has = |p: &str| params.iter().any(|x| x.replace(' ', "") == p);
+        if media == "application/json" || media == "*/*" || media.is_empty() {
+            if has("as=Table") {
+                if has("g=meta.k8s.io") && (has("v=v1") || has("v=v1beta1")) {
+                    return Format::Table;
+                }
+                continue;
+            }
+            if has("as=APIGroupDiscoveryList") {
+                if has("g=apidiscovery.k8s.io") && has("v=v2") {
+                    return Format::AggregatedDiscovery;
+                }
+                continue;
+            }
+            return Format::Json;
+        }
+        if media == "application/yaml" {
+            return Format::Yaml;
+        }
+    }
+    Format::Json
+}
+
+/// A JSON (or YAML) answer.
+pub(crate) fn respond(code: u16, body: &Value, format: Format, warnings: &[String]) -> Response {
+    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let (content_type, text) = match format {
+        Format::Yaml => (
+            "application/yaml",
+            yaml_serde::to_string(body).unwrap_or_default(),
+        ),
+        _ => ("application/json", body.to_string()),
+    };
+    let mut resp = (status, [(header::CONTENT_TYPE, content_type)], text).into_response();
+    for w in warnings {
+        // RFC 7234 warning, as kube-apiserver sends them: 299 - "text".
+        let value = format!("299 - \"{}\"", w.replace('"', "\\\""));
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            resp.headers_mut().append(header::WARNING, v);
+        }
+    }
+    resp
+}
+
+/// A `Status` failure as the answer.
+pub(crate) fn fail(
+    err: &crate::ApiError,
+    subject: &status::Subject<'_>,
+    format: Format,
+) -> Response {
+    let (code, body) = status::failure(err, subject);
+    respond(code, &body, format, &[])
+}
+
+fn plain_failure(code: u16, reason: &str, message: &str) -> Response {
+    let (code, body) = status::plain(code, reason, message);
+    respond(code, &body, Format::Json, &[])
+}
+
+/// `kubectl version`'s server half.
+fn version() -> Value {
+    json!({
+        "major": KUBERNETES_MAJOR,
+        "minor": KUBERNETES_MINOR,
+        "gitVersion": format!("v{KUBERNETES_MAJOR}.{KUBERNETES_MINOR}.0+skiff.{}", env!("CARGO_PKG_VERSION")),
+        "gitCommit": "",
+        "gitTreeState": "clean",
+        "buildDate": "",
+        "goVersion": "",
+        "compiler": "rustc",
+        "platform": format!("{}/{}", std::env::consts::OS, match std::env::consts::ARCH {
+            "x86_64" => "amd64",
+            "aarch64" => "arm64",
+            other => other,
+        }),
+    })
+}
+
+/// `/healthz` and friends: `ok`, or the checks with `?verbose`.
+fn health(name: &str, query: &Query) -> Response {
+    let text = if query.get("verbose").is_some() {
+        format!("[+]ping ok\n[+]etcd ok\n[+]watch-cache ok\n{name} check passed\n")
+    } else {
+        "ok".to_string()
+    };
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        text,
+    )
+        .into_response()
+}
+
+/// The kinds the registry serves.
+fn infos(rest: &Rest) -> Vec<&'static KindInfo> {
+    rest.registry.infos()
+}
+
+/// The one REST handler.
+async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let query = Query::parse(parts.uri.query());
+    let format = negotiate(&parts.headers);
+    let target = path::parse(parts.uri.path());
+    let get = parts.method == Method::GET;
+    let not_found = || {
+        plain_failure(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
+    };
+    match target {
+        Target::Version if get => respond(200, &version(), Format::Json, &[]),
+        Target::Health(name) if get => health(name, &query),
+        Target::CoreVersions if get => {
+            if format == Format::AggregatedDiscovery {
+                aggregated(discovery::aggregated(&infos(&rest), true))
+            } else {
+                let host = parts
+                    .headers
+                    .get(header::HOST)
+                    .and_then(|h| h.to_str().ok())
+                    .unwrap_or("");
+                respond(200, &discovery::core_versions(host), Format::Json, &[])
+            }
+        }
+        Target::Groups if get => {
+            if format == Format::AggregatedDiscovery {
+                aggregated(discovery::aggregated(&infos(&rest), false))
+            } else {
+                respond(
+                    200,
+                    &discovery::group_list(&infos(&rest)),
+                    Format::Json,
+                    &[],
+                )
+            }
+        }
+        Target::Group(g) if get => match discovery::group(&infos(&rest), &g) {
+            Some(doc) => respond(200, &doc, Format::Json, &[]),
+            None => not_found(),
+        },
+        Target::GroupVersion { group, version } if get => {
+            match discovery::resource_list(&infos(&rest), &group, &version) {
+                Some(doc) => respond(200, &doc, Format::Json, &[]),
+                None => not_found(),
+            }
+        }
+        Target::Resource(p) => {
+            let body = match read_body(body).await {
+                Ok(b) => b,
+                Err(resp) => return *resp,
+            };
+            objects::serve(&rest, parts.method, &parts.headers, p, query, format, body).await
+        }
+        Target::NotFound
+        | Target::OpenApiV2
+        | Target::OpenApiV3Index
+        | Target::OpenApiV3 { .. } => not_found(),
+        _ => plain_failure(
+            405,
+            "MethodNotAllowed",
+            &format!(
+                "the server does not allow this method on the requested resource ({})",
+                parts.method
+            ),
+        ),
+    }
+}
+
+fn aggregated(doc: Value) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, discovery::AGGREGATED_CONTENT_TYPE)],
+        doc.to_string(),
+    )
+        .into_response()
+}
+
+/// Reads the request body, refusing one over [`MAX_BODY_BYTES`] with 413.
+async fn read_body(body: Body) -> Result<Bytes, Box<Response>> {
+    match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+        Ok(b) => Ok(b),
+        Err(_) => Err(Box::new(plain_failure(
+            413,
+            "RequestEntityTooLarge",
+            &format!("Request entity too large: limit is {MAX_BODY_BYTES}"),
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn accept(v: &str) -> Format {
+        let mut h = HeaderMap::new();
+        h.insert(header::ACCEPT, HeaderValue::from_str(v).unwrap());
+        negotiate(&h)
+    }
+
+    #[test]
+    fn content_negotiation_like_kubectl() {
+        assert_eq!(
+            accept(
+                "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"
+            ),
+            Format::Table
+        );
+        assert_eq!(
+            accept(
+                "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json"
+            ),
+            Format::AggregatedDiscovery
+        );
+        // A version Skiff does not serve falls through to plain JSON.
+        assert_eq!(
+            accept(
+                "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json"
+            ),
+            Format::Json
+        );
+        assert_eq!(accept("application/yaml"), Format::Yaml);
+        assert_eq!(accept("*/*"), Format::Json);
+        assert_eq!(negotiate(&HeaderMap::new()), Format::Json);
+    }
+
+    #[test]
+    fn query_flags() {
+        let q = Query::parse(Some(
+            "watch=true&limit=500&dryRun=All&labelSelector=app%3Dweb",
+        ));
+        assert!(q.flag("watch"));
+        assert_eq!(q.get("limit"), Some("500"));
+        assert_eq!(q.get("labelSelector"), Some("app=web"));
+        assert!(!q.flag("allowWatchBookmarks"));
+        assert!(Query::parse(Some("watch=1")).flag("watch"));
+    }
+}

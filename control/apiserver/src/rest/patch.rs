@@ -1,0 +1,294 @@
+//! PATCH of objects and of their `status` and `scale` subresources: JSON patch (RFC 6902)
+//! and JSON merge patch (RFC 7396) with the `json-patch` crate, strategic merge patch with
+//! the kinds' patch strategies ([`skiff_api::strategic`]). The patched object is written as
+//! an update of the version it was computed from; a conflict (someone else wrote in between)
+//! recomputes the patch on the new version, as kube-apiserver does, unless the patch itself
+//! names a resourceVersion.
+
+use axum::http::{Method, header};
+use axum::response::Response;
+use serde_json::{Value, json};
+
+use super::objects::{Call, parse_body};
+use super::respond;
+use crate::error::ApiError;
+
+/// How many times a patch is recomputed on a newer version after a conflict.
+const RETRIES: usize = 5;
+
+/// The patch formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PatchType {
+    Json,
+    Merge,
+    Strategic,
+    Apply,
+}
+
+impl PatchType {
+    fn of(call: &Call<'_>) -> Result<PatchType, ApiError> {
+        let ct = call
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        match ct.split(';').next().unwrap_or("").trim() {
+            "application/json-patch+json" => Ok(PatchType::Json),
+            "application/merge-patch+json" => Ok(PatchType::Merge),
+            "application/strategic-merge-patch+json" => Ok(PatchType::Strategic),
+            "application/apply-patch+yaml" | "application/apply-patch+json" => Ok(PatchType::Apply),
+            other => Err(ApiError::UnsupportedMediaType(other.to_string())),
+        }
+    }
+}
+
+/// Applies `patch` of `kind` to `original` (a JSON view of what is patched).
+pub(crate) fn apply(
+    kind_message: &str,
+    original: &Value,
+    patch: &Value,
+    ty: PatchType,
+) -> Result<Value, ApiError> {
+    let mut doc = original.clone();
+    match ty {
+        PatchType::Json => {
+            let p: json_patch::Patch = serde_json::from_value(patch.clone())
+                .map_err(|e| ApiError::BadRequest(format!("the JSON patch is invalid: {e}")))?;
+            json_patch::patch(&mut doc, &p).map_err(|e| {
+                ApiError::UnprocessablePatch(format!("the JSON patch cannot be applied: {e}"))
+            })?;
+        }
+        PatchType::Merge => {
+            if !patch.is_object() {
+                return Err(ApiError::BadRequest(
+                    "a merge patch must be a JSON object".into(),
+                ));
+            }
+            json_patch::merge(&mut doc, patch);
+        }
+        PatchType::Strategic => {
+            doc = skiff_api::strategic::merge(kind_message, original, patch).map_err(|e| {
+                ApiError::BadRequest(format!("the strategic merge patch is invalid: {e}"))
+            })?;
+        }
+        PatchType::Apply => {
+            return Err(ApiError::UnsupportedMediaType(
+                "application/apply-patch+yaml".into(),
+            ));
+        }
+    }
+    Ok(doc)
+}
+
+fn rv_of(v: &Value) -> Option<String> {
+    v.pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+}
+
+/// PATCH of an object (`sub` "") or of its status.
+pub(crate) async fn serve(call: &Call<'_>, body: &[u8], sub: &str) -> Result<Response, ApiError> {
+    let ty = PatchType::of(call)?;
+    let opts = call.write_options()?;
+    let patch: Value = serde_json::from_slice(body)
+        .or_else(|_| yaml_serde::from_slice(body))
+        .map_err(|e| ApiError::BadRequest(format!("the patch is not valid JSON: {e}")))?;
+    let pinned = rv_of(&patch);
+    for _ in 0..RETRIES {
+        let current = call.to_json(&call.handler.get(&call.namespace, &call.name).await?)?;
+        let mut patched = apply(call.info.kind, &current, &patch, ty)?;
+        // The patch may not move the object elsewhere.
+        for (k, want) in [
+            ("name", call.name.as_str()),
+            ("namespace", call.namespace.as_str()),
+        ] {
+            let got = patched
+                .pointer(&format!("/metadata/{k}"))
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            if !want.is_empty() && got != want {
+                return Err(ApiError::BadRequest(format!(
+                    "metadata.{k}: the {k} of the patched object ({got:?}) does not match the \
+                     {k} on the URL ({want:?})"
+                )));
+            }
+        }
+        if pinned.is_none() {
+            patched["metadata"]["resourceVersion"] = current
+                .pointer("/metadata/resourceVersion")
+                .cloned()
+                .unwrap_or(Value::Null);
+        }
+        let (bytes, warnings) = call.encode(patched)?;
+        match call
+            .handler
+            .update(&call.namespace, &bytes, sub, opts)
+            .await
+        {
+            Ok(updated) => return Ok(call.object(200, &call.to_json(&updated)?, &warnings)),
+            Err(ApiError::Conflict(_)) if pinned.is_none() => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ApiError::Conflict(format!(
+        "Operation cannot be fulfilled on {} {:?}: the object has been modified; please apply \
+         your changes to the latest version and try again",
+        call.info.qualified(),
+        call.name
+    )))
+}
+
+/// The `autoscaling/v1` Scale view of a Deployment or ReplicaSet.
+fn scale_of(obj: &Value) -> Value {
+    let selector = obj
+        .pointer("/spec/selector/matchLabels")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .unwrap_or_default();
+    let meta = obj.get("metadata").cloned().unwrap_or(Value::Null);
+    let pick = |k: &str| meta.get(k).cloned().unwrap_or(Value::Null);
+    let mut scale = json!({
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            "name": pick("name"),
+            "namespace": pick("namespace"),
+            "uid": pick("uid"),
+            "resourceVersion": pick("resourceVersion"),
+            "creationTimestamp": pick("creationTimestamp"),
+        },
+        "spec": {"replicas": obj.pointer("/spec/replicas").cloned().unwrap_or(json!(1))},
+        "status": {
+            "replicas": obj.pointer("/status/replicas").cloned().unwrap_or(json!(0)),
+        },
+    });
+    if !selector.is_empty() {
+        scale["status"]["selector"] = selector.into();
+    }
+    scale
+}
+
+/// GET, PUT and PATCH of `deployments/<name>/scale` and `replicasets/<name>/scale`.
+pub(crate) async fn scale(
+    call: &Call<'_>,
+    method: &Method,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    if method == Method::GET {
+        let obj = call.to_json(&call.handler.get(&call.namespace, &call.name).await?)?;
+        return Ok(respond(200, &scale_of(&obj), call.format, &[]));
+    }
+    let opts = call.write_options()?;
+    let (ty, input) = match *method {
+        Method::PUT => (None, parse_body(call.headers, body)?),
+        Method::PATCH => (
+            Some(PatchType::of(call)?),
+            serde_json::from_slice::<Value>(body)
+                .map_err(|e| ApiError::BadRequest(format!("the patch is not valid JSON: {e}")))?,
+        ),
+        _ => {
+            return Err(ApiError::BadRequest(format!(
+                "scale does not support {method}"
+            )));
+        }
+    };
+    for _ in 0..RETRIES {
+        let current = call.to_json(&call.handler.get(&call.namespace, &call.name).await?)?;
+        let view = scale_of(&current);
+        let wanted = match ty {
+            None => input.clone(),
+            Some(PatchType::Strategic) => apply("Scale", &view, &input, PatchType::Merge)?,
+            Some(t) => apply("Scale", &view, &input, t)?,
+        };
+        let replicas = wanted
+            .pointer("/spec/replicas")
+            .and_then(Value::as_i64)
+            .ok_or_else(|| ApiError::BadRequest("spec.replicas: a number is required".into()))?;
+        let pinned = rv_of(&wanted).filter(|rv| Some(rv) != rv_of(&current).as_ref());
+        if let Some(rv) = &pinned {
+            return Err(ApiError::Conflict(format!(
+                "Operation cannot be fulfilled on {} {:?}: the object has been modified \
+                 (resourceVersion {rv} is not the current one); please apply your changes to the \
+                 latest version and try again",
+                call.info.qualified(),
+                call.name
+            )));
+        }
+        let mut updated = current.clone();
+        updated["spec"]["replicas"] = replicas.into();
+        let (bytes, _) = call.encode(updated)?;
+        match call.handler.update(&call.namespace, &bytes, "", opts).await {
+            Ok(obj) => {
+                return Ok(respond(
+                    200,
+                    &scale_of(&call.to_json(&obj)?),
+                    call.format,
+                    &[],
+                ));
+            }
+            Err(ApiError::Conflict(_)) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ApiError::Conflict(format!(
+        "Operation cannot be fulfilled on {} {:?}: the object has been modified",
+        call.info.qualified(),
+        call.name
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_and_merge_patches() {
+        let orig =
+            json!({"metadata": {"name": "a", "labels": {"x": "1"}}, "spec": {"replicas": 1}});
+        let merged = apply(
+            "Deployment",
+            &orig,
+            &json!({"metadata": {"labels": {"x": null, "y": "2"}}}),
+            PatchType::Merge,
+        )
+        .unwrap();
+        assert_eq!(merged["metadata"]["labels"], json!({"y": "2"}));
+        let patched = apply(
+            "Deployment",
+            &orig,
+            &json!([{"op": "replace", "path": "/spec/replicas", "value": 3}]),
+            PatchType::Json,
+        )
+        .unwrap();
+        assert_eq!(patched["spec"]["replicas"], 3);
+        let failed = apply(
+            "Deployment",
+            &orig,
+            &json!([{"op": "test", "path": "/spec/replicas", "value": 9}]),
+            PatchType::Json,
+        )
+        .unwrap_err();
+        assert_eq!(failed.http().0, 422);
+        assert!(apply("Deployment", &orig, &json!({"op": 1}), PatchType::Json).is_err());
+        assert!(apply("Deployment", &orig, &json!([1]), PatchType::Merge).is_err());
+    }
+
+    #[test]
+    fn scale_view() {
+        let d = json!({"metadata": {"name": "web", "namespace": "shop", "resourceVersion": "7"},
+            "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}}},
+            "status": {"replicas": 2}});
+        let s = scale_of(&d);
+        assert_eq!(s["kind"], "Scale");
+        assert_eq!(s["spec"]["replicas"], 3);
+        assert_eq!(s["status"]["replicas"], 2);
+        assert_eq!(s["status"]["selector"], "app=web");
+        assert_eq!(s["metadata"]["resourceVersion"], "7");
+    }
+}
