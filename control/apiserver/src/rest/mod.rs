@@ -17,10 +17,12 @@
 //!   deletecollection, `dryRun=All`, `fieldValidation=Strict|Warn|Ignore`;
 //! - subresources: `status`, `scale` (as `autoscaling/v1` Scale), `pods/binding`;
 //! - answers as JSON, YAML (`Accept: application/yaml`) or a `meta.k8s.io/v1` Table
-//!   (`;as=Table`); errors as `Status` objects with Kubernetes' codes and reasons.
+//!   (`;as=Table`); errors as `Status` objects with Kubernetes' codes and reasons;
+//! - `/openapi/v3` and each group-version's document ([`openapi`]), generated from the types.
 
 mod discovery;
 mod objects;
+mod openapi;
 mod patch;
 mod path;
 mod status;
@@ -256,10 +258,17 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
             };
             objects::serve(&rest, parts.method, &parts.headers, p, query, format, body).await
         }
-        Target::NotFound
-        | Target::OpenApiV2
-        | Target::OpenApiV3Index
-        | Target::OpenApiV3 { .. } => not_found(),
+        Target::OpenApiV3Index if get => {
+            respond(200, &openapi::index(&infos(&rest)), Format::Json, &[])
+        }
+        Target::OpenApiV3 { group, version } if get => {
+            match openapi::document(&infos(&rest), &group, &version) {
+                Some(doc) => respond(200, &doc, Format::Json, &[]),
+                None => not_found(),
+            }
+        }
+        // kubectl reads v3; v2 is only its fallback (and would need protobuf).
+        Target::NotFound | Target::OpenApiV2 => not_found(),
         _ => plain_failure(
             405,
             "MethodNotAllowed",
