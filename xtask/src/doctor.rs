@@ -79,7 +79,7 @@ pub struct Context {
 }
 
 /// The nightly toolchain used for eBPF builds, and the packages it needs.
-const NIGHTLY: &str = "nightly";
+use crate::setup::NIGHTLY;
 /// kubectl as the tests call it (`/usr/bin/kubectl` is a version dispatcher).
 pub const KUBECTL: &str = "/usr/lib/google-cloud-sdk/bin/kubectl.1.32";
 /// The TTF the benchmark charts load (perf/src/plot.rs tries this one first).
@@ -110,6 +110,16 @@ pub const CHECKS: &[Check] = &[
         ],
         needs_root: false,
         run: check_ebpf_toolchain,
+    },
+    Check {
+        name: "ebpf-lint",
+        what: "rustfmt and clippy of the nightly toolchain (the ebpf-fmt and ebpf-clippy tiers)",
+        fixes: &[
+            Fix::Rustup("component add rustfmt --toolchain nightly"),
+            Fix::Rustup("component add clippy --toolchain nightly"),
+        ],
+        needs_root: false,
+        run: check_ebpf_lint,
     },
     Check {
         name: "bpftool",
@@ -336,7 +346,13 @@ fn first_line(out: &std::process::Output) -> String {
 /// Runs `program args`; `Ok(output)` when it ran and succeeded, else a one-line reason.
 fn run_ok(ctx: &Context, program: &str, args: &[&str]) -> Result<std::process::Output, String> {
     let mut cmd = Command::new(program);
-    cmd.args(args).env("PATH", &ctx.path).stdin(Stdio::null());
+    cmd.args(args);
+    run_cmd_ok(ctx, cmd)
+}
+
+fn run_cmd_ok(ctx: &Context, mut cmd: Command) -> Result<std::process::Output, String> {
+    cmd.env("PATH", &ctx.path).stdin(Stdio::null());
+    let program = cmd.get_program().to_string_lossy().into_owned();
     match cmd.output() {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(format!("{program} not found")),
         Err(e) => Err(format!("{program} could not start: {e}")),
@@ -543,11 +559,7 @@ fn check_ebpf_toolchain(ctx: &Context) -> Verdict {
             Fix::Manual("make target/ writable"),
         );
     }
-    let mut cmd = Command::new("rustup");
-    cmd.args([
-        "run",
-        NIGHTLY,
-        "cargo",
+    let mut cmd = util::nightly_cargo(&[
         "build",
         "--quiet",
         "--release",
@@ -555,26 +567,11 @@ fn check_ebpf_toolchain(ctx: &Context) -> Verdict {
         "build-std=core",
         "--target",
         "bpfel-unknown-none",
-    ])
-    .current_dir(&dir)
-    .env("PATH", &ctx.path)
-    .env("RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf")
-    .stdin(Stdio::null());
-    // `cargo xtask` runs under the stable cargo, which exports its choices to children.
-    for var in [
-        "RUSTUP_TOOLCHAIN",
-        "RUSTC",
-        "RUSTC_WRAPPER",
-        "RUSTC_WORKSPACE_WRAPPER",
-        "RUSTDOC",
-        "CARGO",
-        "CARGO_TARGET_DIR",
-        "CARGO_BUILD_TARGET",
-        "CARGO_ENCODED_RUSTFLAGS",
-        "CARGO_MAKEFLAGS",
-    ] {
-        cmd.env_remove(var);
-    }
+    ]);
+    cmd.current_dir(&dir)
+        .env("PATH", &ctx.path)
+        .env("RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf")
+        .stdin(Stdio::null());
     let out = match cmd.output() {
         Ok(out) => out,
         Err(e) => {
@@ -631,6 +628,26 @@ fn check_ebpf_toolchain(ctx: &Context) -> Verdict {
 }
 
 // ---- bpftool, cgroup v2 and loading a program ------------------------------------------
+
+fn check_ebpf_lint(ctx: &Context) -> Verdict {
+    let mut found = Vec::new();
+    for (tool, fix) in [
+        (
+            "fmt",
+            Fix::Rustup("component add rustfmt --toolchain nightly"),
+        ),
+        (
+            "clippy",
+            Fix::Rustup("component add clippy --toolchain nightly"),
+        ),
+    ] {
+        match run_cmd_ok(ctx, util::nightly_cargo(&[tool, "--version"])) {
+            Ok(out) => found.push(first_line(&out)),
+            Err(why) => return fail(format!("{NIGHTLY} cargo {tool}: {why}"), fix),
+        }
+    }
+    Verdict::Ok(found.join(", "))
+}
 
 fn check_bpftool(ctx: &Context) -> Verdict {
     version_check(ctx, "bpftool", &["version"], Fix::Apt("bpftool"))

@@ -105,7 +105,9 @@ pub const APT_PACKAGES: &[AptPackage] = &[
 
 pub const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_BIN_DIR: &str = "/usr/lib/llvm-22/bin";
-const NIGHTLY: &str = "nightly";
+pub const NIGHTLY: &str = "nightly";
+/// rust-src for `-Z build-std=core`; rustfmt and clippy for the `ebpf-fmt`/`ebpf-clippy` tiers.
+pub const NIGHTLY_COMPONENTS: &[&str] = &["rust-src", "rustfmt", "clippy"];
 
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SetupOptions {
@@ -116,9 +118,9 @@ pub fn run(opts: SetupOptions) -> Result<()> {
     apt_packages(opts).context("setup: apt packages")?;
     nextest().context("setup: cargo-nextest")?;
     if opts.skip_ebpf {
-        println!("skip: nightly rust-src and bpf-linker (--skip-ebpf)");
+        println!("skip: nightly toolchain and bpf-linker (--skip-ebpf)");
     } else {
-        nightly_rust_src().context("setup: nightly rust-src")?;
+        nightly_toolchain().context("setup: nightly toolchain")?;
         bpf_linker().context("setup: bpf-linker")?;
     }
     Ok(())
@@ -274,7 +276,7 @@ pub fn has_component(list: &str, component: &str) -> bool {
         .any(|name| name == component || name.starts_with(&format!("{component}-")))
 }
 
-fn nightly_rust_src() -> Result<()> {
+fn nightly_toolchain() -> Result<()> {
     let rustup = rustup()?;
     let list = util::run_capture(Command::new(&rustup).args(["toolchain", "list"]))?;
     if !list.status.success() {
@@ -318,20 +320,23 @@ fn nightly_rust_src() -> Result<()> {
             String::from_utf8_lossy(&comps.stderr).trim()
         );
     }
-    if has_component(&String::from_utf8_lossy(&comps.stdout), "rust-src") {
-        println!("ok: rust-src ({NIGHTLY}) present");
-        return Ok(());
+    let installed = String::from_utf8_lossy(&comps.stdout);
+    for component in NIGHTLY_COMPONENTS {
+        if has_component(&installed, component) {
+            println!("ok: {component} ({NIGHTLY}) present");
+            continue;
+        }
+        println!("installing {component} ({NIGHTLY})...");
+        util::run_streaming(Command::new(&rustup).args([
+            "component",
+            "add",
+            component,
+            "--toolchain",
+            NIGHTLY,
+        ]))
+        .with_context(|| format!("could not add {component} to the nightly toolchain"))?;
+        println!("installed {component} ({NIGHTLY})");
     }
-    println!("installing rust-src ({NIGHTLY})...");
-    util::run_streaming(Command::new(&rustup).args([
-        "component",
-        "add",
-        "rust-src",
-        "--toolchain",
-        NIGHTLY,
-    ]))
-    .context("could not add rust-src to the nightly toolchain (needed for -Z build-std=core)")?;
-    println!("installed rust-src ({NIGHTLY})");
     Ok(())
 }
 

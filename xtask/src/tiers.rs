@@ -39,7 +39,14 @@ pub struct Tier {
     pub program: &'static str,
     pub args: &'static [&'static str],
     pub quick: Quick,
+    /// Where it runs, relative to the repository root ("" for the root).
+    pub dir: &'static str,
+    /// Run `program` (cargo) from the nightly toolchain, as the eBPF crate needs.
+    pub nightly: bool,
 }
+
+/// The eBPF crate's directory, relative to the repository root.
+const EBPF_DIR: &str = "ebpf/skiff-ebpf";
 
 /// The tiers, in the order they run.
 pub const TIERS: &[Tier] = &[
@@ -48,6 +55,8 @@ pub const TIERS: &[Tier] = &[
         program: "cargo",
         args: &["fmt", "--all", "--", "--check"],
         quick: Quick::Same,
+        dir: "",
+        nightly: false,
     },
     Tier {
         name: "clippy",
@@ -61,12 +70,45 @@ pub const TIERS: &[Tier] = &[
             "warnings",
         ],
         quick: Quick::Same,
+        dir: "",
+        nightly: false,
+    },
+    // The eBPF programs are their own nightly workspace (ebpf/skiff-ebpf): formatted and
+    // linted with the nightly rustfmt and clippy, for the BPF target, into target/ebpf-lint.
+    Tier {
+        name: "ebpf-fmt",
+        program: "cargo",
+        args: &["fmt", "--all", "--", "--check"],
+        quick: Quick::Same,
+        dir: EBPF_DIR,
+        nightly: true,
+    },
+    Tier {
+        name: "ebpf-clippy",
+        program: "cargo",
+        args: &[
+            "clippy",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+            "--target-dir",
+            "../../target/ebpf-lint",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        quick: Quick::Same,
+        dir: EBPF_DIR,
+        nightly: true,
     },
     Tier {
         name: "test",
         program: "cargo",
         args: &["nextest", "run", "--workspace", "--profile", "ci"],
         quick: Quick::Same,
+        dir: "",
+        nightly: false,
     },
     // nextest does not run doctests.
     Tier {
@@ -74,6 +116,8 @@ pub const TIERS: &[Tier] = &[
         program: "cargo",
         args: &["test", "--workspace", "--doc"],
         quick: Quick::Same,
+        dir: "",
+        nightly: false,
     },
     // Every benchmark suite at a tiny size on debug builds: checks that they work (no
     // timing is asserted anywhere); real numbers come from `cargo xtask bench`.
@@ -82,6 +126,8 @@ pub const TIERS: &[Tier] = &[
         program: "cargo",
         args: &["xtask", "bench", "--quick"],
         quick: Quick::Same,
+        dir: "",
+        nightly: false,
     },
 ];
 
@@ -90,6 +136,8 @@ pub const TIERS: &[Tier] = &[
 pub struct Planned {
     pub name: &'static str,
     pub argv: Option<Vec<&'static str>>,
+    pub dir: &'static str,
+    pub nightly: bool,
 }
 
 pub fn plan(tiers: &[Tier], quick: bool) -> Vec<Planned> {
@@ -108,6 +156,8 @@ pub fn plan(tiers: &[Tier], quick: bool) -> Vec<Planned> {
                         .chain(a.iter().copied())
                         .collect()
                 }),
+                dir: t.dir,
+                nightly: t.nightly,
             }
         })
         .collect()
@@ -177,8 +227,14 @@ pub fn run(quick: bool) -> Result<()> {
             results.push((tier.name, Outcome::NotRun));
             continue;
         }
-        let mut cmd = Command::new(argv[0]);
-        cmd.args(&argv[1..]).current_dir(&root).env("PATH", &path);
+        let mut cmd = if tier.nightly {
+            util::nightly_cargo(&argv[1..])
+        } else {
+            let mut cmd = Command::new(argv[0]);
+            cmd.args(&argv[1..]);
+            cmd
+        };
+        cmd.current_dir(root.join(tier.dir)).env("PATH", &path);
         println!("==> {}: {}", tier.name, util::display_cmd(&cmd));
         let start = Instant::now();
         // Output streams live: stdio is inherited, not captured.
@@ -216,7 +272,18 @@ mod tests {
     #[test]
     fn default_tiers_in_order() {
         let names: Vec<_> = TIERS.iter().map(|t| t.name).collect();
-        assert_eq!(names, ["fmt", "clippy", "test", "doctest", "bench-quick"]);
+        assert_eq!(
+            names,
+            [
+                "fmt",
+                "clippy",
+                "ebpf-fmt",
+                "ebpf-clippy",
+                "test",
+                "doctest",
+                "bench-quick"
+            ]
+        );
         let full = plan(TIERS, false);
         assert_eq!(
             full[0].argv.as_deref(),
@@ -236,16 +303,25 @@ mod tests {
                 ][..]
             )
         );
+        assert!(full[2].nightly && full[3].nightly);
+        assert_eq!(full[2].dir, "ebpf/skiff-ebpf");
+        assert!(
+            util::repo_root()
+                .join(full[3].dir)
+                .join("Cargo.toml")
+                .is_file()
+        );
+        assert!(!full[4].nightly && full[4].dir.is_empty());
         assert_eq!(
-            full[2].argv.as_deref(),
+            full[4].argv.as_deref(),
             Some(&["cargo", "nextest", "run", "--workspace", "--profile", "ci"][..])
         );
         assert_eq!(
-            full[3].argv.as_deref(),
+            full[5].argv.as_deref(),
             Some(&["cargo", "test", "--workspace", "--doc"][..])
         );
         assert_eq!(
-            full[4].argv.as_deref(),
+            full[6].argv.as_deref(),
             Some(&["cargo", "xtask", "bench", "--quick"][..])
         );
     }
@@ -258,18 +334,24 @@ mod tests {
                 program: "cargo",
                 args: &["a"],
                 quick: Quick::Same,
+                dir: "",
+                nightly: false,
             },
             Tier {
                 name: "b",
                 program: "cargo",
                 args: &["b"],
                 quick: Quick::Skip,
+                dir: "",
+                nightly: false,
             },
             Tier {
                 name: "c",
                 program: "cargo",
                 args: &["xtask", "bench"],
                 quick: Quick::Args(&["xtask", "bench", "--quick"]),
+                dir: "",
+                nightly: false,
             },
         ];
         let full = plan(&tiers, false);

@@ -77,6 +77,32 @@ pub fn is_executable(path: &Path) -> bool {
 }
 
 /// Render a command line for messages.
+/// Variables the stable `cargo xtask` exports to its children that would make a nested
+/// `rustup run nightly cargo` use the stable toolchain's pieces or the root's target dir.
+const STABLE_CARGO_ENV: &[&str] = &[
+    "RUSTUP_TOOLCHAIN",
+    "RUSTC",
+    "RUSTC_WRAPPER",
+    "RUSTC_WORKSPACE_WRAPPER",
+    "RUSTDOC",
+    "CARGO",
+    "CARGO_TARGET_DIR",
+    "CARGO_BUILD_TARGET",
+    "CARGO_ENCODED_RUSTFLAGS",
+    "CARGO_MAKEFLAGS",
+];
+
+/// `rustup run nightly cargo <args>`, cleaned of the stable cargo's environment: the one way
+/// xtask runs the nightly toolchain (doctor's BPF build, the eBPF fmt and clippy tiers).
+pub fn nightly_cargo(args: &[&str]) -> Command {
+    let mut cmd = Command::new("rustup");
+    cmd.args(["run", crate::setup::NIGHTLY, "cargo"]).args(args);
+    for var in STABLE_CARGO_ENV {
+        cmd.env_remove(var);
+    }
+    cmd
+}
+
 pub fn display_cmd(cmd: &Command) -> String {
     let mut s = cmd.get_program().to_string_lossy().into_owned();
     for arg in cmd.get_args() {

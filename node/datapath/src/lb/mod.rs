@@ -17,7 +17,7 @@
 //! then not rewritten at all.
 //!
 //! NodePort from outside the node: the same object holds `skiff_np_ingress`, a tc program
-//! (see its docs in `ebpf/skiff-ebpf/src/lb.rs`) sharing these maps plus the `NP_CT` LRU
+//! (see its docs in `ebpf/skiff-ebpf/src/lb/`) sharing these maps plus the `NP_CT` LRU
 //! conntrack map. [`ServiceLb::attach_tc`] attaches it as a TCX ingress link on one device
 //! (the node's uplink at start, every pod host veth as pods attach), pinned as
 //! `link_np_<ifname>`; an earlier agent's link for the same device is taken over with
