@@ -48,3 +48,15 @@ pub const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
 /// The finalizer a delete with propagation policy Orphan adds: the garbage collector removes
 /// the ownerReferences to the object from its dependents, then the finalizer.
 pub const ORPHAN_FINALIZER: &str = "orphan";
+
+impl api::Pod {
+    /// Whether the pod's `Ready` condition is `True`: what Endpoints, ReplicaSets' ready
+    /// counts and `kubectl wait --for=condition=Ready` go by.
+    pub fn is_ready(&self) -> bool {
+        self.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.r#type == "Ready" && c.status == "True")
+        })
+    }
+}

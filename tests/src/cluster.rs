@@ -7,7 +7,9 @@ use std::time::Duration;
 use skiff_api::api::Node as ApiNode;
 use skiff_client::{Client, ListParams};
 
-use crate::{ApiServer, Backend, Component, EtcdServer, Fabric, Node, eventually, ok, unique};
+use crate::{
+    ApiServer, Backend, Component, EtcdServer, Fabric, Node, eventually_within, ok, unique,
+};
 
 const T: Duration = Duration::from_secs(90);
 
@@ -47,7 +49,7 @@ impl Cluster {
             scheduler,
             managers: vec![manager],
             nodes: Vec::new(),
-            fabric: Fabric::new(),
+            fabric: crate::fabric(),
             client,
             server,
             _etcd: etcd,
@@ -84,7 +86,7 @@ impl Cluster {
     pub async fn wait_nodes_ready(&self) {
         let want = self.nodes.len();
         let api = self.client.cluster::<ApiNode>();
-        eventually("every node Ready with a pod CIDR", T, || async {
+        eventually_within("every node Ready with a pod CIDR", T, || async {
             let nodes = api
                 .list(&ListParams::default())
                 .await

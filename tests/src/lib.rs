@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 pub mod cluster;
 
 pub use skiff_store::testutil::EtcdServer;
+pub use skiff_testkit::{eventually_within, unique};
+pub use skiff_testnet::{FABRIC_PREFIX, Fabric, Netns};
 
 /// The directory holding the workspace's built binaries (`target/debug`).
 pub fn bin_dir() -> PathBuf {
@@ -234,139 +236,8 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// A unique, short suffix for names of namespaces and cgroups a test creates.
-pub fn unique() -> String {
-    use rand::Rng;
-    let n: u32 = rand::rng().random();
-    format!("{n:08x}")
-}
-
 fn run_ip(args: &[&str]) -> Output {
     Command::new("ip").args(args).output().expect("running ip")
-}
-
-/// The nodes' shared L2 segment: a bridge `br0` in a network namespace of its own, to which
-/// every node namespace (and optionally an "outside" client namespace) is attached by a veth,
-/// with addresses in 192.168.100.0/24. Nothing of it exists in the root namespace, so the
-/// host's network is never touched. Dropping it deletes its namespace (and with it every veth
-/// end on the bridge) and the outside namespaces it made.
-#[derive(Debug)]
-pub struct Fabric {
-    pub netns: String,
-    next_host: std::sync::atomic::AtomicU8,
-    outside: std::sync::Mutex<Vec<String>>,
-}
-
-/// The fabric's subnet (inside its namespaces only).
-pub const FABRIC_PREFIX: &str = "192.168.100";
-
-impl Fabric {
-    pub fn new() -> Fabric {
-        let netns = format!("skiff-e2e-fab-{}", unique());
-        let out = run_ip(&["netns", "add", &netns]);
-        assert!(out.status.success(), "ip netns add: {out:?}");
-        let fabric = Fabric {
-            netns,
-            next_host: std::sync::atomic::AtomicU8::new(1),
-            outside: std::sync::Mutex::new(Vec::new()),
-        };
-        for args in [
-            vec!["link", "set", "lo", "up"],
-            vec!["link", "add", "br0", "type", "bridge"],
-            vec!["link", "set", "br0", "up"],
-        ] {
-            fabric.ip_ok(&args);
-        }
-        fabric
-    }
-
-    fn ip_ok(&self, args: &[&str]) {
-        let mut full = vec!["-n", self.netns.as_str()];
-        full.extend_from_slice(args);
-        let out = run_ip(&full);
-        assert!(out.status.success(), "ip {full:?}: {out:?}");
-    }
-
-    /// Connects namespace `netns` to the bridge: `eth0` there with the next free address
-    /// (`192.168.100.<n>/24`), up. Returns the address.
-    pub fn attach(&self, netns: &str) -> String {
-        let n = self
-            .next_host
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        assert!(n < 250, "fabric full");
-        let ip = format!("{FABRIC_PREFIX}.{n}");
-        let peer = format!("fab{n}");
-        let out = run_ip(&[
-            "link",
-            "add",
-            "eth0",
-            "netns",
-            netns,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &peer,
-            "netns",
-            &self.netns,
-        ]);
-        assert!(
-            out.status.success(),
-            "ip link add veth into {netns}: {out:?}"
-        );
-        self.ip_ok(&["link", "set", &peer, "master", "br0", "up"]);
-        for args in [
-            vec![
-                "-n",
-                netns,
-                "addr",
-                "add",
-                &format!("{ip}/24"),
-                "dev",
-                "eth0",
-            ],
-            vec!["-n", netns, "link", "set", "eth0", "up"],
-        ] {
-            let out = run_ip(&args);
-            assert!(out.status.success(), "ip {args:?}: {out:?}");
-        }
-        ip
-    }
-
-    /// A client namespace outside the cluster, on the same segment (e.g. to reach NodePorts).
-    /// Returns its name and address; removed with the fabric.
-    pub fn outside(&self) -> (String, String) {
-        let netns = format!("skiff-e2e-out-{}", unique());
-        let out = run_ip(&["netns", "add", &netns]);
-        assert!(out.status.success(), "ip netns add: {out:?}");
-        let _ = run_ip(&["-n", &netns, "link", "set", "lo", "up"]);
-        self.outside
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(netns.clone());
-        let ip = self.attach(&netns);
-        (netns, ip)
-    }
-}
-
-impl Default for Fabric {
-    fn default() -> Self {
-        Fabric::new()
-    }
-}
-
-impl Drop for Fabric {
-    fn drop(&mut self) {
-        for ns in self
-            .outside
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-        {
-            let _ = run_ip(&["netns", "del", &ns]);
-        }
-        let _ = run_ip(&["netns", "del", &self.netns]);
-    }
 }
 
 /// A node: its own network namespace, cgroup parent and state directory, and a running
@@ -385,6 +256,8 @@ pub struct Node {
     agent: Option<Child>,
     /// The node's address on the fabric, if it is on one.
     pub node_ip: Option<String>,
+    /// Deleted after everything in it (a field drops after `Drop::drop` has run).
+    _ns: Netns,
 }
 
 impl Node {
@@ -415,15 +288,14 @@ impl Node {
         fabric: Option<&Fabric>,
     ) -> Node {
         let id = unique();
-        let netns = format!("skiff-e2e-{id}");
-        let out = run_ip(&["netns", "add", &netns]);
-        assert!(out.status.success(), "ip netns add: {out:?}");
-        let _ = run_ip(&["-n", &netns, "link", "set", "lo", "up"]);
-        let node_ip = fabric.map(|f| f.attach(&netns));
+        let ns = Netns::create(&format!("skiff-e2e-{id}")).expect("creating the node's netns");
+        let netns = ns.name().to_string();
+        let node_ip = fabric.map(|f| f.attach(&netns).expect("attaching the node to the fabric"));
         let root = cgroup2_root();
         let mut node = Node {
             name: name.to_string(),
             netns,
+            _ns: ns,
             cgroup_parent: root.join(format!("skiff-e2e-{id}")),
             state_dir: tempfile::tempdir().expect("tempdir"),
             pod_cidr: pod_cidr.to_string(),
@@ -571,7 +443,6 @@ impl Drop for Node {
         {
             std::thread::sleep(Duration::from_millis(50));
         }
-        let _ = run_ip(&["netns", "del", &self.netns]);
         // The agent's pinned BPF maps.
         let pins = Path::new("/sys/fs/bpf/skiff").join(&self.name);
         for entry in std::fs::read_dir(&pins).into_iter().flatten().flatten() {
@@ -663,36 +534,21 @@ impl Drop for Component {
     }
 }
 
-/// The cgroup v2 mount point (hybrid hosts mount it at /sys/fs/cgroup/unified).
-pub fn cgroup2_root() -> PathBuf {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-    mountinfo
-        .lines()
-        .find_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            if right.split_whitespace().next()? != "cgroup2" {
-                return None;
-            }
-            left.split_whitespace().nth(4).map(PathBuf::from)
-        })
-        .expect("a cgroup2 mount")
+/// A fresh fabric in a uniquely named namespace (removed when dropped).
+pub fn fabric() -> Fabric {
+    Fabric::create(&format!("skiff-e2e-fab-{}", unique())).expect("creating the fabric")
 }
 
-/// Polls `check` every 100 ms until it returns `Some`, or panics after `timeout` with
-/// `what` and the last value seen.
-pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        match check().await {
-            Ok(v) => return v,
-            Err(last) if Instant::now() >= deadline => {
-                panic!("{what}: not within {timeout:?}; last: {last}")
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
+/// A client namespace outside the cluster on `fabric` (to reach NodePorts, say): its name.
+pub fn outside(fabric: &Fabric) -> String {
+    let name = format!("skiff-e2e-out-{}", unique());
+    fabric
+        .outside(&name, None)
+        .expect("attaching an outside namespace");
+    name
+}
+
+/// The cgroup v2 mount point (hybrid hosts mount it at /sys/fs/cgroup/unified).
+pub fn cgroup2_root() -> PathBuf {
+    skiff_runtime::host::cgroup2_mount().expect("a cgroup2 mount")
 }

@@ -198,6 +198,35 @@ mod tests {
         }
     }
 
+    /// Test support stays out of the product: only the harness crates (and xtask, for the
+    /// test network of `up`) depend on the test kit or the test network, and no product
+    /// crate reaches them, not even through an optional dependency.
+    #[test]
+    fn no_product_crate_depends_on_test_support() {
+        let m = metadata();
+        let support = ["skiff-testkit", "skiff-testnet"];
+        let harness = [
+            "skiff-tests",
+            "skiff-perf",
+            "skiff-testkit",
+            "skiff-testnet",
+            "xtask",
+        ];
+        for p in m["packages"].as_array().expect("packages") {
+            let name = p["name"].as_str().unwrap_or_default();
+            if harness.contains(&name) {
+                continue;
+            }
+            for d in p["dependencies"].as_array().into_iter().flatten() {
+                let dep = d["name"].as_str().unwrap_or_default();
+                assert!(
+                    !(support.contains(&dep) && d["kind"] != "dev"),
+                    "{name} depends on {dep} outside its tests"
+                );
+            }
+        }
+    }
+
     #[test]
     fn diagram_parsing_and_cycles() {
         let md = "x\n<!-- crate-graph -->\n```text\na -> b, c\nb -> c\nc ->\n```\n";

@@ -18,6 +18,7 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use crate::doctor;
 use crate::setup::{self, SetupOptions};
 use crate::util;
+use skiff_testnet::{Fabric, Netns};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -187,7 +188,7 @@ pub const FABRIC_NETNS: &str = "skiff-up-fabric";
 /// A client namespace on the fabric, outside the cluster (for NodePort and the like).
 pub const OUTSIDE_NETNS: &str = "skiff-up-outside";
 /// The fabric's subnet; nodes are .1 .. .N, the outside namespace .254.
-pub const FABRIC_PREFIX: &str = "192.168.100";
+pub use skiff_testnet::FABRIC_PREFIX;
 
 /// The nodes `up` starts: `node-1` .. `node-N`.
 pub fn node_plans(n: u32, root: &Path) -> Vec<NodePlan> {
@@ -219,86 +220,26 @@ pub fn node_args(cfg: &UpConfig, node: &NodePlan) -> Vec<String> {
     ]
 }
 
-fn ip(args: &[&str]) -> Result<()> {
-    let out = util::run_capture(Command::new("ip").args(args))?;
-    if !out.status.success() {
-        bail!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
-}
-
-/// The fabric: a bridge `br0` in namespace [`FABRIC_NETNS`], and the outside client
-/// namespace attached to it (stale ones from an earlier crash are replaced). Nothing is created
-/// in the root namespace.
-fn prepare_fabric() -> Result<()> {
-    remove_fabric();
-    ip(&["netns", "add", FABRIC_NETNS])?;
-    ip(&["-n", FABRIC_NETNS, "link", "set", "lo", "up"])?;
-    ip(&["-n", FABRIC_NETNS, "link", "add", "br0", "type", "bridge"])?;
-    ip(&["-n", FABRIC_NETNS, "link", "set", "br0", "up"])?;
-    ip(&["netns", "add", OUTSIDE_NETNS])?;
-    ip(&["-n", OUTSIDE_NETNS, "link", "set", "lo", "up"])?;
-    attach_to_fabric(OUTSIDE_NETNS, "out", &format!("{FABRIC_PREFIX}.254"))
-}
-
-fn remove_fabric() {
-    let _ = ip(&["netns", "del", OUTSIDE_NETNS]);
-    let _ = ip(&["netns", "del", FABRIC_NETNS]);
-}
-
-/// `eth0` in `netns` with `ip`/24, its peer `peer` on the fabric's bridge.
-fn attach_to_fabric(netns: &str, peer: &str, ip_addr: &str) -> Result<()> {
-    ip(&[
-        "link",
-        "add",
-        "eth0",
-        "netns",
-        netns,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        peer,
-        "netns",
-        FABRIC_NETNS,
-    ])?;
-    ip(&[
-        "-n",
-        FABRIC_NETNS,
-        "link",
-        "set",
-        peer,
-        "master",
-        "br0",
-        "up",
-    ])?;
-    ip(&[
-        "-n",
-        netns,
-        "addr",
-        "add",
-        &format!("{ip_addr}/24"),
-        "dev",
-        "eth0",
-    ])?;
-    ip(&["-n", netns, "link", "set", "eth0", "up"])
+/// The fabric: a bridge in namespace [`FABRIC_NETNS`], and the outside client namespace
+/// attached to it as `.254` (stale ones from an earlier crash are replaced). Nothing is
+/// created in the root namespace; dropping it removes both.
+fn prepare_fabric() -> Result<Fabric> {
+    let fabric = Fabric::create(FABRIC_NETNS)?;
+    fabric.outside(OUTSIDE_NETNS, Some(254))?;
+    Ok(fabric)
 }
 
 /// A fresh network namespace for a node (a stale one from an earlier crash is replaced),
-/// attached to the fabric.
-fn prepare_node_netns(node: &NodePlan) -> Result<()> {
-    let _ = ip(&["netns", "del", &node.netns]);
-    ip(&["netns", "add", &node.netns])?;
-    ip(&["-n", &node.netns, "link", "set", "lo", "up"])?;
+/// attached to the fabric as host `.i`.
+fn prepare_node_netns(fabric: &Fabric, node: &NodePlan, host: u8) -> Result<Netns> {
+    let ns = Netns::create(&node.netns)?;
     let peer = node.name.replace("node-", "n");
-    attach_to_fabric(&node.netns, &peer, &node.node_ip)
+    fabric.attach_as(ns.name(), host, &peer)?;
+    Ok(ns)
 }
 
-/// Removes everything a node ran (`skiff-node purge`), then its network namespace.
+/// Removes everything a node ran (`skiff-node purge`); its namespace goes when its [`Netns`]
+/// is dropped.
 fn purge_node(bin_dir: &Path, node: &NodePlan) {
     let out = Command::new(bin_dir.join("skiff-node"))
         .args(["purge", "--node-name", &node.name, "--state-dir"])
@@ -312,9 +253,6 @@ fn purge_node(bin_dir: &Path, node: &NodePlan) {
             String::from_utf8_lossy(&o.stderr).trim()
         ),
         Err(e) => eprintln!("purging {}: {e}", node.name),
-    }
-    if let Err(e) = ip(&["netns", "del", &node.netns]) {
-        eprintln!("{e}");
     }
 }
 
@@ -435,6 +373,36 @@ pub fn config_path(skiff_config: Option<&str>, home: Option<&str>) -> Result<Pat
 
 pub fn config_content(server_url: &str) -> String {
     format!("server: {server_url}\n")
+}
+
+/// Where `up` writes the kubeconfig for kubectl and other Kubernetes clients: inside the
+/// checkout (`.skiff/kubeconfig`), never over the user's own `~/.kube/config`.
+pub fn kubeconfig_path(root: &Path) -> PathBuf {
+    root.join(".skiff").join("kubeconfig")
+}
+
+/// A kubeconfig with one cluster, user and context, all named `skiff`, current.
+pub fn kubeconfig_content(server_url: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: skiff
+  cluster:
+    server: {server_url}
+users:
+- name: skiff
+  user: {{}}
+contexts:
+- name: skiff
+  context:
+    cluster: skiff
+    user: skiff
+    namespace: default
+current-context: skiff
+preferences: {{}}
+"
+    )
 }
 
 /// The last `n` lines of `text`.
@@ -596,6 +564,8 @@ enum Stop {
 async fn supervise(plan: Plan<'_>) -> Result<()> {
     let mut signals = Signals::new()?;
     let mut running: Vec<Running> = Vec::new();
+    let mut fabric: Option<Fabric> = None;
+    let mut node_nets: Vec<Netns> = Vec::new();
 
     let stop = 'run: {
         for c in plan.components {
@@ -620,14 +590,18 @@ async fn supervise(plan: Plan<'_>) -> Result<()> {
             }
         }
 
-        if !plan.nodes.is_empty()
-            && let Err(e) = prepare_fabric()
-        {
-            break 'run Stop::Failed(e);
+        if !plan.nodes.is_empty() {
+            match prepare_fabric() {
+                Ok(f) => fabric = Some(f),
+                Err(e) => break 'run Stop::Failed(e),
+            }
         }
-        for node in plan.nodes {
+        for (i, node) in plan.nodes.iter().enumerate() {
             let log = plan.log_dir.join(format!("{}.log", node.name));
-            let started = prepare_node_netns(node).and_then(|()| {
+            let Some(fab) = &fabric else { break };
+            let host = u8::try_from(i + 1).unwrap_or(u8::MAX);
+            let started = prepare_node_netns(fab, node, host).and_then(|ns| {
+                node_nets.push(ns);
                 spawn_process(
                     plan.root,
                     &plan.bin_dir.join("skiff-node"),
@@ -653,6 +627,12 @@ async fn supervise(plan: Plan<'_>) -> Result<()> {
         }
 
         if let Err(e) = write_config(plan.config_file, &plan.cfg.server_url()) {
+            break 'run Stop::Failed(e);
+        }
+        let kubeconfig = kubeconfig_path(plan.root);
+        if let Err(e) = fs::write(&kubeconfig, kubeconfig_content(&plan.cfg.server_url()))
+            .with_context(|| format!("writing the kubeconfig {}", kubeconfig.display()))
+        {
             break 'run Stop::Failed(e);
         }
         print_banner(&plan);
@@ -681,9 +661,9 @@ async fn supervise(plan: Plan<'_>) -> Result<()> {
     for node in plan.nodes {
         purge_node(plan.bin_dir, node);
     }
-    if !plan.nodes.is_empty() {
-        remove_fabric();
-    }
+    // Node namespaces, then the fabric with the outside namespace.
+    drop(node_nets);
+    drop(fabric);
 
     match stop {
         Stop::Signal => {
@@ -806,6 +786,7 @@ fn print_banner(plan: &Plan<'_>) {
         "  CLI config: {} (server: {url})",
         plan.config_file.display()
     );
+    println!("  kubeconfig: {}", kubeconfig_path(plan.root).display());
     println!();
     println!("From another shell:");
     println!("  export PATH={}:$PATH", plan.bin_dir.display());
@@ -818,6 +799,12 @@ fn print_banner(plan: &Plan<'_>) {
         }
         None => println!("  (the {CLI_PACKAGE} crate has no binary target yet)"),
     }
+    println!("or with kubectl:");
+    println!(
+        "  export KUBECONFIG={}",
+        kubeconfig_path(plan.root).display()
+    );
+    println!("  kubectl get nodes -o wide");
     println!();
     println!("Press Ctrl-C to stop.");
 }
@@ -1002,6 +989,35 @@ mod tests {
         assert_eq!(
             config_content("http://127.0.0.1:7443"),
             "server: http://127.0.0.1:7443\n"
+        );
+        assert_eq!(
+            kubeconfig_path(Path::new("/src/skiff")),
+            PathBuf::from("/src/skiff/.skiff/kubeconfig")
+        );
+        let kc = kubeconfig_content("http://127.0.0.1:7443");
+        assert!(kc.contains("    server: http://127.0.0.1:7443\n"), "{kc}");
+        assert!(kc.contains("current-context: skiff\n"), "{kc}");
+    }
+
+    /// kubectl itself reads the kubeconfig `up` writes (the doctor makes sure it is here).
+    #[test]
+    fn kubectl_reads_the_kubeconfig() {
+        let dir = std::env::temp_dir().join(format!("xtask-kubeconfig-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("kubeconfig");
+        fs::write(&path, kubeconfig_content("http://127.0.0.1:7443")).unwrap();
+        let out = Command::new(crate::doctor::KUBECTL)
+            .arg("--kubeconfig")
+            .arg(&path)
+            .args(["config", "view", "--minify", "-o"])
+            .arg("jsonpath={.clusters[0].cluster.server} {.contexts[0].context.namespace}")
+            .output()
+            .unwrap();
+        let _ = fs::remove_dir_all(&dir);
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "http://127.0.0.1:7443 default"
         );
     }
 

@@ -42,8 +42,6 @@ pub mod registry;
 mod rest;
 mod service;
 pub mod strategy;
-#[cfg(feature = "testing")]
-pub mod testing;
 pub mod validation;
 
 pub use error::{ApiError, FieldError, FieldErrorKind, REASON_KEY};

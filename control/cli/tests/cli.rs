@@ -6,7 +6,7 @@
     reason = "a test: a failed step is the test's failure"
 )]
 
-use skiff_apiserver::testing::TestServer;
+use skiff_testkit::server::TestServer;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -20,8 +20,9 @@ use skiff_client::runtime::CancelToken;
 use skiff_client::{Client, ListParams};
 use skiff_controllers::deployment::{CHANGE_CAUSE, REVISION};
 use skiff_controllers::manager::{self, ManagerConfig};
-use skiff_controllers::testing::{FakeKubelet, fake_kubelet};
 use skiff_controllers::util::templates_equal;
+use skiff_testkit::kubelet::FakeKubelet;
+use skiff_testkit::{WAIT, eventually_blocking};
 
 const MANIFEST: &str = r#"
 apiVersion: apps/v1
@@ -148,7 +149,7 @@ impl Cluster {
     fn start_kubelet(&self, delay: Duration) -> FakeKubelet {
         let client = self.client();
         let _in_runtime = self.rt.enter();
-        fake_kubelet(&client, delay)
+        FakeKubelet::all_pods(&client, delay)
     }
 
     fn deployment(&self, name: &str) -> Deployment {
@@ -168,20 +169,9 @@ impl Cluster {
             .items
     }
 
-    /// Polls `check` every 50 ms until it returns `Some`, at most 20 s.
-    #[track_caller]
-    fn eventually<T>(&self, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(v) = check() {
-                return v;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "timed out after 20s waiting for {what}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+    /// Polls `check` until it returns `Some`, at most [`WAIT`].
+    fn eventually<T>(&self, what: &str, check: impl FnMut() -> Option<T>) -> T {
+        eventually_blocking(what, WAIT, check)
     }
 }
 

@@ -97,6 +97,15 @@ impl ClientError {
                 reason: io_reason(io),
             };
         }
+        // A request the transport gave up on because the connection closed under it (the
+        // server went away after the request was sent) is tonic's Cancelled with the
+        // transport error as source; a server's own Cancelled has no source.
+        if status.code() == Code::Cancelled && status.source().is_some() {
+            return ClientError::Unreachable {
+                endpoint: endpoint.to_string(),
+                reason: "the connection closed during the request".to_string(),
+            };
+        }
         match status.code() {
             Code::NotFound => ClientError::NotFound { message },
             Code::AlreadyExists => ClientError::AlreadyExists { message },
@@ -321,6 +330,26 @@ mod tests {
             assert!(check(&e), "{code:?} → {e:?}");
             assert_eq!(e.code(), code);
         }
+    }
+
+    /// The connection closed under a request already sent: tonic reports Cancelled with
+    /// the transport error as source. A server's own Cancelled (no source) stays Other.
+    #[test]
+    fn cancelled_by_the_transport_is_unreachable() {
+        #[derive(Debug)]
+        struct Closed;
+        impl std::fmt::Display for Closed {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("connection closed")
+            }
+        }
+        impl StdError for Closed {}
+        let mut transport = Status::new(Code::Cancelled, "operation was canceled");
+        transport.set_source(std::sync::Arc::new(Closed));
+        let e = ClientError::from_status(transport, EP);
+        assert!(e.is_unreachable(), "{e:?}");
+        let server = ClientError::from_status(status(Code::Cancelled, "stop", None), EP);
+        assert!(!server.is_unreachable(), "{server:?}");
     }
 
     #[test]

@@ -10,9 +10,9 @@ use std::time::Duration;
 use futures::StreamExt;
 use skiff_api::api::{Container, ObjectMeta, Pod, PodSpec};
 use skiff_apiserver::ApiServerOptions;
-use skiff_apiserver::testing::TestServer;
 use skiff_client::reflector::{Event, Store, reflect, reflector};
 use skiff_client::{Client, DeleteParams, ListParams};
+use skiff_testkit::server::TestServer;
 
 fn pod(name: &str) -> Pod {
     Pod {

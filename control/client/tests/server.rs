@@ -14,8 +14,8 @@ use skiff_api::api::{
     Pod, PodSpec, PodTemplateSpec,
 };
 use skiff_apiserver::ApiServerOptions;
-use skiff_apiserver::testing::TestServer;
 use skiff_client::{Client, ClientError, DeleteParams, ListParams, WatchEvent, WatchStream};
+use skiff_testkit::server::TestServer;
 
 async fn server_with(opts: ApiServerOptions) -> TestServer {
     TestServer::start(opts).await

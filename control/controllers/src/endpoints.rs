@@ -35,7 +35,7 @@ use skiff_client::runtime::{
 };
 use skiff_client::{Client, ClientError, DeleteParams, Preconditions};
 
-use crate::util::{controller_ref, is_pod_ready, is_terminating, labels, uid};
+use crate::util::{controller_ref, is_terminating, labels, uid};
 use crate::{Context, Error};
 
 /// The label Kubernetes puts on the Endpoints of headless Services.
@@ -197,7 +197,7 @@ pub fn desired_subsets<'a>(
             }),
         };
         let group = groups.entry(ports).or_default();
-        if tolerate || is_pod_ready(pod) {
+        if tolerate || pod.is_ready() {
             group.0.push(address);
         } else {
             group.1.push(address);

@@ -26,8 +26,6 @@
 //!   not ready when a node stops reporting; `unreachable`/`not-ready` taints; eviction of the
 //!   pods that do not tolerate a NoExecute taint (or only for `tolerationSeconds`).
 //! - [`manager`]: runs the enabled controllers in one process, under leader election.
-//! - `testing` (feature `testing`): a fake kubelet that makes pods Ready, for tests that run
-//!   controllers without node agents.
 //!
 //! Controllers read only from informers and write only through the API server; every
 //! decision is recomputed from the current state (level-triggered), so a controller can be
@@ -44,8 +42,6 @@ pub mod nodelifecycle;
 pub mod ranges;
 pub mod replicaset;
 pub mod serviceip;
-#[cfg(feature = "testing")]
-pub mod testing;
 pub mod util;
 
 use skiff_client::runtime::EventRecorder;

@@ -28,7 +28,7 @@ use skiff_client::{Client, DeleteParams};
 use tokio::time::Instant;
 
 use crate::util::{
-    self, available_in, controller_ref, format_time, is_pod_active, is_pod_available, is_pod_ready,
+    self, available_in, controller_ref, format_time, is_pod_active, is_pod_available,
     is_terminating, labels, ready_since, workload_selector,
 };
 use crate::{Context, Error};
@@ -168,7 +168,7 @@ pub fn deletion_order(pods: &mut [Arc<Pod>]) {
         (
             assigned,
             phase,
-            is_pod_ready(p),
+            p.is_ready(),
             Reverse(ready_since(p)),
             Reverse(restarts),
             Reverse(util::creation_timestamp(&**p).to_string()),
@@ -422,7 +422,7 @@ impl ReplicaSetController {
             let l = labels(p);
             template_labels.iter().all(|(k, v)| l.get(k) == Some(v))
         });
-        status.ready_replicas = count(&|p| is_pod_ready(p));
+        status.ready_replicas = count(&|p| p.is_ready());
         status.available_replicas = count(&|p| is_pod_available(p, spec.min_ready_seconds, now));
         status.observed_generation = util::generation(rs);
         match failure {

@@ -83,10 +83,6 @@ fn ready_condition(p: &Pod) -> Option<&Condition> {
         .find(|c| c.r#type == "Ready")
 }
 
-pub fn is_pod_ready(p: &Pod) -> bool {
-    ready_condition(p).is_some_and(|c| c.status == "True")
-}
-
 /// Since when the pod has been ready (its Ready condition's lastTransitionTime).
 pub fn ready_since(p: &Pod) -> Option<DateTime<Utc>> {
     ready_condition(p)
@@ -97,7 +93,7 @@ pub fn ready_since(p: &Pod) -> Option<DateTime<Utc>> {
 /// How long until a ready pod counts as available (`Some(ZERO)`: it is available); `None`
 /// for a pod that is not ready. A ready pod without a transition time counts as available.
 pub fn available_in(p: &Pod, min_ready_seconds: i32, now: DateTime<Utc>) -> Option<Duration> {
-    if !is_pod_ready(p) {
+    if !p.is_ready() {
         return None;
     }
     if min_ready_seconds <= 0 {

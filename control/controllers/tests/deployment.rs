@@ -108,7 +108,7 @@ async fn wait_rolled_out(client: &Client, name: &str, replicas: i32, version: &s
             (pods.len() == replicas as usize
                 && pods
                     .iter()
-                    .all(|p| version_of(p) == version && pod_is_ready(p)))
+                    .all(|p| version_of(p) == version && p.is_ready()))
             .then_some(pods)
         },
     )
@@ -175,7 +175,7 @@ impl Sampler {
                                 .is_some_and(|m| m.deletion_timestamp.is_empty())
                         })
                         .collect();
-                    let ready = pods.iter().filter(|p| pod_is_ready(p)).count();
+                    let ready = pods.iter().filter(|p| p.is_ready()).count();
                     let versions: BTreeSet<String> = pods.iter().map(|p| version_of(p)).collect();
                     let mut e = extremes.lock().unwrap();
                     e.samples += 1;

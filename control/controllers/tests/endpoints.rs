@@ -7,43 +7,28 @@
 
 mod common;
 
+use skiff_testkit::build;
 use std::time::Duration;
 
 use common::*;
 use skiff_api::Resource;
 use skiff_api::api::{
-    Condition, Container, ContainerPort, EndpointAddress, EndpointPort, EndpointSubset, Endpoints,
-    ObjectMeta, Pod, PodSpec, PodStatus, Service, ServicePort, ServiceSpec,
+    Condition, ContainerPort, EndpointAddress, EndpointPort, EndpointSubset, Endpoints, ObjectMeta,
+    Pod, PodStatus, Service, ServicePort, ServiceSpec,
 };
 use skiff_client::{Client, DeleteParams, ListParams};
 use skiff_controllers::endpoints::endpoints_update;
 
 /// A pod `name` with labels `app=<app>` and a container port named `http` on 8080.
 fn pod(name: &str, app: &str) -> Pod {
-    Pod {
-        metadata: Some(ObjectMeta {
-            name: name.into(),
-            namespace: "default".into(),
-            labels: labels(&[("app", app)]),
-            ..Default::default()
-        }),
-        spec: Some(PodSpec {
-            containers: vec![Container {
-                name: "app".into(),
-                image: "host".into(),
-                command: vec!["sleep".into(), "3600".into()],
-                ports: vec![ContainerPort {
-                    name: "http".into(),
-                    container_port: 8080,
-                    protocol: "TCP".into(),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }],
-            ..Default::default()
-        }),
+    let mut p = build::labeled_pod(build::pod(name), &[("app", app)]);
+    build::spec_mut(&mut p).containers[0].ports = vec![ContainerPort {
+        name: "http".into(),
+        container_port: 8080,
+        protocol: "TCP".into(),
         ..Default::default()
-    }
+    }];
+    p
 }
 
 /// Writes the pod's status as its node agent would: Running, `ip`, Ready or not.

@@ -90,7 +90,7 @@ async fn running(client: &Client, d: Deployment) -> (Deployment, ReplicaSet, Vec
         (pods.len() == replicas
             && pods
                 .iter()
-                .all(|p| pod_is_ready(p) && owner_uids(p) == [uid(rs)]))
+                .all(|p| p.is_ready() && owner_uids(p) == [uid(rs)]))
         .then(|| (rs.clone(), pods))
     })
     .await;

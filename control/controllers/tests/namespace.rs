@@ -154,7 +154,7 @@ async fn deleting_a_namespace_deletes_its_content_then_the_namespace() {
                 .ok()?
                 .items
                 .iter()
-                .filter(|p| pod_is_ready(p))
+                .filter(|p| p.is_ready())
                 .count();
             ok &= ready == 2;
         }

@@ -10,14 +10,15 @@
 
 mod common;
 
+use skiff_testkit::build;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use common::*;
 use skiff_api::Resource;
 use skiff_api::api::{
-    Condition, Container, Deployment, DeploymentSpec, Event, Node, NodeSpec, NodeStatus,
-    ObjectMeta, Pod, PodSpec, Taint, Toleration,
+    Condition, Deployment, DeploymentSpec, Event, Node, NodeSpec, NodeStatus, ObjectMeta, Pod,
+    Taint, Toleration,
 };
 use skiff_api::taints::{NO_EXECUTE, NO_SCHEDULE, TAINT_UNREACHABLE};
 use skiff_client::{Client, ListParams};
@@ -145,21 +146,8 @@ fn unreachable_for(seconds: Option<i64>) -> Toleration {
 
 /// A pod bound to `node` (created with `spec.nodeName`).
 async fn bound_pod(client: &Client, name: &str, node: &str, tolerations: Vec<Toleration>) {
-    let pod = Pod {
-        metadata: meta(name),
-        spec: Some(PodSpec {
-            node_name: node.into(),
-            tolerations,
-            containers: vec![Container {
-                name: "app".into(),
-                image: "host".into(),
-                command: vec!["sleep".into(), "3600".into()],
-                ..Default::default()
-            }],
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let mut pod = build::bound(build::pod(name), node);
+    build::spec_mut(&mut pod).tolerations = tolerations;
     client
         .namespaced::<Pod>("default")
         .create(&pod)
@@ -250,7 +238,7 @@ async fn unreachable_node_is_tainted_and_its_pods_evicted_per_toleration() {
     let _kubelet = fake_kubelet(&c.client, Duration::ZERO);
     for name in ["plain", "brief", "forever"] {
         eventually(&format!("{name} ready"), || async {
-            pod_is_ready(&get_pod(&c.client, name).await).then_some(())
+            get_pod(&c.client, name).await.is_ready().then_some(())
         })
         .await;
     }
@@ -263,7 +251,7 @@ async fn unreachable_node_is_tainted_and_its_pods_evicted_per_toleration() {
         assert!(healthy(&node), "a renewing node stays healthy: {node:?}");
         for name in ["plain", "brief", "forever"] {
             let pod = get_pod(&c.client, name).await;
-            assert!(pod_is_ready(&pod) && !terminating(&pod), "{name}: {pod:?}");
+            assert!(pod.is_ready() && !terminating(&pod), "{name}: {pod:?}");
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -488,7 +476,7 @@ async fn deployment_pods_on_a_dead_node_are_replaced() {
     }
     eventually("4 ready pods", || async {
         let pods = active_pods(&c.client, "app=web").await;
-        (pods.len() == 4 && pods.iter().all(pod_is_ready)).then_some(())
+        (pods.len() == 4 && pods.iter().all(Pod::is_ready)).then_some(())
     })
     .await;
 
@@ -527,6 +515,6 @@ async fn deployment_pods_on_a_dead_node_are_replaced() {
     assert!(healthy(&get_node(&c.client, "b").await));
     for name in &on_b {
         let p = get_pod(&c.client, name).await;
-        assert!(!terminating(&p) && pod_is_ready(&p), "{p:?}");
+        assert!(!terminating(&p) && p.is_ready(), "{p:?}");
     }
 }

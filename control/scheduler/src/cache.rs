@@ -563,7 +563,7 @@ impl Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::{bound, node, pod_with_cpu};
+    use skiff_testkit::build::{bound, node, pod_with_cpu};
 
     #[test]
     fn accounting_follows_pods() {

@@ -331,7 +331,7 @@ pub fn pick_best(scores: &[i64], rng: &mut impl Rng) -> usize {
 mod tests {
     use super::*;
     use crate::cache::Cache;
-    use crate::testutil::{bound, node, pod_with_cpu, taint};
+    use skiff_testkit::build::{bound, node, pod_with_cpu, taint};
 
     #[test]
     fn feasible_nodes_to_find() {

@@ -21,23 +21,16 @@
 //! # Ok(())
 //! # }
 //! ```
-//!
-//! [`hollow`] registers nodes without agents (and fakes running their pods) for tests and
-//! benchmarks.
 
 pub mod affinity;
 pub mod cache;
 pub mod framework;
-pub mod hollow;
 pub mod plugins;
 /// Quantities are parsed by the API crate, shared with the node agent.
 pub use skiff_api::quantity;
 pub mod queue;
 pub mod resources;
 pub mod scheduler;
-
-#[cfg(test)]
-mod testutil;
 
 pub use scheduler::{
     ClusterEvent, DEFAULT_SCHEDULER_NAME, Scheduler, SchedulerConfig, SchedulerError,

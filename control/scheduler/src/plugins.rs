@@ -498,11 +498,11 @@ mod tests {
 
     use super::*;
     use crate::cache::{Cache, PodInfo};
-    use crate::testutil::*;
     use skiff_api::api::{
         Affinity, LabelSelector, NodeAffinity as NodeAffinitySpec, NodeSelectorTerm, PodAffinity,
         PodAffinityTerm, PreferredSchedulingTerm, Toleration,
     };
+    use skiff_testkit::build::*;
 
     fn cx(pod: skiff_api::api::Pod) -> PodContext {
         let (info, problems) = PodInfo::new(Arc::new(pod));
@@ -562,7 +562,7 @@ mod tests {
 
     #[test]
     fn node_name_selector_ready_unschedulable() {
-        let n = one_node(labeled(node("n1", "4", "8Gi"), &[("disk", "ssd")]));
+        let n = one_node(labeled_node(node("n1", "4", "8Gi"), &[("disk", "ssd")]));
         let mut p = pod("p");
         spec_mut(&mut p).node_name = "n2".into();
         assert_eq!(reason(NodeName.filter(&cx(p), &n)), REASON_NODE_NAME);
@@ -669,11 +669,11 @@ mod tests {
 
     #[test]
     fn node_affinity() {
-        let a = one_node(labeled(
+        let a = one_node(labeled_node(
             node("a", "4", "8Gi"),
             &[("zone", "a"), ("cores", "8")],
         ));
-        let b = one_node(labeled(
+        let b = one_node(labeled_node(
             node("b", "4", "8Gi"),
             &[("zone", "b"), ("cores", "2")],
         ));
@@ -771,7 +771,7 @@ mod tests {
     }
 
     fn zoned(name: &str, zone: &str) -> skiff_api::api::Node {
-        labeled(
+        labeled_node(
             node(name, "4", "8Gi"),
             &[("kubernetes.io/hostname", name), (ZONE_LABEL, zone)],
         )

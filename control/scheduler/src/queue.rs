@@ -476,7 +476,7 @@ impl SchedulingQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::{pod, spec_mut};
+    use skiff_testkit::build::{pod, spec_mut};
 
     fn queued(name: &str, priority: i32, created: &str) -> Arc<Pod> {
         let mut p = pod(name);

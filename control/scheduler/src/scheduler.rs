@@ -614,7 +614,7 @@ async fn set_unschedulable_condition(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::pod;
+    use skiff_testkit::build::pod;
 
     #[test]
     fn unschedulable_condition() {

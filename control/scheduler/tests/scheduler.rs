@@ -61,7 +61,7 @@ async fn binds_pods_to_fitting_nodes_and_records_events() {
     );
     // The hollow kubelet "runs" them.
     let pods = c.pods();
-    wait("pods Running", Duration::from_secs(10), || async {
+    eventually_within("pods Running", Duration::from_secs(10), || async {
         let list = pods.list(&Default::default()).await.ok()?;
         list.items
             .iter()
@@ -211,7 +211,7 @@ async fn taints_cordons_and_not_ready_nodes_are_skipped() {
 }
 
 fn anti_affine(name: &str) -> skiff_api::api::Pod {
-    let mut p = labeled(pod(name), "app", "web");
+    let mut p = labeled_pod(pod(name), &[("app", "web")]);
     spec_mut(&mut p).affinity = Some(Affinity {
         pod_anti_affinity: Some(PodAffinity {
             required_during_scheduling_ignored_during_execution: vec![PodAffinityTerm {
@@ -238,7 +238,7 @@ async fn pod_anti_affinity_by_hostname_spreads_pods() {
     }
     // Three land on three different nodes; the fourth has nowhere to go.
     let pods = c.pods();
-    let placed = wait("three web pods bound", Duration::from_secs(10), || async {
+    let placed = eventually_within("three web pods bound", Duration::from_secs(10), || async {
         let list = pods.list(&Default::default()).await.ok()?;
         let nodes: Vec<(String, String)> = list
             .items
@@ -280,8 +280,7 @@ async fn pods_of_one_owner_spread_over_nodes() {
     let nodes = c.hollow(3).await;
     // Another owner's pods fill one node partly: spreading is per owner.
     for i in 0..10 {
-        c.create(owned_by(pod(&format!("rs-{i}")), "rs-uid-1"))
-            .await;
+        c.create(owned(pod(&format!("rs-{i}")), "rs-uid-1")).await;
     }
     let mut per_node: BTreeMap<String, i32> = nodes.names().into_iter().map(|n| (n, 0)).collect();
     for i in 0..10 {

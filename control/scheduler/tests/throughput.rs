@@ -47,7 +47,7 @@ async fn two_hundred_pods_on_a_hundred_hollow_nodes() {
     let created = created.elapsed();
     let start = Instant::now();
     c.start_scheduler(test_config());
-    let list = wait("all pods bound", Duration::from_secs(300), || async {
+    let list = eventually_within("all pods bound", Duration::from_secs(300), || async {
         let list = pods.list(&Default::default()).await.ok()?;
         list.items
             .iter()

@@ -19,6 +19,7 @@ use skiff_runtime::{
     ContainerSpec, ContainerState, Image, Limits, NativeConfig, NativeRuntime, Runtime,
     RuntimeError, Sandbox, SandboxSpec,
 };
+use skiff_testkit::eventually_within;
 use tokio::sync::broadcast;
 
 const SHIM: &str = env!("CARGO_BIN_EXE_skiff-shim");
@@ -268,15 +269,6 @@ fn log_text(rt: &NativeRuntime, sb: &Sandbox, name: &str) -> String {
     std::fs::read_to_string(rt.log_path(&sb.uid, name)).unwrap_or_default()
 }
 
-/// Waits until `cond` holds (polling), or panics with `what`.
-async fn eventually(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| {
@@ -462,10 +454,10 @@ async fn containers_of_a_pod_share_network_and_hostname_and_exec_joins_them() {
         .expect_err("timeout");
     assert!(matches!(err, RuntimeError::ExecTimeout(_)), "{err}");
     assert!(t0.elapsed() < Duration::from_secs(5));
-    eventually(
+    eventually_within(
         "the timed-out probe to be killed",
         Duration::from_secs(5),
-        || {
+        || async {
             std::fs::read_to_string(leaf.join("cgroup.procs"))
                 .map(|p| p.split_whitespace().count() == 1)
                 .unwrap_or(false)
@@ -653,7 +645,7 @@ async fn stop_waits_for_the_grace_period_then_kills() {
             .await
             .unwrap(),
     );
-    eventually("the trap to be set", Duration::from_secs(5), || {
+    eventually_within("the trap to be set", Duration::from_secs(5), || async {
         log_text(&rt, &sb, "stubborn").contains("stdout ready")
     })
     .await;
@@ -729,16 +721,16 @@ async fn remove_sandbox_leaves_no_process_cgroup_or_netns() {
         .await
         .unwrap(),
     );
-    let mut pids: Vec<u32> = Vec::new();
-    eventually("the background child", Duration::from_secs(5), || {
-        pids = std::fs::read_to_string(sb.cgroup_dir.join("forker/cgroup.procs"))
-            .unwrap_or_default()
-            .split_whitespace()
-            .filter_map(|p| p.parse().ok())
-            .collect();
-        pids.len() >= 3
-    })
-    .await;
+    let mut pids: Vec<u32> =
+        eventually_within("the background child", Duration::from_secs(5), || async {
+            let pids: Vec<u32> = std::fs::read_to_string(sb.cgroup_dir.join("forker/cgroup.procs"))
+                .unwrap_or_default()
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect();
+            (pids.len() >= 3).then_some(pids)
+        })
+        .await;
     pids.push(stubborn);
     let shim_pids: Vec<u32> = ["forker", "stubborn"]
         .iter()
@@ -913,7 +905,7 @@ async fn rootfs_container_with_its_own_pid_namespace() {
         limits: Limits::default(),
     };
     let pid = running_pid(&rt.start_container(&sb, &c).await.unwrap());
-    eventually("the container's output", Duration::from_secs(5), || {
+    eventually_within("the container's output", Duration::from_secs(5), || async {
         log_text(&rt, &sb, "box").contains("inside the rootfs")
     })
     .await;

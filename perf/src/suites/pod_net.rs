@@ -30,7 +30,7 @@ use serde_json::json;
 use skiff_api::Resource;
 use skiff_api::api::Pod;
 use skiff_client::{Api, Client};
-use skiff_tests::{ApiServer, Backend, Fabric, Node};
+use skiff_tests::{ApiServer, Backend, Node};
 use tracing::{info, warn};
 
 use super::Options;
@@ -318,7 +318,7 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
     );
     info!(nodes = ?[&name_a, &name_b], "starting the API server and two node agents on a fabric");
     let server = ApiServer::start(Backend::Embedded);
-    let fabric = Fabric::new();
+    let fabric = skiff_tests::fabric();
     let node_a = Node::start_on(&server, &name_a, POD_CIDR_A, &[], Some(&fabric));
     let node_b = Node::start_on(&server, &name_b, POD_CIDR_B, &[], Some(&fabric));
     let listen = server.addr.to_string();

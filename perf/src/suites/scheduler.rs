@@ -3,7 +3,7 @@
 //!
 //! One comparison group per node count (default 1,000 and 5,000; `--nodes 1000,5000`), each on
 //! a fresh API server (release binary; embedded store, or etcd with `--etcd`) with N hollow
-//! nodes (Node objects, Ready, no agent: `skiff_scheduler::hollow`), and per round:
+//! nodes (Node objects, Ready, no agent: `skiff_testkit::hollow`), and per round:
 //!
 //! - **baseline**: a round-robin binder in the bench process (its own client connection, the
 //!   same `pods/binding` call and as many bindings in flight as the scheduler), with no
@@ -33,7 +33,7 @@ use skiff_api::Resource;
 use skiff_api::api::{Node as ApiNode, Pod};
 use skiff_client::reflector::{Event, reflector};
 use skiff_client::{Api, Client, DeleteParams, ListParams};
-use skiff_scheduler::hollow::{HOLLOW_LABEL, HollowNodes};
+use skiff_testkit::hollow::{HOLLOW_LABEL, HollowNodes};
 use skiff_tests::{ApiServer, Backend, EtcdServer};
 use tracing::{info, warn};
 

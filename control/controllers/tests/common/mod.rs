@@ -1,23 +1,26 @@
 //! What the controller tests share: a real API server in-process (embedded store in a
 //! tempdir), the controller manager in-process, the stand-in for node agents that marks pods
-//! Running and Ready (`skiff_controllers::testing`), and bounded waits.
-#![allow(dead_code)]
+//! Running and Ready, builders and the bounded wait (all from `skiff_testkit`).
+#![allow(
+    dead_code,
+    unused_imports,
+    reason = "each test binary uses a different part"
+)]
 
-use skiff_apiserver::testing::TestServer;
-use std::collections::BTreeMap;
-use std::future::Future;
+use skiff_testkit::server::TestServer;
 use std::time::Duration;
 
 use skiff_api::Resource;
-use skiff_api::api::{Container, LabelSelector, ObjectMeta, Pod, PodSpec, PodTemplateSpec};
+use skiff_api::api::Pod;
 use skiff_apiserver::ApiServerOptions;
 use skiff_client::runtime::{CancelToken, LeaderElectionConfig};
 use skiff_client::{Client, ListParams};
 use skiff_controllers::manager::{self, ManagerConfig};
-use skiff_controllers::testing::FakeKubelet;
+use skiff_testkit::kubelet::FakeKubelet;
 use tokio::task::JoinHandle;
 
-pub const WAIT: Duration = Duration::from_secs(20);
+pub use skiff_testkit::build::{labels, meta, selector, template};
+pub use skiff_testkit::{WAIT, eventually};
 
 /// A running API server and a client of it.
 pub struct Cluster {
@@ -112,74 +115,7 @@ pub fn start_manager_with(client: &Client, config: ManagerConfig) -> Manager {
 
 /// Stands in for node agents: every pod becomes Running and Ready `delay` after it appears.
 pub fn fake_kubelet(client: &Client, delay: Duration) -> FakeKubelet {
-    skiff_controllers::testing::fake_kubelet(client, delay)
-}
-
-pub fn pod_is_ready(p: &Pod) -> bool {
-    skiff_controllers::util::is_pod_ready(p)
-}
-
-/// Polls `check` until it returns `Some`, at most `WAIT`.
-pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            panic!("timed out after {WAIT:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-pub fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
-pub fn selector(pairs: &[(&str, &str)]) -> Option<LabelSelector> {
-    Some(LabelSelector {
-        match_labels: labels(pairs),
-        ..Default::default()
-    })
-}
-
-/// A pod template with `labels` and one container whose env holds `version`.
-pub fn template(pairs: &[(&str, &str)], version: &str) -> Option<PodTemplateSpec> {
-    Some(PodTemplateSpec {
-        metadata: Some(ObjectMeta {
-            labels: labels(pairs),
-            ..Default::default()
-        }),
-        spec: Some(PodSpec {
-            containers: vec![Container {
-                name: "app".into(),
-                image: "host".into(),
-                command: vec!["sleep".into(), "3600".into()],
-                env: vec![skiff_api::api::EnvVar {
-                    name: "VERSION".into(),
-                    value: version.into(),
-                }],
-                ..Default::default()
-            }],
-            ..Default::default()
-        }),
-    })
-}
-
-pub fn meta(name: &str) -> Option<ObjectMeta> {
-    Some(ObjectMeta {
-        name: name.into(),
-        namespace: "default".into(),
-        ..Default::default()
-    })
+    FakeKubelet::all_pods(client, delay)
 }
 
 /// Active (not terminating, not finished) pods with label `key=value`.

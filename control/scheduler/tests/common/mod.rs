@@ -1,21 +1,21 @@
 //! A real API server (in-process, embedded store in a tempdir) and a real scheduler, for the
 //! integration tests.
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    unused_imports,
+    reason = "each test binary uses a different part"
+)]
 
-use skiff_apiserver::testing::TestServer;
-use std::collections::BTreeMap;
-use std::future::Future;
-use std::time::{Duration, Instant};
+use skiff_testkit::server::TestServer;
+use std::time::Duration;
 
-use skiff_api::Resource;
-use skiff_api::api::{
-    Container, Event, Node, ObjectMeta, OwnerReference, Pod, PodSpec, ResourceRequirements,
-};
+use skiff_api::api::{Event, Node, Pod};
 use skiff_apiserver::ApiServerOptions;
 use skiff_client::{Client, ListParams};
-use skiff_scheduler::hollow::{HollowNodes, NodeShape, node_object};
 use skiff_scheduler::queue::BackoffPolicy;
 use skiff_scheduler::{Scheduler, SchedulerConfig, SchedulerHandle};
+pub use skiff_testkit::eventually_within;
+use skiff_testkit::hollow::{HollowNodes, NodeShape, node_object};
 
 pub struct Cluster {
     pub client: Client,
@@ -42,7 +42,6 @@ pub async fn cluster_with(config: SchedulerConfig) -> Cluster {
 
 /// An API server without a scheduler.
 pub async fn api_server() -> Cluster {
-    let _ = tracing_subscriber_init();
     let server = TestServer::start(ApiServerOptions::default()).await;
     let client = Client::connect(&server.endpoint()).await.expect("connect");
     Cluster {
@@ -54,16 +53,6 @@ pub async fn api_server() -> Cluster {
 
 pub async fn cluster() -> Cluster {
     cluster_with(test_config()).await
-}
-
-fn tracing_subscriber_init() -> Option<()> {
-    // Logs only when asked (RUST_LOG), once per test binary.
-    std::env::var("RUST_LOG").ok()?;
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init()
-        .ok()
 }
 
 pub fn shape(cpu: &str, memory: &str) -> NodeShape {
@@ -111,7 +100,7 @@ impl Cluster {
     /// Waits until pod `name` is bound; returns its node.
     pub async fn bound_node(&self, name: &str) -> String {
         let pods = self.pods();
-        wait(
+        eventually_within(
             &format!("pod {name} bound"),
             Duration::from_secs(10),
             || {
@@ -129,7 +118,7 @@ impl Cluster {
     /// Waits until pod `name` has PodScheduled=False; returns the condition's message.
     pub async fn unschedulable_message(&self, name: &str) -> String {
         let pods = self.pods();
-        wait(
+        eventually_within(
             &format!("pod {name} PodScheduled=False"),
             Duration::from_secs(10),
             || {
@@ -167,7 +156,7 @@ impl Cluster {
 
     /// Waits for an event with `reason` about pod `name`; returns its message.
     pub async fn event(&self, name: &str, reason: &str) -> String {
-        wait(
+        eventually_within(
             &format!("{reason} event for {name}"),
             Duration::from_secs(10),
             || async {
@@ -189,69 +178,9 @@ pub fn node_of(p: &Pod) -> String {
         .unwrap_or_default()
 }
 
-/// Polls `probe` every 50 ms until it returns `Some`, failing after `timeout`.
-pub async fn wait<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = probe().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+pub use skiff_testkit::build::{labeled_pod, owned, pod, spec_mut, with_requests};
 
-pub fn pod(name: &str) -> Pod {
-    Pod {
-        metadata: Some(ObjectMeta {
-            name: name.into(),
-            ..Default::default()
-        }),
-        spec: Some(PodSpec {
-            containers: vec![Container {
-                name: "c".into(),
-                image: "host".into(),
-                command: vec!["sleep".into(), "1000".into()],
-                ..Default::default()
-            }],
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-pub fn spec_mut(p: &mut Pod) -> &mut PodSpec {
-    p.spec.get_or_insert_with(Default::default)
-}
-
-pub fn requesting(mut p: Pod, cpu: &str, memory: &str) -> Pod {
-    let mut requests = BTreeMap::new();
-    requests.insert("cpu".to_string(), cpu.to_string());
-    requests.insert("memory".to_string(), memory.to_string());
-    spec_mut(&mut p).containers[0].resources = Some(ResourceRequirements {
-        requests,
-        ..Default::default()
-    });
-    p
-}
-
-pub fn labeled(mut p: Pod, k: &str, v: &str) -> Pod {
-    p.metadata_mut().labels.insert(k.into(), v.into());
-    p
-}
-
-pub fn owned_by(mut p: Pod, uid: &str) -> Pod {
-    p.metadata_mut().owner_references.push(OwnerReference {
-        api_version: "apps/v1".into(),
-        kind: "ReplicaSet".into(),
-        name: "web-rs".into(),
-        uid: uid.into(),
-        controller: Some(true),
-        ..Default::default()
-    });
-    p
+/// `p` requesting `cpu` and `memory`.
+pub fn requesting(p: Pod, cpu: &str, memory: &str) -> Pod {
+    with_requests(p, &[("cpu", cpu), ("memory", memory)])
 }

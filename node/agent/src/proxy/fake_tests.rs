@@ -9,15 +9,15 @@ use skiff_api::api::{
     ServiceSpec,
 };
 use skiff_apiserver::ApiServerOptions;
-use skiff_apiserver::testing::TestServer;
 use skiff_client::runtime::{CancelToken, Informers};
 use skiff_client::{Client, DeleteParams};
 use skiff_datapath::lb::fake::FakeLb;
 use skiff_datapath::lb::{LbConfig, Op};
+use skiff_testkit::server::TestServer;
 
 use super::Proxy;
 
-const WAIT: Duration = Duration::from_secs(20);
+use skiff_testkit::WAIT;
 
 fn meta(name: &str) -> Option<ObjectMeta> {
     Some(ObjectMeta {

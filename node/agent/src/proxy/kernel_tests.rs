@@ -3,7 +3,6 @@
 //! fixture and its safety rules are those of `bpf::lb_kernel_tests`). Needs root.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::time::Duration;
 
 use skiff_api::api::{
@@ -11,9 +10,10 @@ use skiff_api::api::{
     ServiceSpec,
 };
 use skiff_apiserver::ApiServerOptions;
-use skiff_apiserver::testing::TestServer;
 use skiff_client::runtime::{CancelToken, Informers};
 use skiff_client::{Client, DeleteParams};
+use skiff_testkit::server::TestServer;
+use skiff_testkit::{WAIT, eventually};
 
 use super::Proxy;
 use skiff_datapath::lb::Frontend;
@@ -21,27 +21,6 @@ use skiff_datapath::testing::{
     BACKEND_TCP_PORT, BACKEND_UDP_PORT, LbFixture, TCP_PORT, UDP_PORT, VIP, backend_ip,
     backend_name, tcp_frontend, udp_frontend,
 };
-
-const WAIT: Duration = Duration::from_secs(20);
-
-/// Polls `check` until it returns `Some`, at most [`WAIT`].
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {WAIT:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
 
 fn meta(name: &str) -> Option<ObjectMeta> {
     Some(ObjectMeta {

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use skiff_api::api::{Container, ExecAction, ObjectMeta, Pod, PodSpec, Probe};
 use skiff_apiserver::ApiServerOptions;
-use skiff_apiserver::testing::TestServer;
 use skiff_client::runtime::EventRecorder;
 use skiff_client::{Client, DeleteParams, ListParams};
 use skiff_datapath::lb::LbConfig;
@@ -15,14 +14,14 @@ use skiff_datapath::lb::fake::FakeLb;
 use skiff_hostnet::fake::FakeNetwork;
 use skiff_runtime::Runtime;
 use skiff_runtime::fake::FakeRuntime;
+use skiff_testkit::server::TestServer;
+use skiff_testkit::{WAIT, eventually};
 use tokio::sync::mpsc;
 
 use super::{Msg, Worker};
 use crate::api::PodRegistry;
 use crate::proxy::Proxy;
 use crate::{Ctx, EVENT_COMPONENT};
-
-const WAIT: Duration = Duration::from_secs(20);
 
 type Journal = Arc<Mutex<Vec<String>>>;
 
@@ -160,18 +159,6 @@ impl Bed {
                     .collect()
             })
             .unwrap_or_default()
-    }
-}
-
-/// Polls `check` every 10 ms until it gives `Some`, at most [`WAIT`].
-async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

@@ -1,6 +1,6 @@
-//! M1-B end to end: the real API server, and a real `skiff-node` agent whose node lives in a
-//! network namespace of its own, running pods as cgroup v2 process groups with their own
-//! network namespaces, veths and pod IPs.
+//! A pod's life on a real agent, end to end: the real API server, and a real `skiff-node` agent
+//! whose node lives in a network namespace of its own, running pods as cgroup v2 process groups
+//! with their own network namespaces, veths and pod IPs.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use skiff_api::api::{Node as ApiNode, Pod};
 use skiff_client::{Api, Client, ClientError, DeleteParams};
-use skiff_tests::{ApiServer, Backend, Node, eventually};
+use skiff_tests::{ApiServer, Backend, Node, eventually_within};
 
 const T: Duration = Duration::from_secs(30);
 
@@ -68,7 +68,7 @@ async fn get(api: &Api<Pod>, name: &str) -> Result<Pod, String> {
 }
 
 async fn running(api: &Api<Pod>, name: &str, containers: &[&str]) -> Pod {
-    eventually(&format!("pod {name} running"), T, || async {
+    eventually_within(&format!("pod {name} running"), T, || async {
         let p = get(api, name).await?;
         let phase = p
             .status
@@ -109,7 +109,7 @@ async fn agent_runs_pods_end_to_end() {
 
     // The node registers, is Ready and says which cgroup controllers it lacks.
     let nodes = client.cluster::<ApiNode>();
-    eventually("node registered and Ready", T, || async {
+    eventually_within("node registered and Ready", T, || async {
         let n = nodes.get(&node_name).await.map_err(|e| e.to_string())?;
         let st = n.status.clone().unwrap_or_default();
         let ready = st
@@ -153,7 +153,7 @@ async fn agent_runs_pods_end_to_end() {
         web_ip.starts_with("10.244.3."),
         "pod IP from the node's CIDR: {web_ip}"
     );
-    eventually("sidecar reached the server on localhost", T, || async {
+    eventually_within("sidecar reached the server on localhost", T, || async {
         m("localhost-ok")
             .exists()
             .then_some(())
@@ -197,7 +197,7 @@ async fn agent_runs_pods_end_to_end() {
         assert_eq!(c.status, "False");
         assert!(c.message.contains("memory"), "{}", c.message);
     }
-    eventually("second pod reached the first by pod IP", T, || async {
+    eventually_within("second pod reached the first by pod IP", T, || async {
         m("podip-ok").exists().then_some(()).ok_or_else(String::new)
     })
     .await;
@@ -205,7 +205,7 @@ async fn agent_runs_pods_end_to_end() {
     // Killing a container's process: it is restarted and restartCount grows.
     let old = pid(&web, "server").unwrap();
     kill9(old);
-    eventually("server restarted after kill -9", T, || async {
+    eventually_within("server restarted after kill -9", T, || async {
         let p = get(&pods, "web").await?;
         match pid(&p, "server") {
             Some(new) if new != old && restarts(&p, "server") >= 1 => Ok(()),
@@ -236,7 +236,7 @@ async fn agent_runs_pods_end_to_end() {
         "readiness probe fails: not Ready"
     );
     std::fs::write(m("ready"), "").unwrap();
-    eventually("Ready once the readiness probe passes", T, || async {
+    eventually_within("Ready once the readiness probe passes", T, || async {
         let p = get(&pods, "probed").await?;
         (condition(&p, "Ready") == "True")
             .then_some(())
@@ -244,7 +244,7 @@ async fn agent_runs_pods_end_to_end() {
     })
     .await;
     std::fs::remove_file(m("ready")).unwrap();
-    eventually("not Ready again when it fails", T, || async {
+    eventually_within("not Ready again when it fails", T, || async {
         let p = get(&pods, "probed").await?;
         (condition(&p, "Ready") == "False")
             .then_some(())
@@ -252,7 +252,7 @@ async fn agent_runs_pods_end_to_end() {
     })
     .await;
     std::fs::remove_file(m("alive")).unwrap();
-    eventually("liveness failure restarts the container", T, || async {
+    eventually_within("liveness failure restarts the container", T, || async {
         let p = get(&pods, "probed").await?;
         (restarts(&p, "app") >= 1)
             .then_some(())
@@ -286,7 +286,7 @@ async fn agent_runs_pods_end_to_end() {
         })))
         .await
         .expect("create bad pod");
-        eventually(&format!("{name} shows why it cannot run"), T, || async {
+        eventually_within(&format!("{name} shows why it cannot run"), T, || async {
             let p = get(&pods, name).await?;
             let waiting = container_status(&p, "c")
                 .and_then(|c| c.state.as_ref()?.waiting.clone())
@@ -325,7 +325,7 @@ async fn agent_runs_pods_end_to_end() {
     assert!(Path::new(&format!("/proc/{server_pid}")).exists());
     // Status updates resume: a new crash is seen and counted.
     kill9(sidecar_pid);
-    eventually(
+    eventually_within(
         "status updates resume after the agent restart",
         T,
         || async {
@@ -351,7 +351,7 @@ async fn agent_runs_pods_end_to_end() {
     pods.delete("web", &DeleteParams::default())
         .await
         .expect("delete web");
-    eventually(
+    eventually_within(
         "web deleted through the agent",
         Duration::from_secs(15),
         || async {

@@ -1,10 +1,9 @@
-//! M1-C end to end: a real etcd, the real `skiff-apiserver`, `skiff-scheduler` and
-//! `skiff-controller-manager` binaries, and real `skiff-node` agents (each node in a network
-//! namespace of its own, pods as cgroup v2 process groups). Components are killed with
-//! SIGKILL where the acceptance says `kill -9`.
-//!
-//! The tests share the machine's two cores with many processes, so they run one at a time
-//! (a process-wide lock) and wait with generous, bounded timeouts.
+//! Controllers keep the declared state, end to end: a real etcd, the real `skiff-apiserver`,
+//! `skiff-scheduler` and `skiff-controller-manager` binaries, and real `skiff-node` agents
+//! (each node in a network namespace of its own, pods as cgroup v2 process groups). Components
+//! are killed with SIGKILL where the acceptance says `kill -9`.  The tests share the machine's
+//! two cores with many processes, so they run one at a time (a process-wide lock) and wait with
+//! generous, bounded timeouts.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -21,20 +20,12 @@ use skiff_api::api::{Deployment, Event, Lease, Node as ApiNode, Pod, ReplicaSet}
 use skiff_client::reflector::{Event as ReflectorEvent, reflector};
 use skiff_client::{Client, ListParams};
 use skiff_tests::cluster::{Cluster, LEASE_SECONDS, node_condition, start_manager};
-use skiff_tests::{Component, eventually};
+use skiff_tests::{Component, eventually_within};
 
 const T: Duration = Duration::from_secs(90);
 /// One test at a time (an async mutex: each test has its own runtime and holds it across
 /// awaits; a failed test does not poison it).
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn pod_ready(p: &Pod) -> bool {
-    p.status.as_ref().is_some_and(|s| {
-        s.conditions
-            .iter()
-            .any(|c| c.r#type == "Ready" && c.status == "True")
-    })
-}
 
 fn terminating<T: Resource>(o: &T) -> bool {
     o.metadata()
@@ -107,7 +98,7 @@ async fn pods_of(client: &Client, app: &str) -> Vec<Pod> {
 /// Waits until the app has exactly `n` active pods, all Running and Ready with version
 /// `version` (any version if empty); returns them.
 async fn wait_running(c: &Cluster, app: &str, n: usize, version: &str) -> Vec<Pod> {
-    eventually(
+    eventually_within(
         &format!("{n} running pods of {app} v{version}"),
         T,
         || async {
@@ -120,7 +111,7 @@ async fn wait_running(c: &Cluster, app: &str, n: usize, version: &str) -> Vec<Po
                 .iter()
                 .filter(|p| {
                     p.status.as_ref().is_some_and(|s| s.phase == "Running")
-                        && pod_ready(p)
+                        && p.is_ready()
                         && (version.is_empty() || version_of(p) == version)
                 })
                 .count();
@@ -185,7 +176,7 @@ impl Sampler {
                         }
                     }
                     let active: Vec<&Pod> = state.values().filter(|p| active(p)).collect();
-                    let ready = active.iter().filter(|p| pod_ready(p)).count();
+                    let ready = active.iter().filter(|p| p.is_ready()).count();
                     let mut s = samples.lock().unwrap_or_else(|e| e.into_inner());
                     s.max_active = s.max_active.max(active.len());
                     s.min_ready = s.min_ready.min(ready);
@@ -264,7 +255,7 @@ async fn deployment_obj(c: &Cluster, name: &str) -> Deployment {
 
 /// Waits until the Deployment reports a finished rollout of its current generation.
 async fn wait_rolled_out(c: &Cluster, name: &str, replicas: i32) {
-    eventually(&format!("deployment {name} rolled out"), T, || async {
+    eventually_within(&format!("deployment {name} rolled out"), T, || async {
         let d = c
             .client
             .namespaced::<Deployment>("default")
@@ -386,7 +377,7 @@ async fn rollout_survives_kill_9_of_manager_and_scheduler() {
     c.server
         .skiff_stdin(&["apply", "-f", "-"], &deployment("api", 6, "1", "0", "2"));
     // The middle: some pods of version 2 are running, some of version 1 are left.
-    eventually("rollout half way", T, || async {
+    eventually_within("rollout half way", T, || async {
         let pods: Vec<Pod> = pods_of(&c.client, "api")
             .await
             .into_iter()
@@ -394,7 +385,7 @@ async fn rollout_survives_kill_9_of_manager_and_scheduler() {
             .collect();
         let new = pods
             .iter()
-            .filter(|p| version_of(p) == "2" && pod_ready(p))
+            .filter(|p| version_of(p) == "2" && p.is_ready())
             .count();
         let old = pods.iter().filter(|p| version_of(p) == "1").count();
         (new >= 1 && old >= 2)
@@ -459,7 +450,7 @@ async fn standby_manager_takes_over_after_kill_9() {
             .and_then(|s| s.holder_identity)
             .unwrap_or_default()
     };
-    eventually("cm-1 leads", T, || async {
+    eventually_within("cm-1 leads", T, || async {
         let h = holder().await;
         (h == "cm-1").then_some(()).ok_or(h)
     })
@@ -496,7 +487,7 @@ async fn standby_manager_takes_over_after_kill_9() {
 
     let killed_at = Instant::now();
     c.managers[0].kill();
-    eventually("cm-2 leads", T, || async {
+    eventually_within("cm-2 leads", T, || async {
         let h = holder().await;
         (h == "cm-2").then_some(()).ok_or(h)
     })
@@ -542,7 +533,7 @@ spec:
 "#,
     );
     let pods = c.client.namespaced::<Pod>("default");
-    let message = eventually("picky unschedulable", T, || async {
+    let message = eventually_within("picky unschedulable", T, || async {
         let p = pods.get("picky").await.map_err(|e| e.to_string())?;
         p.status
             .as_ref()
@@ -560,7 +551,7 @@ spec:
     assert!(described.contains("FailedScheduling"), "{described}");
 
     let fitting = c.add_node("ssd", &[("disk", "ssd")]);
-    let p = eventually("picky running on the new node", T, || async {
+    let p = eventually_within("picky running on the new node", T, || async {
         let p = pods.get("picky").await.map_err(|e| e.to_string())?;
         let running = p.status.as_ref().is_some_and(|s| s.phase == "Running");
         (running && node_of(&p) == fitting)
@@ -591,7 +582,7 @@ async fn dead_node_goes_not_ready_and_its_pods_are_replaced() {
     let stopped_at = Instant::now();
     c.node(&victim).kill_agent();
     let nodes = c.client.cluster::<ApiNode>();
-    eventually(
+    eventually_within(
         "the stopped node is NotReady",
         Duration::from_secs(45),
         || async {
@@ -606,7 +597,7 @@ async fn dead_node_goes_not_ready_and_its_pods_are_replaced() {
     let took = stopped_at.elapsed();
     assert!(took <= Duration::from_secs(40), "NotReady after {took:?}");
     // The taints follow the condition (a separate write of the node lifecycle controller).
-    eventually("the unreachable NoExecute taint", T, || async {
+    eventually_within("the unreachable NoExecute taint", T, || async {
         let n = nodes.get(&victim).await.map_err(|e| e.to_string())?;
         let taints: Vec<String> = n
             .spec
@@ -625,7 +616,7 @@ async fn dead_node_goes_not_ready_and_its_pods_are_replaced() {
     .await;
 
     // Replaced: 6 active, running pods, none on the dead node.
-    let replaced = eventually("pods replaced on live nodes", T, || async {
+    let replaced = eventually_within("pods replaced on live nodes", T, || async {
         let pods: Vec<Pod> = pods_of(&c.client, "svc")
             .await
             .into_iter()
@@ -633,7 +624,7 @@ async fn dead_node_goes_not_ready_and_its_pods_are_replaced() {
             .collect();
         let good = pods
             .iter()
-            .filter(|p| pod_ready(p) && node_of(p) != victim)
+            .filter(|p| p.is_ready() && node_of(p) != victim)
             .count();
         if pods.len() == 6 && good == 6 {
             Ok(pods)
@@ -651,7 +642,7 @@ async fn dead_node_goes_not_ready_and_its_pods_are_replaced() {
     // The agent comes back: the node is Ready and untainted again, and the pods evicted from
     // it finish terminating (the agent stops them and completes their deletion).
     c.node(&victim).start_agent();
-    eventually("the node recovers", T, || async {
+    eventually_within("the node recovers", T, || async {
         let n = nodes.get(&victim).await.map_err(|e| e.to_string())?;
         let tainted = n.spec.as_ref().is_some_and(|s| {
             s.taints
@@ -697,7 +688,7 @@ async fn deleting_a_deployment_cascades_or_orphans() {
         .skiff_stdin(&["apply", "-f", "-"], &deployment("bg", 2, "1", "0", "1"));
     wait_running(&c, "bg", 2, "1").await;
     c.skiff(&["delete", "deployment", "bg"]);
-    eventually("bg's replica sets and pods gone", T, || async {
+    eventually_within("bg's replica sets and pods gone", T, || async {
         let (rs, pods) = (
             rs_of("bg").await.len(),
             pods_of(&c.client, "bg").await.len(),
@@ -708,7 +699,7 @@ async fn deleting_a_deployment_cascades_or_orphans() {
     })
     .await;
     // Every component reported what it did.
-    let reasons = eventually("events of the whole flow", T, || async {
+    let reasons = eventually_within("events of the whole flow", T, || async {
         let events = c
             .client
             .namespaced::<Event>("default")
@@ -748,14 +739,14 @@ async fn deleting_a_deployment_cascades_or_orphans() {
     let before = wait_running(&c, "orph", 2, "1").await;
     c.skiff(&["delete", "deployment", "orph", "--cascade=orphan"]);
     let deployments = c.client.namespaced::<Deployment>("default");
-    eventually("orph deleted", T, || async {
+    eventually_within("orph deleted", T, || async {
         match deployments.get_opt("orph").await {
             Ok(None) => Ok(()),
             other => Err(format!("{other:?}")),
         }
     })
     .await;
-    let sets = eventually("orph's replica set orphaned", T, || async {
+    let sets = eventually_within("orph's replica set orphaned", T, || async {
         let sets = rs_of("orph").await;
         let orphaned = sets
             .iter()
@@ -781,7 +772,7 @@ async fn deleting_a_deployment_cascades_or_orphans() {
     wait_running(&c, "fg", 2, "1").await;
     c.skiff(&["delete", "deployment", "fg", "--cascade=foreground"]);
     let saw_waiting = std::sync::atomic::AtomicBool::new(false);
-    eventually("fg and its dependents gone", T, || async {
+    eventually_within("fg and its dependents gone", T, || async {
         let d = deployments.get_opt("fg").await.map_err(|e| e.to_string())?;
         let (rs, pods) = (
             rs_of("fg").await.len(),

@@ -1,4 +1,4 @@
-//! M1-A as a new user tries it: a real `skiff-apiserver` process (embedded store, and a real
+//! The CLI as a new user tries it: a real `skiff-apiserver` process (embedded store, and a real
 //! etcd) driven by the real `skiff` CLI with a Kubernetes-style manifest.
 #![allow(
     clippy::unwrap_used,

@@ -1,4 +1,4 @@
-//! M1-D end to end (the parts that exist so far): nodes in network namespaces of their own,
+//! Pod networking and Services, end to end: nodes in network namespaces of their own,
 //! joined by a bridge in another namespace; pods reach pods on other nodes by their own
 //! addresses, and nothing on the way translates them.
 #![allow(
@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use skiff_api::api::{Endpoints, Pod, Service};
 use skiff_tests::cluster::Cluster;
-use skiff_tests::eventually;
+use skiff_tests::eventually_within;
 
 const T: Duration = Duration::from_secs(60);
 
@@ -62,7 +62,7 @@ spec:
 
 async fn running_ip(c: &Cluster, name: &str) -> (String, String) {
     let pods = c.client.namespaced::<Pod>("default");
-    eventually(&format!("{name} running"), T, || async {
+    eventually_within(&format!("{name} running"), T, || async {
         let p = pods.get(name).await.map_err(|e| e.to_string())?;
         let s = p.status.clone().unwrap_or_default();
         let node = p.spec.map(|s| s.node_name).unwrap_or_default();
@@ -85,7 +85,7 @@ async fn pods_reach_pods_on_other_nodes_without_nat() {
     // Each node routes the other's pod CIDR through the other's fabric address.
     for (node, other) in [(&c.nodes[0], &c.nodes[1]), (&c.nodes[1], &c.nodes[0])] {
         let via = format!("via {}", other.node_ip.clone().unwrap_or_default());
-        eventually("a route to the other node's pods", T, || async {
+        eventually_within("a route to the other node's pods", T, || async {
             let routes = node.ip(&["route", "show"]);
             routes
                 .lines()
@@ -109,7 +109,7 @@ async fn pods_reach_pods_on_other_nodes_without_nat() {
         client_ip.rsplit_once('.').map(|p| p.0),
         "the pods are in different node CIDRs"
     );
-    let seen = eventually("the client got an answer", T, || async {
+    let seen = eventually_within("the client got an answer", T, || async {
         let out = c.server.skiff(&["logs", "client"]);
         let log = String::from_utf8_lossy(&out.stdout).into_owned();
         log.lines()
@@ -303,7 +303,7 @@ async fn client_result_on(
 ) -> serde_json::Value {
     c.server
         .skiff_stdin(&["apply", "-f", "-"], &client_pod_on(name, node, script));
-    eventually(&format!("{name}'s result"), T, || async {
+    eventually_within(&format!("{name}'s result"), T, || async {
         let out = c.server.skiff(&["logs", name]);
         let log = String::from_utf8_lossy(&out.stdout).into_owned();
         log.lines()
@@ -316,7 +316,7 @@ async fn client_result_on(
 
 async fn ready_backends(c: &Cluster, n: usize) -> Vec<String> {
     let eps = c.client.namespaced::<Endpoints>("default");
-    eventually(&format!("{n} ready endpoints"), T, || async {
+    eventually_within(&format!("{n} ready endpoints"), T, || async {
         let e = eps.get_opt("echo").await.map_err(|e| e.to_string())?;
         let ips: Vec<String> = e
             .iter()
@@ -341,7 +341,7 @@ async fn cluster_ip_services_balance_over_all_backends() {
     c.server.skiff_stdin(&["apply", "-f", "-"], &echo_app(3));
     let backends = ready_backends(&c, 3).await;
     let svc = c.client.namespaced::<Service>("default");
-    let vip = eventually("a clusterIP", T, || async {
+    let vip = eventually_within("a clusterIP", T, || async {
         let s = svc.get("echo").await.map_err(|e| e.to_string())?;
         s.spec
             .map(|s| s.cluster_ip)
@@ -519,7 +519,7 @@ async fn established_streams_survive_an_agent_kill_9() {
         &["apply", "-f", "-"],
         &client_pod_on("streamer", Some(&node), &script),
     );
-    eventually("the stream is flowing", T, || async {
+    eventually_within("the stream is flowing", T, || async {
         let out = c.server.skiff(&["logs", "streamer"]);
         let log = String::from_utf8_lossy(&out.stdout).into_owned();
         log.contains("progress 20").then_some(()).ok_or(log)
@@ -528,7 +528,7 @@ async fn established_streams_survive_an_agent_kill_9() {
     c.node(&node).kill_agent();
     tokio::time::sleep(Duration::from_secs(2)).await;
     c.node(&node).start_agent();
-    let result = eventually("the stream finished", T, || async {
+    let result = eventually_within("the stream finished", T, || async {
         let out = c.server.skiff(&["logs", "streamer"]);
         let log = String::from_utf8_lossy(&out.stdout).into_owned();
         log.lines()
@@ -543,7 +543,7 @@ async fn established_streams_survive_an_agent_kill_9() {
     // The restarted agent still programs changes: no backends → refused on that node.
     c.skiff(&["scale", "deploy/echo", "--replicas=0"]);
     ready_backends(&c, 0).await;
-    let refused = eventually("connects refused on the restarted node", T, || async {
+    let refused = eventually_within("connects refused on the restarted node", T, || async {
         let name = format!("probe-{}", skiff_tests::unique());
         let r = client_result_on(
             &c,
@@ -586,7 +586,7 @@ async fn node_port_services_are_reachable_from_outside_on_every_node() {
     ready_backends(&c, 4).await;
     let pods = c.client.namespaced::<Pod>("default");
     // Backend pod IP → node, with backends on both nodes.
-    let placement = eventually("echo pods on both nodes", T, || async {
+    let placement = eventually_within("echo pods on both nodes", T, || async {
         let list = pods
             .list(&Default::default())
             .await
@@ -618,7 +618,7 @@ async fn node_port_services_are_reachable_from_outside_on_every_node() {
     })
     .await;
     let svc = c.client.namespaced::<Service>("default");
-    let ports = eventually("node ports", T, || async {
+    let ports = eventually_within("node ports", T, || async {
         let s = svc.get("echo-np").await.map_err(|e| e.to_string())?;
         let ports = s.spec.map(|s| s.ports).unwrap_or_default();
         let np = |name: &str| ports.iter().find(|p| p.name == name).map(|p| p.node_port);
@@ -628,7 +628,7 @@ async fn node_port_services_are_reachable_from_outside_on_every_node() {
         }
     })
     .await;
-    let (outside, _) = c.fabric.outside();
+    let outside = skiff_tests::outside(&c.fabric);
 
     for node in &c.nodes {
         let node_ip = node.node_ip.clone().expect("node IP");
@@ -676,7 +676,7 @@ async fn node_port_services_are_reachable_from_outside_on_every_node() {
     c.node(&n0).kill_agent();
     node_port_round(&c, &outside, &n0_ip, ports, &placement).await;
     c.node(&n0).start_agent();
-    eventually("the restarted agent took the uplink over", T, || async {
+    eventually_within("the restarted agent took the uplink over", T, || async {
         let log = c.nodes[0].agent_log();
         log.lines()
             .any(|l| l.contains("NodePort served on the uplink") && l.contains("Adopted"))

@@ -1,7 +1,7 @@
-//! M1-B end to end: the node agent's HTTP API through the real `skiff` CLI — `skiff logs`
-//! (all, `--tail`, `--timestamps`, `-f`), `skiff top pods` — and the per-pod traffic
-//! accounting acceptance test: a known TCP payload between two pods shows up, once, as the
-//! sender's TX and the receiver's RX.
+//! Logs, `skiff top` and traffic accounting, end to end: the node agent's HTTP API through the
+//! real `skiff` CLI — `skiff logs` (all, `--tail`, `--timestamps`, `-f`), `skiff top pods` —
+//! and the per-pod traffic accounting acceptance test: a known TCP payload between two pods
+//! shows up, once, as the sender's TX and the receiver's RX.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -14,7 +14,7 @@ use std::time::Duration;
 use skiff_api::api::{Node as ApiNode, Pod};
 use skiff_client::node_api::{AgentEndpoint, LogOptions, PodStats, StatsSummary};
 use skiff_client::{Api, Client};
-use skiff_tests::{ApiServer, Backend, Node, Streaming, eventually, fails, ok};
+use skiff_tests::{ApiServer, Backend, Node, Streaming, eventually_within, fails, ok};
 
 const T: Duration = Duration::from_secs(30);
 /// What the source pod sends to the sink pod.
@@ -29,7 +29,7 @@ fn python(script: String) -> serde_json::Value {
 }
 
 async fn running(api: &Api<Pod>, name: &str) -> Pod {
-    eventually(&format!("pod {name} running"), T, || async {
+    eventually_within(&format!("pod {name} running"), T, || async {
         let p = api.get(name).await.map_err(|e| e.to_string())?;
         let st = p.status.clone().unwrap_or_default();
         let all_running = !st.container_statuses.is_empty()
@@ -78,7 +78,7 @@ async fn logs_top_and_traffic_accounting() {
     let pods = client.namespaced::<Pod>("default");
 
     // The node publishes its agent's port, as Kubernetes' daemonEndpoints.kubeletEndpoint.
-    let agent = eventually("node publishes its agent endpoint", T, || async {
+    let agent = eventually_within("node publishes its agent endpoint", T, || async {
         let n = client
             .cluster::<ApiNode>()
             .get(&node_name)
@@ -115,7 +115,7 @@ async fn logs_top_and_traffic_accounting() {
     running(&pods, "talker").await;
 
     let all = "oops on stderr\nhello 1\nhello 2\nhello 3\nhello 4\nhello 5\n";
-    eventually("skiff logs shows what the container printed", T, || async {
+    eventually_within("skiff logs shows what the container printed", T, || async {
         let out = server.skiff(&["logs", "talker", "-c", "app"]);
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         if out.status.success() && text == all {
@@ -175,7 +175,7 @@ async fn logs_top_and_traffic_accounting() {
         .wait_for(&["late line"], T)
         .unwrap_or_else(|seen| panic!("follow did not stream the new line: {seen:?}"));
     drop(follow);
-    eventually(
+    eventually_within(
         "the agent stops following once the client is gone",
         T,
         || async {
@@ -260,7 +260,7 @@ async fn logs_top_and_traffic_accounting() {
     .await
     .expect("create source");
     let source = running(&pods, "source").await;
-    eventually("the sink received the whole payload", T, || async {
+    eventually_within("the sink received the whole payload", T, || async {
         match std::fs::read_to_string(m("sink-got")) {
             Ok(n) if n == PAYLOAD.to_string() && m("source-done").exists() => Ok(()),
             other => Err(format!(
