@@ -50,6 +50,38 @@ const QUANTITY_MAPS: [&str; 4] = [
     "NodeStatus.allocatable",
 ];
 
+/// Plain numbers and booleans that Kubernetes declares `omitempty`, so they are left out of
+/// the JSON when zero or false, as kube-apiserver writes them. Clients act on their presence
+/// (`kubectl wait` compares a condition's observedGeneration with the object's generation).
+/// Fields without `omitempty` in Kubernetes (restartCount, ready, exitCode, ports,
+/// ReplicaSetStatus.replicas, weights) stay, and `optional` fields are `None` when unset.
+const OMIT_ZERO: [&str; 24] = [
+    "ObjectMeta.generation",
+    "Condition.observed_generation",
+    "ReplicaSetSpec.min_ready_seconds",
+    "ReplicaSetStatus.fully_labeled_replicas",
+    "ReplicaSetStatus.ready_replicas",
+    "ReplicaSetStatus.available_replicas",
+    "ReplicaSetStatus.observed_generation",
+    "DeploymentSpec.min_ready_seconds",
+    "DeploymentSpec.paused",
+    "DeploymentStatus.observed_generation",
+    "DeploymentStatus.replicas",
+    "DeploymentStatus.updated_replicas",
+    "DeploymentStatus.ready_replicas",
+    "DeploymentStatus.available_replicas",
+    "DeploymentStatus.unavailable_replicas",
+    "NodeSpec.unschedulable",
+    "PodSpec.host_network",
+    "PodSpec.host_pid",
+    "Probe.initial_delay_seconds",
+    "Probe.timeout_seconds",
+    "Probe.period_seconds",
+    "Probe.success_threshold",
+    "Probe.failure_threshold",
+    "ContainerStateTerminated.signal",
+];
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = [
         "proto/skiff/meta.proto",
@@ -85,6 +117,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         builder = builder.field_attribute(
             format!(".skiff.api.{field}"),
             "#[serde(deserialize_with = \"crate::serde_util::quantity_map\")]",
+        );
+    }
+    for field in OMIT_ZERO {
+        builder = builder.field_attribute(
+            format!(".skiff.api.{field}"),
+            "#[serde(skip_serializing_if = \"crate::serde_util::is_default\")]",
         );
     }
     let out = PathBuf::from(std::env::var("OUT_DIR")?);

@@ -52,7 +52,8 @@ pub struct DocumentError {
 }
 
 /// Strictly decodes a JSON value into `T`, reporting the path of the first bad field.
-pub fn decode<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ManifestError> {
+pub fn decode<T: DeserializeOwned>(mut value: serde_json::Value) -> Result<T, ManifestError> {
+    drop_nulls(&mut value);
     serde_path_to_error::deserialize(value).map_err(|e| {
         let mut path = e.path().to_string();
         if path == "." {
@@ -73,6 +74,20 @@ pub fn decode<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, Manife
         }
         ManifestError::new(path, message)
     })
+}
+
+/// Removes object members whose value is null, recursively: in Kubernetes' JSON a null is an
+/// unset field (kubectl sends `"creationTimestamp": null` in pod templates, and YAML's
+/// `key:` with no value is a null).
+fn drop_nulls(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            map.retain(|_, v| !v.is_null());
+            map.values_mut().for_each(drop_nulls);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(drop_nulls),
+        _ => {}
+    }
 }
 
 /// Checks `apiVersion` and `kind` of a document and returns its resource type.
@@ -227,6 +242,27 @@ spec:
   ports:
   - {port: 80, targetPort: 8080, protocol: TCP}
 "#;
+
+    /// kubectl's `rollout undo` patch carries `"creationTimestamp": null` in the template.
+    #[test]
+    fn nulls_are_unset_fields() {
+        let d: Deployment = decode(serde_json::json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "labels": null},
+            "spec": {"replicas": null, "template": {"metadata": {"creationTimestamp": null}}}
+        }))
+        .unwrap();
+        let spec = d.spec.unwrap();
+        assert_eq!(spec.replicas, None);
+        assert!(
+            spec.template
+                .unwrap()
+                .metadata
+                .unwrap()
+                .creation_timestamp
+                .is_empty()
+        );
+    }
 
     #[test]
     fn parses_a_kubernetes_manifest() {

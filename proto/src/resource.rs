@@ -180,20 +180,31 @@ resource!(Namespace, "v1", "namespaces", ["ns"], false, status,
     "status.phase" => |o| o.status.as_ref().map(|s| s.phase.clone()).unwrap_or_default());
 resource!(Node, "v1", "nodes", ["no"], false, status,
     "spec.unschedulable" => |o| o.spec.as_ref().map(|s| s.unschedulable).unwrap_or(false).to_string());
+// The field selectors are kube-apiserver's for each kind (pkg/registry/*/strategy.go).
 resource!(Pod, "v1", "pods", ["po"], true, status,
     "spec.nodeName" => |o| o.spec.as_ref().map(|s| s.node_name.clone()).unwrap_or_default(),
+    "spec.restartPolicy" => |o| o.spec.as_ref().map(|s| s.restart_policy.clone()).unwrap_or_default(),
     "spec.schedulerName" => |o| o.spec.as_ref().map(|s| s.scheduler_name.clone()).unwrap_or_default(),
+    "spec.serviceAccountName" => |o| o.spec.as_ref().map(|s| s.service_account_name.clone()).unwrap_or_default(),
+    "spec.hostNetwork" => |o| o.spec.as_ref().map(|s| s.host_network).unwrap_or(false).to_string(),
     "status.phase" => |o| o.status.as_ref().map(|s| s.phase.clone()).unwrap_or_default(),
-    "status.podIP" => |o| o.status.as_ref().map(|s| s.pod_ip.clone()).unwrap_or_default());
+    "status.podIP" => |o| o.status.as_ref().map(|s| s.pod_ip.clone()).unwrap_or_default(),
+    "status.nominatedNodeName" => |o| o.status.as_ref().map(|s| s.nominated_node_name.clone()).unwrap_or_default());
 resource!(Service, "v1", "services", ["svc"], true, status,
     "spec.type" => |o| o.spec.as_ref().map(|s| s.r#type.clone()).unwrap_or_default(),
     "spec.clusterIP" => |o| o.spec.as_ref().map(|s| s.cluster_ip.clone()).unwrap_or_default());
 resource!(Endpoints, "v1", "endpoints", ["ep"], true, no_status);
 resource!(Event, "v1", "events", ["ev"], true, no_status,
     "involvedObject.kind" => |o| o.involved_object.as_ref().map(|r| r.kind.clone()).unwrap_or_default(),
+    "involvedObject.namespace" => |o| o.involved_object.as_ref().map(|r| r.namespace.clone()).unwrap_or_default(),
     "involvedObject.name" => |o| o.involved_object.as_ref().map(|r| r.name.clone()).unwrap_or_default(),
     "involvedObject.uid" => |o| o.involved_object.as_ref().map(|r| r.uid.clone()).unwrap_or_default(),
+    "involvedObject.apiVersion" => |o| o.involved_object.as_ref().map(|r| r.api_version.clone()).unwrap_or_default(),
+    "involvedObject.resourceVersion" => |o| o.involved_object.as_ref().map(|r| r.resource_version.clone()).unwrap_or_default(),
+    "involvedObject.fieldPath" => |o| o.involved_object.as_ref().map(|r| r.field_path.clone()).unwrap_or_default(),
     "reason" => |o| o.reason.clone(),
+    "reportingComponent" => |o| o.reporting_component.clone(),
+    "source" => |o| o.source.as_ref().map(|s| s.component.clone()).unwrap_or_default(),
     "type" => |o| o.r#type.clone());
 resource!(ReplicaSet, "apps/v1", "replicasets", ["rs"], true, status);
 resource!(
@@ -317,5 +328,36 @@ mod tests {
         assert_eq!(b.field("spec.nodeName").as_deref(), Some("n1"));
         assert_eq!(b.field("metadata.name").as_deref(), Some("a"));
         assert_eq!(b.field("spec.bogus"), None);
+    }
+
+    /// The field selectors kubectl uses: `describe` asks for an object's events by
+    /// involvedObject uid, name, namespace and kind.
+    #[test]
+    fn event_fields_cover_kubectl_describe() {
+        let e = crate::api::Event {
+            involved_object: Some(crate::api::ObjectReference {
+                kind: "Deployment".into(),
+                namespace: "default".into(),
+                name: "web".into(),
+                uid: "u1".into(),
+                api_version: "apps/v1".into(),
+                ..Default::default()
+            }),
+            source: Some(crate::api::EventSource {
+                component: "deployment-controller".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        for (path, want) in [
+            ("involvedObject.uid", "u1"),
+            ("involvedObject.name", "web"),
+            ("involvedObject.namespace", "default"),
+            ("involvedObject.kind", "Deployment"),
+            ("involvedObject.apiVersion", "apps/v1"),
+            ("source", "deployment-controller"),
+        ] {
+            assert_eq!(e.field(path).as_deref(), Some(want), "{path}");
+        }
     }
 }

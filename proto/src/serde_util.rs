@@ -68,6 +68,11 @@ pub fn quantity_map<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, 
     Ok(raw.into_iter().map(|(k, v)| (k, v.into_string())).collect())
 }
 
+/// For `skip_serializing_if` on the numbers and booleans Kubernetes omits when zero.
+pub fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
+}
+
 /// Removes nulls, empty strings, empty lists and empty maps from a JSON value, recursively,
 /// the way Kubernetes omits unset (`omitempty`) fields. Numbers and booleans are kept.
 pub fn prune(value: &mut serde_json::Value) {
@@ -112,6 +117,32 @@ mod tests {
             serde_json::from_str(r#"{"maxSurge":"25%","maxUnavailable":0}"#).unwrap();
         assert_eq!(r.max_surge.as_deref(), Some("25%"));
         assert_eq!(r.max_unavailable.as_deref(), Some("0"));
+    }
+
+    #[test]
+    fn a_condition_without_observed_generation_omits_it() {
+        let mut c = crate::api::Condition {
+            r#type: "Available".into(),
+            status: "True".into(),
+            ..Default::default()
+        };
+        let v = serde_json::to_value(&c).unwrap();
+        assert!(v.get("observedGeneration").is_none(), "{v}");
+        c.observed_generation = 3;
+        assert_eq!(serde_json::to_value(&c).unwrap()["observedGeneration"], 3);
+        // Kubernetes' omitempty numbers and booleans go; its non-omitempty ones stay.
+        let spec = crate::api::PodSpec::default();
+        let v = serde_json::to_value(&spec).unwrap();
+        assert!(
+            v.get("hostNetwork").is_none() && v.get("hostPID").is_none(),
+            "{v}"
+        );
+        let st = crate::api::ContainerStatus::default();
+        let v = serde_json::to_value(&st).unwrap();
+        assert_eq!(
+            (&v["restartCount"], &v["ready"]),
+            (&serde_json::json!(0), &serde_json::json!(false))
+        );
     }
 
     #[test]

@@ -151,6 +151,51 @@ impl ApiServer {
     }
 }
 
+/// The real kubectl these machines carry (`/usr/bin/kubectl` is a version dispatcher).
+pub const KUBECTL: &str = "/usr/lib/google-cloud-sdk/bin/kubectl.1.32";
+
+impl ApiServer {
+    /// A `kubectl` command against this server: `--server` set, no kubeconfig of the
+    /// developer's, a discovery cache of its own (ports are reused between runs).
+    pub fn kubectl_cmd(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(KUBECTL);
+        cmd.arg(format!("--server={}", self.endpoint))
+            .arg(format!(
+                "--cache-dir={}",
+                self._dir.path().join("kube-cache").display()
+            ))
+            .args(args)
+            .env("KUBECONFIG", self._dir.path().join("no-kubeconfig"))
+            .env_remove("KUBE_EDITOR")
+            .env_remove("EDITOR");
+        cmd
+    }
+
+    /// Runs `kubectl ARGS` against this server and waits for it.
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        self.kubectl_cmd(args).output().expect("running kubectl")
+    }
+
+    /// Like [`ApiServer::kubectl`] but feeds `stdin` (for `-f -`).
+    pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Output {
+        use std::io::Write;
+        let mut child = self
+            .kubectl_cmd(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("running kubectl");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(stdin.as_bytes())
+            .expect("writing stdin");
+        child.wait_with_output().expect("waiting for kubectl")
+    }
+}
+
 impl Drop for ApiServer {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -44,11 +44,18 @@ pub fn subresources(info: &KindInfo) -> Vec<Subresource> {
             verbs: &["get", "patch", "update"],
             response: Some(("autoscaling", "v1", "Scale")),
         }),
-        "pods" => out.push(Subresource {
-            name: "binding",
-            verbs: &["create"],
-            response: Some(("", "v1", "Binding")),
-        }),
+        "pods" => out.extend([
+            Subresource {
+                name: "binding",
+                verbs: &["create"],
+                response: Some(("", "v1", "Binding")),
+            },
+            Subresource {
+                name: "log",
+                verbs: &["get"],
+                response: None,
+            },
+        ]),
         _ => {}
     }
     out
@@ -264,6 +271,7 @@ mod tests {
             "{names:?}"
         );
         assert!(names.contains(&"pods/binding"));
+        assert!(names.contains(&"pods/log"));
         let apps = resource_list(&i, "apps", "v1").expect("apps/v1");
         let scale = apps["resources"]
             .as_array()

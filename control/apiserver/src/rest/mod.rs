@@ -15,12 +15,14 @@
 //!   (`?watch=true`, newline-delimited events, bookmarks, `timeoutSeconds`), create, update,
 //!   patch (JSON patch, merge patch, strategic merge patch), delete (DeleteOptions),
 //!   deletecollection, `dryRun=All`, `fieldValidation=Strict|Warn|Ignore`;
-//! - subresources: `status`, `scale` (as `autoscaling/v1` Scale), `pods/binding`;
+//! - subresources: `status`, `scale` (as `autoscaling/v1` Scale), `pods/binding`, and
+//!   `pods/log` proxied to the pod's node agent ([`node_proxy`]);
 //! - answers as JSON, YAML (`Accept: application/yaml`) or a `meta.k8s.io/v1` Table
 //!   (`;as=Table`); errors as `Status` objects with Kubernetes' codes and reasons;
 //! - `/openapi/v3` and each group-version's document ([`openapi`]), generated from the types.
 
 mod discovery;
+mod node_proxy;
 mod objects;
 mod openapi;
 mod patch;
@@ -349,3 +351,6 @@ mod tests {
         assert!(Query::parse(Some("watch=1")).flag("watch"));
     }
 }
+
+#[cfg(test)]
+mod http_tests;

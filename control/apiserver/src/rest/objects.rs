@@ -343,6 +343,9 @@ pub(crate) async fn serve(
         (&Method::POST, Some(_), Some("binding")) if info.plural == "pods" => {
             bind(&call, &body).await
         }
+        (&Method::GET, Some(_), Some("log")) if info.plural == "pods" => {
+            super::node_proxy::log(rest, &call).await
+        }
         (_, Some(_), Some(_)) => return not_found(),
         _ => {
             return plain_failure(
