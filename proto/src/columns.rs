@@ -55,7 +55,7 @@ pub fn headers(kind: &str, wide: bool) -> Vec<String> {
         ),
         "Pod" => (
             &["NAME", "READY", "STATUS", "RESTARTS", "AGE"],
-            &["IP", "NODE", "NOMINATED NODE"],
+            &["IP", "NODE", "NOMINATED NODE", "READINESS GATES"],
         ),
         "Service" => (
             &[
@@ -173,6 +173,8 @@ pub fn cells(kind: &str, obj: &Value, wide: bool, now: DateTime<Utc>) -> Vec<Str
                     none_if_empty(st.pod_ip),
                     none_if_empty(node),
                     none_if_empty(st.nominated_node_name),
+                    // Skiff has no readiness gates (spec.readinessGates) yet.
+                    "<none>".to_string(),
                 ]);
             }
             c
