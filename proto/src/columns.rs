@@ -688,9 +688,11 @@ mod tests {
                 "45s",
                 "10.0.0.5",
                 "n1",
+                "<none>",
                 "<none>"
             ]
         );
+        assert_eq!(headers("Pod", true).len(), 9);
         assert_eq!(
             headers("Pod", false).len(),
             cells("Pod", &pod, false, now()).len()
