@@ -397,6 +397,30 @@ async fn kubectl_manages_workloads_as_on_a_kubernetes_cluster() {
     let _ = follow.kill();
     let _ = follow.wait();
 
+    // exec: stdout, stderr and the exit code come back as kubectl reports them.
+    assert_eq!(
+        ok(s, &["exec", &pod, "--", "echo", "hi from exec"]),
+        "hi from exec\n"
+    );
+    let out = s.kubectl(&[
+        "exec",
+        &pod,
+        "-c",
+        "app",
+        "--",
+        "sh",
+        "-c",
+        "echo out; echo err >&2; exit 3",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{stdout}{stderr}");
+    assert_eq!(stdout, "out\n");
+    assert!(stderr.starts_with("err\n"), "{stderr}");
+    assert!(
+        stderr.contains("command terminated with exit code 3"),
+        "{stderr}"
+    );
+
     // explain reads the OpenAPI document.
     let explain = ok(s, &["explain", "deployment.spec.replicas"]);
     assert!(explain.contains("FIELD: replicas <integer>"), "{explain}");

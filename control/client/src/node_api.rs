@@ -1,4 +1,4 @@
-//! The node agent's read-only HTTP API: container logs and resource stats.
+//! The node agent's HTTP API: container logs, resource stats, and exec.
 //!
 //! Every node agent (`skiff-node run`) serves, on loopback by default:
 //!
@@ -6,6 +6,9 @@
 //!   container's output, one line per line it printed (`timestamps=true` prefixes each with
 //!   its RFC 3339 time); `follow=true` keeps streaming new lines until the client goes away.
 //! - `GET /stats/summary`: a [`StatsSummary`] as JSON.
+//! - `POST /exec/{namespace}/{pod}/{container}`: an [`ExecRequest`] runs a command in the
+//!   container to completion; the answer is an [`ExecResult`] (exit code, output). The API
+//!   server's `pods/exec` uses it ([`AgentEndpoint::exec`]).
 //! - `GET /bpf/services`, `GET /bpf/backends`: the node's Service load balancer maps
 //!   ([`BpfServices`], [`BpfBackends`]), with per-backend connection counters;
 //!   `GET /bpf/pods`: the pod fast path's endpoints and counters ([`BpfPods`]);
@@ -29,7 +32,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
@@ -42,6 +45,33 @@ use crate::{Client, ClientError};
 
 /// Path prefix of the logs endpoint.
 pub const LOGS_PATH: &str = "/logs";
+/// Path prefix of the exec endpoint.
+pub const EXEC_PATH: &str = "/exec";
+/// Largest exec answer read (the output of a command, base64 in JSON).
+const MAX_EXEC_OUTPUT: usize = 64 * 1024 * 1024;
+
+/// `POST /exec/{namespace}/{pod}/{container}`: what to run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecRequest {
+    /// The argv; the first word is looked up in the container's PATH.
+    pub command: Vec<String>,
+    /// Killed after this long (default 300 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u64>,
+}
+
+/// What an exec did: its exit code (`128 + signal` when killed) and its output.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecResult {
+    pub exit_code: i32,
+    /// Base64 of the bytes written to stdout.
+    pub stdout: String,
+    /// Base64 of the bytes written to stderr.
+    pub stderr: String,
+}
+
 /// Path of the stats endpoint.
 pub const STATS_SUMMARY_PATH: &str = "/stats/summary";
 /// Paths of the load balancer map dumps.
@@ -525,6 +555,30 @@ impl AgentEndpoint {
         Ok(body.boxed())
     }
 
+    /// `POST /exec/{namespace}/{pod}/{container}`: runs `req.command` in the container to
+    /// completion and returns its exit code and output.
+    pub async fn exec(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+        req: &ExecRequest,
+    ) -> Result<ExecResult, NodeApiError> {
+        let path = format!(
+            "{EXEC_PATH}/{}/{}/{}",
+            segment(namespace),
+            segment(pod),
+            segment(container)
+        );
+        let body = serde_json::to_vec(req)
+            .map_err(|e| self.protocol(format!("encoding the exec request: {e}")))?;
+        let resp = self
+            .send(hyper::Method::POST, &path, Bytes::from(body))
+            .await?;
+        let body = self.read_body(resp, MAX_EXEC_OUTPUT).await?;
+        serde_json::from_slice(&body).map_err(|e| self.protocol(format!("{path}: {e}")))
+    }
+
     fn protocol(&self, reason: String) -> NodeApiError {
         NodeApiError::Protocol {
             node: self.node.clone(),
@@ -535,6 +589,17 @@ impl AgentEndpoint {
     /// Sends `GET path` on a new connection; a non-2xx answer becomes
     /// [`NodeApiError::Status`] with the body as message.
     async fn get(&self, path: &str) -> Result<Response<Incoming>, NodeApiError> {
+        self.send(hyper::Method::GET, path, Bytes::new()).await
+    }
+
+    /// Sends `METHOD path` with `body` (JSON when not empty) on a new connection; a non-2xx
+    /// answer becomes [`NodeApiError::Status`] with the body as message.
+    async fn send(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        body: Bytes,
+    ) -> Result<Response<Incoming>, NodeApiError> {
         let unreachable = |reason: String| NodeApiError::Unreachable {
             node: self.node.clone(),
             addr: self.addr,
@@ -554,14 +619,20 @@ impl AgentEndpoint {
                 tracing::debug!(error = %e, "node agent connection");
             }
         });
-        let req = Request::get(path)
-            .header(hyper::header::HOST, self.addr.to_string())
-            .body(Empty::<Bytes>::new())
+        let mut req = Request::builder()
+            .method(method.clone())
+            .uri(path)
+            .header(hyper::header::HOST, self.addr.to_string());
+        if !body.is_empty() {
+            req = req.header(hyper::header::CONTENT_TYPE, "application/json");
+        }
+        let req = req
+            .body(http_body_util::Full::new(body))
             .map_err(|e| self.protocol(format!("building the request for {path}: {e}")))?;
         let resp = sender
             .send_request(req)
             .await
-            .map_err(|e| self.protocol(format!("GET {path}: {e}")))?;
+            .map_err(|e| self.protocol(format!("{method} {path}: {e}")))?;
         let status = resp.status();
         if status.is_success() {
             return Ok(resp);

@@ -1,4 +1,4 @@
-//! The agent's small read-only HTTP API, served on loopback by default (`--api-listen`), its
+//! The agent's small HTTP API, served on loopback by default (`--api-listen`), its
 //! port published in the Node's `status.daemonEndpoints.kubeletEndpoint.Port`:
 //!
 //! - `GET /logs/{namespace}/{pod}/{container}?tail=N&follow=true&timestamps=true`: the
@@ -6,6 +6,8 @@
 //!   of the log records stripped; `timestamps=true` keeps the time). `tail=N` gives the last
 //!   N lines across the rotated files; `follow=true` then streams new lines (the file is
 //!   polled every 200 ms) until the client disconnects or the pod is gone.
+//! - `POST /exec/{namespace}/{pod}/{container}`: runs an `ExecRequest`'s command in the
+//!   container to completion; answers an `ExecResult` (exit code, base64 output).
 //! - `GET /stats/summary`: JSON [`StatsSummary`]: per pod the CPU time of its cgroup and the
 //!   traffic the eBPF accounting counted for its containers' cgroups.
 //! - `GET /bpf/services`, `GET /bpf/backends`: JSON of the Service load balancer's maps
@@ -48,9 +50,11 @@ use axum::body::Body;
 use axum::extract::{Path as UrlPath, RawQuery, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use bytes::Bytes;
-use skiff_client::node_api::{BpfPod, BpfPods, LogOptions, NetworkStats, PodStats, StatsSummary};
+use skiff_client::node_api::{
+    BpfPod, BpfPods, ExecRequest, ExecResult, LogOptions, NetworkStats, PodStats, StatsSummary,
+};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
@@ -165,6 +169,7 @@ fn router(state: ApiState) -> Router {
     Router::new()
         .route("/logs/{namespace}/{pod}/{container}", get(logs))
         .route("/stats/summary", get(stats_summary))
+        .route("/exec/{namespace}/{pod}/{container}", post(exec))
         .with_state(state)
         .merge(bpf)
         .merge(metrics)
@@ -172,7 +177,7 @@ fn router(state: ApiState) -> Router {
             error(
                 StatusCode::NOT_FOUND,
                 "no such endpoint; the agent serves GET /logs/{namespace}/{pod}/{container}, \
-                 GET /stats/summary, GET /bpf/services, GET /bpf/backends, GET /bpf/pods, \
+                 POST /exec/{namespace}/{pod}/{container}, GET /stats/summary, GET /bpf/services, GET /bpf/backends, GET /bpf/pods, \
                  GET /bpf/conntrack and GET /metrics"
                     .into(),
             )
@@ -259,6 +264,79 @@ pub(crate) fn serve(
             warn!(error = %e, "agent API server stopped");
         }
     })
+}
+
+/// Longest an exec may run when the request names no timeout.
+const EXEC_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// `POST /exec/{namespace}/{pod}/{container}`: runs the command in the container (its
+/// namespaces and cgroup, as a probe's exec) to completion.
+async fn exec(
+    State(st): State<ApiState>,
+    UrlPath((namespace, pod, container)): UrlPath<(String, String, String)>,
+    body: Bytes,
+) -> Response {
+    use base64::Engine as _;
+    let req: ExecRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("exec request: {e}")),
+    };
+    if req.command.is_empty() {
+        return error(StatusCode::BAD_REQUEST, "exec: empty command".into());
+    }
+    let Some(info) = st.ctx.pods.find(&namespace, &pod) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("pod {namespace}/{pod} is not running on node {}", st.node),
+        );
+    };
+    if !info.containers.contains(&container) {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "pod {namespace}/{pod} has no container {container:?} (containers: {})",
+                info.containers.join(", ")
+            ),
+        );
+    }
+    let Some(sandbox) = info.sandbox else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("pod {namespace}/{pod} has no sandbox yet: it is not running"),
+        );
+    };
+    let timeout = req
+        .timeout_seconds
+        .map(Duration::from_secs)
+        .unwrap_or(EXEC_TIMEOUT);
+    // The command itself is not logged: it may carry secrets.
+    debug!(pod = %format!("{namespace}/{pod}"), %container, "exec");
+    match st
+        .ctx
+        .runtime
+        .exec(&sandbox, &container, &req.command, timeout)
+        .await
+    {
+        Ok(out) => {
+            let b64 = base64::engine::general_purpose::STANDARD;
+            let result = ExecResult {
+                exit_code: out.exit_code,
+                stdout: b64.encode(&out.stdout),
+                stderr: b64.encode(&out.stderr),
+            };
+            match serde_json::to_vec(&result) {
+                Ok(json) => (
+                    StatusCode::OK,
+                    [(header::CONTENT_TYPE, "application/json")],
+                    json,
+                )
+                    .into_response(),
+                Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+            }
+        }
+        Err(skiff_runtime::RuntimeError::InvalidSpec(m)) => error(StatusCode::BAD_REQUEST, m),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
 }
 
 fn error(status: StatusCode, message: String) -> Response {

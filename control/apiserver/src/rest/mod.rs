@@ -16,7 +16,8 @@
 //!   patch (JSON patch, merge patch, strategic merge patch), delete (DeleteOptions),
 //!   deletecollection, `dryRun=All`, `fieldValidation=Strict|Warn|Ignore`;
 //! - subresources: `status`, `scale` (as `autoscaling/v1` Scale), `pods/binding`, and
-//!   `pods/log` proxied to the pod's node agent ([`node_proxy`]);
+//!   `pods/log` and `pods/exec` (WebSocket, `v5.channel.k8s.io`) through the pod's node agent
+//!   ([`node_proxy`]);
 //! - answers as JSON, YAML (`Accept: application/yaml`) or a `meta.k8s.io/v1` Table
 //!   (`;as=Table`); errors as `Status` objects with Kubernetes' codes and reasons;
 //! - `/openapi/v3` and each group-version's document ([`openapi`]), generated from the types.
@@ -78,6 +79,15 @@ impl Query {
             .rev()
             .find(|(k, _)| k == key)
             .map(|(_, v)| v.as_str())
+    }
+
+    /// Every value of a repeated parameter (`command=a&command=b`), in order.
+    pub fn all(&self, key: &str) -> Vec<&str> {
+        self.0
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+            .collect()
     }
 
     pub fn flag(&self, key: &str) -> bool {
@@ -252,6 +262,14 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
                 Some(doc) => respond(200, &doc, Format::Json, &[]),
                 None => not_found(),
             }
+        }
+        Target::Resource(p)
+            if p.resource == "pods"
+                && p.group.is_empty()
+                && p.subresource.as_deref() == Some("exec")
+                && matches!(parts.method, Method::GET | Method::POST) =>
+        {
+            node_proxy::exec(&rest, parts, p, query).await
         }
         Target::Resource(p) => {
             let body = match read_body(body).await {
