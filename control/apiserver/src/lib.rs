@@ -40,6 +40,9 @@ mod cache;
 pub mod error;
 pub mod registry;
 mod rest;
+/// The REST request decoders for `cargo fuzz` (feature `fuzzing`).
+#[cfg(feature = "fuzzing")]
+pub use rest::fuzzing;
 mod service;
 pub mod strategy;
 pub mod validation;

@@ -69,7 +69,7 @@ pub(crate) fn router(registry: Arc<Registry>) -> axum::Router {
 pub(crate) struct Query(Vec<(String, String)>);
 
 impl Query {
-    fn parse(raw: Option<&str>) -> Query {
+    pub(crate) fn parse(raw: Option<&str>) -> Query {
         Query(serde_urlencoded::from_str(raw.unwrap_or("")).unwrap_or_default())
     }
 
@@ -372,3 +372,6 @@ mod tests {
 
 #[cfg(test)]
 mod http_tests;
+
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;

@@ -27,7 +27,7 @@ pub(crate) enum FieldValidation {
 }
 
 impl FieldValidation {
-    fn parse(q: &Query) -> Result<Self, ApiError> {
+    pub(crate) fn parse(q: &Query) -> Result<Self, ApiError> {
         match q.get("fieldValidation") {
             None | Some("" | "Warn") => Ok(FieldValidation::Warn),
             Some("Strict") => Ok(FieldValidation::Strict),
@@ -370,7 +370,7 @@ async fn get(call: &Call<'_>) -> Result<Response, ApiError> {
 
 /// A `continue` token: the list's revision and the last key returned.
 #[derive(Debug, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
-struct Continue {
+pub(crate) struct Continue {
     rv: i64,
     start: String,
 }
@@ -380,7 +380,7 @@ fn encode_continue(c: &Continue) -> String {
         .encode(serde_json::to_vec(c).unwrap_or_default())
 }
 
-fn decode_continue(token: &str) -> Result<Continue, ApiError> {
+pub(crate) fn decode_continue(token: &str) -> Result<Continue, ApiError> {
     base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(token)
         .ok()
