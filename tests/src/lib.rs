@@ -123,21 +123,7 @@ impl ApiServer {
 
     /// Like [`ApiServer::skiff`] but feeds `stdin`.
     pub fn skiff_stdin(&self, args: &[&str], stdin: &str) -> Output {
-        use std::io::Write;
-        let mut child = self
-            .skiff_cmd(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("running skiff");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(stdin.as_bytes())
-            .expect("writing stdin");
-        child.wait_with_output().expect("waiting for skiff")
+        run_with_stdin(self.skiff_cmd(args), stdin)
     }
 
     /// A `skiff` command with the server address set, for tests that stream its output.
@@ -149,6 +135,24 @@ impl ApiServer {
         cmd.env_remove("SKIFF_SERVER");
         cmd
     }
+}
+
+/// Runs `cmd` with `stdin` fed to it and waits for it.
+fn run_with_stdin(mut cmd: Command, stdin: &str) -> Output {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("running {:?}: {e}", cmd.get_program()));
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("writing stdin");
+    child.wait_with_output().expect("waiting for the command")
 }
 
 /// The real kubectl these machines carry (`/usr/bin/kubectl` is a version dispatcher).
@@ -178,21 +182,7 @@ impl ApiServer {
 
     /// Like [`ApiServer::kubectl`] but feeds `stdin` (for `-f -`).
     pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Output {
-        use std::io::Write;
-        let mut child = self
-            .kubectl_cmd(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("running kubectl");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(stdin.as_bytes())
-            .expect("writing stdin");
-        child.wait_with_output().expect("waiting for kubectl")
+        run_with_stdin(self.kubectl_cmd(args), stdin)
     }
 }
 

@@ -284,21 +284,10 @@ async fn exec(
     if req.command.is_empty() {
         return error(StatusCode::BAD_REQUEST, "exec: empty command".into());
     }
-    let Some(info) = st.ctx.pods.find(&namespace, &pod) else {
-        return error(
-            StatusCode::NOT_FOUND,
-            format!("pod {namespace}/{pod} is not running on node {}", st.node),
-        );
+    let info = match find_container(&st, &namespace, &pod, &container) {
+        Ok(info) => info,
+        Err(resp) => return *resp,
     };
-    if !info.containers.contains(&container) {
-        return error(
-            StatusCode::NOT_FOUND,
-            format!(
-                "pod {namespace}/{pod} has no container {container:?} (containers: {})",
-                info.containers.join(", ")
-            ),
-        );
-    }
     let Some(sandbox) = info.sandbox else {
         return error(
             StatusCode::BAD_REQUEST,
@@ -339,6 +328,31 @@ async fn exec(
     }
 }
 
+/// The pod `namespace/pod` of this node, if it has `container`; else the 404 to answer.
+fn find_container(
+    st: &ApiState,
+    namespace: &str,
+    pod: &str,
+    container: &str,
+) -> Result<PodInfo, Box<Response>> {
+    let Some(info) = st.ctx.pods.find(namespace, pod) else {
+        return Err(Box::new(error(
+            StatusCode::NOT_FOUND,
+            format!("pod {namespace}/{pod} is not running on node {}", st.node),
+        )));
+    };
+    if !info.containers.iter().any(|c| c == container) {
+        return Err(Box::new(error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "pod {namespace}/{pod} has no container {container:?} (containers: {})",
+                info.containers.join(", ")
+            ),
+        )));
+    }
+    Ok(info)
+}
+
 fn error(status: StatusCode, message: String) -> Response {
     (
         status,
@@ -357,21 +371,10 @@ async fn logs(
         Ok(q) => q,
         Err(msg) => return error(StatusCode::BAD_REQUEST, msg),
     };
-    let Some(info) = st.ctx.pods.find(&namespace, &pod) else {
-        return error(
-            StatusCode::NOT_FOUND,
-            format!("pod {namespace}/{pod} is not running on node {}", st.node),
-        );
+    let info = match find_container(&st, &namespace, &pod, &container) {
+        Ok(info) => info,
+        Err(resp) => return *resp,
     };
-    if !info.containers.contains(&container) {
-        return error(
-            StatusCode::NOT_FOUND,
-            format!(
-                "pod {namespace}/{pod} has no container {container:?} (containers: {})",
-                info.containers.join(", ")
-            ),
-        );
-    }
     let reader = LogReader::new(st.ctx.runtime.log_path(&info.uid, &container), q.timestamps);
     if !reader.exists() && !q.follow {
         return error(
