@@ -214,6 +214,16 @@ pub const CHECKS: &[Check] = &[
         run: check_kubectl,
     },
     Check {
+        name: "disk",
+        what: "free space where the build goes (a clean build and test run needs 20 GiB)",
+        fixes: &[Fix::Manual(
+            "free space on that filesystem (`cargo clean` in old checkouts and worktrees \
+             removes their target directories), or point CARGO_TARGET_DIR at a larger one",
+        )],
+        needs_root: false,
+        run: check_disk,
+    },
+    Check {
         name: "font",
         what: "a TTF for the benchmark charts",
         fixes: &[Fix::Apt("fonts-dejavu-core")],
@@ -925,6 +935,74 @@ fn check_kubectl(ctx: &Context) -> Verdict {
     }
 }
 
+/// Free space a clean `cargo xtask test` needs in the target directory, in GiB: measured
+/// from a clean clone with `CARGO_INCREMENTAL=0` as CI runs it (see the doctor's `disk`
+/// check), plus headroom for the test tier's own scratch files. CI once died with
+/// "No space left on device" linking the agent, after 1 m 37 s of the test tier.
+pub const DISK_NEEDED_GIB: u64 = 20;
+
+/// Where cargo writes: `$CARGO_TARGET_DIR`, else `<repo>/target`; the nearest existing
+/// ancestor, since a fresh clone has no target directory yet.
+fn build_dir() -> PathBuf {
+    let mut dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| util::repo_root().join("target"));
+    while !dir.exists() {
+        match dir.parent() {
+            Some(parent) => dir = parent.to_path_buf(),
+            None => break,
+        }
+    }
+    dir
+}
+
+/// The "Available" column of `df -Pk` (POSIX format), in KiB.
+pub fn parse_df_available_kib(output: &str) -> Option<u64> {
+    let mut lines = output.lines();
+    let header = lines.next()?;
+    let col = header
+        .split_whitespace()
+        .position(|h| h.eq_ignore_ascii_case("available"))?;
+    // A long device name can wrap the data line in non-POSIX dfs; -P forbids that, but
+    // join the rest anyway so the column count holds.
+    let data: Vec<&str> = lines.flat_map(str::split_whitespace).collect();
+    data.get(col)?.parse().ok()
+}
+
+fn check_disk(ctx: &Context) -> Verdict {
+    let dir = build_dir();
+    let fix = CHECKS
+        .iter()
+        .find(|c| c.name == "disk")
+        .map(|c| c.fixes[0])
+        .unwrap_or(Fix::Manual("free disk space"));
+    let dir_arg = dir.to_string_lossy().into_owned();
+    let out = match run_ok(ctx, "df", &["-Pk", &dir_arg]) {
+        Ok(out) => out,
+        Err(why) => return fail(why, fix),
+    };
+    let Some(kib) = parse_df_available_kib(&String::from_utf8_lossy(&out.stdout)) else {
+        return fail(format!("could not read `df -Pk {dir_arg}`"), fix);
+    };
+    disk_verdict(&dir_arg, kib, fix)
+}
+
+/// The verdict for `kib` free at `dir`.
+pub fn disk_verdict(dir: &str, kib: u64, fix: Fix) -> Verdict {
+    let gib = kib as f64 / (1024.0 * 1024.0);
+    if kib < DISK_NEEDED_GIB * 1024 * 1024 {
+        fail(
+            format!(
+                "{gib:.1} GiB free at {dir}; a clean build and test run needs about \
+                 {DISK_NEEDED_GIB} GiB"
+            ),
+            fix,
+        )
+    } else {
+        Verdict::Ok(format!("{gib:.1} GiB free at {dir}"))
+    }
+}
+
 fn check_font(_ctx: &Context) -> Verdict {
     match std::fs::read(FONT) {
         Ok(bytes) if bytes.starts_with(&[0, 1, 0, 0]) || bytes.starts_with(b"true") => {
@@ -1043,6 +1121,35 @@ mod tests {
                 fix: Fix::Apt("x")
             }
         );
+    }
+
+    #[test]
+    fn df_available_column_is_read() {
+        let out = "Filesystem     1024-blocks     Used Available Capacity Mounted on\n\
+                   /dev/vda         264082764 19922944  76532448      21% /\n";
+        assert_eq!(parse_df_available_kib(out), Some(76532448));
+        assert_eq!(parse_df_available_kib("garbage"), None);
+        assert_eq!(parse_df_available_kib(""), None);
+    }
+
+    #[test]
+    fn too_little_disk_is_one_line_naming_the_space() {
+        let fix = Fix::Manual("free space");
+        let low = disk_verdict("/x/target", 5 * 1024 * 1024, fix);
+        let Verdict::Fail { why, .. } = &low else {
+            panic!("5 GiB passed: {low:?}")
+        };
+        assert!(why.contains("5.0 GiB free at /x/target"), "{why}");
+        assert!(why.contains(&format!("{DISK_NEEDED_GIB} GiB")), "{why}");
+        assert!(matches!(
+            disk_verdict("/x", (DISK_NEEDED_GIB + 1) * 1024 * 1024, fix),
+            Verdict::Ok(_)
+        ));
+        let disk = CHECKS
+            .iter()
+            .find(|c| c.name == "disk")
+            .expect("disk check");
+        assert!(disk.what.contains(&format!("{DISK_NEEDED_GIB} GiB")));
     }
 
     #[test]
