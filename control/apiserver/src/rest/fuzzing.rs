@@ -1,15 +1,17 @@
 //! The REST API's request decoders on arbitrary input, for `cargo fuzz`
 //! (`control/apiserver/fuzz`, target `rest_decoders`) and a unit test: paths, query
-//! parameters (selectors, continue tokens, dryRun, fieldValidation), Accept headers, bodies
-//! in JSON and YAML strictly decoded as each kind, and the three patch types applied to a
-//! live object. None of them may panic, whatever the bytes; everything they refuse is an
-//! `ApiError` (a 4xx). No store is involved.
+//! parameters (selectors, continue tokens, dryRun, fieldValidation, list and watch options),
+//! Accept headers, bodies in JSON and YAML strictly decoded as each kind, and the three patch
+//! types applied to a live object. None of them may panic, whatever the bytes; everything
+//! they refuse is an `ApiError` (a 4xx). No store is involved.
 
 use axum::http::{HeaderMap, HeaderValue, header};
 use serde_json::{Value, json};
 use skiff_api::kinds;
 
-use super::objects::{FieldValidation, decode_continue, dry_run, encode_with, parse_body};
+use super::objects::{
+    FieldValidation, decode_continue, dry_run, encode_with, parse_body, validate_list_options,
+};
 use super::patch::{PatchType, apply};
 use super::{Query, negotiate, path};
 
@@ -41,6 +43,8 @@ fn query(text: &str) {
     let q = Query::parse(Some(text));
     let _ = FieldValidation::parse(&q);
     let _ = dry_run(q.get("dryRun"));
+    let _ = validate_list_options(&q);
+    let _ = super::watch::send_initial_events(&q);
     if let Some(c) = q.get("continue") {
         let _ = decode_continue(c);
     }

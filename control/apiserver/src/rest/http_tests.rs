@@ -86,6 +86,55 @@ impl App {
         self.call("GET", uri, "", Vec::new()).await
     }
 
+    /// A GET with an Accept header.
+    async fn get_as(&self, uri: &str, accept: &str) -> Answer {
+        let req = Request::builder()
+            .uri(uri)
+            .header("accept", accept)
+            .body(Body::empty())
+            .unwrap();
+        let resp = self.router.clone().oneshot(req).await.unwrap();
+        let code = resp.status().as_u16();
+        let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        Answer {
+            code,
+            content_type: String::new(),
+            body: serde_json::from_str(&text).unwrap_or(Value::Null),
+            text,
+        }
+    }
+
+    /// The first `n` events of a watch (`uri` has `watch=true`), with the Accept header
+    /// `accept`; fails after 10 s.
+    async fn watch_events(&self, uri: &str, accept: &str, n: usize) -> Vec<Value> {
+        use futures::StreamExt as _;
+        let req = Request::builder()
+            .uri(uri)
+            .header("accept", accept)
+            .body(Body::empty())
+            .unwrap();
+        let resp = self.router.clone().oneshot(req).await.unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        let mut body = resp.into_body().into_data_stream();
+        let mut buf = String::new();
+        let read = async {
+            while buf.lines().count() < n {
+                let chunk = body.next().await.expect("watch ended").unwrap();
+                buf.push_str(&String::from_utf8_lossy(&chunk));
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(10), read)
+            .await
+            .unwrap_or_else(|_| panic!("fewer than {n} events: {buf}"));
+        buf.lines()
+            .take(n)
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
     async fn lease_names(&self) -> Vec<String> {
         let list = self.get(LEASES).await;
         assert_eq!(list.code, 200, "{}", list.text);
@@ -371,4 +420,304 @@ async fn lists_paginate_and_refuse_bad_tokens_and_selectors() {
     // A label selector that does not parse.
     let bad_selector = app.get(&format!("{LEASES}?labelSelector=a%20in%20(")).await;
     assert_status(&bad_selector, 400, "BadRequest");
+
+    // List options kube-apiserver refuses: 422 on ListOptions.meta.k8s.io, with its text.
+    for (query, message) in [
+        (
+            "resourceVersionMatch=NotOlderThan",
+            "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless \
+             resourceVersion is provided",
+        ),
+        (
+            "resourceVersion=0&resourceVersionMatch=Exact",
+            "resourceVersionMatch: Forbidden: resourceVersionMatch \"exact\" is forbidden for \
+             resourceVersion \"0\"",
+        ),
+        (
+            "resourceVersion=1&resourceVersionMatch=Newest",
+            "resourceVersionMatch: Unsupported value: \"Newest\": supported values: \
+             \"Exact\", \"NotOlderThan\", \"\"",
+        ),
+        (
+            "sendInitialEvents=true",
+            "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for list",
+        ),
+    ] {
+        let a = app.get(&format!("{LEASES}?{query}")).await;
+        assert_status(&a, 422, "Invalid");
+        assert_eq!(
+            a.body["message"],
+            format!("ListOptions.meta.k8s.io \"\" is invalid: {message}"),
+            "{query}"
+        );
+    }
+    let first = app.get(&format!("{LEASES}?limit=2")).await;
+    let token = first.body["metadata"]["continue"].as_str().unwrap();
+    let both = app
+        .get(&format!(
+            "{LEASES}?limit=2&continue={token}&resourceVersion=5"
+        ))
+        .await;
+    assert_status(&both, 400, "BadRequest");
+    assert_eq!(
+        both.body["message"],
+        "specifying resource version is not allowed when using continue"
+    );
+    // resourceVersion "0" beside a continue token is allowed, as kube-apiserver allows it.
+    let zero = app
+        .get(&format!(
+            "{LEASES}?limit=2&continue={token}&resourceVersion=0"
+        ))
+        .await;
+    assert_eq!(zero.code, 200, "{}", zero.text);
+}
+
+const PARTIAL: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
+const PARTIAL_LIST: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1";
+
+#[tokio::test]
+async fn metadata_only_answers_as_kube_apiserver_converts_them() {
+    let app = app().await;
+    let mut labelled = lease("one");
+    labelled["metadata"]["labels"] = json!({"app": "a"});
+    assert_eq!(app.json("POST", LEASES, &labelled).await.code, 201);
+    assert_eq!(app.json("POST", LEASES, &lease("two")).await.code, 201);
+
+    let one = app.get_as(&format!("{LEASES}/one"), PARTIAL).await;
+    assert_eq!(one.code, 200, "{}", one.text);
+    assert_eq!(one.body["kind"], "PartialObjectMetadata");
+    assert_eq!(one.body["apiVersion"], "meta.k8s.io/v1");
+    assert_eq!(one.body["metadata"]["labels"]["app"], "a");
+    assert!(one.body["metadata"]["uid"].is_string());
+    assert!(one.body.get("spec").is_none(), "{}", one.text);
+
+    let list = app.get_as(&format!("{LEASES}?limit=1"), PARTIAL_LIST).await;
+    assert_eq!(list.code, 200, "{}", list.text);
+    assert_eq!(list.body["kind"], "PartialObjectMetadataList");
+    assert_eq!(list.body["apiVersion"], "meta.k8s.io/v1");
+    assert!(
+        list.body["metadata"]["continue"].is_string(),
+        "{}",
+        list.text
+    );
+    assert_eq!(list.body["metadata"]["remainingItemCount"], 1);
+    assert_eq!(list.body["items"][0]["kind"], "PartialObjectMetadata");
+    assert_eq!(list.body["items"][0]["apiVersion"], "meta.k8s.io/v1");
+    assert_eq!(list.body["items"][0]["metadata"]["name"], "one");
+    assert!(list.body["items"][0].get("spec").is_none());
+
+    // v1beta1 too, with client-go's protobuf-first header.
+    let beta = app
+        .get_as(
+            LEASES,
+            "application/vnd.kubernetes.protobuf;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1beta1,application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1beta1,application/json",
+        )
+        .await;
+    assert_eq!(
+        beta.body["apiVersion"], "meta.k8s.io/v1beta1",
+        "{}",
+        beta.text
+    );
+
+    // The object form for a list and the list form for an object: 406, kube-apiserver's text.
+    let wrong = app.get_as(LEASES, PARTIAL).await;
+    assert_status(&wrong, 406, "NotAcceptable");
+    assert_eq!(
+        wrong.body["message"],
+        "you requested PartialObjectMetadata, but the requested object is a list \
+         (*coordination.LeaseList)"
+    );
+    let wrong = app.get_as(&format!("{LEASES}/one"), PARTIAL_LIST).await;
+    assert_status(&wrong, 406, "NotAcceptable");
+    assert_eq!(
+        wrong.body["message"],
+        "you requested PartialObjectMetadataList, but the requested object is not a list \
+         (*coordination.Lease)"
+    );
+    // A conversion Skiff does not serve, with no fallback.
+    let widget = app
+        .get_as(LEASES, "application/json;as=Widget;g=meta.k8s.io;v=v1")
+        .await;
+    assert_status(&widget, 406, "NotAcceptable");
+
+    // A metadata watch: each object and the bookmarks as PartialObjectMetadata.
+    let events = app
+        .watch_events(
+            &format!(
+                "{LEASES}?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true"
+            ),
+            PARTIAL,
+            3,
+        )
+        .await;
+    for ev in &events {
+        assert_eq!(ev["object"]["kind"], "PartialObjectMetadata", "{ev}");
+        assert!(ev["object"].get("spec").is_none(), "{ev}");
+    }
+    assert_eq!(events[2]["type"], "BOOKMARK");
+}
+
+#[tokio::test]
+async fn watches_stream_initial_events_then_the_end_bookmark() {
+    let app = app().await;
+    for name in ["a", "b", "c"] {
+        assert_eq!(app.json("POST", LEASES, &lease(name)).await.code, 201);
+    }
+    let list = app.get(LEASES).await;
+    let revision = list.body["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let streaming = "watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan\
+                     &allowWatchBookmarks=true";
+    // From "" (a consistent read), "0" (any) and a revision the client saw: the same.
+    for rv in [
+        "",
+        "&resourceVersion=0",
+        &format!("&resourceVersion={revision}"),
+    ] {
+        let events = app
+            .watch_events(&format!("{LEASES}?{streaming}{rv}"), "application/json", 4)
+            .await;
+        let names: Vec<&str> = events[..3]
+            .iter()
+            .map(|e| {
+                assert_eq!(e["type"], "ADDED", "{e}");
+                e["object"]["metadata"]["name"].as_str().unwrap()
+            })
+            .collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        let end = &events[3];
+        assert_eq!(end["type"], "BOOKMARK", "{end}");
+        assert_eq!(end["object"]["kind"], "Lease");
+        assert_eq!(end["object"]["apiVersion"], "coordination.k8s.io/v1");
+        assert_eq!(
+            end["object"]["metadata"]["resourceVersion"],
+            revision.as_str()
+        );
+        assert_eq!(
+            end["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+            "true"
+        );
+    }
+    // With a selector only the matching objects; then the changes after the bookmark.
+    let uri = format!("{LEASES}?{streaming}&fieldSelector=metadata.name%3Db");
+    let req = Request::builder().uri(&uri).body(Body::empty()).unwrap();
+    let resp = app.router.clone().oneshot(req).await.unwrap();
+    let mut body = resp.into_body().into_data_stream();
+    let mut buf = String::new();
+    let mut patched = false;
+    let read = async {
+        use futures::StreamExt as _;
+        while buf.lines().count() < 3 {
+            if buf.lines().count() == 2 && !patched {
+                patched = true;
+                let p = app
+                    .call(
+                        "PATCH",
+                        &format!("{LEASES}/b"),
+                        "application/merge-patch+json",
+                        br#"{"spec": {"holderIdentity": "w"}}"#.to_vec(),
+                    )
+                    .await;
+                assert_eq!(p.code, 200, "{}", p.text);
+                continue;
+            }
+            let chunk = body.next().await.expect("watch ended").unwrap();
+            buf.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), read)
+        .await
+        .unwrap_or_else(|_| panic!("watch stalled: {buf}"));
+    let events: Vec<Value> = buf
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events[0]["type"], "ADDED");
+    assert_eq!(events[0]["object"]["metadata"]["name"], "b");
+    assert_eq!(events[1]["type"], "BOOKMARK");
+    assert_eq!(events[2]["type"], "MODIFIED");
+    assert_eq!(events[2]["object"]["spec"]["holderIdentity"], "w");
+
+    // sendInitialEvents=false from "": no initial state, only what changes.
+    let uri =
+        format!("{LEASES}?watch=true&sendInitialEvents=false&resourceVersionMatch=NotOlderThan");
+    let req = Request::builder().uri(&uri).body(Body::empty()).unwrap();
+    let resp = app.router.clone().oneshot(req).await.unwrap();
+    assert_eq!(app.json("POST", LEASES, &lease("d")).await.code, 201);
+    let mut body = resp.into_body().into_data_stream();
+    let first = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        use futures::StreamExt as _;
+        body.next().await.expect("watch ended").unwrap()
+    })
+    .await
+    .unwrap();
+    let first: Value = serde_json::from_slice(&first).unwrap();
+    assert_eq!(first["type"], "ADDED");
+    assert_eq!(first["object"]["metadata"]["name"], "d");
+
+    // Watch options kube-apiserver refuses: 422 on ListOptions.meta.k8s.io.
+    for (query, message) in [
+        (
+            "watch=true&sendInitialEvents=true",
+            "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Forbidden: \
+             sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+        ),
+        (
+            "watch=true&resourceVersionMatch=NotOlderThan",
+            "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Forbidden: \
+             resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+        ),
+        (
+            "watch=true&sendInitialEvents=true&resourceVersionMatch=Exact",
+            "ListOptions.meta.k8s.io \"\" is invalid: [resourceVersionMatch: Forbidden: \
+             sendInitialEvents requires setting resourceVersionMatch to NotOlderThan, \
+             resourceVersionMatch: Unsupported value: \"Exact\": supported values: \
+             \"NotOlderThan\"]",
+        ),
+    ] {
+        let a = app.get(&format!("{LEASES}?{query}")).await;
+        assert_status(&a, 422, "Invalid");
+        assert_eq!(a.body["message"], message, "{query}");
+        assert_eq!(a.body["details"]["kind"], "ListOptions");
+        assert_eq!(a.body["details"]["group"], "meta.k8s.io");
+    }
+}
+
+#[tokio::test]
+async fn deletes_answer_200_unless_orphan_dependents_is_false() {
+    let app = app().await;
+    for name in ["gone", "kept", "accepted"] {
+        let mut l = lease(name);
+        if name != "gone" {
+            l["metadata"]["finalizers"] = json!(["example.com/hold"]);
+        }
+        assert_eq!(app.json("POST", LEASES, &l).await.code, 201);
+    }
+    let gone = app
+        .call("DELETE", &format!("{LEASES}/gone"), "", Vec::new())
+        .await;
+    assert_eq!(gone.code, 200, "{}", gone.text);
+    assert_eq!(gone.body["metadata"]["name"], "gone");
+    // Marked, not removed (a finalizer): still 200, with the object.
+    let kept = app
+        .json(
+            "DELETE",
+            &format!("{LEASES}/kept"),
+            &json!({"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Foreground"}),
+        )
+        .await;
+    assert_eq!(kept.code, 200, "{}", kept.text);
+    assert!(kept.body["metadata"]["deletionTimestamp"].is_string());
+    // ... 202 only with the deprecated orphanDependents: false.
+    let accepted = app
+        .json(
+            "DELETE",
+            &format!("{LEASES}/accepted"),
+            &json!({"orphanDependents": false}),
+        )
+        .await;
+    assert_eq!(accepted.code, 202, "{}", accepted.text);
+    assert!(accepted.body["metadata"]["deletionTimestamp"].is_string());
 }

@@ -12,14 +12,17 @@
 //!   aggregated discovery (`apidiscovery.k8s.io/v2`) when the Accept header asks for it;
 //! - `/version`, `/healthz`, `/livez`, `/readyz`;
 //! - objects: get, list (selectors, `limit`/`continue`, `resourceVersion`), watch
-//!   (`?watch=true`, newline-delimited events, bookmarks, `timeoutSeconds`), create, update,
-//!   patch (JSON patch, merge patch, strategic merge patch), delete (DeleteOptions),
-//!   deletecollection, `dryRun=All`, `fieldValidation=Strict|Warn|Ignore`;
+//!   (`?watch=true`, newline-delimited events, bookmarks, `timeoutSeconds`, streaming lists
+//!   with `sendInitialEvents`), create, update, patch (JSON patch, merge patch, strategic
+//!   merge patch), delete (DeleteOptions), deletecollection, `dryRun=All`,
+//!   `fieldValidation=Strict|Warn|Ignore`; list and watch options validated as
+//!   kube-apiserver's `ValidateListOptions`;
 //! - subresources: `status`, `scale` (as `autoscaling/v1` Scale), `pods/binding`, and
 //!   `pods/log` and `pods/exec` (WebSocket, `v5.channel.k8s.io`) through the pod's node agent
 //!   ([`node_proxy`]);
-//! - answers as JSON, YAML (`Accept: application/yaml`) or a `meta.k8s.io/v1` Table
-//!   (`;as=Table`); errors as `Status` objects with Kubernetes' codes and reasons;
+//! - answers as JSON, YAML (`Accept: application/yaml`), a `meta.k8s.io/v1` Table
+//!   (`;as=Table`) or metadata only (`;as=PartialObjectMetadata[List]`); errors as `Status`
+//!   objects with Kubernetes' codes and reasons;
 //! - `/openapi/v3` and each group-version's document ([`openapi`]), generated from the types.
 
 mod discovery;
@@ -101,40 +104,67 @@ pub(crate) enum Format {
     Json,
     Yaml,
     Table,
+    /// Only the metadata (`as=PartialObjectMetadata` for one object, `as=PartialObjectMetadataList`
+    /// for a list; `meta.k8s.io` `v1` or `v1beta1`), as kube-rs' `get_metadata`,
+    /// `list_metadata` and `metadata_watcher` and client-go's metadata client ask.
+    Metadata {
+        list: bool,
+        v1beta1: bool,
+    },
     /// Aggregated discovery (`apidiscovery.k8s.io/v2`).
     AggregatedDiscovery,
+    /// Every representation the Accept header names is a conversion Skiff does not serve
+    /// (`as=<something else>`): 406, as kube-apiserver answers.
+    NotAcceptable,
 }
 
-/// The first representation the Accept header asks for that Skiff serves.
+/// The first representation the Accept header asks for that Skiff serves. A clause asking
+/// for a conversion (`as=...`) that Skiff does not serve is skipped, as kube-apiserver does;
+/// when every clause was such a conversion, the answer is [`Format::NotAcceptable`]. Other
+/// media types (protobuf) get JSON.
 pub(crate) fn negotiate(headers: &HeaderMap) -> Format {
     let accept = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
+    let mut refused_conversion = false;
     for part in accept.split(',') {
         let params: Vec<&str> = part.split(';').map(str::trim).collect();
         let media = params.first().copied().unwrap_or("");
         let has = |p: &str| params.iter().any(|x| x.replace(' ', "") == p);
         if media == "application/json" || media == "*/*" || media.is_empty() {
-            if has("as=Table") {
-                if has("g=meta.k8s.io") && (has("v=v1") || has("v=v1beta1")) {
-                    return Format::Table;
+            let conversion = params
+                .iter()
+                .find_map(|x| x.replace(' ', "").strip_prefix("as=").map(str::to_string));
+            let meta_v1 = has("g=meta.k8s.io") && has("v=v1");
+            let meta_v1beta1 = has("g=meta.k8s.io") && has("v=v1beta1");
+            match conversion.as_deref() {
+                None => return Format::Json,
+                Some("Table") if meta_v1 || meta_v1beta1 => return Format::Table,
+                Some("PartialObjectMetadata" | "PartialObjectMetadataList")
+                    if meta_v1 || meta_v1beta1 =>
+                {
+                    return Format::Metadata {
+                        list: conversion.as_deref() == Some("PartialObjectMetadataList"),
+                        v1beta1: meta_v1beta1,
+                    };
                 }
-                continue;
-            }
-            if has("as=APIGroupDiscoveryList") {
-                if has("g=apidiscovery.k8s.io") && has("v=v2") {
+                Some("APIGroupDiscoveryList") if has("g=apidiscovery.k8s.io") && has("v=v2") => {
                     return Format::AggregatedDiscovery;
                 }
-                continue;
+                Some(_) => refused_conversion = true,
             }
-            return Format::Json;
+            continue;
         }
         if media == "application/yaml" {
             return Format::Yaml;
         }
     }
-    Format::Json
+    if refused_conversion {
+        Format::NotAcceptable
+    } else {
+        Format::Json
+    }
 }
 
 /// A JSON (or YAML) answer.
@@ -353,6 +383,37 @@ mod tests {
             Format::Json
         );
         assert_eq!(accept("application/yaml"), Format::Yaml);
+        // kube-rs' metadata requests, and client-go's with a JSON fallback.
+        assert_eq!(
+            accept("application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"),
+            Format::Metadata {
+                list: false,
+                v1beta1: false
+            }
+        );
+        assert_eq!(
+            accept(
+                "application/vnd.kubernetes.protobuf;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1beta1,application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1beta1,application/json"
+            ),
+            Format::Metadata {
+                list: true,
+                v1beta1: true
+            }
+        );
+        // A conversion Skiff does not serve is skipped; with nothing else acceptable, 406.
+        assert_eq!(
+            accept("application/json;as=Widget;g=meta.k8s.io;v=v1,application/json"),
+            Format::Json
+        );
+        assert_eq!(
+            accept("application/json;as=Widget;g=meta.k8s.io;v=v1"),
+            Format::NotAcceptable
+        );
+        assert_eq!(
+            accept("application/json;as=PartialObjectMetadata;g=apps;v=v1"),
+            Format::NotAcceptable
+        );
+        assert_eq!(accept("application/vnd.kubernetes.protobuf"), Format::Json);
         assert_eq!(accept("*/*"), Format::Json);
         assert_eq!(negotiate(&HeaderMap::new()), Format::Json);
     }

@@ -15,7 +15,7 @@ use skiff_api::{DynKind, KindInfo, kinds};
 use super::path::ResourcePath;
 use super::status::Subject;
 use super::{Format, Query, Rest, fail, patch, plain_failure, respond, table, watch};
-use crate::error::ApiError;
+use crate::error::{ApiError, FieldError};
 use crate::registry::{ResourceHandler, WriteOptions};
 
 /// How unknown fields of a written object are treated (`fieldValidation`).
@@ -86,7 +86,7 @@ impl Call<'_> {
             .map_err(|e| ApiError::Internal(format!("encoding a {}: {e}", self.info.kind)))
     }
 
-    /// An object answer: JSON, YAML or a one-row Table.
+    /// An object answer: JSON, YAML, a one-row Table or the object's metadata.
     pub fn object(&self, code: u16, obj: &Value, warnings: &[String]) -> Response {
         match self.format {
             Format::Table => respond(
@@ -95,7 +95,60 @@ impl Call<'_> {
                 Format::Json,
                 warnings,
             ),
+            Format::Metadata {
+                list: false,
+                v1beta1,
+            } => respond(
+                code,
+                &partial_metadata(obj, v1beta1),
+                Format::Json,
+                warnings,
+            ),
+            Format::Metadata { list: true, .. } => not_acceptable(&format!(
+                "you requested PartialObjectMetadataList, but the requested object is not a \
+                 list ({})",
+                go_type(self.info, false)
+            )),
             f => respond(code, obj, f, warnings),
+        }
+    }
+
+    /// A collection answer (list, deletecollection): `<Kind>List`, a Table, or a
+    /// `PartialObjectMetadataList`, with `meta` as the list metadata.
+    pub fn collection(&self, items: Vec<Value>, meta: Value) -> Response {
+        match self.format {
+            Format::Table => {
+                let mut t = table::of(self.info, &items, &self.namespace, self.query);
+                t["metadata"] = meta;
+                respond(200, &t, Format::Json, &[])
+            }
+            Format::Metadata {
+                list: true,
+                v1beta1,
+            } => {
+                let items: Vec<Value> =
+                    items.iter().map(|o| partial_metadata(o, v1beta1)).collect();
+                let body = json!({
+                    "kind": "PartialObjectMetadataList",
+                    "apiVersion": meta_api_version(v1beta1),
+                    "metadata": meta,
+                    "items": items,
+                });
+                respond(200, &body, Format::Json, &[])
+            }
+            Format::Metadata { list: false, .. } => not_acceptable(&format!(
+                "you requested PartialObjectMetadata, but the requested object is a list ({})",
+                go_type(self.info, true)
+            )),
+            f => {
+                let body = json!({
+                    "kind": format!("{}List", self.info.kind),
+                    "apiVersion": self.info.api_version,
+                    "metadata": meta,
+                    "items": items,
+                });
+                respond(200, &body, f.errors(), &[])
+            }
         }
     }
 
@@ -135,6 +188,38 @@ impl Call<'_> {
         let mode = FieldValidation::parse(self.query)?;
         encode_with(self.kind, value, mode)
     }
+}
+
+fn meta_api_version(v1beta1: bool) -> &'static str {
+    if v1beta1 {
+        "meta.k8s.io/v1beta1"
+    } else {
+        "meta.k8s.io/v1"
+    }
+}
+
+/// An object as `meta.k8s.io` `PartialObjectMetadata`: its metadata only.
+pub(crate) fn partial_metadata(obj: &Value, v1beta1: bool) -> Value {
+    json!({
+        "kind": "PartialObjectMetadata",
+        "apiVersion": meta_api_version(v1beta1),
+        "metadata": obj.get("metadata").cloned().unwrap_or_else(|| json!({})),
+    })
+}
+
+/// The Go type kube-apiserver names in its NotAcceptable messages (`*apps.Deployment`,
+/// `*core.PodList`): the internal package is the group's first label, `core` for "".
+fn go_type(info: &KindInfo, list: bool) -> String {
+    let package = match info.group() {
+        "" => "core",
+        g => g.split('.').next().unwrap_or(g),
+    };
+    format!("*{package}.{}{}", info.kind, if list { "List" } else { "" })
+}
+
+/// 406 NotAcceptable, as kube-apiserver's `errNotAcceptable`.
+pub(crate) fn not_acceptable(message: &str) -> Response {
+    plain_failure(406, "NotAcceptable", message)
 }
 
 impl Format {
@@ -310,6 +395,11 @@ pub(crate) async fn serve(
     if !info.namespaced && p.namespace.is_some() {
         return not_found();
     }
+    if format == Format::NotAcceptable {
+        return not_acceptable(
+            "only the following media types are accepted: application/json, application/yaml",
+        );
+    }
     let call = Call {
         handler,
         info,
@@ -401,8 +491,63 @@ fn sort_key(obj: &Value) -> String {
     )
 }
 
+/// A list's options, checked as kube-apiserver's `ValidateListOptions` (422 on
+/// `ListOptions.meta.k8s.io`) and `ListReadConsistency` (400 for a resourceVersion beside a
+/// continue token) check them.
+pub(crate) fn validate_list_options(q: &Query) -> Result<(), ApiError> {
+    let rv = q.get("resourceVersion").unwrap_or("");
+    let cont = q.get("continue").unwrap_or("");
+    let matching = q.get("resourceVersionMatch").unwrap_or("");
+    let mut errors = Vec::new();
+    if !matching.is_empty() {
+        let forbidden = |detail: &str| FieldError::forbidden("resourceVersionMatch", detail);
+        if rv.is_empty() {
+            errors.push(forbidden(
+                "resourceVersionMatch is forbidden unless resourceVersion is provided",
+            ));
+        }
+        if !cont.is_empty() {
+            errors.push(forbidden(
+                "resourceVersionMatch is forbidden when continue is provided",
+            ));
+        }
+        if matching != "Exact" && matching != "NotOlderThan" {
+            errors.push(FieldError::not_supported(
+                "resourceVersionMatch",
+                matching,
+                &["Exact", "NotOlderThan", ""],
+            ));
+        }
+        if matching == "Exact" && rv == "0" {
+            errors.push(forbidden(
+                "resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
+            ));
+        }
+    }
+    if q.get("sendInitialEvents").is_some() {
+        errors.push(FieldError::forbidden(
+            "sendInitialEvents",
+            "sendInitialEvents is forbidden for list",
+        ));
+    }
+    if !errors.is_empty() {
+        return Err(ApiError::Invalid {
+            kind: "ListOptions.meta.k8s.io".into(),
+            name: String::new(),
+            errors,
+        });
+    }
+    if !cont.is_empty() && !rv.is_empty() && rv != "0" {
+        return Err(ApiError::BadRequest(
+            "specifying resource version is not allowed when using continue".into(),
+        ));
+    }
+    Ok(())
+}
+
 async fn list(call: &Call<'_>) -> Result<Response, ApiError> {
     let q = call.query;
+    validate_list_options(q)?;
     let cont = q
         .get("continue")
         .filter(|c| !c.is_empty())
@@ -459,18 +604,7 @@ async fn list(call: &Call<'_>) -> Result<Response, ApiError> {
         meta["continue"] = encode_continue(&Continue { rv, start }).into();
         meta["remainingItemCount"] = remaining.into();
     }
-    if call.format == Format::Table {
-        let mut t = table::of(call.info, &items, &call.namespace, q);
-        t["metadata"] = meta;
-        return Ok(respond(200, &t, Format::Json, &[]));
-    }
-    let body = json!({
-        "kind": format!("{}List", call.info.kind),
-        "apiVersion": call.info.api_version,
-        "metadata": meta,
-        "items": items,
-    });
-    Ok(respond(200, &body, call.format, &[]))
+    Ok(call.collection(items, meta))
 }
 
 async fn create(call: &Call<'_>, body: &[u8]) -> Result<Response, ApiError> {
@@ -591,12 +725,32 @@ async fn delete(call: &Call<'_>, body: &[u8]) -> Result<Response, ApiError> {
     let (req, opts) = delete_request(call, body, &call.name)?;
     let last = call.handler.delete(&req, opts).await?;
     let obj = call.to_json(&last)?;
-    // Marked for deletion (graceful, finalizers): 202 with the object, as Kubernetes.
     let pending = obj
         .pointer("/metadata/deletionTimestamp")
         .and_then(Value::as_str)
         .is_some_and(|t| !t.is_empty());
-    Ok(call.object(if pending { 202 } else { 200 }, &obj, &[]))
+    Ok(call.object(delete_code(pending, call, body), &obj, &[]))
+}
+
+/// The status of a DELETE that succeeded: 200, also when the object is only marked for
+/// deletion (finalizers, a graceful pod, a namespace), except that a marked object answers
+/// 202 when the client set the deprecated `orphanDependents: false`, as kube-apiserver's
+/// delete handler does ("We want to do this always if resource was not deleted immediately,
+/// but that will break existing clients").
+fn delete_code(pending: bool, call: &Call<'_>, body: &[u8]) -> u16 {
+    let from_body = parse_body(call.headers, body)
+        .ok()
+        .and_then(|o| o.get("orphanDependents").and_then(Value::as_bool));
+    let orphan = from_body.or_else(|| match call.query.get("orphanDependents") {
+        Some("false") => Some(false),
+        Some("true") => Some(true),
+        _ => None,
+    });
+    if pending && orphan == Some(false) {
+        202
+    } else {
+        200
+    }
 }
 
 async fn delete_collection(call: &Call<'_>, body: &[u8]) -> Result<Response, ApiError> {
@@ -629,13 +783,7 @@ async fn delete_collection(call: &Call<'_>, body: &[u8]) -> Result<Response, Api
             Err(e) => return Err(e),
         }
     }
-    let body = json!({
-        "kind": format!("{}List", call.info.kind),
-        "apiVersion": call.info.api_version,
-        "metadata": {"resourceVersion": listing.resource_version},
-        "items": items,
-    });
-    Ok(respond(200, &body, call.format.errors(), &[]))
+    Ok(call.collection(items, json!({"resourceVersion": listing.resource_version})))
 }
 
 async fn bind(call: &Call<'_>, body: &[u8]) -> Result<Response, ApiError> {

@@ -34,9 +34,12 @@ pub fn failure(err: &ApiError, subject: &Subject<'_>) -> (u16, Value) {
             put("kind", "namespaces");
         }
         ApiError::Invalid { kind, name, .. } => {
+            // `Deployment.apps`, `Pod`, `ListOptions.meta.k8s.io`: the group is the kind's
+            // (for options it is not the resource's).
+            let (kind, group) = kind.split_once('.').unwrap_or((kind, ""));
             put("name", name);
-            put("group", subject.group);
-            put("kind", kind.split('.').next().unwrap_or(kind));
+            put("group", group);
+            put("kind", kind);
         }
         ApiError::Conflict(_) => {
             put("name", subject.name);
@@ -140,6 +143,35 @@ mod tests {
                 .unwrap_or_default()
                 .starts_with("Deployment.apps \"web\" is invalid: ")
         );
+    }
+
+    #[test]
+    fn invalid_options_name_their_own_group() {
+        let err = ApiError::Invalid {
+            kind: "ListOptions.meta.k8s.io".into(),
+            name: String::new(),
+            errors: vec![FieldError::forbidden(
+                "resourceVersionMatch",
+                "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+            )],
+        };
+        let subject = Subject {
+            name: "",
+            group: "apps",
+            resource: "deployments",
+        };
+        let (code, s) = failure(&err, &subject);
+        assert_eq!((code, s["reason"].as_str()), (422, Some("Invalid")));
+        assert_eq!(
+            s["message"],
+            "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Forbidden: \
+             sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"
+        );
+        assert_eq!(s["details"]["group"], "meta.k8s.io");
+        assert_eq!(s["details"]["kind"], "ListOptions");
+        assert!(s["details"].get("name").is_none());
+        assert_eq!(s["details"]["causes"][0]["field"], "resourceVersionMatch");
+        assert_eq!(s["details"]["causes"][0]["reason"], "FieldValueForbidden");
     }
 
     #[test]
