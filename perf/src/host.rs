@@ -143,6 +143,36 @@ pub fn verify_process(what: &str, needles: &[&str], bin_dir: &Path) -> Result<Pa
     Ok(exe.clone())
 }
 
+/// The pid of the one `skiff-apiserver` listening on `server`'s address, checked to run a
+/// binary from `bin_dir`, and its executable.
+pub fn apiserver_pid(server: &skiff_tests::ApiServer, bin_dir: &Path) -> Result<(u32, String)> {
+    let listen = server.addr.to_string();
+    let exe = verify_process("skiff-apiserver", &["--listen", &listen], bin_dir)?;
+    let pid = processes_with_args(&["--listen", &listen])
+        .first()
+        .map(|(pid, _)| *pid)
+        .context("the API server process is gone")?;
+    Ok((pid, exe.display().to_string()))
+}
+
+/// The soft limit on open files of this process (`Max open files` of `/proc/self/limits`),
+/// which the processes it starts inherit; `None` when unlimited or unreadable.
+pub fn open_files_limit() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/limits").ok()?;
+    soft_open_files(&text)
+}
+
+/// The soft `Max open files` of a `/proc/<pid>/limits` text.
+fn soft_open_files(limits: &str) -> Option<u64> {
+    limits
+        .lines()
+        .find_map(|l| l.strip_prefix("Max open files"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// Fails unless running as root (namespaces, cgroups and pods need it).
 pub fn require_root() -> Result<()> {
     let status =
@@ -211,6 +241,18 @@ fn git_commit() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_the_soft_open_files_limit() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units\n\
+                      Max processes             95553                95553                processes\n\
+                      Max open files            1024                 524288               files\n";
+        assert_eq!(soft_open_files(limits), Some(1024));
+        let unlimited =
+            "Max open files            unlimited            unlimited            files\n";
+        assert_eq!(soft_open_files(unlimited), None);
+        assert!(open_files_limit().is_some_and(|n| n > 0));
+    }
 
     #[test]
     fn finds_own_process_by_arguments() {

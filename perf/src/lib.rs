@@ -5,6 +5,9 @@
 //!
 //! - [`suites`]: the list of suites ([`suites::SUITES`]) and their shared [`suites::Options`].
 //! - [`baseline`]: starting the same command without Skiff (fork+exec; cgroup + namespaces).
+//! - [`apiload`]: what the API server suites share: creates with C in flight, timed; gRPC
+//!   watchers; when each of many watchers received each item.
+//! - [`http1`]: the REST suite's HTTP/1.1 keep-alive client (requests, streamed lines).
 //! - [`pods`]: the watch that timestamps the bench's pods reaching a state, deleting them.
 //! - [`stats`], [`report`]: percentiles, the printed table, the markdown and JSON reports.
 //! - [`plot`]: PNG charts of a report (bars per group, lines against a numeric axis).
@@ -19,8 +22,10 @@
 //! Skiff's side uses the end-to-end harness of `skiff-tests` (real `skiff-apiserver` and
 //! `skiff-node` processes in namespaces and cgroups of their own, removed on drop).
 
+pub mod apiload;
 pub mod baseline;
 pub mod host;
+pub mod http1;
 pub mod iperf;
 pub mod kproxy;
 pub mod lbnet;

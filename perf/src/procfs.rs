@@ -33,6 +33,11 @@ pub fn usage(pid: u32) -> Result<Usage> {
     })
 }
 
+/// The CPU time of processes `pids` together.
+pub fn cpu_of(pids: &[u32]) -> Result<Duration> {
+    pids.iter().map(|p| Ok(usage(*p)?.cpu)).sum()
+}
+
 /// `VmRSS` of a `/proc/<pid>/status` text, in bytes.
 pub fn vm_rss(status: &str) -> Option<u64> {
     kib_field(status, "VmRSS:")

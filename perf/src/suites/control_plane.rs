@@ -18,22 +18,24 @@
 //! by create throughput. Every process started is killed by pid when its guard drops, also on
 //! error.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use futures::StreamExt;
 use futures::future::LocalBoxFuture;
-use futures::stream::BoxStream;
-use futures::{StreamExt, TryStreamExt};
 use serde_json::json;
 use skiff_api::Resource;
 use skiff_api::api::Pod;
-use skiff_client::{Api, Client, ListParams, WatchEvent};
+use skiff_client::{Api, Client, ListParams};
 use skiff_tests::{ApiServer, Backend, EtcdServer};
-use tokio::sync::mpsc;
 use tracing::info;
 
 use super::Options;
+use crate::apiload::{
+    self, CREATE_CONCURRENCY, Names, Receipts, WATCHERS_PER_CONNECTION, deliveries,
+    delivery_timeout,
+};
 use crate::host;
 use crate::procfs;
 use crate::report::{Measured, Role, Series, SuiteReport, fmt_ms};
@@ -55,18 +57,9 @@ const DEFAULT_FANOUT_CREATES: usize = 500;
 const QUICK_FANOUT_CREATES: usize = 10;
 const DEFAULT_WATCHERS: usize = 1000;
 const QUICK_WATCHERS: usize = 10;
-/// Creates in flight at once.
-const CREATE_CONCURRENCY: usize = 16;
-/// Watch streams per client connection (HTTP/2 connection).
-const WATCHERS_PER_CONNECTION: usize = 100;
 /// Repetitions of the whole measurement; each side reports its median run.
 const DEFAULT_RUNS: usize = 3;
 const QUICK_RUNS: usize = 1;
-
-/// Bound for `deliveries` watch deliveries after the creates.
-fn delivery_timeout(deliveries: usize) -> Duration {
-    Duration::from_secs(60) + Duration::from_millis(2) * deliveries as u32
-}
 
 pub fn run(opts: &Options) -> LocalBoxFuture<'_, Result<SuiteReport>> {
     Box::pin(measure(opts))
@@ -130,9 +123,6 @@ enum Item {
     Kv(String, Vec<u8>),
 }
 
-/// The names of the items created in one watch message (empty: nothing the bench created).
-type Names = BoxStream<'static, Result<Vec<String>>>;
-
 impl Target {
     fn items(&self, batch: &str, names: &[String]) -> Result<Vec<Item>> {
         names
@@ -170,43 +160,16 @@ impl Target {
     /// `count` watchers of batch `batch`, [`WATCHERS_PER_CONNECTION`] per connection (none
     /// shared with the creates).
     async fn watch(&self, batch: &str, count: usize) -> Result<Vec<Names>> {
-        let mut streams = Vec::with_capacity(count);
         match self {
             Target::Api { endpoint, .. } => {
                 let lp = ListParams::default().labels(&format!("{BATCH_LABEL}={batch}"));
-                let mut api = None;
-                let mut rv = String::new();
-                for i in 0..count {
-                    if i % WATCHERS_PER_CONNECTION == 0 {
-                        let client = Client::connect(endpoint)
-                            .await
-                            .context("connecting a watcher to the API server")?;
-                        let pods = client.namespaced::<Pod>(NAMESPACE);
-                        if i == 0 {
-                            rv = pods
-                                .list(&lp)
-                                .await
-                                .context("listing before the watch")?
-                                .resource_version;
-                        }
-                        api = Some(pods);
-                    }
-                    let pods = api.as_ref().context("no watcher connection")?;
-                    streams.push(
-                        pods.watch(&lp, &rv)
-                            .map(|ev| match ev {
-                                Ok(WatchEvent::Added(p)) => Ok(vec![p.name().to_string()]),
-                                Ok(_) => Ok(Vec::new()),
-                                Err(e) => Err(anyhow::Error::from(e)),
-                            })
-                            .boxed(),
-                    );
-                }
+                apiload::api_watchers::<Pod>(endpoint, NAMESPACE, &lp, count).await
             }
             Target::Etcd {
                 endpoint, prefix, ..
             } => {
                 let key_prefix = format!("{prefix}{batch}/");
+                let mut streams = Vec::with_capacity(count);
                 let mut client = None;
                 for i in 0..count {
                     if i % WATCHERS_PER_CONNECTION == 0 {
@@ -244,9 +207,9 @@ impl Target {
                             .boxed(),
                     );
                 }
+                Ok(streams)
             }
         }
-        Ok(streams)
     }
 }
 
@@ -260,112 +223,6 @@ fn bench_pod(name: &str, run_id: &str, batch: &str) -> Result<Pod> {
         },
     }))
     .context("building the benchmark pod")
-}
-
-/// A message from a watcher task.
-enum Msg {
-    Got(usize, Vec<String>, Instant),
-    Ended(usize, String),
-}
-
-/// The watcher tasks of one measurement and when each received each item. Dropping it stops
-/// the tasks.
-struct Receipts {
-    rx: mpsc::UnboundedReceiver<Msg>,
-    got: Vec<HashMap<String, Instant>>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Receipts {
-    fn spawn(streams: Vec<Names>) -> Receipts {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let got = vec![HashMap::new(); streams.len()];
-        let tasks = streams
-            .into_iter()
-            .enumerate()
-            .map(|(w, mut stream)| {
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    while let Some(item) = stream.next().await {
-                        let now = Instant::now();
-                        match item {
-                            Ok(names) if names.is_empty() => {}
-                            Ok(names) => {
-                                if tx.send(Msg::Got(w, names, now)).is_err() {
-                                    return;
-                                }
-                            }
-                            Err(e) => {
-                                let _ = tx.send(Msg::Ended(w, format!("{e:#}")));
-                                return;
-                            }
-                        }
-                    }
-                    let _ = tx.send(Msg::Ended(w, "the stream ended".into()));
-                })
-            })
-            .collect();
-        Receipts { rx, got, tasks }
-    }
-
-    /// Waits until every watcher has received every item of `names`; fails at `deadline` or
-    /// when a watch ends.
-    async fn wait_all(&mut self, names: &[String], deadline: Instant) -> Result<()> {
-        let wanted: HashSet<&str> = names.iter().map(String::as_str).collect();
-        let mut missing: usize = self
-            .got
-            .iter()
-            .map(|g| wanted.iter().filter(|n| !g.contains_key(**n)).count())
-            .sum();
-        while missing > 0 {
-            let msg = tokio::time::timeout_at(deadline.into(), self.rx.recv())
-                .await
-                .with_context(|| {
-                    format!(
-                        "{missing} of {} deliveries missing at the deadline",
-                        names.len() * self.got.len()
-                    )
-                })?
-                .context("every watcher task ended")?;
-            match msg {
-                Msg::Got(w, got, at) => {
-                    for name in got {
-                        if wanted.contains(name.as_str()) && !self.got[w].contains_key(&name) {
-                            self.got[w].insert(name, at);
-                            missing -= 1;
-                        }
-                    }
-                }
-                Msg::Ended(w, why) => bail!("watcher {w} ended: {why}"),
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Receipts {
-    fn drop(&mut self) {
-        for t in &self.tasks {
-            t.abort();
-        }
-    }
-}
-
-/// Creates `items` with [`CREATE_CONCURRENCY`] in flight; returns (call start, call end) per
-/// item, in item order.
-async fn create_all(target: &Target, items: Vec<Item>) -> Result<Vec<(Instant, Instant)>> {
-    let mut out: Vec<(usize, Instant, Instant)> =
-        futures::stream::iter(items.into_iter().enumerate())
-            .map(|(i, item)| async move {
-                let start = Instant::now();
-                target.create(item).await?;
-                Ok::<_, anyhow::Error>((i, start, Instant::now()))
-            })
-            .buffer_unordered(CREATE_CONCURRENCY)
-            .try_collect()
-            .await?;
-    out.sort_by_key(|(i, ..)| *i);
-    Ok(out.into_iter().map(|(_, s, e)| (s, e)).collect())
 }
 
 /// What one side measured.
@@ -396,29 +253,9 @@ impl Side {
     }
 }
 
-/// Latencies from each item's create call start to when watchers got it: per item the
-/// latest over `watchers`, and every pair.
-fn deliveries(
-    names: &[String],
-    starts: &[(Instant, Instant)],
-    got: &[HashMap<String, Instant>],
-) -> Result<(Vec<Duration>, Vec<Duration>, Instant)> {
-    let mut last_per_item = Vec::with_capacity(names.len());
-    let mut pairs = Vec::with_capacity(names.len() * got.len());
-    let mut last = starts.first().map(|s| s.0).context("no items")?;
-    for (name, (start, _)) in names.iter().zip(starts) {
-        let mut latest = *start;
-        for (w, g) in got.iter().enumerate() {
-            let at = g
-                .get(name)
-                .with_context(|| format!("watcher {w} did not receive {name}"))?;
-            pairs.push(at.saturating_duration_since(*start));
-            latest = latest.max(*at);
-        }
-        last_per_item.push(latest.saturating_duration_since(*start));
-        last = last.max(latest);
-    }
-    Ok((last_per_item, pairs, last))
+/// Creates `items` with [`CREATE_CONCURRENCY`] in flight; (call start, call end) per item.
+async fn create_all(target: &Target, items: Vec<Item>) -> Result<Vec<(Instant, Instant)>> {
+    apiload::timed_all(items, CREATE_CONCURRENCY, |item| target.create(item)).await
 }
 
 /// One measurement: `watchers` watchers, a warm-up item, then `count` items.
@@ -447,7 +284,7 @@ async fn watched_creates(
 
 /// Measures one side; `pids` are its server processes (for their CPU time).
 async fn measure_side(target: &Target, tag: &str, sizes: Sizes, pids: &[u32]) -> Result<Side> {
-    let cpu0 = cpu_of(pids)?;
+    let cpu0 = procfs::cpu_of(pids)?;
     info!(
         side = tag,
         creates = sizes.creates,
@@ -481,7 +318,7 @@ async fn measure_side(target: &Target, tag: &str, sizes: Sizes, pids: &[u32]) ->
     .await?;
     let (fanout_last, pairs, last) = deliveries(&names, &starts, &receipts.got)?;
     drop(receipts);
-    let cpu = cpu_of(pids)?.saturating_sub(cpu0);
+    let cpu = procfs::cpu_of(pids)?.saturating_sub(cpu0);
     let rss_bytes = pids
         .iter()
         .map(|p| procfs::usage(*p).map(|u| u.rss_bytes))
@@ -497,22 +334,6 @@ async fn measure_side(target: &Target, tag: &str, sizes: Sizes, pids: &[u32]) ->
         cpu,
         rss_bytes,
     })
-}
-
-fn cpu_of(pids: &[u32]) -> Result<Duration> {
-    pids.iter().map(|p| Ok(procfs::usage(*p)?.cpu)).sum()
-}
-
-/// The pid of the one API server listening on `server`'s address, checked to be a binary
-/// from `bin_dir`.
-fn apiserver_pid(server: &ApiServer, bin_dir: &std::path::Path) -> Result<(u32, String)> {
-    let listen = server.addr.to_string();
-    let exe = host::verify_process("skiff-apiserver", &["--listen", &listen], bin_dir)?;
-    let pid = host::processes_with_args(&["--listen", &listen])
-        .first()
-        .map(|(pid, _)| *pid)
-        .context("the API server process is gone")?;
-    Ok((pid, exe.display().to_string()))
 }
 
 async fn api_target(server: &ApiServer, run_id: &str) -> Result<Target> {
@@ -574,7 +395,7 @@ async fn measure_once(
     let etcd = EtcdServer::start().map_err(|e| anyhow::anyhow!("starting etcd: {}", e.0))?;
     let etcd_pid = etcd.pid().context("etcd is not running")?;
     let server = ApiServer::start(Backend::Etcd(etcd.endpoint.clone()));
-    let (api_pid, exe) = apiserver_pid(&server, bin_dir)?;
+    let (api_pid, exe) = host::apiserver_pid(&server, bin_dir)?;
     env.binaries.insert("skiff-apiserver".into(), exe);
     if let Ok(exe) = std::fs::read_link(format!("/proc/{etcd_pid}/exe")) {
         env.binaries
@@ -623,7 +444,7 @@ async fn measure_once(
     // 3. The API server on its embedded store.
     info!("the API server on its embedded store");
     let server = ApiServer::start(Backend::Embedded);
-    let (api_pid, _) = apiserver_pid(&server, bin_dir)?;
+    let (api_pid, _) = host::apiserver_pid(&server, bin_dir)?;
     let target = api_target(&server, &run_id).await?;
     let embedded = measure_side(&target, &format!("{run_id}-api-emb"), sizes, &[api_pid])
         .await
@@ -880,24 +701,6 @@ fn report(
 mod tests {
     use super::*;
 
-    #[test]
-    fn deliveries_take_the_last_watcher_per_item() {
-        let t0 = Instant::now();
-        let ms = |m: u64| t0 + Duration::from_millis(m);
-        let names = vec!["a".to_string(), "b".to_string()];
-        let starts = vec![(ms(0), ms(1)), (ms(10), ms(11))];
-        let got = vec![
-            HashMap::from([("a".to_string(), ms(5)), ("b".to_string(), ms(12))]),
-            HashMap::from([("a".to_string(), ms(7)), ("b".to_string(), ms(30))]),
-        ];
-        let (last, pairs, end) = deliveries(&names, &starts, &got).unwrap();
-        assert_eq!(last, [Duration::from_millis(7), Duration::from_millis(20)]);
-        assert_eq!(pairs.len(), 4);
-        assert_eq!(end, ms(30));
-        let missing = vec![HashMap::from([("a".to_string(), ms(5))])];
-        assert!(deliveries(&names, &starts, &missing).is_err());
-    }
-
     fn side(creates: usize) -> Side {
         Side {
             create_calls: vec![Duration::from_millis(1); creates],
@@ -940,40 +743,5 @@ mod tests {
             })
             .is_err()
         );
-    }
-
-    #[tokio::test]
-    async fn receipts_wait_for_every_watcher() {
-        let at = |names: &[&str]| -> Result<Vec<String>> {
-            Ok(names.iter().map(|n| n.to_string()).collect())
-        };
-        let w0: Names = futures::stream::iter(vec![at(&["a"]), at(&[]), at(&["b", "x"])])
-            .chain(futures::stream::pending())
-            .boxed();
-        let w1: Names = futures::stream::iter(vec![at(&["b"]), at(&["a"])])
-            .chain(futures::stream::pending())
-            .boxed();
-        let mut r = Receipts::spawn(vec![w0, w1]);
-        let names = vec!["a".to_string(), "b".to_string()];
-        r.wait_all(&names, Instant::now() + Duration::from_secs(5))
-            .await
-            .unwrap();
-        assert!(
-            r.got
-                .iter()
-                .all(|g| g.contains_key("a") && g.contains_key("b"))
-        );
-        assert!(
-            !r.got[0].contains_key("x"),
-            "only the awaited items are kept"
-        );
-        // A watcher that ends fails the wait instead of timing out.
-        let ended: Names = futures::stream::iter(vec![at(&["a"])]).boxed();
-        let mut r = Receipts::spawn(vec![ended]);
-        let err = r
-            .wait_all(&names, Instant::now() + Duration::from_secs(5))
-            .await
-            .unwrap_err();
-        assert!(format!("{err:#}").contains("ended"), "{err:#}");
     }
 }

@@ -10,6 +10,7 @@ pub mod lb_programming;
 pub mod pod_density;
 pub mod pod_net;
 pub mod pod_start;
+pub mod rest_api;
 pub mod scheduler;
 pub mod service_lb;
 
@@ -27,8 +28,9 @@ pub struct Options {
     /// Hollow node counts, one comparison group each (scheduler suite); empty: the suite's
     /// default.
     pub nodes: Vec<usize>,
-    /// Repetitions of each measurement (scheduler and control-plane suites: the median
-    /// reported; pod-net: rounds, every round's samples reported); `None`: the suite's default.
+    /// Repetitions of each measurement (scheduler, control-plane and rest-api suites: the
+    /// median reported; pod-net: rounds, every round's samples reported); `None`: the suite's
+    /// default.
     pub runs: Option<usize>,
     /// Run the API server on a real etcd instead of the embedded store (scheduler suite).
     pub etcd: bool,
@@ -103,6 +105,12 @@ pub static SUITES: &[Suite] = &[
         run: control_plane::run,
     },
     Suite {
+        name: rest_api::NAME,
+        title: rest_api::TITLE,
+        section: 5,
+        run: rest_api::run,
+    },
+    Suite {
         name: scheduler::NAME,
         title: scheduler::TITLE,
         section: 5,
@@ -128,6 +136,7 @@ mod tests {
         assert!(find("scheduler").is_some());
         assert!(find("pod-density").is_some());
         assert!(find("control-plane").is_some());
+        assert!(find("rest-api").is_some());
         assert!(find("service-lb").is_some());
         assert!(find("lb-programming").is_some());
         assert!(find("pod-net").is_some());

@@ -1,0 +1,296 @@
+//! What the API server suites (`control-plane`, `rest-api`) share: the load's shape (creates
+//! in flight, watch streams per connection), timed calls with a fixed number in flight,
+//! gRPC watchers, and the receipts of many watchers (when each received each item).
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use skiff_api::Resource;
+use skiff_client::{Client, ListParams, WatchEvent};
+use tokio::sync::mpsc;
+
+/// Creates (or puts) in flight at once, on every path the suites compare.
+pub const CREATE_CONCURRENCY: usize = 16;
+/// gRPC watch streams per client connection (one HTTP/2 connection).
+pub const WATCHERS_PER_CONNECTION: usize = 100;
+
+/// Bound for `deliveries` watch deliveries after the writes.
+pub fn delivery_timeout(deliveries: usize) -> Duration {
+    Duration::from_secs(60) + Duration::from_millis(2) * deliveries as u32
+}
+
+/// Calls `call` on every item with `in_flight` calls at once; returns (call start, call end)
+/// per item, in item order. Fails with the first failed call.
+pub async fn timed_all<I, F, Fut>(
+    items: Vec<I>,
+    in_flight: usize,
+    call: F,
+) -> Result<Vec<(Instant, Instant)>>
+where
+    F: Fn(I) -> Fut,
+    Fut: Future<Output = Result<()>>,
+{
+    let call = &call;
+    let mut out: Vec<(usize, Instant, Instant)> =
+        futures::stream::iter(items.into_iter().enumerate())
+            .map(|(i, item)| async move {
+                let start = Instant::now();
+                call(item).await?;
+                Ok::<_, anyhow::Error>((i, start, Instant::now()))
+            })
+            .buffer_unordered(in_flight.max(1))
+            .try_collect()
+            .await?;
+    out.sort_by_key(|(i, ..)| *i);
+    Ok(out.into_iter().map(|(_, s, e)| (s, e)).collect())
+}
+
+/// The names of the items one watch message carried (empty: nothing the bench waits for).
+pub type Names = BoxStream<'static, Result<Vec<String>>>;
+
+/// `count` gRPC watchers (the typed client, objects decoded) of `T` in `namespace` picked by
+/// `lp`, [`WATCHERS_PER_CONNECTION`] per connection of their own, all from the revision of
+/// one list made first: each yields the name of every ADDED object.
+pub async fn api_watchers<T: Resource>(
+    endpoint: &str,
+    namespace: &str,
+    lp: &ListParams,
+    count: usize,
+) -> Result<Vec<Names>> {
+    let mut streams = Vec::with_capacity(count);
+    let mut api = None;
+    let mut rv = String::new();
+    for i in 0..count {
+        if i % WATCHERS_PER_CONNECTION == 0 {
+            let client = Client::connect(endpoint)
+                .await
+                .context("connecting a watcher to the API server")?;
+            let objects = client.namespaced::<T>(namespace);
+            if i == 0 {
+                rv = objects
+                    .list(lp)
+                    .await
+                    .context("listing before the watch")?
+                    .resource_version;
+            }
+            api = Some(objects);
+        }
+        let objects = api.as_ref().context("no watcher connection")?;
+        streams.push(
+            objects
+                .watch(lp, &rv)
+                .map(|ev| match ev {
+                    Ok(WatchEvent::Added(o)) => Ok(vec![o.name().to_string()]),
+                    Ok(_) => Ok(Vec::new()),
+                    Err(e) => Err(anyhow::Error::from(e)),
+                })
+                .boxed(),
+        );
+    }
+    Ok(streams)
+}
+
+/// A message from a watcher task.
+enum Msg {
+    Got(usize, Vec<String>, Instant),
+    Ended(usize, String),
+}
+
+/// The watcher tasks of one measurement and when each received each item. Dropping it stops
+/// the tasks.
+pub struct Receipts {
+    rx: mpsc::UnboundedReceiver<Msg>,
+    /// Per watcher: when it received each awaited item.
+    pub got: Vec<HashMap<String, Instant>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Receipts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Receipts")
+            .field("watchers", &self.got.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Receipts {
+    /// One task per stream, timestamping each message as it arrives.
+    pub fn spawn(streams: Vec<Names>) -> Receipts {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let got = vec![HashMap::new(); streams.len()];
+        let tasks = streams
+            .into_iter()
+            .enumerate()
+            .map(|(w, mut stream)| {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    while let Some(item) = stream.next().await {
+                        let now = Instant::now();
+                        match item {
+                            Ok(names) if names.is_empty() => {}
+                            Ok(names) => {
+                                if tx.send(Msg::Got(w, names, now)).is_err() {
+                                    return;
+                                }
+                            }
+                            Err(e) => {
+                                let _ = tx.send(Msg::Ended(w, format!("{e:#}")));
+                                return;
+                            }
+                        }
+                    }
+                    let _ = tx.send(Msg::Ended(w, "the stream ended".into()));
+                })
+            })
+            .collect();
+        Receipts { rx, got, tasks }
+    }
+
+    /// Waits until every watcher has received every item of `names`; fails at `deadline` or
+    /// when a watch ends.
+    pub async fn wait_all(&mut self, names: &[String], deadline: Instant) -> Result<()> {
+        let wanted: HashSet<&str> = names.iter().map(String::as_str).collect();
+        let mut missing: usize = self
+            .got
+            .iter()
+            .map(|g| wanted.iter().filter(|n| !g.contains_key(**n)).count())
+            .sum();
+        while missing > 0 {
+            let msg = tokio::time::timeout_at(deadline.into(), self.rx.recv())
+                .await
+                .with_context(|| {
+                    format!(
+                        "{missing} of {} deliveries missing at the deadline",
+                        names.len() * self.got.len()
+                    )
+                })?
+                .context("every watcher task ended")?;
+            match msg {
+                Msg::Got(w, got, at) => {
+                    for name in got {
+                        if wanted.contains(name.as_str()) && !self.got[w].contains_key(&name) {
+                            self.got[w].insert(name, at);
+                            missing -= 1;
+                        }
+                    }
+                }
+                Msg::Ended(w, why) => bail!("watcher {w} ended: {why}"),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Receipts {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Latencies from each item's write call start to when watchers got it: per item the
+/// latest over the watchers of `got`, every (item, watcher) pair, and the last receipt.
+pub fn deliveries(
+    names: &[String],
+    starts: &[(Instant, Instant)],
+    got: &[HashMap<String, Instant>],
+) -> Result<(Vec<Duration>, Vec<Duration>, Instant)> {
+    let mut last_per_item = Vec::with_capacity(names.len());
+    let mut pairs = Vec::with_capacity(names.len() * got.len());
+    let mut last = starts.first().map(|s| s.0).context("no items")?;
+    for (name, (start, _)) in names.iter().zip(starts) {
+        let mut latest = *start;
+        for (w, g) in got.iter().enumerate() {
+            let at = g
+                .get(name)
+                .with_context(|| format!("watcher {w} did not receive {name}"))?;
+            pairs.push(at.saturating_duration_since(*start));
+            latest = latest.max(*at);
+        }
+        last_per_item.push(latest.saturating_duration_since(*start));
+        last = last.max(latest);
+    }
+    Ok((last_per_item, pairs, last))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deliveries_take_the_last_watcher_per_item() {
+        let t0 = Instant::now();
+        let ms = |m: u64| t0 + Duration::from_millis(m);
+        let names = vec!["a".to_string(), "b".to_string()];
+        let starts = vec![(ms(0), ms(1)), (ms(10), ms(11))];
+        let got = vec![
+            HashMap::from([("a".to_string(), ms(5)), ("b".to_string(), ms(12))]),
+            HashMap::from([("a".to_string(), ms(7)), ("b".to_string(), ms(30))]),
+        ];
+        let (last, pairs, end) = deliveries(&names, &starts, &got).unwrap();
+        assert_eq!(last, [Duration::from_millis(7), Duration::from_millis(20)]);
+        assert_eq!(pairs.len(), 4);
+        assert_eq!(end, ms(30));
+        let missing = vec![HashMap::from([("a".to_string(), ms(5))])];
+        assert!(deliveries(&names, &starts, &missing).is_err());
+    }
+
+    #[tokio::test]
+    async fn timed_all_keeps_item_order_and_fails_with_a_call() {
+        let out = timed_all(vec![30u64, 0, 10], 3, |ms| async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Ok(())
+        })
+        .await
+        .unwrap();
+        assert_eq!(out.len(), 3);
+        assert!(out[0].1 - out[0].0 >= Duration::from_millis(30));
+        assert!(out.iter().all(|(s, e)| s <= e));
+        let err = timed_all(vec![1, 2], 1, |i| async move {
+            if i == 2 { bail!("item {i}") } else { Ok(()) }
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(err.to_string(), "item 2");
+    }
+
+    #[tokio::test]
+    async fn receipts_wait_for_every_watcher() {
+        let at = |names: &[&str]| -> Result<Vec<String>> {
+            Ok(names.iter().map(|n| n.to_string()).collect())
+        };
+        let w0: Names = futures::stream::iter(vec![at(&["a"]), at(&[]), at(&["b", "x"])])
+            .chain(futures::stream::pending())
+            .boxed();
+        let w1: Names = futures::stream::iter(vec![at(&["b"]), at(&["a"])])
+            .chain(futures::stream::pending())
+            .boxed();
+        let mut r = Receipts::spawn(vec![w0, w1]);
+        let names = vec!["a".to_string(), "b".to_string()];
+        r.wait_all(&names, Instant::now() + Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(
+            r.got
+                .iter()
+                .all(|g| g.contains_key("a") && g.contains_key("b"))
+        );
+        assert!(
+            !r.got[0].contains_key("x"),
+            "only the awaited items are kept"
+        );
+        // A watcher that ends fails the wait instead of timing out.
+        let ended: Names = futures::stream::iter(vec![at(&["a"])]).boxed();
+        let mut r = Receipts::spawn(vec![ended]);
+        let err = r
+            .wait_all(&names, Instant::now() + Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("ended"), "{err:#}");
+    }
+}
