@@ -8,6 +8,7 @@
 
 mod bench;
 mod doctor;
+mod fuzz;
 #[cfg(test)]
 mod layers;
 mod setup;
@@ -59,6 +60,8 @@ enum Cmd {
     Up(up::UpArgs),
     /// Build in release and run benchmark suites (perf/): baseline and Skiff side by side.
     Bench(bench::BenchArgs),
+    /// Run the cargo-fuzz targets for a bounded time each and report their executions.
+    Fuzz(fuzz::FuzzArgs),
 }
 
 fn main() -> ExitCode {
@@ -79,6 +82,7 @@ fn run(command: Cmd) -> Result<()> {
         Cmd::Test { quick } => tiers::run(quick),
         Cmd::Up(args) => up::run(args),
         Cmd::Bench(args) => bench::run(args),
+        Cmd::Fuzz(args) => fuzz::run(&args),
     }
 }
 

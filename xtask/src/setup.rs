@@ -116,7 +116,7 @@ pub struct SetupOptions {
 
 pub fn run(opts: SetupOptions) -> Result<()> {
     apt_packages(opts).context("setup: apt packages")?;
-    nextest().context("setup: cargo-nextest")?;
+    cargo_tools().context("setup: cargo tools")?;
     if opts.skip_ebpf {
         println!("skip: nightly toolchain and bpf-linker (--skip-ebpf)");
     } else {
@@ -340,24 +340,41 @@ fn nightly_toolchain() -> Result<()> {
     Ok(())
 }
 
-/// cargo-nextest runs the test tier. These machines' image ships it; install it when absent.
-fn nextest() -> Result<()> {
+/// Cargo subcommands the tiers run, installed from crates.io when `cargo <sub> --version`
+/// fails: (subcommand, crate, why).
+pub const CARGO_TOOLS: &[(&str, &str, &str)] = &[
+    (
+        "nextest",
+        "cargo-nextest",
+        "runs the test tier; these machines' image ships it",
+    ),
+    (
+        "fuzz",
+        "cargo-fuzz",
+        "runs the fuzz tier (libFuzzer on the nightly toolchain); under a minute to build",
+    ),
+];
+
+/// Installs each of [`CARGO_TOOLS`] that does not answer `--version`.
+fn cargo_tools() -> Result<()> {
     let path = util::path_with_cargo_bin()?;
-    let present = Command::new("cargo")
-        .args(["nextest", "--version"])
-        .env("PATH", &path)
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if present {
-        println!("ok: cargo-nextest present");
-        return Ok(());
+    for (sub, krate, why) in CARGO_TOOLS {
+        let present = Command::new("cargo")
+            .args([sub, "--version"])
+            .env("PATH", &path)
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if present {
+            println!("ok: {krate} present");
+            continue;
+        }
+        println!("installing {krate} ({why})... (cargo install from crates.io)");
+        let mut cmd = Command::new("cargo");
+        cmd.args(["install", krate, "--locked"]).env("PATH", &path);
+        util::run_streaming(&mut cmd)
+            .with_context(|| format!("building {krate} from crates.io failed"))?;
+        println!("installed {krate}");
     }
-    println!("installing cargo-nextest... (cargo install from crates.io, several minutes)");
-    let mut cmd = Command::new("cargo");
-    cmd.args(["install", "cargo-nextest", "--locked"])
-        .env("PATH", &path);
-    util::run_streaming(&mut cmd).context("building cargo-nextest from crates.io failed")?;
-    println!("installed cargo-nextest");
     Ok(())
 }
 

@@ -22,7 +22,7 @@ use crate::util;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[allow(
     dead_code,
-    reason = "Skip/Args are for later tiers (bench, e2e); today's tiers all run as-is"
+    reason = "Skip is for later tiers; today's tiers all run in a quick run"
 )]
 pub enum Quick {
     /// Run exactly as in a full run.
@@ -116,6 +116,16 @@ pub const TIERS: &[Tier] = &[
         program: "cargo",
         args: &["test", "--workspace", "--doc"],
         quick: Quick::Same,
+        dir: "",
+        nightly: false,
+    },
+    // The REST decoders under libFuzzer for fuzz::TIER_SECONDS (cargo-fuzz, nightly, ASan): reports
+    // the executions; a crash fails the run and leaves the input under fuzz/artifacts.
+    Tier {
+        name: "fuzz",
+        program: "cargo",
+        args: &["xtask", "fuzz"],
+        quick: Quick::Args(&["xtask", "fuzz", "--seconds", "10"]),
         dir: "",
         nightly: false,
     },
@@ -281,6 +291,7 @@ mod tests {
                 "ebpf-clippy",
                 "test",
                 "doctest",
+                "fuzz",
                 "bench-quick"
             ]
         );
@@ -322,6 +333,14 @@ mod tests {
         );
         assert_eq!(
             full[6].argv.as_deref(),
+            Some(&["cargo", "xtask", "fuzz"][..])
+        );
+        assert_eq!(
+            plan(TIERS, true)[6].argv.as_deref(),
+            Some(&["cargo", "xtask", "fuzz", "--seconds", "10"][..])
+        );
+        assert_eq!(
+            full[7].argv.as_deref(),
             Some(&["cargo", "xtask", "bench", "--quick"][..])
         );
     }
