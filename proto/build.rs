@@ -82,6 +82,9 @@ const OMIT_ZERO: [&str; 24] = [
     "ContainerStateTerminated.signal",
 ];
 
+/// Opaque JSON kept as its text in protobuf and written as JSON (FieldsV1).
+const RAW_JSON: [&str; 1] = ["ManagedFieldsEntry.fields_v1"];
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = [
         "proto/skiff/meta.proto",
@@ -117,6 +120,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         builder = builder.field_attribute(
             format!(".skiff.api.{field}"),
             "#[serde(deserialize_with = \"crate::serde_util::quantity_map\")]",
+        );
+    }
+    for field in RAW_JSON {
+        builder = builder.field_attribute(
+            format!(".skiff.api.{field}"),
+            "#[serde(with = \"crate::serde_util::raw_json\")]",
         );
     }
     for field in OMIT_ZERO {
@@ -231,6 +240,9 @@ fn schema(set: &FileDescriptorSet) -> String {
                     }
                     None if INT_OR_STRING.contains(&qualified.as_str()) => {
                         ("Ty::IntOrString".into(), repeated, false)
+                    }
+                    None if RAW_JSON.contains(&qualified.as_str()) => {
+                        ("Ty::Json".into(), repeated, false)
                     }
                     None => (ty(f), repeated, false),
                 };

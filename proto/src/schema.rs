@@ -20,6 +20,8 @@ pub enum Ty {
     IntOrString,
     /// A resource quantity (`cpu: "500m"`, `memory: 1Gi`), a string or a number.
     Quantity,
+    /// Arbitrary JSON (an object), kept opaque (`managedFields[].fieldsV1`).
+    Json,
     /// Another message, by name.
     Message(&'static str),
 }

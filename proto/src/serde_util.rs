@@ -68,6 +68,30 @@ pub fn quantity_map<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, 
     Ok(raw.into_iter().map(|(k, v)| (k, v.into_string())).collect())
 }
 
+/// A string field holding JSON text, written and read as that JSON (FieldsV1). Reading
+/// accepts any JSON value and keeps its compact text.
+pub mod raw_json {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(text: &str, s: S) -> Result<S::Ok, S::Error> {
+        if text.is_empty() {
+            return serde_json::Map::new().serialize(s);
+        }
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(serde::ser::Error::custom)?;
+        value.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        let value = serde_json::Value::deserialize(d)?;
+        Ok(value.to_string())
+    }
+}
+
+/// The JSON names whose values are opaque JSON that [`prune`] leaves as they are (a FieldsV1
+/// set is made of empty objects).
+const OPAQUE: &[&str] = &["fieldsV1"];
+
 /// For `skip_serializing_if` on the numbers and booleans Kubernetes omits when zero.
 pub fn is_default<T: Default + PartialEq>(v: &T) -> bool {
     *v == T::default()
@@ -79,10 +103,12 @@ pub fn prune(value: &mut serde_json::Value) {
     use serde_json::Value;
     match value {
         Value::Object(map) => {
-            for v in map.values_mut() {
-                prune(v);
+            for (k, v) in map.iter_mut() {
+                if !OPAQUE.contains(&k.as_str()) {
+                    prune(v);
+                }
             }
-            map.retain(|_, v| !is_empty(v));
+            map.retain(|k, v| OPAQUE.contains(&k.as_str()) || !is_empty(v));
         }
         Value::Array(items) => items.iter_mut().for_each(prune),
         _ => {}

@@ -31,9 +31,25 @@ pub fn bin_dir() -> PathBuf {
         .to_path_buf()
 }
 
-/// Path of a workspace binary, building it first if it is missing.
+/// Path of a workspace binary, building it first if it is missing. A binary older than the
+/// running test is used as it is (rebuilding here could resolve features differently from the
+/// workspace build and recompile half of it), with a warning: `cargo test --workspace` and
+/// `cargo xtask test` build every binary first; after `cargo test -p skiff-tests` alone, run
+/// `cargo build --workspace` when a binary's code changed.
 pub fn binary(name: &str) -> PathBuf {
     let path = bin_dir().join(name);
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    if let (Some(bin), Some(test)) = (
+        modified(&path),
+        std::env::current_exe().ok().as_deref().and_then(modified),
+    ) && bin < test
+    {
+        eprintln!(
+            "warning: {} is older than this test executable; if its code changed, run \
+             `cargo build --workspace` first",
+            path.display()
+        );
+    }
     if !path.exists() {
         let package = match name {
             "skiff" => "skiff-cli",

@@ -12,7 +12,7 @@ use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use skiff_tests::cluster::Cluster;
-use skiff_tests::{ApiServer, Backend, eventually_within};
+use skiff_tests::{ApiServer, Backend, EtcdServer, eventually_within};
 
 const T: Duration = Duration::from_secs(60);
 
@@ -535,4 +535,126 @@ async fn kubectl_errors_are_kubernetes_errors() {
         ),
         "on"
     );
+}
+
+/// `kubectl apply --server-side`: creates, records the manager in managedFields, conflicts
+/// with another manager's field (Kubernetes' message and exit), takes it with
+/// `--force-conflicts`, and removes what the applier dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_server_side_apply() {
+    let _serial = SERIAL.lock().await;
+    let etcd = EtcdServer::start().expect("a real etcd (run `cargo xtask setup`)");
+    let s = ApiServer::start(Backend::Etcd(etcd.endpoint.clone()));
+    let ssa = ["apply", "--server-side", "-f", "-"];
+
+    let tiered = web(2).replace(
+        "  labels: {app: web}\n",
+        "  labels: {app: web, tier: front}\n",
+    );
+    assert_eq!(
+        ok_stdin(&s, &ssa, &tiered),
+        "deployment.apps/web serverside-applied\n"
+    );
+    let managed = ok(
+        &s,
+        &[
+            "get",
+            "deploy",
+            "web",
+            "-o",
+            "json",
+            "--show-managed-fields",
+        ],
+    );
+    let obj: serde_json::Value = serde_json::from_str(&managed).unwrap();
+    let entries = obj["metadata"]["managedFields"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{managed}");
+    assert_eq!(entries[0]["manager"], "kubectl");
+    assert_eq!(entries[0]["operation"], "Apply");
+    assert_eq!(entries[0]["fieldsType"], "FieldsV1");
+    assert_eq!(
+        entries[0]["fieldsV1"]["f:spec"]["f:replicas"],
+        serde_json::json!({})
+    );
+    // kubectl hides them unless asked.
+    let plain = ok(&s, &["get", "deploy", "web", "-o", "yaml"]);
+    assert!(!plain.contains("managedFields"), "{plain}");
+    // Applying the same intent again changes nothing.
+    assert_eq!(
+        ok_stdin(&s, &ssa, &tiered),
+        "deployment.apps/web serverside-applied\n"
+    );
+
+    // Another manager takes spec.replicas with a patch...
+    ok(
+        &s,
+        &["patch", "deploy", "web", "-p", r#"{"spec":{"replicas":5}}"#],
+    );
+    let managers = ok(
+        &s,
+        &[
+            "get",
+            "deploy",
+            "web",
+            "-o",
+            "jsonpath={.metadata.managedFields[*].manager}",
+        ],
+    );
+    assert_eq!(managers, "kubectl kubectl-patch");
+    // ...so applying another value conflicts, as on Kubernetes, and writes nothing.
+    let err = fails(
+        &s,
+        &ssa,
+        Some(&tiered.replace("replicas: 2", "replicas: 3")),
+    );
+    assert!(
+        err.contains(
+            "Apply failed with 1 conflict: conflict with \"kubectl-patch\" using apps/v1: \
+             .spec.replicas"
+        ),
+        "{err}"
+    );
+    assert!(err.contains("--force-conflicts"), "kubectl's advice: {err}");
+    let replicas = ["get", "deploy", "web", "-o", "jsonpath={.spec.replicas}"];
+    assert_eq!(ok(&s, &replicas), "5");
+
+    // Forced, the field moves to the applier; dropping the tier label removes it.
+    let forced = ["apply", "--server-side", "--force-conflicts", "-f", "-"];
+    assert_eq!(
+        ok_stdin(&s, &forced, &web(3)),
+        "deployment.apps/web serverside-applied\n"
+    );
+    assert_eq!(ok(&s, &replicas), "3");
+    let labels = ok(
+        &s,
+        &["get", "deploy", "web", "-o", "jsonpath={.metadata.labels}"],
+    );
+    assert_eq!(labels, r#"{"app":"web"}"#);
+    let managers = ok(
+        &s,
+        &[
+            "get",
+            "deploy",
+            "web",
+            "-o",
+            "jsonpath={.metadata.managedFields[*].manager}",
+        ],
+    );
+    assert_eq!(managers, "kubectl", "kubectl-patch owned nothing else");
+
+    // A scale is an update by kubectl's scale manager; dry-run writes nothing.
+    // kubectl scale sends no fieldManager: the manager is its User-Agent's product.
+    ok(&s, &["scale", "deploy", "web", "--replicas=4"]);
+    let err = fails(&s, &ssa, Some(&web(3)));
+    assert!(err.contains("conflict with"), "{err}");
+    let dry = [
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--dry-run=server",
+        "-f",
+        "-",
+    ];
+    assert!(ok_stdin(&s, &dry, &web(3)).contains("serverside-applied (server dry run)"));
+    assert_eq!(ok(&s, &replicas), "4");
 }

@@ -197,6 +197,13 @@ pub enum ApiError {
     /// A resourceVersion or UID precondition failed, or a state conflict (double bind).
     #[error("{0}")]
     Conflict(String),
+    /// A server-side apply would change fields other managers own (`force` moves them).
+    #[error("{message}")]
+    ApplyConflict {
+        message: String,
+        /// (field path, cause message) per conflicting field.
+        causes: Vec<(String, String)>,
+    },
     /// Validation failed; `errors` names every bad field.
     #[error("{kind} {name:?} is invalid: {}", join_field_errors(.errors))]
     Invalid {
@@ -229,7 +236,8 @@ pub enum ApiError {
     #[error(
         "the body of the request was in an unknown format ({0}) - accepted media types include: \
          application/json, application/yaml, application/json-patch+json, \
-         application/merge-patch+json, application/strategic-merge-patch+json"
+         application/merge-patch+json, application/strategic-merge-patch+json, \
+         application/apply-patch+yaml"
     )]
     UnsupportedMediaType(String),
     /// The store could not be reached or failed.
@@ -246,7 +254,7 @@ impl ApiError {
         match self {
             ApiError::NotFound { .. } | ApiError::UnknownResource(_) => Code::NotFound,
             ApiError::AlreadyExists { .. } => Code::AlreadyExists,
-            ApiError::Conflict(_) => Code::Aborted,
+            ApiError::Conflict(_) | ApiError::ApplyConflict { .. } => Code::Aborted,
             ApiError::Invalid { .. }
             | ApiError::BadRequest(_)
             | ApiError::UnsupportedMediaType(_)
@@ -267,7 +275,7 @@ impl ApiError {
             | ApiError::UnknownResource(_)
             | ApiError::NamespaceNotFound(_) => "NotFound",
             ApiError::AlreadyExists { .. } => "AlreadyExists",
-            ApiError::Conflict(_) => "Conflict",
+            ApiError::Conflict(_) | ApiError::ApplyConflict { .. } => "Conflict",
             ApiError::Invalid { .. } => "Invalid",
             ApiError::BadRequest(_) => "BadRequest",
             ApiError::UnsupportedMediaType(_) => "UnsupportedMediaType",
@@ -287,7 +295,7 @@ impl ApiError {
             | ApiError::UnknownResource(_)
             | ApiError::NamespaceNotFound(_) => (404, "NotFound"),
             ApiError::AlreadyExists { .. } => (409, "AlreadyExists"),
-            ApiError::Conflict(_) => (409, "Conflict"),
+            ApiError::Conflict(_) | ApiError::ApplyConflict { .. } => (409, "Conflict"),
             ApiError::Invalid { .. } => (422, "Invalid"),
             ApiError::BadRequest(_) => (400, "BadRequest"),
             ApiError::UnsupportedMediaType(_) => (415, "UnsupportedMediaType"),

@@ -509,6 +509,10 @@ impl<T: Strategy> Handler<T> {
             m.deletion_timestamp = old_meta.deletion_timestamp.clone();
             m.deletion_grace_period_seconds = old_meta.deletion_grace_period_seconds;
             m.generation = old_meta.generation;
+            // A write that does not name managedFields keeps them, as in Kubernetes.
+            if m.managed_fields.is_empty() {
+                m.managed_fields = old_meta.managed_fields.clone();
+            }
             o.prepare_update(&old);
             o
         };

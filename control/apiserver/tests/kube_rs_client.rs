@@ -1029,3 +1029,75 @@ async fn status_scale_and_discovery() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_side_apply_with_field_managers() {
+    let s = start().await;
+    let leases: Api<Lease> = Api::default_namespaced(s.client.clone());
+    let mut intent = lease("ssa", "alpha", &[("app", "ssa")]);
+    intent.metadata.resource_version = None;
+    // Apply creates, and records the manager.
+    let created = bounded(
+        "apply",
+        leases.patch(
+            "ssa",
+            &PatchParams::apply("deployer"),
+            &Patch::Apply(&intent),
+        ),
+    )
+    .await
+    .unwrap();
+    let managed = created.metadata.managed_fields.clone().unwrap_or_default();
+    assert_eq!(managed.len(), 1, "{managed:?}");
+    assert_eq!(managed[0].manager.as_deref(), Some("deployer"));
+    assert_eq!(managed[0].operation.as_deref(), Some("Apply"));
+    // Another manager applying a different holder conflicts: 409 Conflict, nothing written.
+    let mut other = intent.clone();
+    other.spec.as_mut().unwrap().holder_identity = Some("beta".into());
+    other.metadata.labels = None;
+    let err = api_error(
+        bounded(
+            "conflicting apply",
+            leases.patch("ssa", &PatchParams::apply("rival"), &Patch::Apply(&other)),
+        )
+        .await,
+    );
+    assert_eq!(
+        (err.code, err.reason.as_str()),
+        (409, "Conflict"),
+        "{err:?}"
+    );
+    assert!(
+        err.message.contains(
+            "conflict with \"deployer\" using coordination.k8s.io/v1: .spec.holderIdentity"
+        ),
+        "{}",
+        err.message
+    );
+    let live = leases.get("ssa").await.unwrap();
+    assert_eq!(live.spec.unwrap().holder_identity.as_deref(), Some("alpha"));
+    // Forced, the rival owns the field; the deployer's labels stay.
+    let forced = bounded(
+        "forced apply",
+        leases.patch(
+            "ssa",
+            &PatchParams::apply("rival").force(),
+            &Patch::Apply(&other),
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        forced.spec.unwrap().holder_identity.as_deref(),
+        Some("beta")
+    );
+    assert_eq!(forced.metadata.labels.unwrap()["app"], "ssa");
+    let managers: Vec<String> = forced
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|m| m.manager)
+        .collect();
+    assert_eq!(managers, ["deployer", "rival"]);
+}

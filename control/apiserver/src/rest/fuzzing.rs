@@ -13,7 +13,7 @@ use super::objects::{
     FieldValidation, decode_continue, dry_run, encode_with, parse_body, validate_list_options,
 };
 use super::patch::{PatchType, apply};
-use super::{Query, negotiate, path};
+use super::{Query, managed, negotiate, path};
 
 /// Runs one decoder, chosen by the first byte, on the rest of `data`.
 pub fn decode_request(data: &[u8]) {
@@ -98,11 +98,40 @@ fn patch(bytes: &[u8]) {
         return;
     };
     for ty in [PatchType::Json, PatchType::Merge, PatchType::Strategic] {
-        if let Ok(patched) = apply("skiff.api.Deployment", &original, &p, ty) {
+        if let Ok(mut patched) = apply("Deployment", &original, &p, ty) {
+            managed::record_update("Deployment", Some(&original), &mut patched, WRITER);
             let _ = encode_with(*deployments, patched, FieldValidation::Strict);
         }
     }
+    // Server-side apply of the bytes as an applied configuration, onto a live object that
+    // an earlier apply and an update own parts of, with and without force.
+    let Ok(mut owned) = managed::apply("Deployment", None, &original, WRITER, false) else {
+        return;
+    };
+    let mut scaled = owned.clone();
+    scaled["spec"]["replicas"] = json!(5);
+    managed::record_update(
+        "Deployment",
+        Some(&owned),
+        &mut scaled,
+        managed::Writer {
+            manager: "scaler",
+            ..WRITER
+        },
+    );
+    owned = scaled;
+    for force in [false, true] {
+        if let Ok(applied) = managed::apply("Deployment", Some(&owned), &p, WRITER, force) {
+            let _ = encode_with(*deployments, applied, FieldValidation::Strict);
+        }
+    }
 }
+
+const WRITER: managed::Writer<'static> = managed::Writer {
+    manager: "fuzz",
+    api_version: "apps/v1",
+    time: "2026-01-01T00:00:00Z",
+};
 
 #[cfg(test)]
 mod tests {
@@ -111,7 +140,7 @@ mod tests {
     /// The corpus seeds the fuzzer starts from run here on every test.
     #[test]
     fn seeds_decode_without_panicking() {
-        let seeds: [&[u8]; 10] = [
+        let seeds: [&[u8]; 12] = [
             b"\x00/apis/apps/v1/namespaces/default/deployments/web/scale",
             b"\x00/api/v1/namespaces//pods/%2F/log",
             b"\x01labelSelector=a%20in%20(x,y),!b&fieldSelector=status.phase!%3DRunning&continue=eyJydiI6MX0&dryRun=All",
@@ -121,6 +150,8 @@ mod tests {
             b"\x04kind: Pod\nmetadata: {name: p}\nspec:\n  containers: [{name: c, image: host, resources: {limits: {cpu: 1}}}]\n",
             b"\x05[{\"op\":\"move\",\"from\":\"/spec\",\"path\":\"/spec/x\"}]",
             b"\x05{\"spec\":{\"template\":{\"spec\":{\"containers\":[{\"name\":\"app\",\"$patch\":\"delete\"}]}}}}",
+            b"\x05{\"apiVersion\":\"apps/v1\",\"kind\":\"Deployment\",\"metadata\":{\"name\":\"web\",\"managedFields\":[{\"manager\":\"x\",\"fieldsV1\":{\"f:spec\":{\"k:{\\\"name\\\":1}\":{\".\":{}}}}}]},\"spec\":{\"replicas\":3}}",
+            b"\x05{\"spec\":{\"template\":{\"spec\":{\"containers\":[{\"name\":\"app\"},{\"image\":\"no-name\"}]}}}}",
             b"\x05{\"spec\":{\"template\":{\"spec\":{\"$setElementOrder/containers\":[{\"name\":\"x\"}],\"containers\":[{\"name\":\"x\",\"image\":\"y\"}]}}}}",
         ];
         for s in seeds {

@@ -721,3 +721,110 @@ async fn deletes_answer_200_unless_orphan_dependents_is_false() {
     assert_eq!(accepted.code, 202, "{}", accepted.text);
     assert!(accepted.body["metadata"]["deletionTimestamp"].is_string());
 }
+
+/// Server-side apply over HTTP: create by apply (201), Kubernetes' conflict Status (409 with
+/// FieldManagerConflict causes) against a manager that scaled through `/scale`, force.
+#[tokio::test]
+async fn server_side_apply_and_field_managers() {
+    let app = app().await;
+    let deploy = |replicas: i64| {
+        json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web"},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": "web"}},
+                "template": {
+                    "metadata": {"labels": {"app": "web"}},
+                    "spec": {"containers": [{"name": "web", "image": "host"}]},
+                },
+            },
+        })
+    };
+    let url = "/apis/apps/v1/namespaces/default/deployments/web";
+    let apply = |body: Value, query: &'static str| {
+        let app = &app;
+        async move {
+            app.call(
+                "PATCH",
+                &format!("{url}?{query}"),
+                "application/apply-patch+yaml",
+                body.to_string().into_bytes(),
+            )
+            .await
+        }
+    };
+    // Apply needs a field manager.
+    let a = apply(deploy(2), "").await;
+    assert_eq!(
+        (a.code, a.body["reason"].as_str()),
+        (400, Some("BadRequest"))
+    );
+    assert_eq!(
+        a.body["message"],
+        "fieldManager is required for apply requests"
+    );
+    let a = apply(deploy(2), "fieldManager=ci").await;
+    assert_eq!(a.code, 201, "{}", a.text);
+    assert_eq!(a.body["metadata"]["managedFields"][0]["manager"], "ci");
+    assert_eq!(a.body["metadata"]["managedFields"][0]["operation"], "Apply");
+    // Scaling through the scale subresource makes the scaler own spec.replicas.
+    let s = app
+        .call(
+            "PATCH",
+            &format!("{url}/scale?fieldManager=scaler"),
+            "application/merge-patch+json",
+            br#"{"spec":{"replicas":4}}"#.to_vec(),
+        )
+        .await;
+    assert_eq!(s.code, 200, "{}", s.text);
+    let live = app.call("GET", url, "", Vec::new()).await;
+    let managers: Vec<&str> = live.body["metadata"]["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["manager"].as_str())
+        .collect();
+    assert_eq!(managers, ["ci", "scaler"], "{}", live.text);
+    let a = apply(deploy(3), "fieldManager=ci").await;
+    assert_eq!(
+        (a.code, a.body["reason"].as_str()),
+        (409, Some("Conflict")),
+        "{}",
+        a.text
+    );
+    assert_eq!(
+        a.body["message"],
+        "Apply failed with 1 conflict: conflict with \"scaler\" using apps/v1: .spec.replicas"
+    );
+    assert_eq!(
+        a.body["details"]["causes"][0]["reason"],
+        "FieldManagerConflict"
+    );
+    assert_eq!(a.body["details"]["causes"][0]["field"], ".spec.replicas");
+    assert_eq!(a.body["details"]["name"], "web");
+    let still = app.call("GET", url, "", Vec::new()).await;
+    assert_eq!(
+        still.body["spec"]["replicas"], 4,
+        "a conflict writes nothing"
+    );
+    // force=true takes the field; force on another patch type is refused.
+    let a = apply(deploy(3), "fieldManager=ci&force=true").await;
+    assert_eq!(a.code, 200, "{}", a.text);
+    assert_eq!(a.body["spec"]["replicas"], 3);
+    let m = app
+        .call(
+            "PATCH",
+            &format!("{url}?force=true"),
+            "application/merge-patch+json",
+            br#"{"spec":{"replicas":1}}"#.to_vec(),
+        )
+        .await;
+    assert_eq!(m.code, 422, "{}", m.text);
+    assert_eq!(m.body["details"]["causes"][0]["field"], "force");
+    // A body of another kind is refused.
+    let mut lease = deploy(1);
+    lease["kind"] = json!("Lease");
+    let a = apply(lease, "fieldManager=ci").await;
+    assert_eq!(a.code, 400, "{}", a.text);
+}

@@ -26,6 +26,7 @@
 //! - `/openapi/v3` and each group-version's document ([`openapi`]), generated from the types.
 
 mod discovery;
+mod managed;
 mod node_proxy;
 mod objects;
 mod openapi;

@@ -14,7 +14,7 @@ use skiff_api::{DynKind, KindInfo, kinds};
 
 use super::path::ResourcePath;
 use super::status::Subject;
-use super::{Format, Query, Rest, fail, patch, plain_failure, respond, table, watch};
+use super::{Format, Query, Rest, fail, managed, patch, plain_failure, respond, table, watch};
 use crate::error::{ApiError, FieldError};
 use crate::registry::{ResourceHandler, WriteOptions};
 
@@ -77,6 +77,34 @@ impl Call<'_> {
 
     pub fn write_options(&self) -> Result<WriteOptions, ApiError> {
         dry_run(self.query.get("dryRun"))
+    }
+
+    /// This request's field manager (`fieldManager`, else the User-Agent's product).
+    pub fn field_manager(&self) -> Result<String, ApiError> {
+        let agent = self
+            .headers
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        managed::manager_of(self.query.get("fieldManager"), agent)
+    }
+
+    /// Records this request's write of `new` over `old` (`None`: a create) in
+    /// `new.metadata.managedFields` ([`managed::record_update`]).
+    pub fn record_write(&self, old: Option<&Value>, new: &mut Value) -> Result<(), ApiError> {
+        let manager = self.field_manager()?;
+        let time = crate::registry::now_rfc3339();
+        managed::record_update(
+            self.info.kind,
+            old,
+            new,
+            managed::Writer {
+                manager: &manager,
+                api_version: self.info.api_version,
+                time: &time,
+            },
+        );
+        Ok(())
     }
 
     /// The object as Kubernetes JSON.
@@ -609,7 +637,8 @@ async fn list(call: &Call<'_>) -> Result<Response, ApiError> {
 
 async fn create(call: &Call<'_>, body: &[u8]) -> Result<Response, ApiError> {
     let opts = call.write_options()?;
-    let value = call.decode(body)?;
+    let mut value = call.decode(body)?;
+    call.record_write(None, &mut value)?;
     let (bytes, warnings) = call.encode(value)?;
     let created = call.handler.create(&call.namespace, &bytes, opts).await?;
     Ok(call.object(201, &call.to_json(&created)?, &warnings))
@@ -637,15 +666,21 @@ async fn update(call: &Call<'_>, body: &[u8], sub: &str) -> Result<Response, Api
         .and_then(Value::as_str)
         .is_none_or(str::is_empty);
     for _ in 0..5 {
+        // The current object: the version an unconditional update replaces, and what the
+        // field managers' changes are measured against (a stale one fails the CAS anyway).
+        let current = call.handler.get(&call.namespace, &call.name).await?;
+        let current = call.to_json(&current)?;
         if unconditional {
-            let current = call.handler.get(&call.namespace, &call.name).await?;
-            let current = call.to_json(&current)?;
             value["metadata"]["resourceVersion"] = current
                 .pointer("/metadata/resourceVersion")
                 .cloned()
                 .unwrap_or(Value::Null);
         }
-        let (bytes, warnings) = call.encode(value.clone())?;
+        let mut value = value.clone();
+        if sub.is_empty() {
+            call.record_write(Some(&current), &mut value)?;
+        }
+        let (bytes, warnings) = call.encode(value)?;
         match call
             .handler
             .update(&call.namespace, &bytes, sub, opts)

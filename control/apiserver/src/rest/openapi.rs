@@ -38,6 +38,7 @@ fn value_schema(ty: Ty) -> Value {
         Ty::Quantity => json!({"x-kubernetes-int-or-string": true, "anyOf": [
             {"type": "integer"}, {"type": "string"}
         ]}),
+        Ty::Json => json!({"type": "object"}),
         Ty::Message(m) => reference(m),
     }
 }

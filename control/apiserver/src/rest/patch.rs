@@ -10,8 +10,9 @@ use axum::response::Response;
 use serde_json::{Value, json};
 
 use super::objects::{Call, parse_body};
-use super::respond;
+use super::{managed, respond};
 use crate::error::ApiError;
+use crate::registry::WriteOptions;
 
 /// How many times a patch is recomputed on a newer version after a conflict.
 const RETRIES: usize = 5;
@@ -94,6 +95,19 @@ pub(crate) async fn serve(call: &Call<'_>, body: &[u8], sub: &str) -> Result<Res
     let patch: Value = serde_json::from_slice(body)
         .or_else(|_| yaml_serde::from_slice(body))
         .map_err(|e| ApiError::BadRequest(format!("the patch is not valid JSON: {e}")))?;
+    if call.query.get("force").is_some() && ty != PatchType::Apply {
+        return Err(ApiError::Invalid {
+            kind: "PatchOptions.meta.k8s.io".into(),
+            name: String::new(),
+            errors: vec![crate::error::FieldError::forbidden(
+                "force",
+                "may not be specified for non-apply patch",
+            )],
+        });
+    }
+    if ty == PatchType::Apply {
+        return server_side_apply(call, patch, sub, opts).await;
+    }
     let pinned = rv_of(&patch);
     for _ in 0..RETRIES {
         let current = call.to_json(&call.handler.get(&call.namespace, &call.name).await?)?;
@@ -114,6 +128,9 @@ pub(crate) async fn serve(call: &Call<'_>, body: &[u8], sub: &str) -> Result<Res
                 )));
             }
         }
+        if sub.is_empty() {
+            call.record_write(Some(&current), &mut patched)?;
+        }
         if pinned.is_none() {
             patched["metadata"]["resourceVersion"] = current
                 .pointer("/metadata/resourceVersion")
@@ -126,6 +143,124 @@ pub(crate) async fn serve(call: &Call<'_>, body: &[u8], sub: &str) -> Result<Res
             .update(&call.namespace, &bytes, sub, opts)
             .await
         {
+            Ok(updated) => return Ok(call.object(200, &call.to_json(&updated)?, &warnings)),
+            Err(ApiError::Conflict(_)) if pinned.is_none() => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ApiError::Conflict(format!(
+        "Operation cannot be fulfilled on {} {:?}: the object has been modified; please apply \
+         your changes to the latest version and try again",
+        call.info.qualified(),
+        call.name
+    )))
+}
+
+/// PATCH with `application/apply-patch+yaml`: server-side apply of the body, the manager's
+/// whole intent for the object ([`managed::apply`]); creates the object when it does not
+/// exist (201). Recomputed on a newer version after a write conflict, unless the body names a
+/// resourceVersion.
+async fn server_side_apply(
+    call: &Call<'_>,
+    applied: Value,
+    sub: &str,
+    opts: WriteOptions,
+) -> Result<Response, ApiError> {
+    if !sub.is_empty() {
+        return Err(ApiError::BadRequest(format!(
+            "server-side apply of the {sub} subresource is not supported; apply the object"
+        )));
+    }
+    let Some(manager) = call.query.get("fieldManager") else {
+        return Err(ApiError::BadRequest(
+            "fieldManager is required for apply requests".into(),
+        ));
+    };
+    let manager = managed::manager_of(Some(manager), "")?;
+    let force = match call.query.get("force") {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(ApiError::BadRequest(format!(
+                "force: Invalid value: {other:?}: must be true or false"
+            )));
+        }
+    };
+    let mut applied = applied;
+    let Some(body) = applied.as_object_mut() else {
+        return Err(ApiError::BadRequest(
+            "the applied configuration must be an object".into(),
+        ));
+    };
+    for (field, want) in [
+        ("apiVersion", call.info.api_version),
+        ("kind", call.info.kind),
+    ] {
+        match body.get(field).and_then(Value::as_str) {
+            Some(got) if got == want => {}
+            Some(got) => {
+                return Err(ApiError::BadRequest(format!(
+                    "{field}: the applied configuration is a {got:?}, not a {want:?} (the \
+                     resource on the URL)"
+                )));
+            }
+            None => {
+                return Err(ApiError::BadRequest(format!(
+                    "{field} must be set in the applied configuration"
+                )));
+            }
+        }
+    }
+    let meta = body.entry("metadata").or_insert_with(|| json!({}));
+    if !meta.is_object() {
+        return Err(ApiError::BadRequest("metadata must be an object".into()));
+    }
+    for (k, want) in [
+        ("name", call.name.as_str()),
+        ("namespace", call.namespace.as_str()),
+    ] {
+        match meta.get(k).and_then(Value::as_str) {
+            Some(got) if !got.is_empty() && got != want => {
+                return Err(ApiError::BadRequest(format!(
+                    "metadata.{k}: the {k} of the applied configuration ({got:?}) does not \
+                     match the {k} on the URL ({want:?})"
+                )));
+            }
+            _ if !want.is_empty() => meta[k] = want.into(),
+            _ => {}
+        }
+    }
+    let pinned = rv_of(&applied);
+    for _ in 0..RETRIES {
+        let time = crate::registry::now_rfc3339();
+        let writer = managed::Writer {
+            manager: &manager,
+            api_version: call.info.api_version,
+            time: &time,
+        };
+        let current = match call.handler.get(&call.namespace, &call.name).await {
+            Ok(bytes) => Some(call.to_json(&bytes)?),
+            Err(ApiError::NotFound { .. }) if pinned.is_none() => None,
+            Err(e) => return Err(e),
+        };
+        let mut result = managed::apply(call.info.kind, current.as_ref(), &applied, writer, force)?;
+        let Some(current) = current else {
+            let (bytes, warnings) = call.encode(result)?;
+            match call.handler.create(&call.namespace, &bytes, opts).await {
+                Ok(created) => return Ok(call.object(201, &call.to_json(&created)?, &warnings)),
+                Err(ApiError::AlreadyExists { .. }) => continue,
+                Err(e) => return Err(e),
+            }
+        };
+        result["metadata"]["resourceVersion"] = match &pinned {
+            Some(rv) => rv.clone().into(),
+            None => current
+                .pointer("/metadata/resourceVersion")
+                .cloned()
+                .unwrap_or(Value::Null),
+        };
+        let (bytes, warnings) = call.encode(result)?;
+        match call.handler.update(&call.namespace, &bytes, "", opts).await {
             Ok(updated) => return Ok(call.object(200, &call.to_json(&updated)?, &warnings)),
             Err(ApiError::Conflict(_)) if pinned.is_none() => continue,
             Err(e) => return Err(e),
@@ -222,6 +357,7 @@ pub(crate) async fn scale(
         }
         let mut updated = current.clone();
         updated["spec"]["replicas"] = replicas.into();
+        call.record_write(Some(&current), &mut updated)?;
         let (bytes, _) = call.encode(updated)?;
         match call.handler.update(&call.namespace, &bytes, "", opts).await {
             Ok(obj) => {

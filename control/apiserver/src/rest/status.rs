@@ -41,7 +41,7 @@ pub fn failure(err: &ApiError, subject: &Subject<'_>) -> (u16, Value) {
             put("group", group);
             put("kind", kind);
         }
-        ApiError::Conflict(_) => {
+        ApiError::Conflict(_) | ApiError::ApplyConflict { .. } => {
             put("name", subject.name);
             put("group", subject.group);
             put("kind", subject.resource);
@@ -57,6 +57,15 @@ pub fn failure(err: &ApiError, subject: &Subject<'_>) -> (u16, Value) {
                     "message": e.cause_message(),
                     "field": e.path,
                 })
+            })
+            .collect();
+        details.insert("causes".into(), Value::Array(causes));
+    }
+    if let ApiError::ApplyConflict { causes, .. } = err {
+        let causes: Vec<Value> = causes
+            .iter()
+            .map(|(field, message)| {
+                json!({"reason": "FieldManagerConflict", "message": message, "field": field})
             })
             .collect();
         details.insert("causes".into(), Value::Array(causes));
