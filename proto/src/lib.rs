@@ -30,6 +30,7 @@ pub mod rpc {
 }
 
 pub mod columns;
+pub mod k8s_wire;
 pub mod manifest;
 pub mod quantity;
 mod resource;

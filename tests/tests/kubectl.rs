@@ -658,3 +658,164 @@ async fn kubectl_server_side_apply() {
     assert!(ok_stdin(&s, &dry, &web(3)).contains("serverside-applied (server dry run)"));
     assert_eq!(ok(&s, &replicas), "4");
 }
+
+/// kubectl's typed commands send Kubernetes protobuf (and do not fall back to JSON):
+/// `create namespace|deployment|service`, and `drain`, whose evictions go through the
+/// `pods/eviction` subresource; the drained node's pods are evicted and replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_typed_commands_and_drain() {
+    let _serial = SERIAL.lock().await;
+    let c = Cluster::start(2).await;
+    let s = &c.server;
+    let (a, b) = (&c.nodes[0].name, &c.nodes[1].name);
+
+    assert_eq!(
+        ok(s, &["create", "namespace", "shop"]),
+        "namespace/shop created\n"
+    );
+    assert_eq!(
+        ok(
+            s,
+            &[
+                "create",
+                "deployment",
+                "web",
+                "-n",
+                "shop",
+                "--image=host",
+                "--replicas=2",
+                "--port=8080",
+                "--",
+                "busybox",
+                "sleep",
+                "3600",
+            ]
+        ),
+        "deployment.apps/web created\n"
+    );
+    assert_eq!(
+        ok(
+            s,
+            &[
+                "create",
+                "service",
+                "clusterip",
+                "web",
+                "-n",
+                "shop",
+                "--tcp=80:8080"
+            ]
+        ),
+        "service/web created\n"
+    );
+    let svc = ok(
+        s,
+        &[
+            "get",
+            "svc",
+            "web",
+            "-n",
+            "shop",
+            "-o",
+            "jsonpath={.spec.ports[0].targetPort} {.spec.clusterIP}",
+        ],
+    );
+    let (target, ip) = svc.split_once(' ').unwrap();
+    assert_eq!(target, "8080");
+    assert!(ip.starts_with("10.96."), "{svc}");
+    let rollout = ok(
+        s,
+        &[
+            "rollout",
+            "status",
+            "deploy/web",
+            "-n",
+            "shop",
+            "--timeout=60s",
+        ],
+    );
+    assert!(rollout.contains("successfully rolled out"), "{rollout}");
+    // An explicit zero survives the protobuf body.
+    ok(
+        s,
+        &[
+            "create",
+            "deployment",
+            "idle",
+            "-n",
+            "shop",
+            "--image=host",
+            "--replicas=0",
+        ],
+    );
+    assert_eq!(
+        ok(
+            s,
+            &[
+                "get",
+                "deploy",
+                "idle",
+                "-n",
+                "shop",
+                "-o",
+                "jsonpath={.spec.replicas}"
+            ]
+        ),
+        "0"
+    );
+
+    // Drain the node with pods on it: cordoned, each pod evicted, replacements elsewhere.
+    let on = |node: &str| {
+        ok(
+            s,
+            &[
+                "get",
+                "pods",
+                "-n",
+                "shop",
+                "--field-selector",
+                &format!("spec.nodeName={node}"),
+                "-o",
+                "name",
+            ],
+        )
+    };
+    let busy = if on(a).is_empty() { b } else { a };
+    let drained = ok(s, &["drain", busy, "--timeout=60s", "--grace-period=1"]);
+    assert!(
+        drained.contains(&format!("node/{busy} cordoned")),
+        "{drained}"
+    );
+    assert!(drained.contains("evicting pod shop/web-"), "{drained}");
+    assert!(
+        drained.contains(&format!("node/{busy} drained")),
+        "{drained}"
+    );
+    assert_eq!(
+        ok(
+            s,
+            &["get", "node", busy, "-o", "jsonpath={.spec.unschedulable}"]
+        ),
+        "true"
+    );
+    assert!(on(busy).is_empty(), "pods left on {busy}");
+    let rollout = ok(
+        s,
+        &[
+            "rollout",
+            "status",
+            "deploy/web",
+            "-n",
+            "shop",
+            "--timeout=60s",
+        ],
+    );
+    assert!(rollout.contains("successfully rolled out"), "{rollout}");
+    assert_eq!(
+        ok(s, &["uncordon", busy]),
+        format!("node/{busy} uncordoned\n")
+    );
+    // An eviction of a pod that is not there is Kubernetes' 404.
+    let err = fails(s, &["drain", "no-such-node", "--timeout=5s"], None);
+    assert!(err.contains("nodes \"no-such-node\" not found"), "{err}");
+}

@@ -235,7 +235,8 @@ pub enum ApiError {
     /// The body is in a format the server does not read.
     #[error(
         "the body of the request was in an unknown format ({0}) - accepted media types include: \
-         application/json, application/yaml, application/json-patch+json, \
+         application/json, application/yaml, application/vnd.kubernetes.protobuf, \
+         application/json-patch+json, \
          application/merge-patch+json, application/strategic-merge-patch+json, \
          application/apply-patch+yaml"
     )]

@@ -51,6 +51,16 @@ pub fn subresources(info: &KindInfo) -> Vec<Subresource> {
                 response: Some(("", "v1", "Binding")),
             },
             Subresource {
+                name: "eviction",
+                verbs: &["create"],
+                response: Some(("policy", "v1", "Eviction")),
+            },
+            Subresource {
+                name: "exec",
+                verbs: &["create", "get"],
+                response: Some(("", "v1", "PodExecOptions")),
+            },
+            Subresource {
                 name: "log",
                 verbs: &["get"],
                 response: None,
@@ -271,6 +281,17 @@ mod tests {
             "{names:?}"
         );
         assert!(names.contains(&"pods/binding"));
+        // kubectl drain evicts only when discovery lists pods/eviction as a policy Eviction.
+        let eviction = core["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == "pods/eviction")
+            .expect("pods/eviction");
+        assert_eq!(
+            (eviction["group"].as_str(), eviction["kind"].as_str()),
+            (Some("policy"), Some("Eviction"))
+        );
         assert!(names.contains(&"pods/log"));
         let apps = resource_list(&i, "apps", "v1").expect("apps/v1");
         let scale = apps["resources"]

@@ -1,9 +1,10 @@
 //! The REST API's request decoders on arbitrary input, for `cargo fuzz`
 //! (`control/apiserver/fuzz`, target `rest_decoders`) and a unit test: paths, query
 //! parameters (selectors, continue tokens, dryRun, fieldValidation, list and watch options),
-//! Accept headers, bodies in JSON and YAML strictly decoded as each kind, and the three patch
-//! types applied to a live object. None of them may panic, whatever the bytes; everything
-//! they refuse is an `ApiError` (a 4xx). No store is involved.
+//! Accept headers, bodies in JSON, YAML and Kubernetes protobuf strictly decoded as each kind,
+//! the three patch types applied to a live object, and server-side apply onto an object two
+//! managers own. None of them may panic, whatever the bytes; everything they refuse is an
+//! `ApiError` (a 4xx). No store is involved.
 
 use axum::http::{HeaderMap, HeaderValue, header};
 use serde_json::{Value, json};
@@ -21,7 +22,7 @@ pub fn decode_request(data: &[u8]) {
         return;
     };
     let text = String::from_utf8_lossy(rest);
-    match which % 6 {
+    match which % 7 {
         0 => {
             let _ = path::parse(&text);
         }
@@ -35,7 +36,8 @@ pub fn decode_request(data: &[u8]) {
         }
         3 => body(rest, "application/json"),
         4 => body(rest, "application/yaml"),
-        _ => patch(rest),
+        5 => patch(rest),
+        _ => body(rest, skiff_api::k8s_wire::CONTENT_TYPE),
     }
 }
 
@@ -156,6 +158,18 @@ mod tests {
         ];
         for s in seeds {
             decode_request(s);
+        }
+        for pb in std::fs::read_dir(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/fuzz/seeds/rest_decoders"
+        ))
+        .into_iter()
+        .flatten()
+        .flatten()
+        {
+            if let Ok(bytes) = std::fs::read(pb.path()) {
+                decode_request(&bytes);
+            }
         }
     }
 }

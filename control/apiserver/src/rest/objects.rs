@@ -286,6 +286,11 @@ pub(crate) fn parse_body(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiE
             .map_err(|e| {
                 ApiError::BadRequest(format!("the body of the request is not valid YAML: {e}"))
             }),
+        skiff_api::k8s_wire::CONTENT_TYPE => skiff_api::k8s_wire::decode(body).map_err(|e| {
+            ApiError::BadRequest(format!(
+                "the protobuf body of the request cannot be read: {e}"
+            ))
+        }),
         other => Err(ApiError::UnsupportedMediaType(other.to_string())),
     }
 }
@@ -460,6 +465,9 @@ pub(crate) async fn serve(
         }
         (&Method::POST, Some(_), Some("binding")) if info.plural == "pods" => {
             bind(&call, &body).await
+        }
+        (&Method::POST, Some(_), Some("eviction")) if info.plural == "pods" => {
+            evict(&call, &body).await
         }
         (&Method::GET, Some(_), Some("log")) if info.plural == "pods" => {
             super::node_proxy::log(rest, &call).await
@@ -710,6 +718,15 @@ fn delete_request(
     } else {
         parse_body(call.headers, body)?
     };
+    delete_options(call, &opts, name)
+}
+
+/// A delete of `name` with the DeleteOptions `opts` (JSON), the query's options filling in.
+fn delete_options(
+    call: &Call<'_>,
+    opts: &Value,
+    name: &str,
+) -> Result<(DeleteRequest, WriteOptions), ApiError> {
     let q = call.query;
     let grace = match opts.get("gracePeriodSeconds").and_then(Value::as_i64) {
         Some(g) => Some(g),
@@ -819,6 +836,47 @@ async fn delete_collection(call: &Call<'_>, body: &[u8]) -> Result<Response, Api
         }
     }
     Ok(call.collection(items, json!({"resourceVersion": listing.resource_version})))
+}
+
+/// `pods/<name>/eviction`: a `policy/v1` Eviction deletes the pod with its DeleteOptions and
+/// answers 201 with a success Status, as kube-apiserver does. Skiff has no
+/// PodDisruptionBudgets, so no eviction is refused for one (kube-apiserver's 429).
+async fn evict(call: &Call<'_>, body: &[u8]) -> Result<Response, ApiError> {
+    let eviction = parse_body(call.headers, body)?;
+    let kind = eviction.get("kind").and_then(Value::as_str).unwrap_or("");
+    if kind != "Eviction" {
+        return Err(ApiError::BadRequest(format!(
+            "the body of a pod eviction must be a policy/v1 Eviction, not {kind:?}"
+        )));
+    }
+    let named = eviction
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if !named.is_empty() && named != call.name {
+        return Err(ApiError::BadRequest(
+            "name in URL does not match name in Eviction object".into(),
+        ));
+    }
+    let opts = eviction
+        .get("deleteOptions")
+        .filter(|o| o.is_object())
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    let (req, write) = delete_options(call, &opts, &call.name)?;
+    call.handler.delete(&req, write).await?;
+    Ok(respond(
+        201,
+        &json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Success",
+            "code": 201,
+        }),
+        call.format.errors(),
+        &[],
+    ))
 }
 
 async fn bind(call: &Call<'_>, body: &[u8]) -> Result<Response, ApiError> {

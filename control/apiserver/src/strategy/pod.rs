@@ -32,6 +32,11 @@ fn default_probe(p: &mut Probe) {
 
 fn default_container(c: &mut Container) {
     for p in &mut c.ports {
+        // 0 is Kubernetes' "no host port" (an omitempty int32), as kubectl's protobuf
+        // bodies send it.
+        if p.host_port == Some(0) {
+            p.host_port = None;
+        }
         if p.protocol.is_empty() {
             p.protocol = "TCP".into();
         }
@@ -476,6 +481,7 @@ mod tests {
         let mut c = container("a");
         c.ports.push(ContainerPort {
             container_port: 80,
+            host_port: Some(0),
             ..Default::default()
         });
         c.liveness_probe = Some(Probe {
@@ -490,6 +496,10 @@ mod tests {
         assert_eq!(spec.scheduler_name, "default-scheduler");
         assert_eq!(spec.termination_grace_period_seconds, Some(30));
         assert_eq!(spec.containers[0].ports[0].protocol, "TCP");
+        assert_eq!(
+            spec.containers[0].ports[0].host_port, None,
+            "0 is no host port"
+        );
         assert_eq!(
             spec.containers[0]
                 .liveness_probe
