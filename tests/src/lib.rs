@@ -250,6 +250,29 @@ impl Streaming {
     }
 }
 
+impl Streaming {
+    /// Waits up to `timeout` for the process to exit; its status and stderr, or `None` if
+    /// it still runs (it is killed on drop).
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<(std::process::ExitStatus, String)> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => {
+                    let mut err = String::new();
+                    if let Some(mut e) = self.child.stderr.take() {
+                        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+                    }
+                    return Some((status, err));
+                }
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                _ => return None,
+            }
+        }
+    }
+}
+
 impl Drop for Streaming {
     fn drop(&mut self) {
         let _ = self.child.kill();

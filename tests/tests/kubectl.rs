@@ -12,7 +12,7 @@ use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use skiff_tests::cluster::Cluster;
-use skiff_tests::{ApiServer, Backend, EtcdServer, eventually_within};
+use skiff_tests::{ApiServer, Backend, EtcdServer, Streaming, eventually_within};
 
 const T: Duration = Duration::from_secs(60);
 
@@ -818,4 +818,86 @@ async fn kubectl_typed_commands_and_drain() {
     // An eviction of a pod that is not there is Kubernetes' 404.
     let err = fails(s, &["drain", "no-such-node", "--timeout=5s"], None);
     assert!(err.contains("nodes \"no-such-node\" not found"), "{err}");
+}
+
+/// `kubectl port-forward`: a real TCP round trip from a local port to a server listening on
+/// the pod's localhost, through the API server's SPDY-in-WebSocket session and the node
+/// agent; a port nothing listens on is reported by kubectl, which keeps forwarding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_port_forward() {
+    let _serial = SERIAL.lock().await;
+    let c = Cluster::start(1).await;
+    let s = &c.server;
+    let pod = r#"apiVersion: v1
+kind: Pod
+metadata: {name: echo}
+spec:
+  containers:
+  - name: http
+    image: host
+    command: ["/usr/bin/python3", "-m", "http.server", "8080", "--bind", "0.0.0.0"]
+    readinessProbe:
+      tcpSocket: {port: 8080}
+      periodSeconds: 1
+"#;
+    ok_stdin(s, &["apply", "-f", "-"], pod);
+    ok(
+        s,
+        &["wait", "--for=condition=Ready", "pod/echo", "--timeout=60s"],
+    );
+    let port_of = |line: &str| -> u16 {
+        line.split("127.0.0.1:")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("a local port in {line:?}"))
+    };
+    let get = move |port: u16| {
+        use std::io::{Read, Write};
+        let mut conn = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        conn.set_read_timeout(Some(Duration::from_secs(20)))?;
+        conn.write_all(b"GET / HTTP/1.0\r\nHost: echo\r\n\r\n")?;
+        let mut answer = String::new();
+        conn.read_to_string(&mut answer)?;
+        Ok::<String, std::io::Error>(answer)
+    };
+    let forward = Streaming::spawn(s.kubectl_cmd(&["port-forward", "pod/echo", ":8080"]));
+    let line = forward
+        .wait_for(&["Forwarding from 127.0.0.1:", "-> 8080"], T)
+        .expect("kubectl port-forward listening");
+    let local = port_of(&line);
+    // Three round trips on three connections: each gets its own pair of streams.
+    for _ in 0..3 {
+        let answer = tokio::task::spawn_blocking(move || get(local))
+            .await
+            .unwrap()
+            .expect("a round trip through the forward");
+        assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");
+        assert!(answer.contains("Directory listing"), "{answer}");
+    }
+    drop(forward);
+
+    // Nothing listens on port 9 in the pod: the connection gets no data, and kubectl 1.32
+    // reports the error from the error stream and stops, as on a Kubernetes cluster.
+    let mut refused = Streaming::spawn(s.kubectl_cmd(&["port-forward", "pod/echo", ":9"]));
+    let line = refused
+        .wait_for(&["Forwarding from 127.0.0.1:", "-> 9"], T)
+        .expect("kubectl port-forward listening");
+    let port = port_of(&line);
+    let nothing = tokio::task::spawn_blocking(move || get(port))
+        .await
+        .unwrap();
+    assert!(nothing.map(|a| a.is_empty()).unwrap_or(true));
+    let (status, stderr) = refused
+        .wait_exit(T)
+        .expect("kubectl port-forward stops after the pod refused");
+    assert!(!status.success());
+    assert!(
+        stderr.contains("error forwarding port 9 to pod default/echo")
+            && stderr.contains("Connection refused"),
+        "{stderr}"
+    );
+    // A pod that does not exist: Kubernetes' 404.
+    let err = fails(s, &["port-forward", "pod/nope", "8080"], None);
+    assert!(err.contains("pods \"nope\" not found"), "{err}");
 }

@@ -47,6 +47,11 @@ use crate::{Client, ClientError};
 pub const LOGS_PATH: &str = "/logs";
 /// Path prefix of the exec endpoint.
 pub const EXEC_PATH: &str = "/exec";
+/// Path prefix of the port-forward endpoint (`POST /portforward/{namespace}/{pod}/{port}`).
+pub const PORT_FORWARD_PATH: &str = "/portforward";
+/// The `Upgrade` protocol of a port-forward request: after 101, the connection is a raw TCP
+/// tunnel to the pod's port.
+pub const PORT_FORWARD_UPGRADE: &str = "skiff-portforward";
 /// Largest exec answer read (the output of a command, base64 in JSON).
 const MAX_EXEC_OUTPUT: usize = 64 * 1024 * 1024;
 
@@ -594,11 +599,50 @@ impl AgentEndpoint {
 
     /// Sends `METHOD path` with `body` (JSON when not empty) on a new connection; a non-2xx
     /// answer becomes [`NodeApiError::Status`] with the body as message.
+    /// A raw byte tunnel to `localhost:<port>` inside the pod's network namespace, through
+    /// the agent (an HTTP upgrade); errors (nothing listening, pod not on that node) come
+    /// before the tunnel.
+    pub async fn port_forward(
+        &self,
+        namespace: &str,
+        pod: &str,
+        port: u16,
+    ) -> Result<TokioIo<hyper::upgrade::Upgraded>, NodeApiError> {
+        let path = format!(
+            "{PORT_FORWARD_PATH}/{}/{}/{port}",
+            segment(namespace),
+            segment(pod)
+        );
+        let resp = self
+            .request(
+                hyper::Method::POST,
+                &path,
+                Bytes::new(),
+                Some(PORT_FORWARD_UPGRADE),
+            )
+            .await?;
+        let upgraded = hyper::upgrade::on(resp)
+            .await
+            .map_err(|e| self.protocol(format!("port forward upgrade: {e}")))?;
+        Ok(TokioIo::new(upgraded))
+    }
+
     async fn send(
         &self,
         method: hyper::Method,
         path: &str,
         body: Bytes,
+    ) -> Result<Response<Incoming>, NodeApiError> {
+        self.request(method, path, body, None).await
+    }
+
+    /// One request on a fresh connection; with `upgrade`, a 101 answer is the success.
+    async fn request(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        body: Bytes,
+        upgrade: Option<&str>,
     ) -> Result<Response<Incoming>, NodeApiError> {
         let unreachable = |reason: String| NodeApiError::Unreachable {
             node: self.node.clone(),
@@ -615,7 +659,7 @@ impl AgentEndpoint {
             .map_err(|e| unreachable(e.to_string()))?;
         // Drives the connection; it ends when the response (body included) is done or dropped.
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            if let Err(e) = conn.with_upgrades().await {
                 tracing::debug!(error = %e, "node agent connection");
             }
         });
@@ -623,6 +667,11 @@ impl AgentEndpoint {
             .method(method.clone())
             .uri(path)
             .header(hyper::header::HOST, self.addr.to_string());
+        if let Some(protocol) = upgrade {
+            req = req
+                .header(hyper::header::CONNECTION, "Upgrade")
+                .header(hyper::header::UPGRADE, protocol);
+        }
         if !body.is_empty() {
             req = req.header(hyper::header::CONTENT_TYPE, "application/json");
         }
@@ -634,7 +683,11 @@ impl AgentEndpoint {
             .await
             .map_err(|e| self.protocol(format!("{method} {path}: {e}")))?;
         let status = resp.status();
-        if status.is_success() {
+        let expected = match upgrade {
+            Some(_) => status == StatusCode::SWITCHING_PROTOCOLS,
+            None => status.is_success(),
+        };
+        if expected {
             return Ok(resp);
         }
         let body = self

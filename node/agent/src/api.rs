@@ -53,7 +53,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
 use skiff_client::node_api::{
-    BpfPod, BpfPods, ExecRequest, ExecResult, LogOptions, NetworkStats, PodStats, StatsSummary,
+    BpfPod, BpfPods, ExecRequest, ExecResult, LogOptions, NetworkStats, PORT_FORWARD_UPGRADE,
+    PodStats, StatsSummary,
 };
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
@@ -170,6 +171,7 @@ fn router(state: ApiState) -> Router {
         .route("/logs/{namespace}/{pod}/{container}", get(logs))
         .route("/stats/summary", get(stats_summary))
         .route("/exec/{namespace}/{pod}/{container}", post(exec))
+        .route("/portforward/{namespace}/{pod}/{port}", post(port_forward))
         .with_state(state)
         .merge(bpf)
         .merge(metrics)
@@ -177,7 +179,8 @@ fn router(state: ApiState) -> Router {
             error(
                 StatusCode::NOT_FOUND,
                 "no such endpoint; the agent serves GET /logs/{namespace}/{pod}/{container}, \
-                 POST /exec/{namespace}/{pod}/{container}, GET /stats/summary, GET /bpf/services, GET /bpf/backends, GET /bpf/pods, \
+                 POST /exec/{namespace}/{pod}/{container}, POST /portforward/{namespace}/{pod}/{port} \
+                 (an HTTP upgrade), GET /stats/summary, GET /bpf/services, GET /bpf/backends, GET /bpf/pods, \
                  GET /bpf/conntrack and GET /metrics"
                     .into(),
             )
@@ -351,6 +354,95 @@ fn find_container(
         )));
     }
     Ok(info)
+}
+
+/// How long connecting to a pod's port may take.
+const PORT_FORWARD_CONNECT: Duration = Duration::from_secs(5);
+
+/// `POST /portforward/{namespace}/{pod}/{port}` with `Upgrade: skiff-portforward`: connects
+/// to `localhost:<port>` inside the pod's network namespace (as the kubelet does), then
+/// answers 101 and carries bytes both ways until either side closes. A port nothing listens
+/// on is a 502 naming it, before the upgrade.
+async fn port_forward(
+    State(st): State<ApiState>,
+    UrlPath((namespace, pod, port)): UrlPath<(String, String, u16)>,
+    mut req: axum::extract::Request,
+) -> Response {
+    let upgrade = req
+        .headers()
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !upgrade.eq_ignore_ascii_case(PORT_FORWARD_UPGRADE) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("port forwarding needs `Upgrade: {PORT_FORWARD_UPGRADE}`"),
+        );
+    }
+    if port == 0 {
+        return error(StatusCode::BAD_REQUEST, "port 0 is not a port".into());
+    }
+    let Some(info) = st.ctx.pods.find(&namespace, &pod) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("pod {namespace}/{pod} is not running on node {}", st.node),
+        );
+    };
+    let Some(sandbox) = info.sandbox else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("pod {namespace}/{pod} has no sandbox yet: it is not running"),
+        );
+    };
+    let local = SocketAddr::from(([127, 0, 0, 1], port));
+    let stream =
+        match skiff_hostnet::connect_in(&sandbox.netns_path, local, PORT_FORWARD_CONNECT).await {
+            Ok(s) => s,
+            Err(e) => {
+                let why = match &e {
+                    skiff_hostnet::NetError::Netns { source, .. } => source.to_string(),
+                    other => other.to_string(),
+                };
+                return error(
+                    StatusCode::BAD_GATEWAY,
+                    format!(
+                        "failed to connect to localhost:{port} inside the network namespace of \
+                         pod {namespace}/{pod}: {why}"
+                    ),
+                );
+            }
+        };
+    let stream = match stream
+        .set_nonblocking(true)
+        .and_then(|()| tokio::net::TcpStream::from_std(stream))
+    {
+        Ok(s) => s,
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    debug!(pod = %format!("{namespace}/{pod}"), port, "port forward");
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        let upgraded = match on_upgrade.await {
+            Ok(u) => u,
+            Err(e) => {
+                debug!(error = %e, "port forward upgrade");
+                return;
+            }
+        };
+        let mut client = hyper_util::rt::TokioIo::new(upgraded);
+        let mut pod_side = stream;
+        if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut pod_side).await {
+            debug!(error = %e, "port forward ended");
+        }
+    });
+    (
+        StatusCode::SWITCHING_PROTOCOLS,
+        [
+            (header::CONNECTION, "Upgrade"),
+            (header::UPGRADE, PORT_FORWARD_UPGRADE),
+        ],
+    )
+        .into_response()
 }
 
 fn error(status: StatusCode, message: String) -> Response {

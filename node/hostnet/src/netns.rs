@@ -130,6 +130,21 @@ fn enter(file: &File) -> io::Result<()> {
     nix::sched::setns(file, CloneFlags::CLONE_NEWNET).map_err(io::Error::from)
 }
 
+/// Opens a TCP connection to `addr` from inside the network namespace bind-mounted at
+/// `netns` (a pod's, for port forwarding to its `localhost`). The socket belongs to that
+/// namespace for its whole life; the thread that made it exits.
+pub async fn connect_in(
+    netns: &Path,
+    addr: std::net::SocketAddr,
+    timeout: std::time::Duration,
+) -> Result<std::net::TcpStream, NetError> {
+    let ns = Netns::new(Some(netns));
+    let path = ns.display_path();
+    ns.run(move || std::net::TcpStream::connect_timeout(&addr, timeout))
+        .await?
+        .map_err(|source| NetError::Netns { path, source })
+}
+
 /// Writes a per-namespace sysctl under `/proc/sys/net` from inside `netns`.
 pub(crate) async fn write_sysctl(netns: &Netns, key: &str, value: &str) -> Result<(), NetError> {
     let path = PathBuf::from("/proc/sys/net").join(key);

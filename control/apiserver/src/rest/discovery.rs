@@ -61,6 +61,11 @@ pub fn subresources(info: &KindInfo) -> Vec<Subresource> {
                 response: Some(("", "v1", "PodExecOptions")),
             },
             Subresource {
+                name: "portforward",
+                verbs: &["create", "get"],
+                response: Some(("", "v1", "PodPortForwardOptions")),
+            },
+            Subresource {
                 name: "log",
                 verbs: &["get"],
                 response: None,

@@ -18,7 +18,8 @@
 //!   `fieldValidation=Strict|Warn|Ignore`; list and watch options validated as
 //!   kube-apiserver's `ValidateListOptions`;
 //! - subresources: `status`, `scale` (as `autoscaling/v1` Scale), `pods/binding`, and
-//!   `pods/log` and `pods/exec` (WebSocket, `v5.channel.k8s.io`) through the pod's node agent
+//!   `pods/log`, `pods/exec` (WebSocket, `v5.channel.k8s.io`) and `pods/portforward` (SPDY/3.1
+//!   in a WebSocket) through the pod's node agent
 //!   ([`node_proxy`]);
 //! - answers as JSON, YAML (`Accept: application/yaml`), a `meta.k8s.io/v1` Table
 //!   (`;as=Table`) or metadata only (`;as=PartialObjectMetadata[List]`); errors as `Status`
@@ -32,6 +33,8 @@ mod objects;
 mod openapi;
 mod patch;
 mod path;
+mod portforward;
+mod spdy;
 mod status;
 mod table;
 mod watch;
@@ -301,6 +304,14 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
                 && matches!(parts.method, Method::GET | Method::POST) =>
         {
             node_proxy::exec(&rest, parts, p, query).await
+        }
+        Target::Resource(p)
+            if p.resource == "pods"
+                && p.group.is_empty()
+                && p.subresource.as_deref() == Some("portforward")
+                && matches!(parts.method, Method::GET | Method::POST) =>
+        {
+            portforward::serve(&rest, parts, p, query).await
         }
         Target::Resource(p) => {
             let body = match read_body(body).await {

@@ -39,21 +39,9 @@ pub(crate) async fn log(rest: &Rest, call: &Call<'_>) -> Result<Response, ApiErr
     .map_err(|e| ApiError::Internal(format!("decoding pod {}: {e}", call.name)))?;
     let opts = log_options(call)?;
     let container = pick_container(&pod, call.query.get("container"))?;
-    let node_name = pod
-        .spec
-        .as_ref()
-        .map(|s| s.node_name.clone())
-        .unwrap_or_default();
-    if node_name.is_empty() {
-        return Err(ApiError::BadRequest(format!(
-            "pod {} does not have a host assigned",
-            call.name
-        )));
-    }
-    let nodes = rest.registry.handler(Node::INFO.plural)?;
-    let node = Node::decode(nodes.get("", &node_name).await?.as_slice())
-        .map_err(|e| ApiError::Internal(format!("decoding node {node_name}: {e}")))?;
-    let agent = AgentEndpoint::of_node(&node).map_err(|e| agent_error(&e, &pod, &container))?;
+    let agent = node_agent(rest, &pod)
+        .await?
+        .map_err(|e| agent_error(&e, &pod, &container))?;
     let stream = agent
         .logs(&call.namespace, &call.name, &container, &opts)
         .await
@@ -104,6 +92,29 @@ fn log_options(call: &Call<'_>) -> Result<LogOptions, ApiError> {
 
 /// The agent's failure as the API's: a container that has no log yet is Kubernetes' 400
 /// "waiting to start"; an unreachable agent is an internal error naming it.
+/// The agent of the node `pod` is bound to (a 400 when it has none yet; the inner error when
+/// the node publishes no agent endpoint).
+pub(crate) async fn node_agent(
+    rest: &Rest,
+    pod: &Pod,
+) -> Result<Result<AgentEndpoint, NodeApiError>, ApiError> {
+    let node_name = pod
+        .spec
+        .as_ref()
+        .map(|s| s.node_name.clone())
+        .unwrap_or_default();
+    if node_name.is_empty() {
+        return Err(ApiError::BadRequest(format!(
+            "pod {} does not have a host assigned",
+            pod.name()
+        )));
+    }
+    let nodes = rest.registry.handler(Node::INFO.plural)?;
+    let node = Node::decode(nodes.get("", &node_name).await?.as_slice())
+        .map_err(|e| ApiError::Internal(format!("decoding node {node_name}: {e}")))?;
+    Ok(AgentEndpoint::of_node(&node))
+}
+
 fn agent_error(e: &NodeApiError, pod: &Pod, container: &str) -> ApiError {
     let name = pod.name();
     match e {
@@ -197,15 +208,9 @@ async fn exec_target(
              {phase}"
         )));
     }
-    let node_name = pod
-        .spec
-        .as_ref()
-        .map(|s| s.node_name.clone())
-        .unwrap_or_default();
-    let nodes = rest.registry.handler(Node::INFO.plural)?;
-    let node = Node::decode(nodes.get("", &node_name).await?.as_slice())
-        .map_err(|e| ApiError::Internal(format!("decoding node {node_name}: {e}")))?;
-    let agent = AgentEndpoint::of_node(&node).map_err(|e| agent_error(&e, &pod, &container))?;
+    let agent = node_agent(rest, &pod)
+        .await?
+        .map_err(|e| agent_error(&e, &pod, &container))?;
     Ok(ExecTarget {
         agent,
         namespace: namespace.to_string(),
