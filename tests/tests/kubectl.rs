@@ -877,6 +877,71 @@ spec:
     }
     drop(forward);
 
+    // 2 MB each way on one connection, with a half-close in between: an echo server in a
+    // second pod reads to EOF, then answers "<n>:" and the bytes.
+    let sink = r#"apiVersion: v1
+kind: Pod
+metadata: {name: sink}
+spec:
+  containers:
+  - name: echo
+    image: host
+    command:
+    - /usr/bin/python3
+    - -c
+    - |
+      import socket
+      s = socket.socket()
+      s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+      s.bind(("0.0.0.0", 7000))
+      s.listen()
+      while True:
+          c, _ = s.accept()
+          data = b""
+          while True:
+              b = c.recv(65536)
+              if not b:
+                  break
+              data += b
+          c.sendall(b"%d:" % len(data) + data)
+          c.close()
+    readinessProbe:
+      tcpSocket: {port: 7000}
+      periodSeconds: 1
+"#;
+    ok_stdin(s, &["apply", "-f", "-"], sink);
+    ok(
+        s,
+        &["wait", "--for=condition=Ready", "pod/sink", "--timeout=60s"],
+    );
+    let forward = Streaming::spawn(s.kubectl_cmd(&["port-forward", "pod/sink", ":7000"]));
+    let line = forward
+        .wait_for(&["Forwarding from 127.0.0.1:", "-> 7000"], T)
+        .expect("kubectl port-forward listening");
+    let sink_port = port_of(&line);
+    let echoed = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let payload: Vec<u8> = (0..2_000_000u32).map(|i| (i % 251) as u8).collect();
+        let mut conn = std::net::TcpStream::connect(("127.0.0.1", sink_port))?;
+        conn.set_read_timeout(Some(Duration::from_secs(30)))?;
+        conn.write_all(&payload)?;
+        conn.shutdown(std::net::Shutdown::Write)?;
+        let mut answer = Vec::new();
+        conn.read_to_end(&mut answer)?;
+        Ok::<(Vec<u8>, Vec<u8>), std::io::Error>((payload, answer))
+    })
+    .await
+    .unwrap()
+    .expect("2 MB through the forward");
+    let (payload, answer) = echoed;
+    assert!(
+        answer.starts_with(b"2000000:"),
+        "{:?}",
+        &answer[..answer.len().min(20)]
+    );
+    assert!(answer[8..] == payload[..], "the bytes came back intact");
+    drop(forward);
+
     // Nothing listens on port 9 in the pod: the connection gets no data, and kubectl 1.32
     // reports the error from the error stream and stops, as on a Kubernetes cluster.
     let mut refused = Streaming::spawn(s.kubectl_cmd(&["port-forward", "pod/echo", ":9"]));

@@ -2,8 +2,8 @@
 //! (`control/apiserver/fuzz`, target `rest_decoders`) and a unit test: paths, query
 //! parameters (selectors, continue tokens, dryRun, fieldValidation, list and watch options),
 //! Accept headers, bodies in JSON, YAML and Kubernetes protobuf strictly decoded as each kind,
-//! the three patch types applied to a live object, and server-side apply onto an object two
-//! managers own. None of them may panic, whatever the bytes; everything they refuse is an
+//! the three patch types applied to a live object, server-side apply onto an object two
+//! managers own, and port forwarding's SPDY frames. None of them may panic, whatever the bytes; everything they refuse is an
 //! `ApiError` (a 4xx). No store is involved.
 
 use axum::http::{HeaderMap, HeaderValue, header};
@@ -22,7 +22,7 @@ pub fn decode_request(data: &[u8]) {
         return;
     };
     let text = String::from_utf8_lossy(rest);
-    match which % 7 {
+    match which % 8 {
         0 => {
             let _ = path::parse(&text);
         }
@@ -37,7 +37,8 @@ pub fn decode_request(data: &[u8]) {
         3 => body(rest, "application/json"),
         4 => body(rest, "application/yaml"),
         5 => patch(rest),
-        _ => body(rest, skiff_api::k8s_wire::CONTENT_TYPE),
+        6 => body(rest, skiff_api::k8s_wire::CONTENT_TYPE),
+        _ => spdy_session(rest),
     }
 }
 
@@ -126,6 +127,15 @@ fn patch(bytes: &[u8]) {
         if let Ok(applied) = managed::apply("Deployment", Some(&owned), &p, WRITER, force) {
             let _ = encode_with(*deployments, applied, FieldValidation::Strict);
         }
+    }
+}
+
+/// Port forwarding's SPDY frames as a client may send them, cut at every length.
+fn spdy_session(bytes: &[u8]) {
+    let mut reader = super::spdy::Reader::new();
+    for chunk in bytes.chunks(7) {
+        reader.push(chunk);
+        while let Ok(Some(_)) = reader.next() {}
     }
 }
 
