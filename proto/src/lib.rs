@@ -32,6 +32,7 @@ pub mod rpc {
 pub mod columns;
 pub mod k8s_wire;
 pub mod manifest;
+pub mod names;
 pub mod quantity;
 mod resource;
 pub mod schema;

@@ -72,7 +72,9 @@ impl Selector {
             if term.is_empty() {
                 continue;
             }
-            requirements.push(parse_term(term).map_err(|r| err(text, r))?);
+            let req = parse_term(term).map_err(|r| err(text, r))?;
+            check_requirement(&req).map_err(|r| err(text, r))?;
+            requirements.push(req);
         }
         Ok(Selector { requirements })
     }
@@ -205,6 +207,33 @@ fn parse_term(term: &str) -> Result<Requirement, String> {
     Ok(Requirement::Exists(check_key(term)?))
 }
 
+/// Kubernetes' checks of a requirement's key and values (`labels.NewRequirement`), with its
+/// message: `unable to parse requirement: values[0][app]: Invalid value: "-x": ...`.
+fn check_requirement(req: &Requirement) -> Result<(), String> {
+    let (key, values): (&str, &[String]) = match req {
+        Requirement::Equals(k, v) | Requirement::NotEquals(k, v) => (k, std::slice::from_ref(v)),
+        Requirement::In(k, vs) | Requirement::NotIn(k, vs) => (k, vs),
+        Requirement::Exists(k) | Requirement::DoesNotExist(k) => (k, &[]),
+    };
+    let key_errors = crate::names::qualified_name(key);
+    if !key_errors.is_empty() {
+        return Err(format!(
+            "unable to parse requirement: key: Invalid value: {key:?}: {}",
+            key_errors.join("; ")
+        ));
+    }
+    for (i, v) in values.iter().enumerate() {
+        let errors = crate::names::label_value(v);
+        if !errors.is_empty() {
+            return Err(format!(
+                "unable to parse requirement: values[{i}][{key}]: Invalid value: {v:?}: {}",
+                errors.join("; ")
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A parsed field selector: equality requirements on field paths.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FieldSelector {
@@ -299,6 +328,23 @@ mod tests {
         ] {
             assert!(Selector::parse(sel).is_err(), "{sel}");
         }
+        // Keys and values follow the label rules, as kube-apiserver checks them.
+        let e = Selector::parse("app=-web").unwrap_err();
+        assert!(
+            e.reason.starts_with(
+                "unable to parse requirement: values[0][app]: Invalid value: \"-web\": a valid \
+                 label must be"
+            ),
+            "{e}"
+        );
+        let e = Selector::parse("tier in (web, b@d)").unwrap_err();
+        assert!(
+            e.reason.contains("values[1][tier]: Invalid value: \"b@d\""),
+            "{e}"
+        );
+        let e = Selector::parse("Bad_-/x").unwrap_err();
+        assert!(e.reason.contains("key: Invalid value: \"Bad_-/x\""), "{e}");
+        assert!(Selector::parse("example.com/app=Web_1,!x,y notin (a.b)").is_ok());
     }
 
     #[test]
