@@ -1,0 +1,224 @@
+//! The two content-addressed stores: blobs (`<root>/blobs/sha256/<hex>`) and unpacked layers
+//! (`<root>/layers/sha256/<hex>/`, named by the layer blob's digest). Writes go to a
+//! temporary name in the same directory and are renamed into place when complete and
+//! verified, so a crash or a bad input never leaves a half-written entry under a real name.
+
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest as _, Sha256};
+
+use crate::digest::Digest;
+use crate::unpack::{self, Compression, UnpackError};
+
+/// What can go wrong storing a blob or a layer.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("blob {expected}: its content has digest {actual} (corrupt or not what was asked)")]
+    DigestMismatch { expected: Digest, actual: Digest },
+    #[error("blob {digest}: {size} bytes, more than the {limit} expected")]
+    TooLarge {
+        digest: Digest,
+        size: u64,
+        limit: u64,
+    },
+    #[error("blob {0} is not in the store")]
+    Missing(Digest),
+    #[error("layer {digest}: {source}")]
+    Unpack {
+        digest: Digest,
+        #[source]
+        source: UnpackError,
+    },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_at(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// A unique temporary name next to `final_path`.
+fn temp_name(final_path: &Path) -> PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let name = final_path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    final_path.with_file_name(format!(".tmp-{}-{n}-{name}", std::process::id()))
+}
+
+/// Blobs by digest.
+#[derive(Debug, Clone)]
+pub struct BlobStore {
+    dir: PathBuf,
+}
+
+impl BlobStore {
+    /// The store under `root` (created when missing).
+    pub fn open(root: &Path) -> Result<BlobStore, StoreError> {
+        let dir = root.join("blobs").join("sha256");
+        fs::create_dir_all(&dir).map_err(io_at(&dir))?;
+        Ok(BlobStore { dir })
+    }
+
+    /// Where the blob `digest` is (whether or not it is there).
+    pub fn path(&self, digest: &Digest) -> PathBuf {
+        self.dir.join(digest.hex())
+    }
+
+    pub fn contains(&self, digest: &Digest) -> bool {
+        self.path(digest).is_file()
+    }
+
+    /// Reads a stored blob whole (manifests and configs; layers are streamed).
+    pub fn read(&self, digest: &Digest) -> Result<Vec<u8>, StoreError> {
+        let path = self.path(digest);
+        fs::read(&path).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => StoreError::Missing(digest.clone()),
+            _ => StoreError::Io { path, source: e },
+        })
+    }
+
+    /// Streams `content` into the store as `expected`, at most `limit` bytes (the size a
+    /// descriptor announced). The blob appears under its name only if its digest matches;
+    /// otherwise nothing is left behind. A blob already present is not written again.
+    pub fn put(
+        &self,
+        expected: &Digest,
+        content: &mut dyn Read,
+        limit: u64,
+    ) -> Result<PathBuf, StoreError> {
+        let final_path = self.path(expected);
+        if final_path.is_file() {
+            return Ok(final_path);
+        }
+        let tmp = temp_name(&final_path);
+        let result = (|| {
+            let mut file = File::create(&tmp).map_err(io_at(&tmp))?;
+            let mut hasher = Sha256::new();
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut size = 0u64;
+            loop {
+                let n = content.read(&mut buf).map_err(io_at(&tmp))?;
+                if n == 0 {
+                    break;
+                }
+                size += n as u64;
+                if size > limit {
+                    return Err(StoreError::TooLarge {
+                        digest: expected.clone(),
+                        size,
+                        limit,
+                    });
+                }
+                hasher.update(&buf[..n]);
+                file.write_all(&buf[..n]).map_err(io_at(&tmp))?;
+            }
+            let actual = Digest::from_hasher(hasher);
+            if &actual != expected {
+                return Err(StoreError::DigestMismatch {
+                    expected: expected.clone(),
+                    actual,
+                });
+            }
+            file.sync_all().map_err(io_at(&tmp))?;
+            fs::rename(&tmp, &final_path).map_err(io_at(&final_path))
+        })();
+        if result.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        result.map(|()| final_path)
+    }
+}
+
+/// Unpacked layers by the digest of their blob.
+#[derive(Debug, Clone)]
+pub struct LayerStore {
+    dir: PathBuf,
+}
+
+impl LayerStore {
+    pub fn open(root: &Path) -> Result<LayerStore, StoreError> {
+        let dir = root.join("layers").join("sha256");
+        fs::create_dir_all(&dir).map_err(io_at(&dir))?;
+        Ok(LayerStore { dir })
+    }
+
+    /// The directory of layer `digest` (an overlay lower directory once unpacked).
+    pub fn path(&self, digest: &Digest) -> PathBuf {
+        self.dir.join(digest.hex())
+    }
+
+    /// Unpacks the stored blob `digest` (a tarball, compressed as `compression`) once: a
+    /// layer already unpacked is returned as it is. On any error nothing is left.
+    pub fn unpack(
+        &self,
+        blobs: &BlobStore,
+        digest: &Digest,
+        compression: Compression,
+    ) -> Result<PathBuf, StoreError> {
+        let final_path = self.path(digest);
+        if final_path.is_dir() {
+            return Ok(final_path);
+        }
+        let blob = blobs.path(digest);
+        let file = File::open(&blob).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => StoreError::Missing(digest.clone()),
+            _ => StoreError::Io {
+                path: blob.clone(),
+                source: e,
+            },
+        })?;
+        let tmp = temp_name(&final_path);
+        fs::create_dir(&tmp).map_err(io_at(&tmp))?;
+        let result = unpack::unpack(file, compression, &tmp)
+            .map_err(|source| StoreError::Unpack {
+                digest: digest.clone(),
+                source,
+            })
+            .and_then(|()| fs::rename(&tmp, &final_path).map_err(io_at(&final_path)));
+        if result.is_err() {
+            let _ = fs::remove_dir_all(&tmp);
+        }
+        result.map(|()| final_path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_blob_is_stored_only_when_its_digest_matches() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = BlobStore::open(dir.path()).unwrap();
+        let good = Digest::of(b"hello");
+        let path = store.put(&good, &mut &b"hello"[..], 5).unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"hello");
+        // Wrong content: refused, nothing under the name, no temporary left.
+        let other = Digest::of(b"other");
+        let err = store.put(&other, &mut &b"hello"[..], 5).unwrap_err();
+        assert!(matches!(err, StoreError::DigestMismatch { .. }), "{err}");
+        assert!(!store.contains(&other));
+        // More than announced: refused as soon as it passes the size.
+        let big = Digest::of(b"hello world");
+        let err = store.put(&big, &mut &b"hello world"[..], 5).unwrap_err();
+        assert!(matches!(err, StoreError::TooLarge { .. }), "{err}");
+        let names: Vec<_> = fs::read_dir(dir.path().join("blobs/sha256"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [std::ffi::OsString::from(good.hex())]);
+    }
+}
