@@ -148,6 +148,13 @@ pub const CHECKS: &[Check] = &[
         run: check_etcd,
     },
     Check {
+        name: "registry",
+        what: "docker-registry (the OCI distribution registry) answering /v2/ on a loopback port",
+        fixes: &[Fix::Apt("docker-registry")],
+        needs_root: false,
+        run: check_registry,
+    },
+    Check {
         name: "etcdctl",
         what: "etcdctl",
         fixes: &[Fix::Apt("etcd-client")],
@@ -874,6 +881,60 @@ fn check_etcd(ctx: &Context) -> Verdict {
             );
         }
         std::thread::sleep(Duration::from_millis(100));
+    };
+    drop(child);
+    let _ = std::fs::remove_dir_all(&data);
+    verdict
+}
+
+fn check_registry(ctx: &Context) -> Verdict {
+    let fix = Fix::Apt("docker-registry");
+    let port = match free_port() {
+        Ok(p) => p,
+        Err(why) => return fail(why, fix),
+    };
+    let data = ctx.scratch.join(format!("registry-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data);
+    if let Err(e) = std::fs::create_dir_all(&data) {
+        return fail(format!("creating {}: {e}", data.display()), fix);
+    }
+    let config = data.join("config.yml");
+    let text = format!(
+        "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
+        data.join("storage").display()
+    );
+    if let Err(e) = std::fs::write(&config, text) {
+        return fail(format!("writing {}: {e}", config.display()), fix);
+    }
+    let mut cmd = Command::new("docker-registry");
+    cmd.arg("serve")
+        .arg(&config)
+        .env("PATH", &ctx.path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let child = match cmd.spawn() {
+        Ok(c) => Reaped(c),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return fail("docker-registry not found", fix);
+        }
+        Err(e) => return fail(format!("docker-registry could not start: {e}"), fix),
+    };
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let verdict = loop {
+        match http_get(addr, "/v2/") {
+            Ok(resp) if resp.lines().next().is_some_and(|l| l.contains(" 200 ")) => {
+                break Verdict::Ok(format!("docker-registry answers /v2/ on {addr}"));
+            }
+            _ if Instant::now() > deadline => {
+                break fail(
+                    format!("docker-registry did not answer /v2/ on {addr} within 10 s"),
+                    fix,
+                );
+            }
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
     };
     drop(child);
     let _ = std::fs::remove_dir_all(&data);

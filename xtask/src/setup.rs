@@ -37,6 +37,11 @@ pub const APT_PACKAGES: &[AptPackage] = &[
         why: "etcd store backend",
     },
     AptPackage {
+        name: "docker-registry",
+        ebpf: false,
+        why: "a real OCI distribution registry on loopback for the image pull tests",
+    },
+    AptPackage {
         name: "etcd-client",
         ebpf: false,
         why: "etcdctl",

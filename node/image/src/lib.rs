@@ -1,6 +1,7 @@
 //! The image store of a node: OCI blobs kept by digest and verified while they are written
 //! ([`BlobStore`]), layers unpacked once each into a directory an overlay mount can stack
-//! ([`LayerStore`], [`unpack`]), and images read from an OCI image layout ([`layout`]).
+//! ([`LayerStore`], [`unpack`]), and images read from an OCI image layout ([`layout`]) or
+//! pulled from a registry ([`pull`]).
 //!
 //! Nothing is ever half-written: a blob is streamed into a temporary file and renamed into
 //! place only when its digest matches; a layer is unpacked into a temporary directory and
@@ -10,13 +11,14 @@
 //! opaque directories get `trusted.overlay.opaque`, so the kernel's overlay merges the
 //! layers exactly as the OCI spec says.
 //!
-//! Not yet here: pulling from registries, the runtime's use of the layers, garbage
-//! collection (see issue M2-B).
+//! Not yet here: the runtime's use of the layers, garbage collection (see issue M2-B).
 
 mod digest;
 pub mod layout;
+pub mod pull;
 mod store;
 pub mod unpack;
 
 pub use digest::{Digest, DigestError};
-pub use store::{BlobStore, LayerStore, StoreError};
+pub use layout::Image;
+pub use store::{BlobStore, BlobWriter, LayerStore, StoreError};

@@ -99,46 +99,90 @@ impl BlobStore {
         content: &mut dyn Read,
         limit: u64,
     ) -> Result<PathBuf, StoreError> {
+        if self.contains(expected) {
+            return Ok(self.path(expected));
+        }
+        let mut writer = self.writer(expected, limit)?;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = content.read(&mut buf).map_err(|e| io_at(&writer.tmp)(e))?;
+            if n == 0 {
+                break;
+            }
+            writer.write(&buf[..n])?;
+        }
+        writer.finish()
+    }
+
+    /// A writer of the blob `expected` (at most `limit` bytes), for content that arrives in
+    /// chunks (a registry's stream). Dropped without [`BlobWriter::finish`], it leaves nothing.
+    pub fn writer(&self, expected: &Digest, limit: u64) -> Result<BlobWriter, StoreError> {
         let final_path = self.path(expected);
-        if final_path.is_file() {
-            return Ok(final_path);
-        }
         let tmp = temp_name(&final_path);
-        let result = (|| {
-            let mut file = File::create(&tmp).map_err(io_at(&tmp))?;
-            let mut hasher = Sha256::new();
-            let mut buf = vec![0u8; 64 * 1024];
-            let mut size = 0u64;
-            loop {
-                let n = content.read(&mut buf).map_err(io_at(&tmp))?;
-                if n == 0 {
-                    break;
-                }
-                size += n as u64;
-                if size > limit {
-                    return Err(StoreError::TooLarge {
-                        digest: expected.clone(),
-                        size,
-                        limit,
-                    });
-                }
-                hasher.update(&buf[..n]);
-                file.write_all(&buf[..n]).map_err(io_at(&tmp))?;
-            }
-            let actual = Digest::from_hasher(hasher);
-            if &actual != expected {
-                return Err(StoreError::DigestMismatch {
-                    expected: expected.clone(),
-                    actual,
-                });
-            }
-            file.sync_all().map_err(io_at(&tmp))?;
-            fs::rename(&tmp, &final_path).map_err(io_at(&final_path))
-        })();
-        if result.is_err() {
-            let _ = fs::remove_file(&tmp);
+        let file = File::create(&tmp).map_err(io_at(&tmp))?;
+        Ok(BlobWriter {
+            file: Some(file),
+            tmp,
+            final_path,
+            expected: expected.clone(),
+            hasher: Sha256::new(),
+            size: 0,
+            limit,
+        })
+    }
+}
+
+/// A blob being written: hashed and counted as it goes, renamed into place by
+/// [`BlobWriter::finish`] only when its digest matches.
+#[derive(Debug)]
+pub struct BlobWriter {
+    file: Option<File>,
+    tmp: PathBuf,
+    final_path: PathBuf,
+    expected: Digest,
+    hasher: Sha256,
+    size: u64,
+    limit: u64,
+}
+
+impl BlobWriter {
+    pub fn write(&mut self, chunk: &[u8]) -> Result<(), StoreError> {
+        self.size += chunk.len() as u64;
+        if self.size > self.limit {
+            return Err(StoreError::TooLarge {
+                digest: self.expected.clone(),
+                size: self.size,
+                limit: self.limit,
+            });
         }
-        result.map(|()| final_path)
+        self.hasher.update(chunk);
+        match self.file.as_mut() {
+            Some(f) => f.write_all(chunk).map_err(io_at(&self.tmp)),
+            None => Ok(()),
+        }
+    }
+
+    /// Checks the digest and moves the blob to its name.
+    pub fn finish(mut self) -> Result<PathBuf, StoreError> {
+        let actual = Digest::from_hasher(std::mem::take(&mut self.hasher));
+        if actual != self.expected {
+            return Err(StoreError::DigestMismatch {
+                expected: self.expected.clone(),
+                actual,
+            });
+        }
+        if let Some(f) = self.file.take() {
+            f.sync_all().map_err(io_at(&self.tmp))?;
+        }
+        fs::rename(&self.tmp, &self.final_path).map_err(io_at(&self.final_path))?;
+        Ok(self.final_path.clone())
+    }
+}
+
+impl Drop for BlobWriter {
+    fn drop(&mut self) {
+        // Finished: the temporary name is gone already; otherwise remove what was written.
+        let _ = fs::remove_file(&self.tmp);
     }
 }
 

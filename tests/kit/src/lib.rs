@@ -8,6 +8,7 @@
 //!   Ready (every pod, or the pods bound to a set of hollow nodes).
 //! - [`build`]: object builders (pods, templates, selectors, labels).
 //! - [`eventually`] and friends: the one bounded wait (also without the `api` feature).
+//! - [`registry::Registry`]: a real OCI registry on loopback (also without `api`).
 //!
 //! The end-to-end harness that drives the real binaries lives in `tests/` (`skiff-tests`),
 //! and the test network (namespaces, the fabric) in `skiff-testnet`, which `cargo xtask up`
@@ -19,6 +20,7 @@ pub mod build;
 pub mod hollow;
 #[cfg(feature = "api")]
 pub mod kubelet;
+pub mod registry;
 #[cfg(feature = "api")]
 pub mod server;
 mod wait;
