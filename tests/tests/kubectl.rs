@@ -723,18 +723,21 @@ async fn kubectl_typed_commands_and_drain() {
     let (target, ip) = svc.split_once(' ').unwrap();
     assert_eq!(target, "8080");
     assert!(ip.starts_with("10.96."), "{svc}");
-    let rollout = ok(
-        s,
-        &[
-            "rollout",
-            "status",
-            "deploy/web",
-            "-n",
-            "shop",
-            "--timeout=60s",
-        ],
-    );
-    assert!(rollout.contains("successfully rolled out"), "{rollout}");
+    let rolled_out = || {
+        let rollout = ok(
+            s,
+            &[
+                "rollout",
+                "status",
+                "deploy/web",
+                "-n",
+                "shop",
+                "--timeout=60s",
+            ],
+        );
+        assert!(rollout.contains("successfully rolled out"), "{rollout}");
+    };
+    rolled_out();
     // An explicit zero survives the protobuf body.
     ok(
         s,
@@ -799,18 +802,7 @@ async fn kubectl_typed_commands_and_drain() {
         "true"
     );
     assert!(on(busy).is_empty(), "pods left on {busy}");
-    let rollout = ok(
-        s,
-        &[
-            "rollout",
-            "status",
-            "deploy/web",
-            "-n",
-            "shop",
-            "--timeout=60s",
-        ],
-    );
-    assert!(rollout.contains("successfully rolled out"), "{rollout}");
+    rolled_out();
     assert_eq!(
         ok(s, &["uncordon", busy]),
         format!("node/{busy} uncordoned\n")

@@ -69,6 +69,15 @@ impl Image {
     }
 }
 
+/// The linux/amd64 manifest of an index, the one Skiff's nodes run.
+pub(crate) fn linux_amd64(index: &ImageIndex) -> Option<&Descriptor> {
+    index.manifests().iter().find(|d| {
+        d.platform()
+            .as_ref()
+            .is_some_and(|p| *p.os() == Os::Linux && *p.architecture() == Arch::Amd64)
+    })
+}
+
 fn digest_of(d: &Descriptor, what: &'static str) -> Result<Digest, LayoutError> {
     d.digest()
         .to_string()
@@ -161,14 +170,7 @@ pub fn import_image(
         let digest = import(layout, blobs, &descriptor, "image index")?;
         size += descriptor.size();
         let nested: ImageIndex = parse(&blobs.read(&digest)?, "image index", &digest)?;
-        descriptor = nested
-            .manifests()
-            .iter()
-            .find(|d| {
-                d.platform()
-                    .as_ref()
-                    .is_some_and(|p| *p.os() == Os::Linux && *p.architecture() == Arch::Amd64)
-            })
+        descriptor = linux_amd64(&nested)
             .cloned()
             .ok_or_else(|| LayoutError::NoPlatform(digest.to_string()))?;
     }

@@ -16,7 +16,7 @@ use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::errors::OciDistributionError;
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
-use oci_spec::image::{Arch, ImageConfiguration, ImageIndex, ImageManifest, Os};
+use oci_spec::image::{ImageConfiguration, ImageIndex, ImageManifest};
 use tracing::info;
 
 use crate::digest::Digest;
@@ -150,18 +150,10 @@ impl Puller {
         let (manifest_digest, bytes) = if top.get("manifests").is_some() {
             let index: ImageIndex =
                 serde_json::from_slice(&bytes).map_err(|e| invalid(&image, e))?;
-            let chosen = index
-                .manifests()
-                .iter()
-                .find(|d| {
-                    d.platform()
-                        .as_ref()
-                        .is_some_and(|p| *p.os() == Os::Linux && *p.architecture() == Arch::Amd64)
-                })
-                .ok_or_else(|| PullError::Invalid {
-                    image: image.clone(),
-                    reason: format!("index {manifest_digest} has no linux/amd64 image"),
-                })?;
+            let chosen = crate::layout::linux_amd64(&index).ok_or_else(|| PullError::Invalid {
+                image: image.clone(),
+                reason: format!("index {manifest_digest} has no linux/amd64 image"),
+            })?;
             let at = reference.clone_with_digest(chosen.digest().to_string());
             self.manifest(&client, &at, &auth, &image).await?
         } else {

@@ -8,10 +8,12 @@
     reason = "a test: a failed step is the test's failure"
 )]
 
-use std::fs;
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
+mod common;
 
+use std::fs;
+use std::path::Path;
+
+use common::{Overlay, gz_layer};
 use serde_json::json;
 use skiff_image::layout::{LayoutError, import_image};
 use skiff_image::{BlobStore, Digest, LayerStore, StoreError};
@@ -25,35 +27,10 @@ fn blob(layout: &Path, bytes: &[u8]) -> (String, u64) {
     (d.to_string(), bytes.len() as u64)
 }
 
-fn layer(entries: &[(&str, &str)]) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    for (name, data) in entries {
-        let mut h = tar::Header::new_gnu();
-        h.set_uid(0);
-        h.set_gid(0);
-        h.set_mtime(0);
-        if name.ends_with('/') {
-            h.set_entry_type(tar::EntryType::Directory);
-            h.set_mode(0o755);
-            h.set_size(0);
-            b.append_data(&mut h, name, &[][..]).unwrap();
-        } else {
-            h.set_entry_type(tar::EntryType::Regular);
-            h.set_mode(0o644);
-            h.set_size(data.len() as u64);
-            b.append_data(&mut h, name, data.as_bytes()).unwrap();
-        }
-    }
-    let tar = b.into_inner().unwrap();
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    gz.write_all(&tar).unwrap();
-    gz.finish().unwrap()
-}
-
 /// A layout tagged `v1` holding an index (linux/arm64 first, then linux/amd64).
 fn build_layout(dir: &Path) -> (Vec<u8>, Vec<u8>) {
     fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
-    let bottom = layer(&[
+    let bottom = gz_layer(&[
         ("bin/", ""),
         ("bin/tool", "v1"),
         ("etc/", ""),
@@ -62,7 +39,7 @@ fn build_layout(dir: &Path) -> (Vec<u8>, Vec<u8>) {
         ("data/a", "a"),
         ("data/b", "b"),
     ]);
-    let top = layer(&[
+    let top = gz_layer(&[
         ("bin/tool", "v2"),
         ("etc/.wh.old.conf", ""),
         ("data/.wh..wh..opq", ""),
@@ -105,35 +82,6 @@ fn build_layout(dir: &Path) -> (Vec<u8>, Vec<u8>) {
     });
     fs::write(dir.join("index.json"), top_index.to_string()).unwrap();
     (bottom, top)
-}
-
-/// An overlay mount, unmounted on drop (also when the test fails).
-struct Overlay(PathBuf);
-
-impl Overlay {
-    fn mount(lowers_bottom_first: &[PathBuf], at: &Path) -> Overlay {
-        let lower: Vec<String> = lowers_bottom_first
-            .iter()
-            .rev()
-            .map(|p| p.display().to_string())
-            .collect();
-        let opts = format!("lowerdir={}", lower.join(":"));
-        nix::mount::mount(
-            Some("overlay"),
-            at,
-            Some("overlay"),
-            nix::mount::MsFlags::MS_RDONLY,
-            Some(opts.as_str()),
-        )
-        .expect("mounting the overlay");
-        Overlay(at.to_path_buf())
-    }
-}
-
-impl Drop for Overlay {
-    fn drop(&mut self) {
-        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
-    }
 }
 
 #[test]

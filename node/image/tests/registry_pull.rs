@@ -10,9 +10,11 @@
     reason = "a test: a failed step is the test's failure"
 )]
 
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
+mod common;
 
+use std::path::Path;
+
+use common::{Overlay, gz_layer};
 use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
@@ -20,23 +22,6 @@ use serde_json::json;
 use skiff_image::pull::{Credentials, PullError, Puller};
 use skiff_image::{BlobStore, Digest, LayerStore, StoreError};
 use skiff_testkit::registry::Registry;
-
-fn layer(entries: &[(&str, &str)]) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    for (name, data) in entries {
-        let mut h = tar::Header::new_gnu();
-        h.set_uid(0);
-        h.set_gid(0);
-        h.set_mtime(0);
-        h.set_entry_type(tar::EntryType::Regular);
-        h.set_mode(0o644);
-        h.set_size(data.len() as u64);
-        b.append_data(&mut h, name, data.as_bytes()).unwrap();
-    }
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    gz.write_all(&b.into_inner().unwrap()).unwrap();
-    gz.finish().unwrap()
-}
 
 fn pusher(registry: &Registry) -> Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -53,8 +38,8 @@ async fn push(
     arch: &str,
     auth: &RegistryAuth,
 ) -> (String, usize, Vec<Vec<u8>>) {
-    let bottom = layer(&[("bin/tool", "v1"), (&format!("arch/{arch}"), arch)]);
-    let top = layer(&[("bin/tool", "v2")]);
+    let bottom = gz_layer(&[("bin/tool", "v1"), (&format!("arch/{arch}"), arch)]);
+    let top = gz_layer(&[("bin/tool", "v2")]);
     let layers = vec![
         ImageLayer::new(
             bottom.clone(),
@@ -89,34 +74,6 @@ async fn push(
         .unwrap();
     assert!(pushed.manifest_url.contains("/manifests/"));
     (digest, bytes.len(), vec![bottom, top])
-}
-
-/// An overlay mount, unmounted on drop.
-struct Overlay(PathBuf);
-
-impl Overlay {
-    fn mount(lowers_bottom_first: &[PathBuf], at: &Path) -> Overlay {
-        let lower: Vec<String> = lowers_bottom_first
-            .iter()
-            .rev()
-            .map(|p| p.display().to_string())
-            .collect();
-        nix::mount::mount(
-            Some("overlay"),
-            at,
-            Some("overlay"),
-            nix::mount::MsFlags::MS_RDONLY,
-            Some(format!("lowerdir={}", lower.join(":")).as_str()),
-        )
-        .expect("mounting the overlay");
-        Overlay(at.to_path_buf())
-    }
-}
-
-impl Drop for Overlay {
-    fn drop(&mut self) {
-        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
-    }
 }
 
 fn no_temporaries(store: &Path) {

@@ -699,12 +699,7 @@ async fn update(call: &Call<'_>, body: &[u8], sub: &str) -> Result<Response, Api
             Err(e) => return Err(e),
         }
     }
-    Err(ApiError::Conflict(format!(
-        "Operation cannot be fulfilled on {} {:?}: the object has been modified; please apply \
-         your changes to the latest version and try again",
-        call.info.qualified(),
-        call.name
-    )))
+    Err(ApiError::modified(call.info, &call.name))
 }
 
 /// DeleteOptions from the body (JSON or YAML) and the query.

@@ -148,12 +148,7 @@ pub(crate) async fn serve(call: &Call<'_>, body: &[u8], sub: &str) -> Result<Res
             Err(e) => return Err(e),
         }
     }
-    Err(ApiError::Conflict(format!(
-        "Operation cannot be fulfilled on {} {:?}: the object has been modified; please apply \
-         your changes to the latest version and try again",
-        call.info.qualified(),
-        call.name
-    )))
+    Err(ApiError::modified(call.info, &call.name))
 }
 
 /// PATCH with `application/apply-patch+yaml`: server-side apply of the body, the manager's
@@ -266,12 +261,7 @@ async fn server_side_apply(
             Err(e) => return Err(e),
         }
     }
-    Err(ApiError::Conflict(format!(
-        "Operation cannot be fulfilled on {} {:?}: the object has been modified; please apply \
-         your changes to the latest version and try again",
-        call.info.qualified(),
-        call.name
-    )))
+    Err(ApiError::modified(call.info, &call.name))
 }
 
 /// The `autoscaling/v1` Scale view of a Deployment or ReplicaSet.
