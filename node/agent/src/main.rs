@@ -1,5 +1,5 @@
-//! `skiff-node`: the node agent (`run`), the container shim it starts (`shim`), and a host
-//! check (`check-host`).
+//! `skiff-node`: the node agent (`run`), the container shim it starts (`shim`), a host
+//! check (`check-host`), and the node's image store (`image pull|ls|rm`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -23,6 +23,9 @@ enum Command {
     /// Stops and removes every pod this node ran, its cgroups, pinned maps and state
     /// directory (for tearing down a local cluster; the agent must not be running).
     Purge(PurgeArgs),
+    /// Pulls, lists and forgets images in the node's image store (as crictl does).
+    #[command(subcommand)]
+    Image(ImageCommand),
     /// Internal: supervises one container (started by the agent), or runs one command
     /// inside a running container (`--join-pid`, for exec probes).
     #[command(hide = true)]
@@ -198,6 +201,113 @@ struct PurgeArgs {
     cgroup_parent: Option<PathBuf>,
 }
 
+#[derive(Subcommand, Debug)]
+enum ImageCommand {
+    /// Pulls an image from its registry into the node's store and unpacks its layers.
+    Pull(ImagePullArgs),
+    /// Lists the images this node has pulled.
+    Ls(ImageStoreArgs),
+    /// Forgets an image name (its layers stay until image garbage collection).
+    Rm {
+        #[command(flatten)]
+        store: ImageStoreArgs,
+        /// The name as it was pulled.
+        name: String,
+    },
+}
+
+#[derive(Args, Debug)]
+struct ImageStoreArgs {
+    /// The node's name (default: the host name).
+    #[arg(long)]
+    node_name: Option<String>,
+    /// The agent's state directory (default: /var/lib/skiff/<node>); images live in its
+    /// `images/` directory.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+}
+
+impl ImageStoreArgs {
+    fn open(&self) -> anyhow::Result<skiff_image::ImageStore> {
+        let state = match &self.state_dir {
+            Some(d) => d.clone(),
+            None => PathBuf::from("/var/lib/skiff")
+                .join(self.node_name.clone().unwrap_or_else(hostname)),
+        };
+        let root = state.join("images");
+        skiff_image::ImageStore::open(&root)
+            .with_context(|| format!("opening the image store in {}", root.display()))
+    }
+}
+
+#[derive(Args, Debug)]
+struct ImagePullArgs {
+    #[command(flatten)]
+    store: ImageStoreArgs,
+    /// `registry/repository:tag` or `registry/repository@sha256:...`.
+    name: String,
+    /// A registry spoken to over plain HTTP (`host:port`, e.g. a local registry); repeatable.
+    #[arg(long = "plain-http", value_name = "HOST:PORT")]
+    plain_http: Vec<String>,
+    /// A user name for the registry; the password is read from the first line of stdin
+    /// (never from the command line).
+    #[arg(long)]
+    username: Option<String>,
+}
+
+fn image(cmd: ImageCommand) -> anyhow::Result<()> {
+    match cmd {
+        ImageCommand::Pull(args) => {
+            let store = args.store.open()?;
+            let credentials = match &args.username {
+                Some(user) => {
+                    let mut password = String::new();
+                    std::io::stdin()
+                        .read_line(&mut password)
+                        .context("reading the registry password from stdin")?;
+                    Some(skiff_image::pull::Credentials {
+                        username: user.clone(),
+                        password: password.trim_end_matches(['\r', '\n']).to_string(),
+                    })
+                }
+                None => None,
+            };
+            let puller = skiff_image::pull::Puller::new(store.blobs.clone(), &args.plain_http);
+            let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+            let pulled = rt
+                .block_on(puller.pull(&args.name, credentials.as_ref()))
+                .with_context(|| format!("pulling {}", args.name))?;
+            let dirs = pulled
+                .unpack(&store.blobs, &store.layers)
+                .with_context(|| format!("unpacking {}", args.name))?;
+            let record = store.remember(&args.name, &pulled)?;
+            println!("pulled {}", record.name);
+            println!("digest {}", record.digest);
+            println!("size   {} bytes in {} layers", record.size, dirs.len());
+        }
+        ImageCommand::Ls(args) => {
+            let list = args.open()?.list()?;
+            println!("{:<50} {:<19} {:>12}", "IMAGE", "DIGEST", "SIZE");
+            for r in list {
+                let short = r.digest.trim_start_matches("sha256:");
+                println!(
+                    "{:<50} {:<19} {:>12}",
+                    r.name,
+                    format!("sha256:{}", &short[..short.len().min(12)]),
+                    r.size
+                );
+            }
+        }
+        ImageCommand::Rm { store, name } => {
+            if !store.open()?.forget(&name)? {
+                anyhow::bail!("no image named {name:?} on this node (see `skiff-node image ls`)");
+            }
+            println!("forgot {name}");
+        }
+    }
+    Ok(())
+}
+
 fn purge(args: PurgeArgs) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -231,6 +341,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Run(args) => run_agent(args)?,
         Command::Purge(args) => purge(args)?,
+        Command::Image(cmd) => image(cmd)?,
         // The shim must stay single-threaded until it forks: nothing else runs before it.
         Command::Shim(args) => std::process::exit(skiff_runtime::shim::run(*args)),
         Command::CheckHost => {

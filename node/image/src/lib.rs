@@ -14,11 +14,13 @@
 //! Not yet here: the runtime's use of the layers, garbage collection (see issue M2-B).
 
 mod digest;
+mod images;
 pub mod layout;
 pub mod pull;
 mod store;
 pub mod unpack;
 
 pub use digest::{Digest, DigestError};
+pub use images::{ImageRecord, ImageStore};
 pub use layout::Image;
 pub use store::{BlobStore, BlobWriter, LayerStore, StoreError};

@@ -13,10 +13,11 @@ mod common;
 use std::fs;
 use std::path::Path;
 
-use common::{Overlay, gz_layer};
+use common::Overlay;
 use serde_json::json;
 use skiff_image::layout::{LayoutError, import_image};
 use skiff_image::{BlobStore, Digest, LayerStore, StoreError};
+use skiff_testkit::registry::gz_layer;
 
 /// Writes `bytes` as a blob of the layout; its descriptor's digest and size.
 fn blob(layout: &Path, bytes: &[u8]) -> (String, u64) {

@@ -14,43 +14,24 @@ mod common;
 
 use std::path::Path;
 
-use common::{Overlay, gz_layer};
-use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
-use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference};
+use common::Overlay;
 use serde_json::json;
 use skiff_image::pull::{Credentials, PullError, Puller};
 use skiff_image::{BlobStore, Digest, LayerStore, StoreError};
 use skiff_testkit::registry::Registry;
+use skiff_testkit::registry::gz_layer;
 
-fn pusher(registry: &Registry) -> Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    Client::new(ClientConfig {
-        protocol: ClientProtocol::HttpsExcept(vec![registry.host()]),
-        ..Default::default()
-    })
-}
-
-/// Pushes a two-layer image for `arch`; returns the manifest digest and size and the layers.
+/// A two-layer image for `arch`, pushed as `repository:tag`; its manifest digest and size
+/// and its layers.
 async fn push(
-    client: &Client,
-    reference: &str,
+    registry: &Registry,
+    repository_tag: &str,
     arch: &str,
-    auth: &RegistryAuth,
+    auth: Option<(&str, &str)>,
 ) -> (String, usize, Vec<Vec<u8>>) {
-    let bottom = gz_layer(&[("bin/tool", "v1"), (&format!("arch/{arch}"), arch)]);
-    let top = gz_layer(&[("bin/tool", "v2")]);
     let layers = vec![
-        ImageLayer::new(
-            bottom.clone(),
-            "application/vnd.oci.image.layer.v1.tar+gzip".into(),
-            None,
-        ),
-        ImageLayer::new(
-            top.clone(),
-            "application/vnd.oci.image.layer.v1.tar+gzip".into(),
-            None,
-        ),
+        gz_layer(&[("bin/tool", "v1"), (&format!("arch/{arch}"), arch)]),
+        gz_layer(&[("bin/tool", "v2")]),
     ];
     let config = json!({
         "architecture": arch, "os": "linux",
@@ -58,22 +39,8 @@ async fn push(
         "rootfs": {"type": "layers", "diff_ids": [
             Digest::of(b"x").to_string(), Digest::of(b"y").to_string()]},
     });
-    let config = Config::new(
-        config.to_string().into_bytes(),
-        "application/vnd.oci.image.config.v1+json".into(),
-        None,
-    );
-    let r: Reference = reference.parse().unwrap();
-    let pushed = client
-        .push(&r, &layers, config, auth, None)
-        .await
-        .expect("push");
-    let (bytes, digest) = client
-        .pull_manifest_raw(&r, auth, &["application/vnd.oci.image.manifest.v1+json"])
-        .await
-        .unwrap();
-    assert!(pushed.manifest_url.contains("/manifests/"));
-    (digest, bytes.len(), vec![bottom, top])
+    let (digest, size) = registry.push(repository_tag, &layers, &config, auth).await;
+    (digest, size, layers)
 }
 
 fn no_temporaries(store: &Path) {
@@ -89,12 +56,8 @@ fn no_temporaries(store: &Path) {
 async fn pulls_by_tag_digest_and_index() {
     let registry = Registry::start();
     let host = registry.host();
-    let client = pusher(&registry);
-    let anon = RegistryAuth::Anonymous;
-    let (amd64, amd64_size, _) =
-        push(&client, &format!("{host}/demo/tool:amd64"), "amd64", &anon).await;
-    let (arm64, arm64_size, _) =
-        push(&client, &format!("{host}/demo/tool:arm64"), "arm64", &anon).await;
+    let (amd64, amd64_size, _) = push(&registry, "demo/tool:amd64", "amd64", None).await;
+    let (arm64, arm64_size, _) = push(&registry, "demo/tool:arm64", "arm64", None).await;
     let index = json!({
         "schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
         "manifests": [
@@ -104,15 +67,13 @@ async fn pulls_by_tag_digest_and_index() {
              "size": amd64_size, "platform": {"architecture": "amd64", "os": "linux"}},
         ],
     });
-    let multi: Reference = format!("{host}/demo/tool:multi").parse().unwrap();
-    client
-        .push_manifest_raw(
-            &multi,
-            index.to_string().into_bytes(),
-            "application/vnd.oci.image.index.v1+json".parse().unwrap(),
+    registry
+        .push_manifest(
+            "demo/tool:multi",
+            "application/vnd.oci.image.index.v1+json",
+            index.to_string().as_bytes(),
         )
-        .await
-        .expect("pushing the index");
+        .await;
 
     let store = tempfile::tempdir().unwrap();
     let blobs = BlobStore::open(store.path()).unwrap();
@@ -151,14 +112,7 @@ async fn pulls_by_tag_digest_and_index() {
 async fn failures_are_clear_and_write_nothing() {
     let registry = Registry::start();
     let host = registry.host();
-    let client = pusher(&registry);
-    let (_, _, pushed_layers) = push(
-        &client,
-        &format!("{host}/demo/tool:v1"),
-        "amd64",
-        &RegistryAuth::Anonymous,
-    )
-    .await;
+    let (_, _, pushed_layers) = push(&registry, "demo/tool:v1", "amd64", None).await;
     let store = tempfile::tempdir().unwrap();
     let blobs = BlobStore::open(store.path()).unwrap();
     let puller = Puller::new(blobs.clone(), std::slice::from_ref(&host));
@@ -218,9 +172,13 @@ async fn private_repositories_need_the_right_credentials() {
     let hash = bcrypt::hash("s3cret-pass", 4).unwrap();
     let registry = Registry::start_with(Some(&format!("ci:{hash}\n")));
     let host = registry.host();
-    let client = pusher(&registry);
-    let auth = RegistryAuth::Basic("ci".into(), "s3cret-pass".into());
-    push(&client, &format!("{host}/private/tool:v1"), "amd64", &auth).await;
+    push(
+        &registry,
+        "private/tool:v1",
+        "amd64",
+        Some(("ci", "s3cret-pass")),
+    )
+    .await;
     let store = tempfile::tempdir().unwrap();
     let puller = Puller::new(
         BlobStore::open(store.path()).unwrap(),

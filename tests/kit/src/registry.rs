@@ -107,6 +107,112 @@ impl Registry {
     }
 }
 
+impl Registry {
+    /// Pushes an image of `layers` (tar+gzip blobs, bottom first) and `config` (an OCI image
+    /// configuration) as `repository:tag` with oci-client, with `auth` (user, password) or
+    /// anonymously; returns the manifest's digest and size.
+    pub async fn push(
+        &self,
+        repository_tag: &str,
+        layers: &[Vec<u8>],
+        config: &serde_json::Value,
+        auth: Option<(&str, &str)>,
+    ) -> (String, usize) {
+        use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
+        use oci_client::secrets::RegistryAuth;
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = oci_client::Client::new(ClientConfig {
+            protocol: ClientProtocol::HttpsExcept(vec![self.host()]),
+            ..Default::default()
+        });
+        let auth = match auth {
+            Some((u, p)) => RegistryAuth::Basic(u.into(), p.into()),
+            None => RegistryAuth::Anonymous,
+        };
+        let reference: oci_client::Reference = format!("{}/{repository_tag}", self.host())
+            .parse()
+            .expect("a reference");
+        let layers: Vec<ImageLayer> = layers
+            .iter()
+            .map(|l| {
+                ImageLayer::new(
+                    l.clone(),
+                    "application/vnd.oci.image.layer.v1.tar+gzip".into(),
+                    None,
+                )
+            })
+            .collect();
+        let config = Config::new(
+            config.to_string().into_bytes(),
+            "application/vnd.oci.image.config.v1+json".into(),
+            None,
+        );
+        client
+            .push(&reference, &layers, config, &auth, None)
+            .await
+            .expect("pushing to the test registry");
+        let (bytes, digest) = client
+            .pull_manifest_raw(
+                &reference,
+                &auth,
+                &["application/vnd.oci.image.manifest.v1+json"],
+            )
+            .await
+            .expect("reading back the pushed manifest");
+        (digest, bytes.len())
+    }
+
+    /// Pushes a raw manifest or index document as `repository:tag`.
+    pub async fn push_manifest(&self, repository_tag: &str, media_type: &str, body: &[u8]) {
+        use oci_client::client::{ClientConfig, ClientProtocol};
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = oci_client::Client::new(ClientConfig {
+            protocol: ClientProtocol::HttpsExcept(vec![self.host()]),
+            ..Default::default()
+        });
+        let reference: oci_client::Reference = format!("{}/{repository_tag}", self.host())
+            .parse()
+            .expect("a reference");
+        client
+            .push_manifest_raw(
+                &reference,
+                body.to_vec(),
+                media_type.parse().expect("a media type"),
+            )
+            .await
+            .expect("pushing a manifest");
+    }
+}
+
+/// A tar+gzip image layer of `(path, content)` entries, owned by root; a path ending in `/`
+/// is a directory.
+pub fn gz_layer(entries: &[(&str, &str)]) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, data) in entries {
+        let mut h = tar::Header::new_gnu();
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        if name.ends_with('/') {
+            h.set_entry_type(tar::EntryType::Directory);
+            h.set_mode(0o755);
+            h.set_size(0);
+            b.append_data(&mut h, name, &[][..]).expect("a tar entry");
+        } else {
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_mode(0o755);
+            h.set_size(data.len() as u64);
+            b.append_data(&mut h, name, data.as_bytes())
+                .expect("a tar entry");
+        }
+    }
+    let tar = b.into_inner().expect("a tarball");
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&tar).expect("gzip");
+    gz.finish().expect("gzip")
+}
+
 impl Drop for Registry {
     fn drop(&mut self) {
         let _ = self.child.kill();

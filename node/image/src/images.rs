@@ -1,0 +1,142 @@
+//! The node's images: the blob and layer stores under one root, and the names pulled into
+//! them (`<root>/images.json`, replaced atomically), as `crictl images` lists them.
+
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::layout::Image;
+use crate::store::{BlobStore, LayerStore, StoreError};
+
+/// One name the node has pulled.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageRecord {
+    /// As it was pulled (`registry/repository:tag` or `@sha256:...`).
+    pub name: String,
+    /// The manifest digest it resolved to.
+    pub digest: String,
+    /// Bytes of its blobs.
+    pub size: u64,
+    /// Its layer digests, bottom first.
+    pub layers: Vec<String>,
+    /// Seconds since the epoch.
+    pub pulled_at: u64,
+}
+
+/// Blobs, layers and the names of a node's images.
+#[derive(Debug, Clone)]
+pub struct ImageStore {
+    root: PathBuf,
+    pub blobs: BlobStore,
+    pub layers: LayerStore,
+}
+
+impl ImageStore {
+    pub fn open(root: &Path) -> Result<ImageStore, StoreError> {
+        Ok(ImageStore {
+            root: root.to_path_buf(),
+            blobs: BlobStore::open(root)?,
+            layers: LayerStore::open(root)?,
+        })
+    }
+
+    fn index(&self) -> PathBuf {
+        self.root.join("images.json")
+    }
+
+    /// The names pulled, sorted.
+    pub fn list(&self) -> Result<Vec<ImageRecord>, StoreError> {
+        let path = self.index();
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(source) => return Err(StoreError::Io { path, source }),
+        };
+        let mut list: Vec<ImageRecord> =
+            serde_json::from_slice(&bytes).map_err(|e| StoreError::Io {
+                path: path.clone(),
+                source: std::io::Error::other(e),
+            })?;
+        list.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(list)
+    }
+
+    fn save(&self, list: &[ImageRecord]) -> Result<(), StoreError> {
+        let path = self.index();
+        let tmp = self
+            .root
+            .join(format!(".images.json.{}", std::process::id()));
+        let io = |source| StoreError::Io {
+            path: tmp.clone(),
+            source,
+        };
+        let json = serde_json::to_vec_pretty(list).map_err(|e| io(std::io::Error::other(e)))?;
+        std::fs::write(&tmp, json).map_err(io)?;
+        std::fs::rename(&tmp, &path).map_err(|source| StoreError::Io { path, source })
+    }
+
+    /// Records that `name` is `image` (replacing what the name was before).
+    pub fn remember(&self, name: &str, image: &Image) -> Result<ImageRecord, StoreError> {
+        let record = ImageRecord {
+            name: name.to_string(),
+            digest: image.manifest.to_string(),
+            size: image.size,
+            layers: image.layers.iter().map(|(d, _)| d.to_string()).collect(),
+            pulled_at: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        };
+        let mut list = self.list()?;
+        list.retain(|r| r.name != name);
+        list.push(record.clone());
+        self.save(&list)?;
+        Ok(record)
+    }
+
+    /// Forgets `name`; whether it was there. Its blobs and layers stay until garbage
+    /// collection (not yet written) removes what no image names.
+    pub fn forget(&self, name: &str) -> Result<bool, StoreError> {
+        let mut list = self.list()?;
+        let before = list.len();
+        list.retain(|r| r.name != name);
+        if list.len() == before {
+            return Ok(false);
+        }
+        self.save(&list)?;
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Digest;
+    use crate::unpack::Compression;
+
+    #[test]
+    fn names_are_remembered_and_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ImageStore::open(dir.path()).unwrap();
+        assert!(store.list().unwrap().is_empty());
+        let image = Image {
+            manifest: Digest::of(b"m"),
+            config: serde_json::from_str(
+                r#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#,
+            )
+            .unwrap(),
+            layers: vec![(Digest::of(b"l"), Compression::Gzip)],
+            size: 42,
+        };
+        store.remember("r/a:1", &image).unwrap();
+        store.remember("r/b:1", &image).unwrap();
+        store.remember("r/a:1", &image).unwrap();
+        let names: Vec<String> = store.list().unwrap().into_iter().map(|r| r.name).collect();
+        assert_eq!(names, ["r/a:1", "r/b:1"]);
+        assert!(store.forget("r/a:1").unwrap());
+        assert!(!store.forget("r/a:1").unwrap());
+        assert_eq!(store.list().unwrap().len(), 1);
+    }
+}
