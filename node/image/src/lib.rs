@@ -16,6 +16,7 @@
 mod digest;
 mod images;
 pub mod layout;
+pub mod process;
 pub mod pull;
 mod store;
 pub mod unpack;
