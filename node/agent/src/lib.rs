@@ -26,6 +26,7 @@
 //! earlier agent left is reconciled against the pod addresses still allocated.
 
 pub mod api;
+mod images;
 mod logs;
 mod metrics;
 mod node;
@@ -94,6 +95,8 @@ pub struct AgentConfig {
     pub max_pods: u32,
     /// Where the agent's HTTP API listens (port 0: a free one, published in the Node).
     pub api_listen: SocketAddr,
+    /// Registries pulled from over plain HTTP (`host:port`), besides loopback ones.
+    pub plain_http_registries: Vec<String>,
 }
 
 impl AgentConfig {
@@ -116,6 +119,7 @@ impl AgentConfig {
             lb: LbConfig::default(),
             max_pods: 110,
             api_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            plain_http_registries: Vec::new(),
         }
     }
 }
@@ -151,6 +155,9 @@ pub(crate) struct Ctx {
     pub pods: api::PodRegistry,
     /// Events about pods (Started, Killing, BackOff, Unhealthy, Failed).
     pub recorder: EventRecorder,
+    /// Images and container root filesystems made from them, or why the store could not be
+    /// opened (containers of registry images then wait with that reason).
+    pub images: Result<Arc<images::ImageService>, String>,
 }
 
 impl Ctx {
@@ -338,6 +345,9 @@ pub async fn run(
         backoff_max: cfg.backoff_max,
         pods: api::PodRegistry::default(),
         recorder: EventRecorder::new(client.clone(), EVENT_COMPONENT, &cfg.node_name),
+        images: images::ImageService::open(&cfg.state_dir, &cfg.plain_http_registries)
+            .map(Arc::new)
+            .inspect_err(|e| warn!(error = %e, "the image store is unavailable")),
     });
     // The fast path's endpoint entries of an earlier agent: those of pods that are gone are
     // removed now; the running pods' workers rewrite theirs as they adopt them.

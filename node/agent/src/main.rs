@@ -79,6 +79,10 @@ struct RunArgs {
     /// The node's network namespace (e.g. /run/netns/skiff-node-1); default: the agent's own.
     #[arg(long)]
     node_netns: Option<PathBuf>,
+    /// A registry pulled from over plain HTTP (`host:port`); repeatable. Registries on
+    /// loopback always are, as Docker treats them.
+    #[arg(long = "plain-http-registry", value_name = "HOST:PORT")]
+    plain_http_registries: Vec<String>,
     /// This node's pod CIDR, registered as Node.spec.podCIDR when the Node has none. Without
     /// it the agent waits for the controller manager's node IPAM to assign one.
     #[arg(long)]
@@ -159,6 +163,7 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|| PathBuf::from("/var/lib/skiff").join(&node));
     let mut cfg = skiff_node::AgentConfig::new(&node, state_dir, shim);
     cfg.node_netns = args.node_netns;
+    cfg.plain_http_registries = args.plain_http_registries;
     cfg.pod_cidr = args.pod_cidr;
     cfg.node_labels = args.node_labels;
     cfg.cgroup_parent = args.cgroup_parent;

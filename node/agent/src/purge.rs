@@ -86,6 +86,9 @@ pub async fn purge(cfg: &PurgeConfig) -> Result<(), PurgeError> {
             let _ = std::fs::remove_dir(parent);
         }
     }
+    // Container root filesystems are overlay mounts under the state directory: unmounted
+    // first, so removing the directory never reaches through a mount.
+    crate::images::release_under(&crate::images::rootfs_root(&cfg.state_dir));
     if cfg.state_dir.exists() {
         std::fs::remove_dir_all(&cfg.state_dir).map_err(|source| PurgeError::Io {
             what: "removing state directory",

@@ -60,6 +60,8 @@ struct Track {
     /// Started (startup probe passed or none) for the current run.
     started: bool,
     ready: bool,
+    /// The back-off before the next pull of this container's image after a failed one.
+    pull_backoff: Option<Duration>,
 }
 
 pub struct Worker {
@@ -99,6 +101,11 @@ fn limits_of(c: &Container) -> Limits {
         memory_bytes: value("memory").and_then(|v| u64::try_from(v).ok()),
         pids: value("pids").and_then(|v| u64::try_from(v).ok()),
     }
+}
+
+/// Whether a container's image is a registry reference (not `host`, not a root directory).
+fn from_registry(c: &Container) -> bool {
+    c.image != "host" && !c.image.starts_with('/')
 }
 
 /// The runtime's view of a container, or the reason it cannot be run.
@@ -339,12 +346,17 @@ impl Worker {
         policy: &str,
         now: Instant,
     ) -> Option<Instant> {
-        let spec = match container_spec(c) {
-            Ok(s) => s,
-            Err(msg) => {
-                self.tracks.entry(c.name.clone()).or_default().waiting =
-                    Some(("CreateContainerConfigError".into(), msg));
-                return None;
+        // A registry image is resolved (pulled, mounted) only when the container starts.
+        let spec = if from_registry(c) {
+            None
+        } else {
+            match container_spec(c) {
+                Ok(s) => Some(s),
+                Err(msg) => {
+                    self.tracks.entry(c.name.clone()).or_default().waiting =
+                        Some(("CreateContainerConfigError".into(), msg));
+                    return None;
+                }
             }
         };
         let probes = match self.probe_specs(c) {
@@ -366,7 +378,7 @@ impl Worker {
         let pod_name = self.name();
         let track = self.tracks.entry(c.name.clone()).or_default();
         match state {
-            None => self.start(sandbox, &spec, now).await,
+            None => self.start_container(sandbox, c, spec.as_ref(), now).await,
             Some(ContainerState::Running {
                 pid,
                 started_at,
@@ -425,7 +437,7 @@ impl Worker {
                 let at = track.restart_at.unwrap_or(now);
                 if now >= at {
                     track.waiting = None;
-                    self.start(sandbox, &spec, now).await
+                    self.start_container(sandbox, c, spec.as_ref(), now).await
                 } else {
                     let wait = at - now;
                     let entering =
@@ -447,6 +459,123 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// Starts container `c`: with its `spec`, or, for a registry image, once the image is
+    /// there (pulled as `imagePullPolicy` says) and mounted as its root filesystem. A failed
+    /// pull waits (`ErrImagePull`, then `ImagePullBackOff`) and is retried with back-off.
+    async fn start_container(
+        &mut self,
+        sandbox: &Sandbox,
+        c: &Container,
+        spec: Option<&ContainerSpec>,
+        now: Instant,
+    ) -> Option<Instant> {
+        if let Some(spec) = spec {
+            return self.start(sandbox, spec, now).await;
+        }
+        match self.image_spec(c).await {
+            Ok(spec) => {
+                let track = self.tracks.entry(c.name.clone()).or_default();
+                track.pull_backoff = None;
+                self.start(sandbox, &spec, now).await
+            }
+            Err((reason, msg)) => {
+                let (initial, max) = (self.ctx.backoff_initial, self.ctx.backoff_max);
+                let track = self.tracks.entry(c.name.clone()).or_default();
+                let delay = track.pull_backoff.unwrap_or(initial);
+                track.pull_backoff = Some((delay * 2).min(max));
+                let pulling = matches!(reason, "ErrImagePull" | "ImagePullBackOff");
+                let again = pulling
+                    && matches!(&track.waiting, Some((r, _)) if r == "ErrImagePull" || r == "ImagePullBackOff");
+                track.waiting = Some(if again {
+                    (
+                        "ImagePullBackOff".into(),
+                        format!("Back-off pulling image \"{}\": {msg}", c.image),
+                    )
+                } else {
+                    (reason.to_string(), msg.clone())
+                });
+                if again {
+                    let m = format!("Back-off pulling image \"{}\"", c.image);
+                    self.event(EventType::Normal, "BackOff", &m).await;
+                } else {
+                    let m = format!("Failed to pull image \"{}\": {msg}", c.image);
+                    self.event(EventType::Warning, "Failed", &m).await;
+                }
+                Some(now + delay)
+            }
+        }
+    }
+
+    /// The runtime spec of a registry-image container: the image present (pulled when the
+    /// policy says so, with Pulling/Pulled events), its root filesystem mounted, and the
+    /// image's Entrypoint/Cmd/Env/WorkingDir combined with the spec's as Kubernetes does.
+    async fn image_spec(&mut self, c: &Container) -> Result<ContainerSpec, (&'static str, String)> {
+        use skiff_image::process::{ContainerProcess, PullPolicy, process};
+        let field = format!("containers[{}]", c.name);
+        let images = self
+            .ctx
+            .images
+            .clone()
+            .map_err(|e| ("ErrImagePull", format!("the node's image store: {e}")))?;
+        let policy = PullPolicy::of(&c.image_pull_policy, &c.image)
+            .map_err(|m| ("CreateContainerConfigError", format!("{field}.{m}")))?;
+        let present = images.present(&c.image).map_err(|m| ("ErrImagePull", m))?;
+        let pull = policy
+            .should_pull(present.is_some(), &c.image)
+            .map_err(|m| ("ErrImageNeverPull", m))?;
+        let image = match (pull, present) {
+            (false, Some(image)) => image,
+            _ => {
+                let m = format!("Pulling image \"{}\"", c.image);
+                self.event(EventType::Normal, "Pulling", &m).await;
+                let started = Instant::now();
+                let image = images.pull(&c.image).await?;
+                let m = format!(
+                    "Successfully pulled image \"{}\" in {:.3}s. Image size: {} bytes.",
+                    c.image,
+                    started.elapsed().as_secs_f64(),
+                    image.size
+                );
+                self.event(EventType::Normal, "Pulled", &m).await;
+                image
+            }
+        };
+        let rootfs = images
+            .rootfs(&self.uid, &c.name, &image)
+            .map_err(|m| ("CreateContainerError", m))?;
+        let env: Vec<(String, String)> = c
+            .env
+            .iter()
+            .map(|e| (e.name.clone(), e.value.clone()))
+            .collect();
+        let p = process(
+            &image.config,
+            &ContainerProcess {
+                command: &c.command,
+                args: &c.args,
+                env: &env,
+                working_dir: &c.working_dir,
+            },
+        )
+        .ok_or_else(|| {
+            (
+                "CreateContainerError",
+                format!(
+                    "{field}: no command specified: the image has no Entrypoint or Cmd and the \
+                     container no command"
+                ),
+            )
+        })?;
+        Ok(ContainerSpec {
+            name: c.name.clone(),
+            image: Image::RootFs(rootfs),
+            argv: p.argv,
+            env: p.env,
+            working_dir: Some(p.working_dir.into()),
+            limits: limits_of(c),
+        })
     }
 
     async fn start(
@@ -728,6 +857,9 @@ impl Worker {
                 self.sandbox = sandbox.clone();
                 return Err(format!("removing sandbox: {e}"));
             }
+        }
+        if let Ok(images) = &self.ctx.images {
+            images.release_pod(&self.uid);
         }
         self.ctx.detach_pod_datapath(&self.uid);
         self.ctx

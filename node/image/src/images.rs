@@ -96,6 +96,56 @@ impl ImageStore {
         Ok(record)
     }
 
+    /// The image `name` was pulled as, rebuilt from the stored manifest and config (`None`
+    /// when the name was never pulled or a blob has gone).
+    pub fn image(&self, name: &str) -> Result<Option<Image>, StoreError> {
+        let Some(record) = self.list()?.into_iter().find(|r| r.name == name) else {
+            return Ok(None);
+        };
+        let Ok(digest) = record.digest.parse::<crate::Digest>() else {
+            return Ok(None);
+        };
+        let Ok(bytes) = self.blobs.read(&digest) else {
+            return Ok(None);
+        };
+        let bad = |what: &str, e: &dyn std::fmt::Display| StoreError::Io {
+            path: self.blobs.path(&digest),
+            source: std::io::Error::other(format!("{what}: {e}")),
+        };
+        let manifest: oci_spec::image::ImageManifest =
+            serde_json::from_slice(&bytes).map_err(|e| bad("manifest", &e))?;
+        let config_digest: crate::Digest = manifest
+            .config()
+            .digest()
+            .to_string()
+            .parse()
+            .map_err(|e| bad("config digest", &e))?;
+        let Ok(config_bytes) = self.blobs.read(&config_digest) else {
+            return Ok(None);
+        };
+        let config = serde_json::from_slice(&config_bytes).map_err(|e| bad("config", &e))?;
+        let mut layers = Vec::new();
+        for l in manifest.layers() {
+            let d: crate::Digest = l
+                .digest()
+                .to_string()
+                .parse()
+                .map_err(|e| bad("layer digest", &e))?;
+            if !self.blobs.contains(&d) {
+                return Ok(None);
+            }
+            let c = crate::unpack::Compression::of_media_type(l.media_type().as_ref())
+                .map_err(|e| bad("layer", &e))?;
+            layers.push((d, c));
+        }
+        Ok(Some(Image {
+            manifest: digest,
+            config,
+            layers,
+            size: record.size,
+        }))
+    }
+
     /// Forgets `name`; whether it was there. Its blobs and layers stay until garbage
     /// collection (not yet written) removes what no image names.
     pub fn forget(&self, name: &str) -> Result<bool, StoreError> {

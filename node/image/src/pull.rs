@@ -87,7 +87,7 @@ impl PullError {
 pub struct Puller {
     /// A client is made per pull: oci-client keeps the first credentials it saw for a
     /// registry, and pulls may come with different ones.
-    protocol: ClientProtocol,
+    plain_http: Vec<String>,
     blobs: BlobStore,
     /// One lock per reference being pulled.
     inflight: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -102,13 +102,14 @@ impl std::fmt::Debug for Puller {
 }
 
 impl Puller {
-    /// A puller into `blobs`; the registries in `plain_http` (`host:port`) are spoken to
+    /// A puller into `blobs`; the registries in `plain_http` (`host:port`) and those on
+    /// loopback (`localhost`, `127.0.0.0/8`, `[::1]`, as Docker treats them) are spoken to
     /// over HTTP, every other one over HTTPS.
     pub fn new(blobs: BlobStore, plain_http: &[String]) -> Puller {
         // rustls needs one process-wide crypto provider; a second install is refused, fine.
         let _ = rustls::crypto::ring::default_provider().install_default();
         Puller {
-            protocol: ClientProtocol::HttpsExcept(plain_http.to_vec()),
+            plain_http: plain_http.to_vec(),
             blobs,
             inflight: Mutex::new(HashMap::new()),
         }
@@ -140,8 +141,12 @@ impl Puller {
         };
         let image = name.to_string();
         let started = std::time::Instant::now();
+        let mut plain = self.plain_http.clone();
+        if is_loopback(reference.registry()) {
+            plain.push(reference.registry().to_string());
+        }
         let client = Client::new(ClientConfig {
-            protocol: self.protocol.clone(),
+            protocol: ClientProtocol::HttpsExcept(plain),
             ..Default::default()
         });
         let (manifest_digest, bytes) = self.manifest(&client, &reference, &auth, &image).await?;
@@ -310,6 +315,18 @@ fn stream_error(e: std::io::Error, expected: &Digest, image: &str) -> PullError 
     }
 }
 
+/// Whether a registry (`host[:port]`) is on this machine's loopback.
+fn is_loopback(registry: &str) -> bool {
+    let host = match registry.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(rest),
+        None => registry.split(':').next().unwrap_or(registry),
+    };
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 fn invalid(image: &str, e: impl std::fmt::Display) -> PullError {
     PullError::Invalid {
         image: image.to_string(),
@@ -363,5 +380,29 @@ fn classify(e: OciDistributionError, image: &str) -> PullError {
             image,
             reason: other.to_string(),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn loopback_registries() {
+        for r in [
+            "localhost:5000",
+            "127.0.0.1:5000",
+            "127.1.2.3",
+            "[::1]:5000",
+            "localhost",
+        ] {
+            assert!(super::is_loopback(r), "{r}");
+        }
+        for r in [
+            "registry.example:5000",
+            "10.0.0.1:5000",
+            "docker.io",
+            "localhost.example",
+        ] {
+            assert!(!super::is_loopback(r), "{r}");
+        }
     }
 }

@@ -185,8 +185,14 @@ impl Registry {
 }
 
 /// A tar+gzip image layer of `(path, content)` entries, owned by root; a path ending in `/`
-/// is a directory.
+/// is a directory, files are mode 0755.
 pub fn gz_layer(entries: &[(&str, &str)]) -> Vec<u8> {
+    let bytes: Vec<(&str, &[u8])> = entries.iter().map(|(p, d)| (*p, d.as_bytes())).collect();
+    gz_layer_bytes(&bytes)
+}
+
+/// [`gz_layer`] with binary contents (a static binary in an image).
+pub fn gz_layer_bytes(entries: &[(&str, &[u8])]) -> Vec<u8> {
     use std::io::Write as _;
     let mut b = tar::Builder::new(Vec::new());
     for (name, data) in entries {
@@ -203,8 +209,7 @@ pub fn gz_layer(entries: &[(&str, &str)]) -> Vec<u8> {
             h.set_entry_type(tar::EntryType::Regular);
             h.set_mode(0o755);
             h.set_size(data.len() as u64);
-            b.append_data(&mut h, name, data.as_bytes())
-                .expect("a tar entry");
+            b.append_data(&mut h, name, *data).expect("a tar entry");
         }
     }
     let tar = b.into_inner().expect("a tarball");

@@ -56,6 +56,7 @@ async fn bed(backoff_initial: Duration) -> Bed {
         backoff_max: backoff_initial * 8,
         pods: PodRegistry::default(),
         recorder: EventRecorder::new(client.clone(), EVENT_COMPONENT, "node-1"),
+        images: Err("no image store in these tests".into()),
     });
     Bed {
         _server: server,

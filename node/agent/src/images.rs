@@ -1,0 +1,136 @@
+//! Containers from OCI images: the agent's use of the node's image store
+//! ([`skiff_image::ImageStore`] under `<state>/images`). A container whose `image` is a
+//! registry reference (not `host`, not an absolute directory) is pulled as its
+//! `imagePullPolicy` says, and gets its own root filesystem: an overlay mount of the image's
+//! layers with a writable upper directory, at `<state>/rootfs/<pod uid>/<container>`, which
+//! the runtime then uses like any root directory. The mounts of a pod are undone when it is
+//! torn down (and by `skiff-node purge`).
+
+use std::path::{Path, PathBuf};
+
+use skiff_image::pull::Puller;
+use skiff_image::{Image, ImageStore};
+use tracing::{info, warn};
+
+/// The images of this node and the root filesystems made from them.
+pub(crate) struct ImageService {
+    store: ImageStore,
+    puller: Puller,
+    rootfs: PathBuf,
+}
+
+impl std::fmt::Debug for ImageService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImageService")
+            .field("rootfs", &self.rootfs)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where the rootfs mounts of the agent with state directory `state` live.
+pub(crate) fn rootfs_root(state: &Path) -> PathBuf {
+    state.join("rootfs")
+}
+
+impl ImageService {
+    pub fn open(state: &Path, plain_http: &[String]) -> Result<ImageService, String> {
+        let store = ImageStore::open(&state.join("images")).map_err(|e| e.to_string())?;
+        let puller = Puller::new(store.blobs.clone(), plain_http);
+        Ok(ImageService {
+            store,
+            puller,
+            rootfs: rootfs_root(state),
+        })
+    }
+
+    /// The image `name` if this node has it.
+    pub fn present(&self, name: &str) -> Result<Option<Image>, String> {
+        self.store.image(name).map_err(|e| e.to_string())
+    }
+
+    /// Pulls `name` and records it. Errors are `(waiting reason, message)`.
+    pub async fn pull(&self, name: &str) -> Result<Image, (&'static str, String)> {
+        let image = self
+            .puller
+            .pull(name, None)
+            .await
+            .map_err(|e| (e.reason(), e.to_string()))?;
+        self.store
+            .remember(name, &image)
+            .map_err(|e| ("ErrImagePull", e.to_string()))?;
+        Ok(image)
+    }
+
+    /// The root filesystem of container `name` of pod `uid`: the image's layers (unpacked
+    /// once) under a writable upper directory of its own, mounted once (an agent restart
+    /// finds it mounted).
+    pub fn rootfs(&self, uid: &str, name: &str, image: &Image) -> Result<PathBuf, String> {
+        let base = self.rootfs.join(uid).join(name);
+        let merged = base.join("merged");
+        if is_mounted(&merged) {
+            return Ok(merged);
+        }
+        let lowers = image
+            .unpack(&self.store.blobs, &self.store.layers)
+            .map_err(|e| format!("unpacking the image: {e}"))?;
+        let (upper, work) = (base.join("upper"), base.join("work"));
+        for d in [&upper, &work, &merged] {
+            std::fs::create_dir_all(d).map_err(|e| format!("creating {}: {e}", d.display()))?;
+        }
+        // overlayfs lists the lower directories top first.
+        let lower: Vec<String> = lowers
+            .iter()
+            .rev()
+            .map(|p| p.display().to_string())
+            .collect();
+        let opts = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lower.join(":"),
+            upper.display(),
+            work.display()
+        );
+        nix::mount::mount(
+            Some("overlay"),
+            &merged,
+            Some("overlay"),
+            nix::mount::MsFlags::empty(),
+            Some(opts.as_str()),
+        )
+        .map_err(|e| format!("mounting the root filesystem at {}: {e}", merged.display()))?;
+        info!(pod_uid = %uid, container = %name, layers = lowers.len(), "root filesystem mounted");
+        Ok(merged)
+    }
+
+    /// Unmounts and removes every root filesystem of pod `uid`.
+    pub fn release_pod(&self, uid: &str) {
+        release_under(&self.rootfs.join(uid));
+    }
+}
+
+fn is_mounted(path: &Path) -> bool {
+    skiff_runtime::mountinfo::read()
+        .map(|mounts| mounts.iter().any(|m| m.mount_point == path))
+        .unwrap_or(false)
+}
+
+/// Unmounts every mount at or below `dir`, deepest first, then removes `dir`.
+pub(crate) fn release_under(dir: &Path) {
+    if let Ok(mounts) = skiff_runtime::mountinfo::read() {
+        let mut under: Vec<PathBuf> = mounts
+            .into_iter()
+            .map(|m| m.mount_point)
+            .filter(|p| p.starts_with(dir))
+            .collect();
+        under.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        for p in under {
+            if let Err(e) = nix::mount::umount2(&p, nix::mount::MntFlags::MNT_DETACH) {
+                warn!(path = %p.display(), error = %e, "unmounting a container root filesystem");
+            }
+        }
+    }
+    if let Err(e) = std::fs::remove_dir_all(dir)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        warn!(path = %dir.display(), error = %e, "removing container root filesystems");
+    }
+}

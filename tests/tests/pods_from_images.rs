@@ -1,0 +1,143 @@
+//! Pods from OCI images in a real registry (docker-registry on loopback): the agent pulls
+//! the image (Pulling/Pulled events), mounts its layers as the container's own overlay root
+//! filesystem, and runs the image's Entrypoint and Cmd with its Env and WorkingDir; the
+//! container sees the image's files, not the node's. A tag that is not there waits with
+//! ErrImagePull / ImagePullBackOff and says why. Deleting the pods unmounts their roots.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "an end-to-end test: a failed step is the test's failure"
+)]
+
+use std::time::Duration;
+
+use serde_json::json;
+use skiff_testkit::registry::{Registry, gz_layer, gz_layer_bytes};
+use skiff_tests::cluster::Cluster;
+
+const T: Duration = Duration::from_secs(60);
+
+fn kubectl(c: &Cluster, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+    let out = match stdin {
+        Some(s) => c.server.kubectl_stdin(args, s),
+        None => c.server.kubectl(args),
+    };
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn overlay_mounts_under(dir: &std::path::Path) -> usize {
+    skiff_runtime::mountinfo::read()
+        .unwrap()
+        .iter()
+        .filter(|m| m.fstype == "overlay" && m.mount_point.starts_with(dir))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_run_from_registry_images() {
+    let registry = Registry::start();
+    let busybox = std::fs::read("/bin/busybox").expect("busybox-static (cargo xtask setup)");
+    let base = gz_layer_bytes(&[
+        ("bin/", b""),
+        ("proc/", b""),
+        ("dev/", b""),
+        ("tmp/", b""),
+        ("etc/", b""),
+        ("bin/busybox", &busybox),
+    ]);
+    let top = gz_layer(&[("etc/motd", "image-motd\n"), ("srv/", "")]);
+    let config = json!({
+        "architecture": "amd64", "os": "linux",
+        "config": {
+            "Entrypoint": ["/bin/busybox", "sh", "-c"],
+            "Cmd": ["echo from-image in $(pwd) MODE=$MODE; cat /etc/motd; \
+                     test -e /usr/bin/python3 || echo no-node-files; exec sleep 3600"],
+            "Env": ["PATH=/bin", "MODE=image"],
+            "WorkingDir": "/srv",
+        },
+        "rootfs": {"type": "layers", "diff_ids": [
+            "sha256:0000000000000000000000000000000000000000000000000000000000000000",
+            "sha256:1111111111111111111111111111111111111111111111111111111111111111"]},
+    });
+    registry
+        .push("demo/bb:v1", &[base, top], &config, None)
+        .await;
+    let image = format!("{}/demo/bb:v1", registry.host());
+
+    let c = Cluster::start(1).await;
+    let pod = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: img}}\nspec:\n  containers:\n  - name: app\n    image: {image}\n    env: [{{name: MODE, value: pod}}]\n"
+    );
+    let (ok, _, err) = kubectl(&c, &["apply", "-f", "-"], Some(&pod));
+    assert!(ok, "{err}");
+    let (ok, _, err) = kubectl(
+        &c,
+        &["wait", "--for=condition=Ready", "pod/img", "--timeout=60s"],
+        None,
+    );
+    assert!(ok, "{err}\n{}", c.logs());
+    let logs = skiff_testkit::eventually_blocking("the container's output", T, || {
+        let (_, out, _) = kubectl(&c, &["logs", "img"], None);
+        (out.contains("image-motd") && out.contains("no-node-files")).then_some(out)
+    });
+    assert!(logs.contains("from-image in /srv MODE=pod"), "{logs}");
+    let (_, events, _) = kubectl(
+        &c,
+        &[
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=img",
+            "-o",
+            "jsonpath={.items[*].reason}",
+        ],
+        None,
+    );
+    assert!(
+        events.contains("Pulling") && events.contains("Pulled"),
+        "{events}"
+    );
+    let state = c.nodes[0].state_dir.path().join("state");
+    assert_eq!(
+        overlay_mounts_under(&state),
+        1,
+        "one root filesystem for the one container"
+    );
+
+    // A tag the registry does not have.
+    let missing = pod
+        .replace("name: img", "name: nope")
+        .replace(":v1", ":missing");
+    let (ok, _, err) = kubectl(&c, &["apply", "-f", "-"], Some(&missing));
+    assert!(ok, "{err}");
+    let waiting = skiff_testkit::eventually_blocking("the pull failure", T, || {
+        let (_, out, _) = kubectl(
+            &c,
+            &[
+                "get",
+                "pod",
+                "nope",
+                "-o",
+                "jsonpath={.status.containerStatuses[0].state.waiting.reason}|{.status.containerStatuses[0].state.waiting.message}",
+            ],
+            None,
+        );
+        (out.starts_with("ErrImagePull|") || out.starts_with("ImagePullBackOff|")).then_some(out)
+    });
+    assert!(waiting.contains("not found in the registry"), "{waiting}");
+
+    // Deleting the pods unmounts their root filesystems.
+    let (ok, _, err) = kubectl(
+        &c,
+        &["delete", "pod", "img", "nope", "--grace-period=1"],
+        None,
+    );
+    assert!(ok, "{err}");
+    skiff_testkit::eventually_blocking("the root filesystem unmounted", T, || {
+        (overlay_mounts_under(&state) == 0).then_some(())
+    });
+}
