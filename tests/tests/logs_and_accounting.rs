@@ -57,10 +57,12 @@ fn stats_of<'a>(s: &'a StatsSummary, uid: &str) -> Option<&'a PodStats> {
     s.pods.iter().find(|p| p.uid == uid)
 }
 
-/// `measured` is the payload plus at most 5 % of headers: catches missing (0), partial and
-/// double counting (2×).
+/// `measured` is the payload plus the IP and TCP headers of its segments (and of any
+/// retransmission): ~3 % with full-size segments, up to ~7 % seen on a loaded machine where
+/// TCP sent smaller segments. At most 25 % over still catches missing (0), partial and double
+/// counting (2×).
 fn assert_payload(what: &str, measured: u64) {
-    let limit = PAYLOAD + PAYLOAD / 20;
+    let limit = PAYLOAD + PAYLOAD / 4;
     assert!(
         (PAYLOAD..=limit).contains(&measured),
         "{what}: {measured} bytes counted for a {PAYLOAD}-byte payload (want {PAYLOAD}..={limit})"

@@ -204,9 +204,12 @@ impl Drop for Fixture {
     }
 }
 
+/// The payload plus the IP and TCP headers of its segments and retransmissions: ~3 % with
+/// full-size segments, up to ~16 % seen on a loaded machine (small segments). At most 25 %
+/// over still catches missing, partial and double counting.
 fn assert_close(what: &str, measured: u64, payload: usize) {
     let payload = payload as u64;
-    let limit = payload + payload / 20;
+    let limit = payload + payload / 4;
     assert!(
         (payload..=limit).contains(&measured),
         "{what}: {measured} bytes counted for a {payload}-byte payload (want {payload}..={limit})"
