@@ -2,7 +2,8 @@
 //! the image (Pulling/Pulled events), mounts its layers as the container's own overlay root
 //! filesystem, and runs the image's Entrypoint and Cmd with its Env and WorkingDir; the
 //! container sees the image's files, not the node's. A tag that is not there waits with
-//! ErrImagePull / ImagePullBackOff and says why. Deleting the pods unmounts their roots.
+//! ErrImagePull / ImagePullBackOff and says why. The Node lists the image in
+//! `status.images`. Deleting the pods unmounts their roots.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -101,6 +102,23 @@ async fn pods_run_from_registry_images() {
         events.contains("Pulling") && events.contains("Pulled"),
         "{events}"
     );
+    // The node lists the image it pulled, by tag and by digest, with its size.
+    let node = c.nodes[0].name.clone();
+    let listed = skiff_testkit::eventually_blocking("the image in the node's status", T, || {
+        let (_, out, _) = kubectl(
+            &c,
+            &[
+                "get",
+                "node",
+                &node,
+                "-o",
+                "jsonpath={.status.images[*].names}|{.status.images[*].sizeBytes}",
+            ],
+            None,
+        );
+        out.contains(&image).then_some(out)
+    });
+    assert!(listed.contains("/demo/bb@sha256:"), "{listed}");
     let state = c.nodes[0].state_dir.path().join("state");
     assert_eq!(
         overlay_mounts_under(&state),

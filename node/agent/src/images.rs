@@ -17,6 +17,8 @@ pub(crate) struct ImageService {
     store: ImageStore,
     puller: Puller,
     rootfs: PathBuf,
+    /// Told after every pull (the node status lists the images).
+    changed: std::sync::Arc<tokio::sync::Notify>,
 }
 
 impl std::fmt::Debug for ImageService {
@@ -27,19 +29,29 @@ impl std::fmt::Debug for ImageService {
     }
 }
 
+/// Where the image store of the agent with state directory `state` lives.
+pub(crate) fn store_root(state: &Path) -> PathBuf {
+    state.join("images")
+}
+
 /// Where the rootfs mounts of the agent with state directory `state` live.
 pub(crate) fn rootfs_root(state: &Path) -> PathBuf {
     state.join("rootfs")
 }
 
 impl ImageService {
-    pub fn open(state: &Path, plain_http: &[String]) -> Result<ImageService, String> {
-        let store = ImageStore::open(&state.join("images")).map_err(|e| e.to_string())?;
+    pub fn open(
+        state: &Path,
+        plain_http: &[String],
+        changed: std::sync::Arc<tokio::sync::Notify>,
+    ) -> Result<ImageService, String> {
+        let store = ImageStore::open(&store_root(state)).map_err(|e| e.to_string())?;
         let puller = Puller::new(store.blobs.clone(), plain_http);
         Ok(ImageService {
             store,
             puller,
             rootfs: rootfs_root(state),
+            changed,
         })
     }
 
@@ -58,6 +70,7 @@ impl ImageService {
         self.store
             .remember(name, &image)
             .map_err(|e| ("ErrImagePull", e.to_string()))?;
+        self.changed.notify_one();
         Ok(image)
     }
 

@@ -262,7 +262,10 @@ pub async fn run(
         max_pods: cfg.max_pods,
         service_lb: None,
         api_port,
+        images: skiff_image::ImageStore::open(&images::store_root(&cfg.state_dir)).ok(),
     };
+    // Pulls post the node status at once, so `status.images` follows them.
+    let image_changes = Arc::new(tokio::sync::Notify::new());
     let registered = node::register(&client, &facts).await?;
     // The Lease is renewed from now on, also while waiting for a pod CIDR, so the node
     // lifecycle controller sees a live node.
@@ -345,9 +348,13 @@ pub async fn run(
         backoff_max: cfg.backoff_max,
         pods: api::PodRegistry::default(),
         recorder: EventRecorder::new(client.clone(), EVENT_COMPONENT, &cfg.node_name),
-        images: images::ImageService::open(&cfg.state_dir, &cfg.plain_http_registries)
-            .map(Arc::new)
-            .inspect_err(|e| warn!(error = %e, "the image store is unavailable")),
+        images: images::ImageService::open(
+            &cfg.state_dir,
+            &cfg.plain_http_registries,
+            image_changes.clone(),
+        )
+        .map(Arc::new)
+        .inspect_err(|e| warn!(error = %e, "the image store is unavailable")),
     });
     // The fast path's endpoint entries of an earlier agent: those of pods that are gone are
     // removed now; the running pods' workers rewrite theirs as they adopt them.
@@ -396,7 +403,12 @@ pub async fn run(
         .ok()
         .map(|p| AbortOnDrop(tokio::spawn(p.run(informers, stop_controllers.clone()))));
     // Node status on its own schedule (the Lease loop runs since registration).
-    let heartbeat = tokio::spawn(heartbeat_loop(client.clone(), facts, cfg.status_interval));
+    let heartbeat = tokio::spawn(heartbeat_loop(
+        client.clone(),
+        facts,
+        cfg.status_interval,
+        image_changes,
+    ));
 
     let result = pod_loop(ctx, &cfg.node_name, shutdown).await;
     stop_controllers.cancel();
@@ -507,10 +519,15 @@ async fn lease_loop(client: Client, cfg: AgentConfig) {
     }
 }
 
-/// Posts the node status every `every`, and at once (at most once a second) when the Node's
-/// Ready condition is Unknown while this agent runs: the node lifecycle controller set it so
-/// during a partition, and the agent is back.
-async fn heartbeat_loop(client: Client, facts: node::NodeFacts, every: Duration) {
+/// Posts the node status every `every`, after every image pull (`status.images`), and at
+/// once (at most once a second) when the Node's Ready condition is Unknown while this agent
+/// runs: the node lifecycle controller set it so during a partition, and the agent is back.
+async fn heartbeat_loop(
+    client: Client,
+    facts: node::NodeFacts,
+    every: Duration,
+    image_changes: Arc<tokio::sync::Notify>,
+) {
     let mut tick = tokio::time::interval(every);
     tick.tick().await;
     let lp = ListParams::default().fields(&format!("metadata.name={}", facts.name));
@@ -520,6 +537,7 @@ async fn heartbeat_loop(client: Client, facts: node::NodeFacts, every: Duration)
     loop {
         let due = tokio::select! {
             _ = tick.tick() => true,
+            () = image_changes.notified() => true,
             ev = events.next() => {
                 let nodes = match ev {
                     Some(Event::Restarted(v)) => v,

@@ -144,6 +144,39 @@ pub struct NodeFacts {
     /// Port of the agent's HTTP API (0: none), published as
     /// `status.daemonEndpoints.kubeletEndpoint.Port`.
     pub api_port: u16,
+    /// The node's image store, published as `status.images`.
+    pub images: Option<skiff_image::ImageStore>,
+}
+
+/// `status.images`: one entry per image (manifest digest) with every name it was pulled as
+/// and `<repository>@<digest>`, biggest first, as the kubelet lists them.
+fn images_of(store: &skiff_image::ImageStore) -> Vec<skiff_api::api::ContainerImage> {
+    let Ok(records) = store.list() else {
+        return Vec::new();
+    };
+    let mut by_digest: std::collections::BTreeMap<String, skiff_api::api::ContainerImage> =
+        std::collections::BTreeMap::new();
+    for r in records {
+        let entry = by_digest.entry(r.digest.clone()).or_default();
+        let repository = r
+            .name
+            .split('@')
+            .next()
+            .map(|n| match n.rsplit_once(':') {
+                Some((repo, tag)) if !tag.contains('/') => repo,
+                _ => n,
+            })
+            .unwrap_or(&r.name);
+        for name in [format!("{repository}@{}", r.digest), r.name.clone()] {
+            if !entry.names.contains(&name) {
+                entry.names.push(name);
+            }
+        }
+        entry.size_bytes = i64::try_from(r.size).unwrap_or(i64::MAX);
+    }
+    let mut images: Vec<_> = by_digest.into_values().collect();
+    images.sort_by(|a, b| b.size_bytes.cmp(&a.size_bytes).then(a.names.cmp(&b.names)));
+    images
 }
 
 impl NodeFacts {
@@ -186,6 +219,7 @@ impl NodeFacts {
                     port: i32::from(self.api_port),
                 }),
             }),
+            images: self.images.as_ref().map(images_of).unwrap_or_default(),
         }
     }
 }
@@ -285,6 +319,44 @@ pub async fn heartbeat(client: &Client, facts: &NodeFacts) -> Result<(), ClientE
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn status_images_group_names_by_digest() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = skiff_image::ImageStore::open(dir.path()).expect("store");
+        let image = |seed: &[u8], size: u64| skiff_image::Image {
+            manifest: skiff_image::Digest::of(seed),
+            config: serde_json::from_str(
+                r#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#,
+            )
+            .expect("config"),
+            layers: Vec::new(),
+            size,
+        };
+        let big = image(b"big", 900);
+        store.remember("r:5000/big:v1", &big).expect("remember");
+        store.remember("r:5000/big:latest", &big).expect("remember");
+        store
+            .remember("r:5000/small@sha256:00", &image(b"small", 10))
+            .expect("remember");
+        let images = images_of(&store);
+        assert_eq!(images.len(), 2);
+        assert_eq!(images[0].size_bytes, 900);
+        let digest = skiff_image::Digest::of(b"big").to_string();
+        assert_eq!(
+            images[0].names,
+            [
+                format!("r:5000/big@{digest}"),
+                "r:5000/big:latest".to_string(),
+                "r:5000/big:v1".to_string()
+            ]
+        );
+        assert!(
+            images[1]
+                .names
+                .contains(&"r:5000/small@sha256:00".to_string())
+        );
+    }
     use super::*;
     use std::path::PathBuf;
 
