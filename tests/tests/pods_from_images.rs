@@ -126,6 +126,36 @@ async fn pods_run_from_registry_images() {
         "one root filesystem for the one container"
     );
 
+    // Every run of a container gets a fresh writable layer: what a crashed run wrote is gone.
+    let crashy = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: crashy}}\nspec:\n  containers:\n  - name: app\n    image: {image}\n    command: [/bin/busybox, sh, -c]\n    args: ['if [ -e /marker ]; then echo stale-layer; else echo fresh-layer; fi; touch /marker; sleep 1; exit 1']\n"
+    );
+    let (ok, _, err) = kubectl(&c, &["apply", "-f", "-"], Some(&crashy));
+    assert!(ok, "{err}");
+    skiff_testkit::eventually_blocking("a restart of the crashing container", T, || {
+        let (_, out, _) = kubectl(
+            &c,
+            &[
+                "get",
+                "pod",
+                "crashy",
+                "-o",
+                "jsonpath={.status.containerStatuses[0].restartCount}",
+            ],
+            None,
+        );
+        (out.trim().parse::<u32>().unwrap_or(0) >= 2).then_some(())
+    });
+    let (_, logs, _) = kubectl(&c, &["logs", "crashy"], None);
+    assert!(
+        logs.contains("fresh-layer") && !logs.contains("stale-layer"),
+        "{logs}"
+    );
+    assert_eq!(
+        overlay_mounts_under(&c.nodes[0].state_dir.path().join("state")),
+        2
+    );
+
     // A tag the registry does not have.
     let missing = pod
         .replace("name: img", "name: nope")
@@ -151,7 +181,7 @@ async fn pods_run_from_registry_images() {
     // Deleting the pods unmounts their root filesystems.
     let (ok, _, err) = kubectl(
         &c,
-        &["delete", "pod", "img", "nope", "--grace-period=1"],
+        &["delete", "pod", "img", "nope", "crashy", "--grace-period=1"],
         None,
     );
     assert!(ok, "{err}");

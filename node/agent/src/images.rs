@@ -74,14 +74,15 @@ impl ImageService {
         Ok(image)
     }
 
-    /// The root filesystem of container `name` of pod `uid`: the image's layers (unpacked
-    /// once) under a writable upper directory of its own, mounted once (an agent restart
-    /// finds it mounted).
+    /// A fresh root filesystem for a start of container `name` of pod `uid`: the image's
+    /// layers (unpacked once) under a new, empty writable upper directory, as Kubernetes gives
+    /// every run of a container a new writable layer (what a crashed run wrote is gone). Only
+    /// called to start a container, never while it runs.
     pub fn rootfs(&self, uid: &str, name: &str, image: &Image) -> Result<PathBuf, String> {
         let base = self.rootfs.join(uid).join(name);
         let merged = base.join("merged");
-        if is_mounted(&merged) {
-            return Ok(merged);
+        if base.exists() {
+            release_under(&base);
         }
         let lowers = image
             .unpack(&self.store.blobs, &self.store.layers)
@@ -118,12 +119,6 @@ impl ImageService {
     pub fn release_pod(&self, uid: &str) {
         release_under(&self.rootfs.join(uid));
     }
-}
-
-fn is_mounted(path: &Path) -> bool {
-    skiff_runtime::mountinfo::read()
-        .map(|mounts| mounts.iter().any(|m| m.mount_point == path))
-        .unwrap_or(false)
 }
 
 /// Unmounts every mount at or below `dir`, deepest first, then removes `dir`.
