@@ -512,13 +512,7 @@ impl Drop for Node {
         }
         // Container root filesystems (overlays of image layers) and anything else still
         // mounted in the state directory, deepest first, before the directory goes.
-        if let Ok(mounts) = skiff_runtime::mountinfo::read() {
-            let mut under: Vec<PathBuf> = mounts
-                .into_iter()
-                .map(|m| m.mount_point)
-                .filter(|p| p.starts_with(self.state_dir.path()))
-                .collect();
-            under.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        if let Ok(under) = skiff_runtime::mountinfo::under(self.state_dir.path()) {
             for p in under {
                 let _ = Command::new("umount").arg("-l").arg(&p).output();
             }

@@ -123,13 +123,7 @@ impl ImageService {
 
 /// Unmounts every mount at or below `dir`, deepest first, then removes `dir`.
 pub(crate) fn release_under(dir: &Path) {
-    if let Ok(mounts) = skiff_runtime::mountinfo::read() {
-        let mut under: Vec<PathBuf> = mounts
-            .into_iter()
-            .map(|m| m.mount_point)
-            .filter(|p| p.starts_with(dir))
-            .collect();
-        under.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    if let Ok(under) = skiff_runtime::mountinfo::under(dir) {
         for p in under {
             if let Err(e) = nix::mount::umount2(&p, nix::mount::MntFlags::MNT_DETACH) {
                 warn!(path = %p.display(), error = %e, "unmounting a container root filesystem");

@@ -114,30 +114,22 @@ impl ImageStore {
         };
         let manifest: oci_spec::image::ImageManifest =
             serde_json::from_slice(&bytes).map_err(|e| bad("manifest", &e))?;
-        let config_digest: crate::Digest = manifest
-            .config()
-            .digest()
-            .to_string()
-            .parse()
-            .map_err(|e| bad("config digest", &e))?;
-        let Ok(config_bytes) = self.blobs.read(&config_digest) else {
+        let (config_blob, layer_blobs) =
+            crate::layout::blobs_of(&manifest).map_err(|e| bad("manifest", &e))?;
+        let Ok(config_bytes) = self.blobs.read(&config_blob.digest) else {
             return Ok(None);
         };
         let config = serde_json::from_slice(&config_bytes).map_err(|e| bad("config", &e))?;
-        let mut layers = Vec::new();
-        for l in manifest.layers() {
-            let d: crate::Digest = l
-                .digest()
-                .to_string()
-                .parse()
-                .map_err(|e| bad("layer digest", &e))?;
-            if !self.blobs.contains(&d) {
-                return Ok(None);
-            }
-            let c = crate::unpack::Compression::of_media_type(l.media_type().as_ref())
-                .map_err(|e| bad("layer", &e))?;
-            layers.push((d, c));
+        if layer_blobs
+            .iter()
+            .any(|(b, _)| !self.blobs.contains(&b.digest))
+        {
+            return Ok(None);
         }
+        let layers = layer_blobs
+            .into_iter()
+            .map(|(b, c)| (b.digest, c))
+            .collect();
         Ok(Some(Image {
             manifest: digest,
             config,

@@ -78,6 +78,42 @@ pub(crate) fn linux_amd64(index: &ImageIndex) -> Option<&Descriptor> {
     })
 }
 
+/// A blob a manifest names: its digest and announced size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Blob {
+    pub digest: Digest,
+    pub size: u64,
+}
+
+/// The blobs of a manifest, checked once for every way an image arrives (layout, registry,
+/// the store): the config, and the layers bottom first with their compression.
+pub(crate) fn blobs_of(
+    manifest: &ImageManifest,
+) -> Result<(Blob, Vec<(Blob, Compression)>), String> {
+    let blob = |d: &Descriptor, what: &str| -> Result<Blob, String> {
+        let digest = d
+            .digest()
+            .to_string()
+            .parse()
+            .map_err(|e| format!("{what} {}: {e}", d.digest()))?;
+        Ok(Blob {
+            digest,
+            size: d.size(),
+        })
+    };
+    let config = blob(manifest.config(), "config")?;
+    let layers = manifest
+        .layers()
+        .iter()
+        .map(|l| {
+            let compression =
+                Compression::of_media_type(l.media_type().as_ref()).map_err(|e| e.to_string())?;
+            Ok((blob(l, "layer")?, compression))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok((config, layers))
+}
+
 fn digest_of(d: &Descriptor, what: &'static str) -> Result<Digest, LayoutError> {
     d.digest()
         .to_string()
@@ -98,13 +134,32 @@ fn import(
     what: &'static str,
 ) -> Result<Digest, LayoutError> {
     let digest = digest_of(d, what)?;
+    import_blob(
+        layout,
+        blobs,
+        &Blob {
+            digest,
+            size: d.size(),
+        },
+        what,
+    )
+}
+
+/// Copies `blob` from the layout into the store, verifying it.
+fn import_blob(
+    layout: &Path,
+    blobs: &BlobStore,
+    blob: &Blob,
+    what: &'static str,
+) -> Result<Digest, LayoutError> {
+    let digest = blob.digest.clone();
     let path = layout.join("blobs").join("sha256").join(digest.hex());
     let mut file = File::open(&path).map_err(|e| LayoutError::Invalid {
         what,
         digest: digest.to_string(),
         reason: format!("{}: {e}", path.display()),
     })?;
-    blobs.put(&digest, &mut file, d.size())?;
+    blobs.put(&digest, &mut file, blob.size)?;
     Ok(digest)
 }
 
@@ -178,14 +233,19 @@ pub fn import_image(
     size += descriptor.size();
     let manifest: ImageManifest =
         parse(&blobs.read(&manifest_digest)?, "manifest", &manifest_digest)?;
-    let config_digest = import(layout, blobs, manifest.config(), "config")?;
-    size += manifest.config().size();
+    let (config_blob, layer_blobs) =
+        blobs_of(&manifest).map_err(|reason| LayoutError::Invalid {
+            what: "manifest",
+            digest: manifest_digest.to_string(),
+            reason,
+        })?;
+    let config_digest = import_blob(layout, blobs, &config_blob, "config")?;
+    size += config_blob.size;
     let config: ImageConfiguration = parse(&blobs.read(&config_digest)?, "config", &config_digest)?;
     let mut layers = Vec::new();
-    for l in manifest.layers() {
-        let compression = Compression::of_media_type(l.media_type().as_ref())?;
-        layers.push((import(layout, blobs, l, "layer")?, compression));
-        size += l.size();
+    for (blob, compression) in &layer_blobs {
+        layers.push((import_blob(layout, blobs, blob, "layer")?, *compression));
+        size += blob.size;
     }
     Ok(Image {
         manifest: manifest_digest,

@@ -20,9 +20,8 @@ use oci_spec::image::{ImageConfiguration, ImageIndex, ImageManifest};
 use tracing::info;
 
 use crate::digest::Digest;
-use crate::layout::Image;
+use crate::layout::{Blob, Image};
 use crate::store::{BlobStore, StoreError};
-use crate::unpack::{Compression, UnpackError};
 
 /// The manifest media types a pull accepts (OCI and Docker, single and multi-platform).
 const ACCEPTED: [&str; 4] = [
@@ -167,39 +166,27 @@ impl Puller {
         let manifest: ImageManifest =
             serde_json::from_slice(&bytes).map_err(|e| invalid(&image, e))?;
         let mut size = bytes.len() as u64;
-        let config_digest = self
-            .blob(
-                &client,
-                &reference,
-                manifest.config().digest().as_ref(),
-                manifest.config().size(),
-                &image,
-            )
-            .await?;
-        size += manifest.config().size();
-        let config_bytes = self
-            .blobs
-            .read(&config_digest)
-            .map_err(|source| PullError::Store {
+        let (config_blob, layer_blobs) =
+            crate::layout::blobs_of(&manifest).map_err(|reason| PullError::Invalid {
                 image: image.clone(),
-                source,
+                reason,
             })?;
+        self.blob(&client, &reference, &config_blob, &image).await?;
+        size += config_blob.size;
+        let config_bytes =
+            self.blobs
+                .read(&config_blob.digest)
+                .map_err(|source| PullError::Store {
+                    image: image.clone(),
+                    source,
+                })?;
         let config: ImageConfiguration =
             serde_json::from_slice(&config_bytes).map_err(|e| invalid(&image, e))?;
         let mut layers = Vec::new();
-        for l in manifest.layers() {
-            let compression =
-                Compression::of_media_type(l.media_type().as_ref()).map_err(|e: UnpackError| {
-                    PullError::Invalid {
-                        image: image.clone(),
-                        reason: e.to_string(),
-                    }
-                })?;
-            let digest = self
-                .blob(&client, &reference, l.digest().as_ref(), l.size(), &image)
-                .await?;
-            size += l.size();
-            layers.push((digest, compression));
+        for (blob, compression) in layer_blobs {
+            self.blob(&client, &reference, &blob, &image).await?;
+            size += blob.size;
+            layers.push((blob.digest, compression));
         }
         info!(%image, digest = %manifest_digest, size, elapsed = ?started.elapsed(), "pulled");
         Ok(Image {
@@ -254,37 +241,33 @@ impl Puller {
         Ok((actual, bytes.to_vec()))
     }
 
-    /// Fetches the blob `digest` (announced as `size` bytes) unless it is stored already.
+    /// Fetches `blob` unless it is stored already.
     async fn blob(
         &self,
         client: &Client,
         reference: &Reference,
-        digest: &str,
-        size: u64,
+        blob: &Blob,
         image: &str,
-    ) -> Result<Digest, PullError> {
+    ) -> Result<(), PullError> {
         let store_err = |source| PullError::Store {
             image: image.to_string(),
             source,
         };
-        let expected: Digest = digest.parse().map_err(|e| PullError::Invalid {
-            image: image.to_string(),
-            reason: format!("{e}"),
-        })?;
-        if self.blobs.contains(&expected) {
-            return Ok(expected);
+        let expected = &blob.digest;
+        if self.blobs.contains(expected) {
+            return Ok(());
         }
         let mut stream = client
-            .pull_blob_stream(reference, digest)
+            .pull_blob_stream(reference, expected.to_string().as_str())
             .await
             .map_err(|e| classify(e, image))?;
-        let mut writer = self.blobs.writer(&expected, size).map_err(store_err)?;
+        let mut writer = self.blobs.writer(expected, blob.size).map_err(store_err)?;
         while let Some(chunk) = stream.stream.next().await {
-            let chunk = chunk.map_err(|e| stream_error(e, &expected, image))?;
+            let chunk = chunk.map_err(|e| stream_error(e, expected, image))?;
             writer.write(&chunk).map_err(store_err)?;
         }
         writer.finish().map_err(store_err)?;
-        Ok(expected)
+        Ok(())
     }
 }
 

@@ -28,6 +28,17 @@ pub fn read() -> std::io::Result<Vec<Mount>> {
     std::fs::read_to_string(PATH).map(|t| parse(&t))
 }
 
+/// The mount points at or below `dir`, deepest first (the order to unmount them in).
+pub fn under(dir: &std::path::Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut points: Vec<PathBuf> = read()?
+        .into_iter()
+        .map(|m| m.mount_point)
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    Ok(points)
+}
+
 fn parse_line(line: &str) -> Option<Mount> {
     // id parent major:minor root mountpoint options [optional...] - fstype source superopts
     let (left, right) = line.split_once(" - ")?;

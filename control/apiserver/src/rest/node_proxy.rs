@@ -92,6 +92,19 @@ fn log_options(call: &Call<'_>) -> Result<LogOptions, ApiError> {
 
 /// The agent's failure as the API's: a container that has no log yet is Kubernetes' 400
 /// "waiting to start"; an unreachable agent is an internal error naming it.
+/// A failure of a request about pod `name` (before a WebSocket upgrade), as a `Status`.
+pub(crate) fn pod_failure(e: &ApiError, name: &str) -> Response {
+    super::fail(
+        e,
+        &super::status::Subject {
+            resource: "pods",
+            group: "",
+            name,
+        },
+        Format::Json,
+    )
+}
+
 /// The agent of the node `pod` is bound to (a 400 when it has none yet; the inner error when
 /// the node publishes no agent endpoint).
 pub(crate) async fn node_agent(
@@ -137,20 +150,9 @@ const EXEC_PROTOCOLS: [&str; 2] = ["v5.channel.k8s.io", "v4.channel.k8s.io"];
 pub(crate) async fn exec(rest: &Rest, mut parts: Parts, p: ResourcePath, query: Query) -> Response {
     let namespace = p.namespace.clone().unwrap_or_default();
     let name = p.name.clone().unwrap_or_default();
-    let fail = |e: &ApiError| {
-        super::fail(
-            e,
-            &super::status::Subject {
-                resource: "pods",
-                group: "",
-                name: &name,
-            },
-            Format::Json,
-        )
-    };
     let target = match exec_target(rest, &namespace, &name, &query).await {
         Ok(t) => t,
-        Err(e) => return fail(&e),
+        Err(e) => return pod_failure(&e, &name),
     };
     let upgrade = match WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
         Ok(u) => u,

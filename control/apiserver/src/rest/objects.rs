@@ -702,18 +702,22 @@ async fn update(call: &Call<'_>, body: &[u8], sub: &str) -> Result<Response, Api
     Err(ApiError::modified(call.info, &call.name))
 }
 
+/// The DeleteOptions of the body (JSON, YAML or protobuf; `{}` when empty).
+fn delete_body(call: &Call<'_>, body: &[u8]) -> Result<Value, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        Ok(Value::Object(Default::default()))
+    } else {
+        parse_body(call.headers, body)
+    }
+}
+
 /// DeleteOptions from the body (JSON or YAML) and the query.
 fn delete_request(
     call: &Call<'_>,
     body: &[u8],
     name: &str,
 ) -> Result<(DeleteRequest, WriteOptions), ApiError> {
-    let opts: Value = if body.iter().all(u8::is_ascii_whitespace) {
-        Value::Object(Default::default())
-    } else {
-        parse_body(call.headers, body)?
-    };
-    delete_options(call, &opts, name)
+    delete_options(call, &delete_body(call, body)?, name)
 }
 
 /// A delete of `name` with the DeleteOptions `opts` (JSON), the query's options filling in.
@@ -769,14 +773,15 @@ fn delete_options(
 }
 
 async fn delete(call: &Call<'_>, body: &[u8]) -> Result<Response, ApiError> {
-    let (req, opts) = delete_request(call, body, &call.name)?;
+    let options = delete_body(call, body)?;
+    let (req, opts) = delete_options(call, &options, &call.name)?;
     let last = call.handler.delete(&req, opts).await?;
     let obj = call.to_json(&last)?;
     let pending = obj
         .pointer("/metadata/deletionTimestamp")
         .and_then(Value::as_str)
         .is_some_and(|t| !t.is_empty());
-    Ok(call.object(delete_code(pending, call, body), &obj, &[]))
+    Ok(call.object(delete_code(pending, call, &options), &obj, &[]))
 }
 
 /// The status of a DELETE that succeeded: 200, also when the object is only marked for
@@ -784,10 +789,8 @@ async fn delete(call: &Call<'_>, body: &[u8]) -> Result<Response, ApiError> {
 /// 202 when the client set the deprecated `orphanDependents: false`, as kube-apiserver's
 /// delete handler does ("We want to do this always if resource was not deleted immediately,
 /// but that will break existing clients").
-fn delete_code(pending: bool, call: &Call<'_>, body: &[u8]) -> u16 {
-    let from_body = parse_body(call.headers, body)
-        .ok()
-        .and_then(|o| o.get("orphanDependents").and_then(Value::as_bool));
+fn delete_code(pending: bool, call: &Call<'_>, options: &Value) -> u16 {
+    let from_body = options.get("orphanDependents").and_then(Value::as_bool);
     let orphan = from_body.or_else(|| match call.query.get("orphanDependents") {
         Some("false") => Some(false),
         Some("true") => Some(true),

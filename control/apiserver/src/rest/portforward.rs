@@ -27,7 +27,7 @@ use tracing::debug;
 
 use super::path::ResourcePath;
 use super::spdy::{self, Frame};
-use super::{Format, Query, Rest, node_proxy, plain_failure};
+use super::{Query, Rest, node_proxy, plain_failure};
 use crate::ApiError;
 
 /// The WebSocket subprotocol kubectl asks for.
@@ -41,17 +41,7 @@ pub(crate) async fn serve(rest: &Rest, mut parts: Parts, p: ResourcePath, _q: Qu
     let name = p.name.clone().unwrap_or_default();
     let target = match target(rest, &namespace, &name).await {
         Ok(t) => t,
-        Err(e) => {
-            return super::fail(
-                &e,
-                &super::status::Subject {
-                    resource: "pods",
-                    group: "",
-                    name: &name,
-                },
-                Format::Json,
-            );
-        }
+        Err(e) => return node_proxy::pod_failure(&e, &name),
     };
     let upgrade = match WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
         Ok(u) => u,
