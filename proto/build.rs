@@ -10,7 +10,7 @@ use prost_types::field_descriptor_proto::{Label, Type};
 use prost_types::{DescriptorProto, FileDescriptorSet};
 
 /// Kubernetes spells these with capitalised initialisms, which camelCase can't derive.
-const RENAMES: [(&str, &str); 19] = [
+const RENAMES: [(&str, &str); 20] = [
     ("NodeSpec.pod_cidr", "podCIDR"),
     ("NodeSpec.pod_cidrs", "podCIDRs"),
     ("NodeSpec.provider_id", "providerID"),
@@ -31,6 +31,7 @@ const RENAMES: [(&str, &str); 19] = [
     ("SessionAffinityConfig.client_ip", "clientIP"),
     // Kubernetes' DaemonEndpoint is the one type that spells a field capitalised.
     ("DaemonEndpoint.port", "Port"),
+    ("Volume.downward_api", "downwardAPI"),
 ];
 
 /// IntOrString: a port number or a name, a count or a percentage.
@@ -55,7 +56,7 @@ const QUANTITY_MAPS: [&str; 4] = [
 /// (`kubectl wait` compares a condition's observedGeneration with the object's generation).
 /// Fields without `omitempty` in Kubernetes (restartCount, ready, exitCode, ports,
 /// ReplicaSetStatus.replicas, weights) stay, and `optional` fields are `None` when unset.
-const OMIT_ZERO: [&str; 24] = [
+const OMIT_ZERO: [&str; 25] = [
     "ObjectMeta.generation",
     "Condition.observed_generation",
     "ReplicaSetSpec.min_ready_seconds",
@@ -80,6 +81,7 @@ const OMIT_ZERO: [&str; 24] = [
     "Probe.success_threshold",
     "Probe.failure_threshold",
     "ContainerStateTerminated.signal",
+    "VolumeMount.read_only",
 ];
 
 /// Opaque JSON kept as its text in protobuf and written as JSON (FieldsV1).

@@ -31,6 +31,8 @@ pub enum FieldErrorKind {
     Forbidden,
     /// `Too long`.
     TooLong,
+    /// `Not found` (a reference to something the object does not have).
+    NotFound,
 }
 
 /// One invalid field of an object, with the path of the field (`spec.containers[0].image`).
@@ -115,6 +117,15 @@ impl FieldError {
         }
     }
 
+    pub fn not_found(path: impl Into<String>, value: impl fmt::Debug) -> Self {
+        FieldError {
+            path: path.into(),
+            kind: FieldErrorKind::NotFound,
+            value: Some(format!("{value:?}")),
+            detail: String::new(),
+        }
+    }
+
     /// The error for changing an immutable field.
     pub fn immutable(path: impl Into<String>, value: impl fmt::Debug) -> Self {
         Self::invalid(path, value, "field is immutable")
@@ -131,6 +142,7 @@ impl FieldError {
             FieldErrorKind::Duplicate => "FieldValueDuplicate",
             FieldErrorKind::Forbidden => "FieldValueForbidden",
             FieldErrorKind::TooLong => "FieldValueTooLong",
+            FieldErrorKind::NotFound => "FieldValueNotFound",
         }
     }
 
@@ -155,6 +167,7 @@ impl fmt::Display for FieldError {
             FieldErrorKind::Duplicate => "Duplicate value",
             FieldErrorKind::Forbidden => "Forbidden",
             FieldErrorKind::TooLong => "Too long",
+            FieldErrorKind::NotFound => "Not found",
         };
         write!(f, "{}: {what}", self.path)?;
         if let Some(v) = &self.value {

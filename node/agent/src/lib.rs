@@ -34,7 +34,9 @@ mod probe;
 pub mod proxy;
 pub mod purge;
 pub mod routes;
+mod security;
 mod status;
+mod volumes;
 mod worker;
 
 use std::collections::HashMap;
@@ -158,6 +160,8 @@ pub(crate) struct Ctx {
     /// Images and container root filesystems made from them, or why the store could not be
     /// opened (containers of registry images then wait with that reason).
     pub images: Result<Arc<images::ImageService>, String>,
+    /// The pods' volumes and generated /etc files.
+    pub volumes: volumes::Volumes,
 }
 
 impl Ctx {
@@ -355,6 +359,7 @@ pub async fn run(
         )
         .map(Arc::new)
         .inspect_err(|e| warn!(error = %e, "the image store is unavailable")),
+        volumes: volumes::Volumes::new(&cfg.state_dir),
     });
     // The fast path's endpoint entries of an earlier agent: those of pods that are gone are
     // removed now; the running pods' workers rewrite theirs as they adopt them.

@@ -89,6 +89,8 @@ pub async fn purge(cfg: &PurgeConfig) -> Result<(), PurgeError> {
     // Container root filesystems are overlay mounts under the state directory: unmounted
     // first, so removing the directory never reaches through a mount.
     crate::images::release_under(&crate::images::rootfs_root(&cfg.state_dir));
+    // Memory volumes are tmpfs mounts there too.
+    crate::images::release_under(&crate::volumes::volumes_root(&cfg.state_dir));
     if cfg.state_dir.exists() {
         std::fs::remove_dir_all(&cfg.state_dir).map_err(|source| PurgeError::Io {
             what: "removing state directory",

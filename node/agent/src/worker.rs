@@ -19,7 +19,9 @@ use tracing::{debug, info, warn};
 
 use super::Ctx;
 use super::probe::{self, Tracker};
+use super::security::{self, ImageUser};
 use super::status::{self, ContainerView, PodFacts};
+use super::volumes::{self, PodVolumes};
 use skiff_runtime::{ContainerSpec, ContainerState, Image, Limits, Sandbox, SandboxSpec};
 
 /// What the agent tells a worker.
@@ -74,6 +76,10 @@ pub struct Worker {
     tracks: BTreeMap<String, Track>,
     /// A pod-level problem shown in status.reason/message.
     failure: Option<(&'static str, String)>,
+    /// The pod's volumes and generated /etc files, as last set up.
+    volumes: Option<PodVolumes>,
+    /// The last volume failure reported in a FailedMount event (reported once).
+    mount_failure: Option<String>,
     start_time: Option<SystemTime>,
     written: Option<PodStatus>,
 }
@@ -108,8 +114,13 @@ fn from_registry(c: &Container) -> bool {
     c.image != "host" && !c.image.starts_with('/')
 }
 
-/// The runtime's view of a container, or the reason it cannot be run.
-fn container_spec(c: &Container) -> Result<ContainerSpec, String> {
+/// The runtime's view of a container of a `host` or root-directory image, or the reason it
+/// cannot be run.
+fn container_spec(
+    pod: &Pod,
+    c: &Container,
+    vols: Option<&PodVolumes>,
+) -> Result<ContainerSpec, String> {
     let field = format!("containers[{}]", c.name);
     let image = Image::parse(&c.image).map_err(|e| format!("{field}.image: {e}"))?;
     if let Image::RootFs(dir) = &image
@@ -126,18 +137,72 @@ fn container_spec(c: &Container) -> Result<ContainerSpec, String> {
             "{field}.command: required (images have no default command in Skiff)"
         ));
     }
-    Ok(ContainerSpec {
+    let env: Vec<(String, String)> = c
+        .env
+        .iter()
+        .map(|e| (e.name.clone(), e.value.clone()))
+        .collect();
+    let working_dir = (!c.working_dir.is_empty()).then(|| c.working_dir.clone().into());
+    let mut spec = ContainerSpec {
         name: c.name.clone(),
         image,
         argv,
-        env: c
-            .env
-            .iter()
-            .map(|e| (e.name.clone(), e.value.clone()))
-            .collect(),
-        working_dir: (!c.working_dir.is_empty()).then(|| c.working_dir.clone().into()),
+        env,
+        working_dir,
         limits: limits_of(c),
-    })
+        mounts: Vec::new(),
+        security: Default::default(),
+    };
+    confine(&mut spec, pod, c, None, vols)?;
+    Ok(spec)
+}
+
+/// Sets a container's confinement (securityContext), bind mounts (volumes, /etc files) and
+/// default `HOME`: for a `host` container the node's view with the identity asked for; for
+/// a root filesystem the image's user (`image_user`, its `User`) and containerd's defaults.
+fn confine(
+    spec: &mut ContainerSpec,
+    pod: &Pod,
+    c: &Container,
+    image_user: Option<&str>,
+    vols: Option<&PodVolumes>,
+) -> Result<(), String> {
+    let pod_spec = pod.spec.clone().unwrap_or_default();
+    let pod_name = format!("{}/{}", pod.namespace(), pod.name());
+    let field = format!("containers[{}]", c.name);
+    if pod_spec.share_process_namespace == Some(true) {
+        return Err(
+            "spec.shareProcessNamespace: a PID namespace shared by a pod's containers is not \
+             supported by Skiff yet"
+                .into(),
+        );
+    }
+    let home = match &spec.image {
+        Image::Host => {
+            if !c.volume_mounts.is_empty() {
+                return Err(format!(
+                    "{field}.volumeMounts: volumes need a root filesystem image (not \"host\")"
+                ));
+            }
+            spec.security = security::host_security(&pod_spec, c, &pod_name)
+                .map_err(|m| format!("{field}.securityContext: {m}"))?;
+            None
+        }
+        Image::RootFs(root) => {
+            let user: ImageUser = security::image_user(image_user, Some(root))?;
+            let (sec, home) = security::security(&pod_spec, c, &user, Some(root), &pod_name)?;
+            spec.security = sec;
+            let empty = PodVolumes::default();
+            spec.mounts = volumes::mounts_for(c, vols.unwrap_or(&empty))?;
+            Some(home)
+        }
+    };
+    if let Some(home) = home
+        && !spec.env.iter().any(|(k, _)| k == "HOME")
+    {
+        spec.env.push(("HOME".into(), home));
+    }
+    Ok(())
 }
 
 fn containers(pod: &Pod) -> Vec<Container> {
@@ -188,6 +253,8 @@ impl Worker {
             pod_ip: None,
             tracks,
             failure: None,
+            volumes: None,
+            mount_failure: None,
             start_time,
         }
     }
@@ -274,6 +341,23 @@ impl Worker {
             return Some(now + RETRY);
         };
         self.start_time.get_or_insert_with(SystemTime::now);
+        match self.ctx.volumes.ensure(&self.uid, &self.pod, self.pod_ip) {
+            Ok(v) => {
+                self.volumes = Some(v);
+                self.mount_failure = None;
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                warn!(pod = %self.name(), error = %msg, "volumes");
+                if self.mount_failure.as_ref() != Some(&msg) {
+                    self.event(EventType::Warning, "FailedMount", &msg).await;
+                    self.mount_failure = Some(msg.clone());
+                }
+                self.failure = Some(("FailedMount", msg));
+                self.write_status().await;
+                return Some(now + RETRY);
+            }
+        }
 
         let policy = restart_policy(&self.pod);
         let mut bad_spec = None;
@@ -350,7 +434,7 @@ impl Worker {
         let spec = if from_registry(c) {
             None
         } else {
-            match container_spec(c) {
+            match container_spec(&self.pod, c, self.volumes.as_ref()) {
                 Ok(s) => Some(s),
                 Err(msg) => {
                     self.tracks.entry(c.name.clone()).or_default().waiting =
@@ -568,14 +652,25 @@ impl Worker {
                 ),
             )
         })?;
-        Ok(ContainerSpec {
+        let mut spec = ContainerSpec {
             name: c.name.clone(),
             image: Image::RootFs(rootfs),
             argv: p.argv,
             env: p.env,
             working_dir: Some(p.working_dir.into()),
             limits: limits_of(c),
-        })
+            mounts: Vec::new(),
+            security: Default::default(),
+        };
+        confine(
+            &mut spec,
+            &self.pod,
+            c,
+            p.user.as_deref(),
+            self.volumes.as_ref(),
+        )
+        .map_err(|m| ("CreateContainerConfigError", m))?;
+        Ok(spec)
     }
 
     async fn start(
@@ -861,6 +956,7 @@ impl Worker {
         if let Ok(images) = &self.ctx.images {
             images.release_pod(&self.uid);
         }
+        self.ctx.volumes.release_pod(&self.uid);
         self.ctx.detach_pod_datapath(&self.uid);
         self.ctx
             .net
@@ -905,7 +1001,7 @@ mod tests {
             image: "host".into(),
             ..Default::default()
         };
-        let e = container_spec(&c).unwrap_err();
+        let e = container_spec(&Pod::default(), &c, None).unwrap_err();
         assert!(e.starts_with("containers[web].command: required"), "{e}");
         let c = Container {
             name: "web".into(),
@@ -913,7 +1009,7 @@ mod tests {
             command: vec!["sh".into()],
             ..Default::default()
         };
-        let e = container_spec(&c).unwrap_err();
+        let e = container_spec(&Pod::default(), &c, None).unwrap_err();
         assert!(
             e.contains("containers[web].image: root directory /no/such/rootfs does not exist"),
             "{e}"
@@ -925,7 +1021,7 @@ mod tests {
             ..Default::default()
         };
         assert!(
-            container_spec(&c)
+            container_spec(&Pod::default(), &c, None)
                 .unwrap_err()
                 .starts_with("containers[web].image")
         );

@@ -23,6 +23,7 @@
 //! reported as not enforced ([`Runtime::limit_report`]).
 
 mod cgroup;
+mod confine;
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
 pub mod host;
@@ -42,6 +43,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
 pub use cgroup::remove_tree as remove_cgroup_tree;
+pub use confine::{all_capabilities, capability_names, seccomp};
 pub use native::{NativeConfig, NativeRuntime};
 
 /// What a container runs from.
@@ -109,6 +111,111 @@ pub struct ContainerSpec {
     pub working_dir: Option<PathBuf>,
     /// Container-level limits, on the container's leaf cgroup.
     pub limits: Limits,
+    /// Bind mounts into a root filesystem (volumes, the generated /etc files), in order.
+    /// Only for [`Image::RootFs`] containers.
+    #[serde(default)]
+    pub mounts: Vec<Mount>,
+    /// How the process is confined. The default confines nothing (a node command).
+    #[serde(default)]
+    pub security: Security,
+}
+
+/// A bind mount of a node path into a container's root filesystem.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mount {
+    /// A directory or a file of the node.
+    pub source: PathBuf,
+    /// Absolute path inside the container; created (as a directory or an empty file, like
+    /// the source) when missing.
+    pub destination: PathBuf,
+    pub read_only: bool,
+}
+
+/// A seccomp profile.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Seccomp {
+    #[default]
+    Unconfined,
+    /// The runtime's default profile: the syscalls containerd's and Docker's default
+    /// profiles refuse to unprivileged containers fail with `EPERM` (see [`seccomp`]).
+    RuntimeDefault,
+}
+
+/// The confinement of a container's processes (its main process and every exec), the parts
+/// of an OCI runtime spec Kubernetes' securityContext controls. [`Security::default`] is
+/// no confinement at all: root with every capability, nothing masked, what a `host`
+/// container has always had; [`Security::restricted`] is containerd's default for an
+/// unprivileged container.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Security {
+    /// The user to run as; `None` keeps the runtime's (root).
+    pub uid: Option<u32>,
+    /// The primary group; `None` keeps the runtime's.
+    pub gid: Option<u32>,
+    /// Supplementary groups (set only when `uid` or `gid` is).
+    #[serde(default)]
+    pub groups: Vec<u32>,
+    /// Exactly these capabilities (`CAP_CHOWN`, ...) in the bounding, permitted and effective
+    /// sets (a non-root user loses them at `execve`, as in Kubernetes); `None` keeps all.
+    pub capabilities: Option<Vec<String>>,
+    /// `no_new_privs`: setuid binaries and file capabilities grant nothing
+    /// (`allowPrivilegeEscalation: false`).
+    #[serde(default)]
+    pub no_new_privs: bool,
+    /// The root filesystem is mounted read-only (`readOnlyRootFilesystem`).
+    #[serde(default)]
+    pub read_only_root: bool,
+    /// Masks the kernel's sensitive /proc and /sys files and makes /proc/sys & co.
+    /// read-only (root filesystem containers only).
+    #[serde(default)]
+    pub mask_paths: bool,
+    /// Mounts /sys read-only (root filesystem containers only).
+    #[serde(default)]
+    pub read_only_sys: bool,
+    #[serde(default)]
+    pub seccomp: Seccomp,
+    /// A PID namespace of the container's own (the process is PID 1 and sees only its
+    /// descendants), whatever the sandbox says.
+    #[serde(default)]
+    pub pid_namespace: bool,
+}
+
+impl Security {
+    /// containerd's default capability set for an unprivileged container.
+    pub const DEFAULT_CAPABILITIES: [&'static str; 14] = [
+        "CAP_CHOWN",
+        "CAP_DAC_OVERRIDE",
+        "CAP_FSETID",
+        "CAP_FOWNER",
+        "CAP_MKNOD",
+        "CAP_NET_RAW",
+        "CAP_SETGID",
+        "CAP_SETUID",
+        "CAP_SETFCAP",
+        "CAP_SETPCAP",
+        "CAP_NET_BIND_SERVICE",
+        "CAP_SYS_CHROOT",
+        "CAP_KILL",
+        "CAP_AUDIT_WRITE",
+    ];
+
+    /// containerd's default for an unprivileged container: root, the default capabilities,
+    /// masked and read-only kernel paths, read-only /sys, its own PID namespace, no seccomp
+    /// (Kubernetes' default profile is Unconfined).
+    pub fn restricted() -> Security {
+        Security {
+            capabilities: Some(
+                Self::DEFAULT_CAPABILITIES
+                    .iter()
+                    .map(|c| c.to_string())
+                    .collect(),
+            ),
+            mask_paths: true,
+            read_only_sys: true,
+            pid_namespace: true,
+            ..Security::default()
+        }
+    }
 }
 
 /// A pod sandbox as created (and persisted) by a runtime.

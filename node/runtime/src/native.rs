@@ -295,6 +295,29 @@ fn validate_container(spec: &ContainerSpec) -> Result<(), RuntimeError> {
             format!("{} is not an absolute path", wd.display()),
         );
     }
+    if !spec.mounts.is_empty() && spec.image == Image::Host {
+        return bad(
+            "volumeMounts",
+            "volumes need a root filesystem image (not \"host\")".into(),
+        );
+    }
+    for m in &spec.mounts {
+        let d = &m.destination;
+        if !d.is_absolute()
+            || d.components()
+                .any(|c| matches!(c, std::path::Component::ParentDir))
+        {
+            return bad(
+                "volumeMounts",
+                format!("{}: must be an absolute path without '..'", d.display()),
+            );
+        }
+    }
+    if let Some(caps) = &spec.security.capabilities
+        && let Err(m) = crate::capability_names(caps)
+    {
+        return bad("securityContext.capabilities", m);
+    }
     if let Image::RootFs(root) = &spec.image {
         if !root.is_absolute() {
             return bad(
@@ -834,8 +857,9 @@ impl Inner {
             netns: Some(sb.netns_path.clone()),
             uts: Some(sb.uts_path.clone()),
             ipc: Some(sb.ipc_path.clone()),
-            new_pidns: sb.pid_namespace,
+            new_pidns: sb.pid_namespace || spec.security.pid_namespace,
             new_mountns: sb.mount_namespace,
+            spec: Some(cdir.join(state::SPEC_FILE)),
             rootfs: match &spec.image {
                 Image::Host => None,
                 Image::RootFs(p) => Some(p.clone()),
@@ -1126,6 +1150,7 @@ impl Inner {
             join_pid: Some(pid),
             join_start_time: Some(pids.pid_start_time),
             workdir: rec.spec.working_dir.clone(),
+            spec: Some(cdir.join(state::SPEC_FILE)),
             argv: argv.iter().map(Into::into).collect(),
             ..Default::default()
         };
@@ -1304,6 +1329,8 @@ mod tests {
             env: vec![],
             working_dir: None,
             limits: Limits::default(),
+            mounts: vec![],
+            security: Default::default(),
         };
         let err = validate_container(&spec).unwrap_err().to_string();
         assert!(

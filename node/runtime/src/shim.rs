@@ -11,8 +11,12 @@
 //!    a PID namespace (`--new-pidns`) was unshared by the shim just before the fork, so the
 //!    container process is PID 1 in it;
 //! 3. with `--rootfs` or `--new-mountns`: unshares a private mount namespace; with a root
-//!    filesystem it mounts `proc` and a minimal `/dev` inside it and `pivot_root`s into it;
-//! 4. `chdir`s to `--workdir` (default `/`) and execs `ARGV` (`argv[0]` looked up in `PATH`).
+//!    filesystem it `pivot_root`s into it and mounts what the container sees there (`proc`,
+//!    a minimal `/dev`, `sysfs`, the spec's bind mounts, masked paths: see [`confine`]);
+//! 4. takes the identity and privileges of the spec's [`Security`] (`--spec`, the
+//!    container's `spec.json`): groups, user, capabilities, `no_new_privs`, seccomp;
+//! 5. `chdir`s to `--workdir` (default `/`; created in a root filesystem when missing) and
+//!    execs `ARGV` (`argv[0]` looked up in `PATH`).
 //!
 //! A failure in any step travels back over a close-on-exec pipe; the shim then records an
 //! exit with code 127 (command not found) or 126 (anything else) and reason `StartError`.
@@ -27,8 +31,11 @@
 //!
 //! **Exec mode** (`--join-pid PID`, no `--state`): a one-shot helper for exec probes. It
 //! joins `--cgroup`, then all namespaces of the container process `PID` (one `setns` on a
-//! pidfd, which also makes the container's root its root), forks, and runs `ARGV` with
-//! inherited stdio in `--workdir`; its exit code is the command's (128 + signal if killed).
+//! pidfd, which also makes the container's root its root), forks, takes the container's
+//! identity and privileges (`--spec`), and runs `ARGV` with inherited stdio in `--workdir`;
+//! its exit code is the command's (128 + signal if killed).
+//!
+//! [`confine`]: super::confine
 
 use std::ffi::{CString, OsString};
 use std::fs::File;
@@ -40,7 +47,7 @@ use std::path::{Path, PathBuf};
 use chrono::{DateTime, Utc};
 use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, OFlag};
-use nix::mount::{MntFlags, MsFlags};
+use nix::mount::MsFlags;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sched::CloneFlags;
 use nix::sys::signal::Signal;
@@ -48,9 +55,11 @@ use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid};
 
 use super::cgroup;
+use super::confine::{self, ConfineError};
 use super::log::{LineSplitter, RotatingLog};
 use super::state::{self, ExitRecord, PidsRecord};
 use super::sys;
+use super::{Mount, Security};
 
 /// `PATH` when the container's environment has none.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -93,6 +102,9 @@ pub struct ShimArgs {
     /// Working directory (inside the container), default `/`.
     #[arg(long)]
     pub workdir: Option<PathBuf>,
+    /// The container's `spec.json`: its bind mounts and [`Security`].
+    #[arg(long)]
+    pub spec: Option<PathBuf>,
     /// Log file for the container's stdout and stderr.
     #[arg(long)]
     pub log: Option<PathBuf>,
@@ -129,6 +141,7 @@ impl ShimArgs {
         path("--ipc", &self.ipc);
         path("--rootfs", &self.rootfs);
         path("--workdir", &self.workdir);
+        path("--spec", &self.spec);
         path("--log", &self.log);
         if self.new_pidns {
             a.push("--new-pidns".into());
@@ -182,6 +195,10 @@ impl StartFailure {
             code: EXIT_CANNOT_RUN,
             message: message.into(),
         }
+    }
+
+    fn confine(e: ConfineError) -> Self {
+        Self::errno(e.what, e.source)
     }
 
     fn errno(what: impl std::fmt::Display, e: impl Into<io::Error>) -> Self {
@@ -369,10 +386,28 @@ fn open_ns(what: &str, path: &Option<PathBuf>) -> Result<Option<File>, StartFail
         .transpose()
 }
 
+/// The bind mounts and confinement of `--spec` (none without it).
+fn confinement(args: &ShimArgs) -> Result<(Vec<Mount>, Security), StartFailure> {
+    let Some(path) = &args.spec else {
+        return Ok((Vec::new(), Security::default()));
+    };
+    match state::read_json::<state::ContainerRecord>(path) {
+        Ok(Some(rec)) => Ok((rec.spec.mounts, rec.spec.security)),
+        Ok(None) => Err(StartFailure::new(format!("{} is missing", path.display()))),
+        Err(e) => Err(StartFailure::new(e.to_string())),
+    }
+}
+
 /// Forks the container process and waits until it has exec'd (or failed to).
 fn start(args: &ShimArgs) -> Result<Started, StartFailure> {
     if args.argv.is_empty() {
         return Err(StartFailure::new("empty command"));
+    }
+    let (mounts, security) = confinement(args)?;
+    if !mounts.is_empty() && args.rootfs.is_none() {
+        return Err(StartFailure::new(
+            "volume mounts need a root filesystem image (not \"host\")",
+        ));
     }
     let namespaces = [
         (
@@ -406,7 +441,14 @@ fn start(args: &ShimArgs) -> Result<Started, StartFailure> {
     match sys::fork(&single).map_err(|e| StartFailure::errno("fork", e))? {
         ForkResult::Child => {
             drop((out_r, err_r, report_r));
-            let failure = container_child(args, &namespaces, &devnull, out_w, err_w);
+            let failure = container_child(
+                args,
+                &namespaces,
+                (&mounts, &security),
+                &devnull,
+                out_w,
+                err_w,
+            );
             // Best effort: the parent treats a short report as a generic failure.
             let _ = nix::unistd::write(&report_w, &failure.encode());
             sys::exit_now(failure.code)
@@ -435,11 +477,12 @@ fn start(args: &ShimArgs) -> Result<Started, StartFailure> {
 fn container_child(
     args: &ShimArgs,
     namespaces: &[(Option<File>, CloneFlags, &str)],
+    confinement: (&[Mount], &Security),
     devnull: &File,
     out_w: OwnedFd,
     err_w: OwnedFd,
 ) -> StartFailure {
-    match container_child_setup(args, namespaces, devnull, out_w, err_w) {
+    match container_child_setup(args, namespaces, confinement, devnull, out_w, err_w) {
         Ok(()) => exec_argv(&args.argv),
         Err(f) => f,
     }
@@ -448,6 +491,7 @@ fn container_child(
 fn container_child_setup(
     args: &ShimArgs,
     namespaces: &[(Option<File>, CloneFlags, &str)],
+    (mounts, security): (&[Mount], &Security),
     devnull: &File,
     out_w: OwnedFd,
     err_w: OwnedFd,
@@ -471,117 +515,35 @@ fn container_child_setup(
         nix::sched::unshare(CloneFlags::CLONE_NEWNS)
             .map_err(|e| StartFailure::errno("unshare(CLONE_NEWNS)", e))?;
         // Nothing mounted in here may propagate back to the host.
-        mount(
-            None,
+        nix::mount::mount(
+            None::<&str>,
             Path::new("/"),
-            None,
+            None::<&str>,
             MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-            None,
+            None::<&str>,
         )
         .map_err(|e| StartFailure::errno("making / private", e))?;
     }
+    let workdir = args.workdir.as_deref().unwrap_or(Path::new("/"));
     if let Some(rootfs) = &args.rootfs {
-        enter_rootfs(rootfs)?;
+        let sources = confine::open_sources(mounts).map_err(StartFailure::confine)?;
+        confine::enter_rootfs(rootfs, security, &sources, workdir)
+            .map_err(StartFailure::confine)?;
     } else if args.new_mountns && args.new_pidns {
         // A /proc that shows the container's PID namespace.
-        mount(
-            Some(Path::new("proc")),
+        nix::mount::mount(
+            Some("proc"),
             Path::new("/proc"),
             Some("proc"),
             MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-            None,
+            None::<&str>,
         )
         .map_err(|e| StartFailure::errno("mounting /proc", e))?;
     }
-    let workdir = args.workdir.as_deref().unwrap_or(Path::new("/"));
+    confine::drop_privileges(security).map_err(StartFailure::confine)?;
     nix::unistd::chdir(workdir)
         .map_err(|e| StartFailure::errno(format!("chdir \"{}\"", workdir.display()), e))?;
     sys::cloexec_from(3).map_err(|e| StartFailure::errno("close_range", e))?;
-    Ok(())
-}
-
-fn mount(
-    source: Option<&Path>,
-    target: &Path,
-    fstype: Option<&str>,
-    flags: MsFlags,
-    data: Option<&str>,
-) -> nix::Result<()> {
-    nix::mount::mount(source, target, fstype, flags, data)
-}
-
-/// Device nodes bind-mounted from the host into a root filesystem's `/dev`.
-const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
-
-/// Makes `rootfs` the root of the (private) mount namespace: bind-mounts it onto itself,
-/// mounts `proc` and a minimal `/dev` where the image has those directories, then
-/// `pivot_root(".", ".")` and detaches the old root.
-fn enter_rootfs(rootfs: &Path) -> Result<(), StartFailure> {
-    let fail = |what: String| move |e: Errno| StartFailure::errno(what, e);
-    if !rootfs.is_dir() {
-        return Err(StartFailure::errno(
-            format!("rootfs \"{}\"", rootfs.display()),
-            Errno::ENOENT,
-        ));
-    }
-    mount(
-        Some(rootfs),
-        rootfs,
-        None,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None,
-    )
-    .map_err(fail(format!(
-        "bind-mounting rootfs \"{}\"",
-        rootfs.display()
-    )))?;
-    let proc_dir = rootfs.join("proc");
-    if proc_dir.is_dir() {
-        mount(
-            Some(Path::new("proc")),
-            &proc_dir,
-            Some("proc"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-            None,
-        )
-        .map_err(fail(format!("mounting proc on {}", proc_dir.display())))?;
-    }
-    let dev = rootfs.join("dev");
-    if dev.is_dir() {
-        mount(
-            Some(Path::new("tmpfs")),
-            &dev,
-            Some("tmpfs"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-            Some("mode=755,size=64k"),
-        )
-        .map_err(fail(format!("mounting tmpfs on {}", dev.display())))?;
-        for name in DEVICES {
-            let host = Path::new("/dev").join(name);
-            if !host.exists() {
-                continue;
-            }
-            let target = dev.join(name);
-            File::create(&target)
-                .map_err(|e| StartFailure::errno(format!("creating {}", target.display()), e))?;
-            mount(Some(&host), &target, None, MsFlags::MS_BIND, None)
-                .map_err(fail(format!("bind-mounting {}", host.display())))?;
-        }
-        for (link, to) in [
-            ("fd", "/proc/self/fd"),
-            ("stdin", "/proc/self/fd/0"),
-            ("stdout", "/proc/self/fd/1"),
-            ("stderr", "/proc/self/fd/2"),
-        ] {
-            let _ = std::os::unix::fs::symlink(to, dev.join(link));
-        }
-    }
-    nix::unistd::chdir(rootfs).map_err(fail(format!("chdir \"{}\"", rootfs.display())))?;
-    nix::unistd::pivot_root(".", ".").map_err(fail("pivot_root".into()))?;
-    // The old root is now stacked on top of the new one; detach it.
-    nix::mount::umount2(".", MntFlags::MNT_DETACH)
-        .map_err(fail("detaching the old root".into()))?;
-    nix::unistd::chdir("/").map_err(fail("chdir \"/\"".into()))?;
     Ok(())
 }
 
@@ -841,6 +803,10 @@ fn exec_mode(args: &ShimArgs) -> i32 {
     {
         return fail(format!("container process {pid} has exited"));
     }
+    let security = match confinement(args) {
+        Ok((_, s)) => s,
+        Err(f) => return fail(f.message),
+    };
     let all = CloneFlags::CLONE_NEWNET
         | CloneFlags::CLONE_NEWUTS
         | CloneFlags::CLONE_NEWIPC
@@ -855,6 +821,7 @@ fn exec_mode(args: &ShimArgs) -> i32 {
         Ok(ForkResult::Child) => {
             let failure = (|| {
                 sys::reset_signals().map_err(|e| StartFailure::errno("resetting signals", e))?;
+                confine::drop_privileges(&security).map_err(StartFailure::confine)?;
                 let workdir = args.workdir.as_deref().unwrap_or(Path::new("/"));
                 nix::unistd::chdir(workdir).map_err(|e| {
                     StartFailure::errno(format!("chdir \"{}\"", workdir.display()), e)

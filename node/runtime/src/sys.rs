@@ -1,6 +1,7 @@
 //! The runtime's only `unsafe` code and raw syscalls (pidfd, close_range, fork, signal
-//! dispositions, `_exit`, an interface ioctl, `pre_exec`). Everything else goes through
-//! nix's safe wrappers.
+//! dispositions, `_exit`, an interface ioctl, `pre_exec`, the new mount API's `open_tree`
+//! and `move_mount`, `no_new_privs` and installing a seccomp filter). Everything else goes
+//! through nix's safe wrappers.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -185,4 +186,78 @@ pub(crate) fn async_readable(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd
     // OwnedFd::as_raw_fd always returns that same descriptor.
     unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
         .map_err(|e| e.into_parts().1)
+}
+
+/// `open_tree(2)` with `OPEN_TREE_CLONE | AT_RECURSIVE`: a detached copy of the mount tree at
+/// `path`, which [`move_mount`] attaches elsewhere later, even after this process has
+/// changed its root (a bind mount from a path would need the old root still attached).
+pub(crate) fn open_tree_clone(path: &std::path::Path) -> io::Result<OwnedFd> {
+    let c = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()))
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let flags = libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC | libc::AT_RECURSIVE as u32;
+    // SAFETY: `c` is a NUL-terminated string that outlives the call; the other arguments are
+    // integers. The kernel returns a new descriptor or -1.
+    let ret = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, c.as_ptr(), flags) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = RawFd::try_from(ret).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: the kernel just returned this descriptor; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `move_mount(2)`: attaches the detached tree `tree` (from [`open_tree_clone`]) at `target`.
+pub(crate) fn move_mount(tree: BorrowedFd<'_>, target: &std::path::Path) -> io::Result<()> {
+    let c = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(target.as_os_str()))
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let empty = c"";
+    // SAFETY: both strings are NUL-terminated and outlive the call; `tree` is open for its
+    // duration. No memory is written.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `prctl(PR_SET_NO_NEW_PRIVS, 1)`.
+pub(crate) fn set_no_new_privs() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only; no memory is passed.
+    let ret = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Installs the classic-BPF seccomp `filter` on the calling thread (`prctl(PR_SET_SECCOMP,
+/// SECCOMP_MODE_FILTER)`); needs `no_new_privs` or `CAP_SYS_ADMIN`.
+pub(crate) fn install_seccomp(filter: &[libc::sock_filter]) -> io::Result<()> {
+    let len = u16::try_from(filter.len()).map_err(|_| io::Error::from_raw_os_error(libc::E2BIG))?;
+    let prog = libc::sock_fprog {
+        len,
+        filter: filter.as_ptr().cast_mut(),
+    };
+    // SAFETY: `prog` points at `len` valid instructions that outlive the call; the kernel
+    // copies them and writes nothing back.
+    let ret = unsafe {
+        libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::SECCOMP_MODE_FILTER,
+            &prog as *const libc::sock_fprog,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }

@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use skiff_runtime::{
-    ContainerSpec, ContainerState, Image, Limits, NativeConfig, NativeRuntime, Runtime,
-    RuntimeError, Sandbox, SandboxSpec,
+    ContainerSpec, ContainerState, Image, Limits, Mount, NativeConfig, NativeRuntime, Runtime,
+    RuntimeError, Sandbox, SandboxSpec, Seccomp, Security,
 };
 use skiff_testkit::eventually_within;
 use tokio::sync::broadcast;
@@ -227,6 +227,8 @@ fn host_container(name: &str, argv: &[&str]) -> ContainerSpec {
         env: vec![],
         working_dir: None,
         limits: Limits::default(),
+        mounts: vec![],
+        security: Default::default(),
     }
 }
 
@@ -903,6 +905,8 @@ async fn rootfs_container_with_its_own_pid_namespace() {
         env: vec![("PATH".into(), "/bin".into())],
         working_dir: Some("/tmp".into()),
         limits: Limits::default(),
+        mounts: vec![],
+        security: Default::default(),
     };
     let pid = running_pid(&rt.start_container(&sb, &c).await.unwrap());
     eventually_within("the container's output", Duration::from_secs(5), || async {
@@ -1180,4 +1184,234 @@ async fn containers_survive_an_agent_kill_9() {
         } if reason == "Error"
     ));
     rt.remove_sandbox(sb, Duration::from_secs(1)).await.unwrap();
+}
+
+/// A root filesystem whose /usr is the node's, mounted read-only, so the node's tools (dash,
+/// coreutils, util-linux mount, python3) run inside it.
+fn host_tools_rootfs(dir: &Path) -> (PathBuf, Vec<Mount>) {
+    let root = dir.join("tools-rootfs");
+    for d in ["usr", "etc", "tmp", "data", "ro"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    for (link, to) in [
+        ("bin", "usr/bin"),
+        ("sbin", "usr/sbin"),
+        ("lib", "usr/lib"),
+        ("lib64", "usr/lib64"),
+    ] {
+        std::os::unix::fs::symlink(to, root.join(link)).unwrap();
+    }
+    std::fs::write(root.join("etc/passwd"), "root:x:0:0::/root:/bin/sh\n").unwrap();
+    let mounts = vec![Mount {
+        source: "/usr".into(),
+        destination: "/usr".into(),
+        read_only: true,
+    }];
+    (root, mounts)
+}
+
+/// Loads a two-instruction socket filter with bpf(BPF_PROG_LOAD); prints `bpf-ok` or
+/// `bpf-denied <errno>`. Then keyctl(KEYCTL_GET_KEYRING_ID, session), which any user may
+/// call unless seccomp refuses it.
+const PROBE_PY: &str = r#"
+import ctypes, struct
+libc = ctypes.CDLL(None, use_errno=True)
+insns = ctypes.create_string_buffer(struct.pack('<BBhiBBhi', 0xb7, 0, 0, 0, 0x95, 0, 0, 0))
+lic = ctypes.create_string_buffer(b'GPL')
+attr = ctypes.create_string_buffer(struct.pack('<IIQQ', 1, 2, ctypes.addressof(insns), ctypes.addressof(lic)), 128)
+r = libc.syscall(321, 5, attr, 128)
+print('bpf-ok' if r >= 0 else 'bpf-denied %d' % ctypes.get_errno())
+r = libc.syscall(250, 0, -3, 1)
+print('keyctl-ok' if r >= 0 else 'keyctl-denied %d' % ctypes.get_errno())
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confinement_like_containerds_defaults() {
+    let h = Harness::new("confine");
+    let rt = h.runtime();
+    let (root, usr) = host_tools_rootfs(h.tmp.path());
+    let sb = rt
+        .create_sandbox(&h.sandbox_spec("confined-pod"))
+        .await
+        .unwrap();
+    let probe = h.tmp.path().join("probe.py");
+    std::fs::write(&probe, PROBE_PY).unwrap();
+    let probe_mount = Mount {
+        source: probe.clone(),
+        destination: "/probe.py".into(),
+        read_only: true,
+    };
+    let report = "grep -E '^(Cap(Bnd|Eff)|NoNewPrivs|Seccomp):' /proc/self/status; \
+        id -u; id -g; id -G; \
+        mount -t tmpfs none /tmp 2>/dev/null && echo mount-ok || echo mount-denied; \
+        python3 /probe.py; \
+        echo timer_list=$(wc -c < /proc/timer_list); \
+        echo sys=$(grep ' /sys sysfs ' /proc/self/mounts | cut -d' ' -f4 | cut -c1-2); \
+        echo pids=$(ls /proc | grep -c '^[0-9]'); \
+        touch /rootfile 2>/dev/null && echo root-rw || echo root-ro; \
+        touch /data/x 2>/dev/null && echo data-rw || echo data-ro; \
+        touch /ro/x 2>/dev/null && echo ro-rw || echo ro-ro; \
+        echo report-done; exec sleep 1000";
+    let container = |name: &str, security: Security, mounts: Vec<Mount>| ContainerSpec {
+        name: name.into(),
+        image: Image::RootFs(root.clone()),
+        argv: vec!["/bin/sh".into(), "-c".into(), report.into()],
+        env: vec![],
+        working_dir: Some("/".into()),
+        limits: Limits::default(),
+        mounts,
+        security,
+    };
+    let run = |name: &'static str| {
+        let (rt, sb) = (&rt, &sb);
+        async move {
+            eventually_within(name, Duration::from_secs(10), || async {
+                log_text(rt, sb, name).contains("report-done")
+            })
+            .await;
+            log_text(rt, sb, name)
+        }
+    };
+    let has = |log: &str, line: &str| log.lines().any(|l| l.ends_with(&format!(" {line}")));
+
+    // Privileged: every capability, nothing masked, BPF loads.
+    let privileged = Security {
+        pid_namespace: true,
+        ..Security::default()
+    };
+    rt.start_container(
+        &sb,
+        &container(
+            "privileged",
+            privileged,
+            vec![usr[0].clone(), probe_mount.clone()],
+        ),
+    )
+    .await
+    .unwrap();
+    let log = run("privileged").await;
+    assert!(has(&log, "bpf-ok"), "{log}");
+    assert!(has(&log, "mount-ok"), "{log}");
+    assert!(has(&log, "sys=rw"), "{log}");
+    assert!(!has(&log, "timer_list=0"), "not masked: {log}");
+
+    // containerd's default without NET_RAW, as root: the bounding and effective sets hold
+    // exactly the 13 others; no mount, no BPF, masked /proc/timer_list, read-only /sys, only
+    // its own processes.
+    let mut restricted = Security::restricted();
+    restricted
+        .capabilities
+        .as_mut()
+        .unwrap()
+        .retain(|c| c != "CAP_NET_RAW");
+    rt.start_container(
+        &sb,
+        &container(
+            "restricted",
+            restricted,
+            vec![usr[0].clone(), probe_mount.clone()],
+        ),
+    )
+    .await
+    .unwrap();
+    let log = run("restricted").await;
+    // CAP_CHOWN 0, DAC_OVERRIDE 1, FOWNER 3, FSETID 4, KILL 5, SETGID 6, SETUID 7,
+    // SETPCAP 8, NET_BIND_SERVICE 10, SYS_CHROOT 18, MKNOD 27, AUDIT_WRITE 29, SETFCAP 31.
+    let expected = "00000000a80405fb";
+    assert!(has(&log, &format!("CapBnd:\t{expected}")), "{log}");
+    assert!(has(&log, &format!("CapEff:\t{expected}")), "{log}");
+    assert!(has(&log, "mount-denied"), "{log}");
+    assert!(has(&log, "bpf-denied 1"), "{log}");
+    assert!(has(&log, "keyctl-ok"), "no seccomp filter here: {log}");
+    assert!(has(&log, "timer_list=0"), "{log}");
+    assert!(has(&log, "sys=ro"), "{log}");
+    let pids: u32 = log
+        .lines()
+        .find_map(|l| l.split(" pids=").nth(1))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(999);
+    assert!(pids <= 5, "only the container's own processes: {log}");
+
+    // A user, groups, a read-only root, no_new_privs, the RuntimeDefault seccomp profile, and
+    // volumes: one writable, one read-only.
+    let data = h.tmp.path().join("data-volume");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::set_permissions(&data, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let ro = h.tmp.path().join("ro-volume");
+    std::fs::create_dir(&ro).unwrap();
+    let user = Security {
+        uid: Some(1000),
+        gid: Some(1001),
+        groups: vec![2000, 1001],
+        no_new_privs: true,
+        read_only_root: true,
+        seccomp: Seccomp::RuntimeDefault,
+        ..Security::restricted()
+    };
+    let mounts = vec![
+        usr[0].clone(),
+        probe_mount.clone(),
+        Mount {
+            source: data.clone(),
+            destination: "/data".into(),
+            read_only: false,
+        },
+        Mount {
+            source: ro.clone(),
+            destination: "/ro".into(),
+            read_only: true,
+        },
+    ];
+    rt.start_container(&sb, &container("user", user, mounts))
+        .await
+        .unwrap();
+    let log = run("user").await;
+    for line in [
+        "1000",
+        "1001",
+        "CapEff:\t0000000000000000",
+        "NoNewPrivs:\t1",
+        "Seccomp:\t2",
+        "keyctl-denied 1",
+        "root-ro",
+        "data-rw",
+        "ro-ro",
+        "mount-denied",
+    ] {
+        assert!(has(&log, line), "{line:?} in {log}");
+    }
+    assert!(
+        log.lines()
+            .any(|l| l.ends_with(" 1001 2000") || l.ends_with(" 2000 1001")),
+        "groups: {log}"
+    );
+    let written = std::fs::metadata(data.join("x")).unwrap();
+    assert_eq!((written.uid(), written.gid()), (1000, 1001));
+
+    // An exec runs with the container's identity and filter.
+    let out = rt
+        .exec(
+            &sb,
+            "user",
+            &[
+                "/bin/sh".into(),
+                "-c".into(),
+                "id -u; grep -E '^(Seccomp|CapEff):' /proc/self/status".into(),
+            ],
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        stdout,
+        "1000\nCapEff:\t0000000000000000\nSeccomp:\t2\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    rt.remove_sandbox(&sb, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mountinfo.contains(root.to_str().unwrap()), "{mountinfo}");
 }

@@ -15,6 +15,7 @@ use crate::validation::{self as v, NameRule};
 
 mod apps;
 mod pod;
+mod pod_volumes;
 mod service;
 
 /// What a delete hook decides.

@@ -186,6 +186,16 @@ pub(crate) fn validate_pod_spec(out: &mut Vec<FieldError>, path: &str, spec: Opt
     if spec.containers.is_empty() {
         out.push(FieldError::required(format!("{path}.containers"), ""));
     }
+    let volumes = super::pod_volumes::validate_volumes(out, path, spec);
+    super::pod_volumes::validate_pod_security_context(out, path, spec.security_context.as_ref());
+    for (i, s) in spec.image_pull_secrets.iter().enumerate() {
+        if s.name.is_empty() {
+            out.push(FieldError::required(
+                format!("{path}.imagePullSecrets[{i}].name"),
+                "",
+            ));
+        }
+    }
     let mut names = BTreeSet::new();
     for (field, list) in [
         ("containers", &spec.containers),
@@ -194,6 +204,7 @@ pub(crate) fn validate_pod_spec(out: &mut Vec<FieldError>, path: &str, spec: Opt
         for (i, c) in list.iter().enumerate() {
             let cp = format!("{path}.{field}[{i}]");
             validate_container(out, &cp, c);
+            super::pod_volumes::validate_container_extras(out, &cp, c, &volumes);
             if !c.name.is_empty() && !names.insert(c.name.as_str()) {
                 out.push(FieldError::duplicate(format!("{cp}.name"), &c.name));
             }

@@ -32,6 +32,7 @@ struct Bed {
     runtime: Arc<FakeRuntime>,
     journal: Journal,
     ctx: Arc<Ctx>,
+    _state: tempfile::TempDir,
 }
 
 async fn bed(backoff_initial: Duration) -> Bed {
@@ -45,6 +46,7 @@ async fn bed(backoff_initial: Duration) -> Bed {
             .with_journal(journal.clone()),
     );
     let lb = FakeLb::new(LbConfig::default()).with_journal(journal.clone());
+    let state = tempfile::tempdir().expect("state dir");
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         runtime: runtime.clone(),
@@ -57,6 +59,7 @@ async fn bed(backoff_initial: Duration) -> Bed {
         pods: PodRegistry::default(),
         recorder: EventRecorder::new(client.clone(), EVENT_COMPONENT, "node-1"),
         images: Err("no image store in these tests".into()),
+        volumes: super::volumes::Volumes::new(state.path()),
     });
     Bed {
         _server: server,
@@ -64,6 +67,7 @@ async fn bed(backoff_initial: Duration) -> Bed {
         runtime,
         journal,
         ctx,
+        _state: state,
     }
 }
 

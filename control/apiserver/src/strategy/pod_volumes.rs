@@ -1,0 +1,476 @@
+//! Validation of a pod spec's volumes, volume mounts and security contexts, with
+//! Kubernetes' field paths and messages.
+
+use std::collections::BTreeSet;
+use std::path::{Component, Path};
+
+use skiff_api::api::{
+    Container, PodSecurityContext, PodSpec, SeccompProfile, SecurityContext, Volume,
+};
+use skiff_api::quantity;
+
+use crate::error::FieldError;
+use crate::validation as v;
+
+const HOST_PATH_TYPES: &[&str] = &[
+    "",
+    "DirectoryOrCreate",
+    "Directory",
+    "FileOrCreate",
+    "File",
+    "Socket",
+    "CharDevice",
+    "BlockDevice",
+];
+const MEDIA: &[&str] = &["", "Memory"];
+const SECCOMP_TYPES: &[&str] = &["RuntimeDefault", "Unconfined", "Localhost"];
+const PROC_MOUNTS: &[&str] = &["Default", "Unmasked"];
+/// The fields a downwardAPI volume can expose.
+const DOWNWARD_FIELDS: &[&str] = &[
+    "metadata.annotations",
+    "metadata.labels",
+    "metadata.name",
+    "metadata.namespace",
+    "metadata.uid",
+];
+const DOWNWARD_RESOURCES: &[&str] = &[
+    "limits.cpu",
+    "limits.ephemeral-storage",
+    "limits.memory",
+    "requests.cpu",
+    "requests.ephemeral-storage",
+    "requests.memory",
+];
+
+/// `..` anywhere, the way Kubernetes refuses it in relative paths.
+fn has_dot_dot(p: &str) -> bool {
+    Path::new(p)
+        .components()
+        .any(|c| matches!(c, Component::ParentDir))
+}
+
+fn check_relative(out: &mut Vec<FieldError>, path: &str, value: &str) {
+    if value.starts_with('/') {
+        out.push(FieldError::invalid(path, value, "must be a relative path"));
+    }
+    if has_dot_dot(value) {
+        out.push(FieldError::invalid(path, value, "must not contain '..'"));
+    }
+}
+
+fn check_id(out: &mut Vec<FieldError>, path: &str, id: Option<i64>) {
+    if let Some(id) = id
+        && !(0..=i64::from(i32::MAX)).contains(&id)
+    {
+        out.push(FieldError::invalid(
+            path,
+            id,
+            "must be between 0 and 2147483647, inclusive",
+        ));
+    }
+}
+
+fn check_mode(out: &mut Vec<FieldError>, path: &str, mode: Option<i32>) {
+    if let Some(m) = mode
+        && !(0..=0o777).contains(&m)
+    {
+        out.push(FieldError::invalid(
+            path,
+            m,
+            "must be a number between 0 and 0777 (octal), both inclusive",
+        ));
+    }
+}
+
+fn check_seccomp(out: &mut Vec<FieldError>, path: &str, p: Option<&SeccompProfile>) {
+    let Some(p) = p else { return };
+    if !SECCOMP_TYPES.contains(&p.r#type.as_str()) {
+        out.push(FieldError::not_supported(
+            format!("{path}.type"),
+            &p.r#type,
+            SECCOMP_TYPES,
+        ));
+    }
+    let local = p.localhost_profile.as_deref().unwrap_or("");
+    if p.r#type == "Localhost" && local.is_empty() {
+        out.push(FieldError::required(
+            format!("{path}.localhostProfile"),
+            "must be set when seccomp type is Localhost",
+        ));
+    }
+    if p.r#type != "Localhost" && !local.is_empty() {
+        out.push(FieldError::invalid(
+            format!("{path}.localhostProfile"),
+            local,
+            "can only be set when seccomp type is Localhost",
+        ));
+    }
+}
+
+fn check_volume(out: &mut Vec<FieldError>, path: &str, vol: &Volume) {
+    let sources = usize::from(vol.empty_dir.is_some())
+        + usize::from(vol.host_path.is_some())
+        + usize::from(vol.downward_api.is_some());
+    match sources {
+        0 => out.push(FieldError::required(path, "must specify a volume type")),
+        1 => {}
+        _ => out.push(FieldError::forbidden(
+            path,
+            "may not specify more than 1 volume type",
+        )),
+    }
+    if let Some(e) = &vol.empty_dir {
+        if !MEDIA.contains(&e.medium.as_str()) {
+            out.push(FieldError::not_supported(
+                format!("{path}.emptyDir.medium"),
+                &e.medium,
+                MEDIA,
+            ));
+        }
+        if let Some(l) = &e.size_limit
+            && let Err(err) = quantity::parse_value(l)
+        {
+            out.push(FieldError::invalid(
+                format!("{path}.emptyDir.sizeLimit"),
+                l,
+                err.to_string(),
+            ));
+        }
+    }
+    if let Some(h) = &vol.host_path {
+        if h.path.is_empty() {
+            out.push(FieldError::required(format!("{path}.hostPath.path"), ""));
+        } else if has_dot_dot(&h.path) {
+            out.push(FieldError::invalid(
+                format!("{path}.hostPath.path"),
+                &h.path,
+                "must not contain '..'",
+            ));
+        }
+        let ty = h.r#type.as_deref().unwrap_or("");
+        if !HOST_PATH_TYPES.contains(&ty) {
+            out.push(FieldError::not_supported(
+                format!("{path}.hostPath.type"),
+                ty,
+                HOST_PATH_TYPES,
+            ));
+        }
+    }
+    if let Some(d) = &vol.downward_api {
+        check_mode(
+            out,
+            &format!("{path}.downwardAPI.defaultMode"),
+            d.default_mode,
+        );
+        let mut seen = BTreeSet::new();
+        for (i, item) in d.items.iter().enumerate() {
+            let ip = format!("{path}.downwardAPI.items[{i}]");
+            if item.path.is_empty() {
+                out.push(FieldError::required(format!("{ip}.path"), ""));
+            } else {
+                check_relative(out, &format!("{ip}.path"), &item.path);
+                if item.path.starts_with("..") {
+                    out.push(FieldError::invalid(
+                        format!("{ip}.path"),
+                        &item.path,
+                        "must not start with '..'",
+                    ));
+                }
+                if !seen.insert(item.path.as_str()) {
+                    out.push(FieldError::duplicate(format!("{ip}.path"), &item.path));
+                }
+            }
+            check_mode(out, &format!("{ip}.mode"), item.mode);
+            match (&item.field_ref, &item.resource_field_ref) {
+                (Some(f), None) => {
+                    let fp = f.field_path.as_str();
+                    let keyed = ["metadata.labels['", "metadata.annotations['"]
+                        .iter()
+                        .any(|p| fp.starts_with(p) && fp.ends_with("']") && fp.len() > p.len() + 2);
+                    if !DOWNWARD_FIELDS.contains(&fp) && !keyed {
+                        out.push(FieldError::not_supported(
+                            format!("{ip}.fieldRef.fieldPath"),
+                            fp,
+                            DOWNWARD_FIELDS,
+                        ));
+                    }
+                }
+                (None, Some(r)) => {
+                    if !DOWNWARD_RESOURCES.contains(&r.resource.as_str()) {
+                        out.push(FieldError::not_supported(
+                            format!("{ip}.resourceFieldRef.resource"),
+                            &r.resource,
+                            DOWNWARD_RESOURCES,
+                        ));
+                    }
+                    if r.container_name.is_empty() {
+                        out.push(FieldError::required(
+                            format!("{ip}.resourceFieldRef.containerName"),
+                            "",
+                        ));
+                    }
+                }
+                (None, None) => out.push(FieldError::required(
+                    ip.clone(),
+                    "one of fieldRef and resourceFieldRef is required",
+                )),
+                (Some(_), Some(_)) => out.push(FieldError::invalid(
+                    ip.clone(),
+                    "fieldRef and resourceFieldRef",
+                    "fieldRef and resourceFieldRef can not be specified simultaneously",
+                )),
+            }
+        }
+    }
+}
+
+/// `spec.volumes`; returns the volume names.
+pub(crate) fn validate_volumes<'a>(
+    out: &mut Vec<FieldError>,
+    path: &str,
+    spec: &'a PodSpec,
+) -> BTreeSet<&'a str> {
+    let mut names = BTreeSet::new();
+    for (i, vol) in spec.volumes.iter().enumerate() {
+        let vp = format!("{path}.volumes[{i}]");
+        if vol.name.is_empty() {
+            out.push(FieldError::required(format!("{vp}.name"), ""));
+        } else {
+            v::check_dns_label(out, &format!("{vp}.name"), &vol.name);
+            if !names.insert(vol.name.as_str()) {
+                out.push(FieldError::duplicate(format!("{vp}.name"), &vol.name));
+            }
+        }
+        check_volume(out, &vp, vol);
+    }
+    names
+}
+
+/// A container's volumeMounts and securityContext.
+pub(crate) fn validate_container_extras(
+    out: &mut Vec<FieldError>,
+    path: &str,
+    c: &Container,
+    volumes: &BTreeSet<&str>,
+) {
+    let mut mount_paths = BTreeSet::new();
+    for (i, m) in c.volume_mounts.iter().enumerate() {
+        let mp = format!("{path}.volumeMounts[{i}]");
+        if m.name.is_empty() {
+            out.push(FieldError::required(format!("{mp}.name"), ""));
+        } else if !volumes.contains(m.name.as_str()) {
+            out.push(FieldError::not_found(format!("{mp}.name"), &m.name));
+        }
+        if m.mount_path.is_empty() {
+            out.push(FieldError::required(format!("{mp}.mountPath"), ""));
+        } else if !mount_paths.insert(m.mount_path.as_str()) {
+            out.push(FieldError::invalid(
+                format!("{mp}.mountPath"),
+                &m.mount_path,
+                "must be unique",
+            ));
+        }
+        if !m.sub_path.is_empty() {
+            check_relative(out, &format!("{mp}.subPath"), &m.sub_path);
+        }
+        if !matches!(m.mount_propagation.as_str(), "" | "None") {
+            out.push(FieldError::not_supported(
+                format!("{mp}.mountPropagation"),
+                &m.mount_propagation,
+                &["None"],
+            ));
+        }
+    }
+    if let Some(sc) = &c.security_context {
+        validate_security_context(out, &format!("{path}.securityContext"), sc);
+    }
+}
+
+fn validate_security_context(out: &mut Vec<FieldError>, path: &str, sc: &SecurityContext) {
+    check_id(out, &format!("{path}.runAsUser"), sc.run_as_user);
+    check_id(out, &format!("{path}.runAsGroup"), sc.run_as_group);
+    check_seccomp(
+        out,
+        &format!("{path}.seccompProfile"),
+        sc.seccomp_profile.as_ref(),
+    );
+    if !sc.proc_mount.is_empty() && !PROC_MOUNTS.contains(&sc.proc_mount.as_str()) {
+        out.push(FieldError::not_supported(
+            format!("{path}.procMount"),
+            &sc.proc_mount,
+            PROC_MOUNTS,
+        ));
+    }
+    if sc.privileged == Some(true) && sc.allow_privilege_escalation == Some(false) {
+        out.push(FieldError::invalid(
+            path,
+            "",
+            "cannot set `allowPrivilegeEscalation` to false and `privileged` to true",
+        ));
+    }
+    if let Some(caps) = &sc.capabilities {
+        for (field, list) in [("add", &caps.add), ("drop", &caps.drop)] {
+            for (i, name) in list.iter().enumerate() {
+                if name.is_empty() {
+                    out.push(FieldError::required(
+                        format!("{path}.capabilities.{field}[{i}]"),
+                        "",
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// `spec.securityContext`.
+pub(crate) fn validate_pod_security_context(
+    out: &mut Vec<FieldError>,
+    path: &str,
+    psc: Option<&PodSecurityContext>,
+) {
+    let Some(psc) = psc else { return };
+    let p = format!("{path}.securityContext");
+    check_id(out, &format!("{p}.runAsUser"), psc.run_as_user);
+    check_id(out, &format!("{p}.runAsGroup"), psc.run_as_group);
+    check_id(out, &format!("{p}.fsGroup"), psc.fs_group);
+    for (i, g) in psc.supplemental_groups.iter().enumerate() {
+        check_id(out, &format!("{p}.supplementalGroups[{i}]"), Some(*g));
+    }
+    check_seccomp(
+        out,
+        &format!("{p}.seccompProfile"),
+        psc.seccomp_profile.as_ref(),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skiff_api::api::{
+        Capabilities, DownwardApiVolumeFile, DownwardApiVolumeSource, EmptyDirVolumeSource,
+        HostPathVolumeSource, ObjectFieldSelector, VolumeMount,
+    };
+
+    fn messages(out: &[FieldError]) -> Vec<String> {
+        out.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn volumes_and_mounts_are_checked_like_kubernetes() {
+        let spec = PodSpec {
+            volumes: vec![
+                Volume {
+                    name: "data".into(),
+                    empty_dir: Some(EmptyDirVolumeSource {
+                        medium: "Disk".into(),
+                        size_limit: Some("lots".into()),
+                    }),
+                    ..Default::default()
+                },
+                Volume {
+                    name: "data".into(),
+                    ..Default::default()
+                },
+                Volume {
+                    name: "node".into(),
+                    host_path: Some(HostPathVolumeSource {
+                        path: "/var/log".into(),
+                        r#type: Some("Folder".into()),
+                    }),
+                    downward_api: Some(DownwardApiVolumeSource::default()),
+                    ..Default::default()
+                },
+                Volume {
+                    name: "info".into(),
+                    downward_api: Some(DownwardApiVolumeSource {
+                        items: vec![DownwardApiVolumeFile {
+                            path: "../x".into(),
+                            field_ref: Some(ObjectFieldSelector {
+                                field_path: "spec.nodeName".into(),
+                                ..Default::default()
+                            }),
+                            mode: Some(0o1777),
+                            ..Default::default()
+                        }],
+                        default_mode: None,
+                    }),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+        let names = validate_volumes(&mut out, "spec", &spec);
+        let m = messages(&out);
+        for want in [
+            "spec.volumes[0].emptyDir.medium: Unsupported value: \"Disk\": supported values: \"\", \"Memory\"",
+            "spec.volumes[1].name: Duplicate value: \"data\"",
+            "spec.volumes[1]: Required value: must specify a volume type",
+            "spec.volumes[2]: Forbidden: may not specify more than 1 volume type",
+            "spec.volumes[3].downwardAPI.items[0].path: Invalid value: \"../x\": must not contain '..'",
+            "spec.volumes[3].downwardAPI.items[0].mode: Invalid value: 1023: must be a number between 0 and 0777 (octal), both inclusive",
+        ] {
+            assert!(m.iter().any(|x| x == want), "{want} not in {m:#?}");
+        }
+        assert!(
+            m.iter()
+                .any(|x| x
+                    .starts_with("spec.volumes[0].emptyDir.sizeLimit: Invalid value: \"lots\"")),
+            "{m:#?}"
+        );
+        assert!(
+            m.iter()
+                .any(|x| x
+                    .starts_with("spec.volumes[2].hostPath.type: Unsupported value: \"Folder\"")),
+            "{m:#?}"
+        );
+        assert!(m.iter().any(|x| x.starts_with("spec.volumes[3].downwardAPI.items[0].fieldRef.fieldPath: Unsupported value: \"spec.nodeName\"")), "{m:#?}");
+
+        let c = Container {
+            name: "web".into(),
+            volume_mounts: vec![
+                VolumeMount {
+                    name: "nope".into(),
+                    mount_path: "/a".into(),
+                    sub_path: "/abs".into(),
+                    ..Default::default()
+                },
+                VolumeMount {
+                    name: "data".into(),
+                    mount_path: "/a".into(),
+                    ..Default::default()
+                },
+            ],
+            security_context: Some(SecurityContext {
+                run_as_user: Some(-1),
+                privileged: Some(true),
+                allow_privilege_escalation: Some(false),
+                capabilities: Some(Capabilities {
+                    add: vec![String::new()],
+                    drop: vec![],
+                }),
+                seccomp_profile: Some(SeccompProfile {
+                    r#type: "Localhost".into(),
+                    localhost_profile: None,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+        validate_container_extras(&mut out, "spec.containers[0]", &c, &names);
+        let m = messages(&out);
+        for want in [
+            "spec.containers[0].volumeMounts[0].name: Not found: \"nope\"",
+            "spec.containers[0].volumeMounts[0].subPath: Invalid value: \"/abs\": must be a relative path",
+            "spec.containers[0].volumeMounts[1].mountPath: Invalid value: \"/a\": must be unique",
+            "spec.containers[0].securityContext.runAsUser: Invalid value: -1: must be between 0 and 2147483647, inclusive",
+            "spec.containers[0].securityContext: Invalid value: \"\": cannot set `allowPrivilegeEscalation` to false and `privileged` to true",
+            "spec.containers[0].securityContext.capabilities.add[0]: Required value",
+            "spec.containers[0].securityContext.seccompProfile.localhostProfile: Required value: must be set when seccomp type is Localhost",
+        ] {
+            assert!(m.iter().any(|x| x == want), "{want} not in {m:#?}");
+        }
+        assert_eq!(out[0].cause_reason(), "FieldValueNotFound");
+    }
+}

@@ -1,0 +1,730 @@
+//! A pod's volumes on this node, as the kubelet's volume plugins make them, and the files
+//! every container of a root filesystem image gets at /etc/hosts, /etc/hostname and
+//! /etc/resolv.conf.
+//!
+//! Layout: `<state>/volumes/<pod uid>/<volume name>` for emptyDir (a directory, or a tmpfs
+//! for `medium: Memory`) and downwardAPI volumes; `.../.etc/{hosts,hostname,resolv.conf}`
+//! for the generated files (a volume name is a DNS label, so it never starts with a dot).
+//! hostPath volumes are the node's own paths, checked against their `type`. The runtime
+//! bind-mounts these into the container ([`mounts_for`]); nothing is mounted on the node
+//! except the tmpfs of Memory volumes, which [`Volumes::release_pod`] unmounts.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::fs;
+use std::io;
+use std::net::IpAddr;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use skiff_api::Resource;
+use skiff_api::api::{Container, DownwardApiVolumeFile, Pod, Volume};
+use skiff_api::quantity;
+use skiff_runtime::Mount;
+
+/// Why a volume could not be set up: Kubernetes' `FailedMount` event message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("MountVolume.SetUp failed for volume \"{volume}\" : {message}")]
+pub(crate) struct VolumeError {
+    pub volume: String,
+    pub message: String,
+}
+
+/// Where a pod's volumes are, once set up.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PodVolumes {
+    /// Volume name → its directory (or file, for a hostPath) on the node.
+    pub paths: BTreeMap<String, PathBuf>,
+    /// The generated /etc files: `(file in the container, file on the node)`.
+    pub etc: Vec<(&'static str, PathBuf)>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Volumes {
+    root: PathBuf,
+    resolv_conf: PathBuf,
+}
+
+/// Where the volumes of the agent with state directory `state` live.
+pub(crate) fn volumes_root(state: &Path) -> PathBuf {
+    state.join("volumes")
+}
+
+impl Volumes {
+    pub fn new(state: &Path) -> Volumes {
+        Volumes {
+            root: volumes_root(state),
+            resolv_conf: PathBuf::from("/etc/resolv.conf"),
+        }
+    }
+
+    /// Sets up every volume of `pod` (idempotent: what exists is kept, downwardAPI files are
+    /// rewritten when their content changes) and the /etc files.
+    pub fn ensure(
+        &self,
+        uid: &str,
+        pod: &Pod,
+        pod_ip: Option<IpAddr>,
+    ) -> Result<PodVolumes, VolumeError> {
+        let dir = self.root.join(uid);
+        let mut out = PodVolumes::default();
+        let spec = pod.spec.clone().unwrap_or_default();
+        let fs_group = spec
+            .security_context
+            .as_ref()
+            .and_then(|s| s.fs_group)
+            .and_then(|g| u32::try_from(g).ok());
+        for v in &spec.volumes {
+            let err = |message: String| VolumeError {
+                volume: v.name.clone(),
+                message,
+            };
+            let path = volume(&dir, v, pod, fs_group).map_err(err)?;
+            out.paths.insert(v.name.clone(), path);
+        }
+        let etc = dir.join(".etc");
+        let err = |e: io::Error| VolumeError {
+            volume: "etc-hosts".into(),
+            message: format!("writing {}: {e}", etc.display()),
+        };
+        fs::create_dir_all(&etc).map_err(err)?;
+        let hostname = hostname_of(pod);
+        let files = [
+            ("/etc/hosts", "hosts", hosts_file(pod, &hostname, pod_ip)),
+            ("/etc/hostname", "hostname", format!("{hostname}\n")),
+            (
+                "/etc/resolv.conf",
+                "resolv.conf",
+                fs::read_to_string(&self.resolv_conf).unwrap_or_default(),
+            ),
+        ];
+        for (target, name, content) in files {
+            let path = etc.join(name);
+            write_if_changed(&path, content.as_bytes(), 0o644).map_err(err)?;
+            out.etc.push((target, path));
+        }
+        Ok(out)
+    }
+
+    /// Unmounts (Memory volumes) and removes everything of pod `uid`.
+    pub fn release_pod(&self, uid: &str) {
+        crate::images::release_under(&self.root.join(uid));
+    }
+}
+
+fn hostname_of(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .map(|s| s.hostname.clone())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| pod.name().to_string())
+}
+
+/// The kubelet's hosts file: localhost entries and the pod's own name at its IP (with its
+/// fully qualified name when it has a subdomain).
+fn hosts_file(pod: &Pod, hostname: &str, ip: Option<IpAddr>) -> String {
+    let mut s = String::from(
+        "# Kubernetes-managed hosts file.\n\
+         127.0.0.1\tlocalhost\n\
+         ::1\tlocalhost ip6-localhost ip6-loopback\n\
+         fe00::0\tip6-localnet\n\
+         fe00::0\tip6-mcastprefix\n\
+         fe00::1\tip6-allnodes\n\
+         fe00::2\tip6-allrouters\n",
+    );
+    if let Some(ip) = ip {
+        let sub = pod
+            .spec
+            .as_ref()
+            .map(|s| s.subdomain.clone())
+            .unwrap_or_default();
+        if sub.is_empty() {
+            let _ = writeln!(s, "{ip}\t{hostname}");
+        } else {
+            let ns = pod.namespace();
+            let _ = writeln!(
+                s,
+                "{ip}\t{hostname}.{sub}.{ns}.svc.cluster.local\t{hostname}"
+            );
+        }
+    }
+    s
+}
+
+/// Sets up one volume; returns its path on the node.
+fn volume(dir: &Path, v: &Volume, pod: &Pod, fs_group: Option<u32>) -> Result<PathBuf, String> {
+    if let Some(h) = &v.host_path {
+        return host_path(&h.path, h.r#type.as_deref().unwrap_or(""))
+            .map(|()| h.path.clone().into());
+    }
+    let path = dir.join(&v.name);
+    let io = |what: &str| {
+        let p = path.clone();
+        let what = what.to_string();
+        move |e: io::Error| format!("{what} {}: {e}", p.display())
+    };
+    if let Some(e) = &v.empty_dir {
+        fs::create_dir_all(&path).map_err(io("creating"))?;
+        if e.medium == "Memory" && !is_mountpoint(&path) {
+            let mut opts = "mode=0777".to_string();
+            if let Some(limit) = e.size_limit.as_deref().filter(|l| !l.is_empty()) {
+                let bytes =
+                    quantity::parse_value(limit).map_err(|e| format!("emptyDir.sizeLimit: {e}"))?;
+                let _ = write!(opts, ",size={bytes}");
+            }
+            nix::mount::mount(
+                Some("tmpfs"),
+                &path,
+                Some("tmpfs"),
+                nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+                Some(opts.as_str()),
+            )
+            .map_err(|e| format!("mounting tmpfs on {}: {e}", path.display()))?;
+        }
+        // Kubernetes' emptyDir is world-writable; with an fsGroup it belongs to the group,
+        // and files made in it inherit the group (setgid).
+        let mut mode = 0o777;
+        if let Some(g) = fs_group {
+            std::os::unix::fs::chown(&path, None, Some(g)).map_err(io("chown"))?;
+            mode |= 0o2000;
+        }
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode)).map_err(io("chmod"))?;
+        return Ok(path);
+    }
+    if let Some(d) = &v.downward_api {
+        fs::create_dir_all(&path).map_err(io("creating"))?;
+        let default_mode = d.default_mode.unwrap_or(0o644);
+        for item in &d.items {
+            let value = downward_value(pod, item)?;
+            let rel = relative(&item.path).ok_or_else(|| {
+                format!(
+                    "downwardAPI path {:?} must be relative without '..'",
+                    item.path
+                )
+            })?;
+            let file = path.join(rel);
+            if let Some(parent) = file.parent() {
+                fs::create_dir_all(parent).map_err(io("creating"))?;
+            }
+            let mode = item.mode.unwrap_or(default_mode);
+            write_if_changed(&file, value.as_bytes(), mode as u32 & 0o777)
+                .map_err(|e| format!("writing {}: {e}", file.display()))?;
+        }
+        return Ok(path);
+    }
+    Err("the volume has no source Skiff supports (emptyDir, hostPath, downwardAPI)".into())
+}
+
+/// The kubelet's hostPath type checks; `DirectoryOrCreate`/`FileOrCreate` create what is
+/// missing (a file's parent directory must exist).
+fn host_path(path: &str, ty: &str) -> Result<(), String> {
+    let p = Path::new(path);
+    let meta = fs::metadata(p);
+    let is = |what: &str, ok: bool| {
+        if ok {
+            Ok(())
+        } else {
+            Err(format!(
+                "hostPath type check failed: {path} is not a {what}"
+            ))
+        }
+    };
+    match ty {
+        "" => Ok(()),
+        "DirectoryOrCreate" if meta.is_err() => {
+            fs::create_dir_all(p).map_err(|e| format!("creating {path}: {e}"))?;
+            fs::set_permissions(p, fs::Permissions::from_mode(0o755))
+                .map_err(|e| format!("chmod {path}: {e}"))
+        }
+        "FileOrCreate" if meta.is_err() => fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(p)
+            .map(drop)
+            .map_err(|e| format!("creating {path}: {e}")),
+        "DirectoryOrCreate" | "Directory" => is("directory", meta.is_ok_and(|m| m.is_dir())),
+        "FileOrCreate" | "File" => is("file", meta.is_ok_and(|m| m.is_file())),
+        "Socket" => is("socket", meta.is_ok_and(|m| m.file_type().is_socket())),
+        "CharDevice" => is(
+            "character device",
+            meta.is_ok_and(|m| m.file_type().is_char_device()),
+        ),
+        "BlockDevice" => is(
+            "block device",
+            meta.is_ok_and(|m| m.file_type().is_block_device()),
+        ),
+        other => Err(format!("hostPath type {other:?} is not supported")),
+    }
+}
+
+fn is_mountpoint(path: &Path) -> bool {
+    skiff_runtime::mountinfo::read()
+        .map(|ms| ms.iter().any(|m| m.mount_point == path))
+        .unwrap_or(false)
+}
+
+/// A relative path without `..` (a downwardAPI item, a subPath).
+fn relative(p: &str) -> Option<&Path> {
+    let path = Path::new(p);
+    (!p.is_empty()
+        && path
+            .components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir)))
+    .then_some(path)
+}
+
+/// Go's `%q` of a string, as the kubelet quotes label and annotation values.
+fn go_quote(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The content of a downwardAPI file.
+fn downward_value(pod: &Pod, item: &DownwardApiVolumeFile) -> Result<String, String> {
+    let meta = pod.metadata.clone().unwrap_or_default();
+    if let Some(f) = &item.field_ref {
+        let map = |m: &BTreeMap<String, String>| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}\n", go_quote(v)))
+                .collect::<String>()
+                .trim_end_matches('\n')
+                .to_string()
+        };
+        let key = |prefix: &str| {
+            f.field_path
+                .strip_prefix(prefix)
+                .and_then(|r| r.strip_suffix("']"))
+                .map(str::to_string)
+        };
+        return Ok(match f.field_path.as_str() {
+            "metadata.name" => meta.name,
+            "metadata.namespace" => meta.namespace,
+            "metadata.uid" => meta.uid,
+            "metadata.labels" => map(&meta.labels),
+            "metadata.annotations" => map(&meta.annotations),
+            _ => {
+                if let Some(k) = key("metadata.labels['") {
+                    meta.labels.get(&k).cloned().unwrap_or_default()
+                } else if let Some(k) = key("metadata.annotations['") {
+                    meta.annotations.get(&k).cloned().unwrap_or_default()
+                } else {
+                    return Err(format!(
+                        "downwardAPI fieldRef {:?} is not supported",
+                        f.field_path
+                    ));
+                }
+            }
+        });
+    }
+    if let Some(r) = &item.resource_field_ref {
+        return resource_value(pod, &r.container_name, &r.resource, r.divisor.as_deref());
+    }
+    Err(format!(
+        "downwardAPI item {:?} has neither fieldRef nor resourceFieldRef",
+        item.path
+    ))
+}
+
+/// `limits.cpu` and friends of a container, divided by the divisor and rounded up; a limit
+/// that is not set is the node's capacity, as in Kubernetes.
+fn resource_value(
+    pod: &Pod,
+    container: &str,
+    resource: &str,
+    divisor: Option<&str>,
+) -> Result<String, String> {
+    let c: Option<&Container> = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.iter().find(|c| c.name == container));
+    let Some(c) = c else {
+        return Err(format!("resourceFieldRef: no container {container:?}"));
+    };
+    let (section, name) = resource
+        .split_once('.')
+        .ok_or_else(|| format!("resourceFieldRef: unsupported resource {resource:?}"))?;
+    let res = c.resources.clone().unwrap_or_default();
+    let table = match section {
+        "limits" => &res.limits,
+        "requests" => &res.requests,
+        _ => {
+            return Err(format!(
+                "resourceFieldRef: unsupported resource {resource:?}"
+            ));
+        }
+    };
+    let bad = |e: quantity::QuantityError| format!("resourceFieldRef {resource}: {e}");
+    match name {
+        "cpu" => {
+            let milli = match table.get("cpu") {
+                Some(q) => quantity::parse_milli(q).map_err(bad)?,
+                None => node_cpus() * 1000,
+            };
+            let div = quantity::parse_milli(divisor.filter(|d| !d.is_empty()).unwrap_or("1"))
+                .map_err(bad)?
+                .max(1);
+            Ok(((milli + div - 1) / div).to_string())
+        }
+        "memory" | "ephemeral-storage" => {
+            let bytes = match table.get(name) {
+                Some(q) => quantity::parse_value(q).map_err(bad)?,
+                None if name == "memory" => node_memory(),
+                None => 0,
+            };
+            let div = quantity::parse_value(divisor.filter(|d| !d.is_empty()).unwrap_or("1"))
+                .map_err(bad)?
+                .max(1);
+            Ok(((bytes + div - 1) / div).to_string())
+        }
+        _ => Err(format!(
+            "resourceFieldRef: unsupported resource {resource:?}"
+        )),
+    }
+}
+
+fn node_cpus() -> i64 {
+    std::thread::available_parallelism()
+        .map(|n| n.get() as i64)
+        .unwrap_or(1)
+}
+
+fn node_memory() -> i64 {
+    fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<i64>().ok())
+        })
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
+}
+
+/// Writes `data` to `path` atomically (a temporary file renamed over it) unless it already
+/// holds exactly that, then sets `mode`.
+fn write_if_changed(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
+    if fs::read(path).is_ok_and(|old| old == data) {
+        return fs::set_permissions(path, fs::Permissions::from_mode(mode));
+    }
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::other("no file name"))?
+        .to_string_lossy();
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    fs::write(&tmp, data)?;
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(mode))?;
+    fs::rename(&tmp, path)
+}
+
+/// The bind mounts of container `c`: its volumeMounts (with subPath), then the generated
+/// /etc files it does not mount a volume over.
+pub(crate) fn mounts_for(c: &Container, vols: &PodVolumes) -> Result<Vec<Mount>, String> {
+    let mut out = Vec::new();
+    for (i, m) in c.volume_mounts.iter().enumerate() {
+        let field = format!("containers[{}].volumeMounts[{i}]", c.name);
+        let Some(base) = vols.paths.get(&m.name) else {
+            return Err(format!("{field}.name: no volume {:?} in the pod", m.name));
+        };
+        let source = if m.sub_path.is_empty() {
+            base.clone()
+        } else {
+            let rel = relative(&m.sub_path).ok_or_else(|| {
+                format!(
+                    "{field}.subPath: {:?} must be a relative path without '..'",
+                    m.sub_path
+                )
+            })?;
+            sub_path(base, rel).map_err(|e| format!("{field}.subPath: {e}"))?
+        };
+        out.push(Mount {
+            source,
+            destination: m.mount_path.clone().into(),
+            read_only: m.read_only,
+        });
+    }
+    for (target, file) in &vols.etc {
+        if !out.iter().any(|m| m.destination == Path::new(target)) {
+            out.push(Mount {
+                source: file.clone(),
+                destination: target.into(),
+                read_only: false,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// `base/rel`, created as a directory when missing (as the kubelet does), refusing any
+/// symlink on the way: a container may have planted one to reach outside the volume.
+fn sub_path(base: &Path, rel: &Path) -> Result<PathBuf, String> {
+    let mut p = base.to_path_buf();
+    for c in rel.components() {
+        let Component::Normal(n) = c else { continue };
+        p.push(n);
+        match fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(format!("{} is a symbolic link", p.display()));
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                fs::create_dir(&p).map_err(|e| format!("creating {}: {e}", p.display()))?;
+                fs::set_permissions(&p, fs::Permissions::from_mode(0o777))
+                    .map_err(|e| format!("chmod {}: {e}", p.display()))?;
+            }
+            Err(e) => return Err(format!("{}: {e}", p.display())),
+        }
+    }
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skiff_api::api::{
+        DownwardApiVolumeSource, EmptyDirVolumeSource, HostPathVolumeSource, ObjectFieldSelector,
+        ObjectMeta, PodSpec, ResourceFieldSelector, ResourceRequirements, VolumeMount,
+    };
+
+    fn pod(volumes: Vec<Volume>) -> Pod {
+        Pod {
+            metadata: Some(ObjectMeta {
+                name: "web-1".into(),
+                namespace: "shop".into(),
+                uid: "u-1".into(),
+                labels: [
+                    ("app".to_string(), "web".to_string()),
+                    ("tier".into(), "a\"b".into()),
+                ]
+                .into(),
+                ..Default::default()
+            }),
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "c".into(),
+                    resources: Some(ResourceRequirements {
+                        limits: [("memory".to_string(), "64Mi".to_string())].into(),
+                        requests: [("cpu".to_string(), "250m".to_string())].into(),
+                    }),
+                    ..Default::default()
+                }],
+                volumes,
+                subdomain: "svc".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn field(path: &str, field_path: &str) -> DownwardApiVolumeFile {
+        DownwardApiVolumeFile {
+            path: path.into(),
+            field_ref: Some(ObjectFieldSelector {
+                field_path: field_path.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn empty_dir_downward_api_and_etc_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let vols = Volumes {
+            root: tmp.path().join("volumes"),
+            resolv_conf: tmp.path().join("resolv.conf"),
+        };
+        fs::write(&vols.resolv_conf, "nameserver 192.0.2.53\n").unwrap();
+        let mut p = pod(vec![
+            Volume {
+                name: "scratch".into(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Default::default()
+            },
+            Volume {
+                name: "info".into(),
+                downward_api: Some(DownwardApiVolumeSource {
+                    items: vec![
+                        field("labels", "metadata.labels"),
+                        field("meta/name", "metadata.name"),
+                        field("app", "metadata.labels['app']"),
+                        DownwardApiVolumeFile {
+                            path: "mem".into(),
+                            resource_field_ref: Some(ResourceFieldSelector {
+                                container_name: "c".into(),
+                                resource: "limits.memory".into(),
+                                divisor: Some("1Mi".into()),
+                            }),
+                            ..Default::default()
+                        },
+                        DownwardApiVolumeFile {
+                            path: "cpu".into(),
+                            resource_field_ref: Some(ResourceFieldSelector {
+                                container_name: "c".into(),
+                                resource: "requests.cpu".into(),
+                                divisor: Some("1m".into()),
+                            }),
+                            ..Default::default()
+                        },
+                    ],
+                    default_mode: None,
+                }),
+                ..Default::default()
+            },
+        ]);
+        let got = vols
+            .ensure("u-1", &p, Some("10.1.0.7".parse().unwrap()))
+            .unwrap();
+        let scratch = &got.paths["scratch"];
+        assert_eq!(
+            fs::metadata(scratch).unwrap().permissions().mode() & 0o7777,
+            0o777
+        );
+        let info = &got.paths["info"];
+        let read = |f: &str| fs::read_to_string(info.join(f)).unwrap();
+        assert_eq!(read("labels"), "app=\"web\"\ntier=\"a\\\"b\"");
+        assert_eq!(read("meta/name"), "web-1");
+        assert_eq!(read("app"), "web");
+        assert_eq!(read("mem"), "64");
+        assert_eq!(read("cpu"), "250");
+        // Label changes reach the file.
+        p.metadata
+            .as_mut()
+            .unwrap()
+            .labels
+            .insert("app".into(), "shop".into());
+        vols.ensure("u-1", &p, Some("10.1.0.7".parse().unwrap()))
+            .unwrap();
+        assert_eq!(read("app"), "shop");
+        let etc: BTreeMap<_, _> = got.etc.iter().cloned().collect();
+        let hosts = fs::read_to_string(&etc["/etc/hosts"]).unwrap();
+        assert!(hosts.contains("127.0.0.1\tlocalhost\n"), "{hosts}");
+        assert!(
+            hosts.ends_with("10.1.0.7\tweb-1.svc.shop.svc.cluster.local\tweb-1\n"),
+            "{hosts}"
+        );
+        assert_eq!(
+            fs::read_to_string(&etc["/etc/hostname"]).unwrap(),
+            "web-1\n"
+        );
+        assert_eq!(
+            fs::read_to_string(&etc["/etc/resolv.conf"]).unwrap(),
+            "nameserver 192.0.2.53\n"
+        );
+
+        // Mounts: subPath made inside the volume; a symlink planted there is refused.
+        let c = Container {
+            name: "c".into(),
+            volume_mounts: vec![
+                VolumeMount {
+                    name: "scratch".into(),
+                    mount_path: "/cache".into(),
+                    sub_path: "a/b".into(),
+                    ..Default::default()
+                },
+                VolumeMount {
+                    name: "info".into(),
+                    mount_path: "/etc/hostname".into(),
+                    read_only: true,
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        let mounts = mounts_for(&c, &got).unwrap();
+        assert_eq!(mounts[0].source, scratch.join("a/b"));
+        assert!(scratch.join("a/b").is_dir());
+        assert!(mounts[1].read_only);
+        let targets: Vec<_> = mounts.iter().map(|m| m.destination.clone()).collect();
+        assert_eq!(
+            targets,
+            ["/cache", "/etc/hostname", "/etc/hosts", "/etc/resolv.conf"]
+                .map(PathBuf::from)
+                .to_vec(),
+            "the volume over /etc/hostname replaces the generated file"
+        );
+        std::os::unix::fs::symlink("/etc", scratch.join("evil")).unwrap();
+        let mut bad = c.clone();
+        bad.volume_mounts[0].sub_path = "evil/x".into();
+        let e = mounts_for(&bad, &got).unwrap_err();
+        assert!(e.contains("subPath") && e.contains("symbolic link"), "{e}");
+        bad.volume_mounts[0].sub_path = "../x".into();
+        assert!(mounts_for(&bad, &got).unwrap_err().contains("without '..'"));
+        bad.volume_mounts[0].name = "nope".into();
+        assert!(
+            mounts_for(&bad, &got)
+                .unwrap_err()
+                .contains("no volume \"nope\"")
+        );
+    }
+
+    #[test]
+    fn host_path_types_are_checked() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("d");
+        let file = tmp.path().join("f");
+        let d = dir.to_str().unwrap();
+        let f = file.to_str().unwrap();
+        assert!(
+            host_path(d, "Directory")
+                .unwrap_err()
+                .contains("is not a directory")
+        );
+        host_path(d, "DirectoryOrCreate").unwrap();
+        assert!(dir.is_dir());
+        host_path(d, "Directory").unwrap();
+        assert_eq!(
+            host_path(d, "File").unwrap_err(),
+            format!("hostPath type check failed: {d} is not a file")
+        );
+        host_path(f, "FileOrCreate").unwrap();
+        assert!(file.is_file());
+        host_path(f, "File").unwrap();
+        assert!(
+            host_path(f, "Socket")
+                .unwrap_err()
+                .contains("is not a socket")
+        );
+        host_path("/dev/null", "CharDevice").unwrap();
+        assert!(host_path(f, "Weird").unwrap_err().contains("not supported"));
+        let vols = Volumes {
+            root: tmp.path().join("volumes"),
+            resolv_conf: tmp.path().join("none"),
+        };
+        let e = vols
+            .ensure(
+                "u-1",
+                &pod(vec![Volume {
+                    name: "node-logs".into(),
+                    host_path: Some(HostPathVolumeSource {
+                        path: tmp.path().join("missing").display().to_string(),
+                        r#type: Some("Directory".into()),
+                    }),
+                    ..Default::default()
+                }]),
+                None,
+            )
+            .unwrap_err();
+        assert_eq!(e.volume, "node-logs");
+        assert!(
+            e.to_string().starts_with(
+                "MountVolume.SetUp failed for volume \"node-logs\" : hostPath type check failed: "
+            ),
+            "{e}"
+        );
+    }
+}
