@@ -35,6 +35,11 @@ impl Cluster {
     /// Starts everything, with `nodes` nodes named `e2e-<id>-n<i>`, and waits for them to
     /// be Ready with a pod CIDR.
     pub async fn start(nodes: usize) -> Cluster {
+        Cluster::start_with(nodes, &[]).await
+    }
+
+    /// Like [`Cluster::start`], each agent with the extra `agent_args`.
+    pub async fn start_with(nodes: usize, agent_args: &[&str]) -> Cluster {
         let etcd = EtcdServer::start().expect("a real etcd (run `cargo xtask setup`)");
         let server = ApiServer::start(Backend::Etcd(etcd.endpoint.clone()));
         let client = Client::connect(&server.endpoint).await.expect("connect");
@@ -56,7 +61,7 @@ impl Cluster {
             id,
         };
         for i in 0..nodes {
-            c.add_node(&format!("n{i}"), &[]);
+            c.add_node_with(&format!("n{i}"), &[], agent_args);
         }
         c.wait_nodes_ready().await;
         c
@@ -65,13 +70,24 @@ impl Cluster {
     /// Starts a real agent for node `<suffix>-<id>`; its pod CIDR comes from the controller
     /// manager's node IPAM.
     pub fn add_node(&mut self, suffix: &str, labels: &[(&str, &str)]) -> String {
+        self.add_node_with(suffix, labels, &[])
+    }
+
+    /// Like [`Cluster::add_node`], the agent with the extra `agent_args`.
+    pub fn add_node_with(
+        &mut self,
+        suffix: &str,
+        labels: &[(&str, &str)],
+        agent_args: &[&str],
+    ) -> String {
         let name = format!("e2e-{}-{suffix}", self.id);
-        self.nodes.push(Node::start_on(
+        self.nodes.push(Node::start_on_with(
             &self.server,
             &name,
             "",
             labels,
             Some(&self.fabric),
+            agent_args,
         ));
         name
     }

@@ -327,6 +327,8 @@ pub struct Node {
     pub pod_cidr: String,
     labels: String,
     server: String,
+    /// Extra arguments of `skiff-node run`.
+    pub agent_args: Vec<String>,
     agent: Option<Child>,
     /// The node's address on the fabric, if it is on one.
     pub node_ip: Option<String>,
@@ -361,6 +363,18 @@ impl Node {
         labels: &[(&str, &str)],
         fabric: Option<&Fabric>,
     ) -> Node {
+        Node::start_on_with(server, name, pod_cidr, labels, fabric, &[])
+    }
+
+    /// Like [`Node::start_on`], the agent with the extra `agent_args`.
+    pub fn start_on_with(
+        server: &ApiServer,
+        name: &str,
+        pod_cidr: &str,
+        labels: &[(&str, &str)],
+        fabric: Option<&Fabric>,
+        agent_args: &[&str],
+    ) -> Node {
         let id = unique();
         let ns = Netns::create(&format!("skiff-e2e-{id}")).expect("creating the node's netns");
         let netns = ns.name().to_string();
@@ -379,6 +393,7 @@ impl Node {
                 .collect::<Vec<_>>()
                 .join(","),
             server: server.endpoint.clone(),
+            agent_args: agent_args.iter().map(|a| a.to_string()).collect(),
             agent: None,
             node_ip,
         };
@@ -414,6 +429,7 @@ impl Node {
             .arg("--cgroup-parent")
             .arg(&self.cgroup_parent)
             .args(["--backoff", "1s", "--lease-duration", "8s"])
+            .args(&self.agent_args)
             .env("RUST_LOG", "info,skiff_node=debug")
             .env("SKIFF_CONFIG", "/nonexistent")
             .stdout(Stdio::null())

@@ -189,3 +189,174 @@ async fn pods_run_from_registry_images() {
         (overlay_mounts_under(&state) == 0).then_some(())
     });
 }
+
+/// A private repository: without credentials, and with wrong ones in the node's config.json,
+/// the pod waits with ErrImagePull/ImagePullBackOff saying the registry refused them (the
+/// password in no status or event); with the right ones it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn private_images_pull_with_the_nodes_credentials() {
+    use base64::Engine as _;
+    let password = "pr1vate-pa55";
+    let hash = bcrypt::hash(password, 4).unwrap();
+    let registry = Registry::start_with(Some(&format!("ci:{hash}\n")));
+    let busybox = std::fs::read("/bin/busybox").expect("busybox-static (cargo xtask setup)");
+    let layer = gz_layer_bytes(&[("bin/", b""), ("bin/busybox", &busybox)]);
+    let config = json!({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Entrypoint": ["/bin/busybox", "sh", "-c", "echo private-image-ran; exec sleep 3600"]},
+        "rootfs": {"type": "layers", "diff_ids": [
+            "sha256:0000000000000000000000000000000000000000000000000000000000000000"]},
+    });
+    registry
+        .push("team/secret:v1", &[layer], &config, Some(("ci", password)))
+        .await;
+    let image = format!("{}/team/secret:v1", registry.host());
+    let c = Cluster::start(1).await;
+    let config_json = c.nodes[0].state_dir.path().join("state/config.json");
+    let write_config = |pass: &str| {
+        let auth = base64::engine::general_purpose::STANDARD.encode(format!("ci:{pass}"));
+        let body = json!({"auths": {registry.host(): {"auth": auth}}});
+        std::fs::write(&config_json, body.to_string()).unwrap();
+    };
+    let waiting = |c: &Cluster| {
+        let (_, out, _) = kubectl(
+            c,
+            &[
+                "get",
+                "pod",
+                "private",
+                "-o",
+                "jsonpath={.status.containerStatuses[0].state.waiting.reason}|{.status.containerStatuses[0].state.waiting.message}",
+            ],
+            None,
+        );
+        out
+    };
+    let pod = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: private}}\nspec:\n  containers:\n  - name: app\n    image: {image}\n"
+    );
+    let (ok, _, err) = kubectl(&c, &["apply", "-f", "-"], Some(&pod));
+    assert!(ok, "{err}");
+    let anonymous = skiff_testkit::eventually_blocking("the anonymous pull refused", T, || {
+        let out = waiting(&c);
+        out.contains("refused the credentials").then_some(out)
+    });
+    assert!(
+        anonymous.starts_with("ErrImagePull|") || anonymous.starts_with("ImagePullBackOff|"),
+        "{anonymous}"
+    );
+    write_config("not-the-password");
+    std::thread::sleep(Duration::from_secs(3));
+    let wrong = skiff_testkit::eventually_blocking("the wrong password refused", T, || {
+        let out = waiting(&c);
+        out.contains("refused the credentials").then_some(out)
+    });
+    assert!(!wrong.contains("not-the-password"), "{wrong}");
+    write_config(password);
+    let logs = skiff_testkit::eventually_blocking("the private image running", T, || {
+        let (_, out, _) = kubectl(&c, &["logs", "private"], None);
+        out.contains("private-image-ran").then_some(out)
+    });
+    assert!(logs.contains("private-image-ran"));
+    let (_, events, _) = kubectl(&c, &["get", "events", "-o", "json"], None);
+    assert!(events.contains("Pulled"), "{events}");
+    assert!(
+        !events.contains(password) && !events.contains("not-the-password"),
+        "a password in an event: {events}"
+    );
+    let (_, pod_json, _) = kubectl(&c, &["get", "pod", "private", "-o", "json"], None);
+    assert!(!pod_json.contains(password), "{pod_json}");
+}
+
+/// Image garbage collection: an image no pod uses goes once it has been unused for the
+/// maximum age (from the store, the node's status and `skiff images`); the image a running
+/// pod uses stays, however old.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unused_images_are_garbage_collected_used_ones_kept() {
+    let registry = Registry::start();
+    let busybox = std::fs::read("/bin/busybox").expect("busybox-static (cargo xtask setup)");
+    let base = gz_layer_bytes(&[("bin/", b""), ("bin/busybox", &busybox)]);
+    for tag in ["keep", "drop"] {
+        let top = gz_layer(&[(&format!("etc/{tag}"), tag)]);
+        let config = json!({
+            "architecture": "amd64", "os": "linux",
+            "config": {"Entrypoint": ["/bin/busybox", "sleep", "3600"]},
+            "rootfs": {"type": "layers", "diff_ids": [
+                "sha256:0000000000000000000000000000000000000000000000000000000000000000",
+                "sha256:1111111111111111111111111111111111111111111111111111111111111111"]},
+        });
+        registry
+            .push(
+                &format!("demo/gc:{tag}"),
+                &[base.clone(), top],
+                &config,
+                None,
+            )
+            .await;
+    }
+    let c = Cluster::start_with(
+        1,
+        &["--image-maximum-gc-age", "3s", "--image-gc-period", "1s"],
+    )
+    .await;
+    let pod = |name: &str, tag: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: app\n    image: {}/demo/gc:{tag}\n",
+            registry.host()
+        )
+    };
+    for (name, tag) in [("keeper", "keep"), ("dropper", "drop")] {
+        let (ok, _, err) = kubectl(&c, &["apply", "-f", "-"], Some(&pod(name, tag)));
+        assert!(ok, "{err}");
+    }
+    let (ok, _, err) = kubectl(
+        &c,
+        &[
+            "wait",
+            "--for=condition=Ready",
+            "pod/keeper",
+            "pod/dropper",
+            "--timeout=60s",
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    let images = || c.skiff(&["images"]);
+    let listed = images();
+    assert!(
+        listed.contains("demo/gc") && listed.contains("keep") && listed.contains("drop"),
+        "{listed}"
+    );
+    let (ok, _, err) = kubectl(&c, &["delete", "pod", "dropper"], None);
+    assert!(ok, "{err}");
+    let store = c.nodes[0].state_dir.path().join("state/images/images.json");
+    let node = c.nodes[0].name.clone();
+    skiff_testkit::eventually_blocking("the unused image collected", T, || {
+        let (_, names, _) = kubectl(
+            &c,
+            &[
+                "get",
+                "node",
+                &node,
+                "-o",
+                "jsonpath={.status.images[*].names}",
+            ],
+            None,
+        );
+        let index = std::fs::read_to_string(&store).unwrap_or_default();
+        (!names.contains(":drop") && names.contains(":keep") && !index.contains(":drop"))
+            .then_some(())
+    });
+    // Well past the maximum age, the used image is still there, and `skiff images` says who
+    // uses it.
+    std::thread::sleep(Duration::from_secs(4));
+    let listed = images();
+    let row = listed
+        .lines()
+        .find(|l| l.contains("demo/gc") && l.contains(" keep "))
+        .unwrap_or_else(|| panic!("{listed}"));
+    assert!(row.ends_with("yes (1 pods)"), "{listed}");
+    assert!(!listed.contains(" drop "), "{listed}");
+    let agent_log = c.nodes[0].agent_log();
+    assert!(agent_log.contains("image garbage-collected"), "{agent_log}");
+}

@@ -40,6 +40,10 @@ pub struct UpArgs {
     /// (`skiff-up-node-<i>`, pod CIDR 10.244.<i>.0/24). Needs root; 0 = control plane only.
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub nodes: u32,
+    /// Port of the local OCI registry (docker-registry on 127.0.0.1) every node pulls from;
+    /// 0 = no registry.
+    #[arg(long, value_name = "PORT", default_value_t = 5000)]
+    pub registry_port: u16,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +58,8 @@ pub struct UpConfig {
     pub listen: SocketAddr,
     pub store: Store,
     pub nodes: u32,
+    /// The local registry's address, if one is started.
+    pub registry: Option<SocketAddr>,
 }
 
 impl UpConfig {
@@ -74,6 +80,8 @@ impl UpConfig {
             listen: args.listen,
             store,
             nodes: args.nodes,
+            registry: (args.registry_port != 0)
+                .then(|| SocketAddr::from((Ipv4Addr::LOCALHOST, args.registry_port))),
         }
     }
 
@@ -455,6 +463,13 @@ pub fn run(args: UpArgs) -> Result<()> {
     if port_open(api) {
         bail!("something is already listening on {api}: stop it or pass --listen");
     }
+    if let Some(r) = cfg.registry
+        && port_open(r)
+    {
+        bail!(
+            "something is already listening on {r}: stop it, or pass --registry-port (0: no registry)"
+        );
+    }
 
     // Build everything we start, plus the CLI.
     let mut build = Command::new("cargo");
@@ -587,6 +602,33 @@ async fn supervise(plan: Plan<'_>) -> Result<()> {
                     _ = signals.recv() => break 'run Stop::Signal,
                 }
                 println!("{} is accepting connections on {addr}", c.name);
+            }
+        }
+
+        if let Some(addr) = plan.cfg.registry {
+            let log = plan.log_dir.join("registry.log");
+            let started = registry_config(plan.root, addr).and_then(|config| {
+                spawn_process(
+                    plan.root,
+                    Path::new(REGISTRY_BIN),
+                    "registry".into(),
+                    &["serve".into(), config.display().to_string()],
+                    &log,
+                )
+            });
+            match started {
+                Ok(r) => {
+                    println!("started registry (pid {}), log: {}", r.pid, log.display());
+                    running.push(r);
+                }
+                Err(e) => break 'run Stop::Failed(e),
+            }
+            let Some(r) = running.last_mut() else {
+                break 'run Stop::Failed(anyhow!("the registry did not start"));
+            };
+            tokio::select! {
+                res = wait_port(r, addr) => if let Err(e) = res { break 'run Stop::Failed(e) },
+                _ = signals.recv() => break 'run Stop::Signal,
             }
         }
 
@@ -761,6 +803,28 @@ fn write_config(path: &Path, server_url: &str) -> Result<()> {
         .with_context(|| format!("writing CLI config {}", path.display()))
 }
 
+/// Debian's docker-registry (the CNCF distribution registry), installed by `cargo xtask setup`.
+const REGISTRY_BIN: &str = "docker-registry";
+
+/// Writes the local registry's configuration (storage under `.skiff/registry`, listening on
+/// `addr`, deletes allowed); returns its path.
+fn registry_config(root: &Path, addr: SocketAddr) -> Result<PathBuf> {
+    let dir = root.join(".skiff").join("registry");
+    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join("config.yml");
+    fs::write(&path, registry_config_content(&dir.join("storage"), addr))
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+/// The registry's config.yml.
+pub fn registry_config_content(storage: &Path, addr: SocketAddr) -> String {
+    format!(
+        "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n",
+        storage.display()
+    )
+}
+
 fn print_banner(plan: &Plan<'_>) {
     let url = plan.cfg.server_url();
     println!();
@@ -787,9 +851,15 @@ fn print_banner(plan: &Plan<'_>) {
         plan.config_file.display()
     );
     println!("  kubeconfig: {}", kubeconfig_path(plan.root).display());
+    if let Some(r) = plan.cfg.registry {
+        println!("  registry:   {r} (every node pulls from it over plain HTTP)");
+    }
     println!();
     println!("From another shell:");
     println!("  export PATH={}:$PATH", plan.bin_dir.display());
+    if let Some(r) = plan.cfg.registry {
+        println!("  export SKIFF_REGISTRY={r}");
+    }
     if let Ok(p) = std::env::var("SKIFF_CONFIG") {
         println!("  export SKIFF_CONFIG={p}");
     }
@@ -874,7 +944,27 @@ mod tests {
             listen: "127.0.0.1:7443".parse().unwrap(),
             data_dir: data_dir.map(PathBuf::from),
             nodes: 0,
+            registry_port: 5000,
         }
+    }
+
+    #[test]
+    fn the_local_registry_listens_on_loopback_and_stores_under_skiff() {
+        let cfg = UpConfig::from_args(&args(None, None), Path::new("/repo"), Path::new("/"));
+        assert_eq!(cfg.registry, Some("127.0.0.1:5000".parse().unwrap()));
+        let mut none = args(None, None);
+        none.registry_port = 0;
+        let cfg = UpConfig::from_args(&none, Path::new("/repo"), Path::new("/"));
+        assert_eq!(cfg.registry, None);
+        let conf = registry_config_content(
+            Path::new("/repo/.skiff/registry/storage"),
+            "127.0.0.1:5000".parse().unwrap(),
+        );
+        assert!(
+            conf.contains("rootdirectory: /repo/.skiff/registry/storage\n"),
+            "{conf}"
+        );
+        assert!(conf.contains("addr: 127.0.0.1:5000\n"), "{conf}");
     }
 
     #[test]

@@ -199,7 +199,7 @@ pub fn render_conntrack(dumps: &[BpfConntrack]) -> Vec<String> {
     table::render(&headers, &rows)
 }
 
-async fn nodes(client: &Client, only: Option<&str>) -> Result<Vec<Node>> {
+pub async fn nodes(client: &Client, only: Option<&str>) -> Result<Vec<Node>> {
     Ok(match only {
         Some(n) => vec![client.cluster::<Node>().get(n).await?],
         None => {

@@ -5,6 +5,7 @@ mod bpf;
 mod delete;
 mod describe;
 mod get;
+mod images;
 mod logs;
 mod output;
 mod resources;
@@ -73,6 +74,19 @@ enum Command {
     /// (from their agents).
     #[command(subcommand)]
     Bpf(BpfCommand),
+    /// List the images the nodes have pulled, with the pods using them (like `crictl
+    /// images`, for every node).
+    Images(ImagesArgs),
+}
+
+#[derive(Debug, Args)]
+struct ImagesArgs {
+    /// Only this node (default: every node).
+    #[arg(long, value_name = "NODE")]
+    node: Option<String>,
+    /// Output format (default: a table).
+    #[arg(short = 'o', long, value_enum)]
+    output: Option<top::Output>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -460,6 +474,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             top::run(&client, &opts).await
         }
         Command::Scale(s) => scale::run(&client, &scale_opts(&s, &namespace)?).await,
+        Command::Images(a) => images::run(&client, a.node.as_deref(), a.output).await,
         Command::Bpf(b) => {
             let (what, args) = match b {
                 BpfCommand::Services(a) => (bpf::What::Services, a),

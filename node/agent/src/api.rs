@@ -77,6 +77,8 @@ pub struct PodInfo {
     pub sandbox: Option<Sandbox>,
     /// Container names, in spec order.
     pub containers: Vec<String>,
+    /// The images its containers name (garbage collection keeps them).
+    pub images: Vec<String>,
     /// Every leaf cgroup id the pod's containers have run in (traffic is counted per id).
     pub cgroup_ids: BTreeSet<u64>,
 }
@@ -96,6 +98,16 @@ impl PodRegistry {
             info.cgroup_ids.extend(old.cgroup_ids.iter().copied());
         }
         pods.insert(info.uid.clone(), info);
+    }
+
+    /// Every image a pod of this node names.
+    pub fn images(&self) -> std::collections::HashSet<String> {
+        self.0
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .flat_map(|p| p.images.iter().cloned())
+            .collect()
     }
 
     pub fn remove(&self, uid: &str) {

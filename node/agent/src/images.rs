@@ -8,6 +8,8 @@
 
 use std::path::{Path, PathBuf};
 
+use skiff_image::auth::RegistryAuths;
+use skiff_image::gc::{GcPolicy, GcReport};
 use skiff_image::pull::Puller;
 use skiff_image::{Image, ImageStore};
 use tracing::{info, warn};
@@ -17,8 +19,13 @@ pub(crate) struct ImageService {
     store: ImageStore,
     puller: Puller,
     rootfs: PathBuf,
+    /// Registry credentials (a Docker config.json), read at every pull.
+    registry_config: PathBuf,
     /// Told after every pull (the node status lists the images).
     changed: std::sync::Arc<tokio::sync::Notify>,
+    /// Pulls and root filesystem mounts share it; garbage collection takes it alone, so
+    /// it never removes a blob a pull has written but not yet recorded.
+    gc_lock: tokio::sync::RwLock<()>,
 }
 
 impl std::fmt::Debug for ImageService {
@@ -43,6 +50,7 @@ impl ImageService {
     pub fn open(
         state: &Path,
         plain_http: &[String],
+        registry_config: PathBuf,
         changed: std::sync::Arc<tokio::sync::Notify>,
     ) -> Result<ImageService, String> {
         let store = ImageStore::open(&store_root(state)).map_err(|e| e.to_string())?;
@@ -51,8 +59,37 @@ impl ImageService {
             store,
             puller,
             rootfs: rootfs_root(state),
+            registry_config,
             changed,
+            gc_lock: tokio::sync::RwLock::new(()),
         })
+    }
+
+    /// Held while an image is pulled and mounted (garbage collection waits for it).
+    pub async fn using(&self) -> tokio::sync::RwLockReadGuard<'_, ()> {
+        self.gc_lock.read().await
+    }
+
+    /// One garbage collection with `policy`, keeping the images in `in_use`. Tells the node
+    /// status when something went.
+    pub async fn collect(
+        &self,
+        policy: &GcPolicy,
+        in_use: &std::collections::HashSet<String>,
+    ) -> Result<GcReport, String> {
+        let _alone = self.gc_lock.write().await;
+        let root = self.store.root().to_path_buf();
+        let report = self
+            .store
+            .gc(policy, in_use, || skiff_image::gc::disk_usage(&root))
+            .map_err(|e| e.to_string())?;
+        for (name, why) in &report.removed {
+            info!(image = %name, reason = %why, "image garbage-collected");
+        }
+        if !report.removed.is_empty() {
+            self.changed.notify_one();
+        }
+        Ok(report)
     }
 
     /// The image `name` if this node has it.
@@ -60,11 +97,14 @@ impl ImageService {
         self.store.image(name).map_err(|e| e.to_string())
     }
 
-    /// Pulls `name` and records it. Errors are `(waiting reason, message)`.
+    /// Pulls `name` (with the credentials the node's config.json has for its registry) and
+    /// records it. Errors are `(waiting reason, message)`.
     pub async fn pull(&self, name: &str) -> Result<Image, (&'static str, String)> {
+        let auths = RegistryAuths::load(&self.registry_config)
+            .map_err(|e| ("ErrImagePull", e.to_string()))?;
         let image = self
             .puller
-            .pull(name, None)
+            .pull_with(name, &auths)
             .await
             .map_err(|e| (e.reason(), e.to_string()))?;
         self.store
@@ -87,6 +127,9 @@ impl ImageService {
         let lowers = image
             .unpack(&self.store.blobs, &self.store.layers)
             .map_err(|e| format!("unpacking the image: {e}"))?;
+        if let Err(e) = self.store.mark_used(&image.manifest) {
+            warn!(error = %e, "recording the image's use");
+        }
         let (upper, work) = (base.join("upper"), base.join("work"));
         for d in [&upper, &work, &merged] {
             std::fs::create_dir_all(d).map_err(|e| format!("creating {}: {e}", d.display()))?;

@@ -99,6 +99,13 @@ pub struct AgentConfig {
     pub api_listen: SocketAddr,
     /// Registries pulled from over plain HTTP (`host:port`), besides loopback ones.
     pub plain_http_registries: Vec<String>,
+    /// Registry credentials, a Docker `config.json` read at every pull (default:
+    /// `<state dir>/config.json`, as the kubelet reads its root directory's).
+    pub registry_config: Option<PathBuf>,
+    /// Image garbage collection: thresholds and maximum unused age.
+    pub image_gc: skiff_image::gc::GcPolicy,
+    /// How often images are garbage-collected.
+    pub image_gc_period: Duration,
 }
 
 impl AgentConfig {
@@ -122,6 +129,9 @@ impl AgentConfig {
             max_pods: 110,
             api_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             plain_http_registries: Vec::new(),
+            registry_config: None,
+            image_gc: skiff_image::gc::GcPolicy::default(),
+            image_gc_period: Duration::from_secs(300),
         }
     }
 }
@@ -355,6 +365,9 @@ pub async fn run(
         images: images::ImageService::open(
             &cfg.state_dir,
             &cfg.plain_http_registries,
+            cfg.registry_config
+                .clone()
+                .unwrap_or_else(|| cfg.state_dir.join("config.json")),
             image_changes.clone(),
         )
         .map(Arc::new)
@@ -415,7 +428,20 @@ pub async fn run(
         image_changes,
     ));
 
+    let image_gc = ctx.images.clone().ok().map(|images| {
+        let (pods, policy, period) = (ctx.pods.clone(), cfg.image_gc, cfg.image_gc_period);
+        AbortOnDrop(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(period).await;
+                if let Err(e) = images.collect(&policy, &pods.images()).await {
+                    warn!(error = %e, "image garbage collection");
+                }
+            }
+        }))
+    });
+
     let result = pod_loop(ctx, &cfg.node_name, shutdown).await;
+    drop(image_gc);
     stop_controllers.cancel();
     drop(routes);
     drop(lb_task);

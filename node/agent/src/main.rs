@@ -19,7 +19,7 @@ enum Command {
     /// Reports what this host offers the agent: cgroup v2 mount and controllers, bpffs, BTF.
     CheckHost,
     /// Runs the agent: registers the node and runs the pods bound to it.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Stops and removes every pod this node ran, its cgroups, pinned maps and state
     /// directory (for tearing down a local cluster; the agent must not be running).
     Purge(PurgeArgs),
@@ -83,6 +83,23 @@ struct RunArgs {
     /// loopback always are, as Docker treats them.
     #[arg(long = "plain-http-registry", value_name = "HOST:PORT")]
     plain_http_registries: Vec<String>,
+    /// Registry credentials: a Docker config.json (`docker login`, `skopeo login
+    /// --authfile`), read at every pull (default: <state-dir>/config.json).
+    #[arg(long, value_name = "FILE")]
+    registry_config: Option<PathBuf>,
+    /// Disk usage (percent) of the image store's file system above which unused images are
+    /// removed, least recently used first.
+    #[arg(long, default_value_t = 85, value_parser = clap::value_parser!(u8).range(1..=100))]
+    image_gc_high_threshold: u8,
+    /// Disk usage (percent) image garbage collection frees down to.
+    #[arg(long, default_value_t = 80, value_parser = clap::value_parser!(u8).range(0..=100))]
+    image_gc_low_threshold: u8,
+    /// Unused images older than this are removed whatever the disk usage (0 = never).
+    #[arg(long, value_parser = duration, default_value = "0s")]
+    image_maximum_gc_age: Duration,
+    /// How often images are garbage-collected.
+    #[arg(long, value_parser = duration, default_value = "5m")]
+    image_gc_period: Duration,
     /// This node's pod CIDR, registered as Node.spec.podCIDR when the Node has none. Without
     /// it the agent waits for the controller manager's node IPAM to assign one.
     #[arg(long)]
@@ -164,6 +181,20 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
     let mut cfg = skiff_node::AgentConfig::new(&node, state_dir, shim);
     cfg.node_netns = args.node_netns;
     cfg.plain_http_registries = args.plain_http_registries;
+    cfg.registry_config = args.registry_config;
+    if args.image_gc_low_threshold >= args.image_gc_high_threshold {
+        anyhow::bail!(
+            "--image-gc-low-threshold ({}) must be lower than --image-gc-high-threshold ({})",
+            args.image_gc_low_threshold,
+            args.image_gc_high_threshold
+        );
+    }
+    cfg.image_gc = skiff_image::gc::GcPolicy {
+        high_percent: args.image_gc_high_threshold,
+        low_percent: args.image_gc_low_threshold,
+        max_unused_age: (!args.image_maximum_gc_age.is_zero()).then_some(args.image_maximum_gc_age),
+    };
+    cfg.image_gc_period = args.image_gc_period;
     cfg.pod_cidr = args.pod_cidr;
     cfg.node_labels = args.node_labels;
     cfg.cgroup_parent = args.cgroup_parent;
@@ -256,8 +287,11 @@ struct ImagePullArgs {
     plain_http: Vec<String>,
     /// A user name for the registry; the password is read from the first line of stdin
     /// (never from the command line).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "registry_config")]
     username: Option<String>,
+    /// Registry credentials from a Docker config.json (what `docker login` writes).
+    #[arg(long, value_name = "FILE")]
+    registry_config: Option<PathBuf>,
 }
 
 fn image(cmd: ImageCommand) -> anyhow::Result<()> {
@@ -277,10 +311,19 @@ fn image(cmd: ImageCommand) -> anyhow::Result<()> {
                 }
                 None => None,
             };
+            let auths = match &args.registry_config {
+                Some(path) => skiff_image::auth::RegistryAuths::load(path)?,
+                None => Default::default(),
+            };
             let puller = skiff_image::pull::Puller::new(store.blobs.clone(), &args.plain_http);
             let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             let pulled = rt
-                .block_on(puller.pull(&args.name, credentials.as_ref()))
+                .block_on(async {
+                    match &credentials {
+                        Some(c) => puller.pull(&args.name, Some(c)).await,
+                        None => puller.pull_with(&args.name, &auths).await,
+                    }
+                })
                 .with_context(|| format!("pulling {}", args.name))?;
             let dirs = pulled
                 .unpack(&store.blobs, &store.layers)
@@ -344,7 +387,7 @@ fn purge(args: PurgeArgs) -> anyhow::Result<()> {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Run(args) => run_agent(args)?,
+        Command::Run(args) => run_agent(*args)?,
         Command::Purge(args) => purge(args)?,
         Command::Image(cmd) => image(cmd)?,
         // The shim must stay single-threaded until it forks: nothing else runs before it.

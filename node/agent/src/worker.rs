@@ -308,6 +308,13 @@ impl Worker {
             name: self.pod.name().to_string(),
             sandbox: self.sandbox.clone(),
             containers: containers(&self.pod).into_iter().map(|c| c.name).collect(),
+            images: self
+                .pod
+                .spec
+                .iter()
+                .flat_map(|s| s.containers.iter().chain(&s.init_containers))
+                .map(|c| c.image.clone())
+                .collect(),
             cgroup_ids: self.tracks.values().filter_map(|t| t.cgroup_id).collect(),
         });
     }
@@ -330,6 +337,9 @@ impl Worker {
             };
         }
         let mut next = now + RESYNC;
+        // Published before anything starts, so image garbage collection sees the images
+        // this pod is about to use.
+        self.publish();
 
         if let Err(e) = self.ensure_sandbox_and_network().await {
             warn!(pod = %self.name(), error = %e.1, "pod infrastructure");
@@ -605,6 +615,8 @@ impl Worker {
             .map_err(|e| ("ErrImagePull", format!("the node's image store: {e}")))?;
         let policy = PullPolicy::of(&c.image_pull_policy, &c.image)
             .map_err(|m| ("CreateContainerConfigError", format!("{field}.{m}")))?;
+        // Garbage collection waits until the image is pulled and mounted.
+        let _using = images.using().await;
         let present = images.present(&c.image).map_err(|m| ("ErrImagePull", m))?;
         let pull = policy
             .should_pull(present.is_some(), &c.image)

@@ -23,6 +23,17 @@ pub struct ImageRecord {
     pub layers: Vec<String>,
     /// Seconds since the epoch.
     pub pulled_at: u64,
+    /// When a container last started from it (seconds since the epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_used: Option<u64>,
+}
+
+/// Seconds since the epoch.
+pub(crate) fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// Blobs, layers and the names of a node's images.
@@ -40,6 +51,34 @@ impl ImageStore {
             blobs: BlobStore::open(root)?,
             layers: LayerStore::open(root)?,
         })
+    }
+
+    /// The store's directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Records that a container starts from image `digest` now (for garbage collection).
+    pub fn mark_used(&self, digest: &crate::Digest) -> Result<(), StoreError> {
+        let d = digest.to_string();
+        let mut list = self.list()?;
+        let now = now_secs();
+        let mut changed = false;
+        for r in list.iter_mut().filter(|r| r.digest == d) {
+            r.last_used = Some(now);
+            changed = true;
+        }
+        if changed {
+            self.save(&list)?;
+        }
+        Ok(())
+    }
+
+    /// The config digest (hex) named by the stored manifest `manifest`.
+    pub(crate) fn config_digest(&self, manifest: &crate::Digest) -> Option<String> {
+        let bytes = self.blobs.read(manifest).ok()?;
+        let m: oci_spec::image::ImageManifest = serde_json::from_slice(&bytes).ok()?;
+        Some(m.config().digest().digest().to_string())
     }
 
     fn index(&self) -> PathBuf {
@@ -63,7 +102,7 @@ impl ImageStore {
         Ok(list)
     }
 
-    fn save(&self, list: &[ImageRecord]) -> Result<(), StoreError> {
+    pub(crate) fn save(&self, list: &[ImageRecord]) -> Result<(), StoreError> {
         let path = self.index();
         let tmp = self
             .root
@@ -84,10 +123,8 @@ impl ImageStore {
             digest: image.manifest.to_string(),
             size: image.size,
             layers: image.layers.iter().map(|(d, _)| d.to_string()).collect(),
-            pulled_at: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
+            pulled_at: now_secs(),
+            last_used: None,
         };
         let mut list = self.list()?;
         list.retain(|r| r.name != name);

@@ -11,9 +11,11 @@
 //! opaque directories get `trusted.overlay.opaque`, so the kernel's overlay merges the
 //! layers exactly as the OCI spec says.
 //!
-//! Not yet here: the runtime's use of the layers, garbage collection (see issue M2-B).
+//! Garbage collection ([`gc`]) removes unused images with the kubelet's policy.
 
+pub mod auth;
 mod digest;
+pub mod gc;
 mod images;
 pub mod layout;
 pub mod process;

@@ -114,6 +114,22 @@ impl Puller {
         }
     }
 
+    /// Pulls `name` with the credentials `auths` has for its registry, or anonymously.
+    pub async fn pull_with(
+        &self,
+        name: &str,
+        auths: &crate::auth::RegistryAuths,
+    ) -> Result<Image, PullError> {
+        let reference: Reference =
+            name.parse()
+                .map_err(|e: oci_client::ParseError| PullError::InvalidName {
+                    name: name.to_string(),
+                    reason: e.to_string(),
+                })?;
+        self.pull(name, auths.for_registry(reference.registry()))
+            .await
+    }
+
     /// Pulls `name` (`registry/repository:tag` or `@sha256:...`; Docker Hub's defaults
     /// apply to short names) with `credentials`, or anonymously.
     pub async fn pull(

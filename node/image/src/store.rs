@@ -72,6 +72,11 @@ impl BlobStore {
         Ok(BlobStore { dir })
     }
 
+    /// The directory of the blobs (files named by their hex digest).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// Where the blob `digest` is (whether or not it is there).
     pub fn path(&self, digest: &Digest) -> PathBuf {
         self.dir.join(digest.hex())
@@ -197,6 +202,11 @@ impl LayerStore {
         let dir = root.join("layers").join("sha256");
         fs::create_dir_all(&dir).map_err(io_at(&dir))?;
         Ok(LayerStore { dir })
+    }
+
+    /// The directory of the unpacked layers (named by their blob's hex digest).
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// The directory of layer `digest` (an overlay lower directory once unpacked).
