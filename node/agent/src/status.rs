@@ -24,6 +24,9 @@ pub fn rfc3339(t: SystemTime) -> String {
 pub struct ContainerView {
     pub name: String,
     pub image: String,
+    /// The image the current run started from, by digest (`repository@sha256:...`), for
+    /// registry images.
+    pub image_id: String,
     /// The runtime's state; `None` before the first start.
     pub state: Option<ContainerState>,
     /// Why the container is not running, when it is waiting (e.g. `CrashLoopBackOff`).
@@ -109,7 +112,7 @@ fn container_status(c: &ContainerView, pod_uid: &str) -> ContainerStatus {
         ready: c.ready,
         restart_count: c.restart_count,
         image: c.image.clone(),
-        image_id: String::new(),
+        image_id: c.image_id.clone(),
         container_id,
         started: Some(c.started),
     }

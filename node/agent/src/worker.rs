@@ -64,6 +64,8 @@ struct Track {
     ready: bool,
     /// The back-off before the next pull of this container's image after a failed one.
     pull_backoff: Option<Duration>,
+    /// `repository@digest` of the image the current run started from (registry images).
+    image_id: String,
 }
 
 pub struct Worker {
@@ -106,6 +108,16 @@ fn limits_of(c: &Container) -> Limits {
         cpu_millis: milli("cpu").and_then(|m| u64::try_from(m).ok()),
         memory_bytes: value("memory").and_then(|v| u64::try_from(v).ok()),
         pids: value("pids").and_then(|v| u64::try_from(v).ok()),
+    }
+}
+
+/// The repository of an image reference: without its tag or digest.
+fn repository_of(image: &str) -> &str {
+    let name = image.split('@').next().unwrap_or(image);
+    let slash = name.rfind('/').map_or(0, |i| i + 1);
+    match name[slash..].rfind(':') {
+        Some(i) => &name[..slash + i],
+        None => name,
     }
 }
 
@@ -233,6 +245,7 @@ impl Worker {
                     Track {
                         restart_count: cs.restart_count,
                         last_terminated: cs.last_state.as_ref().and_then(|s| s.terminated.clone()),
+                        image_id: cs.image_id.clone(),
                         ..Default::default()
                     },
                 );
@@ -641,6 +654,8 @@ impl Worker {
         let rootfs = images
             .rootfs(&self.uid, &c.name, &image)
             .map_err(|m| ("CreateContainerError", m))?;
+        self.tracks.entry(c.name.clone()).or_default().image_id =
+            format!("{}@{}", repository_of(&c.image), image.manifest);
         let env: Vec<(String, String)> = c
             .env
             .iter()
@@ -849,6 +864,7 @@ impl Worker {
                 ContainerView {
                     name: c.name.clone(),
                     image: c.image.clone(),
+                    image_id: t.map(|t| t.image_id.clone()).unwrap_or_default(),
                     waiting: t.and_then(|t| t.waiting.clone()),
                     restart_count: t.map(|t| t.restart_count).unwrap_or(0),
                     last_terminated: t.and_then(|t| {
@@ -1005,6 +1021,20 @@ mod fake_tests;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn repositories_drop_tags_and_digests_not_ports() {
+        assert_eq!(
+            repository_of("127.0.0.1:5000/demo/web:v2"),
+            "127.0.0.1:5000/demo/web"
+        );
+        assert_eq!(
+            repository_of("127.0.0.1:5000/demo/web@sha256:ab"),
+            "127.0.0.1:5000/demo/web"
+        );
+        assert_eq!(repository_of("localhost:5000/web"), "localhost:5000/web");
+        assert_eq!(repository_of("busybox"), "busybox");
+    }
 
     #[test]
     fn container_spec_errors_name_the_field() {
