@@ -197,6 +197,13 @@ pub const CHECKS: &[Check] = &[
         run: check_nft,
     },
     Check {
+        name: "skopeo+umoci",
+        what: "umoci makes an OCI image layout and skopeo copies it (images benchmark baseline)",
+        fixes: &[Fix::Apt("skopeo"), Fix::Apt("umoci")],
+        needs_root: false,
+        run: check_skopeo_umoci,
+    },
+    Check {
         name: "iperf3",
         what: "iperf3 (pod-net benchmark)",
         fixes: &[Fix::Apt("iperf3")],
@@ -980,6 +987,40 @@ fn check_iptables(ctx: &Context) -> Verdict {
 
 fn check_nft(ctx: &Context) -> Verdict {
     version_check(ctx, "nft", &["--version"], Fix::Apt("nftables"))
+}
+
+/// `umoci init` + `umoci new` make a layout, `skopeo copy` copies it to another (which also
+/// proves skopeo's signature policy file is there).
+fn check_skopeo_umoci(ctx: &Context) -> Verdict {
+    let dir = ctx.scratch.join(format!("oci-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    let a_s = a.display().to_string();
+    let verdict = (|| {
+        run_ok(ctx, "umoci", &["init", "--layout", &a_s]).map_err(|e| (e, Fix::Apt("umoci")))?;
+        run_ok(ctx, "umoci", &["new", "--image", &format!("{a_s}:t")])
+            .map_err(|e| (e, Fix::Apt("umoci")))?;
+        run_ok(
+            ctx,
+            "skopeo",
+            &[
+                "copy",
+                "--quiet",
+                &format!("oci:{a_s}:t"),
+                &format!("oci:{}:t", b.display()),
+            ],
+        )
+        .map_err(|e| (e, Fix::Apt("skopeo")))?;
+        let version = run_ok(ctx, "skopeo", &["--version"])
+            .map(|o| first_line(&o))
+            .unwrap_or_default();
+        Ok::<_, (String, Fix)>(format!("{version}; umoci layout copied"))
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    match verdict {
+        Ok(msg) => Verdict::Ok(msg),
+        Err((why, fix)) => fail(why, fix),
+    }
 }
 
 fn check_iperf3(ctx: &Context) -> Verdict {

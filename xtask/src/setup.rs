@@ -102,6 +102,16 @@ pub const APT_PACKAGES: &[AptPackage] = &[
         why: "pod-net benchmark: TCP stream throughput",
     },
     AptPackage {
+        name: "skopeo",
+        ebpf: false,
+        why: "images benchmark baseline: skopeo copy from the registry",
+    },
+    AptPackage {
+        name: "umoci",
+        ebpf: false,
+        why: "images benchmark baseline: umoci unpack",
+    },
+    AptPackage {
         name: "fonts-dejavu-core",
         ebpf: false,
         why: "a TTF for the benchmark plots' text",

@@ -107,6 +107,17 @@ impl ImageService {
             .pull_with(name, &auths)
             .await
             .map_err(|e| (e.reason(), e.to_string()))?;
+        // As containerd does, a pull ends with the layers unpacked: an image whose layers
+        // cannot be unpacked (escapes, truncation, a wrong diff ID) is a failed pull, and its
+        // name is not recorded.
+        image
+            .unpack(&self.store.blobs, &self.store.layers)
+            .map_err(|e| {
+                (
+                    "ErrImagePull",
+                    format!("failed to unpack image \"{name}\": {e}"),
+                )
+            })?;
         self.store
             .remember(name, &image)
             .map_err(|e| ("ErrImagePull", e.to_string()))?;

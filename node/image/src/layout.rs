@@ -62,9 +62,31 @@ impl Image {
         blobs: &BlobStore,
         layers: &LayerStore,
     ) -> Result<Vec<PathBuf>, LayoutError> {
+        let diff_ids = self.config.rootfs().diff_ids();
+        if diff_ids.len() != self.layers.len() {
+            return Err(LayoutError::Invalid {
+                what: "image",
+                digest: self.manifest.to_string(),
+                reason: format!(
+                    "its configuration lists {} diff IDs for {} layers",
+                    diff_ids.len(),
+                    self.layers.len()
+                ),
+            });
+        }
         self.layers
             .iter()
-            .map(|(d, c)| layers.unpack(blobs, d, *c).map_err(LayoutError::from))
+            .zip(diff_ids)
+            .map(|((d, c), diff_id)| {
+                let diff_id: Digest = diff_id.parse().map_err(|e| LayoutError::Invalid {
+                    what: "image",
+                    digest: self.manifest.to_string(),
+                    reason: format!("its configuration's diff ID: {e}"),
+                })?;
+                layers
+                    .unpack(blobs, d, *c, Some(&diff_id))
+                    .map_err(LayoutError::from)
+            })
             .collect()
     }
 }

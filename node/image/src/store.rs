@@ -215,12 +215,14 @@ impl LayerStore {
     }
 
     /// Unpacks the stored blob `digest` (a tarball, compressed as `compression`) once: a
-    /// layer already unpacked is returned as it is. On any error nothing is left.
+    /// layer already unpacked is returned as it is. With `diff_id`, the uncompressed stream
+    /// must have that digest. On any error nothing is left.
     pub fn unpack(
         &self,
         blobs: &BlobStore,
         digest: &Digest,
         compression: Compression,
+        diff_id: Option<&Digest>,
     ) -> Result<PathBuf, StoreError> {
         let final_path = self.path(digest);
         if final_path.is_dir() {
@@ -236,7 +238,7 @@ impl LayerStore {
         })?;
         let tmp = temp_name(&final_path);
         fs::create_dir(&tmp).map_err(io_at(&tmp))?;
-        let result = unpack::unpack(file, compression, &tmp)
+        let result = unpack::unpack_verified(file, compression, &tmp, diff_id)
             .map_err(|source| StoreError::Unpack {
                 digest: digest.clone(),
                 source,

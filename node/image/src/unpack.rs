@@ -56,6 +56,13 @@ pub enum UnpackError {
     Unsupported(String),
     #[error("the layer is not a readable tarball (truncated or corrupt): {0}")]
     Tar(#[source] io::Error),
+    #[error(
+        "the uncompressed layer is {actual}, not the diff ID {expected} the image's configuration names"
+    )]
+    DiffId {
+        expected: crate::Digest,
+        actual: crate::Digest,
+    },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -133,11 +140,42 @@ fn clear(path: &Path, keep_dir: bool) -> Result<(), UnpackError> {
     }
 }
 
+/// A reader that hashes what passes through it (a layer's uncompressed stream, for its diff
+/// ID).
+struct Hashing<R> {
+    inner: R,
+    hasher: sha2::Sha256,
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use sha2::Digest as _;
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
 /// Unpacks the tarball `reader` (compressed as `compression`) into the directory `dest`.
 pub fn unpack(reader: impl Read, compression: Compression, dest: &Path) -> Result<(), UnpackError> {
+    unpack_verified(reader, compression, dest, None)
+}
+
+/// [`unpack`], and the uncompressed stream must have the digest `diff_id` (the image
+/// configuration's `rootfs.diff_ids` entry of the layer), as containerd checks it.
+pub fn unpack_verified(
+    reader: impl Read,
+    compression: Compression,
+    dest: &Path,
+    diff_id: Option<&crate::Digest>,
+) -> Result<(), UnpackError> {
     let reader: Box<dyn Read> = match compression {
         Compression::None => Box::new(reader),
         Compression::Gzip => Box::new(flate2::read::GzDecoder::new(reader)),
+    };
+    let reader = Hashing {
+        inner: reader,
+        hasher: <sha2::Sha256 as sha2::Digest>::new(),
     };
     let mut archive = tar::Archive::new(reader);
     for entry in archive.entries().map_err(UnpackError::Tar)? {
@@ -242,8 +280,16 @@ pub fn unpack(reader: impl Read, compression: Compression, dest: &Path) -> Resul
     }
     // Read past the tar's end-of-archive blocks to the end of the stream, so a truncated or
     // corrupt gzip trailer (its CRC) is an error too.
-    io::copy(&mut archive.into_inner(), &mut io::sink()).map_err(UnpackError::Tar)?;
-    Ok(())
+    let mut rest = archive.into_inner();
+    io::copy(&mut rest, &mut io::sink()).map_err(UnpackError::Tar)?;
+    let actual = crate::Digest::from_hasher(rest.hasher);
+    match diff_id {
+        Some(expected) if *expected != actual => Err(UnpackError::DiffId {
+            expected: expected.clone(),
+            actual,
+        }),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]

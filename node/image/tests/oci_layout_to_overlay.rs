@@ -1,7 +1,8 @@
 //! An OCI image layout with an index of two platforms, two gzip layers (the upper one with
 //! a whiteout and an opaque directory) is imported, verified and unpacked; the kernel's
-//! overlayfs over the layer directories shows exactly the merged image. A corrupt blob is
-//! refused and leaves nothing in the stores. Needs root (device nodes, trusted xattrs, mount).
+//! overlayfs over the layer directories shows exactly the merged image. A corrupt blob, and
+//! a layer whose uncompressed content is not its configuration's diff ID, are refused and
+//! leave nothing in the stores. Needs root (device nodes, trusted xattrs, mount).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -17,7 +18,7 @@ use common::Overlay;
 use serde_json::json;
 use skiff_image::layout::{LayoutError, import_image};
 use skiff_image::{BlobStore, Digest, LayerStore, StoreError};
-use skiff_testkit::registry::gz_layer;
+use skiff_testkit::registry::{diff_id, gz_layer};
 
 /// Writes `bytes` as a blob of the layout; its descriptor's digest and size.
 fn blob(layout: &Path, bytes: &[u8]) -> (String, u64) {
@@ -28,8 +29,9 @@ fn blob(layout: &Path, bytes: &[u8]) -> (String, u64) {
     (d.to_string(), bytes.len() as u64)
 }
 
-/// A layout tagged `v1` holding an index (linux/arm64 first, then linux/amd64).
-fn build_layout(dir: &Path) -> (Vec<u8>, Vec<u8>) {
+/// A layout tagged `v1` holding an index (linux/arm64 first, then linux/amd64); the top
+/// layer's diff ID is `top_diff_id` when given (a wrong one), else its real one.
+fn build_layout_with(dir: &Path, top_diff_id: Option<String>) -> (Vec<u8>, Vec<u8>) {
     fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
     let bottom = gz_layer(&[
         ("bin/", ""),
@@ -52,7 +54,7 @@ fn build_layout(dir: &Path) -> (Vec<u8>, Vec<u8>) {
         "architecture": "amd64", "os": "linux",
         "config": {"Entrypoint": ["/bin/tool"], "Env": ["PATH=/bin"], "WorkingDir": "/data"},
         "rootfs": {"type": "layers", "diff_ids": [
-            Digest::of(b"unused-bottom").to_string(), Digest::of(b"unused-top").to_string()]},
+            diff_id(&bottom), top_diff_id.unwrap_or_else(|| diff_id(&top))]},
     });
     let (cd, cs) = blob(dir, config.to_string().as_bytes());
     let manifest = json!({
@@ -83,6 +85,10 @@ fn build_layout(dir: &Path) -> (Vec<u8>, Vec<u8>) {
     });
     fs::write(dir.join("index.json"), top_index.to_string()).unwrap();
     (bottom, top)
+}
+
+fn build_layout(dir: &Path) -> (Vec<u8>, Vec<u8>) {
+    build_layout_with(dir, None)
 }
 
 #[test]
@@ -164,4 +170,31 @@ fn a_corrupt_blob_is_refused_and_nothing_is_kept() {
             layout.path().display()
         )
     );
+}
+
+#[test]
+fn a_layer_that_is_not_its_diff_id_is_refused_and_nothing_is_kept() {
+    let layout = tempfile::tempdir().unwrap();
+    let wrong = Digest::of(b"not the top layer").to_string();
+    let (_, top) = build_layout_with(layout.path(), Some(wrong.clone()));
+    let store = tempfile::tempdir().unwrap();
+    let blobs = BlobStore::open(store.path()).unwrap();
+    let layers = LayerStore::open(store.path()).unwrap();
+    let image = import_image(layout.path(), Some("v1"), &blobs).unwrap();
+    let err = image.unpack(&blobs, &layers).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&format!("not the diff ID {wrong}")) && msg.contains(&diff_id(&top)),
+        "{msg}"
+    );
+    assert!(
+        !layers.path(&Digest::of(&top)).exists(),
+        "the layer is not kept"
+    );
+    let left: Vec<_> = fs::read_dir(store.path().join("layers/sha256"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".tmp"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }

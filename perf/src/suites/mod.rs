@@ -6,6 +6,7 @@ use futures::future::LocalBoxFuture;
 use crate::report::SuiteReport;
 
 pub mod control_plane;
+pub mod images;
 pub mod lb_programming;
 pub mod pod_density;
 pub mod pod_net;
@@ -97,6 +98,12 @@ pub static SUITES: &[Suite] = &[
         title: pod_density::TITLE,
         section: 4,
         run: pod_density::run,
+    },
+    Suite {
+        name: images::NAME,
+        title: images::TITLE,
+        section: 4,
+        run: images::run,
     },
     Suite {
         name: control_plane::NAME,

@@ -109,8 +109,9 @@ impl Registry {
 
 impl Registry {
     /// Pushes an image of `layers` (tar+gzip blobs, bottom first) and `config` (an OCI image
-    /// configuration) as `repository:tag` with oci-client, with `auth` (user, password) or
-    /// anonymously; returns the manifest's digest and size.
+    /// configuration; its `rootfs.diff_ids` are set to the layers' uncompressed digests, as
+    /// a build tool writes them) as `repository:tag` with oci-client, with `auth` (user,
+    /// password) or anonymously; returns the manifest's digest and size.
     pub async fn push(
         &self,
         repository_tag: &str,
@@ -132,6 +133,11 @@ impl Registry {
         let reference: oci_client::Reference = format!("{}/{repository_tag}", self.host())
             .parse()
             .expect("a reference");
+        let mut config = config.clone();
+        config["rootfs"] = serde_json::json!({
+            "type": "layers",
+            "diff_ids": layers.iter().map(|l| diff_id(l)).collect::<Vec<_>>(),
+        });
         let layers: Vec<ImageLayer> = layers
             .iter()
             .map(|l| {
@@ -184,6 +190,24 @@ impl Registry {
     }
 }
 
+/// The diff ID of a tar+gzip layer: `sha256:` and the digest of the uncompressed tarball
+/// (of what decompresses, for a deliberately truncated or corrupt layer).
+pub fn diff_id(gz: &[u8]) -> String {
+    use std::io::Read as _;
+    let mut tar = Vec::new();
+    let _ = flate2::read::GzDecoder::new(gz).read_to_end(&mut tar);
+    format!("sha256:{}", sha256_hex(&tar))
+}
+
+/// The sha256 of `bytes` in hex (how the registry names a blob: [`Registry::blob_path`]).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// A tar+gzip image layer of `(path, content)` entries, owned by root; a path ending in `/`
 /// is a directory, files are mode 0755.
 pub fn gz_layer(entries: &[(&str, &str)]) -> Vec<u8> {
@@ -224,4 +248,37 @@ impl Drop for Registry {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// A tar+gzip layer carrying names as a hostile image would: written into the tar headers as
+/// given (`../` climbs, absolute paths), which tar builders refuse to write. `(name, None)` is
+/// a small file, `(name, Some(target))` a symlink to `target`.
+pub fn hostile_gz_layer(entries: &[(&str, Option<&str>)]) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, link) in entries {
+        let mut h = tar::Header::new_old();
+        let raw = h.as_old_mut();
+        raw.name[..name.len()].copy_from_slice(name.as_bytes());
+        let data: &[u8] = match link {
+            Some(target) => {
+                raw.linkname[..target.len()].copy_from_slice(target.as_bytes());
+                h.set_entry_type(tar::EntryType::Symlink);
+                h.set_size(0);
+                &[]
+            }
+            None => {
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_size(7);
+                b"planted"
+            }
+        };
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append(&h, data).expect("a tar entry");
+    }
+    let tar = b.into_inner().expect("a tarball");
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&tar).expect("gzip");
+    gz.finish().expect("gzip")
 }
