@@ -8,6 +8,7 @@
 //!   sets no_new_privs and RuntimeDefault installs a seccomp filter; `kubectl exec` runs
 //!   with the same identity;
 //! * dropped and added capabilities show in /proc/self/status;
+//! * `shareProcessNamespace`: a container sees its pod's other containers' processes;
 //! * emptyDir (disk and Memory), hostPath (read-only), downwardAPI and subPath volumes, and
 //!   the generated /etc/hosts and /etc/hostname;
 //! * bad input: `runAsNonRoot` with a root image waits with CreateContainerConfigError, a
@@ -122,6 +123,10 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
                       mount -t tmpfs none /tmp 2>/dev/null && echo mount=ok || echo mount=denied; \
                       echo report-done; exec sleep 3600"],
             "securityContext": {"capabilities": {"drop": ["NET_RAW"], "add": ["NET_ADMIN"]}}}]}},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sharing"},
+         "spec": {"shareProcessNamespace": true, "containers": [
+            {"name": "a", "image": image, "args": ["exec sleep 4242"]},
+            {"name": "b", "image": image, "args": ["exec sleep 4343"]}]}},
         {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "nonroot"},
          "spec": {"securityContext": {"runAsNonRoot": true},
                   "containers": [{"name": "app", "image": image, "args": ["sleep 3600"]}]}},
@@ -235,6 +240,40 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
     let log = report("caps");
     assert!(log.contains("CapBnd:\t00000000a80415fb"), "{log}");
     assert!(log.contains("mount=denied"), "{log}");
+
+    // shareProcessNamespace: one container sees the other's processes.
+    let (ok, _, err) = kubectl(
+        &c,
+        &[
+            "wait",
+            "--for=condition=Ready",
+            "pod/sharing",
+            "--timeout=60s",
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    let (ok, seen, err) = kubectl(
+        &c,
+        &[
+            "exec",
+            "sharing",
+            "-c",
+            "b",
+            "--",
+            "/bin/busybox",
+            "sh",
+            "-c",
+            "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done",
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    assert!(seen.contains("sleep 4242"), "b sees a's process: {seen}");
+    assert!(
+        seen.contains("--pause"),
+        "PID 1 is the pod's holder: {seen}"
+    );
 
     // runAsNonRoot with an image that runs as root: CreateContainerConfigError, said why.
     let waiting = skiff_testkit::eventually_blocking("the runAsNonRoot refusal", T, || {

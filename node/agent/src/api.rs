@@ -796,6 +796,7 @@ mod tests {
             mount_namespace: false,
             limits: Default::default(),
             created_at: SystemTime::now(),
+            pid_holder: None,
         };
         pods.publish(PodInfo {
             uid: "u1".into(),

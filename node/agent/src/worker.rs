@@ -182,13 +182,6 @@ fn confine(
     let pod_spec = pod.spec.clone().unwrap_or_default();
     let pod_name = format!("{}/{}", pod.namespace(), pod.name());
     let field = format!("containers[{}]", c.name);
-    if pod_spec.share_process_namespace == Some(true) {
-        return Err(
-            "spec.shareProcessNamespace: a PID namespace shared by a pod's containers is not \
-             supported by Skiff yet"
-                .into(),
-        );
-    }
     let home = match &spec.image {
         Image::Host => {
             if !c.volume_mounts.is_empty() {
@@ -415,6 +408,12 @@ impl Worker {
                     .filter(|h| !h.is_empty())
                     .unwrap_or_else(|| self.pod.name().to_string()),
                 pid_namespace: false,
+                share_pid_namespace: self
+                    .pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.share_process_namespace)
+                    == Some(true),
                 mount_namespace: false,
                 limits: Limits::default(),
             };

@@ -17,7 +17,7 @@ use oci_client::errors::OciDistributionError;
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 use oci_spec::image::{ImageConfiguration, ImageIndex, ImageManifest};
-use tracing::info;
+use tracing::{debug, info};
 
 use crate::digest::Digest;
 use crate::layout::{Blob, Image};
@@ -30,6 +30,8 @@ const ACCEPTED: [&str; 4] = [
     "application/vnd.docker.distribution.manifest.v2+json",
     "application/vnd.docker.distribution.manifest.list.v2+json",
 ];
+/// How often a large blob's progress is logged.
+const PROGRESS_EVERY: u64 = 16 * 1024 * 1024;
 /// The largest manifest read.
 const MAX_MANIFEST: u64 = 4 * 1024 * 1024;
 
@@ -271,18 +273,30 @@ impl Puller {
         };
         let expected = &blob.digest;
         if self.blobs.contains(expected) {
+            debug!(%image, blob = %expected, "blob already stored");
             return Ok(());
         }
+        let started = std::time::Instant::now();
         let mut stream = client
             .pull_blob_stream(reference, expected.to_string().as_str())
             .await
             .map_err(|e| classify(e, image))?;
         let mut writer = self.blobs.writer(expected, blob.size).map_err(store_err)?;
+        // Progress in the log every 16 MiB of a large blob.
+        let (mut got, mut next_report) = (0u64, PROGRESS_EVERY);
         while let Some(chunk) = stream.stream.next().await {
             let chunk = chunk.map_err(|e| stream_error(e, expected, image))?;
             writer.write(&chunk).map_err(store_err)?;
+            got += chunk.len() as u64;
+            if got >= next_report {
+                info!(%image, blob = %expected, bytes = got, of = blob.size, "pulling");
+                next_report += PROGRESS_EVERY;
+            }
         }
         writer.finish().map_err(store_err)?;
+        let secs = started.elapsed().as_secs_f64();
+        info!(%image, blob = %expected, bytes = got, mb_per_s = got as f64 / 1e6 / secs.max(1e-6),
+            "blob pulled and verified");
         Ok(())
     }
 }

@@ -155,6 +155,7 @@ impl Runtime for FakeRuntime {
             mount_namespace: spec.mount_namespace,
             limits: spec.limits.clone(),
             created_at: SystemTime::now(),
+            pid_holder: None,
         };
         st.next_pid += 1;
         st.sandboxes.insert(spec.uid.clone(), sb.clone());

@@ -91,6 +91,10 @@ pub struct SandboxSpec {
     pub hostname: String,
     /// Give every container its own PID namespace (the container's process is PID 1).
     pub pid_namespace: bool,
+    /// One PID namespace for all the pod's containers (`shareProcessNamespace`): held by a
+    /// small process of the pod that is its PID 1; overrides `pid_namespace`.
+    #[serde(default)]
+    pub share_pid_namespace: bool,
     /// Give every container its own (private) mount namespace. Containers with a root
     /// filesystem image always get one.
     pub mount_namespace: bool,
@@ -239,6 +243,17 @@ pub struct Sandbox {
     pub mount_namespace: bool,
     pub limits: Limits,
     pub created_at: SystemTime,
+    /// The process holding the pod's shared PID namespace (`share_pid_namespace`).
+    #[serde(default)]
+    pub pid_holder: Option<PidHolder>,
+}
+
+/// The PID 1 of a pod's shared PID namespace: its host pid and start time (so a reused pid
+/// is never mistaken for it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PidHolder {
+    pub pid: u32,
+    pub start_time: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -38,9 +38,13 @@ use super::state::{
     process_alive, read_json, write_state,
 };
 use super::{
-    ContainerSpec, ContainerState, ExecOutput, Image, LimitReport, Limits, Runtime, RuntimeError,
-    Sandbox, SandboxSpec, cgroup, ns, sys,
+    ContainerSpec, ContainerState, ExecOutput, Image, LimitReport, Limits, PidHolder, Runtime,
+    RuntimeError, Sandbox, SandboxSpec, cgroup, ns, sys,
 };
+
+/// The leaf cgroup of a pod's shared-PID-namespace holder (not a DNS label, so no container
+/// can be named so).
+const PID_HOLDER_CGROUP: &str = "pid_ns";
 
 /// Controllers enabled for pods and containers where the v2 tree offers them.
 const WANTED_CONTROLLERS: [&str; 3] = [cgroup::CPU, cgroup::MEMORY, cgroup::PIDS];
@@ -640,6 +644,11 @@ impl Inner {
                 op: format!("creating namespaces of pod {}", spec.uid),
                 source,
             })?;
+            let pid_holder = if spec.share_pid_namespace {
+                Some(self.start_pid_holder(&cgroup_dir, &pod_dir)?)
+            } else {
+                None
+            };
             let sandbox = Sandbox {
                 uid: spec.uid.clone(),
                 namespace: spec.namespace.clone(),
@@ -654,6 +663,7 @@ impl Inner {
                 mount_namespace: spec.mount_namespace,
                 limits: spec.limits.clone(),
                 created_at: SystemTime::now(),
+                pid_holder,
             };
             write_state(
                 &record_path,
@@ -675,6 +685,60 @@ impl Inner {
                 Err(e)
             }
         }
+    }
+
+    /// Starts the PID 1 of a pod's shared PID namespace (`skiff-node shim --pause`) in the
+    /// pod's leaf cgroup [`PID_HOLDER_CGROUP`], so the pod's teardown stops it with the rest.
+    fn start_pid_holder(
+        &self,
+        cgroup_dir: &Path,
+        pod_dir: &Path,
+    ) -> Result<PidHolder, RuntimeError> {
+        use std::io::BufRead as _;
+        let leaf = cgroup_dir.join(PID_HOLDER_CGROUP);
+        cgroup::create(&self.v2_root, &leaf, &WANTED_CONTROLLERS)?;
+        let log_path = pod_dir.join("pid-holder.log");
+        let log = fs::File::create(&log_path).map_err(io_err("creating", &log_path))?;
+        let args = ShimArgs {
+            pause: true,
+            cgroup: Some(leaf),
+            argv: vec!["pause".into()],
+            ..Default::default()
+        };
+        let mut child = std::process::Command::new(&self.cfg.shim_path)
+            .args(args.to_args())
+            .env_clear()
+            .current_dir("/")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .map_err(io_err(
+                "spawning the PID namespace holder",
+                &self.cfg.shim_path,
+            ))?;
+        let mut line = String::new();
+        if let Some(out) = child.stdout.take() {
+            let _ = io::BufReader::new(out).read_line(&mut line);
+        }
+        let _ = child.wait();
+        let pid = line
+            .trim()
+            .strip_prefix("started ")
+            .and_then(|p| p.parse::<u32>().ok())
+            .ok_or_else(|| RuntimeError::Sys {
+                op: "starting the pod's PID namespace holder".into(),
+                source: io::Error::other(format!(
+                    "it reported {:?}; log: {}",
+                    line.trim(),
+                    fs::read_to_string(&log_path).unwrap_or_default().trim()
+                )),
+            })?;
+        let start_time = state::proc_start_time(pid).ok_or_else(|| RuntimeError::Sys {
+            op: "starting the pod's PID namespace holder".into(),
+            source: io::Error::other(format!("process {pid} exited at once")),
+        })?;
+        Ok(PidHolder { pid, start_time })
     }
 
     /// Removes a pod's cgroups (which must be empty), namespace mounts and state.
@@ -858,6 +922,20 @@ impl Inner {
             uts: Some(sb.uts_path.clone()),
             ipc: Some(sb.ipc_path.clone()),
             new_pidns: sb.pid_namespace || spec.security.pid_namespace,
+            pidns: match &sb.pid_holder {
+                Some(h) if process_alive(h.pid, h.start_time) => {
+                    Some(PathBuf::from(format!("/proc/{}/ns/pid", h.pid)))
+                }
+                Some(_) => {
+                    return Err(RuntimeError::State {
+                        path: self.pod_dir(&sb.uid),
+                        message: "the pod's shared PID namespace is gone (its holder process \
+                                  exited); recreate the pod"
+                            .into(),
+                    });
+                }
+                None => None,
+            },
             new_mountns: sb.mount_namespace,
             spec: Some(cdir.join(state::SPEC_FILE)),
             rootfs: match &spec.image {

@@ -93,6 +93,13 @@ pub struct ShimArgs {
     /// Run the container in a new PID namespace.
     #[arg(long)]
     pub new_pidns: bool,
+    /// Run the container in this (the pod's shared) PID namespace: `/proc/<holder>/ns/pid`.
+    #[arg(long)]
+    pub pidns: Option<PathBuf>,
+    /// Pause mode: become the PID 1 of a new PID namespace (a pod's shared one) and reap
+    /// orphans until SIGTERM; reports `started <host pid>`.
+    #[arg(long)]
+    pub pause: bool,
     /// Run the container in a new private mount namespace.
     #[arg(long)]
     pub new_mountns: bool,
@@ -139,12 +146,16 @@ impl ShimArgs {
         path("--netns", &self.netns);
         path("--uts", &self.uts);
         path("--ipc", &self.ipc);
+        path("--pidns", &self.pidns);
         path("--rootfs", &self.rootfs);
         path("--workdir", &self.workdir);
         path("--spec", &self.spec);
         path("--log", &self.log);
         if self.new_pidns {
             a.push("--new-pidns".into());
+        }
+        if self.pause {
+            a.push("--pause".into());
         }
         if self.new_mountns {
             a.push("--new-mountns".into());
@@ -169,6 +180,9 @@ impl ShimArgs {
 
 /// Runs the shim; returns the process exit code.
 pub fn run(args: ShimArgs) -> i32 {
+    if args.pause {
+        return pause_mode(&args);
+    }
     if args.join_pid.is_some() {
         exec_mode(&args)
     } else {
@@ -312,6 +326,79 @@ fn container_mode(args: &ShimArgs) -> i32 {
     0
 }
 
+/// Pause mode (see [`ShimArgs::pause`]): a new session, the `--cgroup`, a new PID namespace
+/// whose PID 1 is a forked child that reaps orphans; the parent reports the child's pid and
+/// exits.
+fn pause_mode(args: &ShimArgs) -> i32 {
+    let _ = nix::unistd::setsid();
+    if let Some(cg) = &args.cgroup
+        && let Err(e) = cgroup::join_self(cg)
+    {
+        diag(format_args!("cannot move into {}: {e}", cg.display()));
+        report_ready("failed");
+        return 1;
+    }
+    if let Err(e) = nix::sched::unshare(CloneFlags::CLONE_NEWPID) {
+        diag(format_args!("unshare(CLONE_NEWPID): {e}"));
+        report_ready("failed");
+        return 1;
+    }
+    let forked = sys::SingleThreaded::check().and_then(|single| sys::fork(&single));
+    match forked {
+        Ok(ForkResult::Child) => sys::exit_now(pause_loop()),
+        Ok(ForkResult::Parent { child }) => {
+            report_ready(&format!("started {child}"));
+            0
+        }
+        Err(e) => {
+            diag(format_args!("fork: {e}"));
+            report_ready("failed");
+            1
+        }
+    }
+}
+
+/// PID 1 of a pod's shared PID namespace: reaps every orphan, exits on SIGTERM/SIGINT.
+fn pause_loop() -> i32 {
+    if let Ok(null) = File::options().read(true).write(true).open("/dev/null") {
+        let _ = nix::unistd::dup2_stdin(&null);
+        let _ = nix::unistd::dup2_stdout(&null);
+    }
+    let _ = sys::cloexec_from(3);
+    let _ = nix::unistd::chdir("/");
+    let signals = [
+        Signal::SIGCHLD,
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+    ];
+    let mut set = nix::sys::signal::SigSet::empty();
+    for s in signals {
+        set.add(s);
+    }
+    if sys::install_noop_handlers(&signals).is_err()
+        || nix::sys::signal::sigprocmask(nix::sys::signal::SigmaskHow::SIG_BLOCK, Some(&set), None)
+            .is_err()
+    {
+        return 1;
+    }
+    loop {
+        match set.wait() {
+            Ok(Signal::SIGCHLD) => loop {
+                match waitpid(
+                    Pid::from_raw(-1),
+                    Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+                ) {
+                    Ok(WaitStatus::StillAlive) | Err(_) => break,
+                    Ok(_) => continue,
+                }
+            },
+            Ok(_) => return 0,
+            Err(_) => continue,
+        }
+    }
+}
+
 /// Points stdout (the pipe to the agent) at /dev/null once the start has been reported.
 fn detach_stdout() {
     match File::options().write(true).open("/dev/null") {
@@ -432,7 +519,13 @@ fn start(args: &ShimArgs) -> Result<Started, StartFailure> {
     let (out_r, out_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
     let (report_r, report_w) = pipe()?;
-    if args.new_pidns {
+    if let Some(pidns) = &args.pidns {
+        // The pod's shared PID namespace: the next child is born in it.
+        let f = File::open(pidns)
+            .map_err(|e| StartFailure::errno(format!("opening {}", pidns.display()), e))?;
+        nix::sched::setns(f.as_fd(), CloneFlags::CLONE_NEWPID)
+            .map_err(|e| StartFailure::errno("joining the pod's PID namespace", e))?;
+    } else if args.new_pidns {
         // The shim is single-threaded; its next child becomes PID 1 of a new namespace.
         nix::sched::unshare(CloneFlags::CLONE_NEWPID)
             .map_err(|e| StartFailure::errno("unshare(CLONE_NEWPID)", e))?;
@@ -529,7 +622,7 @@ fn container_child_setup(
         let sources = confine::open_sources(mounts).map_err(StartFailure::confine)?;
         confine::enter_rootfs(rootfs, security, &sources, workdir)
             .map_err(StartFailure::confine)?;
-    } else if args.new_mountns && args.new_pidns {
+    } else if args.new_mountns && (args.new_pidns || args.pidns.is_some()) {
         // A /proc that shows the container's PID namespace.
         nix::mount::mount(
             Some("proc"),

@@ -261,3 +261,23 @@ pub(crate) fn install_seccomp(filter: &[libc::sock_filter]) -> io::Result<()> {
     }
     Ok(())
 }
+
+extern "C" fn ignore_signal_handler(_: libc::c_int) {}
+
+/// Installs a handler that does nothing for each of `signals`: a PID namespace's init only
+/// receives the signals it has handlers for (pid_namespaces(7)); blocked, they then wait for
+/// `sigwait`.
+pub(crate) fn install_noop_handlers(signals: &[Signal]) -> io::Result<()> {
+    use nix::sys::signal::{SaFlags, SigAction};
+    let action = SigAction::new(
+        SigHandler::Handler(ignore_signal_handler),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    for s in signals {
+        // SAFETY: the handler is an empty function: it touches no state, so it is
+        // async-signal-safe.
+        unsafe { nix::sys::signal::sigaction(*s, &action) }.map_err(io::Error::from)?;
+    }
+    Ok(())
+}

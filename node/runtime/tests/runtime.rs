@@ -81,6 +81,7 @@ impl Harness {
             name: name.into(),
             hostname: name.into(),
             pid_namespace: false,
+            share_pid_namespace: false,
             mount_namespace: false,
             limits: Limits::default(),
         }
@@ -1109,6 +1110,7 @@ async fn agent_process_for_kill_test() {
             name: "kill9-pod".into(),
             hostname: "kill9-pod".into(),
             pid_namespace: false,
+            share_pid_namespace: false,
             mount_namespace: false,
             limits: Limits::default(),
         })
@@ -1414,4 +1416,68 @@ async fn confinement_like_containerds_defaults() {
         .unwrap();
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mountinfo.contains(root.to_str().unwrap()), "{mountinfo}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_pid_namespace_shows_every_container_of_the_pod() {
+    let h = Harness::new("sharepid");
+    let rt = h.runtime();
+    let root = busybox_rootfs(h.tmp.path());
+    let mut spec = h.sandbox_spec("shared-pid");
+    spec.share_pid_namespace = true;
+    let sb = rt.create_sandbox(&spec).await.unwrap();
+    let holder = sb.pid_holder.clone().expect("a PID namespace holder");
+    assert!(alive(holder.pid));
+    let c = |name: &str, script: &str| ContainerSpec {
+        name: name.into(),
+        image: Image::RootFs(root.clone()),
+        argv: vec!["sh".into(), "-c".into(), script.into()],
+        env: vec![("PATH".into(), "/bin".into())],
+        working_dir: None,
+        limits: Limits::default(),
+        mounts: vec![],
+        security: Security {
+            pid_namespace: true,
+            ..Security::default()
+        },
+    };
+    rt.start_container(&sb, &c("first", "exec sleep 1001"))
+        .await
+        .unwrap();
+    rt.start_container(
+        &sb,
+        &c(
+            "second",
+            "echo self=$$; for p in /proc/[0-9]*; do echo cmd=$(cat $p/cmdline | tr '\\0' ' '); done; exec sleep 1002",
+        ),
+    )
+    .await
+    .unwrap();
+    eventually_within(
+        "the second container's listing",
+        Duration::from_secs(5),
+        || async {
+            log_text(&rt, &sb, "second").contains("cmd=sleep 1002")
+                || log_text(&rt, &sb, "second").contains("cmd=sh -c")
+        },
+    )
+    .await;
+    let log = log_text(&rt, &sb, "second");
+    let lines: Vec<&str> = log.lines().collect();
+    assert!(
+        lines.iter().any(|l| l.ends_with(" stdout cmd=sleep 1001")),
+        "sees the first container: {log}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains(" stdout cmd=") && l.contains(" --pause ")),
+        "the holder is there: {log}"
+    );
+    assert!(!log.contains(" stdout self=1\n"), "not PID 1 itself: {log}");
+    // Teardown stops the holder with the containers.
+    rt.remove_sandbox(&sb, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert!(!alive(holder.pid), "the holder is gone");
 }
