@@ -87,6 +87,9 @@ const OMIT_ZERO: [&str; 25] = [
 /// Opaque JSON kept as its text in protobuf and written as JSON (FieldsV1).
 const RAW_JSON: [&str; 1] = ["ManagedFieldsEntry.fields_v1"];
 
+/// Maps of bytes, written as base64 strings in JSON (Secret.data).
+const BASE64_MAPS: [&str; 1] = ["Secret.data"];
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = [
         "proto/skiff/meta.proto",
@@ -128,6 +131,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         builder = builder.field_attribute(
             format!(".skiff.api.{field}"),
             "#[serde(with = \"crate::serde_util::raw_json\")]",
+        );
+    }
+    for field in BASE64_MAPS {
+        builder = builder.field_attribute(
+            format!(".skiff.api.{field}"),
+            "#[serde(with = \"crate::serde_util::base64_map\")]",
         );
     }
     for field in OMIT_ZERO {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::api::{
     ContainerStatus, Deployment, Endpoints, Event, LabelSelector, Lease, Namespace, Node, Pod,
-    PodTemplateSpec, ReplicaSet, Service, ServicePort,
+    PodTemplateSpec, ReplicaSet, Secret, Service, ServicePort,
 };
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::de::DeserializeOwned;
@@ -78,6 +78,7 @@ pub fn headers(kind: &str, wide: bool) -> Vec<String> {
             &["CONTAINERS", "IMAGES", "SELECTOR"],
         ),
         "Lease" => (&["NAME", "HOLDER", "AGE"], &[]),
+        "Secret" => (&["NAME", "TYPE", "DATA", "AGE"], &[]),
         "Event" => (
             &["LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"],
             &["SUBOBJECT", "SOURCE", "FIRST SEEN", "COUNT", "NAME"],
@@ -263,6 +264,10 @@ pub fn cells(kind: &str, obj: &Value, wide: bool, now: DateTime<Utc>) -> Vec<Str
                 ));
             }
             c
+        }
+        "Secret" => {
+            let s: Secret = typed(obj);
+            vec![name, s.r#type.clone(), s.data.len().to_string(), created]
         }
         "Lease" => {
             let l: Lease = typed(obj);

@@ -194,6 +194,8 @@ resource!(Service, "v1", "services", ["svc"], true, status,
     "spec.type" => |o| o.spec.as_ref().map(|s| s.r#type.clone()).unwrap_or_default(),
     "spec.clusterIP" => |o| o.spec.as_ref().map(|s| s.cluster_ip.clone()).unwrap_or_default());
 resource!(Endpoints, "v1", "endpoints", ["ep"], true, no_status);
+resource!(Secret, "v1", "secrets", [], true, no_status,
+    "type" => |o| o.r#type.clone());
 resource!(Event, "v1", "events", ["ev"], true, no_status,
     "involvedObject.kind" => |o| o.involved_object.as_ref().map(|r| r.kind.clone()).unwrap_or_default(),
     "involvedObject.namespace" => |o| o.involved_object.as_ref().map(|r| r.namespace.clone()).unwrap_or_default(),
@@ -253,12 +255,13 @@ impl<T: Resource> DynKind for KindOf<T> {
     }
 }
 
-static KINDS: [&dyn DynKind; 9] = [
+static KINDS: [&dyn DynKind; 10] = [
     &KindOf::<Namespace>(PhantomData),
     &KindOf::<Node>(PhantomData),
     &KindOf::<Pod>(PhantomData),
     &KindOf::<Service>(PhantomData),
     &KindOf::<Endpoints>(PhantomData),
+    &KindOf::<Secret>(PhantomData),
     &KindOf::<Event>(PhantomData),
     &KindOf::<ReplicaSet>(PhantomData),
     &KindOf::<Deployment>(PhantomData),

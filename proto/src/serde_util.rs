@@ -88,6 +88,49 @@ pub mod raw_json {
     }
 }
 
+/// A map of bytes as JSON strings of standard base64 (a Secret's `data`); a value that is not
+/// base64 is an error naming its key.
+pub mod base64_map {
+    use std::collections::BTreeMap;
+
+    use base64::Engine as _;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(
+        map: &BTreeMap<String, Vec<u8>>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let text: BTreeMap<&str, String> = map
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.as_str(),
+                    base64::engine::general_purpose::STANDARD.encode(v),
+                )
+            })
+            .collect();
+        text.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<String, Vec<u8>>, D::Error> {
+        let raw = Option::<BTreeMap<String, String>>::deserialize(d)?.unwrap_or_default();
+        raw.into_iter()
+            .map(|(k, v)| {
+                base64::engine::general_purpose::STANDARD
+                    .decode(v.as_bytes())
+                    .map(|b| (k.clone(), b))
+                    .map_err(|_| {
+                        serde::de::Error::custom(format!(
+                            "data[{k:?}]: illegal base64 data (values of data are base64)"
+                        ))
+                    })
+            })
+            .collect()
+    }
+}
+
 /// The JSON names whose values are opaque JSON that [`prune`] leaves as they are (a FieldsV1
 /// set is made of empty objects).
 const OPAQUE: &[&str] = &["fieldsV1"];

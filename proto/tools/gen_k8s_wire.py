@@ -14,7 +14,7 @@ import os
 
 ROOTS = [
     "api.core.v1.Namespace", "api.core.v1.Node", "api.core.v1.Pod", "api.core.v1.Service",
-    "api.core.v1.Endpoints", "api.core.v1.Event", "api.core.v1.Binding",
+    "api.core.v1.Endpoints", "api.core.v1.Event", "api.core.v1.Binding", "api.core.v1.Secret",
     "api.apps.v1.ReplicaSet", "api.apps.v1.Deployment", "api.coordination.v1.Lease",
     "api.policy.v1.Eviction", "api.autoscaling.v1.Scale",
     "apimachinery.pkg.apis.meta.v1.DeleteOptions",

@@ -360,3 +360,98 @@ async fn unused_images_are_garbage_collected_used_ones_kept() {
     let agent_log = c.nodes[0].agent_log();
     assert!(agent_log.contains("image garbage-collected"), "{agent_log}");
 }
+
+/// imagePullSecrets: a Secret made by `kubectl create secret docker-registry` (sent as
+/// protobuf) lets a pod pull from a private repository; a pod naming a Secret that does not
+/// exist gets a FailedToRetrieveImagePullSecret event and waits with the registry's refusal.
+/// The password is in no event, pod, log or `kubectl get` table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn private_images_pull_with_image_pull_secrets() {
+    let password = "pu11-s3cret";
+    let hash = bcrypt::hash(password, 4).unwrap();
+    let registry = Registry::start_with(Some(&format!("ci:{hash}\n")));
+    let busybox = std::fs::read("/bin/busybox").expect("busybox-static (cargo xtask setup)");
+    let layer = gz_layer_bytes(&[("bin/", b""), ("bin/busybox", &busybox)]);
+    let config = json!({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Entrypoint": ["/bin/busybox", "sh", "-c", "echo pulled-with-secret; exec sleep 3600"]},
+    });
+    registry
+        .push("team/app:v1", &[layer], &config, Some(("ci", password)))
+        .await;
+    let image = format!("{}/team/app:v1", registry.host());
+    let c = Cluster::start(1).await;
+    let (ok, out, err) = kubectl(
+        &c,
+        &[
+            "create",
+            "secret",
+            "docker-registry",
+            "regcred",
+            &format!("--docker-server={}", registry.host()),
+            "--docker-username=ci",
+            &format!("--docker-password={password}"),
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("secret/regcred created"), "{out}");
+    let (_, table, _) = kubectl(&c, &["get", "secret", "regcred"], None);
+    assert!(
+        table.contains("kubernetes.io/dockerconfigjson") && !table.contains(password),
+        "{table}"
+    );
+    let pod = |name: &str, secret: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+               "spec": {"imagePullSecrets": [{"name": secret}],
+                        "containers": [{"name": "app", "image": image}]}})
+        .to_string()
+    };
+    let docs = [pod("with-secret", "regcred"), pod("missing-secret", "nope")].join("\n");
+    let (ok, _, err) = kubectl(&c, &["apply", "-f", "-"], Some(&docs));
+    assert!(ok, "{err}");
+    let logs = skiff_testkit::eventually_blocking("the pod pulled with the secret", T, || {
+        let (_, out, _) = kubectl(&c, &["logs", "with-secret"], None);
+        out.contains("pulled-with-secret").then_some(out)
+    });
+    assert!(logs.contains("pulled-with-secret"));
+    let warning = skiff_testkit::eventually_blocking("the missing secret reported", T, || {
+        let (_, out, _) = kubectl(
+            &c,
+            &[
+                "get",
+                "events",
+                "--field-selector",
+                "involvedObject.name=missing-secret,reason=FailedToRetrieveImagePullSecret",
+                "-o",
+                "jsonpath={.items[*].message}",
+            ],
+            None,
+        );
+        (!out.is_empty()).then_some(out)
+    });
+    assert!(
+        warning.contains("Unable to retrieve some image pull secrets (nope)"),
+        "{warning}"
+    );
+    skiff_testkit::eventually_blocking("the registry's refusal", T, || {
+        let (_, out, _) = kubectl(
+            &c,
+            &[
+                "get",
+                "pod",
+                "missing-secret",
+                "-o",
+                "jsonpath={.status.containerStatuses[0].state.waiting.message}",
+            ],
+            None,
+        );
+        out.contains("refused the credentials").then_some(())
+    });
+    let (_, events, _) = kubectl(&c, &["get", "events", "-o", "json"], None);
+    let (_, pods, _) = kubectl(&c, &["get", "pods", "-o", "json"], None);
+    let agent = c.nodes[0].agent_log();
+    for (what, text) in [("events", &events), ("pods", &pods), ("agent log", &agent)] {
+        assert!(!text.contains(password), "the password in the {what}");
+    }
+}

@@ -17,7 +17,7 @@ use chrono::{SecondsFormat, Utc};
 use prost::Message;
 use rand::Rng;
 use skiff_api::api::{
-    Binding, Deployment, Endpoints, Event, Lease, Namespace, Node, Pod, ReplicaSet, Service,
+    Binding, Deployment, Endpoints, Event, Lease, Namespace, Node, Pod, ReplicaSet, Secret, Service,
 };
 use skiff_api::rpc::{DeleteRequest, ListRequest, ListResponse, WatchRequest};
 use skiff_api::selector::{FieldSelector, Selector};
@@ -908,6 +908,7 @@ impl Registry {
         add::<Pod>(h, &store, cache_capacity).await?;
         add::<Service>(h, &store, cache_capacity).await?;
         add::<Endpoints>(h, &store, cache_capacity).await?;
+        add::<Secret>(h, &store, cache_capacity).await?;
         add::<Event>(h, &store, cache_capacity).await?;
         add::<ReplicaSet>(h, &store, cache_capacity).await?;
         add::<Deployment>(h, &store, cache_capacity).await?;

@@ -97,11 +97,16 @@ impl ImageService {
         self.store.image(name).map_err(|e| e.to_string())
     }
 
-    /// Pulls `name` (with the credentials the node's config.json has for its registry) and
-    /// records it. Errors are `(waiting reason, message)`.
-    pub async fn pull(&self, name: &str) -> Result<Image, (&'static str, String)> {
-        let auths = RegistryAuths::load(&self.registry_config)
+    /// Pulls `name` with the credentials for its registry (the pod's `pod_auths` first, then
+    /// the node's config.json) and records it. Errors are `(waiting reason, message)`.
+    pub async fn pull(
+        &self,
+        name: &str,
+        pod_auths: RegistryAuths,
+    ) -> Result<Image, (&'static str, String)> {
+        let node_auths = RegistryAuths::load(&self.registry_config)
             .map_err(|e| ("ErrImagePull", e.to_string()))?;
+        let auths = pod_auths.or(&node_auths);
         let image = self
             .puller
             .pull_with(name, &auths)

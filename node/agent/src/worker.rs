@@ -10,10 +10,11 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use skiff_api::api::{Container, ContainerStateTerminated, Pod, PodStatus};
+use skiff_api::api::{Container, ContainerStateTerminated, Pod, PodStatus, Secret};
 use skiff_api::{Resource, quantity};
 use skiff_client::runtime::EventType;
 use skiff_client::{ClientError, DeleteParams, Preconditions};
+use skiff_image::auth::RegistryAuths;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
@@ -636,10 +637,11 @@ impl Worker {
         let image = match (pull, present) {
             (false, Some(image)) => image,
             _ => {
+                let pod_auths = self.pull_secrets().await;
                 let m = format!("Pulling image \"{}\"", c.image);
                 self.event(EventType::Normal, "Pulling", &m).await;
                 let started = Instant::now();
-                let image = images.pull(&c.image).await?;
+                let image = images.pull(&c.image, pod_auths).await?;
                 let m = format!(
                     "Successfully pulled image \"{}\" in {:.3}s. Image size: {} bytes.",
                     c.image,
@@ -697,6 +699,61 @@ impl Worker {
         )
         .map_err(|m| ("CreateContainerConfigError", m))?;
         Ok(spec)
+    }
+
+    /// The registry credentials of the pod's `imagePullSecrets` (dockerconfigjson or
+    /// dockercfg Secrets of its namespace). Secrets that cannot be read are left out with a
+    /// warning event, as the kubelet does; their contents never reach a log or an event.
+    async fn pull_secrets(&self) -> RegistryAuths {
+        let names: Vec<String> = self
+            .pod
+            .spec
+            .iter()
+            .flat_map(|s| s.image_pull_secrets.iter().map(|r| r.name.clone()))
+            .collect();
+        let mut auths = RegistryAuths::default();
+        let mut missing = Vec::new();
+        let api = self.ctx.client.namespaced::<Secret>(self.pod.namespace());
+        for name in names {
+            let parsed = match api.get(&name).await {
+                Ok(secret) => {
+                    let (key, wrap) = match secret.r#type.as_str() {
+                        "kubernetes.io/dockercfg" => (".dockercfg", true),
+                        _ => (".dockerconfigjson", false),
+                    };
+                    match secret.data.get(key) {
+                        Some(bytes) if wrap => {
+                            let inner: Result<serde_json::Value, _> = serde_json::from_slice(bytes);
+                            match inner {
+                                Ok(v) => RegistryAuths::parse(
+                                    serde_json::json!({"auths": v}).to_string().as_bytes(),
+                                ),
+                                Err(_) => Err("not JSON".to_string()),
+                            }
+                        }
+                        Some(bytes) => RegistryAuths::parse(bytes),
+                        None => Err(format!("it has no {key} key")),
+                    }
+                }
+                Err(e) => Err(e.to_string()),
+            };
+            match parsed {
+                Ok(a) => auths = auths.or(&a),
+                Err(why) => {
+                    warn!(pod = %self.name(), secret = %name, reason = %why, "image pull secret unusable");
+                    missing.push(name);
+                }
+            }
+        }
+        if !missing.is_empty() {
+            let m = format!(
+                "Unable to retrieve some image pull secrets ({}); attempting to pull the image may not succeed.",
+                missing.join(", ")
+            );
+            self.event(EventType::Warning, "FailedToRetrieveImagePullSecret", &m)
+                .await;
+        }
+        auths
     }
 
     async fn start(

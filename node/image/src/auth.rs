@@ -123,6 +123,17 @@ impl RegistryAuths {
         self.by_registry.get(&normalize(registry))
     }
 
+    /// These credentials, then `other`'s for registries these have none for (a pod's
+    /// imagePullSecrets before the node's file, as the kubelet orders them).
+    pub fn or(mut self, other: &RegistryAuths) -> RegistryAuths {
+        for (k, v) in &other.by_registry {
+            self.by_registry
+                .entry(k.clone())
+                .or_insert_with(|| v.clone());
+        }
+        self
+    }
+
     pub fn is_empty(&self) -> bool {
         self.by_registry.is_empty()
     }
@@ -170,5 +181,14 @@ mod tests {
         assert!(e.starts_with("auths[\"r.example\"]: neither"), "{e}");
         let missing = RegistryAuths::load(Path::new("/nonexistent/config.json")).unwrap();
         assert!(missing.is_empty());
+        let pod =
+            RegistryAuths::parse(br#"{"auths": {"r.example": {"auth": "cG9kOnAx"}}}"#).unwrap();
+        let node = RegistryAuths::parse(
+            br#"{"auths": {"r.example": {"auth": "bm9kZTpuMQ=="}, "q.example": {"auth": "bm9kZTpuMQ=="}}}"#,
+        )
+        .unwrap();
+        let both = pod.or(&node);
+        assert_eq!(both.for_registry("r.example").unwrap().username, "pod");
+        assert_eq!(both.for_registry("q.example").unwrap().username, "node");
     }
 }

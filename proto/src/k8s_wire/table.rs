@@ -5213,6 +5213,46 @@ pub(super) static MESSAGES: &[(&str, &[Field])] = &[
         ],
     ),
     (
+        "api.core.v1.Secret",
+        &[
+            Field {
+                num: 1,
+                json: "metadata",
+                ty: Ty::Msg("apimachinery.pkg.apis.meta.v1.ObjectMeta"),
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 2,
+                json: "data",
+                ty: Ty::Bytes,
+                repeated: false,
+                map: true,
+            },
+            Field {
+                num: 3,
+                json: "type",
+                ty: Ty::Str,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 4,
+                json: "stringData",
+                ty: Ty::Str,
+                repeated: false,
+                map: true,
+            },
+            Field {
+                num: 5,
+                json: "immutable",
+                ty: Ty::Bool,
+                repeated: false,
+                map: false,
+            },
+        ],
+    ),
+    (
         "api.core.v1.SecretEnvSource",
         &[
             Field {

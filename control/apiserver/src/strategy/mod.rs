@@ -16,6 +16,7 @@ use crate::validation::{self as v, NameRule};
 mod apps;
 mod pod;
 mod pod_volumes;
+mod secret;
 mod service;
 
 /// What a delete hook decides.
