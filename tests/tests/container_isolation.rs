@@ -9,8 +9,9 @@
 //!   with the same identity;
 //! * dropped and added capabilities show in /proc/self/status;
 //! * `shareProcessNamespace`: a container sees its pod's other containers' processes;
-//! * emptyDir (disk and Memory), hostPath (read-only), downwardAPI and subPath volumes, and
-//!   the generated /etc/hosts and /etc/hostname;
+//! * emptyDir (disk and Memory), hostPath (read-only), downwardAPI, secret (on tmpfs, items,
+//!   modes, optional, updates) and subPath volumes, and the generated /etc/hosts and
+//!   /etc/hostname;
 //! * bad input: `runAsNonRoot` with a root image waits with CreateContainerConfigError, a
 //!   hostPath of the wrong type gives a FailedMount event, an invalid spec is refused by the
 //!   API server with the field named.
@@ -127,6 +128,21 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
          "spec": {"shareProcessNamespace": true, "containers": [
             {"name": "a", "image": image, "args": ["exec sleep 4242"]},
             {"name": "b", "image": image, "args": ["exec sleep 4343"]}]}},
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds"},
+         "stringData": {"user": "admin", "pass": "t0p-s3cret", "unused": "x"}},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "secrets"},
+         "spec": {"volumes": [
+             {"name": "creds", "secret": {"secretName": "creds", "defaultMode": 256,
+                "items": [{"key": "user", "path": "user"}, {"key": "pass", "path": "nested/pass"}]}},
+             {"name": "maybe", "secret": {"secretName": "absent", "optional": true}}],
+          "containers": [{"name": "app", "image": image,
+             "args": ["sleep 3600"],
+             "volumeMounts": [{"name": "creds", "mountPath": "/creds", "readOnly": true},
+                              {"name": "maybe", "mountPath": "/maybe"}]}]}},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "nosecret"},
+         "spec": {"volumes": [{"name": "creds", "secret": {"secretName": "nope"}}],
+          "containers": [{"name": "app", "image": image, "args": ["sleep 3600"],
+             "volumeMounts": [{"name": "creds", "mountPath": "/creds"}]}]}},
         {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "nonroot"},
          "spec": {"securityContext": {"runAsNonRoot": true},
                   "containers": [{"name": "app", "image": image, "args": ["sleep 3600"]}]}},
@@ -275,6 +291,92 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
         "PID 1 is the pod's holder: {seen}"
     );
 
+    // Secret volumes: the chosen keys as files with their mode, on a tmpfs; an optional
+    // missing Secret is an empty volume; a change of the Secret reaches the file.
+    let (ok, _, err) = kubectl(
+        &c,
+        &[
+            "wait",
+            "--for=condition=Ready",
+            "pod/secrets",
+            "--timeout=60s",
+        ],
+        None,
+    );
+    if !ok {
+        let (_, pod, _) = kubectl(&c, &["get", "pod", "secrets", "-o", "yaml"], None);
+        let log = c.nodes[0].agent_log();
+        let tail: Vec<&str> = log
+            .lines()
+            .filter(|l| !l.contains("\"nope\" not found"))
+            .rev()
+            .take(30)
+            .collect();
+        panic!(
+            "{err}\n{pod}\nagent log (newest first):\n{}",
+            tail.join("\n")
+        );
+    }
+    let script = "cat /creds/user; echo; cat /creds/nested/pass; echo; ls /creds; \
+                  stat -c %a /creds/user; grep ' /creds ' /proc/self/mounts | cut -d' ' -f3; \
+                  ls /maybe | wc -l";
+    let (ok, out, err) = kubectl(
+        &c,
+        &["exec", "secrets", "--", "/bin/busybox", "sh", "-c", script],
+        None,
+    );
+    assert!(ok, "{err}");
+    assert_eq!(
+        out, "admin\nt0p-s3cret\nnested\nuser\n400\ntmpfs\n0\n",
+        "{out}"
+    );
+    let changed = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds"},
+        "stringData": {"user": "root2", "pass": "t0p-s3cret", "unused": "x"}});
+    let (ok, _, err) = kubectl(&c, &["apply", "-f", "-"], Some(&changed.to_string()));
+    assert!(ok, "{err}");
+    let (ok, _, err) = kubectl(&c, &["label", "pod", "secrets", "touched=yes"], None);
+    assert!(ok, "{err}");
+    skiff_testkit::eventually_blocking("the changed secret in the file", T, || {
+        let (_, out, _) = kubectl(
+            &c,
+            &[
+                "exec",
+                "secrets",
+                "--",
+                "/bin/busybox",
+                "cat",
+                "/creds/user",
+            ],
+            None,
+        );
+        (out == "root2").then_some(())
+    });
+    let event = skiff_testkit::eventually_blocking("the missing secret's FailedMount", T, || {
+        let (_, out, _) = kubectl(
+            &c,
+            &[
+                "get",
+                "events",
+                "--field-selector",
+                "involvedObject.name=nosecret,reason=FailedMount",
+                "-o",
+                "jsonpath={.items[*].message}",
+            ],
+            None,
+        );
+        (!out.is_empty()).then_some(out)
+    });
+    assert_eq!(
+        event,
+        "MountVolume.SetUp failed for volume \"creds\" : secret \"nope\" not found"
+    );
+    let (_, events, _) = kubectl(&c, &["get", "events", "-o", "json"], None);
+    assert!(!events.contains("t0p-s3cret"), "a secret value in an event");
+    assert!(
+        !c.nodes[0].agent_log().contains("t0p-s3cret"),
+        "a secret value in the log"
+    );
+
     // runAsNonRoot with an image that runs as root: CreateContainerConfigError, said why.
     let waiting = skiff_testkit::eventually_blocking("the runAsNonRoot refusal", T, || {
         let (_, out, _) = kubectl(
@@ -336,6 +438,9 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
             "pod",
             "confined",
             "caps",
+            "sharing",
+            "secrets",
+            "nosecret",
             "nonroot",
             "badhost",
             "--grace-period=1",
@@ -344,11 +449,37 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
     );
     assert!(ok, "{err}");
     skiff_testkit::eventually_blocking("the volumes released", T, || {
-        let mounted = skiff_runtime::mountinfo::read()
+        let mounted: Vec<_> = skiff_runtime::mountinfo::read()
             .unwrap()
-            .iter()
-            .any(|m| m.mount_point.starts_with(state.join("volumes")));
-        (!mounted && !state.join("volumes").join(&uid).exists()).then_some(())
+            .into_iter()
+            .filter(|m| m.mount_point.starts_with(state.join("volumes")))
+            .map(|m| m.mount_point)
+            .collect();
+        let (_, pods, _) = kubectl(
+            &c,
+            &[
+                "get",
+                "pods",
+                "-o",
+                "jsonpath={range .items[*]}{.metadata.name} {.metadata.deletionTimestamp} {.status.phase}{\"\\n\"}{end}",
+            ],
+            None,
+        );
+        if mounted.is_empty() && !state.join("volumes").join(&uid).exists() {
+            Ok(())
+        } else {
+            let log = c.nodes[0].agent_log();
+            let tail: Vec<&str> = log
+                .lines()
+                .filter(|l| !l.contains("not found"))
+                .rev()
+                .take(40)
+                .collect();
+            Err(format!(
+                "still mounted: {mounted:?}; pods: {pods}; agent log (newest first):\n{}",
+                tail.join("\n")
+            ))
+        }
     });
     assert_eq!(
         std::fs::read_to_string(host_dir.path().join("hello")).unwrap(),

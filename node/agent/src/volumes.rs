@@ -3,11 +3,11 @@
 //! /etc/resolv.conf.
 //!
 //! Layout: `<state>/volumes/<pod uid>/<volume name>` for emptyDir (a directory, or a tmpfs
-//! for `medium: Memory`) and downwardAPI volumes; `.../.etc/{hosts,hostname,resolv.conf}`
+//! for `medium: Memory`), downwardAPI and secret (a tmpfs) volumes; `.../.etc/{hosts,hostname,resolv.conf}`
 //! for the generated files (a volume name is a DNS label, so it never starts with a dot).
 //! hostPath volumes are the node's own paths, checked against their `type`. The runtime
 //! bind-mounts these into the container ([`mounts_for`]); nothing is mounted on the node
-//! except the tmpfs of Memory volumes, which [`Volumes::release_pod`] unmounts.
+//! except the tmpfs of Memory and secret volumes, which [`Volumes::release_pod`] unmounts.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -18,7 +18,7 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use skiff_api::Resource;
-use skiff_api::api::{Container, DownwardApiVolumeFile, Pod, Volume};
+use skiff_api::api::{Container, DownwardApiVolumeFile, Pod, Secret, SecretVolumeSource, Volume};
 use skiff_api::quantity;
 use skiff_runtime::Mount;
 
@@ -65,6 +65,7 @@ impl Volumes {
         uid: &str,
         pod: &Pod,
         pod_ip: Option<IpAddr>,
+        secrets: &Secrets,
     ) -> Result<PodVolumes, VolumeError> {
         let dir = self.root.join(uid);
         let mut out = PodVolumes::default();
@@ -79,7 +80,7 @@ impl Volumes {
                 volume: v.name.clone(),
                 message,
             };
-            let path = volume(&dir, v, pod, fs_group).map_err(err)?;
+            let path = volume(&dir, v, pod, fs_group, secrets).map_err(err)?;
             out.paths.insert(v.name.clone(), path);
         }
         let etc = dir.join(".etc");
@@ -151,8 +152,116 @@ fn hosts_file(pod: &Pod, hostname: &str, ip: Option<IpAddr>) -> String {
     s
 }
 
+/// The Secrets the pod's secret volumes name, as read from the API: `None` for one that does
+/// not exist.
+pub(crate) type Secrets = BTreeMap<String, Option<Secret>>;
+
+/// The names of the Secrets `pod`'s volumes use.
+pub(crate) fn secret_names(pod: &Pod) -> Vec<String> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.volumes.iter())
+        .filter_map(|v| v.secret.as_ref().map(|s| s.secret_name.clone()))
+        .collect()
+}
+
+/// Mounts a tmpfs on `path` unless one is there (secrets never touch the disk).
+fn tmpfs(path: &Path, opts: &str) -> Result<(), String> {
+    fs::create_dir_all(path).map_err(|e| format!("creating {}: {e}", path.display()))?;
+    if is_mountpoint(path) {
+        return Ok(());
+    }
+    nix::mount::mount(
+        Some("tmpfs"),
+        path,
+        Some("tmpfs"),
+        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+        Some(opts),
+    )
+    .map_err(|e| format!("mounting tmpfs on {}: {e}", path.display()))
+}
+
+/// A secret volume: the Secret's keys (or `items`) as files on a tmpfs, rewritten when the
+/// Secret changes, files of removed keys deleted. Messages name keys, never values.
+fn secret_volume(
+    path: &Path,
+    sv: &SecretVolumeSource,
+    secrets: &Secrets,
+    fs_group: Option<u32>,
+) -> Result<(), String> {
+    let optional = sv.optional == Some(true);
+    let secret = secrets.get(&sv.secret_name).and_then(Option::as_ref);
+    if secret.is_none() && !optional {
+        return Err(format!("secret \"{}\" not found", sv.secret_name));
+    }
+    tmpfs(path, "mode=0755,size=4m")?;
+    let default_mode = sv.default_mode.unwrap_or(0o644) as u32 & 0o777;
+    let mut files: Vec<(PathBuf, &[u8], u32)> = Vec::new();
+    if let Some(secret) = secret {
+        if sv.items.is_empty() {
+            for (k, v) in &secret.data {
+                files.push((path.join(k), v, default_mode));
+            }
+        } else {
+            for item in &sv.items {
+                let Some(v) = secret.data.get(&item.key) else {
+                    if optional {
+                        continue;
+                    }
+                    return Err(format!("references non-existent secret key: {}", item.key));
+                };
+                let rel = relative(&item.path).ok_or_else(|| {
+                    format!("item path {:?} must be relative without '..'", item.path)
+                })?;
+                let mode = item.mode.map(|m| m as u32 & 0o777).unwrap_or(default_mode);
+                files.push((path.join(rel), v, mode));
+            }
+        }
+    }
+    for (file, data, mode) in &files {
+        if let Some(parent) = file.parent() {
+            fs::create_dir_all(parent)
+                .map_err(|e| format!("creating {}: {e}", parent.display()))?;
+        }
+        write_if_changed(file, data, *mode)
+            .map_err(|e| format!("writing {}: {e}", file.display()))?;
+        if let Some(g) = fs_group {
+            std::os::unix::fs::chown(file, None, Some(g))
+                .map_err(|e| format!("chown {}: {e}", file.display()))?;
+        }
+    }
+    // Keys removed from the Secret lose their files.
+    let keep: std::collections::HashSet<&Path> =
+        files.iter().map(|(f, _, _)| f.as_path()).collect();
+    remove_others(path, &keep);
+    Ok(())
+}
+
+/// Deletes every file under `dir` not in `keep` (empty directories stay).
+fn remove_others(dir: &Path, keep: &std::collections::HashSet<&Path>) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        match e.file_type() {
+            Ok(t) if t.is_dir() => remove_others(&p, keep),
+            Ok(_) if !keep.contains(p.as_path()) => {
+                let _ = fs::remove_file(&p);
+            }
+            _ => {}
+        }
+    }
+}
+
 /// Sets up one volume; returns its path on the node.
-fn volume(dir: &Path, v: &Volume, pod: &Pod, fs_group: Option<u32>) -> Result<PathBuf, String> {
+fn volume(
+    dir: &Path,
+    v: &Volume,
+    pod: &Pod,
+    fs_group: Option<u32>,
+    secrets: &Secrets,
+) -> Result<PathBuf, String> {
     if let Some(h) = &v.host_path {
         return host_path(&h.path, h.r#type.as_deref().unwrap_or(""))
             .map(|()| h.path.clone().into());
@@ -191,6 +300,10 @@ fn volume(dir: &Path, v: &Volume, pod: &Pod, fs_group: Option<u32>) -> Result<Pa
         fs::set_permissions(&path, fs::Permissions::from_mode(mode)).map_err(io("chmod"))?;
         return Ok(path);
     }
+    if let Some(sv) = &v.secret {
+        secret_volume(&path, sv, secrets, fs_group)?;
+        return Ok(path);
+    }
     if let Some(d) = &v.downward_api {
         fs::create_dir_all(&path).map_err(io("creating"))?;
         let default_mode = d.default_mode.unwrap_or(0o644);
@@ -212,7 +325,7 @@ fn volume(dir: &Path, v: &Volume, pod: &Pod, fs_group: Option<u32>) -> Result<Pa
         }
         return Ok(path);
     }
-    Err("the volume has no source Skiff supports (emptyDir, hostPath, downwardAPI)".into())
+    Err("the volume has no source Skiff supports (emptyDir, hostPath, downwardAPI, secret)".into())
 }
 
 /// The kubelet's hostPath type checks; `DirectoryOrCreate`/`FileOrCreate` create what is
@@ -587,7 +700,12 @@ mod tests {
             },
         ]);
         let got = vols
-            .ensure("u-1", &p, Some("10.1.0.7".parse().unwrap()))
+            .ensure(
+                "u-1",
+                &p,
+                Some("10.1.0.7".parse().unwrap()),
+                &Secrets::new(),
+            )
             .unwrap();
         let scratch = &got.paths["scratch"];
         assert_eq!(
@@ -607,8 +725,13 @@ mod tests {
             .unwrap()
             .labels
             .insert("app".into(), "shop".into());
-        vols.ensure("u-1", &p, Some("10.1.0.7".parse().unwrap()))
-            .unwrap();
+        vols.ensure(
+            "u-1",
+            &p,
+            Some("10.1.0.7".parse().unwrap()),
+            &Secrets::new(),
+        )
+        .unwrap();
         assert_eq!(read("app"), "shop");
         let etc: BTreeMap<_, _> = got.etc.iter().cloned().collect();
         let hosts = fs::read_to_string(&etc["/etc/hosts"]).unwrap();
@@ -717,6 +840,7 @@ mod tests {
                     ..Default::default()
                 }]),
                 None,
+                &Secrets::new(),
             )
             .unwrap_err();
         assert_eq!(e.volume, "node-logs");

@@ -358,7 +358,13 @@ impl Worker {
             return Some(now + RETRY);
         };
         self.start_time.get_or_insert_with(SystemTime::now);
-        match self.ctx.volumes.ensure(&self.uid, &self.pod, self.pod_ip) {
+        let secrets = self.volume_secrets().await;
+        let ensured = secrets.and_then(|secrets| {
+            self.ctx
+                .volumes
+                .ensure(&self.uid, &self.pod, self.pod_ip, &secrets)
+        });
+        match ensured {
             Ok(v) => {
                 self.volumes = Some(v);
                 self.mount_failure = None;
@@ -699,6 +705,26 @@ impl Worker {
         )
         .map_err(|m| ("CreateContainerConfigError", m))?;
         Ok(spec)
+    }
+
+    /// The Secrets the pod's secret volumes name, from the API (`None`: not found).
+    async fn volume_secrets(&self) -> Result<volumes::Secrets, volumes::VolumeError> {
+        let api = self.ctx.client.namespaced::<Secret>(self.pod.namespace());
+        let mut out = volumes::Secrets::new();
+        for name in volumes::secret_names(&self.pod) {
+            let got = match api.get(&name).await {
+                Ok(s) => Some(s),
+                Err(e) if e.is_not_found() => None,
+                Err(e) => {
+                    return Err(volumes::VolumeError {
+                        volume: name.clone(),
+                        message: format!("reading secret \"{name}\": {e}"),
+                    });
+                }
+            };
+            out.insert(name, got);
+        }
+        Ok(out)
     }
 
     /// The registry credentials of the pod's `imagePullSecrets` (dockerconfigjson or

@@ -110,7 +110,8 @@ fn check_seccomp(out: &mut Vec<FieldError>, path: &str, p: Option<&SeccompProfil
 fn check_volume(out: &mut Vec<FieldError>, path: &str, vol: &Volume) {
     let sources = usize::from(vol.empty_dir.is_some())
         + usize::from(vol.host_path.is_some())
-        + usize::from(vol.downward_api.is_some());
+        + usize::from(vol.downward_api.is_some())
+        + usize::from(vol.secret.is_some());
     match sources {
         0 => out.push(FieldError::required(path, "must specify a volume type")),
         1 => {}
@@ -154,6 +155,29 @@ fn check_volume(out: &mut Vec<FieldError>, path: &str, vol: &Volume) {
                 ty,
                 HOST_PATH_TYPES,
             ));
+        }
+    }
+    if let Some(sv) = &vol.secret {
+        if sv.secret_name.is_empty() {
+            out.push(FieldError::required(
+                format!("{path}.secret.secretName"),
+                "",
+            ));
+        } else {
+            v::check_dns_subdomain(out, &format!("{path}.secret.secretName"), &sv.secret_name);
+        }
+        check_mode(out, &format!("{path}.secret.defaultMode"), sv.default_mode);
+        for (i, item) in sv.items.iter().enumerate() {
+            let ip = format!("{path}.secret.items[{i}]");
+            if item.key.is_empty() {
+                out.push(FieldError::required(format!("{ip}.key"), ""));
+            }
+            if item.path.is_empty() {
+                out.push(FieldError::required(format!("{ip}.path"), ""));
+            } else {
+                check_relative(out, &format!("{ip}.path"), &item.path);
+            }
+            check_mode(out, &format!("{ip}.mode"), item.mode);
         }
     }
     if let Some(d) = &vol.downward_api {
