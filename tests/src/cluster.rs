@@ -132,6 +132,20 @@ impl Cluster {
     pub fn skiff(&self, args: &[&str]) -> String {
         ok(&self.server.skiff(args))
     }
+
+    /// Runs kubectl 1.32 against the cluster (with `stdin`, if any): whether it succeeded,
+    /// its stdout and its stderr.
+    pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+        let out = match stdin {
+            Some(s) => self.server.kubectl_stdin(args, s),
+            None => self.server.kubectl(args),
+        };
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
 }
 
 pub fn tail(log: &str) -> String {

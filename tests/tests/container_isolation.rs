@@ -29,18 +29,6 @@ use skiff_tests::cluster::Cluster;
 
 const T: Duration = Duration::from_secs(60);
 
-fn kubectl(c: &Cluster, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
-    let out = match stdin {
-        Some(s) => c.server.kubectl_stdin(args, s),
-        None => c.server.kubectl(args),
-    };
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 /// What the first container reports about itself, ending with `report-done`.
 const REPORT: &str = r#"
 echo uid=$(id -u) gid=$(id -g) groups=$(id -G)
@@ -158,12 +146,12 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
         .iter()
         .map(|p| p.to_string())
         .collect();
-    let (ok, _, err) = kubectl(&c, &["apply", "-f", "-"], Some(&docs.join("\n")));
+    let (ok, _, err) = c.kubectl(&["apply", "-f", "-"], Some(&docs.join("\n")));
     assert!(ok, "{err}");
 
     let report = |pod: &str| {
         skiff_testkit::eventually_blocking(&format!("the report of {pod}"), T, || {
-            let (_, out, _) = kubectl(&c, &["logs", pod], None);
+            let (_, out, _) = c.kubectl(&["logs", pod], None);
             out.contains("report-done").then_some(out)
         })
     };
@@ -222,8 +210,7 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
     // The subPath directory was made inside the emptyDir, and the write landed there.
     let state = c.nodes[0].state_dir.path().join("state");
     let uid = {
-        let (_, out, _) = kubectl(
-            &c,
+        let (_, out, _) = c.kubectl(
             &["get", "pod", "confined", "-o", "jsonpath={.metadata.uid}"],
             None,
         );
@@ -236,8 +223,7 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
     assert_eq!(std::fs::read_to_string(&nested).unwrap(), "in-sub\n");
 
     // kubectl exec runs with the container's identity and filter.
-    let (ok, out, err) = kubectl(
-        &c,
+    let (ok, out, err) = c.kubectl(
         &[
             "exec",
             "confined",
@@ -258,8 +244,7 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
     assert!(log.contains("mount=denied"), "{log}");
 
     // shareProcessNamespace: one container sees the other's processes.
-    let (ok, _, err) = kubectl(
-        &c,
+    let (ok, _, err) = c.kubectl(
         &[
             "wait",
             "--for=condition=Ready",
@@ -269,8 +254,7 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
         None,
     );
     assert!(ok, "{err}");
-    let (ok, seen, err) = kubectl(
-        &c,
+    let (ok, seen, err) = c.kubectl(
         &[
             "exec",
             "sharing",
@@ -293,8 +277,7 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
 
     // Secret volumes: the chosen keys as files with their mode, on a tmpfs; an optional
     // missing Secret is an empty volume; a change of the Secret reaches the file.
-    let (ok, _, err) = kubectl(
-        &c,
+    let (ok, _, err) = c.kubectl(
         &[
             "wait",
             "--for=condition=Ready",
@@ -304,7 +287,7 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
         None,
     );
     if !ok {
-        let (_, pod, _) = kubectl(&c, &["get", "pod", "secrets", "-o", "yaml"], None);
+        let (_, pod, _) = c.kubectl(&["get", "pod", "secrets", "-o", "yaml"], None);
         let log = c.nodes[0].agent_log();
         let tail: Vec<&str> = log
             .lines()
@@ -320,8 +303,7 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
     let script = "cat /creds/user; echo; cat /creds/nested/pass; echo; ls /creds; \
                   stat -c %a /creds/user; grep ' /creds ' /proc/self/mounts | cut -d' ' -f3; \
                   ls /maybe | wc -l";
-    let (ok, out, err) = kubectl(
-        &c,
+    let (ok, out, err) = c.kubectl(
         &["exec", "secrets", "--", "/bin/busybox", "sh", "-c", script],
         None,
     );
@@ -332,13 +314,12 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
     );
     let changed = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds"},
         "stringData": {"user": "root2", "pass": "t0p-s3cret", "unused": "x"}});
-    let (ok, _, err) = kubectl(&c, &["apply", "-f", "-"], Some(&changed.to_string()));
+    let (ok, _, err) = c.kubectl(&["apply", "-f", "-"], Some(&changed.to_string()));
     assert!(ok, "{err}");
-    let (ok, _, err) = kubectl(&c, &["label", "pod", "secrets", "touched=yes"], None);
+    let (ok, _, err) = c.kubectl(&["label", "pod", "secrets", "touched=yes"], None);
     assert!(ok, "{err}");
     skiff_testkit::eventually_blocking("the changed secret in the file", T, || {
-        let (_, out, _) = kubectl(
-            &c,
+        let (_, out, _) = c.kubectl(
             &[
                 "exec",
                 "secrets",
@@ -352,8 +333,7 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
         (out == "root2").then_some(())
     });
     let event = skiff_testkit::eventually_blocking("the missing secret's FailedMount", T, || {
-        let (_, out, _) = kubectl(
-            &c,
+        let (_, out, _) = c.kubectl(
             &[
                 "get",
                 "events",
@@ -370,7 +350,7 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
         event,
         "MountVolume.SetUp failed for volume \"creds\" : secret \"nope\" not found"
     );
-    let (_, events, _) = kubectl(&c, &["get", "events", "-o", "json"], None);
+    let (_, events, _) = c.kubectl(&["get", "events", "-o", "json"], None);
     assert!(!events.contains("t0p-s3cret"), "a secret value in an event");
     assert!(
         !c.nodes[0].agent_log().contains("t0p-s3cret"),
@@ -379,9 +359,7 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
 
     // runAsNonRoot with an image that runs as root: CreateContainerConfigError, said why.
     let waiting = skiff_testkit::eventually_blocking("the runAsNonRoot refusal", T, || {
-        let (_, out, _) = kubectl(
-            &c,
-            &[
+        let (_, out, _) = c.kubectl(&[
                 "get",
                 "pod",
                 "nonroot",
@@ -399,8 +377,7 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
     );
     // A hostPath that is not what its type says: a FailedMount event that says why.
     let event = skiff_testkit::eventually_blocking("the FailedMount event", T, || {
-        let (_, out, _) = kubectl(
-            &c,
+        let (_, out, _) = c.kubectl(
             &[
                 "get",
                 "events",
@@ -423,7 +400,7 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
     let bad = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bad"},
         "spec": {"containers": [{"name": "app", "image": image,
                  "volumeMounts": [{"name": "ghost", "mountPath": "/g"}]}]}});
-    let (ok, _, err) = kubectl(&c, &["apply", "-f", "-"], Some(&bad.to_string()));
+    let (ok, _, err) = c.kubectl(&["apply", "-f", "-"], Some(&bad.to_string()));
     assert!(!ok);
     assert!(
         err.contains("spec.containers[0].volumeMounts[0].name: Not found: \"ghost\""),
@@ -431,8 +408,7 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
     );
 
     // Deleting the pods unmounts the Memory volume and removes the pods' volumes.
-    let (ok, _, err) = kubectl(
-        &c,
+    let (ok, _, err) = c.kubectl(
         &[
             "delete",
             "pod",
@@ -455,9 +431,7 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
             .filter(|m| m.mount_point.starts_with(state.join("volumes")))
             .map(|m| m.mount_point)
             .collect();
-        let (_, pods, _) = kubectl(
-            &c,
-            &[
+        let (_, pods, _) = c.kubectl(&[
                 "get",
                 "pods",
                 "-o",

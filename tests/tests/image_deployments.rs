@@ -18,18 +18,6 @@ use skiff_tests::cluster::Cluster;
 
 const T: Duration = Duration::from_secs(90);
 
-fn kubectl(c: &Cluster, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
-    let out = match stdin {
-        Some(s) => c.server.kubectl_stdin(args, s),
-        None => c.server.kubectl(args),
-    };
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 fn config(arch: &str, layers: usize) -> serde_json::Value {
     json!({
         "architecture": arch, "os": "linux",
@@ -125,26 +113,19 @@ async fn a_deployment_of_an_image_serves_rolls_out_and_pins_digests() {
         .iter()
         .map(|m| m.to_string())
         .collect();
-    let (ok, _, err) = kubectl(&c, &["apply", "-f", "-"], Some(&docs.join("\n")));
+    let (ok, _, err) = c.kubectl(&["apply", "-f", "-"], Some(&docs.join("\n")));
     assert!(ok, "{err}");
     let rollout = |c: &Cluster| {
-        let (ok, out, err) = kubectl(
-            c,
-            &["rollout", "status", "deploy/web", "--timeout=90s"],
-            None,
-        );
+        let (ok, out, err) = c.kubectl(&["rollout", "status", "deploy/web", "--timeout=90s"], None);
         assert!(ok, "{out}{err}\n{}", c.logs());
     };
     rollout(&c);
-    let (_, cluster_ip, _) = kubectl(
-        &c,
+    let (_, cluster_ip, _) = c.kubectl(
         &["get", "svc", "web", "-o", "jsonpath={.spec.clusterIP}"],
         None,
     );
     let pods = |c: &Cluster| {
-        let (_, out, _) = kubectl(
-            c,
-            &[
+        let (_, out, _) = c.kubectl(&[
                 "get",
                 "pods",
                 "-l",
@@ -176,8 +157,7 @@ async fn a_deployment_of_an_image_serves_rolls_out_and_pins_digests() {
         assert_eq!(p[2], format!("{repo}@{amd64}"), "{running:?}");
     }
     let exec = |c: &Cluster, pod: &str, script: &str| {
-        let (ok, out, err) = kubectl(
-            c,
+        let (ok, out, err) = c.kubectl(
             &["exec", pod, "--", "/bin/busybox", "sh", "-c", script],
             None,
         );
@@ -206,8 +186,7 @@ async fn a_deployment_of_an_image_serves_rolls_out_and_pins_digests() {
     );
 
     // A rollout to a new tag.
-    let (ok, _, err) = kubectl(
-        &c,
+    let (ok, _, err) = c.kubectl(
         &["set", "image", "deploy/web", &format!("web={repo}:v2")],
         None,
     );
@@ -228,8 +207,7 @@ async fn a_deployment_of_an_image_serves_rolls_out_and_pins_digests() {
     assert_eq!(out, "v2\n".repeat(6));
 
     // A digest reference runs exactly that digest.
-    let (ok, _, err) = kubectl(
-        &c,
+    let (ok, _, err) = c.kubectl(
         &["set", "image", "deploy/web", &format!("web={repo}@{amd64}")],
         None,
     );

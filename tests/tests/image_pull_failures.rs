@@ -18,18 +18,6 @@ use skiff_tests::cluster::Cluster;
 
 const T: Duration = Duration::from_secs(60);
 
-fn kubectl(c: &Cluster, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
-    let out = match stdin {
-        Some(s) => c.server.kubectl_stdin(args, s),
-        None => c.server.kubectl(args),
-    };
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_images_wait_with_the_reason_and_write_nothing() {
     let registry = Registry::start();
@@ -127,13 +115,11 @@ async fn bad_images_wait_with_the_reason_and_write_nothing() {
             .to_string()
         })
         .collect();
-    let (ok, _, err) = kubectl(&c, &["apply", "-f", "-"], Some(&docs.join("\n")));
+    let (ok, _, err) = c.kubectl(&["apply", "-f", "-"], Some(&docs.join("\n")));
     assert!(ok, "{err}");
     for (name, _, reason, says) in &cases {
         let waiting = skiff_testkit::eventually_blocking(&format!("{name} waiting"), T, || {
-            let (_, out, _) = kubectl(
-                &c,
-                &[
+            let (_, out, _) = c.kubectl(&[
                     "get",
                     "pod",
                     name,
@@ -147,19 +133,25 @@ async fn bad_images_wait_with_the_reason_and_write_nothing() {
             (ok && out.contains(says)).then_some(out)
         });
         assert!(!waiting.is_empty());
-        let (_, events, _) = kubectl(
-            &c,
-            &[
-                "get",
-                "events",
-                "--field-selector",
-                &format!("involvedObject.name={name},reason=Failed"),
-                "-o",
-                "jsonpath={.items[*].message}",
-            ],
-            None,
-        );
-        assert!(events.contains(says), "{name}: {events}");
+        // The event is published as the status is written; either may be seen first.
+        skiff_testkit::eventually_blocking(&format!("{name}: a Failed event"), T, || {
+            let (_, events, _) = c.kubectl(
+                &[
+                    "get",
+                    "events",
+                    "--field-selector",
+                    &format!("involvedObject.name={name},reason=Failed"),
+                    "-o",
+                    "jsonpath={.items[*].message}",
+                ],
+                None,
+            );
+            if events.contains(says) {
+                Ok(())
+            } else {
+                Err(format!("events: {events:?}"))
+            }
+        });
     }
     // Nothing outside the stores, nothing recorded, nothing half-written.
     assert!(!escape.exists(), "{} was written", escape.display());

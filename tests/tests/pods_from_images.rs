@@ -18,18 +18,6 @@ use skiff_tests::cluster::Cluster;
 
 const T: Duration = Duration::from_secs(60);
 
-fn kubectl(c: &Cluster, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
-    let out = match stdin {
-        Some(s) => c.server.kubectl_stdin(args, s),
-        None => c.server.kubectl(args),
-    };
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 fn overlay_mounts_under(dir: &std::path::Path) -> usize {
     skiff_runtime::mountinfo::read()
         .unwrap()
@@ -73,21 +61,19 @@ async fn pods_run_from_registry_images() {
     let pod = format!(
         "apiVersion: v1\nkind: Pod\nmetadata: {{name: img}}\nspec:\n  containers:\n  - name: app\n    image: {image}\n    env: [{{name: MODE, value: pod}}]\n"
     );
-    let (ok, _, err) = kubectl(&c, &["apply", "-f", "-"], Some(&pod));
+    let (ok, _, err) = c.kubectl(&["apply", "-f", "-"], Some(&pod));
     assert!(ok, "{err}");
-    let (ok, _, err) = kubectl(
-        &c,
+    let (ok, _, err) = c.kubectl(
         &["wait", "--for=condition=Ready", "pod/img", "--timeout=60s"],
         None,
     );
     assert!(ok, "{err}\n{}", c.logs());
     let logs = skiff_testkit::eventually_blocking("the container's output", T, || {
-        let (_, out, _) = kubectl(&c, &["logs", "img"], None);
+        let (_, out, _) = c.kubectl(&["logs", "img"], None);
         (out.contains("image-motd") && out.contains("no-node-files")).then_some(out)
     });
     assert!(logs.contains("from-image in /srv MODE=pod"), "{logs}");
-    let (_, events, _) = kubectl(
-        &c,
+    let (_, events, _) = c.kubectl(
         &[
             "get",
             "events",
@@ -105,8 +91,7 @@ async fn pods_run_from_registry_images() {
     // The node lists the image it pulled, by tag and by digest, with its size.
     let node = c.nodes[0].name.clone();
     let listed = skiff_testkit::eventually_blocking("the image in the node's status", T, || {
-        let (_, out, _) = kubectl(
-            &c,
+        let (_, out, _) = c.kubectl(
             &[
                 "get",
                 "node",
@@ -130,11 +115,10 @@ async fn pods_run_from_registry_images() {
     let crashy = format!(
         "apiVersion: v1\nkind: Pod\nmetadata: {{name: crashy}}\nspec:\n  containers:\n  - name: app\n    image: {image}\n    command: [/bin/busybox, sh, -c]\n    args: ['if [ -e /marker ]; then echo stale-layer; else echo fresh-layer; fi; touch /marker; sleep 1; exit 1']\n"
     );
-    let (ok, _, err) = kubectl(&c, &["apply", "-f", "-"], Some(&crashy));
+    let (ok, _, err) = c.kubectl(&["apply", "-f", "-"], Some(&crashy));
     assert!(ok, "{err}");
     skiff_testkit::eventually_blocking("a restart of the crashing container", T, || {
-        let (_, out, _) = kubectl(
-            &c,
+        let (_, out, _) = c.kubectl(
             &[
                 "get",
                 "pod",
@@ -146,7 +130,7 @@ async fn pods_run_from_registry_images() {
         );
         (out.trim().parse::<u32>().unwrap_or(0) >= 2).then_some(())
     });
-    let (_, logs, _) = kubectl(&c, &["logs", "crashy"], None);
+    let (_, logs, _) = c.kubectl(&["logs", "crashy"], None);
     assert!(
         logs.contains("fresh-layer") && !logs.contains("stale-layer"),
         "{logs}"
@@ -160,12 +144,10 @@ async fn pods_run_from_registry_images() {
     let missing = pod
         .replace("name: img", "name: nope")
         .replace(":v1", ":missing");
-    let (ok, _, err) = kubectl(&c, &["apply", "-f", "-"], Some(&missing));
+    let (ok, _, err) = c.kubectl(&["apply", "-f", "-"], Some(&missing));
     assert!(ok, "{err}");
     let waiting = skiff_testkit::eventually_blocking("the pull failure", T, || {
-        let (_, out, _) = kubectl(
-            &c,
-            &[
+        let (_, out, _) = c.kubectl(&[
                 "get",
                 "pod",
                 "nope",
@@ -179,8 +161,7 @@ async fn pods_run_from_registry_images() {
     assert!(waiting.contains("not found in the registry"), "{waiting}");
 
     // Deleting the pods unmounts their root filesystems.
-    let (ok, _, err) = kubectl(
-        &c,
+    let (ok, _, err) = c.kubectl(
         &["delete", "pod", "img", "nope", "crashy", "--grace-period=1"],
         None,
     );
@@ -219,9 +200,7 @@ async fn private_images_pull_with_the_nodes_credentials() {
         std::fs::write(&config_json, body.to_string()).unwrap();
     };
     let waiting = |c: &Cluster| {
-        let (_, out, _) = kubectl(
-            c,
-            &[
+        let (_, out, _) = c.kubectl(&[
                 "get",
                 "pod",
                 "private",
@@ -235,7 +214,7 @@ async fn private_images_pull_with_the_nodes_credentials() {
     let pod = format!(
         "apiVersion: v1\nkind: Pod\nmetadata: {{name: private}}\nspec:\n  containers:\n  - name: app\n    image: {image}\n"
     );
-    let (ok, _, err) = kubectl(&c, &["apply", "-f", "-"], Some(&pod));
+    let (ok, _, err) = c.kubectl(&["apply", "-f", "-"], Some(&pod));
     assert!(ok, "{err}");
     let anonymous = skiff_testkit::eventually_blocking("the anonymous pull refused", T, || {
         let out = waiting(&c);
@@ -254,17 +233,17 @@ async fn private_images_pull_with_the_nodes_credentials() {
     assert!(!wrong.contains("not-the-password"), "{wrong}");
     write_config(password);
     let logs = skiff_testkit::eventually_blocking("the private image running", T, || {
-        let (_, out, _) = kubectl(&c, &["logs", "private"], None);
+        let (_, out, _) = c.kubectl(&["logs", "private"], None);
         out.contains("private-image-ran").then_some(out)
     });
     assert!(logs.contains("private-image-ran"));
-    let (_, events, _) = kubectl(&c, &["get", "events", "-o", "json"], None);
+    let (_, events, _) = c.kubectl(&["get", "events", "-o", "json"], None);
     assert!(events.contains("Pulled"), "{events}");
     assert!(
         !events.contains(password) && !events.contains("not-the-password"),
         "a password in an event: {events}"
     );
-    let (_, pod_json, _) = kubectl(&c, &["get", "pod", "private", "-o", "json"], None);
+    let (_, pod_json, _) = c.kubectl(&["get", "pod", "private", "-o", "json"], None);
     assert!(!pod_json.contains(password), "{pod_json}");
 }
 
@@ -306,11 +285,10 @@ async fn unused_images_are_garbage_collected_used_ones_kept() {
         )
     };
     for (name, tag) in [("keeper", "keep"), ("dropper", "drop")] {
-        let (ok, _, err) = kubectl(&c, &["apply", "-f", "-"], Some(&pod(name, tag)));
+        let (ok, _, err) = c.kubectl(&["apply", "-f", "-"], Some(&pod(name, tag)));
         assert!(ok, "{err}");
     }
-    let (ok, _, err) = kubectl(
-        &c,
+    let (ok, _, err) = c.kubectl(
         &[
             "wait",
             "--for=condition=Ready",
@@ -327,13 +305,12 @@ async fn unused_images_are_garbage_collected_used_ones_kept() {
         listed.contains("demo/gc") && listed.contains("keep") && listed.contains("drop"),
         "{listed}"
     );
-    let (ok, _, err) = kubectl(&c, &["delete", "pod", "dropper"], None);
+    let (ok, _, err) = c.kubectl(&["delete", "pod", "dropper"], None);
     assert!(ok, "{err}");
     let store = c.nodes[0].state_dir.path().join("state/images/images.json");
     let node = c.nodes[0].name.clone();
     skiff_testkit::eventually_blocking("the unused image collected", T, || {
-        let (_, names, _) = kubectl(
-            &c,
+        let (_, names, _) = c.kubectl(
             &[
                 "get",
                 "node",
@@ -381,8 +358,7 @@ async fn private_images_pull_with_image_pull_secrets() {
         .await;
     let image = format!("{}/team/app:v1", registry.host());
     let c = Cluster::start(1).await;
-    let (ok, out, err) = kubectl(
-        &c,
+    let (ok, out, err) = c.kubectl(
         &[
             "create",
             "secret",
@@ -396,28 +372,30 @@ async fn private_images_pull_with_image_pull_secrets() {
     );
     assert!(ok, "{err}");
     assert!(out.contains("secret/regcred created"), "{out}");
-    let (_, table, _) = kubectl(&c, &["get", "secret", "regcred"], None);
+    let (_, table, _) = c.kubectl(&["get", "secret", "regcred"], None);
     assert!(
         table.contains("kubernetes.io/dockerconfigjson") && !table.contains(password),
         "{table}"
     );
+    // `Always`: a pod must not run the image another pod's credentials pulled onto the node
+    // (with IfNotPresent it would, in Kubernetes too).
     let pod = |name: &str, secret: &str| {
         json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
                "spec": {"imagePullSecrets": [{"name": secret}],
-                        "containers": [{"name": "app", "image": image}]}})
+                        "containers": [{"name": "app", "image": image,
+                                        "imagePullPolicy": "Always"}]}})
         .to_string()
     };
     let docs = [pod("with-secret", "regcred"), pod("missing-secret", "nope")].join("\n");
-    let (ok, _, err) = kubectl(&c, &["apply", "-f", "-"], Some(&docs));
+    let (ok, _, err) = c.kubectl(&["apply", "-f", "-"], Some(&docs));
     assert!(ok, "{err}");
     let logs = skiff_testkit::eventually_blocking("the pod pulled with the secret", T, || {
-        let (_, out, _) = kubectl(&c, &["logs", "with-secret"], None);
+        let (_, out, _) = c.kubectl(&["logs", "with-secret"], None);
         out.contains("pulled-with-secret").then_some(out)
     });
     assert!(logs.contains("pulled-with-secret"));
     let warning = skiff_testkit::eventually_blocking("the missing secret reported", T, || {
-        let (_, out, _) = kubectl(
-            &c,
+        let (_, out, _) = c.kubectl(
             &[
                 "get",
                 "events",
@@ -435,8 +413,7 @@ async fn private_images_pull_with_image_pull_secrets() {
         "{warning}"
     );
     skiff_testkit::eventually_blocking("the registry's refusal", T, || {
-        let (_, out, _) = kubectl(
-            &c,
+        let (_, out, _) = c.kubectl(
             &[
                 "get",
                 "pod",
@@ -448,8 +425,8 @@ async fn private_images_pull_with_image_pull_secrets() {
         );
         out.contains("refused the credentials").then_some(())
     });
-    let (_, events, _) = kubectl(&c, &["get", "events", "-o", "json"], None);
-    let (_, pods, _) = kubectl(&c, &["get", "pods", "-o", "json"], None);
+    let (_, events, _) = c.kubectl(&["get", "events", "-o", "json"], None);
+    let (_, pods, _) = c.kubectl(&["get", "pods", "-o", "json"], None);
     let agent = c.nodes[0].agent_log();
     for (what, text) in [("events", &events), ("pods", &pods), ("agent log", &agent)] {
         assert!(!text.contains(password), "the password in the {what}");

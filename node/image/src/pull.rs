@@ -122,12 +122,7 @@ impl Puller {
         name: &str,
         auths: &crate::auth::RegistryAuths,
     ) -> Result<Image, PullError> {
-        let reference: Reference =
-            name.parse()
-                .map_err(|e: oci_client::ParseError| PullError::InvalidName {
-                    name: name.to_string(),
-                    reason: e.to_string(),
-                })?;
+        let reference = parse_reference(name)?;
         self.pull(name, auths.for_registry(reference.registry()))
             .await
     }
@@ -139,12 +134,7 @@ impl Puller {
         name: &str,
         credentials: Option<&Credentials>,
     ) -> Result<Image, PullError> {
-        let reference: Reference =
-            name.parse()
-                .map_err(|e: oci_client::ParseError| PullError::InvalidName {
-                    name: name.to_string(),
-                    reason: e.to_string(),
-                })?;
+        let reference = parse_reference(name)?;
         let lock = {
             let mut map = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
             map.entry(reference.whole())
@@ -326,6 +316,15 @@ fn stream_error(e: std::io::Error, expected: &Digest, image: &str) -> PullError 
             reason: format!("reading blob {expected}: {e}"),
         },
     }
+}
+
+/// An image reference, or InvalidImageName.
+fn parse_reference(name: &str) -> Result<Reference, PullError> {
+    name.parse()
+        .map_err(|e: oci_client::ParseError| PullError::InvalidName {
+            name: name.to_string(),
+            reason: e.to_string(),
+        })
 }
 
 /// Whether a registry (`host[:port]`) is on this machine's loopback.

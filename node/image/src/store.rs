@@ -243,7 +243,16 @@ impl LayerStore {
                 digest: digest.clone(),
                 source,
             })
-            .and_then(|()| fs::rename(&tmp, &final_path).map_err(io_at(&final_path)));
+            .and_then(|()| match fs::rename(&tmp, &final_path) {
+                Ok(()) => Ok(()),
+                // Another pull unpacked the same layer meanwhile (images share layers): its
+                // directory is the same content, verified the same way; ours goes.
+                Err(_) if final_path.is_dir() => {
+                    let _ = fs::remove_dir_all(&tmp);
+                    Ok(())
+                }
+                Err(e) => Err(io_at(&final_path)(e)),
+            });
         if result.is_err() {
             let _ = fs::remove_dir_all(&tmp);
         }
@@ -254,6 +263,46 @@ impl LayerStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn concurrent_unpacks_of_one_layer_all_succeed() {
+        use std::io::Write as _;
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = BlobStore::open(dir.path()).unwrap();
+        let layers = LayerStore::open(dir.path()).unwrap();
+        let mut b = tar::Builder::new(Vec::new());
+        for i in 0..200 {
+            let data = vec![b'x'; 4096];
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_mtime(0);
+            b.append_data(&mut h, format!("f{i}"), &data[..]).unwrap();
+        }
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&b.into_inner().unwrap()).unwrap();
+        let blob = gz.finish().unwrap();
+        let d = Digest::of(&blob);
+        blobs.put(&d, &mut &blob[..], blob.len() as u64).unwrap();
+        let results: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..6)
+                .map(|_| s.spawn(|| layers.unpack(&blobs, &d, Compression::Gzip, None)))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for r in &results {
+            assert_eq!(r.as_ref().unwrap(), &layers.path(&d));
+        }
+        assert_eq!(fs::read_dir(layers.path(&d)).unwrap().count(), 200);
+        let left: Vec<_> = fs::read_dir(dir.path().join("layers/sha256"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n.to_string_lossy().starts_with('.'))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
 
     #[test]
     fn a_blob_is_stored_only_when_its_digest_matches() {
