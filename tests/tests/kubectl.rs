@@ -485,6 +485,23 @@ async fn kubectl_errors_are_kubernetes_errors() {
         "Error from server (NotFound): deployments.apps \"web\" not found\n"
     );
 
+    // A `kind: List` manifest (kubectl fetches /openapi/v2 for it, then sends its items each
+    // with strict field validation): created; an unknown field in an item is still named.
+    let list = r#"{"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "listed"}},
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s", "namespace": "listed"},
+         "stringData": {"k": "v"}}]}"#;
+    assert_eq!(
+        ok_stdin(&s, &["apply", "-f", "-"], list),
+        "namespace/listed created\nsecret/s created\n"
+    );
+    let bad_list = list.replace(
+        "\"name\": \"listed\"}}",
+        "\"name\": \"listed2\"}, \"spek\": {}}",
+    );
+    let err = fails(&s, &["apply", "-f", "-"], Some(&bad_list));
+    assert!(err.contains("unknown field \"spek\""), "{err}");
+
     // Invalid objects: 422 with the field path.
     let invalid = web(1).replace("  replicas: 1\n", "  replicas: -1\n");
     let err = fails(&s, &["create", "-f", "-"], Some(&invalid));

@@ -329,8 +329,16 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
                 None => not_found(),
             }
         }
-        // kubectl reads v3; v2 is only its fallback (and would need protobuf).
-        Target::NotFound | Target::OpenApiV2 => not_found(),
+        Target::OpenApiV2 if get => {
+            let accept = parts
+                .headers
+                .get(header::ACCEPT)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            let (body, content_type) = openapi::v2_document(accept.contains("protobuf"));
+            (StatusCode::OK, [(header::CONTENT_TYPE, content_type)], body).into_response()
+        }
+        Target::NotFound => not_found(),
         _ => plain_failure(
             405,
             "MethodNotAllowed",

@@ -436,6 +436,49 @@ pub fn document(infos: &[&'static KindInfo], group: &str, version: &str) -> Opti
     }))
 }
 
+/// The content type kube-apiserver answers an OpenAPI v2 document in gnostic's protobuf form
+/// with (clients ask for `…spec.v2@v1.0+protobuf`; `@` is not valid in a served media type).
+pub const V2_PROTOBUF: &str = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
+
+/// `GET /openapi/v2`: a document with no definitions, in protobuf (gnostic's
+/// `openapi.v2.Document`: swagger = 1, info = 2 {title = 1, version = 2}, paths = 8,
+/// definitions = 9) or JSON. kubectl reads schemas from v3 (which has every kind) and fetches
+/// v2 only for what v3 does not describe, such as a `kind: List` manifest, whose items it then
+/// validates each by itself; without a v2 document it refuses the whole file. An empty one
+/// tells it there is no v2 schema to check against. No crate has gnostic's messages, and four
+/// fields do not warrant one: they are written with prost's primitives.
+pub fn v2_document(protobuf: bool) -> (Vec<u8>, &'static str) {
+    use prost::encoding::{WireType, encode_key, encode_varint};
+    let version = format!(
+        "v{}.{}.0",
+        crate::rest::KUBERNETES_MAJOR,
+        crate::rest::KUBERNETES_MINOR
+    );
+    if !protobuf {
+        let doc = json!({
+            "swagger": "2.0",
+            "info": {"title": "Kubernetes", "version": version},
+            "paths": {},
+            "definitions": {},
+        });
+        return (doc.to_string().into_bytes(), "application/json");
+    }
+    fn bytes_field(out: &mut Vec<u8>, tag: u32, value: &[u8]) {
+        encode_key(tag, WireType::LengthDelimited, out);
+        encode_varint(value.len() as u64, out);
+        out.extend_from_slice(value);
+    }
+    let mut info = Vec::new();
+    bytes_field(&mut info, 1, b"Kubernetes");
+    bytes_field(&mut info, 2, version.as_bytes());
+    let mut doc = Vec::new();
+    bytes_field(&mut doc, 1, b"2.0");
+    bytes_field(&mut doc, 2, &info);
+    bytes_field(&mut doc, 8, &[]);
+    bytes_field(&mut doc, 9, &[]);
+    (doc, V2_PROTOBUF)
+}
+
 /// `GET /openapi/v3`: where each group-version's document is.
 pub fn index(infos: &[&'static KindInfo]) -> Value {
     let mut paths = Map::new();
