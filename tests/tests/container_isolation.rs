@@ -125,8 +125,19 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
              {"name": "maybe", "secret": {"secretName": "absent", "optional": true}}],
           "containers": [{"name": "app", "image": image,
              "args": ["sleep 3600"],
+             "envFrom": [{"prefix": "CREDS_", "secretRef": {"name": "creds"}}],
+             "env": [
+                 {"name": "USER_NAME", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "user"}}},
+                 {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                 {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                 {"name": "MEM_MI", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}},
+                 {"name": "MAYBE", "valueFrom": {"secretKeyRef": {"name": "absent", "key": "k", "optional": true}}}],
+             "resources": {"limits": {"memory": "64Mi"}},
              "volumeMounts": [{"name": "creds", "mountPath": "/creds", "readOnly": true},
                               {"name": "maybe", "mountPath": "/maybe"}]}]}},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "badenv"},
+         "spec": {"containers": [{"name": "app", "image": image, "args": ["sleep 3600"],
+             "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "nokey"}}}]}]}},
         {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "nosecret"},
          "spec": {"volumes": [{"name": "creds", "secret": {"secretName": "nope"}}],
           "containers": [{"name": "app", "image": image, "args": ["sleep 3600"],
@@ -312,6 +323,34 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
         out, "admin\nt0p-s3cret\nnested\nuser\n400\ntmpfs\n0\n",
         "{out}"
     );
+    // Environment from the Secret, the pod's fields and its resources.
+    let (ok, env, err) = c.kubectl(&["exec", "secrets", "--", "/bin/busybox", "env"], None);
+    assert!(ok, "{err}");
+    let vars: Vec<&str> = env.lines().collect();
+    for want in [
+        "CREDS_user=admin",
+        "CREDS_pass=t0p-s3cret",
+        "USER_NAME=admin",
+        "POD_NAME=secrets",
+        "MEM_MI=64",
+    ] {
+        assert!(vars.contains(&want), "{want} in {env}");
+    }
+    assert!(vars.iter().any(|v| v.starts_with("POD_IP=10.")), "{env}");
+    assert!(!vars.iter().any(|v| v.starts_with("MAYBE=")), "{env}");
+    let waiting = skiff_testkit::eventually_blocking("the missing key refused", T, || {
+        let (_, out, _) = c.kubectl(
+            &["get", "pod", "badenv", "-o",
+              "jsonpath={.status.containerStatuses[0].state.waiting.reason}|{.status.containerStatuses[0].state.waiting.message}"],
+            None,
+        );
+        out.starts_with("CreateContainerConfigError|")
+            .then_some(out)
+    });
+    assert_eq!(
+        waiting,
+        "CreateContainerConfigError|couldn't find key nokey in Secret default/creds"
+    );
     let changed = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds"},
         "stringData": {"user": "root2", "pass": "t0p-s3cret", "unused": "x"}});
     let (ok, _, err) = c.kubectl(&["apply", "-f", "-"], Some(&changed.to_string()));
@@ -417,6 +456,7 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
             "sharing",
             "secrets",
             "nosecret",
+            "badenv",
             "nonroot",
             "badhost",
             "--grace-period=1",

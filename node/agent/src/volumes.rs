@@ -455,7 +455,7 @@ fn downward_value(pod: &Pod, item: &DownwardApiVolumeFile) -> Result<String, Str
 
 /// `limits.cpu` and friends of a container, divided by the divisor and rounded up; a limit
 /// that is not set is the node's capacity, as in Kubernetes.
-fn resource_value(
+pub(crate) fn resource_value(
     pod: &Pod,
     container: &str,
     resource: &str,

@@ -133,6 +133,7 @@ fn container_spec(
     pod: &Pod,
     c: &Container,
     vols: Option<&PodVolumes>,
+    env: Vec<(String, String)>,
 ) -> Result<ContainerSpec, String> {
     let field = format!("containers[{}]", c.name);
     let image = Image::parse(&c.image).map_err(|e| format!("{field}.image: {e}"))?;
@@ -150,11 +151,6 @@ fn container_spec(
             "{field}.command: required (images have no default command in Skiff)"
         ));
     }
-    let env: Vec<(String, String)> = c
-        .env
-        .iter()
-        .map(|e| (e.name.clone(), e.value.clone()))
-        .collect();
     let working_dir = (!c.working_dir.is_empty()).then(|| c.working_dir.clone().into());
     let mut spec = ContainerSpec {
         name: c.name.clone(),
@@ -463,7 +459,11 @@ impl Worker {
         let spec = if from_registry(c) {
             None
         } else {
-            match container_spec(&self.pod, c, self.volumes.as_ref()) {
+            let spec = match self.env_of(c).await {
+                Ok(env) => container_spec(&self.pod, c, self.volumes.as_ref(), env),
+                Err(m) => Err(m),
+            };
+            match spec {
                 Ok(s) => Some(s),
                 Err(msg) => {
                     self.tracks.entry(c.name.clone()).or_default().waiting =
@@ -634,6 +634,10 @@ impl Worker {
             .map_err(|e| ("ErrImagePull", format!("the node's image store: {e}")))?;
         let policy = PullPolicy::of(&c.image_pull_policy, &c.image)
             .map_err(|m| ("CreateContainerConfigError", format!("{field}.{m}")))?;
+        let env = self
+            .env_of(c)
+            .await
+            .map_err(|m| ("CreateContainerConfigError", m))?;
         // Garbage collection waits until the image is pulled and mounted.
         let _using = images.using().await;
         let present = images.present(&c.image).map_err(|m| ("ErrImagePull", m))?;
@@ -663,11 +667,6 @@ impl Worker {
             .map_err(|m| ("CreateContainerError", m))?;
         self.tracks.entry(c.name.clone()).or_default().image_id =
             format!("{}@{}", repository_of(&c.image), image.manifest);
-        let env: Vec<(String, String)> = c
-            .env
-            .iter()
-            .map(|e| (e.name.clone(), e.value.clone()))
-            .collect();
         let p = process(
             &image.config,
             &ContainerProcess {
@@ -705,6 +704,119 @@ impl Worker {
         )
         .map_err(|m| ("CreateContainerConfigError", m))?;
         Ok(spec)
+    }
+
+    /// A Secret of the pod's namespace; `None` when it does not exist.
+    async fn secret(&self, name: &str) -> Result<Option<Secret>, String> {
+        match self
+            .ctx
+            .client
+            .namespaced::<Secret>(self.pod.namespace())
+            .get(name)
+            .await
+        {
+            Ok(s) => Ok(Some(s)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(format!("reading secret \"{name}\": {e}")),
+        }
+    }
+
+    /// A container's environment as Kubernetes builds it: every key of its `envFrom`
+    /// Secrets (with their prefix), then its `env` (values, the pod's fields, resources,
+    /// Secret keys), a later name replacing an earlier one. `Err` is the
+    /// CreateContainerConfigError message (never a value).
+    async fn env_of(&self, c: &Container) -> Result<Vec<(String, String)>, String> {
+        let mut env: Vec<(String, String)> = Vec::new();
+        let set = |env: &mut Vec<(String, String)>, k: String, v: String| match env
+            .iter_mut()
+            .find(|(n, _)| *n == k)
+        {
+            Some(slot) => slot.1 = v,
+            None => env.push((k, v)),
+        };
+        for f in &c.env_from {
+            let Some(r) = &f.secret_ref else { continue };
+            match self.secret(&r.name).await? {
+                Some(secret) => {
+                    for (k, v) in &secret.data {
+                        set(
+                            &mut env,
+                            format!("{}{k}", f.prefix),
+                            String::from_utf8_lossy(v).into_owned(),
+                        );
+                    }
+                }
+                None if r.optional == Some(true) => {}
+                None => return Err(format!("secret \"{}\" not found", r.name)),
+            }
+        }
+        for e in &c.env {
+            let Some(from) = &e.value_from else {
+                set(&mut env, e.name.clone(), e.value.clone());
+                continue;
+            };
+            let value = if let Some(f) = &from.field_ref {
+                self.field_value(&f.field_path)?
+            } else if let Some(r) = &from.resource_field_ref {
+                let container = if r.container_name.is_empty() {
+                    c.name.as_str()
+                } else {
+                    r.container_name.as_str()
+                };
+                volumes::resource_value(&self.pod, container, &r.resource, r.divisor.as_deref())?
+            } else if let Some(k) = &from.secret_key_ref {
+                let optional = k.optional == Some(true);
+                match self.secret(&k.name).await? {
+                    Some(secret) => match secret.data.get(&k.key) {
+                        Some(v) => String::from_utf8_lossy(v).into_owned(),
+                        None if optional => continue,
+                        None => {
+                            return Err(format!(
+                                "couldn't find key {} in Secret {}/{}",
+                                k.key,
+                                self.pod.namespace(),
+                                k.name
+                            ));
+                        }
+                    },
+                    None if optional => continue,
+                    None => return Err(format!("secret \"{}\" not found", k.name)),
+                }
+            } else {
+                continue;
+            };
+            set(&mut env, e.name.clone(), value);
+        }
+        Ok(env)
+    }
+
+    /// A field of the pod for `valueFrom.fieldRef`.
+    fn field_value(&self, path: &str) -> Result<String, String> {
+        let meta = self.pod.metadata.clone().unwrap_or_default();
+        let spec = self.pod.spec.clone().unwrap_or_default();
+        let keyed = |prefix: &str| {
+            path.strip_prefix(prefix)
+                .and_then(|r| r.strip_suffix("']"))
+                .map(str::to_string)
+        };
+        Ok(match path {
+            "metadata.name" => meta.name,
+            "metadata.namespace" => meta.namespace,
+            "metadata.uid" => meta.uid,
+            "spec.nodeName" => spec.node_name,
+            "spec.serviceAccountName" => spec.service_account_name,
+            "status.podIP" => self.pod_ip.map(|i| i.to_string()).unwrap_or_default(),
+            "status.hostIP" => self.ctx.host_ip.clone().unwrap_or_default(),
+            _ => {
+                if let Some(k) = keyed("metadata.labels['") {
+                    meta.labels.get(&k).cloned().unwrap_or_default()
+                } else if let Some(k) = keyed("metadata.annotations['") {
+                    meta.annotations.get(&k).cloned().unwrap_or_default()
+                } else {
+                    return Err(format!("fieldRef {path:?} is not supported"));
+                }
+            }
+        })
     }
 
     /// The Secrets the pod's secret volumes name, from the API (`None`: not found).
@@ -1125,7 +1237,7 @@ mod tests {
             image: "host".into(),
             ..Default::default()
         };
-        let e = container_spec(&Pod::default(), &c, None).unwrap_err();
+        let e = container_spec(&Pod::default(), &c, None, Vec::new()).unwrap_err();
         assert!(e.starts_with("containers[web].command: required"), "{e}");
         let c = Container {
             name: "web".into(),
@@ -1133,7 +1245,7 @@ mod tests {
             command: vec!["sh".into()],
             ..Default::default()
         };
-        let e = container_spec(&Pod::default(), &c, None).unwrap_err();
+        let e = container_spec(&Pod::default(), &c, None, Vec::new()).unwrap_err();
         assert!(
             e.contains("containers[web].image: root directory /no/such/rootfs does not exist"),
             "{e}"
@@ -1145,7 +1257,7 @@ mod tests {
             ..Default::default()
         };
         assert!(
-            container_spec(&Pod::default(), &c, None)
+            container_spec(&Pod::default(), &c, None, Vec::new())
                 .unwrap_err()
                 .starts_with("containers[web].image")
         );

@@ -50,6 +50,7 @@ pub fn template(pairs: &[(&str, &str)], version: &str) -> Option<PodTemplateSpec
                 env: vec![EnvVar {
                     name: "VERSION".into(),
                     value: version.into(),
+                    ..Default::default()
                 }],
                 ..Default::default()
             }],

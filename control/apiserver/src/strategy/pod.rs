@@ -158,6 +158,17 @@ fn validate_container(out: &mut Vec<FieldError>, path: &str, c: &Container) {
         if e.name.is_empty() {
             out.push(FieldError::required(format!("{path}.env[{i}].name"), ""));
         }
+        super::pod_volumes::validate_env_source(out, &format!("{path}.env[{i}]"), e);
+    }
+    for (i, f) in c.env_from.iter().enumerate() {
+        let fp = format!("{path}.envFrom[{i}]");
+        match &f.secret_ref {
+            Some(r) if r.name.is_empty() => {
+                out.push(FieldError::required(format!("{fp}.secretRef.name"), ""))
+            }
+            Some(_) => {}
+            None => out.push(FieldError::required(fp, "must specify one of: `secretRef`")),
+        }
     }
     for (field, probe) in [
         ("livenessProbe", &c.liveness_probe),

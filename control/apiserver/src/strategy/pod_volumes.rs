@@ -248,6 +248,79 @@ fn check_volume(out: &mut Vec<FieldError>, path: &str, vol: &Volume) {
     }
 }
 
+/// The fields an environment variable can take from the pod (`valueFrom.fieldRef`).
+const ENV_FIELDS: &[&str] = &[
+    "metadata.name",
+    "metadata.namespace",
+    "metadata.uid",
+    "spec.nodeName",
+    "spec.serviceAccountName",
+    "status.hostIP",
+    "status.podIP",
+];
+
+/// `env[i].valueFrom`.
+pub(crate) fn validate_env_source(
+    out: &mut Vec<FieldError>,
+    path: &str,
+    e: &skiff_api::api::EnvVar,
+) {
+    let Some(from) = &e.value_from else { return };
+    if !e.value.is_empty() {
+        out.push(FieldError::invalid(
+            format!("{path}.valueFrom"),
+            "",
+            "may not be specified when `value` is not empty",
+        ));
+    }
+    let sources = usize::from(from.field_ref.is_some())
+        + usize::from(from.resource_field_ref.is_some())
+        + usize::from(from.secret_key_ref.is_some());
+    if sources != 1 {
+        out.push(FieldError::invalid(
+            format!("{path}.valueFrom"),
+            "",
+            "must specify one of: `fieldRef`, `resourceFieldRef` or `secretKeyRef`",
+        ));
+    }
+    if let Some(f) = &from.field_ref {
+        let fp = f.field_path.as_str();
+        let keyed = ["metadata.labels['", "metadata.annotations['"]
+            .iter()
+            .any(|p| fp.starts_with(p) && fp.ends_with("']") && fp.len() > p.len() + 2);
+        if !ENV_FIELDS.contains(&fp) && !keyed {
+            out.push(FieldError::not_supported(
+                format!("{path}.valueFrom.fieldRef.fieldPath"),
+                fp,
+                ENV_FIELDS,
+            ));
+        }
+    }
+    if let Some(r) = &from.resource_field_ref
+        && !DOWNWARD_RESOURCES.contains(&r.resource.as_str())
+    {
+        out.push(FieldError::not_supported(
+            format!("{path}.valueFrom.resourceFieldRef.resource"),
+            &r.resource,
+            DOWNWARD_RESOURCES,
+        ));
+    }
+    if let Some(k) = &from.secret_key_ref {
+        if k.name.is_empty() {
+            out.push(FieldError::required(
+                format!("{path}.valueFrom.secretKeyRef.name"),
+                "",
+            ));
+        }
+        if k.key.is_empty() {
+            out.push(FieldError::required(
+                format!("{path}.valueFrom.secretKeyRef.key"),
+                "",
+            ));
+        }
+    }
+}
+
 /// `spec.volumes`; returns the volume names.
 pub(crate) fn validate_volumes<'a>(
     out: &mut Vec<FieldError>,
@@ -496,5 +569,36 @@ mod tests {
             assert!(m.iter().any(|x| x == want), "{want} not in {m:#?}");
         }
         assert_eq!(out[0].cause_reason(), "FieldValueNotFound");
+    }
+
+    #[test]
+    fn env_sources_are_checked() {
+        use skiff_api::api::{EnvVar, EnvVarSource, SecretKeySelector};
+        let e = EnvVar {
+            name: "X".into(),
+            value: "v".into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "spec.containers".into(),
+                    ..Default::default()
+                }),
+                secret_key_ref: Some(SecretKeySelector::default()),
+                ..Default::default()
+            }),
+        };
+        let mut out = Vec::new();
+        validate_env_source(&mut out, "spec.containers[0].env[0]", &e);
+        let m = messages(&out);
+        for want in [
+            "spec.containers[0].env[0].valueFrom: Invalid value: \"\": may not be specified when `value` is not empty",
+            "spec.containers[0].env[0].valueFrom: Invalid value: \"\": must specify one of: `fieldRef`, `resourceFieldRef` or `secretKeyRef`",
+            "spec.containers[0].env[0].valueFrom.secretKeyRef.name: Required value",
+            "spec.containers[0].env[0].valueFrom.secretKeyRef.key: Required value",
+        ] {
+            assert!(m.iter().any(|x| x == want), "{want} not in {m:#?}");
+        }
+        assert!(m.iter().any(|x| x.starts_with(
+            "spec.containers[0].env[0].valueFrom.fieldRef.fieldPath: Unsupported value: \"spec.containers\""
+        )), "{m:#?}");
     }
 }
