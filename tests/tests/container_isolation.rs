@@ -8,7 +8,8 @@
 //!   sets no_new_privs and RuntimeDefault installs a seccomp filter; `kubectl exec` runs
 //!   with the same identity;
 //! * dropped and added capabilities show in /proc/self/status;
-//! * `shareProcessNamespace`: a container sees its pod's other containers' processes;
+//! * `shareProcessNamespace`: a container sees its pod's other containers' processes, and
+//!   an emptyDir mounted by two containers is one directory;
 //! * emptyDir (disk and Memory), hostPath (read-only), downwardAPI, secret (on tmpfs, items,
 //!   modes, optional, updates) and subPath volumes, and the generated /etc/hosts and
 //!   /etc/hostname;
@@ -113,9 +114,13 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
                       echo report-done; exec sleep 3600"],
             "securityContext": {"capabilities": {"drop": ["NET_RAW"], "add": ["NET_ADMIN"]}}}]}},
         {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sharing"},
-         "spec": {"shareProcessNamespace": true, "containers": [
-            {"name": "a", "image": image, "args": ["exec sleep 4242"]},
-            {"name": "b", "image": image, "args": ["exec sleep 4343"]}]}},
+         "spec": {"shareProcessNamespace": true,
+                  "volumes": [{"name": "shared", "emptyDir": {}}],
+                  "containers": [
+            {"name": "a", "image": image, "args": ["echo from-a > /shared/x; exec sleep 4242"],
+             "volumeMounts": [{"name": "shared", "mountPath": "/shared"}]},
+            {"name": "b", "image": image, "args": ["exec sleep 4343"],
+             "volumeMounts": [{"name": "shared", "mountPath": "/data"}]}]}},
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds"},
          "stringData": {"user": "admin", "pass": "t0p-s3cret", "unused": "x"}},
         {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "secrets"},
@@ -285,6 +290,27 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
         seen.contains("--pause"),
         "PID 1 is the pod's holder: {seen}"
     );
+    // An emptyDir is shared by the pod's containers.
+    skiff_testkit::eventually_blocking("a's file seen by b", T, || {
+        let (_, shared, err) = c.kubectl(
+            &[
+                "exec",
+                "sharing",
+                "-c",
+                "b",
+                "--",
+                "/bin/busybox",
+                "cat",
+                "/data/x",
+            ],
+            None,
+        );
+        if shared == "from-a\n" {
+            Ok(())
+        } else {
+            Err(format!("{shared:?} {err}"))
+        }
+    });
 
     // Secret volumes: the chosen keys as files with their mode, on a tmpfs; an optional
     // missing Secret is an empty volume; a change of the Secret reaches the file.
