@@ -21,7 +21,8 @@ pub const SERVICE_LB_CONDITION: &str = "ServiceLoadBalancerReady";
 /// Namespace of node leases, as in Kubernetes.
 pub use skiff_client::node_lease::NAMESPACE as LEASE_NAMESPACE;
 
-fn meminfo_total_kib() -> Option<u64> {
+/// The node's memory in KiB (`MemTotal`).
+pub(crate) fn meminfo_total_kib() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     text.lines()
         .find_map(|l| l.strip_prefix("MemTotal:"))
@@ -35,11 +36,16 @@ fn kernel_version() -> String {
         .unwrap_or_default()
 }
 
+/// The node's CPUs.
+pub(crate) fn cpus() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
 /// The Node's capacity: CPUs, memory and the pod limit.
 pub fn capacity(max_pods: u32) -> BTreeMap<String, String> {
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+    let cpus = cpus();
     let mut c = BTreeMap::new();
     c.insert("cpu".into(), cpus.to_string());
     if let Some(kib) = meminfo_total_kib() {

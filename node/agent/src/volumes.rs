@@ -274,21 +274,14 @@ fn volume(
     };
     if let Some(e) = &v.empty_dir {
         fs::create_dir_all(&path).map_err(io("creating"))?;
-        if e.medium == "Memory" && !is_mountpoint(&path) {
+        if e.medium == "Memory" {
             let mut opts = "mode=0777".to_string();
             if let Some(limit) = e.size_limit.as_deref().filter(|l| !l.is_empty()) {
                 let bytes =
                     quantity::parse_value(limit).map_err(|e| format!("emptyDir.sizeLimit: {e}"))?;
                 let _ = write!(opts, ",size={bytes}");
             }
-            nix::mount::mount(
-                Some("tmpfs"),
-                &path,
-                Some("tmpfs"),
-                nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
-                Some(opts.as_str()),
-            )
-            .map_err(|e| format!("mounting tmpfs on {}: {e}", path.display()))?;
+            tmpfs(&path, &opts)?;
         }
         // Kubernetes' emptyDir is world-writable; with an fsGroup it belongs to the group,
         // and files made in it inherit the group (setgid).
@@ -409,7 +402,6 @@ fn go_quote(s: &str) -> String {
 
 /// The content of a downwardAPI file.
 fn downward_value(pod: &Pod, item: &DownwardApiVolumeFile) -> Result<String, String> {
-    let meta = pod.metadata.clone().unwrap_or_default();
     if let Some(f) = &item.field_ref {
         let map = |m: &BTreeMap<String, String>| {
             m.iter()
@@ -418,31 +410,14 @@ fn downward_value(pod: &Pod, item: &DownwardApiVolumeFile) -> Result<String, Str
                 .trim_end_matches('\n')
                 .to_string()
         };
-        let key = |prefix: &str| {
-            f.field_path
-                .strip_prefix(prefix)
-                .and_then(|r| r.strip_suffix("']"))
-                .map(str::to_string)
+        let meta = pod.metadata.clone().unwrap_or_default();
+        return match f.field_path.as_str() {
+            "metadata.labels" => Ok(map(&meta.labels)),
+            "metadata.annotations" => Ok(map(&meta.annotations)),
+            p if p.starts_with("metadata.") => pod_field(pod, p, None, None)
+                .ok_or_else(|| format!("downwardAPI fieldRef {p:?} is not supported")),
+            p => Err(format!("downwardAPI fieldRef {p:?} is not supported")),
         };
-        return Ok(match f.field_path.as_str() {
-            "metadata.name" => meta.name,
-            "metadata.namespace" => meta.namespace,
-            "metadata.uid" => meta.uid,
-            "metadata.labels" => map(&meta.labels),
-            "metadata.annotations" => map(&meta.annotations),
-            _ => {
-                if let Some(k) = key("metadata.labels['") {
-                    meta.labels.get(&k).cloned().unwrap_or_default()
-                } else if let Some(k) = key("metadata.annotations['") {
-                    meta.annotations.get(&k).cloned().unwrap_or_default()
-                } else {
-                    return Err(format!(
-                        "downwardAPI fieldRef {:?} is not supported",
-                        f.field_path
-                    ));
-                }
-            }
-        });
     }
     if let Some(r) = &item.resource_field_ref {
         return resource_value(pod, &r.container_name, &r.resource, r.divisor.as_deref());
@@ -451,6 +426,42 @@ fn downward_value(pod: &Pod, item: &DownwardApiVolumeFile) -> Result<String, Str
         "downwardAPI item {:?} has neither fieldRef nor resourceFieldRef",
         item.path
     ))
+}
+
+/// A field of the pod as `fieldRef` names it (`metadata.name`, `metadata.labels['k']`,
+/// `spec.nodeName`, `status.podIP`, ...): for environment variables and downwardAPI files.
+/// `None` for a path that is not one of these.
+pub(crate) fn pod_field(
+    pod: &Pod,
+    path: &str,
+    pod_ip: Option<IpAddr>,
+    host_ip: Option<&str>,
+) -> Option<String> {
+    let meta = pod.metadata.clone().unwrap_or_default();
+    let spec = pod.spec.clone().unwrap_or_default();
+    let keyed = |prefix: &str| {
+        path.strip_prefix(prefix)
+            .and_then(|r| r.strip_suffix("']"))
+            .map(str::to_string)
+    };
+    Some(match path {
+        "metadata.name" => meta.name,
+        "metadata.namespace" => meta.namespace,
+        "metadata.uid" => meta.uid,
+        "spec.nodeName" => spec.node_name,
+        "spec.serviceAccountName" => spec.service_account_name,
+        "status.podIP" => pod_ip.map(|i| i.to_string()).unwrap_or_default(),
+        "status.hostIP" => host_ip.unwrap_or_default().to_string(),
+        _ => {
+            if let Some(k) = keyed("metadata.labels['") {
+                meta.labels.get(&k).cloned().unwrap_or_default()
+            } else if let Some(k) = keyed("metadata.annotations['") {
+                meta.annotations.get(&k).cloned().unwrap_or_default()
+            } else {
+                return None;
+            }
+        }
+    })
 }
 
 /// `limits.cpu` and friends of a container, divided by the divisor and rounded up; a limit
@@ -486,7 +497,7 @@ pub(crate) fn resource_value(
         "cpu" => {
             let milli = match table.get("cpu") {
                 Some(q) => quantity::parse_milli(q).map_err(bad)?,
-                None => node_cpus() * 1000,
+                None => super::node::cpus() as i64 * 1000,
             };
             let div = quantity::parse_milli(divisor.filter(|d| !d.is_empty()).unwrap_or("1"))
                 .map_err(bad)?
@@ -496,7 +507,9 @@ pub(crate) fn resource_value(
         "memory" | "ephemeral-storage" => {
             let bytes = match table.get(name) {
                 Some(q) => quantity::parse_value(q).map_err(bad)?,
-                None if name == "memory" => node_memory(),
+                None if name == "memory" => {
+                    super::node::meminfo_total_kib().map_or(0, |k| k as i64 * 1024)
+                }
                 None => 0,
             };
             let div = quantity::parse_value(divisor.filter(|d| !d.is_empty()).unwrap_or("1"))
@@ -508,24 +521,6 @@ pub(crate) fn resource_value(
             "resourceFieldRef: unsupported resource {resource:?}"
         )),
     }
-}
-
-fn node_cpus() -> i64 {
-    std::thread::available_parallelism()
-        .map(|n| n.get() as i64)
-        .unwrap_or(1)
-}
-
-fn node_memory() -> i64 {
-    fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find_map(|l| l.strip_prefix("MemTotal:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<i64>().ok())
-        })
-        .map(|kb| kb * 1024)
-        .unwrap_or(0)
 }
 
 /// Writes `data` to `path` atomically (a temporary file renamed over it) unless it already

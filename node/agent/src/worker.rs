@@ -756,7 +756,13 @@ impl Worker {
                 continue;
             };
             let value = if let Some(f) = &from.field_ref {
-                self.field_value(&f.field_path)?
+                volumes::pod_field(
+                    &self.pod,
+                    &f.field_path,
+                    self.pod_ip,
+                    self.ctx.host_ip.as_deref(),
+                )
+                .ok_or_else(|| format!("fieldRef {:?} is not supported", f.field_path))?
             } else if let Some(r) = &from.resource_field_ref {
                 let container = if r.container_name.is_empty() {
                     c.name.as_str()
@@ -790,50 +796,17 @@ impl Worker {
         Ok(env)
     }
 
-    /// A field of the pod for `valueFrom.fieldRef`.
-    fn field_value(&self, path: &str) -> Result<String, String> {
-        let meta = self.pod.metadata.clone().unwrap_or_default();
-        let spec = self.pod.spec.clone().unwrap_or_default();
-        let keyed = |prefix: &str| {
-            path.strip_prefix(prefix)
-                .and_then(|r| r.strip_suffix("']"))
-                .map(str::to_string)
-        };
-        Ok(match path {
-            "metadata.name" => meta.name,
-            "metadata.namespace" => meta.namespace,
-            "metadata.uid" => meta.uid,
-            "spec.nodeName" => spec.node_name,
-            "spec.serviceAccountName" => spec.service_account_name,
-            "status.podIP" => self.pod_ip.map(|i| i.to_string()).unwrap_or_default(),
-            "status.hostIP" => self.ctx.host_ip.clone().unwrap_or_default(),
-            _ => {
-                if let Some(k) = keyed("metadata.labels['") {
-                    meta.labels.get(&k).cloned().unwrap_or_default()
-                } else if let Some(k) = keyed("metadata.annotations['") {
-                    meta.annotations.get(&k).cloned().unwrap_or_default()
-                } else {
-                    return Err(format!("fieldRef {path:?} is not supported"));
-                }
-            }
-        })
-    }
-
     /// The Secrets the pod's secret volumes name, from the API (`None`: not found).
     async fn volume_secrets(&self) -> Result<volumes::Secrets, volumes::VolumeError> {
-        let api = self.ctx.client.namespaced::<Secret>(self.pod.namespace());
         let mut out = volumes::Secrets::new();
         for name in volumes::secret_names(&self.pod) {
-            let got = match api.get(&name).await {
-                Ok(s) => Some(s),
-                Err(e) if e.is_not_found() => None,
-                Err(e) => {
-                    return Err(volumes::VolumeError {
-                        volume: name.clone(),
-                        message: format!("reading secret \"{name}\": {e}"),
-                    });
-                }
-            };
+            let got = self
+                .secret(&name)
+                .await
+                .map_err(|message| volumes::VolumeError {
+                    volume: name.clone(),
+                    message,
+                })?;
             out.insert(name, got);
         }
         Ok(out)
@@ -851,10 +824,10 @@ impl Worker {
             .collect();
         let mut auths = RegistryAuths::default();
         let mut missing = Vec::new();
-        let api = self.ctx.client.namespaced::<Secret>(self.pod.namespace());
         for name in names {
-            let parsed = match api.get(&name).await {
-                Ok(secret) => {
+            let parsed = match self.secret(&name).await {
+                Ok(None) => Err("not found".to_string()),
+                Ok(Some(secret)) => {
                     let (key, wrap) = match secret.r#type.as_str() {
                         "kubernetes.io/dockercfg" => (".dockercfg", true),
                         _ => (".dockerconfigjson", false),
@@ -873,7 +846,7 @@ impl Worker {
                         None => Err(format!("it has no {key} key")),
                     }
                 }
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(e),
             };
             match parsed {
                 Ok(a) => auths = auths.or(&a),

@@ -221,9 +221,9 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
     }
     let mb = big_bytes as f64 / 1e6;
     let p50 = |v: &[Duration]| {
-        let mut s = v.to_vec();
-        s.sort();
-        s[s.len() / 2]
+        let mut ms: Vec<f64> = v.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+        ms.sort_by(f64::total_cmp);
+        Duration::from_secs_f64(crate::stats::percentile(&ms, 50.0) / 1e3)
     };
     details.insert(
         "cold_pull_mb_per_s".into(),
