@@ -56,7 +56,7 @@ pub type Names = BoxStream<'static, Result<Vec<String>>>;
 /// `lp`, [`WATCHERS_PER_CONNECTION`] per connection of their own, all from the revision of
 /// one list made first: each yields the name of every ADDED object.
 pub async fn api_watchers<T: Resource>(
-    endpoint: &str,
+    config: &skiff_client::ClientConfig,
     namespace: &str,
     lp: &ListParams,
     count: usize,
@@ -66,7 +66,7 @@ pub async fn api_watchers<T: Resource>(
     let mut rv = String::new();
     for i in 0..count {
         if i % WATCHERS_PER_CONNECTION == 0 {
-            let client = Client::connect(endpoint)
+            let client = Client::connect_with(config)
                 .await
                 .context("connecting a watcher to the API server")?;
             let objects = client.namespaced::<T>(namespace);

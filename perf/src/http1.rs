@@ -1,7 +1,7 @@
 //! A small HTTP/1.1 client for the REST benchmarks, on hyper's connection API: keep-alive
 //! connections to one loopback address, one request in flight on each (as client-go and
-//! kubectl over plain HTTP), bodies read whole, and streamed answers (`?watch=true`) split
-//! into lines.
+//! kubectl do), over TLS with the client certificate of a kubeconfig ([`Tls`]) or plain TCP,
+//! bodies read whole, and streamed answers (`?watch=true`) split into lines.
 
 use std::net::SocketAddr;
 
@@ -19,6 +19,43 @@ use tokio::sync::Mutex;
 /// The longest line a streamed answer may carry (one watch event).
 pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 
+/// TLS to the API server as a kubeconfig says (its CA, its client certificate).
+#[derive(Clone)]
+pub struct Tls {
+    connector: tokio_rustls::TlsConnector,
+    name: rustls::pki_types::ServerName<'static>,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls").field("name", &self.name).finish()
+    }
+}
+
+impl Tls {
+    /// TLS for `config` (`None` for an `http://` server).
+    pub fn for_config(config: &skiff_client::ClientConfig) -> Result<Option<Tls>> {
+        if !config.server.starts_with("https://") {
+            return Ok(None);
+        }
+        let ca = config
+            .ca_pem
+            .as_deref()
+            .context("an https server needs a CA in the kubeconfig")?;
+        let tls = skiff_pki::tls::client_config(ca, config.identity.as_ref())?;
+        Ok(Some(Tls {
+            connector: tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls)),
+            // The API server's certificate always names 127.0.0.1 (the benchmarks' address).
+            name: rustls::pki_types::ServerName::IpAddress(
+                std::net::IpAddr::from([127, 0, 0, 1]).into(),
+            ),
+        }))
+    }
+}
+
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
 /// One keep-alive HTTP/1.1 connection. Dropping it closes the connection.
 #[derive(Debug)]
 pub struct Conn {
@@ -28,12 +65,21 @@ pub struct Conn {
 }
 
 impl Conn {
-    pub async fn connect(addr: SocketAddr) -> Result<Conn> {
+    pub async fn connect(addr: SocketAddr, tls: Option<&Tls>) -> Result<Conn> {
         let stream = tokio::net::TcpStream::connect(addr)
             .await
             .with_context(|| format!("connecting to {addr}"))?;
         // As the API server does: small requests must not wait for Nagle.
         stream.set_nodelay(true).context("setting TCP_NODELAY")?;
+        let stream: Box<dyn Io> = match tls {
+            None => Box::new(stream),
+            Some(t) => Box::new(
+                t.connector
+                    .connect(t.name.clone(), stream)
+                    .await
+                    .with_context(|| format!("TLS handshake with {addr}"))?,
+            ),
+        };
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .with_context(|| format!("HTTP/1.1 handshake with {addr}"))?;
@@ -159,10 +205,10 @@ pub struct Pool {
 
 impl Pool {
     /// `size` connections to `addr`.
-    pub async fn connect(addr: SocketAddr, size: usize) -> Result<Pool> {
+    pub async fn connect(addr: SocketAddr, tls: Option<&Tls>, size: usize) -> Result<Pool> {
         let mut conns = Vec::with_capacity(size.max(1));
         for _ in 0..size.max(1) {
-            conns.push(Mutex::new(Conn::connect(addr).await?));
+            conns.push(Mutex::new(Conn::connect(addr, tls).await?));
         }
         Ok(Pool { conns })
     }
@@ -247,7 +293,7 @@ mod tests {
                 s.write_all(resp.as_bytes()).await.unwrap();
             }
         });
-        let mut c = Conn::connect(addr).await.unwrap();
+        let mut c = Conn::connect(addr, None).await.unwrap();
         let (status, b) = c.request(Method::GET, "/a", None).await.unwrap();
         assert_eq!((status, &b[..]), (StatusCode::OK, &b"one"[..]));
         let (_, b) = c.request(Method::GET, "/b", None).await.unwrap();

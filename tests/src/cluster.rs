@@ -42,7 +42,7 @@ impl Cluster {
     pub async fn start_with(nodes: usize, agent_args: &[&str]) -> Cluster {
         let etcd = EtcdServer::start().expect("a real etcd (run `cargo xtask setup`)");
         let server = ApiServer::start(Backend::Etcd(etcd.endpoint.clone()));
-        let client = Client::connect(&server.endpoint).await.expect("connect");
+        let client = server.client().await;
         let id = unique();
         let scheduler = Component::start(
             &server,

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 pub mod cluster;
 
+pub use skiff_client::{Client, ClientConfig};
 pub use skiff_store::testutil::EtcdServer;
 pub use skiff_testkit::{eventually_within, unique};
 pub use skiff_testnet::{FABRIC_PREFIX, Fabric, Netns};
@@ -79,22 +80,36 @@ pub enum Backend {
     Etcd(String),
 }
 
-/// A running `skiff-apiserver` process.
+/// A running `skiff-apiserver` process (TLS; its PKI in its own directory).
 #[derive(Debug)]
 pub struct ApiServer {
     child: Child,
+    /// `https://127.0.0.1:<port>`.
     pub endpoint: String,
     pub addr: SocketAddr,
+    /// The PKI directory the server made on start (`ca.crt`, `ca.key`, kubeconfigs).
+    pub pki_dir: PathBuf,
+    /// The administrator's kubeconfig (`system:admin` in `system:masters`).
+    pub kubeconfig: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 impl ApiServer {
     pub fn start(backend: Backend) -> ApiServer {
+        ApiServer::start_with(backend, &[])
+    }
+
+    /// Like [`ApiServer::start`], with extra `skiff-apiserver` arguments.
+    pub fn start_with(backend: Backend, extra: &[&str]) -> ApiServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let port = free_port();
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let pki_dir = dir.path().join("pki");
         let mut cmd = Command::new(binary("skiff-apiserver"));
-        cmd.arg("--listen").arg(addr.to_string());
+        cmd.arg("--listen")
+            .arg(addr.to_string())
+            .arg("--pki-dir")
+            .arg(&pki_dir);
         match &backend {
             Backend::Embedded => {
                 cmd.args(["--store", "embedded", "--data-dir"])
@@ -104,6 +119,7 @@ impl ApiServer {
                 cmd.args(["--store", "etcd", "--etcd-endpoints", endpoint]);
             }
         }
+        cmd.args(extra);
         let log = std::fs::File::create(dir.path().join("apiserver.log")).expect("log file");
         let child = cmd
             .stdout(Stdio::null())
@@ -112,12 +128,14 @@ impl ApiServer {
             .expect("starting skiff-apiserver");
         let server = ApiServer {
             child,
-            endpoint: format!("http://{addr}"),
+            endpoint: format!("https://{addr}"),
             addr,
+            kubeconfig: pki_dir.join("admin.kubeconfig"),
+            pki_dir,
             _dir: dir,
         };
         let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(addr).is_err() {
+        while TcpStream::connect(addr).is_err() || !server.kubeconfig.exists() {
             assert!(
                 Instant::now() < deadline,
                 "skiff-apiserver did not listen on {addr} within 30 s; log:\n{}",
@@ -130,6 +148,39 @@ impl ApiServer {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self._dir.path().join("apiserver.log")).unwrap_or_default()
+    }
+
+    /// The client configuration of the administrator's kubeconfig.
+    pub fn client_config(&self) -> ClientConfig {
+        ClientConfig::from_kubeconfig(&self.kubeconfig).expect("the admin kubeconfig")
+    }
+
+    /// A client connected as the administrator.
+    pub async fn client(&self) -> Client {
+        Client::connect_with(&self.client_config())
+            .await
+            .expect("connecting to the API server")
+    }
+
+    /// Writes a kubeconfig for `user` in `groups` with a certificate of the cluster CA
+    /// (`skiff-apiserver kubeconfig`'s library call) and returns its path.
+    pub fn user_kubeconfig(&self, dir: &Path, user: &str, groups: &[&str]) -> PathBuf {
+        let pki = skiff_pki::ClusterPki::new(&self.pki_dir);
+        let ca = pki.load_ca().expect("the cluster CA");
+        let safe: String = user
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        let path = dir.join(format!("{safe}.kubeconfig"));
+        pki.write_kubeconfig(&ca, &path, &self.endpoint, user, groups)
+            .expect("writing a user kubeconfig");
+        path
+    }
+
+    /// The kubeconfig the server wrote for a control-plane component
+    /// (`scheduler`, `controller-manager`).
+    pub fn component_kubeconfig(&self, component: &str) -> PathBuf {
+        self.pki_dir.join(format!("{component}.kubeconfig"))
     }
 
     /// Runs `skiff ARGS` against this server and waits for it.
@@ -145,7 +196,7 @@ impl ApiServer {
     /// A `skiff` command with the server address set, for tests that stream its output.
     pub fn skiff_cmd(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(binary("skiff"));
-        cmd.arg("--server").arg(&self.endpoint).args(args);
+        cmd.arg("--kubeconfig").arg(&self.kubeconfig).args(args);
         // Never pick up a developer's config file.
         cmd.env("SKIFF_CONFIG", "/nonexistent/skiff-config.yaml");
         cmd.env_remove("SKIFF_SERVER");
@@ -175,17 +226,23 @@ fn run_with_stdin(mut cmd: Command, stdin: &str) -> Output {
 pub const KUBECTL: &str = "/usr/lib/google-cloud-sdk/bin/kubectl.1.32";
 
 impl ApiServer {
-    /// A `kubectl` command against this server: `--server` set, no kubeconfig of the
-    /// developer's, a discovery cache of its own (ports are reused between runs).
+    /// A `kubectl` command against this server with the administrator's kubeconfig (the one
+    /// the server generated), never the developer's, and a discovery cache of its own
+    /// (ports are reused between runs).
     pub fn kubectl_cmd(&self, args: &[&str]) -> Command {
+        self.kubectl_as(&self.kubeconfig, args)
+    }
+
+    /// A `kubectl` command with the kubeconfig `kubeconfig`.
+    pub fn kubectl_as(&self, kubeconfig: &Path, args: &[&str]) -> Command {
         let mut cmd = Command::new(KUBECTL);
-        cmd.arg(format!("--server={}", self.endpoint))
+        cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg(format!(
                 "--cache-dir={}",
                 self._dir.path().join("kube-cache").display()
             ))
             .args(args)
-            .env("KUBECONFIG", self._dir.path().join("no-kubeconfig"))
+            .env("KUBECONFIG", kubeconfig)
             .env_remove("KUBE_EDITOR")
             .env_remove("EDITOR");
         cmd
@@ -326,7 +383,8 @@ pub struct Node {
     pub state_dir: tempfile::TempDir,
     pub pod_cidr: String,
     labels: String,
-    server: String,
+    /// The node's kubeconfig (`system:node:<name>` in `system:nodes`).
+    pub kubeconfig: PathBuf,
     /// Extra arguments of `skiff-node run`.
     pub agent_args: Vec<String>,
     agent: Option<Child>,
@@ -380,19 +438,25 @@ impl Node {
         let netns = ns.name().to_string();
         let node_ip = fabric.map(|f| f.attach(&netns).expect("attaching the node to the fabric"));
         let root = cgroup2_root();
+        let state_dir = tempfile::tempdir().expect("tempdir");
+        let kubeconfig = server.user_kubeconfig(
+            state_dir.path(),
+            &format!("system:node:{name}"),
+            &["system:nodes"],
+        );
         let mut node = Node {
             name: name.to_string(),
             netns,
             _ns: ns,
             cgroup_parent: root.join(format!("skiff-e2e-{id}")),
-            state_dir: tempfile::tempdir().expect("tempdir"),
+            state_dir,
             pod_cidr: pod_cidr.to_string(),
             labels: labels
                 .iter()
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect::<Vec<_>>()
                 .join(","),
-            server: server.endpoint.clone(),
+            kubeconfig,
             agent_args: agent_args.iter().map(|a| a.to_string()).collect(),
             agent: None,
             node_ip,
@@ -414,7 +478,9 @@ impl Node {
             .expect("agent log");
         let mut cmd = Command::new(binary("skiff-node"));
         cmd.arg("run")
-            .args(["--server", &self.server, "--node-name", &self.name])
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["--node-name", &self.name])
             .arg("--state-dir")
             .arg(self.state_dir.path().join("state"))
             .arg("--node-netns")
@@ -562,9 +628,15 @@ pub struct Component {
 }
 
 impl Component {
-    /// Starts `binary --server <server> ARGS`.
+    /// Starts `binary --kubeconfig <its kubeconfig> ARGS`: the kubeconfig the server wrote
+    /// for `skiff-scheduler` and `skiff-controller-manager`, the administrator's for others.
     pub fn start(server: &ApiServer, binary: &str, args: &[&str]) -> Component {
-        let mut all = vec!["--server".to_string(), server.endpoint.clone()];
+        let kubeconfig = match binary {
+            "skiff-scheduler" => server.component_kubeconfig("scheduler"),
+            "skiff-controller-manager" => server.component_kubeconfig("controller-manager"),
+            _ => server.kubeconfig.clone(),
+        };
+        let mut all = vec!["--kubeconfig".to_string(), kubeconfig.display().to_string()];
         all.extend(args.iter().map(|a| a.to_string()));
         let mut c = Component {
             binary: binary.to_string(),

@@ -12,8 +12,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use skiff_api::api::{Node as ApiNode, Pod};
+use skiff_client::Api;
 use skiff_client::node_api::{AgentEndpoint, LogOptions, PodStats, StatsSummary};
-use skiff_client::{Api, Client};
 use skiff_tests::{ApiServer, Backend, Node, Streaming, eventually_within, fails, ok};
 
 const T: Duration = Duration::from_secs(30);
@@ -76,7 +76,7 @@ async fn logs_top_and_traffic_accounting() {
     let mut node = Node::start(&server, &node_name, "10.244.7.0/24");
     let marks = tempfile::tempdir().expect("tempdir");
     let m = |name: &str| marks.path().join(name);
-    let client = Client::connect(&server.endpoint).await.expect("connect");
+    let client = server.client().await;
     let pods = client.namespaced::<Pod>("default");
 
     // The node publishes its agent's port, as Kubernetes' daemonEndpoints.kubeletEndpoint.

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use skiff_api::api::{Node as ApiNode, Pod};
-use skiff_client::{Api, Client, ClientError, DeleteParams};
+use skiff_client::{Api, ClientError, DeleteParams};
 use skiff_tests::{ApiServer, Backend, Node, eventually_within};
 
 const T: Duration = Duration::from_secs(30);
@@ -104,7 +104,7 @@ async fn agent_runs_pods_end_to_end() {
     let mut node = Node::start(&server, &node_name, "10.244.3.0/24");
     let marks = tempfile::tempdir().expect("tempdir");
     let m = |name: &str| marks.path().join(name);
-    let client = Client::connect(&server.endpoint).await.expect("connect");
+    let client = server.client().await;
     let pods = client.namespaced::<Pod>("default");
 
     // The node registers, is Ready and says which cgroup controllers it lacks.

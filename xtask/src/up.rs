@@ -56,6 +56,8 @@ pub enum Store {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UpConfig {
     pub listen: SocketAddr,
+    /// The cluster's PKI, made by the API server on first start (`<repo>/.skiff/pki`).
+    pub pki_dir: PathBuf,
     pub store: Store,
     pub nodes: u32,
     /// The local registry's address, if one is started.
@@ -78,6 +80,7 @@ impl UpConfig {
         };
         UpConfig {
             listen: args.listen,
+            pki_dir: root.join(".skiff").join("pki"),
             store,
             nodes: args.nodes,
             registry: (args.registry_port != 0)
@@ -87,7 +90,13 @@ impl UpConfig {
 
     /// URL clients use to reach the API server.
     pub fn server_url(&self) -> String {
-        format!("http://{}", connect_addr(self.listen))
+        format!("https://{}", connect_addr(self.listen))
+    }
+
+    /// The kubeconfig the API server wrote for `who` (`admin`, `scheduler`,
+    /// `controller-manager`).
+    pub fn kubeconfig(&self, who: &str) -> PathBuf {
+        self.pki_dir.join(format!("{who}.kubeconfig"))
     }
 }
 
@@ -138,7 +147,7 @@ pub const COMPONENTS: &[Component] = &[
         package: "skiff-scheduler",
         bin: "skiff-scheduler",
         required: false,
-        args: server_client_args,
+        args: scheduler_args,
         readiness: Readiness::Started,
     },
     Component {
@@ -146,13 +155,18 @@ pub const COMPONENTS: &[Component] = &[
         package: "skiff-controllers",
         bin: "skiff-controller-manager",
         required: false,
-        args: server_client_args,
+        args: controller_manager_args,
         readiness: Readiness::Started,
     },
 ];
 
 pub fn apiserver_args(cfg: &UpConfig) -> Vec<String> {
-    let mut a = vec!["--listen".to_string(), cfg.listen.to_string()];
+    let mut a = vec![
+        "--listen".to_string(),
+        cfg.listen.to_string(),
+        "--pki-dir".into(),
+        cfg.pki_dir.display().to_string(),
+    ];
     match &cfg.store {
         Store::Embedded { data_dir } => a.extend([
             "--store".into(),
@@ -170,9 +184,20 @@ pub fn apiserver_args(cfg: &UpConfig) -> Vec<String> {
     a
 }
 
-/// Provisional arguments for controllers that talk to the API server.
-pub fn server_client_args(cfg: &UpConfig) -> Vec<String> {
-    vec!["--server".into(), cfg.server_url()]
+/// The scheduler runs as `system:kube-scheduler` with the kubeconfig the API server wrote.
+pub fn scheduler_args(cfg: &UpConfig) -> Vec<String> {
+    vec![
+        "--kubeconfig".into(),
+        cfg.kubeconfig("scheduler").display().to_string(),
+    ]
+}
+
+/// The controller manager runs as `system:kube-controller-manager`.
+pub fn controller_manager_args(cfg: &UpConfig) -> Vec<String> {
+    vec![
+        "--kubeconfig".into(),
+        cfg.kubeconfig("controller-manager").display().to_string(),
+    ]
 }
 
 /// Most nodes `up` will start (their pod CIDRs are 10.244.1.0/24 ..= 10.244.200.0/24).
@@ -211,12 +236,35 @@ pub fn node_plans(n: u32, root: &Path) -> Vec<NodePlan> {
         .collect()
 }
 
-/// Arguments of `skiff-node run` for one node.
-pub fn node_args(cfg: &UpConfig, node: &NodePlan) -> Vec<String> {
+/// The kubeconfig of a node's agent (`system:node:<name>` in `system:nodes`).
+pub fn node_kubeconfig(node: &NodePlan) -> PathBuf {
+    node.state_dir.join("kubeconfig")
+}
+
+/// Arguments of `skiff-apiserver kubeconfig` that write a node's kubeconfig.
+pub fn node_kubeconfig_args(cfg: &UpConfig, node: &NodePlan) -> Vec<String> {
     vec![
-        "run".into(),
+        "kubeconfig".into(),
+        "--pki-dir".into(),
+        cfg.pki_dir.display().to_string(),
+        "--user".into(),
+        format!("system:node:{}", node.name),
+        "--group".into(),
+        "system:nodes".into(),
         "--server".into(),
         cfg.server_url(),
+        "--out".into(),
+        node_kubeconfig(node).display().to_string(),
+    ]
+}
+
+/// Arguments of `skiff-node run` for one node.
+pub fn node_args(cfg: &UpConfig, node: &NodePlan) -> Vec<String> {
+    let _ = cfg;
+    vec![
+        "run".into(),
+        "--kubeconfig".into(),
+        node_kubeconfig(node).display().to_string(),
         "--node-name".into(),
         node.name.clone(),
         "--node-netns".into(),
@@ -379,38 +427,10 @@ pub fn config_path(skiff_config: Option<&str>, home: Option<&str>) -> Result<Pat
         .join("config.yaml"))
 }
 
-pub fn config_content(server_url: &str) -> String {
-    format!("server: {server_url}\n")
-}
-
 /// Where `up` writes the kubeconfig for kubectl and other Kubernetes clients: inside the
 /// checkout (`.skiff/kubeconfig`), never over the user's own `~/.kube/config`.
 pub fn kubeconfig_path(root: &Path) -> PathBuf {
     root.join(".skiff").join("kubeconfig")
-}
-
-/// A kubeconfig with one cluster, user and context, all named `skiff`, current.
-pub fn kubeconfig_content(server_url: &str) -> String {
-    format!(
-        "apiVersion: v1
-kind: Config
-clusters:
-- name: skiff
-  cluster:
-    server: {server_url}
-users:
-- name: skiff
-  user: {{}}
-contexts:
-- name: skiff
-  context:
-    cluster: skiff
-    user: skiff
-    namespace: default
-current-context: skiff
-preferences: {{}}
-"
-    )
 }
 
 /// The last `n` lines of `text`.
@@ -644,6 +664,7 @@ async fn supervise(plan: Plan<'_>) -> Result<()> {
             let host = u8::try_from(i + 1).unwrap_or(u8::MAX);
             let started = prepare_node_netns(fab, node, host).and_then(|ns| {
                 node_nets.push(ns);
+                write_node_kubeconfig(&plan, node)?;
                 spawn_process(
                     plan.root,
                     &plan.bin_dir.join("skiff-node"),
@@ -668,14 +689,11 @@ async fn supervise(plan: Plan<'_>) -> Result<()> {
             }
         }
 
-        if let Err(e) = write_config(plan.config_file, &plan.cfg.server_url()) {
-            break 'run Stop::Failed(e);
-        }
-        let kubeconfig = kubeconfig_path(plan.root);
-        if let Err(e) = fs::write(&kubeconfig, kubeconfig_content(&plan.cfg.server_url()))
-            .with_context(|| format!("writing the kubeconfig {}", kubeconfig.display()))
-        {
-            break 'run Stop::Failed(e);
+        let admin = plan.cfg.kubeconfig("admin");
+        for dest in [plan.config_file.to_path_buf(), kubeconfig_path(plan.root)] {
+            if let Err(e) = copy_private(&admin, &dest) {
+                break 'run Stop::Failed(e);
+            }
         }
         print_banner(&plan);
 
@@ -795,12 +813,37 @@ async fn wait_port(r: &mut Running, addr: SocketAddr) -> Result<()> {
     }
 }
 
-fn write_config(path: &Path, server_url: &str) -> Result<()> {
-    if let Some(dir) = path.parent() {
+/// Copies the admin kubeconfig to where the CLI and kubectl look (mode 0600: it holds the
+/// administrator's key).
+fn copy_private(from: &Path, to: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(dir) = to.parent() {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    fs::write(path, config_content(server_url))
-        .with_context(|| format!("writing CLI config {}", path.display()))
+    let text = fs::read(from).with_context(|| format!("reading {}", from.display()))?;
+    fs::write(to, text).with_context(|| format!("writing {}", to.display()))?;
+    fs::set_permissions(to, fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("chmod 600 {}", to.display()))
+}
+
+/// Has the API server's binary write a node's kubeconfig with a certificate of the cluster
+/// CA (the PKI exists: the API server made it before it listened).
+fn write_node_kubeconfig(plan: &Plan<'_>, node: &NodePlan) -> Result<()> {
+    fs::create_dir_all(&node.state_dir)
+        .with_context(|| format!("creating {}", node.state_dir.display()))?;
+    let bin = plan.bin_dir.join("skiff-apiserver");
+    let out = Command::new(&bin)
+        .args(node_kubeconfig_args(plan.cfg, node))
+        .output()
+        .with_context(|| format!("running {} kubeconfig", bin.display()))?;
+    if !out.status.success() {
+        bail!(
+            "writing {}'s kubeconfig failed: {}",
+            node.name,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
 }
 
 /// Debian's docker-registry (the CNCF distribution registry), installed by `cargo xtask setup`.
@@ -980,7 +1023,16 @@ mod tests {
         assert_eq!(a[0], "run");
         let pos = |flag: &str| a.iter().position(|x| x == flag).unwrap() + 1;
         assert_eq!(a[pos("--node-netns")], "/run/netns/skiff-up-node-1");
-        assert_eq!(a[pos("--server")], "http://127.0.0.1:7443");
+        assert_eq!(
+            a[pos("--kubeconfig")],
+            "/repo/.skiff/nodes/node-1/kubeconfig"
+        );
+        let k = node_kubeconfig_args(&cfg, &plans[0]);
+        let kpos = |flag: &str| k.iter().position(|x| x == flag).unwrap() + 1;
+        assert_eq!(k[kpos("--user")], "system:node:node-1");
+        assert_eq!(k[kpos("--group")], "system:nodes");
+        assert_eq!(k[kpos("--server")], "https://127.0.0.1:7443");
+        assert_eq!(k[kpos("--pki-dir")], "/repo/.skiff/pki");
         assert_eq!(
             node_plans(MAX_NODES + 5, Path::new("/r")).len(),
             MAX_NODES as usize
@@ -995,6 +1047,8 @@ mod tests {
             [
                 "--listen",
                 "127.0.0.1:7443",
+                "--pki-dir",
+                "/repo/.skiff/pki",
                 "--store",
                 "embedded",
                 "--data-dir",
@@ -1041,6 +1095,8 @@ mod tests {
             [
                 "--listen",
                 "127.0.0.1:7443",
+                "--pki-dir",
+                "/repo/.skiff/pki",
                 "--store",
                 "etcd",
                 "--etcd-endpoints",
@@ -1052,13 +1108,13 @@ mod tests {
     #[test]
     fn server_url_maps_wildcards_to_loopback() {
         let mut cfg = UpConfig::from_args(&args(None, None), Path::new("/r"), Path::new("/r"));
-        assert_eq!(cfg.server_url(), "http://127.0.0.1:7443");
+        assert_eq!(cfg.server_url(), "https://127.0.0.1:7443");
         cfg.listen = "0.0.0.0:8000".parse().unwrap();
-        assert_eq!(cfg.server_url(), "http://127.0.0.1:8000");
+        assert_eq!(cfg.server_url(), "https://127.0.0.1:8000");
         cfg.listen = "[::]:8000".parse().unwrap();
-        assert_eq!(cfg.server_url(), "http://[::1]:8000");
+        assert_eq!(cfg.server_url(), "https://[::1]:8000");
         cfg.listen = "10.1.2.3:9".parse().unwrap();
-        assert_eq!(cfg.server_url(), "http://10.1.2.3:9");
+        assert_eq!(cfg.server_url(), "https://10.1.2.3:9");
     }
 
     #[test]
@@ -1077,37 +1133,8 @@ mod tests {
         );
         assert!(config_path(None, None).is_err());
         assert_eq!(
-            config_content("http://127.0.0.1:7443"),
-            "server: http://127.0.0.1:7443\n"
-        );
-        assert_eq!(
             kubeconfig_path(Path::new("/src/skiff")),
             PathBuf::from("/src/skiff/.skiff/kubeconfig")
-        );
-        let kc = kubeconfig_content("http://127.0.0.1:7443");
-        assert!(kc.contains("    server: http://127.0.0.1:7443\n"), "{kc}");
-        assert!(kc.contains("current-context: skiff\n"), "{kc}");
-    }
-
-    /// kubectl itself reads the kubeconfig `up` writes (the doctor makes sure it is here).
-    #[test]
-    fn kubectl_reads_the_kubeconfig() {
-        let dir = std::env::temp_dir().join(format!("xtask-kubeconfig-{}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("kubeconfig");
-        fs::write(&path, kubeconfig_content("http://127.0.0.1:7443")).unwrap();
-        let out = Command::new(crate::doctor::KUBECTL)
-            .arg("--kubeconfig")
-            .arg(&path)
-            .args(["config", "view", "--minify", "-o"])
-            .arg("jsonpath={.clusters[0].cluster.server} {.contexts[0].context.namespace}")
-            .output()
-            .unwrap();
-        let _ = fs::remove_dir_all(&dir);
-        assert!(out.status.success(), "{out:?}");
-        assert_eq!(
-            String::from_utf8_lossy(&out.stdout),
-            "http://127.0.0.1:7443 default"
         );
     }
 

@@ -36,6 +36,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+pub mod auth;
 mod cache;
 pub mod error;
 pub mod registry;
@@ -43,6 +44,7 @@ mod rest;
 /// The REST request decoders for `cargo fuzz` (feature `fuzzing`).
 #[cfg(feature = "fuzzing")]
 pub use rest::fuzzing;
+mod serve;
 mod service;
 pub mod strategy;
 pub mod validation;
@@ -65,6 +67,24 @@ pub struct ApiServerOptions {
     pub bootstrap_namespaces: Vec<String>,
     /// How long [`ServerHandle::shutdown`] waits for open calls before aborting them.
     pub shutdown_timeout: Duration,
+    /// TLS and authentication. `None` serves plain HTTP to anyone: only for in-process
+    /// servers of tests and benchmarks; the `skiff-apiserver` binary always sets it.
+    pub security: Option<Security>,
+}
+
+/// How the port is protected: TLS with this configuration, every request authenticated.
+#[derive(Clone)]
+pub struct Security {
+    pub tls: Arc<rustls::ServerConfig>,
+    pub authenticator: Arc<auth::Authenticator>,
+}
+
+impl std::fmt::Debug for Security {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Security")
+            .field("authenticator", &self.authenticator)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for ApiServerOptions {
@@ -77,6 +97,7 @@ impl Default for ApiServerOptions {
                 "kube-node-lease".into(),
             ],
             shutdown_timeout: Duration::from_secs(5),
+            security: None,
         }
     }
 }
@@ -106,6 +127,7 @@ pub enum ApiServerError {
 /// [`ServerHandle::shutdown`] stops it gracefully.
 pub struct ServerHandle {
     addr: SocketAddr,
+    tls: bool,
     registry: Arc<registry::Registry>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<std::io::Result<()>>>,
@@ -126,9 +148,10 @@ impl ServerHandle {
         self.addr
     }
 
-    /// `http://ADDR`, for `ApiClient::connect`.
+    /// `http://ADDR` (`https://` with TLS), for `Client::connect`.
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// Store watches opened so far, over all resource types (one per type unless a store
@@ -249,27 +272,28 @@ pub async fn spawn(
         .max_decoding_message_size(MAX_REQUEST_BYTES);
     // One port for both APIs: gRPC (`skiff.rpc.Api`, HTTP/2) for Skiff's own components and
     // the Kubernetes REST API (HTTP/1.1 or HTTP/2) for kubectl and client libraries.
-    let app = rest::router(Arc::clone(&registry)).route_service(
+    let mut app = rest::router(Arc::clone(&registry)).route_service(
         &format!(
             "/{}/{{*method}}",
             <ApiServer<service::ApiService> as tonic::server::NamedService>::NAME
         ),
         service,
     );
-    // Small request/response messages: don't let Nagle delay them.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
+    let tls = opts.security.as_ref().map(|s| serve::TlsSetup {
+        acceptor: tokio_rustls::TlsAcceptor::from(Arc::clone(&s.tls)),
+        authn: Arc::clone(&s.authenticator),
     });
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = rx.await;
-            })
-            .await
-    });
+    if let Some(s) = &opts.security {
+        app = app.layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&s.authenticator),
+            auth::middleware,
+        ));
+    }
+    let task = tokio::spawn(serve::serve(listener, app, tls, rx));
     info!(%addr, "API server listening");
     Ok(ServerHandle {
         addr,
+        tls: opts.security.is_some(),
         registry,
         shutdown: Some(tx),
         task: Some(task),

@@ -1,17 +1,24 @@
-//! `skiff-apiserver`: serves the Skiff API over gRPC from an embedded (redb) store or etcd.
+//! `skiff-apiserver`: serves the Skiff API (gRPC and Kubernetes REST on one TLS port) from an
+//! embedded (redb) store or etcd.
 //!
 //! ```text
 //! skiff-apiserver --listen 127.0.0.1:7443 --store embedded --data-dir .skiff/data
-//! skiff-apiserver --store etcd --etcd-endpoints http://127.0.0.1:2379
+//! skiff-apiserver --store etcd --etcd-endpoints http://127.0.0.1:2379 --pki-dir /etc/skiff/pki
+//! skiff-apiserver kubeconfig --pki-dir .skiff/pki --user alice --group dev --out alice.kubeconfig
 //! ```
+//!
+//! On first start the PKI directory is filled (CA, serving certificate, `admin.kubeconfig`
+//! and one kubeconfig per control-plane component); later starts renew what is due.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use clap::{Parser, ValueEnum};
-use skiff_apiserver::{ApiServerOptions, DEFAULT_WATCH_CACHE_CAPACITY};
+use clap::{Parser, Subcommand, ValueEnum};
+use skiff_apiserver::auth::{Authenticator, TokenFile};
+use skiff_apiserver::{ApiServerOptions, DEFAULT_WATCH_CACHE_CAPACITY, Security};
+use skiff_pki::bootstrap::{self, BootstrapOptions, ClusterPki};
 use skiff_store::{EmbeddedOptions, EmbeddedStore, EtcdStore, Store};
 use tracing::info;
 use tracing_subscriber::EnvFilter;
@@ -29,9 +36,16 @@ enum StoreKind {
 
 /// Skiff's API server.
 #[derive(Debug, Parser)]
-#[command(name = "skiff-apiserver", version, about)]
+#[command(
+    name = "skiff-apiserver",
+    version,
+    about,
+    args_conflicts_with_subcommands = true
+)]
 struct Args {
-    /// Address to serve gRPC on.
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Address to serve the API on (TLS; gRPC and the Kubernetes REST API).
     #[arg(long, default_value = "127.0.0.1:7443", env = "SKIFF_APISERVER_LISTEN")]
     listen: SocketAddr,
     /// Storage backend.
@@ -46,6 +60,113 @@ struct Args {
     /// Events kept per resource type for watches.
     #[arg(long, default_value_t = DEFAULT_WATCH_CACHE_CAPACITY)]
     watch_cache_capacity: usize,
+    /// The cluster's PKI directory: the CA, the serving certificate and the kubeconfigs are
+    /// created there on first start and renewed when due.
+    #[arg(long, default_value = ".skiff/pki")]
+    pki_dir: PathBuf,
+    /// Extra names or addresses the serving certificate is valid for (repeatable or comma
+    /// separated), besides localhost, the listen address, the host name and the
+    /// `kubernetes.default.svc` names.
+    #[arg(long = "tls-san", value_delimiter = ',')]
+    tls_sans: Vec<String>,
+    /// The URL written into the generated kubeconfigs (default: https://<listen address>,
+    /// 127.0.0.1 for an unspecified one).
+    #[arg(long)]
+    advertise_url: Option<String>,
+    /// kube-apiserver's static token file: CSV lines `token,user,uid,"group1,group2"`.
+    #[arg(long)]
+    token_auth_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Writes a kubeconfig for a user with a client certificate the cluster CA signs (like
+    /// `kubeadm kubeconfig user`).
+    Kubeconfig {
+        /// The PKI directory holding ca.crt and ca.key.
+        #[arg(long, default_value = ".skiff/pki")]
+        pki_dir: PathBuf,
+        /// The user name (the certificate's CN).
+        #[arg(long)]
+        user: String,
+        /// A group (the certificate's O; repeatable).
+        #[arg(long = "group")]
+        groups: Vec<String>,
+        /// The API server URL.
+        #[arg(long, default_value = "https://127.0.0.1:7443")]
+        server: String,
+        /// Where to write the kubeconfig (mode 0600).
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+/// The URL clients reach a server listening on `listen` at.
+fn url_of(listen: SocketAddr) -> String {
+    let mut addr = listen;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    format!("https://{addr}")
+}
+
+/// Creates or renews the PKI and builds the TLS configuration and authenticators.
+fn security(args: &Args) -> Result<Security> {
+    let mut sans = bootstrap::default_sans();
+    if !args.listen.ip().is_unspecified() {
+        sans.push(args.listen.ip().to_string());
+    }
+    for s in &args.tls_sans {
+        if !s.is_empty() && !sans.contains(s) {
+            sans.push(s.clone());
+        }
+    }
+    let pki = ClusterPki::new(&args.pki_dir);
+    let server_url = args
+        .advertise_url
+        .clone()
+        .unwrap_or_else(|| url_of(args.listen));
+    let ensured = pki
+        .ensure(&BootstrapOptions { server_url, sans })
+        .with_context(|| format!("cannot set up the PKI in {}", args.pki_dir.display()))?;
+    let tls = skiff_pki::tls::server_config(&ensured.serving, Some(ensured.ca.cert_pem()))
+        .context("cannot build the TLS configuration")?;
+    let tokens = match &args.token_auth_file {
+        Some(p) => TokenFile::read(p)?,
+        None => TokenFile::default(),
+    };
+    info!(
+        pki = %args.pki_dir.display(),
+        ca = %ensured.ca.hash().unwrap_or_default(),
+        tokens = tokens.len(),
+        admin_kubeconfig = %pki.admin_kubeconfig().display(),
+        "TLS and authentication ready"
+    );
+    Ok(Security {
+        tls: Arc::new(tls),
+        authenticator: Arc::new(Authenticator {
+            client_ca_pem: Some(ensured.ca.cert_pem().to_string()),
+            tokens,
+        }),
+    })
+}
+
+fn write_user_kubeconfig(
+    pki_dir: &std::path::Path,
+    user: &str,
+    groups: &[String],
+    server: &str,
+    out: &std::path::Path,
+) -> Result<()> {
+    let pki = ClusterPki::new(pki_dir);
+    let ca = pki
+        .load_ca()
+        .with_context(|| format!("cannot load the CA from {}", pki_dir.display()))?;
+    let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
+    pki.write_kubeconfig(&ca, out, server, user, &groups)
+        .with_context(|| format!("cannot write {}", out.display()))?;
+    println!("wrote {} for user {user}", out.display());
+    Ok(())
 }
 
 async fn open_store(args: &Args) -> Result<Arc<dyn Store>> {
@@ -109,12 +230,25 @@ async fn main() -> Result<()> {
         )
         .init();
     let args = Args::parse();
+    if let Some(Command::Kubeconfig {
+        pki_dir,
+        user,
+        groups,
+        server,
+        out,
+    }) = &args.command
+    {
+        return write_user_kubeconfig(pki_dir, user, groups, server, out);
+    }
+    // The store first: a start that fails on its arguments writes no PKI.
     let store = open_store(&args).await?;
+    let security = security(&args)?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let opts = ApiServerOptions {
         watch_cache_capacity: args.watch_cache_capacity,
+        security: Some(security),
         ..ApiServerOptions::default()
     };
     let mut server = skiff_apiserver::spawn(store, listener, opts)

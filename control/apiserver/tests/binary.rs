@@ -31,13 +31,35 @@ fn start(args: &[&str]) -> Child {
         .expect("start skiff-apiserver")
 }
 
-async fn connect(addr: &str) -> Api {
+/// A gRPC channel to `addr` over TLS as the kubeconfig `kubeconfig` says (CA, client
+/// certificate).
+async fn tls_channel(addr: &str, kubeconfig: &Path) -> Option<tonic::transport::Channel> {
+    let kc = skiff_pki::kubeconfig::load(kubeconfig).ok()?;
+    let mut tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(kc.ca_pem?));
+    if let Some(id) = kc.identity {
+        tls = tls.identity(tonic::transport::Identity::from_pem(
+            id.cert_pem,
+            id.key_pem,
+        ));
+    }
+    tonic::transport::Endpoint::from_shared(format!("https://{addr}"))
+        .ok()?
+        .tls_config(tls)
+        .ok()?
+        .connect()
+        .await
+        .ok()
+}
+
+/// Connects as the administrator of the PKI in `pki`, waiting for the server to come up.
+async fn connect(addr: &str, pki: &Path) -> Api {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        if let Ok(client) =
-            skiff_api::rpc::api_client::ApiClient::connect(format!("http://{addr}")).await
-        {
-            return Api { client };
+        if let Some(channel) = tls_channel(addr, &pki.join("admin.kubeconfig")).await {
+            return Api {
+                client: skiff_api::rpc::api_client::ApiClient::new(channel),
+            };
         }
         assert!(
             Instant::now() < deadline,
@@ -89,6 +111,7 @@ async fn embedded_binary_serves_persists_and_stops_on_sigterm() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
     let data_arg = data.to_str().expect("utf-8 path");
+    let pki = dir.path().join("pki");
     let addr = free_addr();
     let args = [
         "--listen",
@@ -97,18 +120,26 @@ async fn embedded_binary_serves_persists_and_stops_on_sigterm() {
         "embedded",
         "--data-dir",
         data_arg,
+        "--pki-dir",
+        pki.to_str().expect("utf-8 path"),
     ];
     let mut child = start(&args);
-    let api = connect(&addr).await;
+    let api = connect(&addr, &pki).await;
     exercise(&api).await;
     drop(api);
     let status = terminate(&mut child);
     assert!(status.success(), "exit status {status}");
     assert!(Path::new(&data).join("skiff.redb").exists());
 
-    // Restarted on the same data directory, the pod is still there.
+    // Restarted on the same data and PKI directories, the pod is still there and the same
+    // credentials work.
+    let ca_before = std::fs::read(pki.join("ca.crt")).expect("ca.crt");
     let mut child = start(&args);
-    let api = connect(&addr).await;
+    let api = connect(&addr, &pki).await;
+    assert_eq!(
+        std::fs::read(pki.join("ca.crt")).expect("ca.crt"),
+        ca_before
+    );
     let p: Pod = api
         .get("default", "p")
         .await
@@ -121,8 +152,12 @@ async fn embedded_binary_serves_persists_and_stops_on_sigterm() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_binary_serves_and_stops_on_sigterm() {
     let etcd = EtcdServer::start().expect("etcd");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = dir.path().join("pki");
     let addr = free_addr();
     let mut child = start(&[
+        "--pki-dir",
+        pki.to_str().expect("utf-8 path"),
         "--listen",
         &addr,
         "--store",
@@ -132,7 +167,7 @@ async fn etcd_binary_serves_and_stops_on_sigterm() {
         "--watch-cache-capacity",
         "100",
     ]);
-    let api = connect(&addr).await;
+    let api = connect(&addr, &pki).await;
     exercise(&api).await;
     drop(api);
     assert!(terminate(&mut child).success());
@@ -140,9 +175,20 @@ async fn etcd_binary_serves_and_stops_on_sigterm() {
 
 #[test]
 fn etcd_without_endpoints_fails_with_a_message() {
-    let child = start(&["--listen", &free_addr(), "--store", "etcd"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = dir.path().join("pki");
+    let child = start(&[
+        "--listen",
+        &free_addr(),
+        "--store",
+        "etcd",
+        "--pki-dir",
+        pki.to_str().expect("utf-8 path"),
+    ]);
     let out = child.wait_with_output().expect("wait");
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--etcd-endpoints"), "{stderr}");
+    // A start refused on its arguments writes nothing.
+    assert!(!pki.exists());
 }

@@ -31,10 +31,13 @@ use skiff_client::{Client, ClientConfig, ClientError, PropagationPolicy};
     propagate_version = true
 )]
 struct Cli {
-    /// API server URL [default: from $SKIFF_CONFIG or ~/.config/skiff/config.yaml, else
-    /// http://127.0.0.1:7443].
+    /// API server URL [default: the kubeconfig's].
     #[arg(long, global = true, env = "SKIFF_SERVER", value_name = "URL")]
     server: Option<String>,
+    /// The kubeconfig to use [default: $SKIFF_CONFIG, then ~/.config/skiff/config.yaml]:
+    /// the server, the CA to trust and the client certificate or token.
+    #[arg(long, global = true, value_name = "PATH")]
+    kubeconfig: Option<std::path::PathBuf>,
     /// Namespace to work in [default: default].
     #[arg(short = 'n', long, global = true, value_name = "NS")]
     namespace: Option<String>,
@@ -351,9 +354,9 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 }
 
 async fn connect(cli: &Cli) -> Result<Client> {
-    let config = ClientConfig::load(cli.server.as_deref())?;
+    let config = ClientConfig::load(cli.server.as_deref(), cli.kubeconfig.as_deref())?;
     tracing::debug!(server = %config.server, source = ?config.source, "API server");
-    Ok(Client::connect(config.endpoint()).await?)
+    Ok(Client::connect_with(&config).await?)
 }
 
 async fn run(cli: Cli) -> Result<ExitCode> {

@@ -496,7 +496,16 @@ fn unreachable_server_is_one_line() {
 #[test]
 fn server_comes_from_the_config_file() {
     let c = Cluster::start();
-    let config = c.file("config.yaml", &format!("server: {}\n", c.endpoint));
+    // A kubeconfig (this in-process server speaks plain HTTP, so no CA or credentials).
+    let config = c.file(
+        "config.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n\
+             users:\n- name: u\n  user: {{}}\ncontexts:\n- name: c\n  context:\n    \
+             cluster: c\n    user: u\ncurrent-context: c\n",
+            c.endpoint
+        ),
+    );
     let out = Command::new(env!("CARGO_BIN_EXE_skiff"))
         .args(["create", "namespace", "from-config"])
         .env_remove("SKIFF_SERVER")

@@ -12,9 +12,37 @@ use prost::Message;
 use skiff_api::api::{Binding, ObjectMeta, ObjectReference, Pod};
 use skiff_api::rpc::{self, api_client::ApiClient};
 use skiff_api::{DynKind, Resource};
-use tonic::transport::{Channel, Endpoint};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
+use crate::config::ClientConfig;
 use crate::error::ClientError;
+
+/// Adds the configured bearer token to every call (nothing without one).
+#[derive(Clone, Default)]
+pub struct Credentials {
+    authorization: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Credentials")
+            .field("token", &self.authorization.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+impl Interceptor for Credentials {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.authorization {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+type Rpc = ApiClient<InterceptedService<Channel, Credentials>>;
 
 /// Largest message the client accepts (big lists).
 const MAX_MESSAGE: usize = 256 * 1024 * 1024;
@@ -23,7 +51,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// A connection to the API server. Cheap to clone; clones share the connection.
 #[derive(Clone)]
 pub struct Client {
-    rpc: ApiClient<Channel>,
+    rpc: Rpc,
     endpoint: Arc<str>,
 }
 
@@ -35,47 +63,95 @@ impl fmt::Debug for Client {
     }
 }
 
-fn endpoint_of(endpoint: &str) -> Result<(String, Endpoint), ClientError> {
+fn endpoint_of(config: &ClientConfig) -> Result<(String, Endpoint, Credentials), ClientError> {
+    let endpoint = config.server.as_str();
     let url = if endpoint.contains("://") {
         endpoint.to_string()
     } else {
         format!("http://{endpoint}")
     };
-    let ep = Endpoint::from_shared(url.clone())
-        .map_err(|e| ClientError::InvalidEndpoint {
-            endpoint: endpoint.to_string(),
-            reason: crate::error::transport_reason(&e),
-        })?
+    let invalid = |reason: String| ClientError::InvalidEndpoint {
+        endpoint: endpoint.to_string(),
+        reason,
+    };
+    let mut ep = Endpoint::from_shared(url.clone())
+        .map_err(|e| invalid(crate::error::transport_reason(&e)))?
         .connect_timeout(CONNECT_TIMEOUT)
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(30))
         .keep_alive_while_idle(true);
-    Ok((url, ep))
+    if url.starts_with("https://") {
+        let ca = config.ca_pem.as_deref().ok_or_else(|| {
+            invalid(
+                "no CA to verify the server with: give a kubeconfig with \
+                 certificate-authority(-data) (--kubeconfig or $SKIFF_CONFIG)"
+                    .into(),
+            )
+        })?;
+        let mut tls =
+            ClientTlsConfig::new().ca_certificate(tonic::transport::Certificate::from_pem(ca));
+        if let Some(id) = &config.identity {
+            tls = tls.identity(tonic::transport::Identity::from_pem(
+                &id.cert_pem,
+                &id.key_pem,
+            ));
+        }
+        if let Some(name) = &config.tls_server_name {
+            tls = tls.domain_name(name.clone());
+        }
+        ep = ep
+            .tls_config(tls)
+            .map_err(|e| invalid(crate::error::transport_reason(&e)))?;
+    }
+    let authorization = match &config.token {
+        Some(t) => Some(
+            format!("Bearer {t}")
+                .parse()
+                .map_err(|_| invalid("the token is not a valid header value".into()))?,
+        ),
+        None => None,
+    };
+    Ok((url, ep, Credentials { authorization }))
 }
 
 impl Client {
-    /// Connects to the API server at `endpoint` (`http://127.0.0.1:7443`; a missing scheme
-    /// means `http://`). Fails with [`ClientError::Unreachable`] if nothing answers.
+    /// Connects to the API server at `endpoint` without credentials (`http://127.0.0.1:7443`;
+    /// a missing scheme means `http://`): for in-process plain-HTTP servers. Fails with
+    /// [`ClientError::Unreachable`] if nothing answers.
     pub async fn connect(endpoint: &str) -> Result<Client, ClientError> {
-        let (url, ep) = endpoint_of(endpoint)?;
+        Client::connect_with(&ClientConfig::plain(endpoint)).await
+    }
+
+    /// Connects as `config` says: TLS trusting its CA, its client certificate or token.
+    pub async fn connect_with(config: &ClientConfig) -> Result<Client, ClientError> {
+        let (url, ep, creds) = endpoint_of(config)?;
         let channel = ep
             .connect()
             .await
             .map_err(|e| ClientError::unreachable(&url, &e))?;
         tracing::debug!(endpoint = %url, "connected to the API server");
-        Ok(Client::from_channel(channel, &url))
+        Ok(Client::with_credentials(channel, &url, creds))
     }
 
     /// Like [`Client::connect`] but connects on first use (and reconnects as needed): for
     /// components that may start before the API server.
     pub fn connect_lazy(endpoint: &str) -> Result<Client, ClientError> {
-        let (url, ep) = endpoint_of(endpoint)?;
-        Ok(Client::from_channel(ep.connect_lazy(), &url))
+        Client::connect_lazy_with(&ClientConfig::plain(endpoint))
     }
 
-    /// Wraps an existing channel.
+    /// Like [`Client::connect_with`] but connects on first use.
+    pub fn connect_lazy_with(config: &ClientConfig) -> Result<Client, ClientError> {
+        let (url, ep, creds) = endpoint_of(config)?;
+        Ok(Client::with_credentials(ep.connect_lazy(), &url, creds))
+    }
+
+    /// Wraps an existing channel (no credentials).
     pub fn from_channel(channel: Channel, endpoint: &str) -> Client {
-        let rpc = ApiClient::new(channel)
+        Client::with_credentials(channel, endpoint, Credentials::default())
+    }
+
+    fn with_credentials(channel: Channel, endpoint: &str, creds: Credentials) -> Client {
+        let rpc = ApiClient::with_interceptor(channel, creds)
             .max_decoding_message_size(MAX_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE);
         Client {
@@ -326,7 +402,7 @@ impl Raw {
         }
     }
 
-    fn rpc(&self) -> ApiClient<Channel> {
+    fn rpc(&self) -> Rpc {
         self.client.rpc.clone()
     }
 
@@ -763,14 +839,28 @@ mod tests {
 
     #[test]
     fn endpoint_gets_a_scheme() {
-        let (url, _) = endpoint_of("127.0.0.1:7443").unwrap();
-        assert_eq!(url, "http://127.0.0.1:7443");
-        let (url, _) = endpoint_of("http://localhost:1").unwrap();
-        assert_eq!(url, "http://localhost:1");
+        let url = |e: &str| endpoint_of(&ClientConfig::plain(e)).map(|(u, _, _)| u);
+        assert_eq!(url("127.0.0.1:7443").unwrap(), "http://127.0.0.1:7443");
+        assert_eq!(url("http://localhost:1").unwrap(), "http://localhost:1");
         assert!(matches!(
-            endpoint_of("http://bad host:1"),
+            url("http://bad host:1"),
             Err(ClientError::InvalidEndpoint { .. })
         ));
+    }
+
+    #[test]
+    fn https_needs_a_ca_and_tokens_become_a_bearer_header() {
+        let e = endpoint_of(&ClientConfig::plain("https://127.0.0.1:1"))
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no CA to verify the server"), "{e}");
+        let mut cfg = ClientConfig::plain("http://127.0.0.1:1");
+        cfg.token = Some("t0ken".into());
+        let (_, _, mut creds) = endpoint_of(&cfg).unwrap();
+        let req = creds.call(tonic::Request::new(())).unwrap();
+        assert_eq!(req.metadata().get("authorization").unwrap(), "Bearer t0ken");
+        assert!(!format!("{creds:?}").contains("t0ken"));
     }
 
     #[tokio::test]

@@ -1,14 +1,18 @@
-//! Where the API server is: `--server` flag, `$SKIFF_SERVER`, the config file, or the default.
+//! Where the API server is and who to be: a kubeconfig (`--kubeconfig`, `$SKIFF_CONFIG`, or
+//! `$HOME/.config/skiff/config.yaml`, which `cargo xtask up` writes), with the server URL
+//! overridable by `--server` or `$SKIFF_SERVER`.
 
 use std::path::{Path, PathBuf};
+
+pub use skiff_pki::Identity;
 
 use crate::error::ClientError;
 
 /// The API server address used when nothing else is configured.
-pub const DEFAULT_SERVER: &str = "http://127.0.0.1:7443";
+pub const DEFAULT_SERVER: &str = "https://127.0.0.1:7443";
 /// Environment variable holding the API server address.
 pub const SERVER_ENV: &str = "SKIFF_SERVER";
-/// Environment variable holding the path of the config file.
+/// Environment variable holding the path of the kubeconfig file.
 pub const CONFIG_ENV: &str = "SKIFF_CONFIG";
 
 /// Where the configured server address came from.
@@ -20,25 +24,83 @@ pub enum ConfigSource {
     Default,
 }
 
-/// The resolved client configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The resolved client configuration. `Debug` never shows keys or tokens.
+#[derive(Clone, PartialEq, Eq)]
 pub struct ClientConfig {
-    /// The API server URL, e.g. `http://127.0.0.1:7443`.
+    /// The API server URL, e.g. `https://127.0.0.1:7443`.
     pub server: String,
     pub source: ConfigSource,
+    /// The CA(s) the server's certificate must chain to (PEM); required for `https`.
+    pub ca_pem: Option<String>,
+    /// The name the server's certificate is checked against, when not the URL's host.
+    pub tls_server_name: Option<String>,
+    /// A client certificate and key.
+    pub identity: Option<Identity>,
+    /// A bearer token.
+    pub token: Option<String>,
+    /// The kubeconfig file the credentials came from.
+    pub kubeconfig: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientConfig")
+            .field("server", &self.server)
+            .field("source", &self.source)
+            .field("ca", &self.ca_pem.is_some())
+            .field("client_certificate", &self.identity.is_some())
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("kubeconfig", &self.kubeconfig)
+            .finish()
+    }
 }
 
 impl ClientConfig {
-    /// Resolves the server address from the process environment, in order of precedence:
-    /// `flag` (the `--server` option), `$SKIFF_SERVER`, the config file (`$SKIFF_CONFIG`, else
-    /// `$HOME/.config/skiff/config.yaml`, a YAML mapping with a `server:` key, written by
-    /// `cargo xtask up`), and [`DEFAULT_SERVER`]. A missing config file is not an error; an
-    /// unreadable or malformed one is.
-    pub fn load(flag: Option<&str>) -> Result<ClientConfig, ClientError> {
+    /// A configuration with only a server URL (no TLS trust, no credentials): for in-process
+    /// plain-HTTP servers of tests.
+    pub fn plain(server: &str) -> ClientConfig {
+        ClientConfig {
+            server: server.to_string(),
+            source: ConfigSource::Flag,
+            ca_pem: None,
+            tls_server_name: None,
+            identity: None,
+            token: None,
+            kubeconfig: None,
+        }
+    }
+
+    /// Everything a kubeconfig file says (its current context).
+    pub fn from_kubeconfig(path: &Path) -> Result<ClientConfig, ClientError> {
+        let r = skiff_pki::kubeconfig::load(path).map_err(|e| ClientError::Config {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        Ok(ClientConfig {
+            server: r.server,
+            source: ConfigSource::File(path.to_path_buf()),
+            ca_pem: r.ca_pem,
+            tls_server_name: r.tls_server_name,
+            identity: r.identity,
+            token: r.token,
+            kubeconfig: Some(path.to_path_buf()),
+        })
+    }
+
+    /// Resolves the configuration from the process environment: the kubeconfig of
+    /// `kubeconfig` (the `--kubeconfig` option; it must exist), else `$SKIFF_CONFIG`, else
+    /// `$HOME/.config/skiff/config.yaml` (those two may be missing); then the server URL of
+    /// `server` (the `--server` option) or `$SKIFF_SERVER` replaces the file's; without
+    /// either, [`DEFAULT_SERVER`].
+    pub fn load(
+        server: Option<&str>,
+        kubeconfig: Option<&Path>,
+    ) -> Result<ClientConfig, ClientError> {
         let env = |k: &str| std::env::var(k).ok();
         Self::resolve(
-            flag,
+            server,
             env(SERVER_ENV).as_deref(),
+            kubeconfig,
             env(CONFIG_ENV).as_deref(),
             env("HOME").as_deref(),
         )
@@ -48,34 +110,29 @@ impl ClientConfig {
     pub fn resolve(
         flag: Option<&str>,
         server_env: Option<&str>,
+        kubeconfig: Option<&Path>,
         config_env: Option<&str>,
         home: Option<&str>,
     ) -> Result<ClientConfig, ClientError> {
         let set = |v: Option<&str>| v.map(str::trim).filter(|v| !v.is_empty()).map(String::from);
+        let mut config = match kubeconfig.filter(|p| !p.as_os_str().is_empty()) {
+            Some(path) => ClientConfig::from_kubeconfig(path)?,
+            None => match config_path(config_env, home).filter(|p| p.exists()) {
+                Some(path) => ClientConfig::from_kubeconfig(&path)?,
+                None => ClientConfig {
+                    source: ConfigSource::Default,
+                    ..ClientConfig::plain(DEFAULT_SERVER)
+                },
+            },
+        };
         if let Some(server) = set(flag) {
-            return Ok(ClientConfig {
-                server,
-                source: ConfigSource::Flag,
-            });
+            config.server = server;
+            config.source = ConfigSource::Flag;
+        } else if let Some(server) = set(server_env) {
+            config.server = server;
+            config.source = ConfigSource::Env;
         }
-        if let Some(server) = set(server_env) {
-            return Ok(ClientConfig {
-                server,
-                source: ConfigSource::Env,
-            });
-        }
-        if let Some(path) = config_path(config_env, home)
-            && let Some(server) = read_config_file(&path)?
-        {
-            return Ok(ClientConfig {
-                server,
-                source: ConfigSource::File(path),
-            });
-        }
-        Ok(ClientConfig {
-            server: DEFAULT_SERVER.to_string(),
-            source: ConfigSource::Default,
-        })
+        Ok(config)
     }
 
     /// The API server URL.
@@ -97,107 +154,91 @@ pub fn config_path(config_env: Option<&str>, home: Option<&str>) -> Option<PathB
     })
 }
 
-/// The `server` of a config file; `None` if the file does not exist or has no `server`.
-fn read_config_file(path: &Path) -> Result<Option<String>, ClientError> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => {
-            return Err(ClientError::Config {
-                path: path.display().to_string(),
-                message: e.to_string(),
-            });
-        }
-    };
-    parse_config(&text).map_err(|message| ClientError::Config {
-        path: path.display().to_string(),
-        message,
-    })
-}
-
-/// Parses the config file's text: a YAML mapping whose `server` key, if present, must be a
-/// string. Other keys are ignored (later versions may add some).
-pub fn parse_config(text: &str) -> Result<Option<String>, String> {
-    let value: yaml_serde::Value =
-        yaml_serde::from_str(text).map_err(|e| format!("invalid YAML: {e}"))?;
-    match value {
-        yaml_serde::Value::Null => Ok(None),
-        yaml_serde::Value::Mapping(m) => match m.get("server") {
-            None | Some(yaml_serde::Value::Null) => Ok(None),
-            Some(yaml_serde::Value::String(s)) if s.trim().is_empty() => Ok(None),
-            Some(yaml_serde::Value::String(s)) => Ok(Some(s.trim().to_string())),
-            Some(_) => Err("server: must be a string such as http://127.0.0.1:7443".into()),
-        },
-        _ => Err("expected a mapping with a `server:` key".into()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn write(dir: &Path, name: &str, text: &str) -> String {
+    fn write_kubeconfig(dir: &Path, name: &str, server: &str) -> PathBuf {
         let p = dir.join(name);
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(&p, text).unwrap();
-        p.display().to_string()
+        let id = Identity {
+            cert_pem: "CERT".into(),
+            key_pem: "KEY".into(),
+        };
+        skiff_pki::Kubeconfig::single("skiff", server, "CA", "admin", Some(&id), None)
+            .write(&p)
+            .unwrap();
+        p
     }
 
     #[test]
     fn precedence_flag_env_file_default() {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = write(dir.path(), "c.yaml", "server: http://file:1\n");
+        let cfg = write_kubeconfig(dir.path(), "c.yaml", "https://file:1");
+        let cfg_s = cfg.display().to_string();
         let c = ClientConfig::resolve(
-            Some("http://flag:1"),
-            Some("http://env:1"),
-            Some(&cfg),
+            Some("https://flag:1"),
+            Some("https://env:1"),
+            None,
+            Some(&cfg_s),
             None,
         )
         .unwrap();
         assert_eq!(
             (c.server.as_str(), &c.source),
-            ("http://flag:1", &ConfigSource::Flag)
+            ("https://flag:1", &ConfigSource::Flag)
         );
-        let c = ClientConfig::resolve(None, Some("http://env:1"), Some(&cfg), None).unwrap();
+        // The URL is overridden, the credentials stay.
+        assert_eq!(c.ca_pem.as_deref(), Some("CA"));
+        assert!(c.identity.is_some());
+        let c =
+            ClientConfig::resolve(None, Some("https://env:1"), None, Some(&cfg_s), None).unwrap();
         assert_eq!(
             (c.server.as_str(), &c.source),
-            ("http://env:1", &ConfigSource::Env)
+            ("https://env:1", &ConfigSource::Env)
         );
-        let c = ClientConfig::resolve(Some(""), Some(""), Some(&cfg), None).unwrap();
-        assert_eq!(c.server, "http://file:1");
-        assert_eq!(c.source, ConfigSource::File(PathBuf::from(&cfg)));
-        let c = ClientConfig::resolve(None, None, None, None).unwrap();
+        let c = ClientConfig::resolve(Some(""), Some(""), None, Some(&cfg_s), None).unwrap();
+        assert_eq!(c.server, "https://file:1");
+        assert_eq!(c.source, ConfigSource::File(cfg.clone()));
+        let c = ClientConfig::resolve(None, None, None, None, None).unwrap();
         assert_eq!(
             (c.server.as_str(), &c.source),
             (DEFAULT_SERVER, &ConfigSource::Default)
         );
+        // --kubeconfig wins over $SKIFF_CONFIG.
+        let other = write_kubeconfig(dir.path(), "o.yaml", "https://other:1");
+        let c = ClientConfig::resolve(None, None, Some(&other), Some(&cfg_s), None).unwrap();
+        assert_eq!(c.server, "https://other:1");
+        assert!(!format!("{c:?}").contains("KEY"));
     }
 
     #[test]
     fn home_config_file_is_used_without_skiff_config() {
         let dir = tempfile::tempdir().unwrap();
-        write(
+        write_kubeconfig(
             dir.path(),
             ".config/skiff/config.yaml",
-            "server: http://127.0.0.1:7999\n",
+            "https://127.0.0.1:7999",
         );
         let home = dir.path().display().to_string();
-        let c = ClientConfig::resolve(None, None, None, Some(&home)).unwrap();
-        assert_eq!(c.server, "http://127.0.0.1:7999");
+        let c = ClientConfig::resolve(None, None, None, None, Some(&home)).unwrap();
+        assert_eq!(c.server, "https://127.0.0.1:7999");
         // $SKIFF_CONFIG wins over $HOME, and a missing file falls through to the default.
         let missing = dir.path().join("nope.yaml").display().to_string();
-        let c = ClientConfig::resolve(None, None, Some(&missing), Some(&home)).unwrap();
+        let c = ClientConfig::resolve(None, None, None, Some(&missing), Some(&home)).unwrap();
         assert_eq!(c.source, ConfigSource::Default);
     }
 
     #[test]
-    fn malformed_config_is_an_error() {
+    fn malformed_or_missing_explicit_config_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = write(dir.path(), "c.yaml", "server: [1, 2]\n");
-        let err = ClientConfig::resolve(None, None, Some(&cfg), None).unwrap_err();
+        let p = dir.path().join("c.yaml");
+        std::fs::write(&p, "clusters: [1, 2]\n").unwrap();
+        let err = ClientConfig::resolve(None, None, None, Some(&p.display().to_string()), None)
+            .unwrap_err();
         assert!(matches!(err, ClientError::Config { .. }), "{err}");
-        assert_eq!(parse_config("").unwrap(), None);
-        assert_eq!(parse_config("other: 1\n").unwrap(), None);
-        assert!(parse_config("- a\n").is_err());
+        let err = ClientConfig::resolve(None, None, Some(&dir.path().join("none")), None, None)
+            .unwrap_err();
+        assert!(err.to_string().contains("none"), "{err}");
     }
 }

@@ -32,6 +32,13 @@ pub enum ClientError {
     /// the new list's resourceVersion.
     #[error("{message}")]
     Expired { message: String },
+    /// The API server did not accept the credentials (none, an expired or unknown token, a
+    /// certificate of another CA): kubectl's wording.
+    #[error("You must be logged in to the server ({message})")]
+    Unauthorized { message: String },
+    /// The credentials are good but do not allow the request.
+    #[error("{message}")]
+    Forbidden { message: String },
     /// The API server could not be reached at all.
     #[error(
         "cannot reach the Skiff API server at {endpoint}: {reason} (is it running? start one with `cargo xtask up`)"
@@ -112,6 +119,8 @@ impl ClientError {
             Code::Aborted => ClientError::Conflict { message },
             Code::InvalidArgument => ClientError::Invalid { message },
             Code::OutOfRange => ClientError::Expired { message },
+            Code::Unauthenticated => ClientError::Unauthorized { message },
+            Code::PermissionDenied => ClientError::Forbidden { message },
             Code::Unavailable => ClientError::Unreachable {
                 endpoint: endpoint.to_string(),
                 reason: transport_reason_from_message(status.message()),
@@ -163,6 +172,8 @@ impl ClientError {
             ClientError::Conflict { .. } => Code::Aborted,
             ClientError::Invalid { .. } | ClientError::Encode(_) => Code::InvalidArgument,
             ClientError::Expired { .. } => Code::OutOfRange,
+            ClientError::Unauthorized { .. } => Code::Unauthenticated,
+            ClientError::Forbidden { .. } => Code::PermissionDenied,
             ClientError::Unreachable { .. } => Code::Unavailable,
             ClientError::InvalidEndpoint { .. } | ClientError::Config { .. } => {
                 Code::InvalidArgument

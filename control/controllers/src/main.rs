@@ -16,10 +16,13 @@ use skiff_controllers::ranges::{Ipv4Cidr, PortRange};
 #[derive(Debug, Parser)]
 #[command(name = "skiff-controller-manager", version, about)]
 struct Args {
-    /// API server URL [default: $SKIFF_SERVER, the client config file, or
-    /// http://127.0.0.1:7443].
+    /// API server URL [default: $SKIFF_SERVER, then the kubeconfig's].
     #[arg(long, value_name = "URL")]
     server: Option<String>,
+    /// The kubeconfig to use (default: $SKIFF_CONFIG, then ~/.config/skiff/config.yaml):
+    /// the server, the CA to trust and the client certificate or token.
+    #[arg(long, value_name = "PATH")]
+    kubeconfig: Option<std::path::PathBuf>,
     /// Controllers to run: names separated by commas, `*` for all, `-name` to switch one off
     /// (known: replicaset, deployment, endpoints, service-allocator, nodeipam,
     /// garbagecollector, namespace, nodelifecycle).
@@ -86,8 +89,8 @@ async fn run(args: Args) -> Result<()> {
     };
     node_lifecycle.validate()?;
     let identity = args.identity.unwrap_or_else(default_identity);
-    let config = ClientConfig::load(args.server.as_deref())?;
-    let client = Client::connect_lazy(&config.server)?;
+    let config = ClientConfig::load(args.server.as_deref(), args.kubeconfig.as_deref())?;
+    let client = Client::connect_lazy_with(&config)?;
     let leader_election = args.leader_elect.then(|| {
         LeaderElectionConfig::new(&args.lease_name, &identity)
             .in_namespace(&args.lease_namespace)

@@ -15,10 +15,13 @@ use skiff_scheduler::{DEFAULT_SCHEDULER_NAME, Scheduler, SchedulerConfig, watch_
     about = "Skiff scheduler: binds pending pods to nodes"
 )]
 struct Cli {
-    /// The API server (default: SKIFF_SERVER, then the skiff config file, then
-    /// http://127.0.0.1:7443).
+    /// The API server URL (default: SKIFF_SERVER, then the kubeconfig's).
     #[arg(long)]
     server: Option<String>,
+    /// The kubeconfig to use (default: $SKIFF_CONFIG, then ~/.config/skiff/config.yaml):
+    /// the server, the CA to trust and the client certificate or token.
+    #[arg(long, value_name = "PATH")]
+    kubeconfig: Option<std::path::PathBuf>,
     /// Schedule the pods whose spec.schedulerName is this.
     #[arg(long, default_value = DEFAULT_SCHEDULER_NAME)]
     scheduler_name: String,
@@ -55,10 +58,10 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let cli = Cli::parse();
-    let config = skiff_client::ClientConfig::load(cli.server.as_deref())
+    let config = skiff_client::ClientConfig::load(cli.server.as_deref(), cli.kubeconfig.as_deref())
         .context("finding the API server")?;
-    let client = skiff_client::Client::connect_lazy(config.endpoint())
-        .context("connecting to the API server")?;
+    let client =
+        skiff_client::Client::connect_lazy_with(&config).context("connecting to the API server")?;
     tracing::info!(server = %config.endpoint(), scheduler_name = %cli.scheduler_name,
         leader_elect = cli.leader_elect, "skiff-scheduler starting");
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")

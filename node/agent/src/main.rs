@@ -65,10 +65,13 @@ fn node_labels(s: &str) -> Result<std::collections::BTreeMap<String, String>, St
 
 #[derive(Args, Debug)]
 struct RunArgs {
-    /// The API server (default: SKIFF_SERVER, then the skiff config file, then
-    /// http://127.0.0.1:7443).
+    /// The API server URL (default: SKIFF_SERVER, then the kubeconfig's).
     #[arg(long)]
     server: Option<String>,
+    /// The kubeconfig to use (default: $SKIFF_CONFIG, then ~/.config/skiff/config.yaml):
+    /// the server, the CA to trust and the client certificate or token.
+    #[arg(long, value_name = "PATH")]
+    kubeconfig: Option<std::path::PathBuf>,
     /// This node's name (default: the host name).
     #[arg(long)]
     node_name: Option<String>,
@@ -211,8 +214,9 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
     cfg.api_listen = args.api_listen;
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     rt.block_on(async move {
-        let config = skiff_client::ClientConfig::load(args.server.as_deref())?;
-        let client = skiff_client::Client::connect_lazy(config.endpoint())?;
+        let config =
+            skiff_client::ClientConfig::load(args.server.as_deref(), args.kubeconfig.as_deref())?;
+        let client = skiff_client::Client::connect_lazy_with(&config)?;
         let shutdown = async {
             if let Err(e) = skiff_client::runtime::terminated().await {
                 tracing::error!(error = %e, "cannot watch for SIGTERM/SIGINT; stopping");

@@ -103,8 +103,8 @@ impl Sizes {
 /// What one side is: an API server (on some store), or etcd itself.
 enum Target {
     Api {
-        endpoint: String,
-        pods: Api<Pod>,
+        config: Box<skiff_client::ClientConfig>,
+        pods: Box<Api<Pod>>,
         run_id: String,
     },
     Etcd {
@@ -161,9 +161,9 @@ impl Target {
     /// shared with the creates).
     async fn watch(&self, batch: &str, count: usize) -> Result<Vec<Names>> {
         match self {
-            Target::Api { endpoint, .. } => {
+            Target::Api { config, .. } => {
                 let lp = ListParams::default().labels(&format!("{BATCH_LABEL}={batch}"));
-                apiload::api_watchers::<Pod>(endpoint, NAMESPACE, &lp, count).await
+                apiload::api_watchers::<Pod>(config, NAMESPACE, &lp, count).await
             }
             Target::Etcd {
                 endpoint, prefix, ..
@@ -337,12 +337,13 @@ async fn measure_side(target: &Target, tag: &str, sizes: Sizes, pids: &[u32]) ->
 }
 
 async fn api_target(server: &ApiServer, run_id: &str) -> Result<Target> {
-    let client = Client::connect(&server.endpoint)
+    let config = server.client_config();
+    let client = Client::connect_with(&config)
         .await
         .context("connecting to the API server")?;
     Ok(Target::Api {
-        endpoint: server.endpoint.clone(),
-        pods: client.namespaced::<Pod>(NAMESPACE),
+        config: Box::new(config),
+        pods: Box::new(client.namespaced::<Pod>(NAMESPACE)),
         run_id: run_id.to_string(),
     })
 }

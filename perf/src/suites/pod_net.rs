@@ -334,7 +334,7 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
         env.binaries
             .insert(format!("skiff-node ({name})"), exe.display().to_string());
     }
-    let client = Client::connect(&server.endpoint)
+    let client = Client::connect_with(&server.client_config())
         .await
         .context("connecting to the API server")?;
     for node in [&node_a, &node_b] {

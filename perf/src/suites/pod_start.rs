@@ -115,7 +115,7 @@ impl OneNode {
         );
         env.binaries
             .insert("skiff-node".into(), agent_exe.display().to_string());
-        let client = Client::connect(&server.endpoint)
+        let client = Client::connect_with(&server.client_config())
             .await
             .context("connecting to the API server")?;
         wait_node_ready(&client, node_name)

@@ -43,7 +43,7 @@ use crate::apiload::{
     self, CREATE_CONCURRENCY, Names, Receipts, WATCHERS_PER_CONNECTION, deliveries,
     delivery_timeout,
 };
-use crate::http1::{Conn, Pool};
+use crate::http1::{Conn, Pool, Tls};
 use crate::report::{Measured, Role, Series, SuiteReport, fmt_ms, fmt_share};
 use crate::stats::Summary;
 use crate::{host, procfs};
@@ -593,8 +593,13 @@ async fn list_phase(
 }
 
 /// `count` REST watchers of `ns`, one HTTP/1.1 connection each, from the revision of a list.
-async fn rest_watchers(addr: SocketAddr, ns: &str, count: usize) -> Result<Vec<Names>> {
-    let pool = Pool::connect(addr, 1).await?;
+async fn rest_watchers(
+    addr: SocketAddr,
+    tls: Option<&Tls>,
+    ns: &str,
+    count: usize,
+) -> Result<Vec<Names>> {
+    let pool = Pool::connect(addr, tls, 1).await?;
     let (list, _) = rest_list(&pool, ns, "").await?;
     let rv = list.metadata.resource_version;
     if rv.is_empty() || !rv.bytes().all(|b| b.is_ascii_digit()) {
@@ -604,7 +609,7 @@ async fn rest_watchers(addr: SocketAddr, ns: &str, count: usize) -> Result<Vec<N
     let path = &path;
     futures::stream::iter(0..count)
         .map(|_| async move {
-            let lines = Conn::connect(addr).await?.lines(path).await?;
+            let lines = Conn::connect(addr, tls).await?.lines(path).await?;
             Ok::<Names, anyhow::Error>(lines.map(|l| watch_names(&l?)).boxed())
         })
         .buffered(CONNECTS_IN_FLIGHT)
@@ -626,7 +631,9 @@ async fn fanout_phase(
 ) -> Result<Fanout> {
     let server = ApiServer::start(Backend::Etcd(etcd.endpoint.clone()));
     let (pid, _) = host::apiserver_pid(&server, bin_dir)?;
-    let writer: Api<Endpoints> = Client::connect(&server.endpoint)
+    let config = server.client_config();
+    let tls = Tls::for_config(&config)?;
+    let writer: Api<Endpoints> = Client::connect_with(&config)
         .await
         .context("connecting the writer")?
         .namespaced(ns);
@@ -635,10 +642,9 @@ async fn fanout_phase(
     let rss_before = procfs::usage(pid)?.rss_bytes;
     let t0 = Instant::now();
     let streams = match front {
-        Front::Rest => rest_watchers(server.addr, ns, w).await?,
+        Front::Rest => rest_watchers(server.addr, tls.as_ref(), ns, w).await?,
         Front::Grpc => {
-            apiload::api_watchers::<Endpoints>(&server.endpoint, ns, &ListParams::default(), w)
-                .await?
+            apiload::api_watchers::<Endpoints>(&config, ns, &ListParams::default(), w).await?
         }
     };
     let mut receipts = Receipts::spawn(streams);
@@ -746,13 +752,15 @@ async fn measure_once(
     let server = ApiServer::start(Backend::Etcd(etcd.endpoint.clone()));
     let (api_pid, exe) = host::apiserver_pid(&server, bin_dir)?;
     env.binaries.insert("skiff-apiserver".into(), exe);
-    let client = Client::connect(&server.endpoint)
+    let config = server.client_config();
+    let client = Client::connect_with(&config)
         .await
         .context("connecting to the API server")?;
     for tag in ["rest", "grpc", "list", "wrst", "wgrp"] {
         create_namespace(&client, &ns(tag)).await?;
     }
-    let pool = Pool::connect(server.addr, CREATE_CONCURRENCY).await?;
+    let tls = Tls::for_config(&config)?;
+    let pool = Pool::connect(server.addr, tls.as_ref(), CREATE_CONCURRENCY).await?;
     let servers = Servers {
         api_pid,
         etcd_pid,

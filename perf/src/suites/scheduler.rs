@@ -147,6 +147,10 @@ impl Round {
 /// The cluster every round runs on.
 struct Cluster {
     endpoint: String,
+    /// The administrator's client configuration (the baseline binder's).
+    config: skiff_client::ClientConfig,
+    /// The kubeconfig the API server wrote for the scheduler.
+    scheduler_kubeconfig: PathBuf,
     bin_dir: PathBuf,
     logs: tempfile::TempDir,
     pods: Api<Pod>,
@@ -389,7 +393,7 @@ async fn measure_nodes(
         "skiff-apiserver".into(),
         apiserver_exe.display().to_string(),
     );
-    let client = Client::connect(&server.endpoint)
+    let client = Client::connect_with(&server.client_config())
         .await
         .context("connecting to the API server")?;
 
@@ -408,6 +412,8 @@ async fn measure_nodes(
 
     let cluster = Cluster {
         endpoint: server.endpoint.clone(),
+        config: server.client_config(),
+        scheduler_kubeconfig: server.component_kubeconfig("scheduler"),
         bin_dir: bin_dir.to_path_buf(),
         logs: tempfile::Builder::new()
             .prefix("skiff-perf-scheduler-")
@@ -592,7 +598,7 @@ async fn run_round(
             no_scheduler_running(&c.endpoint)?;
             Running::Baseline(
                 RoundRobinBinder::start(
-                    &c.endpoint,
+                    &c.config,
                     &format!("{RUN_LABEL}={}", c.run_id),
                     c.nodes.clone(),
                     BIND_CONCURRENCY,
@@ -737,6 +743,8 @@ impl SchedulerProcess {
         let bin = c.bin_dir.join("skiff-scheduler");
         let child = Command::new(&bin)
             .args(["--server", &c.endpoint, "--leader-elect=false"])
+            .arg("--kubeconfig")
+            .arg(&c.scheduler_kubeconfig)
             .args(["--bind-concurrency", &BIND_CONCURRENCY.to_string()])
             .args(["--identity", &identity])
             .env("RUST_LOG", "warn")
@@ -787,7 +795,7 @@ struct RoundRobinBinder {
 
 impl RoundRobinBinder {
     async fn start(
-        endpoint: &str,
+        config: &skiff_client::ClientConfig,
         label_selector: &str,
         nodes: Vec<String>,
         concurrency: usize,
@@ -796,7 +804,7 @@ impl RoundRobinBinder {
             bail!("no nodes to bind to");
         }
         // Its own connection, as the scheduler process has.
-        let client = Client::connect(endpoint)
+        let client = Client::connect_with(config)
             .await
             .context("connecting the baseline binder")?;
         let pods = client.namespaced::<Pod>(NAMESPACE);

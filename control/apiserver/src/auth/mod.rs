@@ -1,0 +1,257 @@
+//! Who is asking: authentication of every request on the API server's port, REST and gRPC
+//! alike, as kube-apiserver's authenticator chain does it.
+//!
+//! - x509 client certificates (verified once per connection against the client CA: CN is the
+//!   user, each O a group);
+//! - bearer tokens from a static token file (`--token-auth-file`, kube-apiserver's CSV:
+//!   `token,user,uid,"group1,group2"`).
+//!
+//! Credentials that are presented but do not verify are a 401, whatever else the request
+//! carries (kube-apiserver's union fails on error). A request with no credentials at all is
+//! anonymous, which is allowed only on the public health and version paths
+//! ([`ANONYMOUS_PATHS`], kube-apiserver's `system:public-info-viewer`); elsewhere it is a 401.
+//! Every authenticated user is also in `system:authenticated`. Tokens are compared by their
+//! SHA-256 and never logged.
+
+mod tokens;
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use rustls::pki_types::CertificateDer;
+use skiff_pki::Usage;
+use tracing::debug;
+
+pub use tokens::{TokenFile, TokenFileError};
+
+/// The group every authenticated user is in.
+pub const AUTHENTICATED_GROUP: &str = "system:authenticated";
+/// The anonymous user and its group.
+pub const ANONYMOUS_USER: &str = "system:anonymous";
+pub const UNAUTHENTICATED_GROUP: &str = "system:unauthenticated";
+/// Paths anyone may read without credentials.
+pub const ANONYMOUS_PATHS: &[&str] = &["/healthz", "/livez", "/readyz", "/version", "/version/"];
+
+/// An authenticated user, as Kubernetes' `user.Info`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct UserInfo {
+    pub name: String,
+    pub uid: String,
+    pub groups: Vec<String>,
+}
+
+impl UserInfo {
+    fn authenticated(name: String, uid: String, mut groups: Vec<String>) -> UserInfo {
+        if !groups.iter().any(|g| g == AUTHENTICATED_GROUP) {
+            groups.push(AUTHENTICATED_GROUP.to_string());
+        }
+        UserInfo { name, uid, groups }
+    }
+
+    fn anonymous() -> UserInfo {
+        UserInfo {
+            name: ANONYMOUS_USER.into(),
+            uid: String::new(),
+            groups: vec![UNAUTHENTICATED_GROUP.into()],
+        }
+    }
+}
+
+/// What a connection's TLS handshake established, attached to each of its requests by the
+/// server loop.
+#[derive(Debug, Clone, Default)]
+pub struct PeerIdentity {
+    /// `None`: no client certificate; `Some(Err)`: one that did not verify (why, for the
+    /// log); `Some(Ok)`: the certificate's user.
+    pub cert: Option<Result<UserInfo, String>>,
+}
+
+/// The authenticators the server was configured with.
+#[derive(Debug, Default)]
+pub struct Authenticator {
+    /// PEM of the CA(s) client certificates must chain to (none: client certificates are
+    /// not accepted).
+    pub client_ca_pem: Option<String>,
+    pub tokens: TokenFile,
+}
+
+/// Why a request was refused authentication (for the log; the client sees only 401).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    #[error("client certificate: {0}")]
+    Certificate(String),
+    #[error("invalid bearer token")]
+    Token,
+    #[error("malformed Authorization header")]
+    Header,
+    #[error("no credentials")]
+    Anonymous,
+}
+
+impl Authenticator {
+    /// The user of a connection's client certificate chain (DER, leaf first): checked against
+    /// the client CA, its CN and O entries as user and groups.
+    pub fn identify_certificate(&self, chain: &[CertificateDer<'_>]) -> Result<UserInfo, String> {
+        let Some(ca) = &self.client_ca_pem else {
+            return Err("client certificates are not accepted".into());
+        };
+        let (leaf, intermediates) = chain.split_first().ok_or("empty chain")?;
+        skiff_pki::tls::verify_chain_for(ca, leaf, intermediates, Usage::Client)?;
+        let info = skiff_pki::parse(leaf, "the client certificate").map_err(|e| e.to_string())?;
+        if info.common_name.is_empty() {
+            return Err("the certificate has no common name".into());
+        }
+        Ok(UserInfo::authenticated(
+            info.common_name,
+            String::new(),
+            info.organizations,
+        ))
+    }
+
+    /// Who sent a request: its connection's certificate, else its bearer token, else
+    /// anonymous (only on [`ANONYMOUS_PATHS`]).
+    pub fn authenticate(
+        &self,
+        peer: Option<&PeerIdentity>,
+        headers: &HeaderMap,
+        path: &str,
+    ) -> Result<UserInfo, AuthError> {
+        if let Some(cert) = peer.and_then(|p| p.cert.as_ref()) {
+            return cert.clone().map_err(AuthError::Certificate);
+        }
+        if let Some(value) = headers.get(header::AUTHORIZATION) {
+            let value = value.to_str().map_err(|_| AuthError::Header)?;
+            let token = match value.split_once(' ') {
+                Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => token.trim(),
+                _ => return Err(AuthError::Header),
+            };
+            if token.is_empty() {
+                return Err(AuthError::Header);
+            }
+            return self.tokens.lookup(token).ok_or(AuthError::Token);
+        }
+        if ANONYMOUS_PATHS.contains(&path) {
+            return Ok(UserInfo::anonymous());
+        }
+        Err(AuthError::Anonymous)
+    }
+}
+
+/// kube-apiserver's answer to a request it cannot authenticate: a `Status` with code 401
+/// for REST, `UNAUTHENTICATED` for gRPC.
+pub fn unauthorized(grpc: bool) -> Response {
+    if grpc {
+        return tonic::Status::unauthenticated("Unauthorized")
+            .into_http::<Body>()
+            .into_response();
+    }
+    let body = serde_json::json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": "Unauthorized",
+        "reason": "Unauthorized",
+        "code": 401
+    });
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// Whether a request is a gRPC call.
+pub fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"))
+}
+
+/// The middleware: authenticates, then hands the request on with its [`UserInfo`] in the
+/// extensions, or answers 401.
+pub async fn middleware(
+    State(authn): State<Arc<Authenticator>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let result = authn.authenticate(
+        req.extensions().get::<PeerIdentity>(),
+        req.headers(),
+        req.uri().path(),
+    );
+    match result {
+        Ok(user) => {
+            req.extensions_mut().insert(user);
+            next.run(req).await
+        }
+        Err(e) => {
+            debug!(path = %req.uri().path(), reason = %e, "authentication failed");
+            unauthorized(is_grpc(req.headers()))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skiff_pki::{Ca, LeafSpec};
+
+    fn der(pem: &str) -> CertificateDer<'static> {
+        CertificateDer::from(skiff_pki::pem_certificates(pem, "c").unwrap().remove(0))
+    }
+
+    #[test]
+    fn certificates_tokens_and_anonymous() {
+        let ca = Ca::generate("ca").unwrap();
+        let other = Ca::generate("other").unwrap();
+        let tokens = TokenFile::parse("s3cret,alice,u-1,\"dev,ops\"\n", "f").unwrap();
+        let a = Authenticator {
+            client_ca_pem: Some(ca.cert_pem().to_string()),
+            tokens,
+        };
+        let id = ca
+            .issue(&LeafSpec::client("system:node:n1", &["system:nodes"]))
+            .unwrap();
+        let user = a.identify_certificate(&[der(&id.cert_pem)]).unwrap();
+        assert_eq!(user.name, "system:node:n1");
+        assert_eq!(user.groups, vec!["system:nodes", AUTHENTICATED_GROUP]);
+        let foreign = other.issue(&LeafSpec::client("mallory", &[])).unwrap();
+        let e = a
+            .identify_certificate(&[der(&foreign.cert_pem)])
+            .unwrap_err();
+        assert!(e.contains("UnknownIssuer"), "{e}");
+
+        let mut h = HeaderMap::new();
+        h.insert(header::AUTHORIZATION, "Bearer s3cret".parse().unwrap());
+        let u = a.authenticate(None, &h, "/api").unwrap();
+        assert_eq!((u.name.as_str(), u.uid.as_str()), ("alice", "u-1"));
+        assert_eq!(u.groups, vec!["dev", "ops", AUTHENTICATED_GROUP]);
+        h.insert(header::AUTHORIZATION, "Bearer wrong".parse().unwrap());
+        assert_eq!(a.authenticate(None, &h, "/healthz"), Err(AuthError::Token));
+        h.insert(header::AUTHORIZATION, "Basic abc".parse().unwrap());
+        assert_eq!(a.authenticate(None, &h, "/api"), Err(AuthError::Header));
+        // A bad certificate fails even with a good token.
+        let bad = PeerIdentity {
+            cert: Some(Err("UnknownIssuer".into())),
+        };
+        h.insert(header::AUTHORIZATION, "Bearer s3cret".parse().unwrap());
+        assert!(matches!(
+            a.authenticate(Some(&bad), &h, "/api"),
+            Err(AuthError::Certificate(_))
+        ));
+        let none = HeaderMap::new();
+        assert_eq!(
+            a.authenticate(None, &none, "/api/v1/pods"),
+            Err(AuthError::Anonymous)
+        );
+        let anon = a.authenticate(None, &none, "/healthz").unwrap();
+        assert_eq!(anon.name, ANONYMOUS_USER);
+    }
+}

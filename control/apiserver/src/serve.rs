@@ -1,0 +1,123 @@
+//! The accept loop of the API server's one port: plain TCP (in-process servers of tests and
+//! benchmarks) or TLS, each connection served by hyper (HTTP/1.1 with upgrades for
+//! WebSocket, or HTTP/2 for gRPC and REST) with the connection's [`PeerIdentity`] in every
+//! request's extensions. Handshakes run in the connection's own task, bounded in time, so a
+//! slow or hostile client never holds up others.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::Request;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tracing::debug;
+
+use crate::auth::{Authenticator, PeerIdentity};
+
+/// How long a client may take to finish its TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// TLS and the authenticator whose certificate check runs once per connection.
+#[derive(Clone)]
+pub(crate) struct TlsSetup {
+    pub acceptor: tokio_rustls::TlsAcceptor,
+    pub authn: Arc<Authenticator>,
+}
+
+/// Serves `app` on `listener` until `shutdown` fires, then waits for open connections to
+/// finish (the caller bounds how long).
+pub(crate) async fn serve(
+    listener: TcpListener,
+    app: Router,
+    tls: Option<TlsSetup>,
+    shutdown: oneshot::Receiver<()>,
+) -> std::io::Result<()> {
+    let graceful = GracefulShutdown::new();
+    let mut shutdown = shutdown;
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait rather than spin.
+                    debug!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = tcp.set_nodelay(true);
+        let app = app.clone();
+        let tls = tls.clone();
+        let watcher = graceful.watcher();
+        tokio::spawn(async move {
+            let builder = Builder::new(TokioExecutor::new());
+            match tls {
+                None => {
+                    let svc = with_peer(app, PeerIdentity::default());
+                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tcp), svc);
+                    let _ = watcher.watch(conn.into_owned()).await;
+                }
+                Some(tls) => {
+                    let stream =
+                        match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.acceptor.accept(tcp))
+                            .await
+                        {
+                            Ok(Ok(s)) => s,
+                            Ok(Err(e)) => {
+                                debug!(%peer, error = %e, "TLS handshake failed");
+                                return;
+                            }
+                            Err(_) => {
+                                debug!(%peer, "TLS handshake timed out");
+                                return;
+                            }
+                        };
+                    let identity = PeerIdentity {
+                        cert: stream
+                            .get_ref()
+                            .1
+                            .peer_certificates()
+                            .filter(|c| !c.is_empty())
+                            .map(|chain| tls.authn.identify_certificate(chain)),
+                    };
+                    let svc = with_peer(app, identity);
+                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
+                    let _ = watcher.watch(conn.into_owned()).await;
+                }
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}
+
+/// The router with the connection's identity put into each request.
+#[derive(Clone)]
+struct WithPeer {
+    app: Router,
+    identity: PeerIdentity,
+}
+
+fn with_peer(app: Router, identity: PeerIdentity) -> WithPeer {
+    WithPeer { app, identity }
+}
+
+impl hyper::service::Service<Request<Incoming>> for WithPeer {
+    type Response = axum::response::Response;
+    type Error = std::convert::Infallible;
+    type Future = <Router as tower::Service<Request<Incoming>>>::Future;
+
+    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
+        req.extensions_mut().insert(self.identity.clone());
+        // A Router is always ready (axum's own server calls it the same way).
+        tower::Service::call(&mut self.app.clone(), req)
+    }
+}
