@@ -10,7 +10,7 @@ use prost_types::field_descriptor_proto::{Label, Type};
 use prost_types::{DescriptorProto, FileDescriptorSet};
 
 /// Kubernetes spells these with capitalised initialisms, which camelCase can't derive.
-const RENAMES: [(&str, &str); 20] = [
+const RENAMES: [(&str, &str); 21] = [
     ("NodeSpec.pod_cidr", "podCIDR"),
     ("NodeSpec.pod_cidrs", "podCIDRs"),
     ("NodeSpec.provider_id", "providerID"),
@@ -32,6 +32,7 @@ const RENAMES: [(&str, &str); 20] = [
     // Kubernetes' DaemonEndpoint is the one type that spells a field capitalised.
     ("DaemonEndpoint.port", "Port"),
     ("Volume.downward_api", "downwardAPI"),
+    ("PolicyRule.non_resource_urls", "nonResourceURLs"),
 ];
 
 /// IntOrString: a port number or a name, a count or a percentage.
@@ -95,6 +96,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/skiff/meta.proto",
         "proto/skiff/core.proto",
         "proto/skiff/apps.proto",
+        "proto/skiff/rbac.proto",
         "proto/skiff/rpc.proto",
     ];
     let mut builder = tonic_prost_build::configure()

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::api::{
     ContainerStatus, Deployment, Endpoints, Event, LabelSelector, Lease, Namespace, Node, Pod,
-    PodTemplateSpec, ReplicaSet, Secret, Service, ServicePort,
+    PodTemplateSpec, ReplicaSet, RoleBinding, Secret, Service, ServicePort,
 };
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::de::DeserializeOwned;
@@ -79,6 +79,11 @@ pub fn headers(kind: &str, wide: bool) -> Vec<String> {
         ),
         "Lease" => (&["NAME", "HOLDER", "AGE"], &[]),
         "Secret" => (&["NAME", "TYPE", "DATA", "AGE"], &[]),
+        "Role" | "ClusterRole" => (&["NAME", "CREATED AT"], &[]),
+        "RoleBinding" | "ClusterRoleBinding" => (
+            &["NAME", "ROLE", "AGE"],
+            &["USERS", "GROUPS", "SERVICEACCOUNTS"],
+        ),
         "Event" => (
             &["LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"],
             &["SUBOBJECT", "SOURCE", "FIRST SEEN", "COUNT", "NAME"],
@@ -262,6 +267,37 @@ pub fn cells(kind: &str, obj: &Value, wide: bool, now: DateTime<Utc>) -> Vec<Str
                     spec.template.as_ref(),
                     spec.selector.as_ref(),
                 ));
+            }
+            c
+        }
+        "Role" | "ClusterRole" => {
+            let at = obj["metadata"]["creationTimestamp"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            vec![name, at]
+        }
+        "RoleBinding" | "ClusterRoleBinding" => {
+            let b: RoleBinding = typed(obj);
+            let role = b
+                .role_ref
+                .as_ref()
+                .map(|r| format!("{}/{}", r.kind, r.name))
+                .unwrap_or_default();
+            let mut c = vec![name, role, created];
+            if wide {
+                let of = |kind: &str| {
+                    b.subjects
+                        .iter()
+                        .filter(|s| s.kind == kind)
+                        .map(|s| match kind {
+                            "ServiceAccount" => format!("{}/{}", s.namespace, s.name),
+                            _ => s.name.clone(),
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                c.extend([of("User"), of("Group"), of("ServiceAccount")]);
             }
             c
         }

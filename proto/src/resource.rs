@@ -226,6 +226,39 @@ resource!(
     no_status
 );
 
+resource!(
+    Role,
+    "rbac.authorization.k8s.io/v1",
+    "roles",
+    [],
+    true,
+    no_status
+);
+resource!(
+    ClusterRole,
+    "rbac.authorization.k8s.io/v1",
+    "clusterroles",
+    [],
+    false,
+    no_status
+);
+resource!(
+    RoleBinding,
+    "rbac.authorization.k8s.io/v1",
+    "rolebindings",
+    [],
+    true,
+    no_status
+);
+resource!(
+    ClusterRoleBinding,
+    "rbac.authorization.k8s.io/v1",
+    "clusterrolebindings",
+    [],
+    false,
+    no_status
+);
+
 /// A resource type handled by name, for code that does not know the type statically
 /// (the CLI reading manifests, the API server's discovery).
 pub trait DynKind: Send + Sync {
@@ -255,7 +288,7 @@ impl<T: Resource> DynKind for KindOf<T> {
     }
 }
 
-static KINDS: [&dyn DynKind; 10] = [
+static KINDS: [&dyn DynKind; 14] = [
     &KindOf::<Namespace>(PhantomData),
     &KindOf::<Node>(PhantomData),
     &KindOf::<Pod>(PhantomData),
@@ -266,6 +299,10 @@ static KINDS: [&dyn DynKind; 10] = [
     &KindOf::<ReplicaSet>(PhantomData),
     &KindOf::<Deployment>(PhantomData),
     &KindOf::<Lease>(PhantomData),
+    &KindOf::<Role>(PhantomData),
+    &KindOf::<ClusterRole>(PhantomData),
+    &KindOf::<RoleBinding>(PhantomData),
+    &KindOf::<ClusterRoleBinding>(PhantomData),
 ];
 
 /// Every resource type Skiff serves.

@@ -17,6 +17,11 @@ ROOTS = [
     "api.core.v1.Endpoints", "api.core.v1.Event", "api.core.v1.Binding", "api.core.v1.Secret",
     "api.apps.v1.ReplicaSet", "api.apps.v1.Deployment", "api.coordination.v1.Lease",
     "api.policy.v1.Eviction", "api.autoscaling.v1.Scale",
+    "api.rbac.v1.Role", "api.rbac.v1.ClusterRole", "api.rbac.v1.RoleBinding",
+    "api.rbac.v1.ClusterRoleBinding",
+    "api.authorization.v1.SelfSubjectAccessReview", "api.authorization.v1.SubjectAccessReview",
+    "api.authorization.v1.LocalSubjectAccessReview",
+    "api.authentication.v1.SelfSubjectReview",
     "apimachinery.pkg.apis.meta.v1.DeleteOptions",
 ]
 # Types with their own JSON forms (not objects of their fields).

@@ -134,7 +134,15 @@ fn unverifiable_credentials_get_401() {
         &anonymous,
         &["--token=good-token-1234", "get", "ns"],
     );
-    assert!(o.status.success(), "{}", stderr(&o));
+    // Authenticated as the file says: alice, who has no role yet (403, not 401).
+    assert!(
+        stderr(&o).contains(
+            "Error from server (Forbidden): namespaces is forbidden: User \"alice\" cannot list \
+             resource \"namespaces\" in API group \"\" at the cluster scope"
+        ),
+        "{}",
+        stderr(&o)
+    );
     let o = kubectl_as(&server, &anonymous, &["--token=wrong-token", "get", "ns"]);
     assert!(stderr(&o).contains(unauthorized), "{}", stderr(&o));
     // The token never reaches the server's log.
@@ -158,7 +166,18 @@ fn unverifiable_credentials_get_401() {
         None,
         Some("good-token-1234"),
     );
-    ok(&skiff_with(&server, &token_cfg, &["get", "ns"]));
+    let err = fails(&skiff_with(&server, &token_cfg, &["get", "ns"]));
+    assert!(err.contains("User \"alice\" cannot list"), "{err}");
+    // Her groups came from the file: a binding to one of them lets her in.
+    ok(&server.kubectl(&[
+        "create",
+        "clusterrolebinding",
+        "ops-view",
+        "--clusterrole=view",
+        "--group=ops",
+    ]));
+    let out = eventually_ok(|| skiff_with(&server, &token_cfg, &["get", "ns"]));
+    assert!(out.contains("default"), "{out}");
 }
 
 #[test]
@@ -191,8 +210,18 @@ fn kubeconfigs_for_new_users_come_from_the_binary() {
         std::fs::metadata(&out).unwrap().permissions().mode() & 0o777,
         0o600
     );
-    let o = kubectl_as(&server, &out, &["get", "ns", "-o", "name"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    // carol is who the certificate says, in group qa.
+    let o = kubectl_as(
+        &server,
+        &out,
+        &["auth", "whoami", "-o", "jsonpath={.status.userInfo}"],
+    );
+    let who = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        who.contains(r#""username":"carol""#) && who.contains(r#""qa""#),
+        "{who}{}",
+        stderr(&o)
+    );
 }
 
 /// A plain HTTPS GET without credentials (rustls, verifying the server against `ca`): the
@@ -212,6 +241,24 @@ fn https_get(server: &ApiServer, ca: &str, path: &str) -> String {
     let mut out = Vec::new();
     let _ = tls.read_to_end(&mut out);
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Runs `cmd` until it succeeds (RBAC changes reach the authorizer through a watch), at
+/// most 10 s; its stdout.
+fn eventually_ok(cmd: impl Fn() -> Output) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let o = cmd();
+        if o.status.success() {
+            return String::from_utf8_lossy(&o.stdout).into_owned();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still failing: {}",
+            stderr(&o)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 fn skiff_with(_server: &ApiServer, kubeconfig: &Path, args: &[&str]) -> Output {

@@ -27,7 +27,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use prost::Message;
 use skiff_api::Resource;
 use skiff_api::api::{Namespace, ObjectMeta};
 use skiff_api::rpc::api_server::ApiServer;
@@ -109,9 +108,9 @@ pub enum ApiServerError {
     Listener(#[source] std::io::Error),
     #[error("cannot start the watch caches: {0}")]
     Store(#[from] StoreError),
-    #[error("cannot create namespace {namespace:?}: {source}")]
+    #[error("cannot create {object}: {source}")]
     Bootstrap {
-        namespace: String,
+        object: String,
         #[source]
         source: ApiError,
     },
@@ -213,41 +212,54 @@ impl Drop for ServerHandle {
     }
 }
 
-/// Creates the bootstrap namespaces that do not exist yet.
-async fn bootstrap(
+/// Creates each of `objects` that does not exist yet (an existing one is left as it is).
+async fn ensure<T: Resource>(
     registry: &registry::Registry,
-    namespaces: &[String],
+    objects: Vec<T>,
 ) -> Result<(), ApiServerError> {
-    let handler =
-        registry
-            .handler(Namespace::INFO.plural)
-            .map_err(|e| ApiServerError::Bootstrap {
-                namespace: String::new(),
-                source: e,
-            })?;
-    for name in namespaces {
-        let ns = Namespace {
-            metadata: Some(ObjectMeta {
-                name: name.clone(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
+    let handler = registry
+        .handler(T::INFO.plural)
+        .map_err(|source| ApiServerError::Bootstrap {
+            object: T::INFO.plural.to_string(),
+            source,
+        })?;
+    for obj in objects {
+        let name = obj.metadata().map(|m| m.name.clone()).unwrap_or_default();
         match handler
-            .create("", &ns.encode_to_vec(), registry::WriteOptions::default())
+            .create("", &obj.encode_to_vec(), registry::WriteOptions::default())
             .await
         {
-            Ok(_) => info!(namespace = %name, "created namespace"),
+            Ok(_) => info!(kind = T::INFO.kind, %name, "created"),
             Err(ApiError::AlreadyExists { .. }) => {}
             Err(source) => {
                 return Err(ApiServerError::Bootstrap {
-                    namespace: name.clone(),
+                    object: format!("{} {name:?}", T::INFO.kind),
                     source,
                 });
             }
         }
     }
     Ok(())
+}
+
+/// Creates the bootstrap namespaces and the default RBAC policy that do not exist yet.
+async fn bootstrap(
+    registry: &registry::Registry,
+    namespaces: &[String],
+) -> Result<(), ApiServerError> {
+    let namespaces = namespaces
+        .iter()
+        .map(|name| Namespace {
+            metadata: Some(ObjectMeta {
+                name: name.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .collect();
+    ensure(registry, namespaces).await?;
+    ensure(registry, auth::policy::cluster_roles()).await?;
+    ensure(registry, auth::policy::cluster_role_bindings()).await
 }
 
 /// Bootstraps (default namespaces), starts watch caches and serves gRPC on `listener`.
@@ -267,12 +279,29 @@ pub async fn spawn(
         registry.stop();
         return Err(e);
     }
+    // With authentication on, every request is authorized too (RBAC, the Node authorizer).
+    let authorizer = match &opts.security {
+        Some(_) => match auth::authz::Authorizer::start(&registry).await {
+            Ok(a) => Some(a),
+            Err(source) => {
+                registry.stop();
+                return Err(ApiServerError::Bootstrap {
+                    object: "the authorizer's mirrors".into(),
+                    source,
+                });
+            }
+        },
+        None => None,
+    };
     let (tx, rx) = oneshot::channel::<()>();
-    let service = ApiServer::new(service::ApiService::new(Arc::clone(&registry)))
-        .max_decoding_message_size(MAX_REQUEST_BYTES);
+    let service = ApiServer::new(service::ApiService::new(
+        Arc::clone(&registry),
+        authorizer.clone(),
+    ))
+    .max_decoding_message_size(MAX_REQUEST_BYTES);
     // One port for both APIs: gRPC (`skiff.rpc.Api`, HTTP/2) for Skiff's own components and
     // the Kubernetes REST API (HTTP/1.1 or HTTP/2) for kubectl and client libraries.
-    let mut app = rest::router(Arc::clone(&registry)).route_service(
+    let mut app = rest::router(Arc::clone(&registry), authorizer.clone()).route_service(
         &format!(
             "/{}/{{*method}}",
             <ApiServer<service::ApiService> as tonic::server::NamedService>::NAME
@@ -285,7 +314,10 @@ pub async fn spawn(
     });
     if let Some(s) = &opts.security {
         app = app.layer(axum::middleware::from_fn_with_state(
-            Arc::clone(&s.authenticator),
+            auth::AuthState {
+                authn: Arc::clone(&s.authenticator),
+                authz: authorizer.clone(),
+            },
             auth::middleware,
         ));
     }

@@ -17,7 +17,8 @@ use chrono::{SecondsFormat, Utc};
 use prost::Message;
 use rand::Rng;
 use skiff_api::api::{
-    Binding, Deployment, Endpoints, Event, Lease, Namespace, Node, Pod, ReplicaSet, Secret, Service,
+    Binding, ClusterRole, ClusterRoleBinding, Deployment, Endpoints, Event, Lease, Namespace, Node,
+    Pod, ReplicaSet, Role, RoleBinding, Secret, Service,
 };
 use skiff_api::rpc::{DeleteRequest, ListRequest, ListResponse, WatchRequest};
 use skiff_api::selector::{FieldSelector, Selector};
@@ -913,6 +914,10 @@ impl Registry {
         add::<ReplicaSet>(h, &store, cache_capacity).await?;
         add::<Deployment>(h, &store, cache_capacity).await?;
         add::<Lease>(h, &store, cache_capacity).await?;
+        add::<Role>(h, &store, cache_capacity).await?;
+        add::<ClusterRole>(h, &store, cache_capacity).await?;
+        add::<RoleBinding>(h, &store, cache_capacity).await?;
+        add::<ClusterRoleBinding>(h, &store, cache_capacity).await?;
         Ok(Registry { handlers })
     }
 

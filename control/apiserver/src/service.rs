@@ -15,17 +15,86 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::{debug, warn};
 
+use crate::auth::UserInfo;
+use crate::auth::authz::{Attributes, Authorizer};
 use crate::error::ApiError;
 use crate::registry::{Registry, WriteOptions};
 
 /// Implements `skiff.rpc.Api` over a [`Registry`].
 pub(crate) struct ApiService {
     registry: Arc<Registry>,
+    /// `None`: every call is allowed (in-process servers without authentication).
+    authorizer: Option<Arc<Authorizer>>,
+}
+
+/// The metadata of any resource message (field 3 in every kind), decoded without the rest.
+#[derive(Clone, PartialEq, prost::Message)]
+struct MetaOnly {
+    #[prost(message, optional, tag = "3")]
+    metadata: Option<skiff_api::api::ObjectMeta>,
+}
+
+fn name_in(object: &[u8]) -> String {
+    <MetaOnly as prost::Message>::decode(object)
+        .ok()
+        .and_then(|m| m.metadata)
+        .map(|m| m.name)
+        .unwrap_or_default()
+}
+
+/// What a call asks for, before the group is looked up.
+struct Call<'a> {
+    verb: &'a str,
+    resource: &'a str,
+    subresource: &'a str,
+    namespace: &'a str,
+    name: String,
+    field_selector: &'a str,
+    object_name: String,
 }
 
 impl ApiService {
-    pub fn new(registry: Arc<Registry>) -> Self {
-        ApiService { registry }
+    pub fn new(registry: Arc<Registry>, authorizer: Option<Arc<Authorizer>>) -> Self {
+        ApiService {
+            registry,
+            authorizer,
+        }
+    }
+
+    /// Authorizes a call as the REST API would the same request; `PERMISSION_DENIED` with
+    /// kube-apiserver's message otherwise.
+    fn authorize<R>(&self, request: &Request<R>, call: Call<'_>) -> Result<(), Status> {
+        let (Some(authz), Some(user)) = (&self.authorizer, request.extensions().get::<UserInfo>())
+        else {
+            return Ok(());
+        };
+        let group = self
+            .registry
+            .handler(call.resource)
+            .map(|h| h.info().group().to_string())
+            .unwrap_or_default();
+        let mut name = call.name;
+        if name.is_empty()
+            && matches!(call.verb, "list" | "watch")
+            && let Ok(f) = skiff_api::selector::FieldSelector::parse(call.field_selector)
+            && let Some(n) = f.equality("metadata.name")
+        {
+            name = n.to_string();
+        }
+        let mut a = Attributes::resource(
+            call.verb,
+            &group,
+            call.resource,
+            call.subresource,
+            call.namespace,
+            &name,
+        );
+        a.field_selector = call.field_selector.to_string();
+        a.object_name = call.object_name;
+        authz.authorize(user, &a).map_err(|m| {
+            debug!(user = %user.name, verb = call.verb, resource = call.resource, "forbidden");
+            Status::permission_denied(m)
+        })
     }
 }
 
@@ -55,6 +124,18 @@ impl Api for ApiService {
         &self,
         request: Request<CreateRequest>,
     ) -> Result<Response<ObjectResponse>, Status> {
+        self.authorize(
+            &request,
+            Call {
+                verb: "create",
+                resource: &request.get_ref().resource,
+                subresource: "",
+                namespace: &request.get_ref().namespace,
+                name: String::new(),
+                field_selector: "",
+                object_name: name_in(&request.get_ref().object),
+            },
+        )?;
         let r = request.into_inner();
         let result = async {
             let h = self.registry.handler(&r.resource)?;
@@ -67,6 +148,19 @@ impl Api for ApiService {
     }
 
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<ObjectResponse>, Status> {
+        let g = request.get_ref();
+        self.authorize(
+            &request,
+            Call {
+                verb: "get",
+                resource: &g.resource,
+                subresource: "",
+                namespace: &g.namespace,
+                name: g.name.clone(),
+                field_selector: "",
+                object_name: String::new(),
+            },
+        )?;
         let r = request.into_inner();
         let result = async {
             let h = self.registry.handler(&r.resource)?;
@@ -77,6 +171,19 @@ impl Api for ApiService {
     }
 
     async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
+        let l = request.get_ref();
+        self.authorize(
+            &request,
+            Call {
+                verb: "list",
+                resource: &l.resource,
+                subresource: "",
+                namespace: &l.namespace,
+                name: String::new(),
+                field_selector: &l.field_selector,
+                object_name: String::new(),
+            },
+        )?;
         let r = request.into_inner();
         let result = async { self.registry.handler(&r.resource)?.list(&r, None).await }.await;
         respond("list", &r.resource, result)
@@ -86,6 +193,19 @@ impl Api for ApiService {
         &self,
         request: Request<UpdateRequest>,
     ) -> Result<Response<ObjectResponse>, Status> {
+        let u = request.get_ref();
+        self.authorize(
+            &request,
+            Call {
+                verb: "update",
+                resource: &u.resource,
+                subresource: &u.subresource,
+                namespace: &u.namespace,
+                name: name_in(&u.object),
+                field_selector: "",
+                object_name: String::new(),
+            },
+        )?;
         let r = request.into_inner();
         let result = async {
             let h = self.registry.handler(&r.resource)?;
@@ -106,6 +226,19 @@ impl Api for ApiService {
         &self,
         request: Request<DeleteRequest>,
     ) -> Result<Response<ObjectResponse>, Status> {
+        let d = request.get_ref();
+        self.authorize(
+            &request,
+            Call {
+                verb: "delete",
+                resource: &d.resource,
+                subresource: "",
+                namespace: &d.namespace,
+                name: d.name.clone(),
+                field_selector: "",
+                object_name: String::new(),
+            },
+        )?;
         let r = request.into_inner();
         let result = async {
             let h = self.registry.handler(&r.resource)?;
@@ -121,6 +254,19 @@ impl Api for ApiService {
         &self,
         request: Request<WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        let w = request.get_ref();
+        self.authorize(
+            &request,
+            Call {
+                verb: "watch",
+                resource: &w.resource,
+                subresource: "",
+                namespace: &w.namespace,
+                name: String::new(),
+                field_selector: &w.field_selector,
+                object_name: String::new(),
+            },
+        )?;
         let r = request.into_inner();
         let result = async {
             let h = self.registry.handler(&r.resource)?;
@@ -134,6 +280,24 @@ impl Api for ApiService {
         &self,
         request: Request<BindRequest>,
     ) -> Result<Response<ObjectResponse>, Status> {
+        let b = request.get_ref();
+        let pod = <skiff_api::api::Binding as prost::Message>::decode(b.binding.as_slice())
+            .ok()
+            .and_then(|b| b.metadata)
+            .map(|m| m.name)
+            .unwrap_or_default();
+        self.authorize(
+            &request,
+            Call {
+                verb: "create",
+                resource: Pod::INFO.plural,
+                subresource: "binding",
+                namespace: &b.namespace,
+                name: pod,
+                field_selector: "",
+                object_name: String::new(),
+            },
+        )?;
         let r = request.into_inner();
         let result = async {
             let h = self.registry.handler(Pod::INFO.plural)?;

@@ -69,6 +69,27 @@ pub enum NameRule {
     Subdomain,
     /// RFC 1123 label (Namespace, Service: their names become DNS labels).
     Label,
+    /// Any path segment (RBAC kinds: `system:kube-scheduler`): not `.` or `..`, no `/`
+    /// or `%` (kube-apiserver's `ValidatePathSegmentName`).
+    PathSegment,
+}
+
+/// kube-apiserver's `IsValidPathSegmentName` messages.
+pub fn path_segment(name: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    match name {
+        "." => out.push("may not be '.'".to_string()),
+        ".." => out.push("may not be '..'".to_string()),
+        _ => {
+            if name.contains('/') {
+                out.push("may not contain '/'".to_string());
+            }
+            if name.contains('%') {
+                out.push("may not contain '%'".to_string());
+            }
+        }
+    }
+    out
 }
 
 /// Generic object-metadata validation: name, labels, annotations, finalizers, owner
@@ -100,6 +121,7 @@ pub fn check_object_meta(
         let errs = match rule {
             NameRule::Subdomain => dns1123_subdomain(&meta.name),
             NameRule::Label => dns1123_label(&meta.name),
+            NameRule::PathSegment => path_segment(&meta.name),
         };
         push_all(out, name_path, value, errs);
     }

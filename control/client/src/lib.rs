@@ -5,8 +5,8 @@
 //! use skiff_api::api::Deployment;
 //! use skiff_client::{Client, ClientConfig, ListParams};
 //!
-//! let config = ClientConfig::load(None)?;
-//! let client = Client::connect(config.endpoint()).await?;
+//! let config = ClientConfig::load(None, None)?; // --server, --kubeconfig
+//! let client = Client::connect_with(&config).await?;
 //! let deployments = client.namespaced::<Deployment>("default");
 //! for d in deployments.list(&ListParams::default()).await?.items {
 //!     println!("{}", skiff_api::Resource::name(&d));
@@ -17,7 +17,8 @@
 //!
 //! - [`api`]: [`Client`], the typed [`Api`] and the [`DynamicApi`] for types known at run time.
 //! - [`error`]: [`ClientError`], mapped from gRPC statuses and the `skiff-reason` metadata.
-//! - [`config`]: where the API server is ([`ClientConfig::load`]).
+//! - [`config`]: where the API server is and who to be: a kubeconfig
+//!   ([`ClientConfig::load`]).
 //! - [`node_lease`]: node heartbeats as Leases in `kube-node-lease`.
 //! - [`reflector`]: list + watch + relist, the one way components observe the cluster.
 //! - [`node_api`]: the node agents' read-only HTTP API (container logs, stats), found through

@@ -84,6 +84,9 @@ fn root_message(api_version: &str, kind: &str) -> Option<&'static str> {
         "policy" => "api.policy",
         "coordination.k8s.io" => "api.coordination",
         "autoscaling" => "api.autoscaling",
+        "rbac.authorization.k8s.io" => "api.rbac",
+        "authorization.k8s.io" => "api.authorization",
+        "authentication.k8s.io" => "api.authentication",
         "meta.k8s.io" => "apimachinery.pkg.apis.meta",
         _ => return None,
     };

@@ -12,7 +12,16 @@
 //! ([`ANONYMOUS_PATHS`], kube-apiserver's `system:public-info-viewer`); elsewhere it is a 401.
 //! Every authenticated user is also in `system:authenticated`. Tokens are compared by their
 //! SHA-256 and never logged.
+//!
+//! Impersonation (`Impersonate-User`, `Impersonate-Group`, `Impersonate-Uid` headers, what
+//! `kubectl --as` sends): the authenticated user must be allowed the `impersonate` verb on
+//! each (`users`, `groups`, `serviceaccounts` in the core group, `uids` in
+//! `authentication.k8s.io`); the request then runs as the impersonated user.
 
+pub mod authz;
+mod mirror;
+pub mod node;
+pub mod policy;
 mod tokens;
 
 use std::sync::Arc;
@@ -174,28 +183,178 @@ pub fn is_grpc(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.starts_with("application/grpc"))
 }
 
-/// The middleware: authenticates, then hands the request on with its [`UserInfo`] in the
-/// extensions, or answers 401.
-pub async fn middleware(
-    State(authn): State<Arc<Authenticator>>,
-    mut req: Request,
-    next: Next,
-) -> Response {
-    let result = authn.authenticate(
+/// What the middleware needs: the authenticators, and the authorizer for impersonation.
+#[derive(Debug, Clone)]
+pub struct AuthState {
+    pub authn: Arc<Authenticator>,
+    pub authz: Option<Arc<authz::Authorizer>>,
+}
+
+const IMPERSONATE_USER: &str = "impersonate-user";
+const IMPERSONATE_GROUP: &str = "impersonate-group";
+const IMPERSONATE_UID: &str = "impersonate-uid";
+
+/// Why an impersonation was refused: the status code and message kube-apiserver answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImpersonationError {
+    pub code: u16,
+    pub message: String,
+}
+
+/// The user a request runs as: `user`, or the one its impersonation headers name if `user`
+/// may impersonate it.
+pub fn impersonate(
+    authz: Option<&authz::Authorizer>,
+    user: UserInfo,
+    headers: &HeaderMap,
+) -> Result<UserInfo, ImpersonationError> {
+    let values = |name: &str| -> Vec<String> {
+        headers
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+            .collect()
+    };
+    let users = values(IMPERSONATE_USER);
+    let groups = values(IMPERSONATE_GROUP);
+    let uids = values(IMPERSONATE_UID);
+    if users.is_empty() {
+        if groups.is_empty() && uids.is_empty() {
+            return Ok(user);
+        }
+        return Err(ImpersonationError {
+            code: 400,
+            message: "requested impersonation of groups or a uid without impersonating a user"
+                .into(),
+        });
+    }
+    let name = users[0].clone();
+    let Some(authz) = authz else {
+        return Err(ImpersonationError {
+            code: 403,
+            message: "impersonation is not enabled".into(),
+        });
+    };
+    let mut checks = Vec::new();
+    match name
+        .strip_prefix("system:serviceaccount:")
+        .and_then(|r| r.split_once(':'))
+    {
+        Some((ns, sa)) => checks.push(authz::Attributes::resource(
+            "impersonate",
+            "",
+            "serviceaccounts",
+            "",
+            ns,
+            sa,
+        )),
+        None => checks.push(authz::Attributes::resource(
+            "impersonate",
+            "",
+            "users",
+            "",
+            "",
+            &name,
+        )),
+    }
+    for g in &groups {
+        checks.push(authz::Attributes::resource(
+            "impersonate",
+            "",
+            "groups",
+            "",
+            "",
+            g,
+        ));
+    }
+    for u in &uids {
+        checks.push(authz::Attributes::resource(
+            "impersonate",
+            "authentication.k8s.io",
+            "uids",
+            "",
+            "",
+            u,
+        ));
+    }
+    for a in &checks {
+        authz
+            .authorize(&user, a)
+            .map_err(|message| ImpersonationError { code: 403, message })?;
+    }
+    let mut groups = groups;
+    if let Some((ns, _)) = name
+        .strip_prefix("system:serviceaccount:")
+        .and_then(|r| r.split_once(':'))
+    {
+        for g in [
+            "system:serviceaccounts".to_string(),
+            format!("system:serviceaccounts:{ns}"),
+        ] {
+            if !groups.contains(&g) {
+                groups.push(g);
+            }
+        }
+    }
+    Ok(UserInfo::authenticated(
+        name,
+        uids.first().cloned().unwrap_or_default(),
+        groups,
+    ))
+}
+
+/// The middleware: authenticates (then applies impersonation), and hands the request on
+/// with its [`UserInfo`] in the extensions, or answers 401 (403 for a refused
+/// impersonation).
+pub async fn middleware(State(state): State<AuthState>, mut req: Request, next: Next) -> Response {
+    let grpc = is_grpc(req.headers());
+    let result = state.authn.authenticate(
         req.extensions().get::<PeerIdentity>(),
         req.headers(),
         req.uri().path(),
     );
-    match result {
+    let user = match result {
+        Ok(user) => user,
+        Err(e) => {
+            debug!(path = %req.uri().path(), reason = %e, "authentication failed");
+            return unauthorized(grpc);
+        }
+    };
+    match impersonate(state.authz.as_deref(), user, req.headers()) {
         Ok(user) => {
             req.extensions_mut().insert(user);
             next.run(req).await
         }
-        Err(e) => {
-            debug!(path = %req.uri().path(), reason = %e, "authentication failed");
-            unauthorized(is_grpc(req.headers()))
-        }
+        Err(e) => refused(grpc, e.code, &e.message),
     }
+}
+
+/// A refusal as kube-apiserver answers it: a `Status` for REST, the matching gRPC code.
+fn refused(grpc: bool, code: u16, message: &str) -> Response {
+    let (reason, status) = match code {
+        400 => ("BadRequest", tonic::Status::invalid_argument(message)),
+        _ => ("Forbidden", tonic::Status::permission_denied(message)),
+    };
+    if grpc {
+        return status.into_http::<Body>().into_response();
+    }
+    let body = serde_json::json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code
+    });
+    (
+        StatusCode::from_u16(code).unwrap_or(StatusCode::FORBIDDEN),
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
 }
 
 #[cfg(test)]

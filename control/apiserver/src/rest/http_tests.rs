@@ -29,7 +29,7 @@ async fn app() -> App {
         .await
         .unwrap();
     App {
-        router: super::router(registry),
+        router: super::router(registry, None),
         _dir: dir,
     }
 }

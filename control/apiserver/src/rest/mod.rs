@@ -26,6 +26,7 @@
 //!   objects with Kubernetes' codes and reasons;
 //! - `/openapi/v3` and each group-version's document ([`openapi`]), generated from the types.
 
+mod access;
 mod discovery;
 mod managed;
 mod node_proxy;
@@ -62,13 +63,19 @@ pub const KUBERNETES_MINOR: &str = "32";
 #[derive(Debug, Clone)]
 pub(crate) struct Rest {
     pub registry: Arc<Registry>,
+    /// `None`: every request is allowed (in-process servers without authentication).
+    pub authorizer: Option<Arc<crate::auth::authz::Authorizer>>,
 }
 
 /// The REST API as an axum router: one fallback handler for every path.
-pub(crate) fn router(registry: Arc<Registry>) -> axum::Router {
-    axum::Router::new()
-        .fallback(dispatch)
-        .with_state(Rest { registry })
+pub(crate) fn router(
+    registry: Arc<Registry>,
+    authorizer: Option<Arc<crate::auth::authz::Authorizer>>,
+) -> axum::Router {
+    axum::Router::new().fallback(dispatch).with_state(Rest {
+        registry,
+        authorizer,
+    })
 }
 
 /// The query parameters of a request, in order.
@@ -253,6 +260,16 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
     let format = negotiate(&parts.headers);
     let target = path::parse(parts.uri.path());
     let get = parts.method == Method::GET;
+    let user = parts.extensions.get::<crate::auth::UserInfo>().cloned();
+    let mut attrs = access::attributes(&parts.method, &target, &query, parts.uri.path());
+    // Requests with a body are checked once it is read (a create's name is in it).
+    let has_body = matches!(&target, Target::Resource(p)
+        if !matches!(p.subresource.as_deref(), Some("exec" | "portforward" | "attach")));
+    if !has_body
+        && let Err(resp) = access::check(&rest, user.as_ref(), &mut attrs, &parts.headers, &[])
+    {
+        return *resp;
+    }
     let not_found = || {
         plain_failure(
             404,
@@ -318,6 +335,21 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
                 Ok(b) => b,
                 Err(resp) => return *resp,
             };
+            if let Err(resp) =
+                access::check(&rest, user.as_ref(), &mut attrs, &parts.headers, &body)
+            {
+                return *resp;
+            }
+            if access::is_review(&p) {
+                return access::review(
+                    &rest,
+                    &p,
+                    &parts.method,
+                    &parts.headers,
+                    user.as_ref(),
+                    &body,
+                );
+            }
             objects::serve(&rest, parts.method, &parts.headers, p, query, format, body).await
         }
         Target::OpenApiV3Index if get => {

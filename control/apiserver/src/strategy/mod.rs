@@ -16,6 +16,7 @@ use crate::validation::{self as v, NameRule};
 mod apps;
 mod pod;
 mod pod_volumes;
+pub mod rbac;
 mod secret;
 mod service;
 

@@ -1,0 +1,168 @@
+//! The Node authorizer with NodeRestriction's rules, for users `system:node:<name>` in
+//! `system:nodes` (kube-apiserver's `plugin/pkg/auth/authorizer/node` and
+//! `plugin/pkg/admission/noderestriction`): a node reads what it needs to run the pods bound
+//! to it and writes only its own Node, its own Lease and those pods.
+//!
+//! - Nodes: read any (routes to other nodes' pod CIDRs); create, update and patch only its
+//!   own (`node "n1" is not allowed to modify node "n2"`).
+//! - Leases in `kube-node-lease`: only its own.
+//! - Pods: get, update (status), patch and delete only pods bound to it; list and watch only
+//!   with the field selector `spec.nodeName=<node>`; never create.
+//! - Secrets: get only those a pod bound to it names (volumes, env, envFrom,
+//!   imagePullSecrets); never list or watch.
+//! - Services, Endpoints, Namespaces: read (the service proxy). Events: create and update.
+//!
+//! Anything else gets no opinion here, so RBAC decides (nodes are in `system:authenticated`,
+//! which reads discovery).
+
+use skiff_api::api::Pod;
+use skiff_api::selector::FieldSelector;
+
+use super::UserInfo;
+use super::authz::{Attributes, Authorizer, Decision};
+
+/// The nodes' group.
+pub const NODES_GROUP: &str = "system:nodes";
+/// Prefix of a node's user name.
+pub const NODE_USER_PREFIX: &str = "system:node:";
+
+/// The node a user is, if it is one.
+pub fn node_of(user: &UserInfo) -> Option<&str> {
+    let name = user.name.strip_prefix(NODE_USER_PREFIX)?;
+    (!name.is_empty() && user.groups.iter().any(|g| g == NODES_GROUP)).then_some(name)
+}
+
+fn no_relationship(node: &str) -> Decision {
+    Decision::Deny(format!(
+        "no relationship found between node '{node}' and this object"
+    ))
+}
+
+/// Secrets a pod names.
+pub fn pod_secrets(pod: &Pod) -> Vec<String> {
+    let Some(spec) = &pod.spec else {
+        return Vec::new();
+    };
+    let mut out: Vec<String> = spec
+        .image_pull_secrets
+        .iter()
+        .map(|s| s.name.clone())
+        .collect();
+    for v in &spec.volumes {
+        if let Some(s) = &v.secret {
+            out.push(s.secret_name.clone());
+        }
+    }
+    for c in spec.init_containers.iter().chain(&spec.containers) {
+        for e in &c.env_from {
+            if let Some(s) = &e.secret_ref {
+                out.push(s.name.clone());
+            }
+        }
+        for e in &c.env {
+            if let Some(s) = e
+                .value_from
+                .as_ref()
+                .and_then(|v| v.secret_key_ref.as_ref())
+            {
+                out.push(s.name.clone());
+            }
+        }
+    }
+    out
+}
+
+fn bound_to(pod: &Pod, node: &str) -> bool {
+    pod.spec.as_ref().is_some_and(|s| s.node_name == node)
+}
+
+/// The Node authorizer's decision.
+pub fn decide(authz: &Authorizer, user: &UserInfo, a: &Attributes) -> Decision {
+    let Some(node) = node_of(user) else {
+        return Decision::NoOpinion;
+    };
+    if a.path.is_some() {
+        return Decision::NoOpinion;
+    }
+    let read = matches!(a.verb.as_str(), "get" | "list" | "watch");
+    let write = matches!(a.verb.as_str(), "create" | "update" | "patch");
+    match (a.api_group.as_str(), a.resource.as_str()) {
+        ("", "nodes") if read => Decision::Allow,
+        ("", "nodes") if write => {
+            let target = if a.name.is_empty() {
+                &a.object_name
+            } else {
+                &a.name
+            };
+            if target == node {
+                Decision::Allow
+            } else {
+                Decision::Refuse(format!(
+                    "nodes {target:?} is forbidden: node {node:?} is not allowed to modify node {target:?}"
+                ))
+            }
+        }
+        ("coordination.k8s.io", "leases") => {
+            let target = if a.name.is_empty() {
+                &a.object_name
+            } else {
+                &a.name
+            };
+            if a.namespace == "kube-node-lease" && target == node && a.verb != "deletecollection" {
+                Decision::Allow
+            } else {
+                Decision::NoOpinion
+            }
+        }
+        ("", "pods") => match a.verb.as_str() {
+            "list" | "watch" => {
+                let own = FieldSelector::parse(&a.field_selector)
+                    .ok()
+                    .and_then(|f| f.equality("spec.nodeName").map(|n| n == node))
+                    .unwrap_or(false);
+                if own {
+                    Decision::Allow
+                } else {
+                    Decision::Deny(format!(
+                        "node '{node}' can only list/watch pods with spec.nodeName={node} field selector"
+                    ))
+                }
+            }
+            "get" | "update" | "patch" | "delete" => {
+                let on_node = authz
+                    .pods
+                    .get(&a.namespace, &a.name)
+                    .is_some_and(|p| bound_to(&p, node));
+                if on_node && (a.subresource.is_empty() || a.subresource == "status") {
+                    Decision::Allow
+                } else {
+                    no_relationship(node)
+                }
+            }
+            _ => Decision::NoOpinion,
+        },
+        ("", "secrets") => {
+            if a.verb != "get" {
+                return no_relationship(node);
+            }
+            let named = !authz
+                .pods
+                .filter(|p| {
+                    bound_to(p, node)
+                        && p.metadata
+                            .as_ref()
+                            .is_some_and(|m| m.namespace == a.namespace)
+                        && pod_secrets(p).contains(&a.name)
+                })
+                .is_empty();
+            if named {
+                Decision::Allow
+            } else {
+                no_relationship(node)
+            }
+        }
+        ("", "services" | "endpoints" | "namespaces") if read => Decision::Allow,
+        ("" | "events.k8s.io", "events") if write => Decision::Allow,
+        _ => Decision::NoOpinion,
+    }
+}

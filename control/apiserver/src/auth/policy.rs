@@ -1,0 +1,332 @@
+//! The default RBAC policy, created at start when missing (kube-apiserver's bootstrap
+//! policy, `plugin/pkg/auth/authorizer/rbac/bootstrappolicy`, cut to the kinds Skiff serves):
+//! the user-facing ClusterRoles `cluster-admin`, `admin`, `edit` and `view`; `system:basic-user`,
+//! `system:discovery` and `system:public-info-viewer` for everyone; `system:node` (unbound:
+//! nodes are authorized by the Node authorizer, as in Kubernetes); and each Skiff component's
+//! least-privilege role, bound to its user. Objects that exist are never overwritten, so an
+//! operator's edits stay.
+
+use skiff_api::api::{ClusterRole, ClusterRoleBinding, ObjectMeta, PolicyRule, RoleRef, Subject};
+
+use super::UNAUTHENTICATED_GROUP;
+use crate::strategy::rbac::RBAC_GROUP;
+
+/// Read verbs.
+const READ: &[&str] = &["get", "list", "watch"];
+/// Write verbs.
+const WRITE: &[&str] = &["create", "delete", "deletecollection", "patch", "update"];
+
+/// Every verb of a resource (not `escalate`, `bind` or `impersonate`).
+const ALL_VERBS: &[&str] = &[
+    "get",
+    "list",
+    "watch",
+    "create",
+    "update",
+    "patch",
+    "delete",
+    "deletecollection",
+];
+
+fn rule(verbs: &[&str], groups: &[&str], resources: &[&str]) -> PolicyRule {
+    let v = |l: &[&str]| l.iter().map(|s| s.to_string()).collect();
+    PolicyRule {
+        verbs: v(verbs),
+        api_groups: v(groups),
+        resources: v(resources),
+        resource_names: Vec::new(),
+        non_resource_urls: Vec::new(),
+    }
+}
+
+fn urls(verbs: &[&str], paths: &[&str]) -> PolicyRule {
+    let v = |l: &[&str]| l.iter().map(|s| s.to_string()).collect();
+    PolicyRule {
+        verbs: v(verbs),
+        non_resource_urls: v(paths),
+        ..PolicyRule::default()
+    }
+}
+
+fn meta(name: &str) -> Option<ObjectMeta> {
+    Some(ObjectMeta {
+        name: name.to_string(),
+        labels: [(
+            "kubernetes.io/bootstrapping".to_string(),
+            "rbac-defaults".to_string(),
+        )]
+        .into(),
+        ..ObjectMeta::default()
+    })
+}
+
+fn role(name: &str, rules: Vec<PolicyRule>) -> ClusterRole {
+    ClusterRole {
+        metadata: meta(name),
+        rules,
+        ..ClusterRole::default()
+    }
+}
+
+/// What `view` may read: everything in the namespace but Secrets (and RBAC).
+const VIEWABLE: &[&str] = &[
+    "pods",
+    "pods/log",
+    "pods/status",
+    "services",
+    "services/status",
+    "endpoints",
+    "events",
+    "namespaces",
+    "namespaces/status",
+];
+const APPS: &[&str] = &[
+    "deployments",
+    "deployments/scale",
+    "deployments/status",
+    "replicasets",
+    "replicasets/scale",
+    "replicasets/status",
+];
+
+fn view_rules() -> Vec<PolicyRule> {
+    vec![rule(READ, &[""], VIEWABLE), rule(READ, &["apps"], APPS)]
+}
+
+fn edit_rules() -> Vec<PolicyRule> {
+    let mut r = view_rules();
+    r.extend([
+        rule(WRITE, &[""], &["pods", "services", "endpoints", "secrets"]),
+        rule(READ, &[""], &["secrets"]),
+        rule(
+            &["create", "get"],
+            &[""],
+            &["pods/exec", "pods/portforward", "pods/attach"],
+        ),
+        rule(&["create"], &[""], &["pods/eviction"]),
+        rule(
+            WRITE,
+            &["apps"],
+            &[
+                "deployments",
+                "deployments/scale",
+                "replicasets",
+                "replicasets/scale",
+            ],
+        ),
+    ]);
+    r
+}
+
+fn admin_rules() -> Vec<PolicyRule> {
+    let mut r = edit_rules();
+    r.extend([
+        rule(READ, &[RBAC_GROUP], &["roles", "rolebindings"]),
+        rule(WRITE, &[RBAC_GROUP], &["roles", "rolebindings"]),
+        rule(
+            &["create"],
+            &["authorization.k8s.io"],
+            &["localsubjectaccessreviews"],
+        ),
+    ]);
+    r
+}
+
+/// The default ClusterRoles.
+pub fn cluster_roles() -> Vec<ClusterRole> {
+    let all = |v: &[&str]| rule(v, &["*"], &["*"]);
+    vec![
+        role("cluster-admin", vec![all(&["*"]), urls(&["*"], &["*"])]),
+        role("admin", admin_rules()),
+        role("edit", edit_rules()),
+        role("view", view_rules()),
+        role(
+            "system:basic-user",
+            vec![
+                rule(
+                    &["create"],
+                    &["authorization.k8s.io"],
+                    &["selfsubjectaccessreviews", "selfsubjectrulesreviews"],
+                ),
+                rule(
+                    &["create"],
+                    &["authentication.k8s.io"],
+                    &["selfsubjectreviews"],
+                ),
+            ],
+        ),
+        role(
+            "system:discovery",
+            vec![urls(
+                &["get"],
+                &[
+                    "/api",
+                    "/api/*",
+                    "/apis",
+                    "/apis/*",
+                    "/healthz",
+                    "/livez",
+                    "/readyz",
+                    "/openapi",
+                    "/openapi/*",
+                    "/version",
+                    "/version/",
+                ],
+            )],
+        ),
+        role(
+            "system:public-info-viewer",
+            vec![urls(
+                &["get"],
+                &["/healthz", "/livez", "/readyz", "/version", "/version/"],
+            )],
+        ),
+        // What the Node authorizer gives nodes, as RBAC rules (unbound by default).
+        role(
+            "system:node",
+            vec![
+                rule(
+                    READ,
+                    &[""],
+                    &["nodes", "services", "endpoints", "namespaces"],
+                ),
+                rule(
+                    &["create", "update", "patch"],
+                    &[""],
+                    &["nodes", "nodes/status"],
+                ),
+                rule(
+                    &["get", "list", "watch", "update", "patch", "delete"],
+                    &[""],
+                    &["pods", "pods/status"],
+                ),
+                rule(&["get"], &[""], &["secrets"]),
+                rule(
+                    &["create", "update", "patch"],
+                    &["", "events.k8s.io"],
+                    &["events"],
+                ),
+                rule(
+                    &["get", "create", "update", "patch", "delete"],
+                    &["coordination.k8s.io"],
+                    &["leases"],
+                ),
+            ],
+        ),
+        // skiff-scheduler: reads pods and nodes, binds, reports, holds its Lease.
+        role(
+            "system:kube-scheduler",
+            vec![
+                rule(READ, &[""], &["pods", "nodes", "namespaces", "services"]),
+                rule(READ, &["apps"], &["replicasets"]),
+                rule(&["create"], &[""], &["pods/binding"]),
+                rule(&["update", "patch"], &[""], &["pods/status"]),
+                rule(
+                    &["create", "update", "patch"],
+                    &["", "events.k8s.io"],
+                    &["events"],
+                ),
+                rule(
+                    &["get", "list", "watch", "create", "update"],
+                    &["coordination.k8s.io"],
+                    &["leases"],
+                ),
+            ],
+        ),
+        // skiff-controller-manager: its controllers own workloads, endpoints, allocations,
+        // node health, garbage collection and namespace deletion (which removes every
+        // namespaced kind, RBAC objects and Secrets included). No subresource that reaches
+        // into a pod (exec, portforward, attach), no escalate, bind or impersonate.
+        role(
+            "system:kube-controller-manager",
+            vec![
+                rule(
+                    ALL_VERBS,
+                    &[""],
+                    &[
+                        "pods",
+                        "pods/status",
+                        "services",
+                        "services/status",
+                        "endpoints",
+                        "events",
+                        "namespaces",
+                        "namespaces/status",
+                        "namespaces/finalize",
+                        "nodes",
+                        "nodes/status",
+                        "secrets",
+                    ],
+                ),
+                rule(ALL_VERBS, &["apps"], APPS),
+                rule(ALL_VERBS, &["coordination.k8s.io"], &["leases"]),
+                rule(ALL_VERBS, &["events.k8s.io"], &["events"]),
+                rule(
+                    &["get", "list", "watch", "delete", "deletecollection"],
+                    &[RBAC_GROUP],
+                    &["roles", "rolebindings"],
+                ),
+            ],
+        ),
+    ]
+}
+
+fn binding(name: &str, role: &str, subjects: &[(&str, &str)]) -> ClusterRoleBinding {
+    ClusterRoleBinding {
+        metadata: meta(name),
+        role_ref: Some(RoleRef {
+            api_group: RBAC_GROUP.into(),
+            kind: "ClusterRole".into(),
+            name: role.into(),
+        }),
+        subjects: subjects
+            .iter()
+            .map(|(kind, name)| Subject {
+                kind: kind.to_string(),
+                api_group: RBAC_GROUP.into(),
+                name: name.to_string(),
+                namespace: String::new(),
+            })
+            .collect(),
+        ..ClusterRoleBinding::default()
+    }
+}
+
+/// The default ClusterRoleBindings.
+pub fn cluster_role_bindings() -> Vec<ClusterRoleBinding> {
+    vec![
+        binding(
+            "cluster-admin",
+            "cluster-admin",
+            &[("Group", super::authz::MASTERS_GROUP)],
+        ),
+        binding(
+            "system:basic-user",
+            "system:basic-user",
+            &[("Group", super::AUTHENTICATED_GROUP)],
+        ),
+        binding(
+            "system:discovery",
+            "system:discovery",
+            &[("Group", super::AUTHENTICATED_GROUP)],
+        ),
+        binding(
+            "system:public-info-viewer",
+            "system:public-info-viewer",
+            &[
+                ("Group", super::AUTHENTICATED_GROUP),
+                ("Group", UNAUTHENTICATED_GROUP),
+            ],
+        ),
+        binding(
+            "system:kube-scheduler",
+            "system:kube-scheduler",
+            &[("User", "system:kube-scheduler")],
+        ),
+        binding(
+            "system:kube-controller-manager",
+            "system:kube-controller-manager",
+            &[("User", "system:kube-controller-manager")],
+        ),
+    ]
+}

@@ -1,0 +1,354 @@
+//! Who may do what: RBAC with Kubernetes' default roles, the Node authorizer with
+//! NodeRestriction, and `kubectl auth can-i`, checked with the real kubectl 1.32 and the
+//! `skiff` CLI against the `skiff-apiserver` binary. Every refusal is a 403 with
+//! kube-apiserver's message.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "an end-to-end test: a failed step is the test's failure"
+)]
+
+use std::path::Path;
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use skiff_tests::{ApiServer, Backend, ok};
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn kubectl_as(server: &ApiServer, kubeconfig: &Path, args: &[&str]) -> Output {
+    server.kubectl_as(kubeconfig, args).output().unwrap()
+}
+
+/// Runs `kubectl` as `kubeconfig` until `check` holds on its output (RBAC objects reach the
+/// authorizer through a watch), at most 10 s.
+fn until(
+    server: &ApiServer,
+    kubeconfig: &Path,
+    args: &[&str],
+    check: impl Fn(&Output) -> bool,
+) -> Output {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let o = kubectl_as(server, kubeconfig, args);
+        if check(&o) || Instant::now() > deadline {
+            return o;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// kubectl failed with kube-apiserver's 403 `message` (kubectl prefixes it with `Error from
+/// server (Forbidden): `, or `error: failed to create <kind>: ` for `kubectl create <kind>`).
+fn forbidden(o: &Output, message: &str) {
+    assert!(!o.status.success(), "succeeded: {o:?}");
+    let err = stderr(o);
+    assert!(
+        err.contains(&format!("Error from server (Forbidden): {message}"))
+            || err.contains(&format!(": {message}")),
+        "want {message}\ngot {err}"
+    );
+}
+
+const OBJECTS: &str = r#"
+apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Node
+  metadata: {name: n-a}
+- apiVersion: v1
+  kind: Node
+  metadata: {name: n-b}
+- apiVersion: v1
+  kind: Secret
+  metadata: {name: secret-a}
+  stringData: {k: a}
+- apiVersion: v1
+  kind: Secret
+  metadata: {name: secret-b}
+  stringData: {k: b}
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: pod-a}
+  spec:
+    nodeName: n-a
+    containers:
+    - name: c
+      image: host
+      command: ["true"]
+      env:
+      - name: K
+        valueFrom: {secretKeyRef: {name: secret-a, key: k}}
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: pod-b}
+  spec:
+    nodeName: n-b
+    volumes:
+    - name: s
+      secret: {secretName: secret-b}
+    containers:
+    - name: c
+      image: host
+      command: ["true"]
+"#;
+
+#[test]
+fn rbac_roles_bindings_and_can_i() {
+    let server = ApiServer::start(Backend::Embedded);
+    let dir = tempfile::tempdir().unwrap();
+    ok(&server.kubectl_stdin(&["apply", "-f", "-"], OBJECTS));
+    let viewer = server.user_kubeconfig(dir.path(), "viewer", &[]);
+    let nobody = server.user_kubeconfig(dir.path(), "nobody", &["staff"]);
+
+    // No role: every request is a 403 naming the user, the verb, the resource and scope.
+    forbidden(
+        &kubectl_as(&server, &nobody, &["get", "pods"]),
+        "pods is forbidden: User \"nobody\" cannot list resource \"pods\" in API group \"\" \
+         in the namespace \"default\"",
+    );
+    forbidden(
+        &kubectl_as(&server, &nobody, &["get", "deployments", "-A"]),
+        "deployments.apps is forbidden: User \"nobody\" cannot list resource \"deployments\" \
+         in API group \"apps\" at the cluster scope",
+    );
+    // Discovery and can-i work for anyone authenticated (system:discovery, system:basic-user).
+    let o = kubectl_as(&server, &nobody, &["auth", "can-i", "list", "pods"]);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "no",
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(o.status.code(), Some(1));
+
+    // view in default: read there, nothing else.
+    ok(&server.kubectl(&[
+        "create",
+        "rolebinding",
+        "viewer-view",
+        "--clusterrole=view",
+        "--user=viewer",
+        "-n",
+        "default",
+    ]));
+    let o = until(&server, &viewer, &["get", "pods", "-o", "name"], |o| {
+        o.status.success()
+    });
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "pod/pod-a\npod/pod-b\n",
+        "{}",
+        stderr(&o)
+    );
+    let can = |args: &[&str]| {
+        let mut all = vec!["auth", "can-i"];
+        all.extend_from_slice(args);
+        let o = kubectl_as(&server, &viewer, &all);
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    assert_eq!(can(&["list", "pods"]), "yes");
+    assert_eq!(can(&["watch", "deployments.apps"]), "yes");
+    assert_eq!(can(&["create", "pods"]), "no");
+    assert_eq!(can(&["create", "pods/exec"]), "no");
+    assert_eq!(can(&["get", "secrets"]), "no");
+    assert_eq!(can(&["list", "pods", "-n", "kube-system"]), "no");
+    forbidden(
+        &kubectl_as(
+            &server,
+            &viewer,
+            &["create", "deployment", "web", "--image=host"],
+        ),
+        "deployments.apps is forbidden: User \"viewer\" cannot create resource \"deployments\" \
+         in API group \"apps\" in the namespace \"default\"",
+    );
+    forbidden(
+        &kubectl_as(&server, &viewer, &["delete", "pod", "pod-a"]),
+        "pods \"pod-a\" is forbidden: User \"viewer\" cannot delete resource \"pods\" in API \
+         group \"\" in the namespace \"default\"",
+    );
+    forbidden(
+        &kubectl_as(&server, &viewer, &["exec", "pod-a", "--", "true"]),
+        "pods \"pod-a\" is forbidden: User \"viewer\" cannot create resource \"pods/exec\" in \
+         API group \"\" in the namespace \"default\"",
+    );
+    forbidden(
+        &kubectl_as(&server, &viewer, &["get", "secret", "secret-a"]),
+        "secrets \"secret-a\" is forbidden: User \"viewer\" cannot get resource \"secrets\" in \
+         API group \"\" in the namespace \"default\"",
+    );
+    // The same refusal over gRPC (the skiff CLI).
+    let o = std::process::Command::new(skiff_tests::binary("skiff"))
+        .arg("--kubeconfig")
+        .arg(&viewer)
+        .args(["create", "namespace", "mine"])
+        .env("SKIFF_CONFIG", "/nonexistent")
+        .output()
+        .unwrap();
+    assert!(
+        stderr(&o).contains(
+            "namespaces is forbidden: User \"viewer\" cannot create resource \"namespaces\" in \
+             API group \"\" at the cluster scope"
+        ),
+        "{}",
+        stderr(&o)
+    );
+
+    // The administrator can do anything; can-i says so.
+    let o = server.kubectl(&["auth", "can-i", "*", "*"]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "yes");
+
+    // Impersonation: `kubectl --as` runs a request as another user when the requester may
+    // `impersonate` that user; the administrator may, nobody may not.
+    let o = server.kubectl(&["--as=viewer", "auth", "can-i", "create", "pods"]);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "no",
+        "{}",
+        stderr(&o)
+    );
+    let o = server.kubectl(&["--as=viewer", "get", "pods", "-o", "name"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    forbidden(
+        &server.kubectl(&["--as=viewer", "delete", "pod", "pod-a"]),
+        "pods \"pod-a\" is forbidden: User \"viewer\" cannot delete resource \"pods\" in API \
+         group \"\" in the namespace \"default\"",
+    );
+    forbidden(
+        &kubectl_as(&server, &nobody, &["--as=viewer", "get", "pods"]),
+        "users \"viewer\" is forbidden: User \"nobody\" cannot impersonate resource \"users\" \
+         in API group \"\" at the cluster scope",
+    );
+
+    // A Role of its own: resourceNames limit it to one object.
+    ok(&server.kubectl_stdin(
+        &["apply", "-f", "-"],
+        r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: one-secret, namespace: default}
+rules:
+- apiGroups: [""]
+  resources: [secrets]
+  resourceNames: [secret-a]
+  verbs: [get]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: nobody-one-secret, namespace: default}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: one-secret}
+subjects:
+- {kind: Group, name: staff}
+"#,
+    ));
+    let o = until(
+        &server,
+        &nobody,
+        &["get", "secret", "secret-a", "-o", "name"],
+        |o| o.status.success(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    forbidden(
+        &kubectl_as(&server, &nobody, &["get", "secret", "secret-b"]),
+        "secrets \"secret-b\" is forbidden: User \"nobody\" cannot get resource \"secrets\" in \
+         API group \"\" in the namespace \"default\"",
+    );
+    // Bad RBAC objects are refused with the field and the reason.
+    let o = server.kubectl_stdin(
+        &["apply", "-f", "-"],
+        r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: broken}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: x}
+subjects:
+- {kind: ServiceAccount, name: robot}
+"#,
+    );
+    let err = stderr(&o);
+    assert!(
+        err.contains(
+            "roleRef.kind: Unsupported value: \"Role\": supported values: \"ClusterRole\""
+        ) && err.contains("subjects[0].namespace: Required value"),
+        "{err}"
+    );
+}
+
+#[test]
+fn nodes_reach_only_their_own_pods_secrets_and_node() {
+    let server = ApiServer::start(Backend::Embedded);
+    let dir = tempfile::tempdir().unwrap();
+    ok(&server.kubectl_stdin(&["apply", "-f", "-"], OBJECTS));
+    let node_a = server.user_kubeconfig(dir.path(), "system:node:n-a", &["system:nodes"]);
+
+    let o = kubectl_as(&server, &node_a, &["get", "pod", "pod-a", "-o", "name"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    forbidden(
+        &kubectl_as(&server, &node_a, &["get", "pod", "pod-b"]),
+        "pods \"pod-b\" is forbidden: User \"system:node:n-a\" cannot get resource \"pods\" in \
+         API group \"\" in the namespace \"default\": no relationship found between node 'n-a' \
+         and this object",
+    );
+    // Its pods, listed the way its agent lists them; not everyone's.
+    let o = kubectl_as(
+        &server,
+        &node_a,
+        &[
+            "get",
+            "pods",
+            "--field-selector",
+            "spec.nodeName=n-a",
+            "-o",
+            "name",
+        ],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "pod/pod-a\n",
+        "{}",
+        stderr(&o)
+    );
+    forbidden(
+        &kubectl_as(&server, &node_a, &["get", "pods"]),
+        "pods is forbidden: User \"system:node:n-a\" cannot list resource \"pods\" in API \
+         group \"\" in the namespace \"default\": node 'n-a' can only list/watch pods with \
+         spec.nodeName=n-a field selector",
+    );
+    // Secrets: only those its pods name.
+    let o = kubectl_as(
+        &server,
+        &node_a,
+        &["get", "secret", "secret-a", "-o", "name"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    forbidden(
+        &kubectl_as(&server, &node_a, &["get", "secret", "secret-b"]),
+        "secrets \"secret-b\" is forbidden: User \"system:node:n-a\" cannot get resource \
+         \"secrets\" in API group \"\" in the namespace \"default\": no relationship found \
+         between node 'n-a' and this object",
+    );
+    // Writes: its own Node only.
+    ok(&kubectl_as(
+        &server,
+        &node_a,
+        &["label", "node", "n-a", "zone=a"],
+    ));
+    forbidden(
+        &kubectl_as(&server, &node_a, &["label", "node", "n-b", "zone=a"]),
+        "nodes \"n-b\" is forbidden: node \"n-a\" is not allowed to modify node \"n-b\"",
+    );
+    forbidden(
+        &kubectl_as(&server, &node_a, &["delete", "pod", "pod-b"]),
+        "pods \"pod-b\" is forbidden: User \"system:node:n-a\" cannot delete resource \"pods\" \
+         in API group \"\" in the namespace \"default\": no relationship found between node \
+         'n-a' and this object",
+    );
+    forbidden(
+        &kubectl_as(&server, &node_a, &["create", "namespace", "x"]),
+        "namespaces is forbidden: User \"system:node:n-a\" cannot create resource \
+         \"namespaces\" in API group \"\" at the cluster scope",
+    );
+}
