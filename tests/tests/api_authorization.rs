@@ -65,7 +65,7 @@ items:
 - apiVersion: v1
   kind: Secret
   metadata: {name: secret-a}
-  stringData: {k: a}
+  stringData: {k: s3cr3t-value-a}
 - apiVersion: v1
   kind: Secret
   metadata: {name: secret-b}
@@ -98,8 +98,12 @@ items:
 
 #[test]
 fn rbac_roles_bindings_and_can_i() {
-    let server = ApiServer::start(Backend::Embedded);
     let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.log");
+    let server = ApiServer::start_with(
+        Backend::Embedded,
+        &["--audit-log-path", audit.to_str().unwrap()],
+    );
     ok(&server.kubectl_stdin(&["apply", "-f", "-"], OBJECTS));
     let viewer = server.user_kubeconfig(dir.path(), "viewer", &[]);
     let nobody = server.user_kubeconfig(dir.path(), "nobody", &["staff"]);
@@ -256,6 +260,41 @@ subjects:
         "secrets \"secret-b\" is forbidden: User \"nobody\" cannot get resource \"secrets\" in \
          API group \"\" in the namespace \"default\"",
     );
+    // The audit log has a line per request: who, verb, object, decision, code, latency; and
+    // no Secret's value.
+    std::thread::sleep(Duration::from_millis(500));
+    let log = std::fs::read_to_string(&audit).unwrap();
+    let events: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let refused_delete = events.iter().find(|e| {
+        e["user"]["username"] == "viewer"
+            && e["verb"] == "delete"
+            && e["objectRef"]["resource"] == "pods"
+            && e["objectRef"]["name"] == "pod-a"
+    });
+    let e = refused_delete.unwrap_or_else(|| panic!("no audit event for viewer's delete:\n{log}"));
+    assert_eq!(e["responseStatus"]["code"], 403);
+    assert_eq!(e["annotations"]["authorization.k8s.io/decision"], "forbid");
+    assert!(
+        e["annotations"]["skiff.io/latency"]
+            .as_str()
+            .unwrap()
+            .ends_with("ms")
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e["impersonatedUser"]["username"] == "viewer"
+                && e["user"]["username"] == "system:admin"),
+        "impersonated requests name both users"
+    );
+    assert!(
+        !log.contains("s3cr3t-value-a"),
+        "a Secret's value reached the audit log"
+    );
+
     // Bad RBAC objects are refused with the field and the reason.
     let o = server.kubectl_stdin(
         &["apply", "-f", "-"],

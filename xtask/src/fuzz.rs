@@ -26,10 +26,16 @@ pub struct Target {
 }
 
 /// Every fuzz target of the workspace.
-pub const TARGETS: &[Target] = &[Target {
-    crate_dir: "control/apiserver",
-    name: "rest_decoders",
-}];
+pub const TARGETS: &[Target] = &[
+    Target {
+        crate_dir: "control/apiserver",
+        name: "rest_decoders",
+    },
+    Target {
+        crate_dir: "control/apiserver",
+        name: "auth_parsers",
+    },
+];
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct FuzzArgs {

@@ -238,6 +238,9 @@ pub enum ApiError {
     /// The namespace of a namespaced request does not exist.
     #[error("namespaces {0:?} not found")]
     NamespaceNotFound(String),
+    /// Admission refused the request (Pod Security): 403 with this whole message.
+    #[error("{0}")]
+    Forbidden(String),
     /// The namespace is being deleted; nothing new may be created in it.
     #[error("unable to create new content in namespace {0} because it is being terminated")]
     NamespaceTerminating(String),
@@ -277,6 +280,7 @@ impl ApiError {
             ApiError::NamespaceNotFound(_) | ApiError::NamespaceTerminating(_) => {
                 Code::FailedPrecondition
             }
+            ApiError::Forbidden(_) => Code::PermissionDenied,
             ApiError::Unavailable(_) => Code::Unavailable,
             ApiError::Internal(_) => Code::Internal,
         }
@@ -295,7 +299,7 @@ impl ApiError {
             ApiError::UnsupportedMediaType(_) => "UnsupportedMediaType",
             ApiError::UnprocessablePatch(_) => "Invalid",
             ApiError::Expired(_) => "Expired",
-            ApiError::NamespaceTerminating(_) => "Forbidden",
+            ApiError::NamespaceTerminating(_) | ApiError::Forbidden(_) => "Forbidden",
             ApiError::Unavailable(_) => "Unavailable",
             ApiError::Internal(_) => "Internal",
         }
@@ -315,7 +319,7 @@ impl ApiError {
             ApiError::UnsupportedMediaType(_) => (415, "UnsupportedMediaType"),
             ApiError::UnprocessablePatch(_) => (422, "Invalid"),
             ApiError::Expired(_) => (410, "Expired"),
-            ApiError::NamespaceTerminating(_) => (403, "Forbidden"),
+            ApiError::NamespaceTerminating(_) | ApiError::Forbidden(_) => (403, "Forbidden"),
             ApiError::Unavailable(_) => (503, "ServiceUnavailable"),
             ApiError::Internal(_) => (500, "InternalError"),
         }

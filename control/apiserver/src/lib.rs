@@ -35,6 +35,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+pub mod audit;
 pub mod auth;
 mod cache;
 pub mod error;
@@ -76,6 +77,8 @@ pub struct ApiServerOptions {
 pub struct Security {
     pub tls: Arc<rustls::ServerConfig>,
     pub authenticator: Arc<auth::Authenticator>,
+    /// The audit log, if one is kept.
+    pub audit: Option<audit::AuditLog>,
 }
 
 impl std::fmt::Debug for Security {
@@ -317,6 +320,7 @@ pub async fn spawn(
             auth::AuthState {
                 authn: Arc::clone(&s.authenticator),
                 authz: authorizer.clone(),
+                audit: s.audit.clone(),
             },
             auth::middleware,
         ));

@@ -76,6 +76,16 @@ struct Args {
     /// kube-apiserver's static token file: CSV lines `token,user,uid,"group1,group2"`.
     #[arg(long)]
     token_auth_file: Option<PathBuf>,
+    /// Write an audit event (JSON lines, audit.k8s.io/v1 at the Metadata level) for every
+    /// request to this file.
+    #[arg(long)]
+    audit_log_path: Option<PathBuf>,
+    /// Rotate the audit log before it exceeds this many megabytes.
+    #[arg(long, default_value_t = 100)]
+    audit_log_maxsize: u64,
+    /// Rotated audit logs kept (PATH.1 is the newest).
+    #[arg(long, default_value_t = 10)]
+    audit_log_maxbackup: usize,
 }
 
 #[derive(Debug, Subcommand)]
@@ -142,7 +152,19 @@ fn security(args: &Args) -> Result<Security> {
         admin_kubeconfig = %pki.admin_kubeconfig().display(),
         "TLS and authentication ready"
     );
+    let audit = match &args.audit_log_path {
+        Some(path) => Some(
+            skiff_apiserver::audit::AuditLog::start(skiff_apiserver::audit::AuditOptions {
+                path: path.clone(),
+                max_bytes: args.audit_log_maxsize.max(1) * 1024 * 1024,
+                max_backups: args.audit_log_maxbackup,
+            })
+            .with_context(|| format!("cannot open the audit log {}", path.display()))?,
+        ),
+        None => None,
+    };
     Ok(Security {
+        audit,
         tls: Arc::new(tls),
         authenticator: Arc::new(Authenticator {
             client_ca_pem: Some(ensured.ca.cert_pem().to_string()),

@@ -277,7 +277,7 @@ impl<T: Strategy> Handler<T> {
     }
 
     /// Fails unless `namespace` exists and is not terminating.
-    async fn check_namespace_accepts(&self, namespace: &str) -> Result<(), ApiError> {
+    async fn check_namespace_accepts(&self, namespace: &str) -> Result<Namespace, ApiError> {
         let key = object_key(&Namespace::INFO, "", namespace);
         let kv = self
             .store
@@ -294,7 +294,7 @@ impl<T: Strategy> Handler<T> {
         if terminating {
             Err(ApiError::NamespaceTerminating(namespace.to_string()))
         } else {
-            Ok(())
+            Ok(ns)
         }
     }
 
@@ -353,7 +353,8 @@ impl<T: Strategy> Handler<T> {
             return Err(Self::invalid(&shown_name, errors));
         }
         if info.namespaced {
-            self.check_namespace_accepts(&namespace).await?;
+            let ns = self.check_namespace_accepts(&namespace).await?;
+            obj.admit(&ns)?;
         }
         if opts.dry_run {
             let key = Self::key(&namespace, obj.name());

@@ -60,7 +60,13 @@ pub(crate) async fn serve(
             let builder = Builder::new(TokioExecutor::new());
             match tls {
                 None => {
-                    let svc = with_peer(app, PeerIdentity::default());
+                    let svc = with_peer(
+                        app,
+                        PeerIdentity {
+                            remote: Some(peer),
+                            cert: None,
+                        },
+                    );
                     let conn = builder.serve_connection_with_upgrades(TokioIo::new(tcp), svc);
                     let _ = watcher.watch(conn.into_owned()).await;
                 }
@@ -80,6 +86,7 @@ pub(crate) async fn serve(
                             }
                         };
                     let identity = PeerIdentity {
+                        remote: Some(peer),
                         cert: stream
                             .get_ref()
                             .1

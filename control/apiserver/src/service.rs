@@ -91,7 +91,13 @@ impl ApiService {
         );
         a.field_selector = call.field_selector.to_string();
         a.object_name = call.object_name;
-        authz.authorize(user, &a).map_err(|m| {
+        let result = authz.authorize(user, &a);
+        crate::audit::note(
+            request.extensions().get::<crate::audit::AuditSlot>(),
+            &a,
+            &result,
+        );
+        result.map_err(|m| {
             debug!(user = %user.name, verb = call.verb, resource = call.resource, "forbidden");
             Status::permission_denied(m)
         })

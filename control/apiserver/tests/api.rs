@@ -223,7 +223,11 @@ async fn crud_and_selectors(s: TestServer) {
             "events",
             "replicasets",
             "deployments",
-            "leases"
+            "leases",
+            "roles",
+            "clusterroles",
+            "rolebindings",
+            "clusterrolebindings"
         ]
     );
 

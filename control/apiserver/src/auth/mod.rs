@@ -19,6 +19,9 @@
 //! `authentication.k8s.io`); the request then runs as the impersonated user.
 
 pub mod authz;
+/// The credential parsers for `cargo fuzz` (feature `fuzzing`).
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 mod mirror;
 pub mod node;
 pub mod policy;
@@ -74,6 +77,8 @@ impl UserInfo {
 /// server loop.
 #[derive(Debug, Clone, Default)]
 pub struct PeerIdentity {
+    /// The client's address.
+    pub remote: Option<std::net::SocketAddr>,
     /// `None`: no client certificate; `Some(Err)`: one that did not verify (why, for the
     /// log); `Some(Ok)`: the certificate's user.
     pub cert: Option<Result<UserInfo, String>>,
@@ -188,6 +193,8 @@ pub fn is_grpc(headers: &HeaderMap) -> bool {
 pub struct AuthState {
     pub authn: Arc<Authenticator>,
     pub authz: Option<Arc<authz::Authorizer>>,
+    /// Every request's event goes here when set.
+    pub audit: Option<crate::audit::AuditLog>,
 }
 
 const IMPERSONATE_USER: &str = "impersonate-user";
@@ -309,26 +316,76 @@ pub fn impersonate(
 /// with its [`UserInfo`] in the extensions, or answers 401 (403 for a refused
 /// impersonation).
 pub async fn middleware(State(state): State<AuthState>, mut req: Request, next: Next) -> Response {
+    let started = std::time::Instant::now();
+    let received = chrono::Utc::now();
     let grpc = is_grpc(req.headers());
+    let slot = crate::audit::AuditSlot::default();
+    req.extensions_mut().insert(std::sync::Arc::clone(&slot));
+    let method = req.method().to_string();
+    let uri = req.uri().to_string();
+    let remote = req
+        .extensions()
+        .get::<PeerIdentity>()
+        .and_then(|p| p.remote);
+    let agent = req
+        .headers()
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
     let result = state.authn.authenticate(
         req.extensions().get::<PeerIdentity>(),
         req.headers(),
         req.uri().path(),
     );
-    let user = match result {
-        Ok(user) => user,
+    let mut impersonator = None;
+    let (user, resp) = match result {
         Err(e) => {
             debug!(path = %req.uri().path(), reason = %e, "authentication failed");
-            return unauthorized(grpc);
+            (None, unauthorized(grpc))
+        }
+        Ok(authenticated) => {
+            match impersonate(state.authz.as_deref(), authenticated.clone(), req.headers()) {
+                Ok(user) => {
+                    if user != authenticated {
+                        impersonator = Some(authenticated);
+                    }
+                    req.extensions_mut().insert(user.clone());
+                    (Some(user), next.run(req).await)
+                }
+                Err(e) => (Some(authenticated), refused(grpc, e.code, &e.message)),
+            }
         }
     };
-    match impersonate(state.authz.as_deref(), user, req.headers()) {
-        Ok(user) => {
-            req.extensions_mut().insert(user);
-            next.run(req).await
-        }
-        Err(e) => refused(grpc, e.code, &e.message),
+    if let Some(audit) = &state.audit {
+        // gRPC answers errors in a trailers-only response: its code is the grpc-status.
+        let code = match resp
+            .headers()
+            .get("grpc-status")
+            .and_then(|v| v.to_str().ok())
+        {
+            Some("16") => 401,
+            Some("7") => 403,
+            _ => resp.status().as_u16(),
+        };
+        let record = slot
+            .lock()
+            .map(|mut r| std::mem::take(&mut *r))
+            .unwrap_or_default();
+        audit.record(
+            &method,
+            &uri,
+            user.as_ref(),
+            impersonator.as_ref(),
+            remote,
+            &agent,
+            &record,
+            code,
+            received,
+            started.elapsed(),
+        );
     }
+    resp
 }
 
 /// A refusal as kube-apiserver answers it: a `Status` for REST, the matching gRPC code.
@@ -398,6 +455,7 @@ mod tests {
         assert_eq!(a.authenticate(None, &h, "/api"), Err(AuthError::Header));
         // A bad certificate fails even with a good token.
         let bad = PeerIdentity {
+            remote: None,
             cert: Some(Err("UnknownIssuer".into())),
         };
         h.insert(header::AUTHORIZATION, "Bearer s3cret".parse().unwrap());

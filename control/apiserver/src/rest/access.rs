@@ -76,6 +76,7 @@ fn resource_attributes(method: &Method, p: &ResourcePath, query: &Query) -> Attr
 /// Checks a request; `Err` is the 403 answer.
 pub(crate) fn check(
     rest: &Rest,
+    slot: Option<&crate::audit::AuditSlot>,
     user: Option<&UserInfo>,
     attrs: &mut Attributes,
     headers: &HeaderMap,
@@ -87,7 +88,9 @@ pub(crate) fn check(
     if attrs.verb == "create" && attrs.name.is_empty() && !body.is_empty() {
         attrs.object_name = body_name(headers, body);
     }
-    authz.authorize(user, attrs).map_err(|message| {
+    let result = authz.authorize(user, attrs);
+    crate::audit::note(slot, attrs, &result);
+    result.map_err(|message| {
         let (code, body) = super::status::plain(403, "Forbidden", &message);
         let mut body = body;
         if attrs.path.is_none() {

@@ -266,7 +266,14 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
     let has_body = matches!(&target, Target::Resource(p)
         if !matches!(p.subresource.as_deref(), Some("exec" | "portforward" | "attach")));
     if !has_body
-        && let Err(resp) = access::check(&rest, user.as_ref(), &mut attrs, &parts.headers, &[])
+        && let Err(resp) = access::check(
+            &rest,
+            parts.extensions.get::<crate::audit::AuditSlot>(),
+            user.as_ref(),
+            &mut attrs,
+            &parts.headers,
+            &[],
+        )
     {
         return *resp;
     }
@@ -335,9 +342,14 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
                 Ok(b) => b,
                 Err(resp) => return *resp,
             };
-            if let Err(resp) =
-                access::check(&rest, user.as_ref(), &mut attrs, &parts.headers, &body)
-            {
+            if let Err(resp) = access::check(
+                &rest,
+                parts.extensions.get::<crate::audit::AuditSlot>(),
+                user.as_ref(),
+                &mut attrs,
+                &parts.headers,
+                &body,
+            ) {
                 return *resp;
             }
             if access::is_review(&p) {

@@ -42,6 +42,7 @@ impl FieldValidation {
 /// One request on one kind.
 pub(crate) struct Call<'a> {
     pub handler: &'a Arc<dyn ResourceHandler>,
+    pub registry: &'a Arc<crate::registry::Registry>,
     pub info: &'static KindInfo,
     pub kind: &'static dyn DynKind,
     /// The request's namespace ("" for cluster-scoped kinds and all-namespace lists).
@@ -435,6 +436,7 @@ pub(crate) async fn serve(
     }
     let call = Call {
         handler,
+        registry: &rest.registry,
         info,
         kind,
         namespace: p.namespace.clone().unwrap_or_default(),
@@ -647,9 +649,32 @@ async fn create(call: &Call<'_>, body: &[u8]) -> Result<Response, ApiError> {
     let opts = call.write_options()?;
     let mut value = call.decode(body)?;
     call.record_write(None, &mut value)?;
-    let (bytes, warnings) = call.encode(value)?;
+    let (bytes, mut warnings) = call.encode(value)?;
+    warnings.extend(pod_security_warning(call, &bytes).await);
     let created = call.handler.create(&call.namespace, &bytes, opts).await?;
     Ok(call.object(201, &call.to_json(&created)?, &warnings))
+}
+
+/// Pod Security's warning for a new pod, or a Deployment's or ReplicaSet's pod template, in
+/// a namespace whose `pod-security.kubernetes.io/warn` level it violates.
+async fn pod_security_warning(call: &Call<'_>, bytes: &[u8]) -> Option<String> {
+    use prost::Message as _;
+    use skiff_api::api::{Deployment, Namespace, Pod, ReplicaSet};
+    let spec = match call.info.plural {
+        "pods" => Pod::decode(bytes).ok()?.spec?,
+        "deployments" => Deployment::decode(bytes).ok()?.spec?.template?.spec?,
+        "replicasets" => ReplicaSet::decode(bytes).ok()?.spec?.template?.spec?,
+        _ => return None,
+    };
+    let ns = call
+        .registry
+        .handler("namespaces")
+        .ok()?
+        .get("", &call.namespace)
+        .await
+        .ok()?;
+    let ns = Namespace::decode(ns.as_slice()).ok()?;
+    crate::strategy::pod_security::warning(&ns.metadata?.labels, &spec)
 }
 
 /// PUT: a full replacement. Without `metadata.resourceVersion` it is unconditional (the

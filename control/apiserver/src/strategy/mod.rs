@@ -15,6 +15,7 @@ use crate::validation::{self as v, NameRule};
 
 mod apps;
 mod pod;
+pub mod pod_security;
 mod pod_volumes;
 pub mod rbac;
 mod secret;
@@ -108,6 +109,12 @@ pub trait Strategy: Resource {
         Ok(DeleteDecision::Now)
     }
 
+    /// Admission of a new object in `namespace` (Pod Security for pods); runs after
+    /// validation, before the write.
+    fn admit(&self, _namespace: &Namespace) -> Result<(), ApiError> {
+        Ok(())
+    }
+
     /// The binding subresource. `now` is the RFC 3339 time of the request.
     fn bind(&mut self, _binding: &Binding, _now: &str) -> Result<(), ApiError> {
         Err(ApiError::BadRequest(format!(
@@ -137,6 +144,9 @@ impl Strategy for Namespace {
 
     fn validate(&self) -> Vec<FieldError> {
         let mut out = Vec::new();
+        if let Some(m) = &self.metadata {
+            out.extend(pod_security::check_labels(m));
+        }
         if let Some(spec) = &self.spec {
             for (i, f) in spec.finalizers.iter().enumerate() {
                 v::check_qualified_name(&mut out, &format!("spec.finalizers[{i}]"), f);

@@ -304,6 +304,29 @@ fn set_condition(conditions: &mut Vec<Condition>, cond: Condition) {
 
 #[async_trait]
 impl Strategy for Pod {
+    /// Pod Security: the namespace's enforced level (and Skiff's rule for `host` images).
+    fn admit(&self, namespace: &skiff_api::api::Namespace) -> Result<(), ApiError> {
+        let labels = namespace
+            .metadata
+            .as_ref()
+            .map(|m| m.labels.clone())
+            .unwrap_or_default();
+        let level = super::pod_security::level(&labels, super::pod_security::ENFORCE_LABEL);
+        let Some(spec) = &self.spec else {
+            return Ok(());
+        };
+        match super::pod_security::verdict(level, spec) {
+            None => Ok(()),
+            Some(v) => Err(ApiError::Forbidden(format!(
+                "pods {:?} is forbidden: {v}",
+                self.metadata
+                    .as_ref()
+                    .map(|m| m.name.as_str())
+                    .unwrap_or("")
+            ))),
+        }
+    }
+
     fn default(&mut self) {
         if let Some(spec) = self.spec.as_mut() {
             default_pod_spec(spec);
