@@ -60,6 +60,8 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
 #[derive(Debug)]
 pub struct Conn {
     addr: SocketAddr,
+    /// Sent as `Authorization: Bearer` on every request.
+    bearer: Option<String>,
     sender: SendRequest<Full<Bytes>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -88,7 +90,18 @@ impl Conn {
                 tracing::debug!(error = %e, "HTTP/1.1 connection ended");
             }
         });
-        Ok(Conn { addr, sender, task })
+        Ok(Conn {
+            addr,
+            bearer: None,
+            sender,
+            task,
+        })
+    }
+
+    /// Sends `token` as a bearer token with every request from now on.
+    pub fn with_bearer(mut self, token: &str) -> Conn {
+        self.bearer = Some(token.to_string());
+        self
     }
 
     /// Sends one request (a JSON body when `body` is given) and returns the answer's head
@@ -106,6 +119,9 @@ impl Conn {
             .header(header::ACCEPT, "application/json");
         if body.is_some() {
             req = req.header(header::CONTENT_TYPE, "application/json");
+        }
+        if let Some(t) = &self.bearer {
+            req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
         }
         let req = req
             .body(Full::new(body.unwrap_or_default()))

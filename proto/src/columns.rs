@@ -79,6 +79,7 @@ pub fn headers(kind: &str, wide: bool) -> Vec<String> {
         ),
         "Lease" => (&["NAME", "HOLDER", "AGE"], &[]),
         "Secret" => (&["NAME", "TYPE", "DATA", "AGE"], &[]),
+        "ServiceAccount" => (&["NAME", "SECRETS", "AGE"], &[]),
         "Role" | "ClusterRole" => (&["NAME", "CREATED AT"], &[]),
         "RoleBinding" | "ClusterRoleBinding" => (
             &["NAME", "ROLE", "AGE"],
@@ -300,6 +301,10 @@ pub fn cells(kind: &str, obj: &Value, wide: bool, now: DateTime<Utc>) -> Vec<Str
                 c.extend([of("User"), of("Group"), of("ServiceAccount")]);
             }
             c
+        }
+        "ServiceAccount" => {
+            let secrets = obj["secrets"].as_array().map(Vec::len).unwrap_or(0);
+            vec![name, secrets.to_string(), created]
         }
         "Secret" => {
             let s: Secret = typed(obj);

@@ -196,6 +196,14 @@ resource!(Service, "v1", "services", ["svc"], true, status,
 resource!(Endpoints, "v1", "endpoints", ["ep"], true, no_status);
 resource!(Secret, "v1", "secrets", [], true, no_status,
     "type" => |o| o.r#type.clone());
+resource!(
+    ServiceAccount,
+    "v1",
+    "serviceaccounts",
+    ["sa"],
+    true,
+    no_status
+);
 resource!(Event, "v1", "events", ["ev"], true, no_status,
     "involvedObject.kind" => |o| o.involved_object.as_ref().map(|r| r.kind.clone()).unwrap_or_default(),
     "involvedObject.namespace" => |o| o.involved_object.as_ref().map(|r| r.namespace.clone()).unwrap_or_default(),
@@ -288,13 +296,14 @@ impl<T: Resource> DynKind for KindOf<T> {
     }
 }
 
-static KINDS: [&dyn DynKind; 14] = [
+static KINDS: [&dyn DynKind; 15] = [
     &KindOf::<Namespace>(PhantomData),
     &KindOf::<Node>(PhantomData),
     &KindOf::<Pod>(PhantomData),
     &KindOf::<Service>(PhantomData),
     &KindOf::<Endpoints>(PhantomData),
     &KindOf::<Secret>(PhantomData),
+    &KindOf::<ServiceAccount>(PhantomData),
     &KindOf::<Event>(PhantomData),
     &KindOf::<ReplicaSet>(PhantomData),
     &KindOf::<Deployment>(PhantomData),

@@ -295,6 +295,85 @@ subjects:
         "a Secret's value reached the audit log"
     );
 
+    // Escalation: a user who may write RBAC objects may grant only what it holds.
+    ok(&server.kubectl_stdin(
+        &["apply", "-f", "-"],
+        r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: rbac-writer, namespace: default}
+rules:
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [create, get, list]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: delegate-rbac-writer, namespace: default}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: rbac-writer}
+subjects:
+- {kind: User, name: delegate}
+"#,
+    ));
+    let delegate = server.user_kubeconfig(dir.path(), "delegate", &[]);
+    let o = until(
+        &server,
+        &delegate,
+        &[
+            "create",
+            "role",
+            "pod-reader",
+            "--verb=get",
+            "--resource=pods",
+        ],
+        |o| o.status.success(),
+    );
+    assert!(
+        o.status.success(),
+        "holding get pods, it may grant it: {}",
+        stderr(&o)
+    );
+    let o = kubectl_as(
+        &server,
+        &delegate,
+        &[
+            "create",
+            "role",
+            "secret-reader",
+            "--verb=get",
+            "--resource=secrets",
+        ],
+    );
+    forbidden(
+        &o,
+        "roles.rbac.authorization.k8s.io \"secret-reader\" is forbidden: user \"delegate\" \
+         (groups=[\"system:authenticated\"]) is attempting to grant RBAC permissions not \
+         currently held:\n{APIGroups:[\"\"], Resources:[\"secrets\"], Verbs:[\"get\"]}",
+    );
+    let o = kubectl_as(
+        &server,
+        &delegate,
+        &[
+            "create",
+            "rolebinding",
+            "self-edit",
+            "--clusterrole=edit",
+            "--user=delegate",
+        ],
+    );
+    assert!(
+        stderr(&o).contains(
+            "rolebindings.rbac.authorization.k8s.io \"self-edit\" is forbidden: user \
+             \"delegate\" (groups=[\"system:authenticated\"]) is attempting to grant RBAC \
+             permissions not currently held"
+        ),
+        "{}",
+        stderr(&o)
+    );
+
     // Bad RBAC objects are refused with the field and the reason.
     let o = server.kubectl_stdin(
         &["apply", "-f", "-"],

@@ -278,6 +278,7 @@ mod tests {
             name: "alice".into(),
             uid: String::new(),
             groups: vec!["dev".into()],
+            ..UserInfo::default()
         };
         let rec = AuditRecord {
             attributes: Some(Attributes::resource(

@@ -81,6 +81,91 @@ pub struct Security {
     pub audit: Option<audit::AuditLog>,
 }
 
+/// What [`Security::bootstrap`] needs.
+#[derive(Debug, Clone, Default)]
+pub struct SecurityOptions {
+    /// The PKI directory (created on first use, renewed when due).
+    pub pki_dir: std::path::PathBuf,
+    /// The URL written into the kubeconfigs.
+    pub server_url: String,
+    /// Names and addresses the serving certificate must cover.
+    pub sans: Vec<String>,
+    /// kube-apiserver's static token file.
+    pub token_auth_file: Option<std::path::PathBuf>,
+    /// The audit log, if one is kept.
+    pub audit: Option<audit::AuditOptions>,
+}
+
+/// Why [`Security::bootstrap`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SecurityError {
+    #[error("cannot set up the PKI in {dir}: {source}")]
+    Pki {
+        dir: String,
+        #[source]
+        source: skiff_pki::PkiError,
+    },
+    #[error(transparent)]
+    Tokens(#[from] auth::TokenFileError),
+    #[error("cannot open the audit log {path}: {source}")]
+    Audit {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Security {
+    /// The PKI made or renewed in `opts.pki_dir` (CA, serving certificate, kubeconfigs),
+    /// TLS with client certificates of its CA, the token file, the audit log. Must run in a
+    /// tokio runtime (the audit log's writer is a task).
+    pub fn bootstrap(opts: &SecurityOptions) -> Result<Security, SecurityError> {
+        let pki = skiff_pki::ClusterPki::new(&opts.pki_dir);
+        let pki_err = |source| SecurityError::Pki {
+            dir: opts.pki_dir.display().to_string(),
+            source,
+        };
+        let ensured = pki
+            .ensure(&skiff_pki::BootstrapOptions {
+                server_url: opts.server_url.clone(),
+                sans: opts.sans.clone(),
+            })
+            .map_err(pki_err)?;
+        let tls = skiff_pki::tls::server_config(&ensured.serving, Some(ensured.ca.cert_pem()))
+            .map_err(pki_err)?;
+        let tokens = match &opts.token_auth_file {
+            Some(p) => auth::TokenFile::read(p)?,
+            None => auth::TokenFile::default(),
+        };
+        let audit =
+            match &opts.audit {
+                Some(a) => Some(audit::AuditLog::start(a.clone()).map_err(|source| {
+                    SecurityError::Audit {
+                        path: a.path.display().to_string(),
+                        source,
+                    }
+                })?),
+                None => None,
+            };
+        info!(
+            pki = %opts.pki_dir.display(),
+            ca = %ensured.ca.hash().unwrap_or_default(),
+            tokens = tokens.len(),
+            admin_kubeconfig = %pki.admin_kubeconfig().display(),
+            "TLS and authentication ready"
+        );
+        Ok(Security {
+            tls: Arc::new(tls),
+            authenticator: Arc::new(auth::Authenticator {
+                client_ca_pem: Some(ensured.ca.cert_pem().to_string()),
+                tokens,
+                sa_key: Some(Arc::new(ensured.sa_key)),
+            }),
+            audit,
+        })
+    }
+}
+
 impl std::fmt::Debug for Security {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Security")
@@ -304,7 +389,11 @@ pub async fn spawn(
     .max_decoding_message_size(MAX_REQUEST_BYTES);
     // One port for both APIs: gRPC (`skiff.rpc.Api`, HTTP/2) for Skiff's own components and
     // the Kubernetes REST API (HTTP/1.1 or HTTP/2) for kubectl and client libraries.
-    let mut app = rest::router(Arc::clone(&registry), authorizer.clone()).route_service(
+    let sa_key = opts
+        .security
+        .as_ref()
+        .and_then(|s| s.authenticator.sa_key.clone());
+    let mut app = rest::router(Arc::clone(&registry), authorizer.clone(), sa_key).route_service(
         &format!(
             "/{}/{{*method}}",
             <ApiServer<service::ApiService> as tonic::server::NamedService>::NAME

@@ -16,9 +16,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
-use skiff_apiserver::auth::{Authenticator, TokenFile};
-use skiff_apiserver::{ApiServerOptions, DEFAULT_WATCH_CACHE_CAPACITY, Security};
-use skiff_pki::bootstrap::{self, BootstrapOptions, ClusterPki};
+use skiff_apiserver::{ApiServerOptions, DEFAULT_WATCH_CACHE_CAPACITY, Security, SecurityOptions};
+use skiff_pki::bootstrap::{self, ClusterPki};
 use skiff_store::{EmbeddedOptions, EmbeddedStore, EtcdStore, Store};
 use tracing::info;
 use tracing_subscriber::EnvFilter;
@@ -131,46 +130,25 @@ fn security(args: &Args) -> Result<Security> {
             sans.push(s.clone());
         }
     }
-    let pki = ClusterPki::new(&args.pki_dir);
     let server_url = args
         .advertise_url
         .clone()
         .unwrap_or_else(|| url_of(args.listen));
-    let ensured = pki
-        .ensure(&BootstrapOptions { server_url, sans })
-        .with_context(|| format!("cannot set up the PKI in {}", args.pki_dir.display()))?;
-    let tls = skiff_pki::tls::server_config(&ensured.serving, Some(ensured.ca.cert_pem()))
-        .context("cannot build the TLS configuration")?;
-    let tokens = match &args.token_auth_file {
-        Some(p) => TokenFile::read(p)?,
-        None => TokenFile::default(),
-    };
-    info!(
-        pki = %args.pki_dir.display(),
-        ca = %ensured.ca.hash().unwrap_or_default(),
-        tokens = tokens.len(),
-        admin_kubeconfig = %pki.admin_kubeconfig().display(),
-        "TLS and authentication ready"
-    );
-    let audit = match &args.audit_log_path {
-        Some(path) => Some(
-            skiff_apiserver::audit::AuditLog::start(skiff_apiserver::audit::AuditOptions {
-                path: path.clone(),
-                max_bytes: args.audit_log_maxsize.max(1) * 1024 * 1024,
-                max_backups: args.audit_log_maxbackup,
-            })
-            .with_context(|| format!("cannot open the audit log {}", path.display()))?,
-        ),
-        None => None,
-    };
-    Ok(Security {
+    let audit = args
+        .audit_log_path
+        .as_ref()
+        .map(|path| skiff_apiserver::audit::AuditOptions {
+            path: path.clone(),
+            max_bytes: args.audit_log_maxsize.max(1) * 1024 * 1024,
+            max_backups: args.audit_log_maxbackup,
+        });
+    Ok(Security::bootstrap(&SecurityOptions {
+        pki_dir: args.pki_dir.clone(),
+        server_url,
+        sans,
+        token_auth_file: args.token_auth_file.clone(),
         audit,
-        tls: Arc::new(tls),
-        authenticator: Arc::new(Authenticator {
-            client_ca_pem: Some(ensured.ca.cert_pem().to_string()),
-            tokens,
-        }),
-    })
+    })?)
 }
 
 fn write_user_kubeconfig(

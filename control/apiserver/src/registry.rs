@@ -18,7 +18,7 @@ use prost::Message;
 use rand::Rng;
 use skiff_api::api::{
     Binding, ClusterRole, ClusterRoleBinding, Deployment, Endpoints, Event, Lease, Namespace, Node,
-    Pod, ReplicaSet, Role, RoleBinding, Secret, Service,
+    Pod, ReplicaSet, Role, RoleBinding, Secret, Service, ServiceAccount,
 };
 use skiff_api::rpc::{DeleteRequest, ListRequest, ListResponse, WatchRequest};
 use skiff_api::selector::{FieldSelector, Selector};
@@ -911,6 +911,7 @@ impl Registry {
         add::<Service>(h, &store, cache_capacity).await?;
         add::<Endpoints>(h, &store, cache_capacity).await?;
         add::<Secret>(h, &store, cache_capacity).await?;
+        add::<ServiceAccount>(h, &store, cache_capacity).await?;
         add::<Event>(h, &store, cache_capacity).await?;
         add::<ReplicaSet>(h, &store, cache_capacity).await?;
         add::<Deployment>(h, &store, cache_capacity).await?;

@@ -51,6 +51,8 @@ struct Call<'a> {
     name: String,
     field_selector: &'a str,
     object_name: String,
+    /// The object a create or update writes (RBAC objects are checked for escalation).
+    object: &'a [u8],
 }
 
 impl ApiService {
@@ -91,7 +93,9 @@ impl ApiService {
         );
         a.field_selector = call.field_selector.to_string();
         a.object_name = call.object_name;
-        let result = authz.authorize(user, &a);
+        let result = authz.authorize(user, &a).and_then(|()| {
+            crate::auth::escalation::check(authz, user, call.resource, call.namespace, call.object)
+        });
         crate::audit::note(
             request.extensions().get::<crate::audit::AuditSlot>(),
             &a,
@@ -140,6 +144,7 @@ impl Api for ApiService {
                 name: String::new(),
                 field_selector: "",
                 object_name: name_in(&request.get_ref().object),
+                object: &request.get_ref().object,
             },
         )?;
         let r = request.into_inner();
@@ -165,6 +170,7 @@ impl Api for ApiService {
                 name: g.name.clone(),
                 field_selector: "",
                 object_name: String::new(),
+                object: &[],
             },
         )?;
         let r = request.into_inner();
@@ -188,6 +194,7 @@ impl Api for ApiService {
                 name: String::new(),
                 field_selector: &l.field_selector,
                 object_name: String::new(),
+                object: &[],
             },
         )?;
         let r = request.into_inner();
@@ -210,6 +217,7 @@ impl Api for ApiService {
                 name: name_in(&u.object),
                 field_selector: "",
                 object_name: String::new(),
+                object: &u.object,
             },
         )?;
         let r = request.into_inner();
@@ -243,6 +251,7 @@ impl Api for ApiService {
                 name: d.name.clone(),
                 field_selector: "",
                 object_name: String::new(),
+                object: &[],
             },
         )?;
         let r = request.into_inner();
@@ -271,6 +280,7 @@ impl Api for ApiService {
                 name: String::new(),
                 field_selector: &w.field_selector,
                 object_name: String::new(),
+                object: &[],
             },
         )?;
         let r = request.into_inner();
@@ -302,6 +312,7 @@ impl Api for ApiService {
                 name: pod,
                 field_selector: "",
                 object_name: String::new(),
+                object: &[],
             },
         )?;
         let r = request.into_inner();

@@ -220,6 +220,7 @@ async fn crud_and_selectors(s: TestServer) {
             "services",
             "endpoints",
             "secrets",
+            "serviceaccounts",
             "events",
             "replicasets",
             "deployments",

@@ -41,6 +41,7 @@ pub mod nodeipam;
 pub mod nodelifecycle;
 pub mod ranges;
 pub mod replicaset;
+pub mod serviceaccount;
 pub mod serviceip;
 pub mod util;
 

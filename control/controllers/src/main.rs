@@ -25,7 +25,7 @@ struct Args {
     kubeconfig: Option<std::path::PathBuf>,
     /// Controllers to run: names separated by commas, `*` for all, `-name` to switch one off
     /// (known: replicaset, deployment, endpoints, service-allocator, nodeipam,
-    /// garbagecollector, namespace, nodelifecycle).
+    /// garbagecollector, namespace, nodelifecycle, serviceaccount).
     #[arg(long, value_name = "LIST", default_value = "*")]
     controllers: String,
     /// Run the controllers only while holding the leader Lease.

@@ -38,10 +38,11 @@ pub enum ControllerName {
     GarbageCollector,
     Namespace,
     NodeLifecycle,
+    ServiceAccount,
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 8] = [
+    pub const ALL: [ControllerName; 9] = [
         ControllerName::ReplicaSet,
         ControllerName::Deployment,
         ControllerName::Endpoints,
@@ -50,6 +51,7 @@ impl ControllerName {
         ControllerName::GarbageCollector,
         ControllerName::Namespace,
         ControllerName::NodeLifecycle,
+        ControllerName::ServiceAccount,
     ];
 
     pub fn as_str(&self) -> &'static str {
@@ -62,6 +64,7 @@ impl ControllerName {
             ControllerName::GarbageCollector => "garbagecollector",
             ControllerName::Namespace => "namespace",
             ControllerName::NodeLifecycle => "nodelifecycle",
+            ControllerName::ServiceAccount => "serviceaccount",
         }
     }
 
@@ -76,6 +79,7 @@ impl ControllerName {
             ControllerName::GarbageCollector => "garbage-collector-controller",
             ControllerName::Namespace => "namespace-controller",
             ControllerName::NodeLifecycle => "node-controller",
+            ControllerName::ServiceAccount => "serviceaccount-controller",
         }
     }
 }
@@ -208,6 +212,13 @@ pub async fn run_controllers(client: Client, config: &ManagerConfig, stop: Cance
                 config.workers,
                 stop.clone(),
             )),
+            ControllerName::ServiceAccount => {
+                Box::pin(crate::serviceaccount::ServiceAccountController::run(
+                    &informers,
+                    config.workers,
+                    stop.clone(),
+                ))
+            }
             ControllerName::GarbageCollector => Box::pin(gc::run(
                 &informers,
                 recorder(*c),
@@ -294,7 +305,7 @@ mod tests {
     fn controller_lists() {
         use ControllerName::*;
         let all: BTreeSet<_> = ControllerName::ALL.into_iter().collect();
-        assert_eq!(all.len(), 8);
+        assert_eq!(all.len(), 9);
         assert_eq!(parse_controllers("*").unwrap(), all);
         assert_eq!(parse_controllers("").unwrap(), all);
         assert_eq!(
@@ -310,17 +321,21 @@ mod tests {
                 NodeIpam,
                 GarbageCollector,
                 Namespace,
-                NodeLifecycle
+                NodeLifecycle,
+                ServiceAccount
             ]
             .into()
         );
         assert_eq!(
-            parse_controllers("*,-replicaset,-garbagecollector,-namespace,-nodelifecycle").unwrap(),
+            parse_controllers(
+                "*,-replicaset,-garbagecollector,-namespace,-nodelifecycle,-serviceaccount"
+            )
+            .unwrap(),
             [Deployment, Endpoints, ServiceAllocator, NodeIpam].into()
         );
         assert_eq!(
             parse_controllers(
-                "ReplicaSet, deployment, endpoints, service-allocator, nodeipam, garbagecollector, Namespace, NodeLifecycle"
+                "ReplicaSet, deployment, endpoints, service-allocator, nodeipam, garbagecollector, Namespace, NodeLifecycle, serviceaccount"
             )
             .unwrap(),
             all

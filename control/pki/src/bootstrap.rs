@@ -7,6 +7,7 @@
 //! <dir>/admin.kubeconfig                system:admin in system:masters
 //! <dir>/scheduler.kubeconfig            system:kube-scheduler
 //! <dir>/controller-manager.kubeconfig   system:kube-controller-manager
+//! <dir>/service-account.key             signs ServiceAccount tokens (never rotated here)
 //! ```
 //!
 //! A leaf (serving certificate or a kubeconfig's client certificate) is issued again when it is
@@ -87,6 +88,8 @@ pub struct ClusterPki {
 #[derive(Debug)]
 pub struct Ensured {
     pub ca: Ca,
+    /// The ServiceAccount token key.
+    pub sa_key: crate::sa_token::SigningKey,
     /// The API server's serving certificate and key.
     pub serving: Identity,
     /// Files written this time (for the log).
@@ -149,6 +152,17 @@ impl ClusterPki {
                 id
             }
         };
+        let sa_path = self.path("service-account.key");
+        let sa_pem = match std::fs::read_to_string(&sa_path) {
+            Ok(pem) => pem,
+            Err(_) => {
+                let pem = crate::sa_token::SigningKey::generate_pem()?;
+                write_private(&sa_path, pem.as_bytes())?;
+                written.push(sa_path);
+                pem
+            }
+        };
+        let sa_key = crate::sa_token::SigningKey::from_pem(&sa_pem)?;
         for (file, user, groups) in KUBECONFIGS {
             let path = self.path(file);
             if self.kubeconfig_is_current(&ca, &path, &opts.server_url) {
@@ -162,6 +176,7 @@ impl ClusterPki {
         }
         Ok(Ensured {
             ca,
+            sa_key,
             serving,
             written,
         })
@@ -277,7 +292,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pki = ClusterPki::new(dir.path().join("pki"));
         let first = pki.ensure(&opts("https://127.0.0.1:7443")).unwrap();
-        assert_eq!(first.written.len(), 4 + KUBECONFIGS.len());
+        assert_eq!(first.written.len(), 5 + KUBECONFIGS.len());
         let mode = |n: &str| std::fs::metadata(pki.path(n)).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode("ca.key"), 0o600);
         assert_eq!(mode("apiserver.key"), 0o600);

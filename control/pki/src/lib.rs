@@ -25,6 +25,7 @@ use sha2::{Digest, Sha256};
 
 pub mod bootstrap;
 pub mod kubeconfig;
+pub mod sa_token;
 pub mod tls;
 
 pub use bootstrap::{BootstrapOptions, ClusterPki};

@@ -214,7 +214,7 @@ impl Target {
 }
 
 /// An unbound pod (nothing acts on it: no scheduler, no node), labelled with run and batch.
-fn bench_pod(name: &str, run_id: &str, batch: &str) -> Result<Pod> {
+pub(crate) fn bench_pod(name: &str, run_id: &str, batch: &str) -> Result<Pod> {
     skiff_api::manifest::decode(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "labels": {RUN_LABEL: run_id, BATCH_LABEL: batch}},

@@ -5,6 +5,7 @@ use futures::future::LocalBoxFuture;
 
 use crate::report::SuiteReport;
 
+pub mod auth;
 pub mod control_plane;
 pub mod images;
 pub mod lb_programming;
@@ -123,6 +124,12 @@ pub static SUITES: &[Suite] = &[
         section: 5,
         run: scheduler::run,
     },
+    Suite {
+        name: auth::NAME,
+        title: auth::TITLE,
+        section: 5,
+        run: auth::run,
+    },
 ];
 
 pub fn find(name: &str) -> Option<&'static Suite> {
@@ -147,6 +154,7 @@ mod tests {
         assert!(find("service-lb").is_some());
         assert!(find("lb-programming").is_some());
         assert!(find("pod-net").is_some());
+        assert!(find("auth").is_some());
         assert!(find("nope").is_none());
         for s in SUITES {
             assert!(

@@ -400,6 +400,39 @@ pub(super) static MESSAGES: &[(&str, &[Field])] = &[
         ],
     ),
     (
+        "api.authentication.v1.BoundObjectReference",
+        &[
+            Field {
+                num: 1,
+                json: "kind",
+                ty: Ty::Str,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 2,
+                json: "apiVersion",
+                ty: Ty::Str,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 3,
+                json: "name",
+                ty: Ty::Str,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 4,
+                json: "uID",
+                ty: Ty::Str,
+                repeated: false,
+                map: false,
+            },
+        ],
+    ),
+    (
         "api.authentication.v1.ExtraValue",
         &[Field {
             num: 1,
@@ -437,6 +470,77 @@ pub(super) static MESSAGES: &[(&str, &[Field])] = &[
             repeated: false,
             map: false,
         }],
+    ),
+    (
+        "api.authentication.v1.TokenRequest",
+        &[
+            Field {
+                num: 1,
+                json: "metadata",
+                ty: Ty::Msg("apimachinery.pkg.apis.meta.v1.ObjectMeta"),
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 2,
+                json: "spec",
+                ty: Ty::Msg("api.authentication.v1.TokenRequestSpec"),
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 3,
+                json: "status",
+                ty: Ty::Msg("api.authentication.v1.TokenRequestStatus"),
+                repeated: false,
+                map: false,
+            },
+        ],
+    ),
+    (
+        "api.authentication.v1.TokenRequestSpec",
+        &[
+            Field {
+                num: 1,
+                json: "audiences",
+                ty: Ty::Str,
+                repeated: true,
+                map: false,
+            },
+            Field {
+                num: 3,
+                json: "boundObjectRef",
+                ty: Ty::Msg("api.authentication.v1.BoundObjectReference"),
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 4,
+                json: "expirationSeconds",
+                ty: Ty::I64,
+                repeated: false,
+                map: false,
+            },
+        ],
+    ),
+    (
+        "api.authentication.v1.TokenRequestStatus",
+        &[
+            Field {
+                num: 1,
+                json: "token",
+                ty: Ty::Str,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 2,
+                json: "expirationTimestamp",
+                ty: Ty::Time,
+                repeated: false,
+                map: false,
+            },
+        ],
     ),
     (
         "api.authentication.v1.UserInfo",
@@ -5850,6 +5954,39 @@ pub(super) static MESSAGES: &[(&str, &[Field])] = &[
                 num: 3,
                 json: "status",
                 ty: Ty::Msg("api.core.v1.ServiceStatus"),
+                repeated: false,
+                map: false,
+            },
+        ],
+    ),
+    (
+        "api.core.v1.ServiceAccount",
+        &[
+            Field {
+                num: 1,
+                json: "metadata",
+                ty: Ty::Msg("apimachinery.pkg.apis.meta.v1.ObjectMeta"),
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 2,
+                json: "secrets",
+                ty: Ty::Msg("api.core.v1.ObjectReference"),
+                repeated: true,
+                map: false,
+            },
+            Field {
+                num: 3,
+                json: "imagePullSecrets",
+                ty: Ty::Msg("api.core.v1.LocalObjectReference"),
+                repeated: true,
+                map: false,
+            },
+            Field {
+                num: 4,
+                json: "automountServiceAccountToken",
+                ty: Ty::Bool,
                 repeated: false,
                 map: false,
             },

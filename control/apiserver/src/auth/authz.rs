@@ -183,6 +183,7 @@ pub struct Authorizer {
     role_bindings: Arc<Mirror<RoleBinding>>,
     cluster_role_bindings: Arc<Mirror<ClusterRoleBinding>>,
     pub(crate) pods: Arc<Mirror<Pod>>,
+    service_accounts: Arc<Mirror<skiff_api::api::ServiceAccount>>,
 }
 
 impl std::fmt::Debug for Authorizer {
@@ -200,7 +201,43 @@ impl Authorizer {
             role_bindings: Mirror::start(registry).await?,
             cluster_role_bindings: Mirror::start(registry).await?,
             pods: Mirror::start(registry).await?,
+            service_accounts: Mirror::start(registry).await?,
         }))
+    }
+
+    /// For a ServiceAccount token's user: whether its ServiceAccount (same uid) and, for a
+    /// bound token, its pod (same uid) still exist. Other users: true.
+    pub fn token_subject_alive(&self, user: &UserInfo) -> bool {
+        let Some(rest) = user.name.strip_prefix("system:serviceaccount:") else {
+            return true;
+        };
+        if user.uid.is_empty() {
+            // Not from a token (impersonation is applied later): nothing to check.
+            return true;
+        }
+        let Some((ns, name)) = rest.split_once(':') else {
+            return false;
+        };
+        let uid_of = |m: &Option<skiff_api::api::ObjectMeta>| {
+            m.as_ref().map(|m| m.uid.clone()).unwrap_or_default()
+        };
+        let sa_ok = self
+            .service_accounts
+            .get(ns, name)
+            .is_some_and(|sa| uid_of(&sa.metadata) == user.uid);
+        let pod_ok = match (
+            user.extra
+                .get(super::EXTRA_POD_NAME)
+                .and_then(|v| v.first()),
+            user.extra.get(super::EXTRA_POD_UID).and_then(|v| v.first()),
+        ) {
+            (Some(pod), Some(uid)) => self
+                .pods
+                .get(ns, pod)
+                .is_some_and(|p| uid_of(&p.metadata) == *uid),
+            _ => true,
+        };
+        sa_ok && pod_ok
     }
 
     /// Allows, or refuses with kube-apiserver's 403 message.
@@ -252,6 +289,19 @@ impl Authorizer {
             }
         }
         rules
+    }
+
+    /// The rules of the role a binding in `namespace` names (`Role` or `ClusterRole`).
+    pub fn role_rules(&self, kind: &str, namespace: &str, name: &str) -> Vec<PolicyRule> {
+        match kind {
+            "ClusterRole" => self.cluster_role_rules(name),
+            "Role" => self
+                .roles
+                .get(namespace, name)
+                .map(|r| r.rules.clone())
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        }
     }
 
     /// Every rule that applies to `user` in `namespace` ("" : only cluster-wide ones).
@@ -374,6 +424,7 @@ mod tests {
             name: "system:serviceaccount:shop:robot".into(),
             uid: String::new(),
             groups: vec!["system:serviceaccounts".into()],
+            ..UserInfo::default()
         };
         let s = |kind: &str, name: &str, ns: &str| Subject {
             kind: kind.into(),

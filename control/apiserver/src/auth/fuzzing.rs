@@ -18,6 +18,10 @@ fn authenticator() -> &'static Authenticator {
             .ok()
             .map(|ca| ca.cert_pem().to_string()),
         tokens: TokenFile::parse("good-token,alice,1,\"a,b\"\n", "fuzz").unwrap_or_default(),
+        sa_key: skiff_pki::sa_token::SigningKey::generate_pem()
+            .ok()
+            .and_then(|pem| skiff_pki::sa_token::SigningKey::from_pem(&pem).ok())
+            .map(std::sync::Arc::new),
     })
 }
 
@@ -91,6 +95,7 @@ mod tests {
             b"\x03Bearer good-token".to_vec(),
             b"\x03Bearer ".to_vec(),
             b"\x03Basic Zm9vOmJhcg==".to_vec(),
+            b"\x03Bearer eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln".to_vec(),
             [&[4u8, 0][..], &der].concat(),
             b"\x05apiVersion: v1\nclusters: [{name: c, cluster: {server: x}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {client-key-data: '!!'}}]\n".to_vec(),
             b"\x06bob\nsystem:masters\nuid-1\n".to_vec(),

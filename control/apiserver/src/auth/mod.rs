@@ -19,6 +19,7 @@
 //! `authentication.k8s.io`); the request then runs as the impersonated user.
 
 pub mod authz;
+pub mod escalation;
 /// The credential parsers for `cargo fuzz` (feature `fuzzing`).
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
@@ -54,21 +55,35 @@ pub struct UserInfo {
     pub name: String,
     pub uid: String,
     pub groups: Vec<String>,
+    /// Kubernetes' `user.Info` extra: a bound ServiceAccount token's pod
+    /// (`authentication.kubernetes.io/pod-name`, `.../pod-uid`).
+    pub extra: std::collections::BTreeMap<String, Vec<String>>,
 }
+
+/// The extra keys of a token bound to a pod.
+pub const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";
+pub const EXTRA_POD_UID: &str = "authentication.kubernetes.io/pod-uid";
+/// The groups of every ServiceAccount.
+pub const SERVICE_ACCOUNTS_GROUP: &str = "system:serviceaccounts";
 
 impl UserInfo {
     fn authenticated(name: String, uid: String, mut groups: Vec<String>) -> UserInfo {
         if !groups.iter().any(|g| g == AUTHENTICATED_GROUP) {
             groups.push(AUTHENTICATED_GROUP.to_string());
         }
-        UserInfo { name, uid, groups }
+        UserInfo {
+            name,
+            uid,
+            groups,
+            extra: Default::default(),
+        }
     }
 
     fn anonymous() -> UserInfo {
         UserInfo {
             name: ANONYMOUS_USER.into(),
-            uid: String::new(),
             groups: vec![UNAUTHENTICATED_GROUP.into()],
+            ..UserInfo::default()
         }
     }
 }
@@ -91,6 +106,8 @@ pub struct Authenticator {
     /// not accepted).
     pub client_ca_pem: Option<String>,
     pub tokens: TokenFile,
+    /// Checks ServiceAccount tokens (JWTs); `None`: they are not accepted.
+    pub sa_key: Option<Arc<skiff_pki::sa_token::SigningKey>>,
 }
 
 /// Why a request was refused authentication (for the log; the client sees only 401).
@@ -100,6 +117,10 @@ pub enum AuthError {
     Certificate(String),
     #[error("invalid bearer token")]
     Token,
+    #[error("ServiceAccount token: {0}")]
+    ServiceAccountToken(String),
+    #[error("ServiceAccount token of a ServiceAccount or pod that no longer exists")]
+    Revoked,
     #[error("malformed Authorization header")]
     Header,
     #[error("no credentials")]
@@ -146,6 +167,11 @@ impl Authenticator {
             if token.is_empty() {
                 return Err(AuthError::Header);
             }
+            if skiff_pki::sa_token::looks_like_jwt(token)
+                && let Some(key) = &self.sa_key
+            {
+                return service_account_user(key, token);
+            }
             return self.tokens.lookup(token).ok_or(AuthError::Token);
         }
         if ANONYMOUS_PATHS.contains(&path) {
@@ -153,6 +179,41 @@ impl Authenticator {
         }
         Err(AuthError::Anonymous)
     }
+}
+
+/// The user of a ServiceAccount token: signature, issuer, audience and time checked here;
+/// whether its ServiceAccount and pod still exist is checked by the middleware.
+fn service_account_user(
+    key: &skiff_pki::sa_token::SigningKey,
+    token: &str,
+) -> Result<UserInfo, AuthError> {
+    let c = key
+        .verify(token, &[skiff_pki::sa_token::ISSUER])
+        .map_err(AuthError::ServiceAccountToken)?;
+    let k = &c.kubernetes;
+    let name = format!(
+        "system:serviceaccount:{}:{}",
+        k.namespace, k.serviceaccount.name
+    );
+    if c.sub != name {
+        return Err(AuthError::ServiceAccountToken(
+            "sub does not name the ServiceAccount".into(),
+        ));
+    }
+    let mut user = UserInfo::authenticated(
+        name,
+        k.serviceaccount.uid.clone(),
+        vec![
+            SERVICE_ACCOUNTS_GROUP.to_string(),
+            format!("{SERVICE_ACCOUNTS_GROUP}:{}", k.namespace),
+        ],
+    );
+    if let Some(p) = &k.pod {
+        user.extra
+            .insert(EXTRA_POD_NAME.into(), vec![p.name.clone()]);
+        user.extra.insert(EXTRA_POD_UID.into(), vec![p.uid.clone()]);
+    }
+    Ok(user)
 }
 
 /// kube-apiserver's answer to a request it cannot authenticate: a `Status` with code 401
@@ -333,11 +394,17 @@ pub async fn middleware(State(state): State<AuthState>, mut req: Request, next: 
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_string();
-    let result = state.authn.authenticate(
-        req.extensions().get::<PeerIdentity>(),
-        req.headers(),
-        req.uri().path(),
-    );
+    let result = state
+        .authn
+        .authenticate(
+            req.extensions().get::<PeerIdentity>(),
+            req.headers(),
+            req.uri().path(),
+        )
+        .and_then(|u| match &state.authz {
+            Some(a) if !a.token_subject_alive(&u) => Err(AuthError::Revoked),
+            _ => Ok(u),
+        });
     let mut impersonator = None;
     let (user, resp) = match result {
         Err(e) => {
@@ -431,6 +498,7 @@ mod tests {
         let a = Authenticator {
             client_ca_pem: Some(ca.cert_pem().to_string()),
             tokens,
+            sa_key: None,
         };
         let id = ca
             .issue(&LeafSpec::client("system:node:n1", &["system:nodes"]))

@@ -79,6 +79,7 @@ const VIEWABLE: &[&str] = &[
     "events",
     "namespaces",
     "namespaces/status",
+    "serviceaccounts",
 ];
 const APPS: &[&str] = &[
     "deployments",
@@ -96,7 +97,18 @@ fn view_rules() -> Vec<PolicyRule> {
 fn edit_rules() -> Vec<PolicyRule> {
     let mut r = view_rules();
     r.extend([
-        rule(WRITE, &[""], &["pods", "services", "endpoints", "secrets"]),
+        rule(
+            WRITE,
+            &[""],
+            &[
+                "pods",
+                "services",
+                "endpoints",
+                "secrets",
+                "serviceaccounts",
+            ],
+        ),
+        rule(&["create"], &[""], &["serviceaccounts/token"]),
         rule(READ, &[""], &["secrets"]),
         rule(
             &["create", "get"],
@@ -172,6 +184,13 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                     "/version",
                     "/version/",
                 ],
+            )],
+        ),
+        role(
+            "system:service-account-issuer-discovery",
+            vec![urls(
+                &["get"],
+                &["/.well-known/openid-configuration", "/openid/v1/jwks"],
             )],
         ),
         role(
@@ -256,6 +275,7 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                         "nodes",
                         "nodes/status",
                         "secrets",
+                        "serviceaccounts",
                     ],
                 ),
                 rule(ALL_VERBS, &["apps"], APPS),
@@ -317,6 +337,11 @@ pub fn cluster_role_bindings() -> Vec<ClusterRoleBinding> {
                 ("Group", super::AUTHENTICATED_GROUP),
                 ("Group", UNAUTHENTICATED_GROUP),
             ],
+        ),
+        binding(
+            "system:service-account-issuer-discovery",
+            "system:service-account-issuer-discovery",
+            &[("Group", super::SERVICE_ACCOUNTS_GROUP)],
         ),
         binding(
             "system:kube-scheduler",

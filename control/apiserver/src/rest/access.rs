@@ -129,6 +129,9 @@ fn whoami(p: &ResourcePath, user: Option<&UserInfo>) -> axum::response::Response
     if !user.uid.is_empty() {
         info["uid"] = json!(user.uid);
     }
+    if !user.extra.is_empty() {
+        info["extra"] = json!(user.extra);
+    }
     let body = json!({
         "kind": "SelfSubjectReview",
         "apiVersion": format!("authentication.k8s.io/{}", p.version),
@@ -205,6 +208,7 @@ pub(crate) fn review(
                 name,
                 uid: spec["uid"].as_str().unwrap_or("").to_string(),
                 groups,
+                ..UserInfo::default()
             }
         }
     };

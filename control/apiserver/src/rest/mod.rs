@@ -38,6 +38,7 @@ mod portforward;
 mod spdy;
 mod status;
 mod table;
+mod tokens;
 mod watch;
 
 use std::sync::Arc;
@@ -65,16 +66,20 @@ pub(crate) struct Rest {
     pub registry: Arc<Registry>,
     /// `None`: every request is allowed (in-process servers without authentication).
     pub authorizer: Option<Arc<crate::auth::authz::Authorizer>>,
+    /// Signs ServiceAccount tokens (TokenRequest) and is published as the JWKS.
+    pub sa_key: Option<Arc<skiff_pki::sa_token::SigningKey>>,
 }
 
 /// The REST API as an axum router: one fallback handler for every path.
 pub(crate) fn router(
     registry: Arc<Registry>,
     authorizer: Option<Arc<crate::auth::authz::Authorizer>>,
+    sa_key: Option<Arc<skiff_pki::sa_token::SigningKey>>,
 ) -> axum::Router {
     axum::Router::new().fallback(dispatch).with_state(Rest {
         registry,
         authorizer,
+        sa_key,
     })
 }
 
@@ -286,6 +291,15 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
     };
     match target {
         Target::Version if get => respond(200, &version(), Format::Json, &[]),
+        Target::OpenIdConfiguration if get => {
+            let host = parts
+                .headers
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .unwrap_or("");
+            tokens::openid_configuration(&rest, host)
+        }
+        Target::Jwks if get => tokens::jwks(&rest),
         Target::Health(name) if get => health(name, &query),
         Target::CoreVersions if get => {
             if format == Format::AggregatedDiscovery {
@@ -352,6 +366,13 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
             ) {
                 return *resp;
             }
+            if p.resource == "serviceaccounts"
+                && p.group.is_empty()
+                && p.subresource.as_deref() == Some("token")
+            {
+                return tokens::token_request(&rest, &p, &parts.method, &parts.headers, &body)
+                    .await;
+            }
             if access::is_review(&p) {
                 return access::review(
                     &rest,
@@ -362,7 +383,17 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
                     &body,
                 );
             }
-            objects::serve(&rest, parts.method, &parts.headers, p, query, format, body).await
+            objects::serve(
+                &rest,
+                user.as_ref(),
+                parts.method,
+                &parts.headers,
+                p,
+                query,
+                format,
+                body,
+            )
+            .await
         }
         Target::OpenApiV3Index if get => {
             respond(200, &openapi::index(&infos(&rest)), Format::Json, &[])

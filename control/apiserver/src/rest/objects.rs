@@ -43,6 +43,10 @@ impl FieldValidation {
 pub(crate) struct Call<'a> {
     pub handler: &'a Arc<dyn ResourceHandler>,
     pub registry: &'a Arc<crate::registry::Registry>,
+    /// Who asks, and the authorizer (RBAC escalation checks on RBAC writes); `None` on
+    /// servers without authentication.
+    pub user: Option<&'a crate::auth::UserInfo>,
+    pub authorizer: Option<&'a Arc<crate::auth::authz::Authorizer>>,
     pub info: &'static KindInfo,
     pub kind: &'static dyn DynKind,
     /// The request's namespace ("" for cluster-scoped kinds and all-namespace lists).
@@ -213,9 +217,16 @@ impl Call<'_> {
     }
 
     /// `value` as protobuf, with unknown fields handled per `fieldValidation`.
+    /// The object to write, encoded (every REST write goes through here, so an RBAC object
+    /// is checked for escalation here too).
     pub fn encode(&self, value: Value) -> Result<(Vec<u8>, Vec<String>), ApiError> {
         let mode = FieldValidation::parse(self.query)?;
-        encode_with(self.kind, value, mode)
+        let (bytes, warnings) = encode_with(self.kind, value, mode)?;
+        if let (Some(authz), Some(user)) = (self.authorizer, self.user) {
+            crate::auth::escalation::check(authz, user, self.info.plural, &self.namespace, &bytes)
+                .map_err(ApiError::Forbidden)?;
+        }
+        Ok((bytes, warnings))
     }
 }
 
@@ -398,8 +409,10 @@ fn dyn_kind(plural: &str) -> Option<&'static dyn DynKind> {
 }
 
 /// Serves one resource request.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve(
     rest: &Rest,
+    user: Option<&crate::auth::UserInfo>,
     method: Method,
     headers: &HeaderMap,
     p: ResourcePath,
@@ -437,6 +450,8 @@ pub(crate) async fn serve(
     let call = Call {
         handler,
         registry: &rest.registry,
+        user,
+        authorizer: rest.authorizer.as_ref(),
         info,
         kind,
         namespace: p.namespace.clone().unwrap_or_default(),

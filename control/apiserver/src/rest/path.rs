@@ -25,7 +25,11 @@ pub enum Target {
     OpenApiV3Index,
     /// `/openapi/v3/api/v1` or `/openapi/v3/apis/<group>/<version>`.
     OpenApiV3 { group: String, version: String },
-    /// `/.well-known/...` and anything else unknown.
+    /// `/.well-known/openid-configuration`: the ServiceAccount token issuer's discovery.
+    OpenIdConfiguration,
+    /// `/openid/v1/jwks`: the keys that sign ServiceAccount tokens.
+    Jwks,
+    /// Anything else unknown.
     NotFound,
 }
 
@@ -50,6 +54,8 @@ pub fn parse(path: &str) -> Target {
     let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
     match parts.as_slice() {
         ["version"] => Target::Version,
+        [".well-known", "openid-configuration"] => Target::OpenIdConfiguration,
+        ["openid", "v1", "jwks"] => Target::Jwks,
         ["healthz", ..] => Target::Health("healthz"),
         ["livez", ..] => Target::Health("livez"),
         ["readyz", ..] => Target::Health("readyz"),

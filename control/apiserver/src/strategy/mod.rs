@@ -258,6 +258,8 @@ impl Strategy for Node {
     }
 }
 
+impl Strategy for skiff_api::api::ServiceAccount {}
+
 impl Strategy for Lease {
     fn validate(&self) -> Vec<FieldError> {
         let mut out = Vec::new();
