@@ -79,6 +79,42 @@ pub struct Security {
     pub authenticator: Arc<auth::Authenticator>,
     /// The audit log, if one is kept.
     pub audit: Option<audit::AuditLog>,
+    /// Renews the PKI's due certificates while the server runs.
+    pub renewal: Option<Renewal>,
+}
+
+/// Certificate renewal while the server runs: every `every`, the PKI is checked as at start
+/// ([`skiff_pki::ClusterPki::ensure`]) and a renewed serving certificate is presented from
+/// the next handshake on (connections already open keep theirs).
+#[derive(Debug, Clone)]
+pub struct Renewal {
+    pub pki: skiff_pki::ClusterPki,
+    pub options: skiff_pki::BootstrapOptions,
+    pub serving: Arc<skiff_pki::tls::ServingCert>,
+    pub every: Duration,
+}
+
+impl Renewal {
+    /// Renews what is due; whether the serving certificate changed.
+    pub fn check(&self) -> Result<bool, skiff_pki::PkiError> {
+        let ensured = self.pki.ensure(&self.options)?;
+        let crt = self.pki.path("apiserver.crt");
+        if ensured.written.contains(&crt) {
+            self.serving.replace(&ensured.serving)?;
+            info!(path = %crt.display(), "renewed the serving certificate");
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    async fn run(self) {
+        loop {
+            tokio::time::sleep(self.every).await;
+            if let Err(e) = self.check() {
+                warn!(error = %e, "certificate renewal failed; retrying at the next check");
+            }
+        }
+    }
 }
 
 /// What [`Security::bootstrap`] needs.
@@ -94,6 +130,8 @@ pub struct SecurityOptions {
     pub token_auth_file: Option<std::path::PathBuf>,
     /// The audit log, if one is kept.
     pub audit: Option<audit::AuditOptions>,
+    /// How often due certificates are renewed while running (default 1 h).
+    pub renew_every: Option<Duration>,
 }
 
 /// Why [`Security::bootstrap`] failed.
@@ -131,8 +169,19 @@ impl Security {
                 sans: opts.sans.clone(),
             })
             .map_err(pki_err)?;
-        let tls = skiff_pki::tls::server_config(&ensured.serving, Some(ensured.ca.cert_pem()))
-            .map_err(pki_err)?;
+        let serving = skiff_pki::tls::ServingCert::new(&ensured.serving).map_err(pki_err)?;
+        let tls =
+            skiff_pki::tls::server_config_with(Arc::clone(&serving), Some(ensured.ca.cert_pem()))
+                .map_err(pki_err)?;
+        let renewal = Renewal {
+            pki: pki.clone(),
+            options: skiff_pki::BootstrapOptions {
+                server_url: opts.server_url.clone(),
+                sans: opts.sans.clone(),
+            },
+            serving,
+            every: opts.renew_every.unwrap_or(Duration::from_secs(3600)),
+        };
         let tokens = match &opts.token_auth_file {
             Some(p) => auth::TokenFile::read(p)?,
             None => auth::TokenFile::default(),
@@ -162,6 +211,7 @@ impl Security {
                 sa_key: Some(Arc::new(ensured.sa_key)),
             }),
             audit,
+            renewal: Some(renewal),
         })
     }
 }
@@ -215,6 +265,8 @@ pub enum ApiServerError {
 pub struct ServerHandle {
     addr: SocketAddr,
     tls: bool,
+    /// The certificate renewal task, stopped with the server.
+    renewal: Option<JoinHandle<()>>,
     registry: Arc<registry::Registry>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<std::io::Result<()>>>,
@@ -293,6 +345,9 @@ impl ServerHandle {
 
 impl Drop for ServerHandle {
     fn drop(&mut self) {
+        if let Some(r) = self.renewal.take() {
+            r.abort();
+        }
         self.registry.stop();
         if let Some(task) = self.task.take() {
             task.abort();
@@ -414,11 +469,17 @@ pub async fn spawn(
             auth::middleware,
         ));
     }
+    let renewal = opts
+        .security
+        .as_ref()
+        .and_then(|s| s.renewal.clone())
+        .map(|r| tokio::spawn(r.run()));
     let task = tokio::spawn(serve::serve(listener, app, tls, rx));
     info!(%addr, "API server listening");
     Ok(ServerHandle {
         addr,
         tls: opts.security.is_some(),
+        renewal,
         registry,
         shutdown: Some(tx),
         task: Some(task),

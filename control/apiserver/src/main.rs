@@ -85,6 +85,9 @@ struct Args {
     /// Rotated audit logs kept (PATH.1 is the newest).
     #[arg(long, default_value_t = 10)]
     audit_log_maxbackup: usize,
+    /// Seconds between checks for certificates due for renewal while running.
+    #[arg(long, default_value_t = 3600)]
+    cert_check_seconds: u64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -148,6 +151,9 @@ fn security(args: &Args) -> Result<Security> {
         sans,
         token_auth_file: args.token_auth_file.clone(),
         audit,
+        renew_every: Some(std::time::Duration::from_secs(
+            args.cert_check_seconds.max(1),
+        )),
     })?)
 }
 

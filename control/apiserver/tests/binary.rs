@@ -192,3 +192,71 @@ fn etcd_without_endpoints_fails_with_a_message() {
     // A start refused on its arguments writes nothing.
     assert!(!pki.exists());
 }
+
+/// The serving certificate the server presents to a new connection (DER), trusting `ca`.
+fn served_certificate(addr: &str, ca: &str) -> Vec<u8> {
+    use std::io::Write;
+    let config = skiff_pki::tls::client_config(ca, None).expect("client config");
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+    let mut conn =
+        rustls::ClientConnection::new(std::sync::Arc::new(config), name).expect("connection");
+    let mut tcp = std::net::TcpStream::connect(addr).expect("connect");
+    let mut tls = rustls::Stream::new(&mut conn, &mut tcp);
+    tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .expect("handshake");
+    conn.peer_certificates().expect("a certificate")[0].to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serving_certificate_is_renewed_while_running() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = dir.path().join("pki");
+    let addr = free_addr();
+    let mut child = start(&[
+        "--listen",
+        &addr,
+        "--data-dir",
+        dir.path().join("data").to_str().expect("utf-8"),
+        "--pki-dir",
+        pki.to_str().expect("utf-8"),
+        "--cert-check-seconds",
+        "1",
+    ]);
+    drop(connect(&addr, &pki).await);
+    let ca = std::fs::read_to_string(pki.join("ca.crt")).expect("ca.crt");
+    let first = served_certificate(&addr, &ca);
+    // The certificate on disk is now one that expires tomorrow (as if a year had passed).
+    let authority = skiff_pki::ClusterPki::new(&pki).load_ca().expect("CA");
+    let info = skiff_pki::parse(&first, "served").expect("parse");
+    let mut spec = skiff_pki::LeafSpec::server("skiff-apiserver", &info.sans);
+    spec.validity = Duration::from_secs(24 * 3600);
+    let due = authority.issue(&spec).expect("issue");
+    std::fs::write(pki.join("apiserver.crt"), &due.cert_pem).expect("write");
+    std::fs::write(pki.join("apiserver.key"), &due.key_pem).expect("write");
+    // Within a few checks the server has renewed it and presents the new one.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let served = served_certificate(&addr, &ca);
+        let on_disk = skiff_pki::pem_certificates(
+            &std::fs::read_to_string(pki.join("apiserver.crt")).expect("read"),
+            "disk",
+        )
+        .expect("pem")
+        .remove(0);
+        if served != first && served == on_disk {
+            let info = skiff_pki::parse(&served, "renewed").expect("parse");
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("clock")
+                .as_secs() as i64;
+            assert!(info.not_after - now > 300 * 24 * 3600, "renewed for a year");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the serving certificate was not renewed"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(terminate(&mut child).success());
+}

@@ -142,11 +142,62 @@ impl ClientCertVerifier for RequestClientCert {
     }
 }
 
+/// The serving certificate a server presents, replaceable while it runs (renewal): every new
+/// handshake gets the current one.
+#[derive(Debug)]
+pub struct ServingCert {
+    current: std::sync::RwLock<Arc<rustls::sign::CertifiedKey>>,
+}
+
+fn certified(serving: &Identity) -> Result<Arc<rustls::sign::CertifiedKey>, PkiError> {
+    rustls::sign::CertifiedKey::from_der(
+        certs(&serving.cert_pem, "the serving certificate")?,
+        key(&serving.key_pem, "the serving key")?,
+        &provider(),
+    )
+    .map(Arc::new)
+    .map_err(|e| PkiError::Tls(e.to_string()))
+}
+
+impl ServingCert {
+    pub fn new(serving: &Identity) -> Result<Arc<ServingCert>, PkiError> {
+        Ok(Arc::new(ServingCert {
+            current: std::sync::RwLock::new(certified(serving)?),
+        }))
+    }
+
+    /// Serves `serving` from the next handshake on.
+    pub fn replace(&self, serving: &Identity) -> Result<(), PkiError> {
+        let new = certified(serving)?;
+        if let Ok(mut c) = self.current.write() {
+            *c = new;
+        }
+        Ok(())
+    }
+}
+
+impl rustls::server::ResolvesServerCert for ServingCert {
+    fn resolve(
+        &self,
+        _hello: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        self.current.read().ok().map(|c| Arc::clone(&c))
+    }
+}
+
 /// A server configuration serving `serving`, offering HTTP/2 and HTTP/1.1, and asking for a
 /// client certificate with the CAs of `client_ca_pem` as hints (none: no client
 /// certificates).
 pub fn server_config(
     serving: &Identity,
+    client_ca_pem: Option<&str>,
+) -> Result<rustls::ServerConfig, PkiError> {
+    server_config_with(ServingCert::new(serving)?, client_ca_pem)
+}
+
+/// [`server_config`] presenting whatever `serving` holds at each handshake.
+pub fn server_config_with(
+    serving: Arc<ServingCert>,
     client_ca_pem: Option<&str>,
 ) -> Result<rustls::ServerConfig, PkiError> {
     let builder = rustls::ServerConfig::builder_with_provider(provider())
@@ -172,12 +223,7 @@ pub fn server_config(
         }
         None => builder.with_no_client_auth(),
     };
-    let mut config = builder
-        .with_single_cert(
-            certs(&serving.cert_pem, "the serving certificate")?,
-            key(&serving.key_pem, "the serving key")?,
-        )
-        .map_err(|e| PkiError::Tls(e.to_string()))?;
+    let mut config = builder.with_cert_resolver(serving);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
 }

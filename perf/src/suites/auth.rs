@@ -101,6 +101,7 @@ async fn start(secure: bool) -> Result<Running> {
                 sans: vec!["127.0.0.1".into(), "localhost".into()],
                 token_auth_file: None,
                 audit: None,
+                renew_every: None,
             },
         )?)
     } else {

@@ -215,15 +215,7 @@ pub fn check(
 mod tests {
     use super::*;
 
-    fn rule(verbs: &[&str], groups: &[&str], resources: &[&str]) -> PolicyRule {
-        let v = |l: &[&str]| l.iter().map(|s| s.to_string()).collect();
-        PolicyRule {
-            verbs: v(verbs),
-            api_groups: v(groups),
-            resources: v(resources),
-            ..PolicyRule::default()
-        }
-    }
+    use crate::auth::policy::rule;
 
     #[test]
     fn coverage_is_checked_per_verb_resource_and_name() {

@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use rustls::pki_types::CertificateDer;
@@ -219,26 +219,7 @@ fn service_account_user(
 /// kube-apiserver's answer to a request it cannot authenticate: a `Status` with code 401
 /// for REST, `UNAUTHENTICATED` for gRPC.
 pub fn unauthorized(grpc: bool) -> Response {
-    if grpc {
-        return tonic::Status::unauthenticated("Unauthorized")
-            .into_http::<Body>()
-            .into_response();
-    }
-    let body = serde_json::json!({
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": "Unauthorized",
-        "reason": "Unauthorized",
-        "code": 401
-    });
-    (
-        StatusCode::UNAUTHORIZED,
-        [(header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
-    )
-        .into_response()
+    refused(grpc, 401, "Unauthorized")
 }
 
 /// Whether a request is a gRPC call.
@@ -327,24 +308,18 @@ pub fn impersonate(
             &name,
         )),
     }
-    for g in &groups {
+    let extra = groups
+        .iter()
+        .map(|g| ("", "groups", g))
+        .chain(uids.iter().map(|u| ("authentication.k8s.io", "uids", u)));
+    for (group, resource, name) in extra {
         checks.push(authz::Attributes::resource(
             "impersonate",
-            "",
-            "groups",
-            "",
-            "",
-            g,
-        ));
-    }
-    for u in &uids {
-        checks.push(authz::Attributes::resource(
-            "impersonate",
-            "authentication.k8s.io",
-            "uids",
+            group,
+            resource,
             "",
             "",
-            u,
+            name,
         ));
     }
     for a in &checks {
@@ -455,30 +430,19 @@ pub async fn middleware(State(state): State<AuthState>, mut req: Request, next: 
     resp
 }
 
-/// A refusal as kube-apiserver answers it: a `Status` for REST, the matching gRPC code.
+/// A refusal as kube-apiserver answers it: a `Status` for REST (the REST API's one Status
+/// builder), the matching gRPC code.
 fn refused(grpc: bool, code: u16, message: &str) -> Response {
     let (reason, status) = match code {
         400 => ("BadRequest", tonic::Status::invalid_argument(message)),
+        401 => ("Unauthorized", tonic::Status::unauthenticated(message)),
         _ => ("Forbidden", tonic::Status::permission_denied(message)),
     };
     if grpc {
         return status.into_http::<Body>().into_response();
     }
-    let body = serde_json::json!({
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code
-    });
-    (
-        StatusCode::from_u16(code).unwrap_or(StatusCode::FORBIDDEN),
-        [(header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
-    )
-        .into_response()
+    let (code, body) = crate::rest::status_plain(code, reason, message);
+    crate::rest::respond_json(code, &body)
 }
 
 #[cfg(test)]

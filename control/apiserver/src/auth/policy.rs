@@ -28,7 +28,8 @@ const ALL_VERBS: &[&str] = &[
     "deletecollection",
 ];
 
-fn rule(verbs: &[&str], groups: &[&str], resources: &[&str]) -> PolicyRule {
+/// A resource rule.
+pub(crate) fn rule(verbs: &[&str], groups: &[&str], resources: &[&str]) -> PolicyRule {
     let v = |l: &[&str]| l.iter().map(|s| s.to_string()).collect();
     PolicyRule {
         verbs: v(verbs),

@@ -183,6 +183,13 @@ pub(crate) fn negotiate(headers: &HeaderMap) -> Format {
     }
 }
 
+pub(crate) use status::plain as status_plain;
+
+/// A JSON answer (for callers outside the REST module: the authentication middleware).
+pub(crate) fn respond_json(code: u16, body: &Value) -> Response {
+    respond(code, body, Format::Json, &[])
+}
+
 /// A JSON (or YAML) answer.
 pub(crate) fn respond(code: u16, body: &Value, format: Format, warnings: &[String]) -> Response {
     let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
