@@ -465,6 +465,7 @@ pub async fn spawn(
                 authn: Arc::clone(&s.authenticator),
                 authz: authorizer.clone(),
                 audit: s.audit.clone(),
+                throttle: Arc::default(),
             },
             auth::middleware,
         ));

@@ -26,6 +26,7 @@ pub mod fuzzing;
 mod mirror;
 pub mod node;
 pub mod policy;
+pub mod throttle;
 mod tokens;
 
 use std::sync::Arc;
@@ -237,6 +238,8 @@ pub struct AuthState {
     pub authz: Option<Arc<authz::Authorizer>>,
     /// Every request's event goes here when set.
     pub audit: Option<crate::audit::AuditLog>,
+    /// Slows down failed authentications per source address.
+    pub throttle: Arc<throttle::FailureThrottle>,
 }
 
 const IMPERSONATE_USER: &str = "impersonate-user";
@@ -384,6 +387,12 @@ pub async fn middleware(State(state): State<AuthState>, mut req: Request, next: 
     let (user, resp) = match result {
         Err(e) => {
             debug!(path = %req.uri().path(), reason = %e, "authentication failed");
+            let delay = state
+                .throttle
+                .failed(remote.map(|r| r.ip()), std::time::Instant::now());
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
             (None, unauthorized(grpc))
         }
         Ok(authenticated) => {
