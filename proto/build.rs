@@ -91,12 +91,19 @@ const RAW_JSON: [&str; 1] = ["ManagedFieldsEntry.fields_v1"];
 /// Maps of bytes, written as base64 strings in JSON (Secret.data).
 const BASE64_MAPS: [&str; 1] = ["Secret.data"];
 
+/// Bytes written as base64 strings in JSON (PEM blocks of certificate requests).
+const BASE64_BYTES: [&str; 2] = [
+    "CertificateSigningRequestSpec.request",
+    "CertificateSigningRequestStatus.certificate",
+];
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = [
         "proto/skiff/meta.proto",
         "proto/skiff/core.proto",
         "proto/skiff/apps.proto",
         "proto/skiff/rbac.proto",
+        "proto/skiff/certificates.proto",
         "proto/skiff/rpc.proto",
     ];
     let mut builder = tonic_prost_build::configure()
@@ -139,6 +146,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         builder = builder.field_attribute(
             format!(".skiff.api.{field}"),
             "#[serde(with = \"crate::serde_util::base64_map\")]",
+        );
+    }
+    for field in BASE64_BYTES {
+        builder = builder.field_attribute(
+            format!(".skiff.api.{field}"),
+            "#[serde(with = \"crate::serde_util::base64_bytes\")]",
         );
     }
     for field in OMIT_ZERO {

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use crate::api::{
-    ContainerStatus, Deployment, Endpoints, Event, LabelSelector, Lease, Namespace, Node, Pod,
-    PodTemplateSpec, ReplicaSet, RoleBinding, Secret, Service, ServicePort,
+    CertificateSigningRequest, ContainerStatus, Deployment, Endpoints, Event, LabelSelector, Lease,
+    Namespace, Node, Pod, PodTemplateSpec, ReplicaSet, RoleBinding, Secret, Service, ServicePort,
 };
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::de::DeserializeOwned;
@@ -81,6 +81,17 @@ pub fn headers(kind: &str, wide: bool) -> Vec<String> {
         "Secret" => (&["NAME", "TYPE", "DATA", "AGE"], &[]),
         "ServiceAccount" => (&["NAME", "SECRETS", "AGE"], &[]),
         "Role" | "ClusterRole" => (&["NAME", "CREATED AT"], &[]),
+        "CertificateSigningRequest" => (
+            &[
+                "NAME",
+                "AGE",
+                "SIGNERNAME",
+                "REQUESTOR",
+                "REQUESTEDDURATION",
+                "CONDITION",
+            ],
+            &[],
+        ),
         "RoleBinding" | "ClusterRoleBinding" => (
             &["NAME", "ROLE", "AGE"],
             &["USERS", "GROUPS", "SERVICEACCOUNTS"],
@@ -309,6 +320,34 @@ pub fn cells(kind: &str, obj: &Value, wide: bool, now: DateTime<Utc>) -> Vec<Str
         "Secret" => {
             let s: Secret = typed(obj);
             vec![name, s.r#type.clone(), s.data.len().to_string(), created]
+        }
+        "CertificateSigningRequest" => {
+            let r: CertificateSigningRequest = typed(obj);
+            let spec = r.spec.unwrap_or_default();
+            let status = r.status.unwrap_or_default();
+            // kubectl: the condition types, then Issued once a certificate is there.
+            let mut conditions: Vec<String> =
+                status.conditions.iter().map(|c| c.r#type.clone()).collect();
+            if !status.certificate.is_empty() {
+                conditions.push("Issued".into());
+            }
+            let condition = if conditions.is_empty() {
+                "Pending".to_string()
+            } else {
+                conditions.join(",")
+            };
+            let duration = spec
+                .expiration_seconds
+                .map(|s| human_duration(TimeDelta::seconds(i64::from(s))))
+                .unwrap_or_else(|| "<none>".into());
+            vec![
+                name,
+                created,
+                spec.signer_name,
+                spec.username,
+                duration,
+                condition,
+            ]
         }
         "Lease" => {
             let l: Lease = typed(obj);

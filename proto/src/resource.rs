@@ -266,6 +266,15 @@ resource!(
     false,
     no_status
 );
+resource!(
+    CertificateSigningRequest,
+    "certificates.k8s.io/v1",
+    "certificatesigningrequests",
+    ["csr"],
+    false,
+    status,
+    "spec.signerName" => |o| o.spec.as_ref().map(|s| s.signer_name.clone()).unwrap_or_default()
+);
 
 /// A resource type handled by name, for code that does not know the type statically
 /// (the CLI reading manifests, the API server's discovery).
@@ -296,7 +305,7 @@ impl<T: Resource> DynKind for KindOf<T> {
     }
 }
 
-static KINDS: [&dyn DynKind; 15] = [
+static KINDS: [&dyn DynKind; 16] = [
     &KindOf::<Namespace>(PhantomData),
     &KindOf::<Node>(PhantomData),
     &KindOf::<Pod>(PhantomData),
@@ -312,6 +321,7 @@ static KINDS: [&dyn DynKind; 15] = [
     &KindOf::<ClusterRole>(PhantomData),
     &KindOf::<RoleBinding>(PhantomData),
     &KindOf::<ClusterRoleBinding>(PhantomData),
+    &KindOf::<CertificateSigningRequest>(PhantomData),
 ];
 
 /// Every resource type Skiff serves.

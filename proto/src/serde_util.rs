@@ -136,6 +136,23 @@ pub mod base64_map {
 const OPAQUE: &[&str] = &["fieldsV1"];
 
 /// For `skip_serializing_if` on the numbers and booleans Kubernetes omits when zero.
+/// Bytes as one base64 string (a certificate request's PEM).
+pub mod base64_bytes {
+    use base64::Engine as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(bytes))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let text = Option::<String>::deserialize(d)?.unwrap_or_default();
+        base64::engine::general_purpose::STANDARD
+            .decode(text.as_bytes())
+            .map_err(|e| serde::de::Error::custom(format!("illegal base64 data: {e}")))
+    }
+}
+
 pub fn is_default<T: Default + PartialEq>(v: &T) -> bool {
     *v == T::default()
 }

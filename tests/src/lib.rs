@@ -387,6 +387,9 @@ pub struct Node {
     pub kubeconfig: PathBuf,
     /// Extra arguments of `skiff-node run`.
     pub agent_args: Vec<String>,
+    /// `Some((server, token, CA hash))`: the agent is started with `skiff-node join` and
+    /// gets its credentials through a bootstrap token (the kubeconfig is written by it).
+    pub join: Option<(String, String, String)>,
     agent: Option<Child>,
     /// The node's address on the fabric, if it is on one.
     pub node_ip: Option<String>,
@@ -458,8 +461,35 @@ impl Node {
                 .join(","),
             kubeconfig,
             agent_args: agent_args.iter().map(|a| a.to_string()).collect(),
+            join: None,
             agent: None,
             node_ip,
+        };
+        node.start_agent();
+        node
+    }
+
+    /// A node that joins with `skiff-node join --token TOKEN --ca-cert-hash HASH` instead of
+    /// being handed a certificate (the agent writes its kubeconfig at [`Node::kubeconfig`]).
+    pub fn join(server: &ApiServer, name: &str, pod_cidr: &str, token: &str, hash: &str) -> Node {
+        let id = unique();
+        let ns = Netns::create(&format!("skiff-e2e-{id}")).expect("creating the node's netns");
+        let netns = ns.name().to_string();
+        let state_dir = tempfile::tempdir().expect("tempdir");
+        let kubeconfig = state_dir.path().join("kubelet.kubeconfig");
+        let mut node = Node {
+            name: name.to_string(),
+            netns,
+            _ns: ns,
+            cgroup_parent: cgroup2_root().join(format!("skiff-e2e-{id}")),
+            state_dir,
+            pod_cidr: pod_cidr.to_string(),
+            labels: String::new(),
+            kubeconfig,
+            agent_args: Vec::new(),
+            join: Some((server.endpoint.clone(), token.to_string(), hash.to_string())),
+            agent: None,
+            node_ip: None,
         };
         node.start_agent();
         node
@@ -477,8 +507,15 @@ impl Node {
             .open(self.state_dir.path().join("agent.log"))
             .expect("agent log");
         let mut cmd = Command::new(binary("skiff-node"));
-        cmd.arg("run")
-            .arg("--kubeconfig")
+        match &self.join {
+            // The token goes by environment, as an operator keeps it out of `ps`.
+            Some((server, token, hash)) => cmd
+                .args(["join", "--server", server, "--ca-cert-hash", hash])
+                .args(["--join-timeout", "60s"])
+                .env("SKIFF_JOIN_TOKEN", token),
+            None => cmd.arg("run"),
+        };
+        cmd.arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .args(["--node-name", &self.name])
             .arg("--state-dir")
@@ -637,6 +674,16 @@ impl Component {
             _ => server.kubeconfig.clone(),
         };
         let mut all = vec!["--kubeconfig".to_string(), kubeconfig.display().to_string()];
+        if binary == "skiff-controller-manager" {
+            // As k3s runs it: approved certificate requests are signed with the cluster CA.
+            let pki = |f: &str| server.pki_dir.join(f).display().to_string();
+            all.extend([
+                "--cluster-signing-cert-file".to_string(),
+                pki("ca.crt"),
+                "--cluster-signing-key-file".to_string(),
+                pki("ca.key"),
+            ]);
+        }
         all.extend(args.iter().map(|a| a.to_string()));
         let mut c = Component {
             binary: binary.to_string(),

@@ -100,7 +100,7 @@ impl Renewal {
         let ensured = self.pki.ensure(&self.options)?;
         let crt = self.pki.path("apiserver.crt");
         if ensured.written.contains(&crt) {
-            self.serving.replace(&ensured.serving)?;
+            self.serving.replace(&ensured.serving_chain())?;
             info!(path = %crt.display(), "renewed the serving certificate");
             return Ok(true);
         }
@@ -169,7 +169,8 @@ impl Security {
                 sans: opts.sans.clone(),
             })
             .map_err(pki_err)?;
-        let serving = skiff_pki::tls::ServingCert::new(&ensured.serving).map_err(pki_err)?;
+        let serving =
+            skiff_pki::tls::ServingCert::new(&ensured.serving_chain()).map_err(pki_err)?;
         let tls =
             skiff_pki::tls::server_config_with(Arc::clone(&serving), Some(ensured.ca.cert_pem()))
                 .map_err(pki_err)?;
@@ -209,6 +210,7 @@ impl Security {
                 client_ca_pem: Some(ensured.ca.cert_pem().to_string()),
                 tokens,
                 sa_key: Some(Arc::new(ensured.sa_key)),
+                bootstrap: Default::default(),
             }),
             audit,
             renewal: Some(renewal),
@@ -405,6 +407,19 @@ async fn bootstrap(
     ensure(registry, auth::policy::cluster_role_bindings()).await
 }
 
+/// Starts what authentication and authorization read from the store: the bootstrap tokens'
+/// Secret mirror (on the first server of this `Security`) and the authorizer's mirrors.
+async fn start_authorization(
+    registry: &registry::Registry,
+    security: &Security,
+) -> Result<Arc<auth::authz::Authorizer>, error::ApiError> {
+    if security.authenticator.bootstrap.get().is_none() {
+        let tokens = auth::bootstrap::BootstrapTokens::start(registry).await?;
+        let _ = security.authenticator.bootstrap.set(tokens);
+    }
+    auth::authz::Authorizer::start(registry).await
+}
+
 /// Bootstraps (default namespaces), starts watch caches and serves gRPC on `listener`.
 pub async fn spawn(
     store: Arc<dyn Store>,
@@ -424,12 +439,12 @@ pub async fn spawn(
     }
     // With authentication on, every request is authorized too (RBAC, the Node authorizer).
     let authorizer = match &opts.security {
-        Some(_) => match auth::authz::Authorizer::start(&registry).await {
+        Some(s) => match start_authorization(&registry, s).await {
             Ok(a) => Some(a),
             Err(source) => {
                 registry.stop();
                 return Err(ApiServerError::Bootstrap {
-                    object: "the authorizer's mirrors".into(),
+                    object: "the authenticator's and authorizer's mirrors".into(),
                     source,
                 });
             }

@@ -17,8 +17,9 @@ use chrono::{SecondsFormat, Utc};
 use prost::Message;
 use rand::Rng;
 use skiff_api::api::{
-    Binding, ClusterRole, ClusterRoleBinding, Deployment, Endpoints, Event, Lease, Namespace, Node,
-    Pod, ReplicaSet, Role, RoleBinding, Secret, Service, ServiceAccount,
+    Binding, CertificateSigningRequest, ClusterRole, ClusterRoleBinding, Deployment, Endpoints,
+    Event, Lease, Namespace, Node, Pod, ReplicaSet, Role, RoleBinding, Secret, Service,
+    ServiceAccount,
 };
 use skiff_api::rpc::{DeleteRequest, ListRequest, ListResponse, WatchRequest};
 use skiff_api::selector::{FieldSelector, Selector};
@@ -134,11 +135,14 @@ fn parse_filter<T: Resource>(
 }
 
 /// How a write is made.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WriteOptions {
     /// Run everything (defaulting, validation, admission of the namespace, preconditions)
     /// but write nothing; return what would have been stored (`dryRun=All`).
     pub dry_run: bool,
+    /// Who asks (set when the request was authenticated): kinds that record their requester
+    /// take it from here ([`Strategy::stamp_requester`]).
+    pub requester: Option<crate::auth::UserInfo>,
 }
 
 /// The object-safe face of a resource type's handler. Objects travel encoded.
@@ -334,6 +338,9 @@ impl<T: Strategy> Handler<T> {
         }
         obj.set_type_meta();
         obj.prepare_create();
+        if let Some(user) = &opts.requester {
+            obj.stamp_requester(user);
+        }
         Strategy::default(&mut obj);
         let generated = obj.name().is_empty() && !obj.metadata_mut().generate_name.is_empty();
         if generated {
@@ -446,9 +453,12 @@ impl<T: Strategy> Handler<T> {
         opts: WriteOptions,
     ) -> Result<T, ApiError> {
         let info = Self::info();
+        // "": the object; "status" or another subresource of the kind: only what that
+        // subresource covers, copied into the stored object below.
         let status_only = match subresource {
             "" => false,
             "status" if info.has_status => true,
+            other if <T as Default>::default().copy_subresource_from(&new, other) => true,
             other => {
                 return Err(ApiError::BadRequest(format!(
                     "{} has no subresource {other:?}",
@@ -499,7 +509,11 @@ impl<T: Strategy> Handler<T> {
         }
         let mut obj = if status_only {
             let mut o = old.clone();
-            o.copy_status_from(&new);
+            if subresource == "status" {
+                o.copy_status_from(&new);
+            } else {
+                o.copy_subresource_from(&new, subresource);
+            }
             o
         } else {
             let mut o = new;
@@ -912,6 +926,7 @@ impl Registry {
         add::<Endpoints>(h, &store, cache_capacity).await?;
         add::<Secret>(h, &store, cache_capacity).await?;
         add::<ServiceAccount>(h, &store, cache_capacity).await?;
+        add::<CertificateSigningRequest>(h, &store, cache_capacity).await?;
         add::<Event>(h, &store, cache_capacity).await?;
         add::<ReplicaSet>(h, &store, cache_capacity).await?;
         add::<Deployment>(h, &store, cache_capacity).await?;

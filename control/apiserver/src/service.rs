@@ -147,12 +147,14 @@ impl Api for ApiService {
                 object: &request.get_ref().object,
             },
         )?;
+        let opts = WriteOptions {
+            requester: request.extensions().get::<UserInfo>().cloned(),
+            ..WriteOptions::default()
+        };
         let r = request.into_inner();
         let result = async {
             let h = self.registry.handler(&r.resource)?;
-            h.create(&r.namespace, &r.object, WriteOptions::default())
-                .await
-                .map(object)
+            h.create(&r.namespace, &r.object, opts).await.map(object)
         }
         .await;
         respond("create", &r.resource, result)

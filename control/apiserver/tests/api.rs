@@ -228,7 +228,8 @@ async fn crud_and_selectors(s: TestServer) {
             "roles",
             "clusterroles",
             "rolebindings",
-            "clusterrolebindings"
+            "clusterrolebindings",
+            "certificatesigningrequests"
         ]
     );
 

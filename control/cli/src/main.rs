@@ -12,6 +12,7 @@ mod resources;
 mod rollout;
 mod scale;
 mod table;
+mod token;
 mod top;
 mod update;
 
@@ -80,6 +81,54 @@ enum Command {
     /// List the images the nodes have pulled, with the pods using them (like `crictl
     /// images`, for every node).
     Images(ImagesArgs),
+    /// Bootstrap tokens with which new nodes join (`skiff-node join`), like `kubeadm token`.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum TokenCommand {
+    /// Creates a bootstrap token and prints it.
+    Create {
+        /// How long the token is valid: `30m`, `24h`, `7d`; `0` for ever.
+        #[arg(long, default_value = "24h", value_parser = ttl)]
+        ttl: Ttl,
+        /// A note kept with the token.
+        #[arg(long, default_value = "")]
+        description: String,
+        /// Print the whole `skiff-node join` command (server, token, CA hash).
+        #[arg(long)]
+        print_join_command: bool,
+    },
+    /// Deletes a bootstrap token (by its id or the whole token): nodes can no longer join
+    /// with it.
+    Delete {
+        /// The token id (the 6 characters before the dot) or the token.
+        token: String,
+    },
+}
+
+/// A token's lifetime; `None`: no expiry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ttl(Option<std::time::Duration>);
+
+/// `--ttl`: a number with s, m, h or d; 0 means no expiry.
+fn ttl(s: &str) -> Result<Ttl, String> {
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map(|i| s.split_at(i))
+        .unwrap_or((s, "s"));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 30m, 24h or 7d"))?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86400,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use s, m, h or d)")),
+    };
+    Ok(Ttl((secs > 0).then(|| std::time::Duration::from_secs(secs))))
 }
 
 #[derive(Debug, Args)]
@@ -478,6 +527,19 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Scale(s) => scale::run(&client, &scale_opts(&s, &namespace)?).await,
         Command::Images(a) => images::run(&client, a.node.as_deref(), a.output).await,
+        Command::Token(TokenCommand::Create {
+            ttl,
+            description,
+            print_join_command,
+        }) => {
+            let config = ClientConfig::load(cli.server.as_deref(), cli.kubeconfig.as_deref())?;
+            token::create(&client, &config, ttl.0, &description, print_join_command)
+                .await
+                .map(|()| ExitCode::SUCCESS)
+        }
+        Command::Token(TokenCommand::Delete { token }) => token::delete(&client, &token)
+            .await
+            .map(|()| ExitCode::SUCCESS),
         Command::Bpf(b) => {
             let (what, args) = match b {
                 BpfCommand::Services(a) => (bpf::What::Services, a),
@@ -732,5 +794,29 @@ mod tests {
                 output: Some(top::Output::Json)
             })
         ));
+    }
+
+    #[test]
+    fn token_lifetimes() {
+        let ttl_of = |args: &[&str]| {
+            let mut all = vec!["skiff", "token", "create"];
+            all.extend(args);
+            match Cli::try_parse_from(all).map(|c| c.command) {
+                Ok(Command::Token(TokenCommand::Create { ttl, .. })) => Ok(ttl.0),
+                Ok(other) => panic!("{other:?}"),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        assert_eq!(ttl_of(&[]), Ok(Some(std::time::Duration::from_secs(86400))));
+        assert_eq!(
+            ttl_of(&["--ttl", "30m"]),
+            Ok(Some(std::time::Duration::from_secs(1800)))
+        );
+        assert_eq!(ttl_of(&["--ttl", "0"]), Ok(None));
+        assert!(
+            ttl_of(&["--ttl", "3w"])
+                .unwrap_err()
+                .contains("unknown unit")
+        );
     }
 }

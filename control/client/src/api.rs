@@ -609,8 +609,19 @@ impl<T: Resource> Api<T> {
 
     /// Replaces only the object's status (the status subresource).
     pub async fn update_status(&self, obj: &T) -> Result<T, ClientError> {
+        self.update_subresource(obj, "status").await
+    }
+
+    /// Replaces what the subresource `subresource` covers (`status`, a
+    /// CertificateSigningRequest's `approval`).
+    pub async fn update_subresource(&self, obj: &T, subresource: &str) -> Result<T, ClientError> {
         let ns = self.raw.namespace_for(obj.namespace());
-        decode(&self.raw.update(ns, obj.encode_to_vec(), "status").await?)
+        decode(
+            &self
+                .raw
+                .update(ns, obj.encode_to_vec(), subresource)
+                .await?,
+        )
     }
 
     /// Deletes (or starts a graceful delete of) the object; returns its last state.

@@ -32,6 +32,7 @@
 //! restarted, or lose its leadership, at any point.
 
 pub mod allocator;
+pub mod certificates;
 pub mod deployment;
 pub mod endpoints;
 pub mod gc;

@@ -25,7 +25,7 @@ struct Args {
     kubeconfig: Option<std::path::PathBuf>,
     /// Controllers to run: names separated by commas, `*` for all, `-name` to switch one off
     /// (known: replicaset, deployment, endpoints, service-allocator, nodeipam,
-    /// garbagecollector, namespace, nodelifecycle, serviceaccount).
+    /// garbagecollector, namespace, nodelifecycle, serviceaccount, certificatesigningrequest).
     #[arg(long, value_name = "LIST", default_value = "*")]
     controllers: String,
     /// Run the controllers only while holding the leader Lease.
@@ -67,6 +67,13 @@ struct Args {
     /// lease would expire).
     #[arg(long, default_value_t = 2, value_name = "SECONDS")]
     node_monitor_period: u64,
+    /// The cluster CA's certificate (PEM), with which approved CertificateSigningRequests of
+    /// nodes and clients are signed (with --cluster-signing-key-file).
+    #[arg(long, value_name = "PATH", requires = "cluster_signing_key_file")]
+    cluster_signing_cert_file: Option<std::path::PathBuf>,
+    /// The cluster CA's private key (PEM).
+    #[arg(long, value_name = "PATH", requires = "cluster_signing_cert_file")]
+    cluster_signing_key_file: Option<std::path::PathBuf>,
 }
 
 fn default_identity() -> String {
@@ -88,6 +95,20 @@ async fn run(args: Args) -> Result<()> {
         ..NodeLifecycleConfig::default()
     };
     node_lifecycle.validate()?;
+    let signing_ca = match (
+        &args.cluster_signing_cert_file,
+        &args.cluster_signing_key_file,
+    ) {
+        (Some(cert), Some(key)) => {
+            let read = |p: &std::path::Path| {
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+            };
+            let ca = skiff_pki::Ca::from_pem(&read(cert)?, &read(key)?)
+                .context("--cluster-signing-cert-file/--cluster-signing-key-file")?;
+            Some(std::sync::Arc::new(ca))
+        }
+        _ => None,
+    };
     let identity = args.identity.unwrap_or_else(default_identity);
     let config = ClientConfig::load(args.server.as_deref(), args.kubeconfig.as_deref())?;
     let client = Client::connect_lazy_with(&config)?;
@@ -106,6 +127,7 @@ async fn run(args: Args) -> Result<()> {
         cluster_cidr: args.cluster_cidr,
         node_cidr_mask_size: args.node_cidr_mask_size,
         node_lifecycle,
+        signing_ca,
     };
     manager_config
         .service_ranges()

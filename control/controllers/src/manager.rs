@@ -39,10 +39,11 @@ pub enum ControllerName {
     Namespace,
     NodeLifecycle,
     ServiceAccount,
+    CertificateSigningRequest,
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 9] = [
+    pub const ALL: [ControllerName; 10] = [
         ControllerName::ReplicaSet,
         ControllerName::Deployment,
         ControllerName::Endpoints,
@@ -52,6 +53,7 @@ impl ControllerName {
         ControllerName::Namespace,
         ControllerName::NodeLifecycle,
         ControllerName::ServiceAccount,
+        ControllerName::CertificateSigningRequest,
     ];
 
     pub fn as_str(&self) -> &'static str {
@@ -65,6 +67,7 @@ impl ControllerName {
             ControllerName::Namespace => "namespace",
             ControllerName::NodeLifecycle => "nodelifecycle",
             ControllerName::ServiceAccount => "serviceaccount",
+            ControllerName::CertificateSigningRequest => "certificatesigningrequest",
         }
     }
 
@@ -80,6 +83,7 @@ impl ControllerName {
             ControllerName::Namespace => "namespace-controller",
             ControllerName::NodeLifecycle => "node-controller",
             ControllerName::ServiceAccount => "serviceaccount-controller",
+            ControllerName::CertificateSigningRequest => "certificate-controller",
         }
     }
 }
@@ -152,6 +156,9 @@ pub struct ManagerConfig {
     /// The node lifecycle controller's grace and monitor periods and eviction rate (checked by
     /// `NodeLifecycleConfig::validate`).
     pub node_lifecycle: NodeLifecycleConfig,
+    /// The CA that signs approved certificate requests (`--cluster-signing-cert-file` and
+    /// `--cluster-signing-key-file`); `None`: requests are approved but not signed.
+    pub signing_ca: Option<std::sync::Arc<skiff_pki::Ca>>,
 }
 
 impl ManagerConfig {
@@ -169,6 +176,7 @@ impl ManagerConfig {
             cluster_cidr: DEFAULT_CLUSTER_CIDR,
             node_cidr_mask_size: 24,
             node_lifecycle: NodeLifecycleConfig::default(),
+            signing_ca: None,
         }
     }
 
@@ -215,6 +223,14 @@ pub async fn run_controllers(client: Client, config: &ManagerConfig, stop: Cance
             ControllerName::ServiceAccount => {
                 Box::pin(crate::serviceaccount::ServiceAccountController::run(
                     &informers,
+                    config.workers,
+                    stop.clone(),
+                ))
+            }
+            ControllerName::CertificateSigningRequest => {
+                Box::pin(crate::certificates::CsrController::run(
+                    &informers,
+                    config.signing_ca.clone(),
                     config.workers,
                     stop.clone(),
                 ))
@@ -305,7 +321,7 @@ mod tests {
     fn controller_lists() {
         use ControllerName::*;
         let all: BTreeSet<_> = ControllerName::ALL.into_iter().collect();
-        assert_eq!(all.len(), 9);
+        assert_eq!(all.len(), 10);
         assert_eq!(parse_controllers("*").unwrap(), all);
         assert_eq!(parse_controllers("").unwrap(), all);
         assert_eq!(
@@ -322,20 +338,22 @@ mod tests {
                 GarbageCollector,
                 Namespace,
                 NodeLifecycle,
-                ServiceAccount
+                ServiceAccount,
+                CertificateSigningRequest
             ]
             .into()
         );
         assert_eq!(
             parse_controllers(
-                "*,-replicaset,-garbagecollector,-namespace,-nodelifecycle,-serviceaccount"
+                "*,-replicaset,-garbagecollector,-namespace,-nodelifecycle,-serviceaccount,\
+                 -certificatesigningrequest"
             )
             .unwrap(),
             [Deployment, Endpoints, ServiceAllocator, NodeIpam].into()
         );
         assert_eq!(
             parse_controllers(
-                "ReplicaSet, deployment, endpoints, service-allocator, nodeipam, garbagecollector, Namespace, NodeLifecycle, serviceaccount"
+                "ReplicaSet, deployment, endpoints, service-allocator, nodeipam, garbagecollector, Namespace, NodeLifecycle, serviceaccount, certificatesigningrequest"
             )
             .unwrap(),
             all

@@ -96,6 +96,22 @@ pub struct Ensured {
     pub written: Vec<PathBuf>,
 }
 
+impl Ensured {
+    /// What the API server presents: its certificate followed by the CA's, so that a
+    /// joining node can pin the CA by its hash (`skiff-node join --ca-cert-hash`) before it
+    /// trusts anything the server says.
+    pub fn serving_chain(&self) -> Identity {
+        Identity {
+            cert_pem: format!(
+                "{}\n{}",
+                self.serving.cert_pem.trim_end(),
+                self.ca.cert_pem().trim_end()
+            ) + "\n",
+            key_pem: self.serving.key_pem.clone(),
+        }
+    }
+}
+
 impl ClusterPki {
     pub fn new(dir: impl Into<PathBuf>) -> ClusterPki {
         ClusterPki { dir: dir.into() }

@@ -24,6 +24,7 @@ use rcgen::{
 use sha2::{Digest, Sha256};
 
 pub mod bootstrap;
+pub mod discovery;
 pub mod kubeconfig;
 pub mod sa_token;
 pub mod tls;
@@ -68,6 +69,10 @@ pub enum PkiError {
     Tls(String),
     #[error("the certificate of {user:?} can carry at most {max} groups (O entries)")]
     TooManyGroups { user: String, max: usize },
+    #[error("invalid certificate signing request: {reason}")]
+    BadRequest { reason: String },
+    #[error("{0}")]
+    Discovery(String),
 }
 
 /// What a leaf certificate is for.
@@ -230,37 +235,7 @@ impl Ca {
     /// Issues a leaf certificate with a new key.
     pub fn issue(&self, spec: &LeafSpec) -> Result<Identity, PkiError> {
         let key = KeyPair::generate().map_err(generate_err("a key"))?;
-        let mut params =
-            CertificateParams::new(spec.sans.clone()).map_err(generate_err("the SAN list"))?;
-        let mut dn = DistinguishedName::new();
-        // rcgen keeps one value per attribute type, so a second O goes in under the same OID
-        // spelled as a custom type; more than two groups cannot be written.
-        let o_types = [
-            DnType::OrganizationName,
-            DnType::CustomDnType(vec![2, 5, 4, 10]),
-        ];
-        if spec.organizations.len() > o_types.len() {
-            return Err(PkiError::TooManyGroups {
-                user: spec.common_name.clone(),
-                max: o_types.len(),
-            });
-        }
-        for (o, ty) in spec.organizations.iter().zip(o_types) {
-            dn.push(ty, o.as_str());
-        }
-        dn.push(DnType::CommonName, spec.common_name.as_str());
-        params.distinguished_name = dn;
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        params.extended_key_usages = vec![match spec.usage {
-            Usage::Server => ExtendedKeyUsagePurpose::ServerAuth,
-            Usage::Client => ExtendedKeyUsagePurpose::ClientAuth,
-        }];
-        params.use_authority_key_identifier_extension = true;
-        set_validity(&mut params, spec.validity);
-        let cert = params
+        let cert = leaf_params(spec)?
             .signed_by(&key, &self.issuer)
             .map_err(generate_err(&format!(
                 "the certificate of {:?}",
@@ -271,6 +246,142 @@ impl Ca {
             key_pem: key.serialize_pem(),
         })
     }
+
+    /// Signs the public key of a certificate signing request (PEM, its signature checked)
+    /// with what `spec` says, not what the request asks for: the subject, usage and validity
+    /// are the signer's decision (the caller checked the request against them).
+    pub fn sign_request(&self, request_pem: &str, spec: &LeafSpec) -> Result<String, PkiError> {
+        let mut csr =
+            rcgen::CertificateSigningRequestParams::from_pem(request_pem).map_err(|e| {
+                PkiError::BadRequest {
+                    reason: e.to_string(),
+                }
+            })?;
+        csr.params = leaf_params(spec)?;
+        let cert = csr.signed_by(&self.issuer).map_err(generate_err(&format!(
+            "the certificate of {:?}",
+            spec.common_name
+        )))?;
+        Ok(cert.pem())
+    }
+}
+
+/// The certificate parameters of a leaf: subject, SANs, usages, validity.
+fn leaf_params(spec: &LeafSpec) -> Result<CertificateParams, PkiError> {
+    let mut params =
+        CertificateParams::new(spec.sans.clone()).map_err(generate_err("the SAN list"))?;
+    params.distinguished_name = subject(&spec.common_name, &spec.organizations)?;
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![match spec.usage {
+        Usage::Server => ExtendedKeyUsagePurpose::ServerAuth,
+        Usage::Client => ExtendedKeyUsagePurpose::ClientAuth,
+    }];
+    params.use_authority_key_identifier_extension = true;
+    set_validity(&mut params, spec.validity);
+    Ok(params)
+}
+
+/// A subject of `common_name` with `organizations` as O entries.
+fn subject(common_name: &str, organizations: &[String]) -> Result<DistinguishedName, PkiError> {
+    let mut dn = DistinguishedName::new();
+    // rcgen keeps one value per attribute type, so a second O goes in under the same OID
+    // spelled as a custom type; more than two groups cannot be written.
+    let o_types = [
+        DnType::OrganizationName,
+        DnType::CustomDnType(vec![2, 5, 4, 10]),
+    ];
+    if organizations.len() > o_types.len() {
+        return Err(PkiError::TooManyGroups {
+            user: common_name.to_string(),
+            max: o_types.len(),
+        });
+    }
+    for (o, ty) in organizations.iter().zip(o_types) {
+        dn.push(ty, o.as_str());
+    }
+    dn.push(DnType::CommonName, common_name);
+    Ok(dn)
+}
+
+/// A certificate signing request, read and its signature checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestInfo {
+    pub common_name: String,
+    pub organizations: Vec<String>,
+    /// DNS names and IP addresses asked for.
+    pub sans: Vec<String>,
+    /// Whether the request asks to be a CA.
+    pub is_ca: bool,
+}
+
+/// Reads a PEM certificate signing request (`CERTIFICATE REQUEST`), checking its signature.
+pub fn parse_request(pem: &str) -> Result<RequestInfo, PkiError> {
+    let bad = |reason: String| PkiError::BadRequest { reason };
+    use x509_parser::prelude::FromDer;
+    let der = rustls_pemfile::csr(&mut pem.as_bytes())
+        .ok()
+        .flatten()
+        .ok_or_else(|| bad("no PEM CERTIFICATE REQUEST block".to_string()))?;
+    let csr = rcgen::CertificateSigningRequestParams::from_der(&der).map_err(|e| {
+        bad(match e {
+            rcgen::Error::CouldNotParseCertificationRequest => {
+                "not a valid CERTIFICATE REQUEST".to_string()
+            }
+            e => e.to_string(),
+        })
+    })?;
+    // rcgen keeps one value per attribute type: read the subject with x509-parser.
+    let (_, parsed) =
+        x509_parser::certification_request::X509CertificationRequest::from_der(der.as_ref())
+            .map_err(|e| bad(e.to_string()))?;
+    let subject = &parsed.certification_request_info.subject;
+    let common_name = subject
+        .iter_common_name()
+        .next()
+        .and_then(|a| a.as_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let organizations = subject
+        .iter_organization()
+        .filter_map(|a| a.as_str().ok().map(String::from))
+        .collect();
+    let sans = csr
+        .params
+        .subject_alt_names
+        .iter()
+        .map(|s| match s {
+            rcgen::SanType::DnsName(d) => d.to_string(),
+            rcgen::SanType::IpAddress(ip) => ip.to_string(),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    Ok(RequestInfo {
+        common_name,
+        organizations,
+        sans,
+        is_ca: !matches!(csr.params.is_ca, IsCa::NoCa | IsCa::ExplicitNoCa),
+    })
+}
+
+/// A new key and a certificate signing request for `common_name` in `organizations`
+/// (what `skiff-node join` sends): `(key PEM, request PEM)`.
+pub fn new_request(
+    common_name: &str,
+    organizations: &[String],
+) -> Result<(String, String), PkiError> {
+    let key = KeyPair::generate().map_err(generate_err("a key"))?;
+    let mut params = CertificateParams::default();
+    params.distinguished_name = subject(common_name, organizations)?;
+    let csr = params
+        .serialize_request(&key)
+        .map_err(generate_err("the certificate signing request"))?;
+    let pem = csr
+        .pem()
+        .map_err(generate_err("the certificate signing request"))?;
+    Ok((key.serialize_pem(), pem))
 }
 
 /// Every CERTIFICATE block of a PEM text, DER.
@@ -387,6 +498,50 @@ pub fn parse_pem(pem: &str, what: &str) -> Result<CertInfo, PkiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn requests_are_read_checked_and_signed_as_the_signer_decides() {
+        let ca = Ca::generate("skiff-ca").unwrap();
+        let groups = vec!["system:nodes".to_string()];
+        let (key, req) = new_request("system:node:n2", &groups).unwrap();
+        let info = parse_request(&req).unwrap();
+        assert_eq!(info.common_name, "system:node:n2");
+        assert_eq!(info.organizations, groups);
+        assert!(info.sans.is_empty() && !info.is_ca);
+        let cert = ca
+            .sign_request(&req, &LeafSpec::client("system:node:n2", &["system:nodes"]))
+            .unwrap();
+        let leaf = parse_pem(&cert, "leaf").unwrap();
+        assert_eq!(leaf.common_name, "system:node:n2");
+        assert_eq!(leaf.organizations, groups);
+        let der = pem_certificates(&cert, "leaf").unwrap().remove(0);
+        tls::verify_chain_for(
+            ca.cert_pem(),
+            &rustls::pki_types::CertificateDer::from(der),
+            &[],
+            Usage::Client,
+        )
+        .unwrap();
+        // The certificate is for the request's key.
+        let key_spki =
+            rcgen::PublicKeyData::subject_public_key_info(&KeyPair::from_pem(&key).unwrap());
+        assert_eq!(leaf.spki_der, key_spki);
+        // Garbage and a tampered request are refused, naming why.
+        let e = parse_request("hello").unwrap_err().to_string();
+        assert!(e.contains("CERTIFICATE REQUEST"), "{e}");
+        let mut der = rustls_pemfile::csr(&mut req.as_bytes())
+            .unwrap()
+            .unwrap()
+            .as_ref()
+            .to_vec();
+        let n = der.len();
+        der[n - 5] ^= 0xff;
+        let tampered = format!(
+            "-----BEGIN CERTIFICATE REQUEST-----\n{}\n-----END CERTIFICATE REQUEST-----\n",
+            base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &der)
+        );
+        assert!(parse_request(&tampered).is_err());
+    }
 
     #[test]
     fn client_certificates_carry_user_and_groups() {

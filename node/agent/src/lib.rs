@@ -27,6 +27,7 @@
 
 pub mod api;
 mod images;
+pub mod join;
 mod logs;
 mod metrics;
 mod node;

@@ -20,6 +20,11 @@ enum Command {
     CheckHost,
     /// Runs the agent: registers the node and runs the pods bound to it.
     Run(Box<RunArgs>),
+    /// Joins a cluster with a bootstrap token, then runs the agent: the cluster CA is pinned
+    /// by --ca-cert-hash, a client certificate for system:node:<name> is asked for with a
+    /// CertificateSigningRequest and written to a kubeconfig (<state-dir>/kubelet.kubeconfig
+    /// unless --kubeconfig says where) once the controller manager signs it.
+    Join(Box<JoinArgs>),
     /// Stops and removes every pod this node ran, its cgroups, pinned maps and state
     /// directory (for tearing down a local cluster; the agent must not be running).
     Purge(PurgeArgs),
@@ -156,6 +161,79 @@ struct RunArgs {
     api_listen: std::net::SocketAddr,
 }
 
+#[derive(Args, Debug)]
+struct JoinArgs {
+    /// The bootstrap token, `<id>.<secret>` (`skiff token create` makes one); read from
+    /// $SKIFF_JOIN_TOKEN when not given (keeps it out of the process list).
+    #[arg(long, value_name = "TOKEN")]
+    token: Option<String>,
+    /// The cluster CA's public key hash, `sha256:<hex>` (`skiff token create` prints it):
+    /// the server must present this CA before the token is sent.
+    #[arg(long, value_name = "sha256:HEX")]
+    ca_cert_hash: String,
+    /// How long to wait for the controller manager to sign the certificate.
+    #[arg(long, value_parser = duration, default_value = "5m")]
+    join_timeout: Duration,
+    /// Everything `run` takes (--server is required).
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+fn join(mut args: JoinArgs) -> anyhow::Result<()> {
+    init_tracing();
+    let server = args
+        .run
+        .server
+        .clone()
+        .context("--server is required: the API server's https:// URL")?;
+    let token = match args.token.take() {
+        Some(t) => t,
+        None => std::env::var("SKIFF_JOIN_TOKEN")
+            .context("--token (or $SKIFF_JOIN_TOKEN) is required: a bootstrap token")?,
+    };
+    let node = args.run.node_name.clone().unwrap_or_else(hostname);
+    let kubeconfig = args
+        .run
+        .kubeconfig
+        .clone()
+        .unwrap_or_else(|| state_dir_of(&args.run.state_dir, &node).join("kubelet.kubeconfig"));
+    let opts = skiff_node::join::JoinOptions {
+        server,
+        token,
+        ca_cert_hash: args.ca_cert_hash.clone(),
+        node_name: node.clone(),
+        kubeconfig: kubeconfig.clone(),
+        timeout: args.join_timeout,
+    };
+    let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    let joined = rt
+        .block_on(skiff_node::join::join(&opts))
+        .with_context(|| format!("joining {} as node {node}", opts.server))?;
+    drop(rt);
+    tracing::info!(?joined, kubeconfig = %kubeconfig.display(), "joined; starting the agent");
+    args.run.kubeconfig = Some(kubeconfig);
+    args.run.server = None;
+    args.run.node_name = Some(node);
+    run_agent(args.run)
+}
+
+fn state_dir_of(state_dir: &Option<PathBuf>, node: &str) -> PathBuf {
+    state_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("/var/lib/skiff").join(node))
+}
+
+fn init_tracing() {
+    // A second call (join, then run) keeps the first subscriber.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        // Diagnostics go to stderr (where supervisors and the test harness collect them).
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
 /// `--lb-maglev-table-size`: a prime in range.
 fn maglev_table_size(s: &str) -> Result<u32, String> {
     let m: u32 = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
@@ -169,18 +247,10 @@ fn hostname() -> String {
 }
 
 fn run_agent(args: RunArgs) -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        // Diagnostics go to stderr (where supervisors and the test harness collect them).
-        .with_writer(std::io::stderr)
-        .init();
+    init_tracing();
     let node = args.node_name.unwrap_or_else(hostname);
     let shim = std::env::current_exe().context("locating the skiff-node binary for the shim")?;
-    let state_dir = args
-        .state_dir
-        .unwrap_or_else(|| PathBuf::from("/var/lib/skiff").join(&node));
+    let state_dir = state_dir_of(&args.state_dir, &node);
     let mut cfg = skiff_node::AgentConfig::new(&node, state_dir, shim);
     cfg.node_netns = args.node_netns;
     cfg.plain_http_registries = args.plain_http_registries;
@@ -392,6 +462,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => run_agent(*args)?,
+        Command::Join(args) => join(*args)?,
         Command::Purge(args) => purge(args)?,
         Command::Image(cmd) => image(cmd)?,
         // The shim must stay single-threaded until it forks: nothing else runs before it.

@@ -87,6 +87,7 @@ fn root_message(api_version: &str, kind: &str) -> Option<&'static str> {
         "rbac.authorization.k8s.io" => "api.rbac",
         "authorization.k8s.io" => "api.authorization",
         "authentication.k8s.io" => "api.authentication",
+        "certificates.k8s.io" => "api.certificates",
         "meta.k8s.io" => "apimachinery.pkg.apis.meta",
         _ => return None,
     };

@@ -1,7 +1,7 @@
 //! The credential parsers on arbitrary input, for `cargo fuzz` (`control/apiserver/fuzz`,
 //! target `auth_parsers`) and a unit test: the static token file, DER and PEM certificates,
 //! a client certificate chain checked against a CA, `Authorization` and impersonation
-//! headers, and kubeconfigs. None may panic whatever the bytes; a refusal is an error value.
+//! headers, kubeconfigs, bootstrap tokens and certificate signing requests. None may panic whatever the bytes; a refusal is an error value.
 
 use std::sync::OnceLock;
 
@@ -22,6 +22,7 @@ fn authenticator() -> &'static Authenticator {
             .ok()
             .and_then(|pem| skiff_pki::sa_token::SigningKey::from_pem(&pem).ok())
             .map(std::sync::Arc::new),
+        bootstrap: Default::default(),
     })
 }
 
@@ -31,7 +32,7 @@ pub fn decode_credentials(data: &[u8]) {
         return;
     };
     let text = String::from_utf8_lossy(rest);
-    match which % 7 {
+    match which % 8 {
         0 => {
             let _ = TokenFile::parse(&text, "fuzz");
         }
@@ -57,6 +58,10 @@ pub fn decode_credentials(data: &[u8]) {
             let chain = [CertificateDer::from(a), CertificateDer::from(b)];
             let _ = authenticator().identify_certificate(&chain);
             let _ = authenticator().identify_certificate(&chain[1..]);
+        }
+        6 => {
+            let _ = super::bootstrap::parse_token(&text);
+            let _ = skiff_pki::parse_request(&text);
         }
         5 => {
             let _ = skiff_pki::Kubeconfig::parse(&text, "fuzz")

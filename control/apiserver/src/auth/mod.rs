@@ -19,6 +19,7 @@
 //! `authentication.k8s.io`); the request then runs as the impersonated user.
 
 pub mod authz;
+pub mod bootstrap;
 pub mod escalation;
 /// The credential parsers for `cargo fuzz` (feature `fuzzing`).
 #[cfg(any(test, feature = "fuzzing"))]
@@ -109,6 +110,8 @@ pub struct Authenticator {
     pub tokens: TokenFile,
     /// Checks ServiceAccount tokens (JWTs); `None`: they are not accepted.
     pub sa_key: Option<Arc<skiff_pki::sa_token::SigningKey>>,
+    /// Bootstrap tokens, once the server has started their Secret mirror.
+    pub bootstrap: std::sync::OnceLock<Arc<bootstrap::BootstrapTokens>>,
 }
 
 /// Why a request was refused authentication (for the log; the client sees only 401).
@@ -173,7 +176,14 @@ impl Authenticator {
             {
                 return service_account_user(key, token);
             }
-            return self.tokens.lookup(token).ok_or(AuthError::Token);
+            if let Some(user) = self.tokens.lookup(token) {
+                return Ok(user);
+            }
+            return self
+                .bootstrap
+                .get()
+                .and_then(|b| b.authenticate(token))
+                .ok_or(AuthError::Token);
         }
         if ANONYMOUS_PATHS.contains(&path) {
             return Ok(UserInfo::anonymous());
@@ -472,6 +482,7 @@ mod tests {
             client_ca_pem: Some(ca.cert_pem().to_string()),
             tokens,
             sa_key: None,
+            bootstrap: Default::default(),
         };
         let id = ca
             .issue(&LeafSpec::client("system:node:n1", &["system:nodes"]))

@@ -287,10 +287,38 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                     &[RBAC_GROUP],
                     &["roles", "rolebindings"],
                 ),
+                // The certificatesigningrequest controller approves nodes' client
+                // certificates and signs approved requests with the cluster CA.
+                rule(
+                    &["get", "list", "watch", "delete"],
+                    &[CERTIFICATES_GROUP],
+                    &["certificatesigningrequests"],
+                ),
+                rule(
+                    &["update"],
+                    &[CERTIFICATES_GROUP],
+                    &[
+                        "certificatesigningrequests/approval",
+                        "certificatesigningrequests/status",
+                    ],
+                ),
             ],
+        ),
+        // A joining node's bootstrap token: ask for a certificate and watch for it
+        // (kubeadm's and k3s' binding of this role to system:bootstrappers).
+        role(
+            "system:node-bootstrapper",
+            vec![rule(
+                &["create", "get", "list", "watch"],
+                &[CERTIFICATES_GROUP],
+                &["certificatesigningrequests"],
+            )],
         ),
     ]
 }
+
+/// The certificates API group.
+const CERTIFICATES_GROUP: &str = "certificates.k8s.io";
 
 fn binding(name: &str, role: &str, subjects: &[(&str, &str)]) -> ClusterRoleBinding {
     ClusterRoleBinding {
@@ -353,6 +381,11 @@ pub fn cluster_role_bindings() -> Vec<ClusterRoleBinding> {
             "system:kube-controller-manager",
             "system:kube-controller-manager",
             &[("User", "system:kube-controller-manager")],
+        ),
+        binding(
+            "system:node-bootstrapper",
+            "system:node-bootstrapper",
+            &[("Group", super::bootstrap::BOOTSTRAP_GROUP)],
         ),
     ]
 }

@@ -81,7 +81,10 @@ impl Call<'_> {
     }
 
     pub fn write_options(&self) -> Result<WriteOptions, ApiError> {
-        dry_run(self.query.get("dryRun"))
+        Ok(WriteOptions {
+            requester: self.user.cloned(),
+            ..dry_run(self.query.get("dryRun"))?
+        })
     }
 
     /// This request's field manager (`fieldManager`, else the User-Agent's product).
@@ -230,6 +233,9 @@ impl Call<'_> {
     }
 }
 
+/// The one kind with an `approval` subresource.
+const CSRS: &str = "certificatesigningrequests";
+
 fn meta_api_version(v1beta1: bool) -> &'static str {
     if v1beta1 {
         "meta.k8s.io/v1beta1"
@@ -276,7 +282,10 @@ impl Format {
 pub(crate) fn dry_run(v: Option<&str>) -> Result<WriteOptions, ApiError> {
     match v {
         None | Some("") => Ok(WriteOptions::default()),
-        Some("All") => Ok(WriteOptions { dry_run: true }),
+        Some("All") => Ok(WriteOptions {
+            dry_run: true,
+            ..Default::default()
+        }),
         Some(other) => Err(ApiError::BadRequest(format!(
             "Invalid dry run value: {other:?}: supported values: \"All\""
         ))),
@@ -468,6 +477,10 @@ pub(crate) async fn serve(
         (&Method::POST, None, None) => create(&call, &body).await,
         (&Method::DELETE, None, None) => delete_collection(&call, &body).await,
         (&Method::GET, Some(_), None | Some("status")) => get(&call).await,
+        (&Method::GET, Some(_), Some("approval")) if info.plural == CSRS => get(&call).await,
+        (&Method::PUT, Some(_), Some("approval")) if info.plural == CSRS => {
+            update(&call, &body, "approval").await
+        }
         (&Method::PUT, Some(_), None) => update(&call, &body, "").await,
         (&Method::PUT, Some(_), Some("status")) if info.has_status => {
             update(&call, &body, "status").await
@@ -731,7 +744,7 @@ async fn update(call: &Call<'_>, body: &[u8], sub: &str) -> Result<Response, Api
         let (bytes, warnings) = call.encode(value)?;
         match call
             .handler
-            .update(&call.namespace, &bytes, sub, opts)
+            .update(&call.namespace, &bytes, sub, opts.clone())
             .await
         {
             Ok(updated) => return Ok(call.object(200, &call.to_json(&updated)?, &warnings)),

@@ -140,7 +140,7 @@ pub(crate) async fn serve(call: &Call<'_>, body: &[u8], sub: &str) -> Result<Res
         let (bytes, warnings) = call.encode(patched)?;
         match call
             .handler
-            .update(&call.namespace, &bytes, sub, opts)
+            .update(&call.namespace, &bytes, sub, opts.clone())
             .await
         {
             Ok(updated) => return Ok(call.object(200, &call.to_json(&updated)?, &warnings)),
@@ -241,7 +241,11 @@ async fn server_side_apply(
         let mut result = managed::apply(call.info.kind, current.as_ref(), &applied, writer, force)?;
         let Some(current) = current else {
             let (bytes, warnings) = call.encode(result)?;
-            match call.handler.create(&call.namespace, &bytes, opts).await {
+            match call
+                .handler
+                .create(&call.namespace, &bytes, opts.clone())
+                .await
+            {
                 Ok(created) => return Ok(call.object(201, &call.to_json(&created)?, &warnings)),
                 Err(ApiError::AlreadyExists { .. }) => continue,
                 Err(e) => return Err(e),
@@ -255,7 +259,11 @@ async fn server_side_apply(
                 .unwrap_or(Value::Null),
         };
         let (bytes, warnings) = call.encode(result)?;
-        match call.handler.update(&call.namespace, &bytes, "", opts).await {
+        match call
+            .handler
+            .update(&call.namespace, &bytes, "", opts.clone())
+            .await
+        {
             Ok(updated) => return Ok(call.object(200, &call.to_json(&updated)?, &warnings)),
             Err(ApiError::Conflict(_)) if pinned.is_none() => continue,
             Err(e) => return Err(e),
@@ -349,7 +357,11 @@ pub(crate) async fn scale(
         updated["spec"]["replicas"] = replicas.into();
         call.record_write(Some(&current), &mut updated)?;
         let (bytes, _) = call.encode(updated)?;
-        match call.handler.update(&call.namespace, &bytes, "", opts).await {
+        match call
+            .handler
+            .update(&call.namespace, &bytes, "", opts.clone())
+            .await
+        {
             Ok(obj) => {
                 return Ok(respond(
                     200,

@@ -14,6 +14,7 @@ use crate::registry::key_prefix;
 use crate::validation::{self as v, NameRule};
 
 mod apps;
+pub mod certificates;
 mod pod;
 pub mod pod_security;
 mod pod_volumes;
@@ -85,6 +86,18 @@ pub trait Strategy: Resource {
 
     /// Adjusts a new object before defaulting (e.g. a new pod's phase is Pending).
     fn prepare_create(&mut self) {}
+
+    /// Records who creates the object, for kinds that carry their requester (a
+    /// CertificateSigningRequest's username and groups); runs after
+    /// [`Strategy::prepare_create`] when the request was authenticated.
+    fn stamp_requester(&mut self, _user: &crate::auth::UserInfo) {}
+
+    /// A write through a subresource other than `status` (a CertificateSigningRequest's
+    /// `approval`): copies from `new` into `self` (the stored object) what that subresource
+    /// may change; `false` when the kind has no such subresource.
+    fn copy_subresource_from(&mut self, _new: &Self, _subresource: &str) -> bool {
+        false
+    }
 
     /// Adjusts an updated object before defaulting, given the stored one (e.g. a Service
     /// keeps its allocated clusterIP when the update leaves it empty).
