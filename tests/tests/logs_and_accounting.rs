@@ -86,10 +86,12 @@ async fn logs_top_and_traffic_accounting() {
             .get(&node_name)
             .await
             .map_err(|e| e.to_string())?;
-        AgentEndpoint::of_node(&n).map_err(|e| format!("{e}; log:\n{}", node.agent_log()))
+        AgentEndpoint::of_node_as(&n, client.identity())
+            .map_err(|e| format!("{e}; log:\n{}", node.agent_log()))
     })
     .await;
     assert_eq!(agent.addr.ip().to_string(), "127.0.0.1");
+    agent_api_is_tls_with_client_certificates(&server, &client, &node_name, &agent).await;
 
     // ---- logs ----
     let talker_script = format!(
@@ -379,6 +381,99 @@ async fn logs_top_and_traffic_accounting() {
             "skiff {args:?}: {err}"
         );
     }
+}
+
+/// The agent API speaks only TLS, with the certificate its Node pins; without a client
+/// certificate of the cluster CA it answers 401, to a user other than the API server and
+/// `system:masters` 403 (the kubelet's message); the administrator gets through.
+async fn agent_api_is_tls_with_client_certificates(
+    server: &ApiServer,
+    client: &skiff_client::Client,
+    node_name: &str,
+    agent: &AgentEndpoint,
+) {
+    // Plain HTTP: no answer an HTTP client can read.
+    let plain = AgentEndpoint {
+        tls: None,
+        ..agent.clone()
+    };
+    assert!(
+        plain.stats_summary().await.is_err(),
+        "plain HTTP must not be served"
+    );
+    // The pinned certificate is the one served: a wrong pin fails the handshake.
+    let n = client.cluster::<ApiNode>().get(node_name).await.unwrap();
+    let pin = n.metadata.as_ref().unwrap().annotations
+        [skiff_client::node_api::SERVING_CERT_ANNOTATION]
+        .clone();
+    assert!(pin.starts_with("sha256:"), "{pin}");
+    let mut wrong_pin = n.clone();
+    wrong_pin.metadata.as_mut().unwrap().annotations.insert(
+        skiff_client::node_api::SERVING_CERT_ANNOTATION.into(),
+        format!("sha256:{}", "0".repeat(64)),
+    );
+    let e = AgentEndpoint::of_node_as(&wrong_pin, client.identity())
+        .unwrap()
+        .stats_summary()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("TLS"), "{e}");
+    let status = |e: skiff_client::node_api::NodeApiError| match e {
+        skiff_client::node_api::NodeApiError::Status {
+            status, message, ..
+        } => (status, message),
+        other => panic!("{other}"),
+    };
+    // No client certificate: 401.
+    let anonymous = AgentEndpoint::of_node_as(&n, None).unwrap();
+    let (code, _) = status(anonymous.stats_summary().await.unwrap_err());
+    assert_eq!(code, 401);
+    // A certificate of another CA: 401.
+    let other = skiff_pki::Ca::generate("other-ca").unwrap();
+    let stranger = other
+        .issue(&skiff_pki::LeafSpec::client(
+            "system:admin",
+            &["system:masters"],
+        ))
+        .unwrap();
+    let (code, _) = status(
+        AgentEndpoint::of_node_as(&n, Some(&stranger))
+            .unwrap()
+            .stats_summary()
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 401);
+    // Another node's certificate: 403 with the kubelet's message.
+    let ca = skiff_pki::ClusterPki::new(&server.pki_dir)
+        .load_ca()
+        .unwrap();
+    let other_node = ca
+        .issue(&skiff_pki::LeafSpec::client(
+            "system:node:other",
+            &["system:nodes"],
+        ))
+        .unwrap();
+    let (code, message) = status(
+        AgentEndpoint::of_node_as(&n, Some(&other_node))
+            .unwrap()
+            .stats_summary()
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 403);
+    assert!(
+        message.contains(
+            "Forbidden (user=system:node:other, verb=get, resource=nodes, subresource=stats)"
+        ),
+        "{message}"
+    );
+    // The administrator (system:masters): through.
+    agent
+        .stats_summary()
+        .await
+        .expect("the admin reads the agent");
 }
 
 /// `2026-11-22T05:00:00.123Z`-shaped.

@@ -192,11 +192,16 @@ pub fn scheduler_args(cfg: &UpConfig) -> Vec<String> {
     ]
 }
 
-/// The controller manager runs as `system:kube-controller-manager`.
+/// The controller manager runs as `system:kube-controller-manager` and signs approved
+/// certificate requests (nodes joining with `skiff-node join`) with the cluster CA.
 pub fn controller_manager_args(cfg: &UpConfig) -> Vec<String> {
     vec![
         "--kubeconfig".into(),
         cfg.kubeconfig("controller-manager").display().to_string(),
+        "--cluster-signing-cert-file".into(),
+        cfg.pki_dir.join("ca.crt").display().to_string(),
+        "--cluster-signing-key-file".into(),
+        cfg.pki_dir.join("ca.key").display().to_string(),
     ]
 }
 

@@ -72,6 +72,9 @@ pub struct ApiServerOptions {
     pub security: Option<Security>,
 }
 
+/// The user the API server is to node agents (the agents' `API_SERVER_USER`).
+pub const AGENT_CLIENT_USER: &str = "system:kube-apiserver";
+
 /// How the port is protected: TLS with this configuration, every request authenticated.
 #[derive(Clone)]
 pub struct Security {
@@ -81,6 +84,9 @@ pub struct Security {
     pub audit: Option<audit::AuditLog>,
     /// Renews the PKI's due certificates while the server runs.
     pub renewal: Option<Renewal>,
+    /// The client certificate the server presents to node agents (logs, exec,
+    /// port-forward): `system:kube-apiserver`, made at start, never written to disk.
+    pub agent_client: Option<Arc<skiff_pki::Identity>>,
 }
 
 /// Certificate renewal while the server runs: every `every`, the PKI is checked as at start
@@ -204,7 +210,12 @@ impl Security {
             admin_kubeconfig = %pki.admin_kubeconfig().display(),
             "TLS and authentication ready"
         );
+        let agent_client = ensured
+            .ca
+            .issue(&skiff_pki::LeafSpec::client(AGENT_CLIENT_USER, &[]))
+            .map_err(pki_err)?;
         Ok(Security {
+            agent_client: Some(Arc::new(agent_client)),
             tls: Arc::new(tls),
             authenticator: Arc::new(auth::Authenticator {
                 client_ca_pem: Some(ensured.ca.cert_pem().to_string()),
@@ -463,7 +474,14 @@ pub async fn spawn(
         .security
         .as_ref()
         .and_then(|s| s.authenticator.sa_key.clone());
-    let mut app = rest::router(Arc::clone(&registry), authorizer.clone(), sa_key).route_service(
+    let agent_client = opts.security.as_ref().and_then(|s| s.agent_client.clone());
+    let mut app = rest::router(
+        Arc::clone(&registry),
+        authorizer.clone(),
+        sa_key,
+        agent_client,
+    )
+    .route_service(
         &format!(
             "/{}/{{*method}}",
             <ApiServer<service::ApiService> as tonic::server::NamedService>::NAME

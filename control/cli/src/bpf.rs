@@ -222,15 +222,16 @@ pub async fn run(client: &Client, opts: &BpfOpts) -> Result<ExitCode> {
         bail!("no nodes");
     }
     match opts.what {
-        What::Services => show(&nodes, opts.output, render_services).await,
-        What::Backends => show(&nodes, opts.output, render_backends).await,
-        What::Pods => show(&nodes, opts.output, render_pods).await,
-        What::Conntrack => show(&nodes, opts.output, render_conntrack).await,
+        What::Services => show(client, &nodes, opts.output, render_services).await,
+        What::Backends => show(client, &nodes, opts.output, render_backends).await,
+        What::Pods => show(client, &nodes, opts.output, render_pods).await,
+        What::Conntrack => show(client, &nodes, opts.output, render_conntrack).await,
     }
 }
 
 /// Fetches dump `T` from every node's agent and prints it as a table (`render`) or JSON.
 async fn show<T: BpfDump>(
+    client: &Client,
     nodes: &[Node],
     output: Option<top::Output>,
     render: fn(&[T]) -> Vec<String>,
@@ -239,7 +240,7 @@ async fn show<T: BpfDump>(
     let mut dumps = Vec::new();
     for n in nodes {
         let result: Result<T, NodeApiError> = async {
-            let agent = AgentEndpoint::of_node(n)?;
+            let agent = AgentEndpoint::of_node_as(n, client.identity())?;
             agent.bpf::<T>().await
         }
         .await;

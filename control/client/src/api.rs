@@ -53,6 +53,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct Client {
     rpc: Rpc,
     endpoint: Arc<str>,
+    /// The client certificate it connects with, also presented to node agents.
+    identity: Option<Arc<skiff_pki::Identity>>,
 }
 
 impl fmt::Debug for Client {
@@ -130,7 +132,7 @@ impl Client {
             .await
             .map_err(|e| ClientError::unreachable(&url, &e))?;
         tracing::debug!(endpoint = %url, "connected to the API server");
-        Ok(Client::with_credentials(channel, &url, creds))
+        Ok(Client::with_credentials(channel, &url, creds).with_identity(config))
     }
 
     /// Like [`Client::connect`] but connects on first use (and reconnects as needed): for
@@ -142,7 +144,18 @@ impl Client {
     /// Like [`Client::connect_with`] but connects on first use.
     pub fn connect_lazy_with(config: &ClientConfig) -> Result<Client, ClientError> {
         let (url, ep, creds) = endpoint_of(config)?;
-        Ok(Client::with_credentials(ep.connect_lazy(), &url, creds))
+        Ok(Client::with_credentials(ep.connect_lazy(), &url, creds).with_identity(config))
+    }
+
+    fn with_identity(mut self, config: &ClientConfig) -> Client {
+        self.identity = config.identity.clone().map(Arc::new);
+        self
+    }
+
+    /// The client certificate this client connects with, if any (what it presents to node
+    /// agents too).
+    pub fn identity(&self) -> Option<&skiff_pki::Identity> {
+        self.identity.as_deref()
     }
 
     /// Wraps an existing channel (no credentials).
@@ -157,6 +170,7 @@ impl Client {
         Client {
             rpc,
             endpoint: endpoint.into(),
+            identity: None,
         }
     }
 

@@ -25,8 +25,15 @@
 //! only from the machine it runs on, which is what single-machine clusters need. A
 //! multi-machine cluster needs agents that listen on the node's InternalIP and a client that
 //! dials that address instead (not implemented yet).
+//!
+//! The agent speaks TLS with a self-signed certificate it makes at every start and publishes
+//! the certificate's SHA-256 in its Node's annotation [`SERVING_CERT_ANNOTATION`] (which only
+//! that node and cluster administrators may write); clients trust exactly that certificate
+//! and present a client certificate of the cluster CA ([`AgentEndpoint::of_node_as`]). A Node
+//! without the annotation is spoken to in plain HTTP (agents older than the annotation).
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -454,12 +461,32 @@ impl NodeApiError {
     }
 }
 
-/// Where a node's agent serves its HTTP API.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The Node annotation with the SHA-256 (`sha256:<hex>`) of the agent's serving certificate.
+pub const SERVING_CERT_ANNOTATION: &str = "skiff.io/agent-serving-cert-sha256";
+
+/// Where a node's agent serves its HTTP API, and how to speak TLS to it.
+#[derive(Clone)]
 pub struct AgentEndpoint {
     pub node: String,
     pub addr: SocketAddr,
+    /// Trusts only the agent's published certificate; presents the caller's client
+    /// certificate. `None`: plain HTTP.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
+
+impl std::fmt::Debug for AgentEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentEndpoint")
+            .field("node", &self.node)
+            .field("addr", &self.addr)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
+}
+
+/// Anything a request can be sent over: a TCP stream or TLS on one.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
 
 /// Percent-encodes one path segment (names are DNS labels; this only guards odd input).
 fn segment(s: &str) -> String {
@@ -475,8 +502,32 @@ fn segment(s: &str) -> String {
 }
 
 impl AgentEndpoint {
+    /// The endpoint a Node publishes, spoken to as `identity` (a client certificate of the
+    /// cluster CA; see the module docs).
+    pub fn of_node_as(
+        node: &Node,
+        identity: Option<&skiff_pki::Identity>,
+    ) -> Result<AgentEndpoint, NodeApiError> {
+        let mut ep = AgentEndpoint::of_node(node)?;
+        let pinned = node
+            .metadata
+            .as_ref()
+            .and_then(|m| m.annotations.get(SERVING_CERT_ANNOTATION));
+        if let Some(pinned) = pinned {
+            let config = skiff_pki::tls::pinned_client_config(pinned, identity).map_err(|e| {
+                NodeApiError::Protocol {
+                    node: ep.node.clone(),
+                    reason: format!("TLS configuration: {e}"),
+                }
+            })?;
+            ep.tls = Some(Arc::new(config));
+        }
+        Ok(ep)
+    }
+
     /// The endpoint a Node publishes: `127.0.0.1:<status.daemonEndpoints.kubeletEndpoint.Port>`
-    /// (single-machine clusters; see the module docs).
+    /// (single-machine clusters; see the module docs), in plain HTTP and without credentials
+    /// ([`AgentEndpoint::of_node_as`] for TLS).
     pub fn of_node(node: &Node) -> Result<AgentEndpoint, NodeApiError> {
         let name = node.name().to_string();
         let port = node
@@ -491,13 +542,15 @@ impl AgentEndpoint {
         Ok(AgentEndpoint {
             node: name,
             addr: (Ipv4Addr::LOCALHOST, port).into(),
+            tls: None,
         })
     }
 
-    /// The agent of node `node`, from its Node object.
+    /// The agent of node `node`, from its Node object, spoken to with the client
+    /// certificate `client` connects with.
     pub async fn for_node(client: &Client, node: &str) -> Result<AgentEndpoint, NodeApiError> {
         let node = client.cluster::<Node>().get(node).await?;
-        AgentEndpoint::of_node(&node)
+        AgentEndpoint::of_node_as(&node, client.identity())
     }
 
     /// The agent of the node `pod` is bound to.
@@ -654,6 +707,20 @@ impl AgentEndpoint {
             .map_err(|_| unreachable(format!("no answer within {CONNECT_TIMEOUT:?}")))?
             .map_err(|e| unreachable(e.to_string()))?;
         let _ = stream.set_nodelay(true);
+        let stream: Box<dyn Io> = match &self.tls {
+            None => Box::new(stream),
+            Some(tls) => {
+                let name = rustls::pki_types::ServerName::IpAddress(self.addr.ip().into());
+                let tls = tokio_rustls::TlsConnector::from(Arc::clone(tls));
+                let handshake = tls.connect(name, stream);
+                Box::new(
+                    tokio::time::timeout(CONNECT_TIMEOUT, handshake)
+                        .await
+                        .map_err(|_| unreachable("TLS handshake timed out".into()))?
+                        .map_err(|e| unreachable(format!("TLS: {e}")))?,
+                )
+            }
+        };
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| unreachable(e.to_string()))?;
@@ -783,6 +850,7 @@ mod tests {
         let ep = AgentEndpoint {
             node: "n1".into(),
             addr,
+            tls: None,
         };
         let e = ep.stats_summary().await.unwrap_err();
         let msg = e.to_string();

@@ -306,6 +306,27 @@ fn subject(common_name: &str, organizations: &[String]) -> Result<DistinguishedN
     Ok(dn)
 }
 
+/// A self-signed serving certificate (a node agent's, made at each start: its clients pin the
+/// certificate's hash, [`cert_hash`], which the agent publishes in its Node object).
+pub fn self_signed(spec: &LeafSpec) -> Result<Identity, PkiError> {
+    let key = KeyPair::generate().map_err(generate_err("a key"))?;
+    let cert = leaf_params(spec)?
+        .self_signed(&key)
+        .map_err(generate_err(&format!(
+            "the certificate of {:?}",
+            spec.common_name
+        )))?;
+    Ok(Identity {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
+}
+
+/// `sha256:<hex>` of a whole DER certificate (what a pinned client compares).
+pub fn cert_hash(der: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(der)))
+}
+
 /// A certificate signing request, read and its signature checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestInfo {

@@ -262,6 +262,82 @@ pub fn client_config(
     }
 }
 
+/// Trusts exactly the server certificate whose [`crate::cert_hash`] is the pinned one (a node
+/// agent's self-signed certificate, as its Node object publishes it) and checks the
+/// handshake signatures.
+#[derive(Debug)]
+struct PinnedCert {
+    pinned: String,
+    algorithms: WebPkiSupportedAlgorithms,
+}
+
+impl rustls::client::danger::ServerCertVerifier for PinnedCert {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        if crate::cert_hash(end_entity) == self.pinned {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
+/// A client configuration that trusts only the server certificate hashing to `pinned`
+/// (`sha256:<hex>`), presenting `identity` if given: how the API server and the CLI talk to a
+/// node agent.
+pub fn pinned_client_config(
+    pinned: &str,
+    identity: Option<&Identity>,
+) -> Result<rustls::ClientConfig, PkiError> {
+    let builder = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| PkiError::Tls(e.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(PinnedCert {
+            pinned: pinned.to_string(),
+            algorithms: algorithms(),
+        }));
+    match identity {
+        Some(id) => builder
+            .with_client_auth_cert(
+                certs(&id.cert_pem, "the client certificate")?,
+                key(&id.key_pem, "the client key")?,
+            )
+            .map_err(|e| PkiError::Tls(e.to_string())),
+        None => Ok(builder.with_no_client_auth()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -35,6 +35,13 @@
 //!
 //!   A failure to read the LB maps fails the scrape (500), as it fails `/bpf/services`.
 //!
+//! With the cluster CA (from the agent's kubeconfig) it speaks only TLS, with a self-signed
+//! certificate made at every start whose SHA-256 the Node publishes in the annotation
+//! `skiff.io/agent-serving-cert-sha256` (clients trust exactly that certificate), and it
+//! requires a client certificate of the cluster CA: none, or one that does not verify, is a
+//! 401; callers other than the API server (`system:kube-apiserver`) and `system:masters` get
+//! the kubelet's 403 (`Forbidden (user=..., verb=..., resource=nodes, subresource=...)`).
+//!
 //! It reads only local state: the runtime's log files, the pods' cgroups, the pinned
 //! counters and LB maps, and the [`PodRegistry`] the pod workers keep up to date. Cluster state stays in
 //! the API server.
@@ -57,6 +64,7 @@ use skiff_client::node_api::{
     PodStats, StatsSummary,
 };
 use tokio::sync::mpsc;
+use tokio_rustls::rustls::pki_types as rustls_types;
 use tracing::{debug, info, warn};
 
 use super::Ctx;
@@ -262,21 +270,168 @@ async fn metrics_handler(State(src): State<Sources>) -> Response {
     }
 }
 
-/// Serves the API on `listener` until the task is aborted.
+/// The API server's user when it calls agents (logs, exec, port-forward).
+pub const API_SERVER_USER: &str = "system:kube-apiserver";
+const MASTERS_GROUP: &str = "system:masters";
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The agent API's TLS: its self-signed serving certificate and the CA client certificates
+/// must chain to.
+#[derive(Clone)]
+pub struct AgentTls {
+    acceptor: tokio_rustls::TlsAcceptor,
+    client_ca_pem: Arc<str>,
+    /// `sha256:<hex>` of the serving certificate (published in the Node).
+    pub cert_hash: String,
+}
+
+impl std::fmt::Debug for AgentTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentTls")
+            .field("cert_hash", &self.cert_hash)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AgentTls {
+    /// A new self-signed serving certificate for node `node`; clients must present
+    /// certificates of `client_ca_pem`.
+    pub fn new(node: &str, client_ca_pem: &str) -> Result<AgentTls, skiff_pki::PkiError> {
+        let serving = skiff_pki::self_signed(&skiff_pki::LeafSpec::server(
+            &format!("system:node:{node}"),
+            &["127.0.0.1".to_string(), "localhost".to_string()],
+        ))?;
+        let der = skiff_pki::pem_certificates(&serving.cert_pem, "the agent's certificate")?
+            .into_iter()
+            .next()
+            .ok_or_else(|| skiff_pki::PkiError::Tls("no certificate made".into()))?;
+        let mut config = skiff_pki::tls::server_config(&serving, Some(client_ca_pem))?;
+        // The agent serves HTTP/1.1 only (port-forward is an HTTP/1.1 upgrade).
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(AgentTls {
+            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+            client_ca_pem: client_ca_pem.into(),
+            cert_hash: skiff_pki::cert_hash(&der),
+        })
+    }
+}
+
+/// Who called, from the connection's client certificate: `(user, groups)`, or why not.
+#[derive(Debug, Clone)]
+struct Caller(Result<(String, Vec<String>), String>);
+
+fn identify(
+    ca_pem: &str,
+    chain: Option<&[rustls_types::CertificateDer<'_>]>,
+) -> Result<(String, Vec<String>), String> {
+    let chain = chain
+        .filter(|c| !c.is_empty())
+        .ok_or("no client certificate")?;
+    let (leaf, rest) = chain.split_first().ok_or("no client certificate")?;
+    skiff_pki::tls::verify_chain_for(ca_pem, leaf, rest, skiff_pki::Usage::Client)?;
+    let info = skiff_pki::parse(leaf, "the client certificate").map_err(|e| e.to_string())?;
+    Ok((info.common_name, info.organizations))
+}
+
+/// The kubelet's name for what a path reads: `nodes/<subresource>`.
+fn subresource_of(path: &str) -> &'static str {
+    match path.split('/').nth(1).unwrap_or("") {
+        "logs" => "log",
+        "stats" => "stats",
+        "metrics" => "metrics",
+        _ => "proxy",
+    }
+}
+
+/// 401 without a verified client certificate; 403 for callers other than the API server
+/// and `system:masters`. Plain-HTTP agents (no CA configured) have no caller: allowed.
+async fn authorize(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let Some(Caller(caller)) = req.extensions().get::<Caller>().cloned() else {
+        return next.run(req).await;
+    };
+    match caller {
+        Err(reason) => {
+            debug!(%reason, "agent API: authentication failed");
+            (StatusCode::UNAUTHORIZED, "Unauthorized\n").into_response()
+        }
+        Ok((user, groups))
+            if user == API_SERVER_USER || groups.iter().any(|g| g == MASTERS_GROUP) =>
+        {
+            next.run(req).await
+        }
+        Ok((user, _)) => {
+            let verb = if req.method() == axum::http::Method::GET {
+                "get"
+            } else {
+                "create"
+            };
+            let message = format!(
+                "Forbidden (user={user}, verb={verb}, resource=nodes, subresource={})\n",
+                subresource_of(req.uri().path())
+            );
+            (StatusCode::FORBIDDEN, message).into_response()
+        }
+    }
+}
+
+/// Serves the API on `listener` until the task is aborted: TLS with client certificates when
+/// `tls` is given, else plain HTTP.
 pub(crate) fn serve(
     listener: tokio::net::TcpListener,
     node: &str,
     ctx: Arc<Ctx>,
+    tls: Option<AgentTls>,
 ) -> tokio::task::JoinHandle<()> {
     let app = router(ApiState {
         node: node.into(),
         ctx,
-    });
+    })
+    .layer(axum::middleware::from_fn(authorize));
     tokio::spawn(async move {
         let addr = listener.local_addr().ok();
-        info!(?addr, "agent API listening");
-        if let Err(e) = axum::serve(listener, app).await {
-            warn!(error = %e, "agent API server stopped");
+        info!(?addr, tls = tls.is_some(), "agent API listening");
+        let Some(tls) = tls else {
+            if let Err(e) = axum::serve(listener, app).await {
+                warn!(error = %e, "agent API server stopped");
+            }
+            return;
+        };
+        loop {
+            let (tcp, peer) = match listener.accept().await {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait rather than spin.
+                    debug!(error = %e, "agent API: accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = tcp.set_nodelay(true);
+            let (app, tls) = (app.clone(), tls.clone());
+            tokio::spawn(async move {
+                let stream =
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.acceptor.accept(tcp)).await {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => {
+                            debug!(%peer, error = %e, "agent API: TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => return,
+                    };
+                let caller = Caller(identify(
+                    &tls.client_ca_pem,
+                    stream.get_ref().1.peer_certificates(),
+                ));
+                let svc = hyper_util::service::TowerToHyperService::new(
+                    app.layer(axum::Extension(caller)),
+                );
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .with_upgrades();
+                if let Err(e) = conn.await {
+                    debug!(%peer, error = %e, "agent API connection");
+                }
+            });
         }
     })
 }

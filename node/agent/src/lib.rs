@@ -98,6 +98,10 @@ pub struct AgentConfig {
     pub max_pods: u32,
     /// Where the agent's HTTP API listens (port 0: a free one, published in the Node).
     pub api_listen: SocketAddr,
+    /// The cluster CA (PEM, from the kubeconfig): with it the API speaks only TLS and
+    /// requires client certificates of this CA; without it (tests' plain-HTTP servers) plain
+    /// HTTP.
+    pub client_ca_pem: Option<String>,
     /// Registries pulled from over plain HTTP (`host:port`), besides loopback ones.
     pub plain_http_registries: Vec<String>,
     /// Registry credentials, a Docker `config.json` read at every pull (default:
@@ -129,6 +133,7 @@ impl AgentConfig {
             lb: LbConfig::default(),
             max_pods: 110,
             api_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            client_ca_pem: None,
             plain_http_registries: Vec::new(),
             registry_config: None,
             image_gc: skiff_image::gc::GcPolicy::default(),
@@ -149,6 +154,8 @@ pub enum AgentError {
     Api(#[from] skiff_client::ClientError),
     #[error(transparent)]
     ApiListen(#[from] api::ListenError),
+    #[error("the agent API's TLS certificate: {0}")]
+    ApiTls(#[source] skiff_pki::PkiError),
     #[error("the watch of node {0} ended while waiting for its spec.podCIDR")]
     NoPodCidr(String),
 }
@@ -267,6 +274,10 @@ pub async fn run(
     // Bound before registering, so the Node can carry the port from the start.
     let listener = api::bind(cfg.api_listen).await?;
     let api_port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
+    let api_tls = match &cfg.client_ca_pem {
+        Some(ca) => Some(api::AgentTls::new(&cfg.node_name, ca).map_err(AgentError::ApiTls)?),
+        None => None,
+    };
 
     let mut facts = node::NodeFacts {
         name: cfg.node_name.clone(),
@@ -277,6 +288,7 @@ pub async fn run(
         max_pods: cfg.max_pods,
         service_lb: None,
         api_port,
+        serving_cert_hash: api_tls.as_ref().map(|t| t.cert_hash.clone()),
         images: skiff_image::ImageStore::open(&images::store_root(&cfg.state_dir)).ok(),
     };
     // Pulls post the node status at once, so `status.images` follows them.
@@ -401,7 +413,7 @@ pub async fn run(
         }
         None => warn!("no uplink with a global IPv4 address: NodePort Services are not served"),
     }
-    let api_server = api::serve(listener, &cfg.node_name, ctx.clone());
+    let api_server = api::serve(listener, &cfg.node_name, ctx.clone(), api_tls);
 
     // The cluster-wide controllers of the agent share one set of informers (the pod loop
     // watches only this node's pods) and stop together.

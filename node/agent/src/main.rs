@@ -287,6 +287,9 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
         let config =
             skiff_client::ClientConfig::load(args.server.as_deref(), args.kubeconfig.as_deref())?;
         let client = skiff_client::Client::connect_lazy_with(&config)?;
+        // Without a client certificate the agent cannot be reached as itself anyway; with
+        // one, its API requires certificates of the same CA.
+        cfg.client_ca_pem = config.ca_pem.clone().filter(|_| config.identity.is_some());
         let shutdown = async {
             if let Err(e) = skiff_client::runtime::terminated().await {
                 tracing::error!(error = %e, "cannot watch for SIGTERM/SIGINT; stopping");

@@ -29,7 +29,7 @@ async fn app() -> App {
         .await
         .unwrap();
     App {
-        router: super::router(registry, None, None),
+        router: super::router(registry, None, None, None),
         _dir: dir,
     }
 }

@@ -68,6 +68,8 @@ pub(crate) struct Rest {
     pub authorizer: Option<Arc<crate::auth::authz::Authorizer>>,
     /// Signs ServiceAccount tokens (TokenRequest) and is published as the JWKS.
     pub sa_key: Option<Arc<skiff_pki::sa_token::SigningKey>>,
+    /// The client certificate presented to node agents.
+    pub agent_client: Option<Arc<skiff_pki::Identity>>,
 }
 
 /// The REST API as an axum router: one fallback handler for every path.
@@ -75,11 +77,13 @@ pub(crate) fn router(
     registry: Arc<Registry>,
     authorizer: Option<Arc<crate::auth::authz::Authorizer>>,
     sa_key: Option<Arc<skiff_pki::sa_token::SigningKey>>,
+    agent_client: Option<Arc<skiff_pki::Identity>>,
 ) -> axum::Router {
     axum::Router::new().fallback(dispatch).with_state(Rest {
         registry,
         authorizer,
         sa_key,
+        agent_client,
     })
 }
 

@@ -125,7 +125,10 @@ pub(crate) async fn node_agent(
     let nodes = rest.registry.handler(Node::INFO.plural)?;
     let node = Node::decode(nodes.get("", &node_name).await?.as_slice())
         .map_err(|e| ApiError::Internal(format!("decoding node {node_name}: {e}")))?;
-    Ok(AgentEndpoint::of_node(&node))
+    Ok(AgentEndpoint::of_node_as(
+        &node,
+        rest.agent_client.as_deref(),
+    ))
 }
 
 fn agent_error(e: &NodeApiError, pod: &Pod, container: &str) -> ApiError {
