@@ -89,7 +89,7 @@ const OMIT_ZERO: [&str; 25] = [
 const RAW_JSON: [&str; 1] = ["ManagedFieldsEntry.fields_v1"];
 
 /// Maps of bytes, written as base64 strings in JSON (Secret.data).
-const BASE64_MAPS: [&str; 1] = ["Secret.data"];
+const BASE64_MAPS: [&str; 2] = ["Secret.data", "ConfigMap.binary_data"];
 
 /// Bytes written as base64 strings in JSON (PEM blocks of certificate requests).
 const BASE64_BYTES: [&str; 2] = [

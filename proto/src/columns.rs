@@ -4,8 +4,9 @@
 use std::collections::BTreeMap;
 
 use crate::api::{
-    CertificateSigningRequest, ContainerStatus, Deployment, Endpoints, Event, LabelSelector, Lease,
-    Namespace, Node, Pod, PodTemplateSpec, ReplicaSet, RoleBinding, Secret, Service, ServicePort,
+    CertificateSigningRequest, ConfigMap, ContainerStatus, Deployment, Endpoints, Event,
+    LabelSelector, Lease, Namespace, Node, Pod, PodTemplateSpec, ReplicaSet, RoleBinding, Secret,
+    Service, ServicePort,
 };
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::de::DeserializeOwned;
@@ -79,6 +80,7 @@ pub fn headers(kind: &str, wide: bool) -> Vec<String> {
         ),
         "Lease" => (&["NAME", "HOLDER", "AGE"], &[]),
         "Secret" => (&["NAME", "TYPE", "DATA", "AGE"], &[]),
+        "ConfigMap" => (&["NAME", "DATA", "AGE"], &[]),
         "ServiceAccount" => (&["NAME", "SECRETS", "AGE"], &[]),
         "Role" | "ClusterRole" => (&["NAME", "CREATED AT"], &[]),
         "CertificateSigningRequest" => (
@@ -316,6 +318,14 @@ pub fn cells(kind: &str, obj: &Value, wide: bool, now: DateTime<Utc>) -> Vec<Str
         "ServiceAccount" => {
             let secrets = obj["secrets"].as_array().map(Vec::len).unwrap_or(0);
             vec![name, secrets.to_string(), created]
+        }
+        "ConfigMap" => {
+            let m: ConfigMap = typed(obj);
+            vec![
+                name,
+                (m.data.len() + m.binary_data.len()).to_string(),
+                created,
+            ]
         }
         "Secret" => {
             let s: Secret = typed(obj);

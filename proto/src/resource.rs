@@ -194,6 +194,7 @@ resource!(Service, "v1", "services", ["svc"], true, status,
     "spec.type" => |o| o.spec.as_ref().map(|s| s.r#type.clone()).unwrap_or_default(),
     "spec.clusterIP" => |o| o.spec.as_ref().map(|s| s.cluster_ip.clone()).unwrap_or_default());
 resource!(Endpoints, "v1", "endpoints", ["ep"], true, no_status);
+resource!(ConfigMap, "v1", "configmaps", ["cm"], true, no_status);
 resource!(Secret, "v1", "secrets", [], true, no_status,
     "type" => |o| o.r#type.clone());
 resource!(
@@ -305,12 +306,13 @@ impl<T: Resource> DynKind for KindOf<T> {
     }
 }
 
-static KINDS: [&dyn DynKind; 16] = [
+static KINDS: [&dyn DynKind; 17] = [
     &KindOf::<Namespace>(PhantomData),
     &KindOf::<Node>(PhantomData),
     &KindOf::<Pod>(PhantomData),
     &KindOf::<Service>(PhantomData),
     &KindOf::<Endpoints>(PhantomData),
+    &KindOf::<ConfigMap>(PhantomData),
     &KindOf::<Secret>(PhantomData),
     &KindOf::<ServiceAccount>(PhantomData),
     &KindOf::<Event>(PhantomData),

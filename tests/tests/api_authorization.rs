@@ -71,6 +71,14 @@ items:
   metadata: {name: secret-b}
   stringData: {k: b}
 - apiVersion: v1
+  kind: ConfigMap
+  metadata: {name: config-a}
+  data: {k: a}
+- apiVersion: v1
+  kind: ConfigMap
+  metadata: {name: config-b}
+  data: {k: b}
+- apiVersion: v1
   kind: Pod
   metadata: {name: pod-a}
   spec:
@@ -82,6 +90,8 @@ items:
       env:
       - name: K
         valueFrom: {secretKeyRef: {name: secret-a, key: k}}
+      envFrom:
+      - configMapRef: {name: config-a}
 - apiVersion: v1
   kind: Pod
   metadata: {name: pod-b}
@@ -446,6 +456,19 @@ fn nodes_reach_only_their_own_pods_secrets_and_node() {
         &kubectl_as(&server, &node_a, &["get", "secret", "secret-b"]),
         "secrets \"secret-b\" is forbidden: User \"system:node:n-a\" cannot get resource \
          \"secrets\" in API group \"\" in the namespace \"default\": no relationship found \
+         between node 'n-a' and this object",
+    );
+    // ConfigMaps likewise.
+    let o = kubectl_as(
+        &server,
+        &node_a,
+        &["get", "configmap", "config-a", "-o", "name"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    forbidden(
+        &kubectl_as(&server, &node_a, &["get", "configmap", "config-b"]),
+        "configmaps \"config-b\" is forbidden: User \"system:node:n-a\" cannot get resource \
+         \"configmaps\" in API group \"\" in the namespace \"default\": no relationship found \
          between node 'n-a' and this object",
     );
     // Writes: its own Node only.

@@ -17,8 +17,8 @@ use chrono::{SecondsFormat, Utc};
 use prost::Message;
 use rand::Rng;
 use skiff_api::api::{
-    Binding, CertificateSigningRequest, ClusterRole, ClusterRoleBinding, Deployment, Endpoints,
-    Event, Lease, Namespace, Node, Pod, ReplicaSet, Role, RoleBinding, Secret, Service,
+    Binding, CertificateSigningRequest, ClusterRole, ClusterRoleBinding, ConfigMap, Deployment,
+    Endpoints, Event, Lease, Namespace, Node, Pod, ReplicaSet, Role, RoleBinding, Secret, Service,
     ServiceAccount,
 };
 use skiff_api::rpc::{DeleteRequest, ListRequest, ListResponse, WatchRequest};
@@ -924,6 +924,7 @@ impl Registry {
         add::<Pod>(h, &store, cache_capacity).await?;
         add::<Service>(h, &store, cache_capacity).await?;
         add::<Endpoints>(h, &store, cache_capacity).await?;
+        add::<ConfigMap>(h, &store, cache_capacity).await?;
         add::<Secret>(h, &store, cache_capacity).await?;
         add::<ServiceAccount>(h, &store, cache_capacity).await?;
         add::<CertificateSigningRequest>(h, &store, cache_capacity).await?;

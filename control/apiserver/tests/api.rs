@@ -219,6 +219,7 @@ async fn crud_and_selectors(s: TestServer) {
             "pods",
             "services",
             "endpoints",
+            "configmaps",
             "secrets",
             "serviceaccounts",
             "events",

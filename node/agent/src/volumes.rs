@@ -152,16 +152,61 @@ fn hosts_file(pod: &Pod, hostname: &str, ip: Option<IpAddr>) -> String {
     s
 }
 
-/// The Secrets the pod's secret volumes name, as read from the API: `None` for one that does
-/// not exist.
-pub(crate) type Secrets = BTreeMap<String, Option<Secret>>;
+/// Where keyed data comes from: a Secret or a ConfigMap of the pod's namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum KeyedKind {
+    Secret,
+    ConfigMap,
+}
 
-/// The names of the Secrets `pod`'s volumes use.
-pub(crate) fn secret_names(pod: &Pod) -> Vec<String> {
+impl KeyedKind {
+    /// As the kubelet names it in messages (`secret "x" not found`).
+    pub(crate) fn noun(self) -> &'static str {
+        match self {
+            KeyedKind::Secret => "secret",
+            KeyedKind::ConfigMap => "configmap",
+        }
+    }
+}
+
+/// A Secret's or ConfigMap's keys and values (a ConfigMap's `data` and `binaryData`).
+pub(crate) type KeyedData = BTreeMap<String, Vec<u8>>;
+
+/// The Secrets and ConfigMaps the pod's volumes name, as read from the API: `None` for one
+/// that does not exist.
+pub(crate) type Secrets = BTreeMap<(KeyedKind, String), Option<KeyedData>>;
+
+/// The keys of a Secret.
+pub(crate) fn secret_data(s: Secret) -> KeyedData {
+    s.data
+}
+
+/// The keys of a ConfigMap: `data` as UTF-8 bytes, then `binaryData`.
+pub(crate) fn config_map_data(c: skiff_api::api::ConfigMap) -> KeyedData {
+    let mut out: KeyedData = c
+        .data
+        .into_iter()
+        .map(|(k, v)| (k, v.into_bytes()))
+        .collect();
+    out.extend(c.binary_data);
+    out
+}
+
+/// The Secrets and ConfigMaps `pod`'s volumes use.
+pub(crate) fn secret_names(pod: &Pod) -> Vec<(KeyedKind, String)> {
     pod.spec
         .iter()
         .flat_map(|s| s.volumes.iter())
-        .filter_map(|v| v.secret.as_ref().map(|s| s.secret_name.clone()))
+        .filter_map(|v| {
+            v.secret
+                .as_ref()
+                .map(|s| (KeyedKind::Secret, s.secret_name.clone()))
+                .or_else(|| {
+                    v.config_map
+                        .as_ref()
+                        .map(|c| (KeyedKind::ConfigMap, c.name.clone()))
+                })
+        })
         .collect()
 }
 
@@ -181,34 +226,74 @@ fn tmpfs(path: &Path, opts: &str) -> Result<(), String> {
     .map_err(|e| format!("mounting tmpfs on {}: {e}", path.display()))
 }
 
-/// A secret volume: the Secret's keys (or `items`) as files on a tmpfs, rewritten when the
-/// Secret changes, files of removed keys deleted. Messages name keys, never values.
-fn secret_volume(
+/// What a secret or configMap volume projects.
+struct KeyedVolume<'a> {
+    kind: KeyedKind,
+    name: &'a str,
+    items: &'a [skiff_api::api::KeyToPath],
+    default_mode: Option<i32>,
+    optional: bool,
+}
+
+impl<'a> KeyedVolume<'a> {
+    fn of_secret(sv: &'a SecretVolumeSource) -> Self {
+        KeyedVolume {
+            kind: KeyedKind::Secret,
+            name: &sv.secret_name,
+            items: &sv.items,
+            default_mode: sv.default_mode,
+            optional: sv.optional == Some(true),
+        }
+    }
+
+    fn of_config_map(cv: &'a skiff_api::api::ConfigMapVolumeSource) -> Self {
+        KeyedVolume {
+            kind: KeyedKind::ConfigMap,
+            name: &cv.name,
+            items: &cv.items,
+            default_mode: cv.default_mode,
+            optional: cv.optional == Some(true),
+        }
+    }
+}
+
+/// A secret or configMap volume: the keys (or `items`) as files on a tmpfs, rewritten when
+/// the object changes, files of removed keys deleted. Messages name keys, never values.
+fn keyed_volume(
     path: &Path,
-    sv: &SecretVolumeSource,
+    sv: &KeyedVolume<'_>,
     secrets: &Secrets,
     fs_group: Option<u32>,
 ) -> Result<(), String> {
-    let optional = sv.optional == Some(true);
-    let secret = secrets.get(&sv.secret_name).and_then(Option::as_ref);
+    let optional = sv.optional;
+    let secret = secrets
+        .get(&(sv.kind, sv.name.to_string()))
+        .and_then(Option::as_ref);
     if secret.is_none() && !optional {
-        return Err(format!("secret \"{}\" not found", sv.secret_name));
+        return Err(format!("{} \"{}\" not found", sv.kind.noun(), sv.name));
     }
     tmpfs(path, "mode=0755,size=4m")?;
     let default_mode = sv.default_mode.unwrap_or(0o644) as u32 & 0o777;
     let mut files: Vec<(PathBuf, &[u8], u32)> = Vec::new();
     if let Some(secret) = secret {
         if sv.items.is_empty() {
-            for (k, v) in &secret.data {
+            for (k, v) in secret {
                 files.push((path.join(k), v, default_mode));
             }
         } else {
-            for item in &sv.items {
-                let Some(v) = secret.data.get(&item.key) else {
+            for item in sv.items {
+                let Some(v) = secret.get(&item.key) else {
                     if optional {
                         continue;
                     }
-                    return Err(format!("references non-existent secret key: {}", item.key));
+                    return Err(match sv.kind {
+                        KeyedKind::Secret => {
+                            format!("references non-existent secret key: {}", item.key)
+                        }
+                        KeyedKind::ConfigMap => {
+                            format!("configmap references non-existent config key: {}", item.key)
+                        }
+                    });
                 };
                 let rel = relative(&item.path).ok_or_else(|| {
                     format!("item path {:?} must be relative without '..'", item.path)
@@ -294,7 +379,11 @@ fn volume(
         return Ok(path);
     }
     if let Some(sv) = &v.secret {
-        secret_volume(&path, sv, secrets, fs_group)?;
+        keyed_volume(&path, &KeyedVolume::of_secret(sv), secrets, fs_group)?;
+        return Ok(path);
+    }
+    if let Some(cv) = &v.config_map {
+        keyed_volume(&path, &KeyedVolume::of_config_map(cv), secrets, fs_group)?;
         return Ok(path);
     }
     if let Some(d) = &v.downward_api {
@@ -318,7 +407,11 @@ fn volume(
         }
         return Ok(path);
     }
-    Err("the volume has no source Skiff supports (emptyDir, hostPath, downwardAPI, secret)".into())
+    Err(
+        "the volume has no source Skiff supports (emptyDir, hostPath, downwardAPI, secret, \
+         configMap)"
+            .into(),
+    )
 }
 
 /// The kubelet's hostPath type checks; `DirectoryOrCreate`/`FileOrCreate` create what is

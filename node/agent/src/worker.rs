@@ -721,6 +721,29 @@ impl Worker {
         }
     }
 
+    /// The keys of a Secret or ConfigMap of the pod's namespace; `None` when it does not
+    /// exist.
+    async fn keyed(
+        &self,
+        kind: volumes::KeyedKind,
+        name: &str,
+    ) -> Result<Option<volumes::KeyedData>, String> {
+        match kind {
+            volumes::KeyedKind::Secret => Ok(self.secret(name).await?.map(volumes::secret_data)),
+            volumes::KeyedKind::ConfigMap => match self
+                .ctx
+                .client
+                .namespaced::<skiff_api::api::ConfigMap>(self.pod.namespace())
+                .get(name)
+                .await
+            {
+                Ok(c) => Ok(Some(volumes::config_map_data(c))),
+                Err(e) if e.is_not_found() => Ok(None),
+                Err(e) => Err(format!("reading configmap \"{name}\": {e}")),
+            },
+        }
+    }
+
     /// A container's environment as Kubernetes builds it: every key of its `envFrom`
     /// Secrets (with their prefix), then its `env` (values, the pod's fields, resources,
     /// Secret keys), a later name replacing an earlier one. `Err` is the
@@ -735,10 +758,14 @@ impl Worker {
             None => env.push((k, v)),
         };
         for f in &c.env_from {
-            let Some(r) = &f.secret_ref else { continue };
-            match self.secret(&r.name).await? {
-                Some(secret) => {
-                    for (k, v) in &secret.data {
+            let (kind, name, optional) = match (&f.secret_ref, &f.config_map_ref) {
+                (Some(r), _) => (volumes::KeyedKind::Secret, &r.name, r.optional),
+                (None, Some(r)) => (volumes::KeyedKind::ConfigMap, &r.name, r.optional),
+                (None, None) => continue,
+            };
+            match self.keyed(kind, name).await? {
+                Some(data) => {
+                    for (k, v) in &data {
                         set(
                             &mut env,
                             format!("{}{k}", f.prefix),
@@ -746,8 +773,8 @@ impl Worker {
                         );
                     }
                 }
-                None if r.optional == Some(true) => {}
-                None => return Err(format!("secret \"{}\" not found", r.name)),
+                None if optional == Some(true) => {}
+                None => return Err(format!("{} \"{name}\" not found", kind.noun())),
             }
         }
         for e in &c.env {
@@ -770,23 +797,34 @@ impl Worker {
                     r.container_name.as_str()
                 };
                 volumes::resource_value(&self.pod, container, &r.resource, r.divisor.as_deref())?
-            } else if let Some(k) = &from.secret_key_ref {
-                let optional = k.optional == Some(true);
-                match self.secret(&k.name).await? {
-                    Some(secret) => match secret.data.get(&k.key) {
+            } else if let Some((kind, name, key, optional)) = from
+                .secret_key_ref
+                .as_ref()
+                .map(|k| (volumes::KeyedKind::Secret, &k.name, &k.key, k.optional))
+                .or_else(|| {
+                    from.config_map_key_ref
+                        .as_ref()
+                        .map(|k| (volumes::KeyedKind::ConfigMap, &k.name, &k.key, k.optional))
+                })
+            {
+                let optional = optional == Some(true);
+                match self.keyed(kind, name).await? {
+                    Some(data) => match data.get(key) {
                         Some(v) => String::from_utf8_lossy(v).into_owned(),
                         None if optional => continue,
                         None => {
+                            let what = match kind {
+                                volumes::KeyedKind::Secret => "Secret",
+                                volumes::KeyedKind::ConfigMap => "ConfigMap",
+                            };
                             return Err(format!(
-                                "couldn't find key {} in Secret {}/{}",
-                                k.key,
+                                "couldn't find key {key} in {what} {}/{name}",
                                 self.pod.namespace(),
-                                k.name
                             ));
                         }
                     },
                     None if optional => continue,
-                    None => return Err(format!("secret \"{}\" not found", k.name)),
+                    None => return Err(format!("{} \"{name}\" not found", kind.noun())),
                 }
             } else {
                 continue;
@@ -796,18 +834,18 @@ impl Worker {
         Ok(env)
     }
 
-    /// The Secrets the pod's secret volumes name, from the API (`None`: not found).
+    /// The Secrets and ConfigMaps the pod's volumes name, from the API (`None`: not found).
     async fn volume_secrets(&self) -> Result<volumes::Secrets, volumes::VolumeError> {
         let mut out = volumes::Secrets::new();
-        for name in volumes::secret_names(&self.pod) {
+        for (kind, name) in volumes::secret_names(&self.pod) {
             let got = self
-                .secret(&name)
+                .keyed(kind, &name)
                 .await
                 .map_err(|message| volumes::VolumeError {
                     volume: name.clone(),
                     message,
                 })?;
-            out.insert(name, got);
+            out.insert((kind, name), got);
         }
         Ok(out)
     }

@@ -1557,6 +1557,39 @@ pub(super) static MESSAGES: &[(&str, &[Field])] = &[
         ],
     ),
     (
+        "api.core.v1.ConfigMap",
+        &[
+            Field {
+                num: 1,
+                json: "metadata",
+                ty: Ty::Msg("apimachinery.pkg.apis.meta.v1.ObjectMeta"),
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 2,
+                json: "data",
+                ty: Ty::Str,
+                repeated: false,
+                map: true,
+            },
+            Field {
+                num: 3,
+                json: "binaryData",
+                ty: Ty::Bytes,
+                repeated: false,
+                map: true,
+            },
+            Field {
+                num: 4,
+                json: "immutable",
+                ty: Ty::Bool,
+                repeated: false,
+                map: false,
+            },
+        ],
+    ),
+    (
         "api.core.v1.ConfigMapEnvSource",
         &[
             Field {

@@ -72,6 +72,32 @@ pub fn pod_secrets(pod: &Pod) -> Vec<String> {
     out
 }
 
+/// ConfigMaps a pod names (volumes, envFrom, configMapKeyRef).
+pub fn pod_config_maps(pod: &Pod) -> Vec<String> {
+    let Some(spec) = &pod.spec else {
+        return Vec::new();
+    };
+    let mut out: Vec<String> = spec
+        .volumes
+        .iter()
+        .filter_map(|v| v.config_map.as_ref().map(|c| c.name.clone()))
+        .collect();
+    for c in spec.init_containers.iter().chain(&spec.containers) {
+        out.extend(
+            c.env_from
+                .iter()
+                .filter_map(|e| e.config_map_ref.as_ref().map(|r| r.name.clone())),
+        );
+        out.extend(c.env.iter().filter_map(|e| {
+            e.value_from
+                .as_ref()
+                .and_then(|v| v.config_map_key_ref.as_ref())
+                .map(|r| r.name.clone())
+        }));
+    }
+    out
+}
+
 fn bound_to(pod: &Pod, node: &str) -> bool {
     pod.spec.as_ref().is_some_and(|s| s.node_name == node)
 }
@@ -153,6 +179,26 @@ pub fn decide(authz: &Authorizer, user: &UserInfo, a: &Attributes) -> Decision {
                             .as_ref()
                             .is_some_and(|m| m.namespace == a.namespace)
                         && pod_secrets(p).contains(&a.name)
+                })
+                .is_empty();
+            if named {
+                Decision::Allow
+            } else {
+                no_relationship(node)
+            }
+        }
+        ("", "configmaps") => {
+            if a.verb != "get" {
+                return no_relationship(node);
+            }
+            let named = !authz
+                .pods
+                .filter(|p| {
+                    bound_to(p, node)
+                        && p.metadata
+                            .as_ref()
+                            .is_some_and(|m| m.namespace == a.namespace)
+                        && pod_config_maps(p).contains(&a.name)
                 })
                 .is_empty();
             if named {

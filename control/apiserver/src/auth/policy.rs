@@ -71,6 +71,7 @@ fn role(name: &str, rules: Vec<PolicyRule>) -> ClusterRole {
 
 /// What `view` may read: everything in the namespace but Secrets (and RBAC).
 const VIEWABLE: &[&str] = &[
+    "configmaps",
     "pods",
     "pods/log",
     "pods/status",
@@ -102,6 +103,7 @@ fn edit_rules() -> Vec<PolicyRule> {
             WRITE,
             &[""],
             &[
+                "configmaps",
                 "pods",
                 "services",
                 "endpoints",
@@ -220,7 +222,7 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                     &[""],
                     &["pods", "pods/status"],
                 ),
-                rule(&["get"], &[""], &["secrets"]),
+                rule(&["get"], &[""], &["secrets", "configmaps"]),
                 rule(
                     &["create", "update", "patch"],
                     &["", "events.k8s.io"],
@@ -276,6 +278,7 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                         "nodes",
                         "nodes/status",
                         "secrets",
+                        "configmaps",
                         "serviceaccounts",
                     ],
                 ),

@@ -162,12 +162,22 @@ fn validate_container(out: &mut Vec<FieldError>, path: &str, c: &Container) {
     }
     for (i, f) in c.env_from.iter().enumerate() {
         let fp = format!("{path}.envFrom[{i}]");
-        match &f.secret_ref {
-            Some(r) if r.name.is_empty() => {
+        match (&f.secret_ref, &f.config_map_ref) {
+            (Some(r), None) if r.name.is_empty() => {
                 out.push(FieldError::required(format!("{fp}.secretRef.name"), ""))
             }
-            Some(_) => {}
-            None => out.push(FieldError::required(fp, "must specify one of: `secretRef`")),
+            (None, Some(r)) if r.name.is_empty() => {
+                out.push(FieldError::required(format!("{fp}.configMapRef.name"), ""))
+            }
+            (Some(_), None) | (None, Some(_)) => {}
+            (Some(_), Some(_)) => out.push(FieldError::forbidden(
+                fp,
+                "may not have more than one field specified at a time",
+            )),
+            (None, None) => out.push(FieldError::required(
+                fp,
+                "must specify one of: `configMapRef` or `secretRef`",
+            )),
         }
     }
     for (field, probe) in [

@@ -107,11 +107,28 @@ fn check_seccomp(out: &mut Vec<FieldError>, path: &str, p: Option<&SeccompProfil
     }
 }
 
+/// The `items` of a secret or configMap volume.
+fn check_items(out: &mut Vec<FieldError>, path: &str, items: &[skiff_api::api::KeyToPath]) {
+    for (i, item) in items.iter().enumerate() {
+        let ip = format!("{path}.items[{i}]");
+        if item.key.is_empty() {
+            out.push(FieldError::required(format!("{ip}.key"), ""));
+        }
+        if item.path.is_empty() {
+            out.push(FieldError::required(format!("{ip}.path"), ""));
+        } else {
+            check_relative(out, &format!("{ip}.path"), &item.path);
+        }
+        check_mode(out, &format!("{ip}.mode"), item.mode);
+    }
+}
+
 fn check_volume(out: &mut Vec<FieldError>, path: &str, vol: &Volume) {
     let sources = usize::from(vol.empty_dir.is_some())
         + usize::from(vol.host_path.is_some())
         + usize::from(vol.downward_api.is_some())
-        + usize::from(vol.secret.is_some());
+        + usize::from(vol.secret.is_some())
+        + usize::from(vol.config_map.is_some());
     match sources {
         0 => out.push(FieldError::required(path, "must specify a volume type")),
         1 => {}
@@ -167,18 +184,20 @@ fn check_volume(out: &mut Vec<FieldError>, path: &str, vol: &Volume) {
             v::check_dns_subdomain(out, &format!("{path}.secret.secretName"), &sv.secret_name);
         }
         check_mode(out, &format!("{path}.secret.defaultMode"), sv.default_mode);
-        for (i, item) in sv.items.iter().enumerate() {
-            let ip = format!("{path}.secret.items[{i}]");
-            if item.key.is_empty() {
-                out.push(FieldError::required(format!("{ip}.key"), ""));
-            }
-            if item.path.is_empty() {
-                out.push(FieldError::required(format!("{ip}.path"), ""));
-            } else {
-                check_relative(out, &format!("{ip}.path"), &item.path);
-            }
-            check_mode(out, &format!("{ip}.mode"), item.mode);
+        check_items(out, &format!("{path}.secret"), &sv.items);
+    }
+    if let Some(cm) = &vol.config_map {
+        if cm.name.is_empty() {
+            out.push(FieldError::required(format!("{path}.configMap.name"), ""));
+        } else {
+            v::check_dns_subdomain(out, &format!("{path}.configMap.name"), &cm.name);
         }
+        check_mode(
+            out,
+            &format!("{path}.configMap.defaultMode"),
+            cm.default_mode,
+        );
+        check_items(out, &format!("{path}.configMap"), &cm.items);
     }
     if let Some(d) = &vol.downward_api {
         check_mode(
@@ -275,13 +294,21 @@ pub(crate) fn validate_env_source(
     }
     let sources = usize::from(from.field_ref.is_some())
         + usize::from(from.resource_field_ref.is_some())
-        + usize::from(from.secret_key_ref.is_some());
-    if sources != 1 {
-        out.push(FieldError::invalid(
+        + usize::from(from.secret_key_ref.is_some())
+        + usize::from(from.config_map_key_ref.is_some());
+    match sources {
+        0 => out.push(FieldError::invalid(
             format!("{path}.valueFrom"),
             "",
-            "must specify one of: `fieldRef`, `resourceFieldRef` or `secretKeyRef`",
-        ));
+            "must specify one of: `fieldRef`, `resourceFieldRef`, `configMapKeyRef` or \
+             `secretKeyRef`",
+        )),
+        1 => {}
+        _ => out.push(FieldError::invalid(
+            format!("{path}.valueFrom"),
+            "",
+            "may not have more than one field specified at a time",
+        )),
     }
     if let Some(f) = &from.field_ref {
         let fp = f.field_path.as_str();
@@ -305,16 +332,27 @@ pub(crate) fn validate_env_source(
             DOWNWARD_RESOURCES,
         ));
     }
-    if let Some(k) = &from.secret_key_ref {
-        if k.name.is_empty() {
+    let refs = [
+        (
+            "secretKeyRef",
+            from.secret_key_ref.as_ref().map(|k| (&k.name, &k.key)),
+        ),
+        (
+            "configMapKeyRef",
+            from.config_map_key_ref.as_ref().map(|k| (&k.name, &k.key)),
+        ),
+    ];
+    for (field, keyed) in refs {
+        let Some((name, key)) = keyed else { continue };
+        if name.is_empty() {
             out.push(FieldError::required(
-                format!("{path}.valueFrom.secretKeyRef.name"),
+                format!("{path}.valueFrom.{field}.name"),
                 "",
             ));
         }
-        if k.key.is_empty() {
+        if key.is_empty() {
             out.push(FieldError::required(
-                format!("{path}.valueFrom.secretKeyRef.key"),
+                format!("{path}.valueFrom.{field}.key"),
                 "",
             ));
         }
@@ -591,7 +629,7 @@ mod tests {
         let m = messages(&out);
         for want in [
             "spec.containers[0].env[0].valueFrom: Invalid value: \"\": may not be specified when `value` is not empty",
-            "spec.containers[0].env[0].valueFrom: Invalid value: \"\": must specify one of: `fieldRef`, `resourceFieldRef` or `secretKeyRef`",
+            "spec.containers[0].env[0].valueFrom: Invalid value: \"\": may not have more than one field specified at a time",
             "spec.containers[0].env[0].valueFrom.secretKeyRef.name: Required value",
             "spec.containers[0].env[0].valueFrom.secretKeyRef.key: Required value",
         ] {
@@ -600,5 +638,19 @@ mod tests {
         assert!(m.iter().any(|x| x.starts_with(
             "spec.containers[0].env[0].valueFrom.fieldRef.fieldPath: Unsupported value: \"spec.containers\""
         )), "{m:#?}");
+        // No source at all.
+        let none = EnvVar {
+            name: "Y".into(),
+            value: String::new(),
+            value_from: Some(EnvVarSource::default()),
+        };
+        let mut out = Vec::new();
+        validate_env_source(&mut out, "spec.containers[0].env[1]", &none);
+        assert_eq!(
+            messages(&out),
+            [
+                "spec.containers[0].env[1].valueFrom: Invalid value: \"\": must specify one of: `fieldRef`, `resourceFieldRef`, `configMapKeyRef` or `secretKeyRef`"
+            ]
+        );
     }
 }

@@ -2,7 +2,7 @@
 //! to `Opaque`, Kubernetes' key, size and per-type checks, and `immutable`. No message ever
 //! shows a value: where Kubernetes would show one it says `<secret contents redacted>`.
 
-use skiff_api::api::Secret;
+use skiff_api::api::{ConfigMap, Secret};
 
 use super::Strategy;
 use crate::error::FieldError;
@@ -104,6 +104,60 @@ impl Strategy for Secret {
             if self.data != old.data {
                 out.push(FieldError::forbidden(
                     "data",
+                    "field is immutable when `immutable` is set",
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// ConfigMaps: the same key rule and 1 MiB limit as Secrets over `data` and `binaryData`
+/// together, a key in only one of them, and `immutable` (values may be shown: ConfigMaps are
+/// not secret).
+impl Strategy for ConfigMap {
+    fn validate(&self) -> Vec<FieldError> {
+        let mut out = Vec::new();
+        let mut total = 0;
+        for (k, v) in &self.data {
+            check_key(&mut out, &format!("data[{k}]"), k);
+            total += k.len() + v.len();
+        }
+        for (k, v) in &self.binary_data {
+            check_key(&mut out, &format!("binaryData[{k}]"), k);
+            if self.data.contains_key(k) {
+                out.push(FieldError::invalid(
+                    format!("binaryData[{k}]"),
+                    k,
+                    "duplicate of key present in data",
+                ));
+            }
+            total += k.len() + v.len();
+        }
+        if total > MAX_SECRET_BYTES {
+            out.push(FieldError::too_long("", MAX_SECRET_BYTES));
+        }
+        out
+    }
+
+    fn validate_update(&self, old: &Self) -> Vec<FieldError> {
+        let mut out = Vec::new();
+        if old.immutable == Some(true) {
+            if self.immutable != Some(true) {
+                out.push(FieldError::forbidden(
+                    "immutable",
+                    "field is immutable when `immutable` is set",
+                ));
+            }
+            if self.data != old.data {
+                out.push(FieldError::forbidden(
+                    "data",
+                    "field is immutable when `immutable` is set",
+                ));
+            }
+            if self.binary_data != old.binary_data {
+                out.push(FieldError::forbidden(
+                    "binaryData",
                     "field is immutable when `immutable` is set",
                 ));
             }
