@@ -38,6 +38,7 @@ use tracing::{info, warn};
 pub mod audit;
 pub mod auth;
 mod cache;
+pub mod encryption;
 pub mod error;
 pub mod registry;
 mod rest;

@@ -88,6 +88,10 @@ struct Args {
     /// Seconds between checks for certificates due for renewal while running.
     #[arg(long, default_value_t = 3600)]
     cert_check_seconds: u64,
+    /// Encrypt resources at rest as this EncryptionConfiguration
+    /// (apiserver.config.k8s.io/v1; providers aesgcm and identity) says.
+    #[arg(long, value_name = "FILE")]
+    encryption_provider_config: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -247,7 +251,15 @@ async fn main() -> Result<()> {
         return write_user_kubeconfig(pki_dir, user, groups, server, out);
     }
     // The store first: a start that fails on its arguments writes no PKI.
-    let store = open_store(&args).await?;
+    let mut store = open_store(&args).await?;
+    if let Some(path) = &args.encryption_provider_config {
+        let config = skiff_apiserver::encryption::EncryptionConfig::read(path)
+            .context("--encryption-provider-config")?;
+        tracing::info!(?config, "encrypting at rest");
+        store = Arc::new(skiff_apiserver::encryption::EncryptingStore::new(
+            store, config,
+        ));
+    }
     let security = security(&args)?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
