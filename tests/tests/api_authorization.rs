@@ -71,6 +71,12 @@ items:
   metadata: {name: secret-b}
   stringData: {k: b}
 - apiVersion: v1
+  kind: ServiceAccount
+  metadata: {name: default}
+- apiVersion: v1
+  kind: ServiceAccount
+  metadata: {name: robot}
+- apiVersion: v1
   kind: ConfigMap
   metadata: {name: config-a}
   data: {k: a}
@@ -471,6 +477,49 @@ fn nodes_reach_only_their_own_pods_secrets_and_node() {
          \"configmaps\" in API group \"\" in the namespace \"default\": no relationship found \
          between node 'n-a' and this object",
     );
+    // ServiceAccount tokens: only for the accounts its pods run as, bound to such a pod.
+    let o = kubectl_as(
+        &server,
+        &node_a,
+        &[
+            "create",
+            "token",
+            "default",
+            "--bound-object-kind",
+            "Pod",
+            "--bound-object-name",
+            "pod-a",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    for (args, message) in [
+        (
+            &["create", "token", "default"][..],
+            "serviceaccounts \"default\" is forbidden: node requested token not bound to a pod \
+             scheduled on the same node and running as this service account",
+        ),
+        (
+            &[
+                "create",
+                "token",
+                "default",
+                "--bound-object-kind",
+                "Pod",
+                "--bound-object-name",
+                "pod-b",
+            ][..],
+            "serviceaccounts \"default\" is forbidden: node requested token not bound to a pod \
+             scheduled on the same node and running as this service account",
+        ),
+        (
+            &["create", "token", "robot"][..],
+            "serviceaccounts \"robot\" is forbidden: User \"system:node:n-a\" cannot create \
+             resource \"serviceaccounts/token\" in API group \"\" in the namespace \"default\": no \
+             relationship found between node 'n-a' and this object",
+        ),
+    ] {
+        forbidden(&kubectl_as(&server, &node_a, args), message);
+    }
     // Writes: its own Node only.
     ok(&kubectl_as(
         &server,

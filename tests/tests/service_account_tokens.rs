@@ -67,6 +67,34 @@ fn tokens_authenticate_until_expired_or_revoked() {
             .success()
     });
 
+    // ...and the cluster CA as the ConfigMap kube-root-ca.crt, put back when deleted or
+    // changed (the root CA publisher).
+    let root_ca = |server: &ApiServer| {
+        stdout(&server.kubectl(&[
+            "get",
+            "configmap",
+            "kube-root-ca.crt",
+            "-n",
+            "shop",
+            "-o",
+            "jsonpath={.data.ca\\.crt}",
+        ]))
+    };
+    until("kube-root-ca.crt in shop", || root_ca(&server) == ca);
+    ok(&server.kubectl(&["delete", "configmap", "kube-root-ca.crt", "-n", "shop"]));
+    until("kube-root-ca.crt put back", || root_ca(&server) == ca);
+    ok(&server.kubectl(&[
+        "patch",
+        "configmap",
+        "kube-root-ca.crt",
+        "-n",
+        "shop",
+        "--type=merge",
+        "-p",
+        "{\"data\":{\"ca.crt\":\"forged\"}}",
+    ]));
+    until("kube-root-ca.crt restored", || root_ca(&server) == ca);
+
     ok(&server.kubectl(&["create", "serviceaccount", "robot"]));
     ok(&server.kubectl(&[
         "create",

@@ -42,6 +42,7 @@ pub mod nodeipam;
 pub mod nodelifecycle;
 pub mod ranges;
 pub mod replicaset;
+pub mod rootca;
 pub mod serviceaccount;
 pub mod serviceip;
 pub mod util;

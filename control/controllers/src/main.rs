@@ -25,7 +25,8 @@ struct Args {
     kubeconfig: Option<std::path::PathBuf>,
     /// Controllers to run: names separated by commas, `*` for all, `-name` to switch one off
     /// (known: replicaset, deployment, endpoints, service-allocator, nodeipam,
-    /// garbagecollector, namespace, nodelifecycle, serviceaccount, certificatesigningrequest).
+    /// garbagecollector, namespace, nodelifecycle, serviceaccount, certificatesigningrequest,
+    /// root-ca-cert-publisher).
     #[arg(long, value_name = "LIST", default_value = "*")]
     controllers: String,
     /// Run the controllers only while holding the leader Lease.
@@ -74,6 +75,10 @@ struct Args {
     /// The cluster CA's private key (PEM).
     #[arg(long, value_name = "PATH", requires = "cluster_signing_cert_file")]
     cluster_signing_key_file: Option<std::path::PathBuf>,
+    /// The CA certificate (PEM) published as the ConfigMap kube-root-ca.crt in every
+    /// namespace [default: the CA of the kubeconfig].
+    #[arg(long, value_name = "PATH")]
+    root_ca_file: Option<std::path::PathBuf>,
 }
 
 fn default_identity() -> String {
@@ -112,6 +117,14 @@ async fn run(args: Args) -> Result<()> {
     let identity = args.identity.unwrap_or_else(default_identity);
     let config = ClientConfig::load(args.server.as_deref(), args.kubeconfig.as_deref())?;
     let client = Client::connect_lazy_with(&config)?;
+    let root_ca_pem = match &args.root_ca_file {
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("reading --root-ca-file {}", p.display()))?,
+        ),
+        None => config.ca_pem.clone(),
+    }
+    .map(std::sync::Arc::<str>::from);
     let leader_election = args.leader_elect.then(|| {
         LeaderElectionConfig::new(&args.lease_name, &identity)
             .in_namespace(&args.lease_namespace)
@@ -128,6 +141,7 @@ async fn run(args: Args) -> Result<()> {
         node_cidr_mask_size: args.node_cidr_mask_size,
         node_lifecycle,
         signing_ca,
+        root_ca_pem,
     };
     manager_config
         .service_ranges()

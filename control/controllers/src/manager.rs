@@ -40,10 +40,11 @@ pub enum ControllerName {
     NodeLifecycle,
     ServiceAccount,
     CertificateSigningRequest,
+    RootCaCertPublisher,
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 10] = [
+    pub const ALL: [ControllerName; 11] = [
         ControllerName::ReplicaSet,
         ControllerName::Deployment,
         ControllerName::Endpoints,
@@ -54,6 +55,7 @@ impl ControllerName {
         ControllerName::NodeLifecycle,
         ControllerName::ServiceAccount,
         ControllerName::CertificateSigningRequest,
+        ControllerName::RootCaCertPublisher,
     ];
 
     pub fn as_str(&self) -> &'static str {
@@ -68,6 +70,7 @@ impl ControllerName {
             ControllerName::NodeLifecycle => "nodelifecycle",
             ControllerName::ServiceAccount => "serviceaccount",
             ControllerName::CertificateSigningRequest => "certificatesigningrequest",
+            ControllerName::RootCaCertPublisher => "root-ca-cert-publisher",
         }
     }
 
@@ -84,6 +87,7 @@ impl ControllerName {
             ControllerName::NodeLifecycle => "node-controller",
             ControllerName::ServiceAccount => "serviceaccount-controller",
             ControllerName::CertificateSigningRequest => "certificate-controller",
+            ControllerName::RootCaCertPublisher => "root-ca-cert-publisher",
         }
     }
 }
@@ -159,6 +163,9 @@ pub struct ManagerConfig {
     /// The CA that signs approved certificate requests (`--cluster-signing-cert-file` and
     /// `--cluster-signing-key-file`); `None`: requests are approved but not signed.
     pub signing_ca: Option<std::sync::Arc<skiff_pki::Ca>>,
+    /// The CA published as `kube-root-ca.crt` in every namespace (`--root-ca-file`, else the
+    /// CA the manager's kubeconfig trusts); `None`: nothing is published.
+    pub root_ca_pem: Option<std::sync::Arc<str>>,
 }
 
 impl ManagerConfig {
@@ -177,6 +184,7 @@ impl ManagerConfig {
             node_cidr_mask_size: 24,
             node_lifecycle: NodeLifecycleConfig::default(),
             signing_ca: None,
+            root_ca_pem: None,
         }
     }
 
@@ -235,6 +243,21 @@ pub async fn run_controllers(client: Client, config: &ManagerConfig, stop: Cance
                     stop.clone(),
                 ))
             }
+            ControllerName::RootCaCertPublisher => match &config.root_ca_pem {
+                Some(ca) => Box::pin(crate::rootca::RootCaPublisher::run(
+                    &informers,
+                    std::sync::Arc::clone(ca),
+                    config.workers,
+                    stop.clone(),
+                )),
+                None => {
+                    tracing::warn!(
+                        "no root CA (--root-ca-file, or a kubeconfig with a CA): \
+                         kube-root-ca.crt is not published"
+                    );
+                    continue;
+                }
+            },
             ControllerName::GarbageCollector => Box::pin(gc::run(
                 &informers,
                 recorder(*c),
@@ -321,7 +344,7 @@ mod tests {
     fn controller_lists() {
         use ControllerName::*;
         let all: BTreeSet<_> = ControllerName::ALL.into_iter().collect();
-        assert_eq!(all.len(), 10);
+        assert_eq!(all.len(), 11);
         assert_eq!(parse_controllers("*").unwrap(), all);
         assert_eq!(parse_controllers("").unwrap(), all);
         assert_eq!(
@@ -339,21 +362,22 @@ mod tests {
                 Namespace,
                 NodeLifecycle,
                 ServiceAccount,
-                CertificateSigningRequest
+                CertificateSigningRequest,
+                RootCaCertPublisher
             ]
             .into()
         );
         assert_eq!(
             parse_controllers(
                 "*,-replicaset,-garbagecollector,-namespace,-nodelifecycle,-serviceaccount,\
-                 -certificatesigningrequest"
+                 -certificatesigningrequest,-root-ca-cert-publisher"
             )
             .unwrap(),
             [Deployment, Endpoints, ServiceAllocator, NodeIpam].into()
         );
         assert_eq!(
             parse_controllers(
-                "ReplicaSet, deployment, endpoints, service-allocator, nodeipam, garbagecollector, Namespace, NodeLifecycle, serviceaccount, certificatesigningrequest"
+                "ReplicaSet, deployment, endpoints, service-allocator, nodeipam, garbagecollector, Namespace, NodeLifecycle, serviceaccount, certificatesigningrequest, root-ca-cert-publisher"
             )
             .unwrap(),
             all

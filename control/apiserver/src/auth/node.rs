@@ -98,6 +98,15 @@ pub fn pod_config_maps(pod: &Pod) -> Vec<String> {
     out
 }
 
+/// The ServiceAccount a pod runs as (`default` when it names none).
+pub fn service_account_of(spec: &skiff_api::api::PodSpec) -> &str {
+    if spec.service_account_name.is_empty() {
+        "default"
+    } else {
+        &spec.service_account_name
+    }
+}
+
 fn bound_to(pod: &Pod, node: &str) -> bool {
     pod.spec.as_ref().is_some_and(|s| s.node_name == node)
 }
@@ -167,6 +176,27 @@ pub fn decide(authz: &Authorizer, user: &UserInfo, a: &Attributes) -> Decision {
             }
             _ => Decision::NoOpinion,
         },
+        // Tokens for the ServiceAccounts its pods run as (which pod: NodeRestriction, in the
+        // TokenRequest handler).
+        ("", "serviceaccounts") if a.subresource == "token" && a.verb == "create" => {
+            let runs_as = !authz
+                .pods
+                .filter(|p| {
+                    bound_to(p, node)
+                        && p.metadata
+                            .as_ref()
+                            .is_some_and(|m| m.namespace == a.namespace)
+                        && p.spec
+                            .as_ref()
+                            .is_some_and(|s| service_account_of(s) == a.name)
+                })
+                .is_empty();
+            if runs_as {
+                Decision::Allow
+            } else {
+                no_relationship(node)
+            }
+        }
         ("", "secrets") => {
             if a.verb != "get" {
                 return no_relationship(node);

@@ -381,8 +381,15 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
                 && p.group.is_empty()
                 && p.subresource.as_deref() == Some("token")
             {
-                return tokens::token_request(&rest, &p, &parts.method, &parts.headers, &body)
-                    .await;
+                return tokens::token_request(
+                    &rest,
+                    &p,
+                    user.as_ref(),
+                    &parts.method,
+                    &parts.headers,
+                    &body,
+                )
+                .await;
             }
             if access::is_review(&p) {
                 return access::review(

@@ -43,6 +43,7 @@ fn invalid(name: &str, field: &str, value: &Value, detail: &str) -> ApiError {
 pub(crate) async fn token_request(
     rest: &Rest,
     p: &ResourcePath,
+    user: Option<&crate::auth::UserInfo>,
     method: &Method,
     headers: &HeaderMap,
     body: &[u8],
@@ -55,7 +56,7 @@ pub(crate) async fn token_request(
         );
         return respond(code, &body, Format::Json, &[]);
     }
-    match issue(rest, p, headers, body).await {
+    match issue(rest, p, user, headers, body).await {
         Ok(v) => respond(201, &v, Format::Json, &[]),
         Err(e) => fail(&e),
     }
@@ -64,6 +65,7 @@ pub(crate) async fn token_request(
 async fn issue(
     rest: &Rest,
     p: &ResourcePath,
+    user: Option<&crate::auth::UserInfo>,
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<Value, ApiError> {
@@ -142,6 +144,27 @@ async fn issue(
     } else {
         None
     };
+    // NodeRestriction: a node asks only for tokens bound to a pod bound to it that runs as
+    // this ServiceAccount.
+    if let Some(node) = user.and_then(crate::auth::node::node_of) {
+        let allowed = match &pod {
+            Some(r) => {
+                let bytes = rest.registry.handler("pods")?.get(&ns, &r.name).await?;
+                let pod =
+                    Pod::decode(bytes.as_slice()).map_err(|e| ApiError::Internal(e.to_string()))?;
+                pod.spec.as_ref().is_some_and(|s| {
+                    s.node_name == node && crate::auth::node::service_account_of(s) == name
+                })
+            }
+            None => false,
+        };
+        if !allowed {
+            return Err(ApiError::Forbidden(format!(
+                "serviceaccounts \"{name}\" is forbidden: node requested token not bound to a \
+                 pod scheduled on the same node and running as this service account"
+            )));
+        }
+    }
     let now = chrono::Utc::now();
     let exp = now + chrono::Duration::seconds(expiration);
     let claims = Claims {
