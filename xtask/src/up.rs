@@ -263,11 +263,31 @@ pub fn node_kubeconfig_args(cfg: &UpConfig, node: &NodePlan) -> Vec<String> {
     ]
 }
 
-/// Arguments of `skiff-node run` for one node.
-pub fn node_args(cfg: &UpConfig, node: &NodePlan) -> Vec<String> {
-    let _ = cfg;
-    vec![
-        "run".into(),
+/// How a node gets its credentials: a kubeconfig written for it, or `skiff-node join` with a
+/// bootstrap token (its kubeconfig is then written by the agent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeCredentials {
+    Kubeconfig,
+    /// The CA hash; the token goes in the environment (`SKIFF_JOIN_TOKEN`), not the
+    /// command line.
+    Join {
+        ca_cert_hash: String,
+    },
+}
+
+/// Arguments of `skiff-node run` (or `join`) for one node.
+pub fn node_args(cfg: &UpConfig, node: &NodePlan, how: &NodeCredentials) -> Vec<String> {
+    let mut a: Vec<String> = match how {
+        NodeCredentials::Kubeconfig => vec!["run".into()],
+        NodeCredentials::Join { ca_cert_hash } => vec![
+            "join".into(),
+            "--server".into(),
+            cfg.server_url(),
+            "--ca-cert-hash".into(),
+            ca_cert_hash.clone(),
+        ],
+    };
+    a.extend([
         "--kubeconfig".into(),
         node_kubeconfig(node).display().to_string(),
         "--node-name".into(),
@@ -278,7 +298,51 @@ pub fn node_args(cfg: &UpConfig, node: &NodePlan) -> Vec<String> {
         node.pod_cidr.clone(),
         "--state-dir".into(),
         node.state_dir.display().to_string(),
-    ]
+    ]);
+    a
+}
+
+/// A bootstrap token for the nodes (valid an hour) and the cluster CA's hash, made by
+/// `skiff token create --print-join-command` with the administrator's kubeconfig: the nodes
+/// join as any new machine would.
+fn join_token(plan: &Plan<'_>) -> Result<(String, String)> {
+    let cli = plan.cli_bin.context("the CLI was not built")?;
+    let bin = plan.bin_dir.join(cli);
+    let out = Command::new(&bin)
+        .arg("--kubeconfig")
+        .arg(plan.cfg.kubeconfig("admin"))
+        .args([
+            "token",
+            "create",
+            "--ttl",
+            "1h",
+            "--description",
+            "cargo xtask up",
+        ])
+        .arg("--print-join-command")
+        .output()
+        .with_context(|| format!("running {} token create", bin.display()))?;
+    if !out.status.success() {
+        bail!(
+            "creating a bootstrap token failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    parse_join_command(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// `(token, CA hash)` of a printed `skiff-node join` command.
+pub fn parse_join_command(line: &str) -> Result<(String, String)> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let after = |flag: &str| {
+        words
+            .iter()
+            .position(|w| *w == flag)
+            .and_then(|i| words.get(i + 1))
+            .map(|w| w.to_string())
+            .with_context(|| format!("no {flag} in the join command"))
+    };
+    Ok((after("--token")?, after("--ca-cert-hash")?))
 }
 
 /// The fabric: a bridge in namespace [`FABRIC_NETNS`], and the outside client namespace
@@ -638,6 +702,7 @@ async fn supervise(plan: Plan<'_>) -> Result<()> {
                     Path::new(REGISTRY_BIN),
                     "registry".into(),
                     &["serve".into(), config.display().to_string()],
+                    &[],
                     &log,
                 )
             });
@@ -663,18 +728,47 @@ async fn supervise(plan: Plan<'_>) -> Result<()> {
                 Err(e) => break 'run Stop::Failed(e),
             }
         }
+        // With the controller manager (it signs the nodes' certificate requests) the nodes
+        // join with a bootstrap token; without it they get kubeconfigs written for them.
+        let signs = plan
+            .components
+            .iter()
+            .any(|c| c.bin == "skiff-controller-manager");
+        let mut token = String::new();
+        let how = if signs && !plan.nodes.is_empty() {
+            match join_token(&plan) {
+                Ok((t, ca_cert_hash)) => {
+                    token = t;
+                    NodeCredentials::Join { ca_cert_hash }
+                }
+                Err(e) => break 'run Stop::Failed(e),
+            }
+        } else {
+            NodeCredentials::Kubeconfig
+        };
         for (i, node) in plan.nodes.iter().enumerate() {
             let log = plan.log_dir.join(format!("{}.log", node.name));
             let Some(fab) = &fabric else { break };
             let host = u8::try_from(i + 1).unwrap_or(u8::MAX);
             let started = prepare_node_netns(fab, node, host).and_then(|ns| {
                 node_nets.push(ns);
-                write_node_kubeconfig(&plan, node)?;
+                let env: &[(&str, &str)] = match &how {
+                    NodeCredentials::Kubeconfig => {
+                        write_node_kubeconfig(&plan, node)?;
+                        &[]
+                    }
+                    NodeCredentials::Join { .. } => {
+                        fs::create_dir_all(&node.state_dir)
+                            .with_context(|| format!("creating {}", node.state_dir.display()))?;
+                        &[("SKIFF_JOIN_TOKEN", token.as_str())]
+                    }
+                };
                 spawn_process(
                     plan.root,
                     &plan.bin_dir.join("skiff-node"),
                     node.name.clone(),
-                    &node_args(plan.cfg, node),
+                    &node_args(plan.cfg, node, &how),
+                    env,
                     &log,
                 )
             });
@@ -755,6 +849,7 @@ fn spawn(
         &bin_dir.join(c.bin),
         c.name.to_string(),
         &(c.args)(cfg),
+        &[],
         log,
     )
 }
@@ -764,12 +859,14 @@ fn spawn_process(
     bin: &Path,
     name: String,
     args: &[String],
+    env: &[(&str, &str)],
     log: &Path,
 ) -> Result<Running> {
     let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
     let err = out.try_clone()?;
     let mut cmd = tokio::process::Command::new(bin);
     cmd.args(args)
+        .envs(env.iter().copied())
         .current_dir(root)
         .stdin(Stdio::null())
         .stdout(out)
@@ -1024,8 +1121,30 @@ mod tests {
         assert_eq!(plans[1].pod_cidr, "10.244.2.0/24");
         assert_eq!(plans[1].state_dir, Path::new("/repo/.skiff/nodes/node-2"));
         let cfg = UpConfig::from_args(&args(None, None), Path::new("/repo"), Path::new("/cwd"));
-        let a = node_args(&cfg, &plans[0]);
+        let a = node_args(&cfg, &plans[0], &NodeCredentials::Kubeconfig);
         assert_eq!(a[0], "run");
+        let j = node_args(
+            &cfg,
+            &plans[0],
+            &NodeCredentials::Join {
+                ca_cert_hash: "sha256:ab".into(),
+            },
+        );
+        let jpos = |flag: &str| j.iter().position(|x| x == flag).unwrap() + 1;
+        assert_eq!(j[0], "join");
+        assert_eq!(j[jpos("--server")], "https://127.0.0.1:7443");
+        assert_eq!(j[jpos("--ca-cert-hash")], "sha256:ab");
+        assert!(
+            !j.iter().any(|x| x == "--token"),
+            "the token goes by environment"
+        );
+        assert_eq!(
+            parse_join_command(
+                "skiff-node join --server https://h:1 --token a.b --ca-cert-hash sha256:c\n"
+            )
+            .unwrap(),
+            ("a.b".to_string(), "sha256:c".to_string())
+        );
         let pos = |flag: &str| a.iter().position(|x| x == flag).unwrap() + 1;
         assert_eq!(a[pos("--node-netns")], "/run/netns/skiff-up-node-1");
         assert_eq!(

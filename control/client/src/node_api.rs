@@ -514,12 +514,13 @@ impl AgentEndpoint {
             .as_ref()
             .and_then(|m| m.annotations.get(SERVING_CERT_ANNOTATION));
         if let Some(pinned) = pinned {
-            let config = skiff_pki::tls::pinned_client_config(pinned, identity).map_err(|e| {
-                NodeApiError::Protocol {
-                    node: ep.node.clone(),
-                    reason: format!("TLS configuration: {e}"),
-                }
-            })?;
+            let config =
+                skiff_pki::tls::pinned_client_config(Some(pinned), identity).map_err(|e| {
+                    NodeApiError::Protocol {
+                        node: ep.node.clone(),
+                        reason: format!("TLS configuration: {e}"),
+                    }
+                })?;
             ep.tls = Some(Arc::new(config));
         }
         Ok(ep)

@@ -7,56 +7,9 @@
 //! over connections that verify against the CA found here. The handshake itself is the
 //! caller's (this crate does no network I/O).
 
-use std::sync::Arc;
-
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::WebPkiSupportedAlgorithms;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
+use rustls::pki_types::CertificateDer;
 
 use crate::PkiError;
-
-/// Accepts any certificate (the caller pins the CA afterwards) but checks the handshake
-/// signatures, so the peer proved it holds the presented certificate's key.
-#[derive(Debug)]
-struct PinLater {
-    algorithms: WebPkiSupportedAlgorithms,
-}
-
-impl ServerCertVerifier for PinLater {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algorithms.supported_schemes()
-    }
-}
 
 /// `sha256:<64 hex digits>`, lower-cased; an error naming the expected form otherwise.
 pub fn parse_ca_hash(s: &str) -> Result<String, PkiError> {
@@ -74,16 +27,7 @@ pub fn parse_ca_hash(s: &str) -> Result<String, PkiError> {
 /// then pins the CA with [`pinned_ca`]) but still checks the handshake signatures. Only for
 /// fetching the chain; never send anything over such a connection.
 pub fn unverified_client_config() -> Result<rustls::ClientConfig, PkiError> {
-    Ok(
-        rustls::ClientConfig::builder_with_provider(crate::tls::provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| PkiError::Tls(e.to_string()))?
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(PinLater {
-                algorithms: crate::tls::provider().signature_verification_algorithms,
-            }))
-            .with_no_client_auth(),
-    )
+    crate::tls::pinned_client_config(None, None)
 }
 
 /// The CA (PEM) in `chain` whose public key hashes to `pinned` (from [`parse_ca_hash`]),

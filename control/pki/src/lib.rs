@@ -358,17 +358,7 @@ pub fn parse_request(pem: &str) -> Result<RequestInfo, PkiError> {
     let (_, parsed) =
         x509_parser::certification_request::X509CertificationRequest::from_der(der.as_ref())
             .map_err(|e| bad(e.to_string()))?;
-    let subject = &parsed.certification_request_info.subject;
-    let common_name = subject
-        .iter_common_name()
-        .next()
-        .and_then(|a| a.as_str().ok())
-        .unwrap_or_default()
-        .to_string();
-    let organizations = subject
-        .iter_organization()
-        .filter_map(|a| a.as_str().ok().map(String::from))
-        .collect();
+    let (common_name, organizations) = names_of(&parsed.certification_request_info.subject);
     let sans = csr
         .params
         .subject_alt_names
@@ -455,15 +445,8 @@ impl CertInfo {
     }
 }
 
-/// Reads a DER certificate (`what` names it in errors).
-pub fn parse(der: &[u8], what: &str) -> Result<CertInfo, PkiError> {
-    use x509_parser::extensions::GeneralName;
-    let (_, cert) =
-        x509_parser::parse_x509_certificate(der).map_err(|e| PkiError::BadCertificate {
-            what: what.to_string(),
-            reason: e.to_string(),
-        })?;
-    let subject = cert.subject();
+/// A subject's first common name and its organizations (a user and its groups).
+fn names_of(subject: &x509_parser::x509::X509Name<'_>) -> (String, Vec<String>) {
     let common_name = subject
         .iter_common_name()
         .next()
@@ -474,6 +457,18 @@ pub fn parse(der: &[u8], what: &str) -> Result<CertInfo, PkiError> {
         .iter_organization()
         .filter_map(|a| a.as_str().ok().map(String::from))
         .collect();
+    (common_name, organizations)
+}
+
+/// Reads a DER certificate (`what` names it in errors).
+pub fn parse(der: &[u8], what: &str) -> Result<CertInfo, PkiError> {
+    use x509_parser::extensions::GeneralName;
+    let (_, cert) =
+        x509_parser::parse_x509_certificate(der).map_err(|e| PkiError::BadCertificate {
+            what: what.to_string(),
+            reason: e.to_string(),
+        })?;
+    let (common_name, organizations) = names_of(cert.subject());
     let mut sans = Vec::new();
     if let Ok(Some(ext)) = cert.subject_alternative_name() {
         for name in &ext.value.general_names {

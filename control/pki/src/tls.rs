@@ -262,16 +262,18 @@ pub fn client_config(
     }
 }
 
-/// Trusts exactly the server certificate whose [`crate::cert_hash`] is the pinned one (a node
-/// agent's self-signed certificate, as its Node object publishes it) and checks the
-/// handshake signatures.
+/// A server certificate check by pin instead of by CA: `Some(hash)` trusts exactly the
+/// certificate whose [`crate::cert_hash`] it is (a node agent's, as its Node publishes it);
+/// `None` accepts any certificate, for fetching a chain whose CA the caller then pins
+/// (`skiff-node join`). Either way the handshake signatures are checked, so the server holds
+/// the key of the certificate it presented.
 #[derive(Debug)]
-struct PinnedCert {
-    pinned: String,
+struct ServerPin {
+    pinned: Option<String>,
     algorithms: WebPkiSupportedAlgorithms,
 }
 
-impl rustls::client::danger::ServerCertVerifier for PinnedCert {
+impl rustls::client::danger::ServerCertVerifier for ServerPin {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -280,12 +282,13 @@ impl rustls::client::danger::ServerCertVerifier for PinnedCert {
         _ocsp: &[u8],
         _now: UnixTime,
     ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        if crate::cert_hash(end_entity) == self.pinned {
-            Ok(rustls::client::danger::ServerCertVerified::assertion())
-        } else {
-            Err(rustls::Error::InvalidCertificate(
-                rustls::CertificateError::ApplicationVerificationFailure,
-            ))
+        match &self.pinned {
+            Some(pin) if crate::cert_hash(end_entity) != *pin => {
+                Err(rustls::Error::InvalidCertificate(
+                    rustls::CertificateError::ApplicationVerificationFailure,
+                ))
+            }
+            _ => Ok(rustls::client::danger::ServerCertVerified::assertion()),
         }
     }
 
@@ -313,18 +316,19 @@ impl rustls::client::danger::ServerCertVerifier for PinnedCert {
 }
 
 /// A client configuration that trusts only the server certificate hashing to `pinned`
-/// (`sha256:<hex>`), presenting `identity` if given: how the API server and the CLI talk to a
-/// node agent.
+/// (`sha256:<hex>`), or any certificate when `pinned` is `None` (see [`ServerPin`]),
+/// presenting `identity` if given: how the API server and the CLI talk to a node agent, and
+/// how `skiff-node join` fetches the chain it pins.
 pub fn pinned_client_config(
-    pinned: &str,
+    pinned: Option<&str>,
     identity: Option<&Identity>,
 ) -> Result<rustls::ClientConfig, PkiError> {
     let builder = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| PkiError::Tls(e.to_string()))?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(PinnedCert {
-            pinned: pinned.to_string(),
+        .with_custom_certificate_verifier(Arc::new(ServerPin {
+            pinned: pinned.map(String::from),
             algorithms: algorithms(),
         }));
     match identity {

@@ -107,6 +107,31 @@ pub fn service_account_of(spec: &skiff_api::api::PodSpec) -> &str {
     }
 }
 
+/// Allows when a pod bound to `node` in the request's namespace names the object (`names`:
+/// what a pod names of that resource), else "no relationship".
+fn own_pods_name(
+    authz: &Authorizer,
+    node: &str,
+    a: &Attributes,
+    names: impl Fn(&Pod) -> Vec<String>,
+) -> Decision {
+    let named = !authz
+        .pods
+        .filter(|p| {
+            bound_to(p, node)
+                && p.metadata
+                    .as_ref()
+                    .is_some_and(|m| m.namespace == a.namespace)
+                && names(p).contains(&a.name)
+        })
+        .is_empty();
+    if named {
+        Decision::Allow
+    } else {
+        no_relationship(node)
+    }
+}
+
 fn bound_to(pod: &Pod, node: &str) -> bool {
     pod.spec.as_ref().is_some_and(|s| s.node_name == node)
 }
@@ -179,64 +204,16 @@ pub fn decide(authz: &Authorizer, user: &UserInfo, a: &Attributes) -> Decision {
         // Tokens for the ServiceAccounts its pods run as (which pod: NodeRestriction, in the
         // TokenRequest handler).
         ("", "serviceaccounts") if a.subresource == "token" && a.verb == "create" => {
-            let runs_as = !authz
-                .pods
-                .filter(|p| {
-                    bound_to(p, node)
-                        && p.metadata
-                            .as_ref()
-                            .is_some_and(|m| m.namespace == a.namespace)
-                        && p.spec
-                            .as_ref()
-                            .is_some_and(|s| service_account_of(s) == a.name)
-                })
-                .is_empty();
-            if runs_as {
-                Decision::Allow
-            } else {
-                no_relationship(node)
-            }
+            own_pods_name(authz, node, a, |p| {
+                p.spec
+                    .as_ref()
+                    .map(|s| vec![service_account_of(s).to_string()])
+                    .unwrap_or_default()
+            })
         }
-        ("", "secrets") => {
-            if a.verb != "get" {
-                return no_relationship(node);
-            }
-            let named = !authz
-                .pods
-                .filter(|p| {
-                    bound_to(p, node)
-                        && p.metadata
-                            .as_ref()
-                            .is_some_and(|m| m.namespace == a.namespace)
-                        && pod_secrets(p).contains(&a.name)
-                })
-                .is_empty();
-            if named {
-                Decision::Allow
-            } else {
-                no_relationship(node)
-            }
-        }
-        ("", "configmaps") => {
-            if a.verb != "get" {
-                return no_relationship(node);
-            }
-            let named = !authz
-                .pods
-                .filter(|p| {
-                    bound_to(p, node)
-                        && p.metadata
-                            .as_ref()
-                            .is_some_and(|m| m.namespace == a.namespace)
-                        && pod_config_maps(p).contains(&a.name)
-                })
-                .is_empty();
-            if named {
-                Decision::Allow
-            } else {
-                no_relationship(node)
-            }
-        }
+        ("", "secrets") if a.verb == "get" => own_pods_name(authz, node, a, pod_secrets),
+        ("", "configmaps") if a.verb == "get" => own_pods_name(authz, node, a, pod_config_maps),
+        ("", "secrets" | "configmaps") => no_relationship(node),
         ("", "services" | "endpoints" | "namespaces") if read => Decision::Allow,
         ("" | "events.k8s.io", "events") if write => Decision::Allow,
         _ => Decision::NoOpinion,
