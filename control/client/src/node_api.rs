@@ -26,11 +26,12 @@
 //! multi-machine cluster needs agents that listen on the node's InternalIP and a client that
 //! dials that address instead (not implemented yet).
 //!
-//! The agent speaks TLS with a self-signed certificate it makes at every start and publishes
-//! the certificate's SHA-256 in its Node's annotation [`SERVING_CERT_ANNOTATION`] (which only
-//! that node and cluster administrators may write); clients trust exactly that certificate
-//! and present a client certificate of the cluster CA ([`AgentEndpoint::of_node_as`]). A Node
-//! without the annotation is spoken to in plain HTTP (agents older than the annotation).
+//! The agent speaks TLS with a self-signed certificate it keeps in its state directory and
+//! publishes the certificate's SHA-256 in its Node's annotation [`SERVING_CERT_ANNOTATION`]
+//! (which only that node and cluster administrators may write); clients trust exactly that
+//! certificate and present a client certificate of the cluster CA
+//! ([`AgentEndpoint::of_node_as`]). A Node without the annotation is spoken to in plain HTTP
+//! (agents older than the annotation).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;

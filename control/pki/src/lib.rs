@@ -306,7 +306,7 @@ fn subject(common_name: &str, organizations: &[String]) -> Result<DistinguishedN
     Ok(dn)
 }
 
-/// A self-signed serving certificate (a node agent's, made at each start: its clients pin the
+/// A self-signed serving certificate (a node agent's: its clients pin the
 /// certificate's hash, [`cert_hash`], which the agent publishes in its Node object).
 pub fn self_signed(spec: &LeafSpec) -> Result<Identity, PkiError> {
     let key = KeyPair::generate().map_err(generate_err("a key"))?;

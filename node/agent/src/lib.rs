@@ -275,7 +275,10 @@ pub async fn run(
     let listener = api::bind(cfg.api_listen).await?;
     let api_port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
     let api_tls = match &cfg.client_ca_pem {
-        Some(ca) => Some(api::AgentTls::new(&cfg.node_name, ca).map_err(AgentError::ApiTls)?),
+        Some(ca) => Some(
+            api::AgentTls::load_or_create(&cfg.state_dir.join("pki"), &cfg.node_name, ca)
+                .map_err(AgentError::ApiTls)?,
+        ),
         None => None,
     };
 
