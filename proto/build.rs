@@ -10,7 +10,7 @@ use prost_types::field_descriptor_proto::{Label, Type};
 use prost_types::{DescriptorProto, FileDescriptorSet};
 
 /// Kubernetes spells these with capitalised initialisms, which camelCase can't derive.
-const RENAMES: [(&str, &str); 21] = [
+const RENAMES: [(&str, &str); 22] = [
     ("NodeSpec.pod_cidr", "podCIDR"),
     ("NodeSpec.pod_cidrs", "podCIDRs"),
     ("NodeSpec.provider_id", "providerID"),
@@ -32,6 +32,7 @@ const RENAMES: [(&str, &str); 21] = [
     // Kubernetes' DaemonEndpoint is the one type that spells a field capitalised.
     ("DaemonEndpoint.port", "Port"),
     ("Volume.downward_api", "downwardAPI"),
+    ("VolumeProjection.downward_api", "downwardAPI"),
     ("PolicyRule.non_resource_urls", "nonResourceURLs"),
 ];
 

@@ -53,8 +53,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct Client {
     rpc: Rpc,
     endpoint: Arc<str>,
-    /// The client certificate it connects with, also presented to node agents.
-    identity: Option<Arc<skiff_pki::Identity>>,
+    /// How it connects (CA, client certificate or token): also used for the REST calls
+    /// gRPC does not carry (TokenRequest) and, its certificate, toward node agents.
+    config: Option<Arc<ClientConfig>>,
 }
 
 impl fmt::Debug for Client {
@@ -148,14 +149,62 @@ impl Client {
     }
 
     fn with_identity(mut self, config: &ClientConfig) -> Client {
-        self.identity = config.identity.clone().map(Arc::new);
+        self.config = Some(Arc::new(config.clone()));
         self
     }
 
     /// The client certificate this client connects with, if any (what it presents to node
     /// agents too).
     pub fn identity(&self) -> Option<&skiff_pki::Identity> {
-        self.identity.as_deref()
+        self.config.as_ref().and_then(|c| c.identity.as_ref())
+    }
+
+    /// A token of ServiceAccount `service_account` in `namespace` from the TokenRequest
+    /// subresource (the REST API's `POST .../serviceaccounts/<name>/token`, which gRPC does
+    /// not carry), bound to `bound_pod` (`(name, uid)`) when given: the token and its expiry
+    /// (Unix seconds).
+    pub async fn request_token(
+        &self,
+        namespace: &str,
+        service_account: &str,
+        audiences: &[String],
+        expiration_seconds: Option<i64>,
+        bound_pod: Option<(&str, &str)>,
+    ) -> Result<(String, i64), ClientError> {
+        let config = self
+            .config
+            .as_deref()
+            .cloned()
+            .unwrap_or_else(|| ClientConfig::plain(&self.endpoint));
+        let mut spec = serde_json::json!({"audiences": audiences});
+        if let Some(e) = expiration_seconds {
+            spec["expirationSeconds"] = e.into();
+        }
+        if let Some((name, uid)) = bound_pod {
+            spec["boundObjectRef"] =
+                serde_json::json!({"kind": "Pod", "apiVersion": "v1", "name": name, "uid": uid});
+        }
+        let body = serde_json::json!({
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec,
+        });
+        let path =
+            format!("/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token");
+        let answer = crate::rest::post_json(&config, &path, &body).await?;
+        let token = answer
+            .pointer("/status/token")
+            .and_then(serde_json::Value::as_str)
+            .ok_or_else(|| ClientError::Other {
+                code: tonic::Code::Internal,
+                message: "the TokenRequest answer has no status.token".into(),
+            })?
+            .to_string();
+        let expires = answer
+            .pointer("/status/expirationTimestamp")
+            .and_then(serde_json::Value::as_str)
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| t.timestamp())
+            .unwrap_or(0);
+        Ok((token, expires))
     }
 
     /// Wraps an existing channel (no credentials).
@@ -170,7 +219,7 @@ impl Client {
         Client {
             rpc,
             endpoint: endpoint.into(),
-            identity: None,
+            config: None,
         }
     }
 

@@ -30,6 +30,7 @@ pub mod error;
 pub mod node_api;
 pub mod node_lease;
 pub mod reflector;
+mod rest;
 pub mod runtime;
 
 pub use api::{

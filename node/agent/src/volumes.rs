@@ -66,6 +66,7 @@ impl Volumes {
         pod: &Pod,
         pod_ip: Option<IpAddr>,
         secrets: &Secrets,
+        tokens: &Tokens,
     ) -> Result<PodVolumes, VolumeError> {
         let dir = self.root.join(uid);
         let mut out = PodVolumes::default();
@@ -80,7 +81,7 @@ impl Volumes {
                 volume: v.name.clone(),
                 message,
             };
-            let path = volume(&dir, v, pod, fs_group, secrets).map_err(err)?;
+            let path = volume(&dir, v, pod, fs_group, secrets, tokens).map_err(err)?;
             out.paths.insert(v.name.clone(), path);
         }
         let etc = dir.join(".etc");
@@ -194,20 +195,24 @@ pub(crate) fn config_map_data(c: skiff_api::api::ConfigMap) -> KeyedData {
 
 /// The Secrets and ConfigMaps `pod`'s volumes use.
 pub(crate) fn secret_names(pod: &Pod) -> Vec<(KeyedKind, String)> {
-    pod.spec
-        .iter()
-        .flat_map(|s| s.volumes.iter())
-        .filter_map(|v| {
-            v.secret
-                .as_ref()
-                .map(|s| (KeyedKind::Secret, s.secret_name.clone()))
-                .or_else(|| {
-                    v.config_map
-                        .as_ref()
-                        .map(|c| (KeyedKind::ConfigMap, c.name.clone()))
-                })
-        })
-        .collect()
+    let mut out = Vec::new();
+    for v in pod.spec.iter().flat_map(|s| s.volumes.iter()) {
+        if let Some(s) = &v.secret {
+            out.push((KeyedKind::Secret, s.secret_name.clone()));
+        }
+        if let Some(c) = &v.config_map {
+            out.push((KeyedKind::ConfigMap, c.name.clone()));
+        }
+        for src in v.projected.iter().flat_map(|p| p.sources.iter()) {
+            if let Some(s) = &src.secret {
+                out.push((KeyedKind::Secret, s.name.clone()));
+            }
+            if let Some(c) = &src.config_map {
+                out.push((KeyedKind::ConfigMap, c.name.clone()));
+            }
+        }
+    }
+    out
 }
 
 /// Mounts a tmpfs on `path` unless one is there (secrets never touch the disk).
@@ -265,6 +270,22 @@ fn keyed_volume(
     secrets: &Secrets,
     fs_group: Option<u32>,
 ) -> Result<(), String> {
+    let default_mode = sv.default_mode.unwrap_or(0o644) as u32 & 0o777;
+    let files = keyed_files(path, sv, secrets, default_mode)?;
+    tmpfs(path, "mode=0755,size=4m")?;
+    write_files(path, &files, fs_group)
+}
+
+/// One file of a volume: where, what, which mode.
+type File<'a> = (PathBuf, std::borrow::Cow<'a, [u8]>, u32);
+
+/// The files of a Secret's or ConfigMap's keys (or `items`) under `path`.
+fn keyed_files<'a>(
+    path: &Path,
+    sv: &KeyedVolume<'_>,
+    secrets: &'a Secrets,
+    default_mode: u32,
+) -> Result<Vec<File<'a>>, String> {
     let optional = sv.optional;
     let secret = secrets
         .get(&(sv.kind, sv.name.to_string()))
@@ -272,38 +293,40 @@ fn keyed_volume(
     if secret.is_none() && !optional {
         return Err(format!("{} \"{}\" not found", sv.kind.noun(), sv.name));
     }
-    tmpfs(path, "mode=0755,size=4m")?;
-    let default_mode = sv.default_mode.unwrap_or(0o644) as u32 & 0o777;
-    let mut files: Vec<(PathBuf, &[u8], u32)> = Vec::new();
-    if let Some(secret) = secret {
-        if sv.items.is_empty() {
-            for (k, v) in secret {
-                files.push((path.join(k), v, default_mode));
-            }
-        } else {
-            for item in sv.items {
-                let Some(v) = secret.get(&item.key) else {
-                    if optional {
-                        continue;
-                    }
-                    return Err(match sv.kind {
-                        KeyedKind::Secret => {
-                            format!("references non-existent secret key: {}", item.key)
-                        }
-                        KeyedKind::ConfigMap => {
-                            format!("configmap references non-existent config key: {}", item.key)
-                        }
-                    });
-                };
-                let rel = relative(&item.path).ok_or_else(|| {
-                    format!("item path {:?} must be relative without '..'", item.path)
-                })?;
-                let mode = item.mode.map(|m| m as u32 & 0o777).unwrap_or(default_mode);
-                files.push((path.join(rel), v, mode));
-            }
+    let mut files: Vec<File<'a>> = Vec::new();
+    let Some(secret) = secret else {
+        return Ok(files);
+    };
+    if sv.items.is_empty() {
+        for (k, v) in secret {
+            files.push((path.join(k), v.as_slice().into(), default_mode));
         }
+        return Ok(files);
     }
-    for (file, data, mode) in &files {
+    for item in sv.items {
+        let Some(v) = secret.get(&item.key) else {
+            if optional {
+                continue;
+            }
+            return Err(match sv.kind {
+                KeyedKind::Secret => format!("references non-existent secret key: {}", item.key),
+                KeyedKind::ConfigMap => {
+                    format!("configmap references non-existent config key: {}", item.key)
+                }
+            });
+        };
+        let rel = relative(&item.path)
+            .ok_or_else(|| format!("item path {:?} must be relative without '..'", item.path))?;
+        let mode = item.mode.map(|m| m as u32 & 0o777).unwrap_or(default_mode);
+        files.push((path.join(rel), v.as_slice().into(), mode));
+    }
+    Ok(files)
+}
+
+/// Writes `files` (rewriting only what changed) and deletes the other files under `path`
+/// (keys removed from their object lose their files).
+fn write_files(path: &Path, files: &[File<'_>], fs_group: Option<u32>) -> Result<(), String> {
+    for (file, data, mode) in files {
         if let Some(parent) = file.parent() {
             fs::create_dir_all(parent)
                 .map_err(|e| format!("creating {}: {e}", parent.display()))?;
@@ -315,11 +338,78 @@ fn keyed_volume(
                 .map_err(|e| format!("chown {}: {e}", file.display()))?;
         }
     }
-    // Keys removed from the Secret lose their files.
     let keep: std::collections::HashSet<&Path> =
         files.iter().map(|(f, _, _)| f.as_path()).collect();
     remove_others(path, &keep);
     Ok(())
+}
+
+/// ServiceAccount tokens of projected volumes, by (volume name, source index), fetched by the
+/// pod worker before the volumes are set up.
+pub(crate) type Tokens = BTreeMap<(String, usize), String>;
+
+/// A projected volume: every source's files in one tmpfs (Secret and ConfigMap keys, pod
+/// fields, ServiceAccount tokens), rewritten when they change.
+fn projected_volume(
+    path: &Path,
+    vol: &str,
+    p: &skiff_api::api::ProjectedVolumeSource,
+    pod: &Pod,
+    secrets: &Secrets,
+    tokens: &Tokens,
+    fs_group: Option<u32>,
+) -> Result<(), String> {
+    let default_mode = p.default_mode.unwrap_or(0o644) as u32 & 0o777;
+    let mut files: Vec<File<'_>> = Vec::new();
+    for (i, src) in p.sources.iter().enumerate() {
+        if let Some(sp) = &src.secret {
+            let kv = KeyedVolume {
+                kind: KeyedKind::Secret,
+                name: &sp.name,
+                items: &sp.items,
+                default_mode: None,
+                optional: sp.optional == Some(true),
+            };
+            files.extend(keyed_files(path, &kv, secrets, default_mode)?);
+        }
+        if let Some(cp) = &src.config_map {
+            let kv = KeyedVolume {
+                kind: KeyedKind::ConfigMap,
+                name: &cp.name,
+                items: &cp.items,
+                default_mode: None,
+                optional: cp.optional == Some(true),
+            };
+            files.extend(keyed_files(path, &kv, secrets, default_mode)?);
+        }
+        if let Some(d) = &src.downward_api {
+            for item in &d.items {
+                let value = downward_value(pod, item)?;
+                let rel = relative(&item.path).ok_or_else(|| {
+                    format!(
+                        "downwardAPI path {:?} must be relative without '..'",
+                        item.path
+                    )
+                })?;
+                let mode = item.mode.map(|m| m as u32 & 0o777).unwrap_or(default_mode);
+                files.push((path.join(rel), value.into_bytes().into(), mode));
+            }
+        }
+        if let Some(t) = &src.service_account_token {
+            let token = tokens
+                .get(&(vol.to_string(), i))
+                .ok_or_else(|| format!("no ServiceAccount token for {:?} yet", t.path))?;
+            let rel = relative(&t.path).ok_or_else(|| {
+                format!(
+                    "serviceAccountToken path {:?} must be relative without '..'",
+                    t.path
+                )
+            })?;
+            files.push((path.join(rel), token.as_bytes().into(), default_mode));
+        }
+    }
+    tmpfs(path, "mode=0755,size=4m")?;
+    write_files(path, &files, fs_group)
 }
 
 /// Deletes every file under `dir` not in `keep` (empty directories stay).
@@ -346,6 +436,7 @@ fn volume(
     pod: &Pod,
     fs_group: Option<u32>,
     secrets: &Secrets,
+    tokens: &Tokens,
 ) -> Result<PathBuf, String> {
     if let Some(h) = &v.host_path {
         return host_path(&h.path, h.r#type.as_deref().unwrap_or(""))
@@ -386,6 +477,10 @@ fn volume(
         keyed_volume(&path, &KeyedVolume::of_config_map(cv), secrets, fs_group)?;
         return Ok(path);
     }
+    if let Some(p) = &v.projected {
+        projected_volume(&path, &v.name, p, pod, secrets, tokens, fs_group)?;
+        return Ok(path);
+    }
     if let Some(d) = &v.downward_api {
         fs::create_dir_all(&path).map_err(io("creating"))?;
         let default_mode = d.default_mode.unwrap_or(0o644);
@@ -409,7 +504,7 @@ fn volume(
     }
     Err(
         "the volume has no source Skiff supports (emptyDir, hostPath, downwardAPI, secret, \
-         configMap)"
+         configMap, projected)"
             .into(),
     )
 }
@@ -793,6 +888,7 @@ mod tests {
                 &p,
                 Some("10.1.0.7".parse().unwrap()),
                 &Secrets::new(),
+                &Tokens::new(),
             )
             .unwrap();
         let scratch = &got.paths["scratch"];
@@ -818,6 +914,7 @@ mod tests {
             &p,
             Some("10.1.0.7".parse().unwrap()),
             &Secrets::new(),
+            &Tokens::new(),
         )
         .unwrap();
         assert_eq!(read("app"), "shop");
@@ -929,6 +1026,7 @@ mod tests {
                 }]),
                 None,
                 &Secrets::new(),
+                &Tokens::new(),
             )
             .unwrap_err();
         assert_eq!(e.volume, "node-logs");

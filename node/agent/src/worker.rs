@@ -85,6 +85,9 @@ pub struct Worker {
     mount_failure: Option<String>,
     start_time: Option<SystemTime>,
     written: Option<PodStatus>,
+    /// ServiceAccount tokens of projected volumes, by (volume, source), with the Unix time
+    /// after which they are asked for again (80% of their lifetime, as the kubelet does).
+    tokens: BTreeMap<(String, usize), (String, i64)>,
 }
 
 fn grace_of(pod: &Pod) -> Duration {
@@ -259,6 +262,7 @@ impl Worker {
             volumes: None,
             mount_failure: None,
             start_time,
+            tokens: BTreeMap::new(),
         }
     }
 
@@ -355,10 +359,12 @@ impl Worker {
         };
         self.start_time.get_or_insert_with(SystemTime::now);
         let secrets = self.volume_secrets().await;
+        let tokens = self.volume_tokens().await;
         let ensured = secrets.and_then(|secrets| {
+            let tokens = tokens?;
             self.ctx
                 .volumes
-                .ensure(&self.uid, &self.pod, self.pod_ip, &secrets)
+                .ensure(&self.uid, &self.pod, self.pod_ip, &secrets, &tokens)
         });
         match ensured {
             Ok(v) => {
@@ -832,6 +838,69 @@ impl Worker {
             set(&mut env, e.name.clone(), value);
         }
         Ok(env)
+    }
+
+    /// The ServiceAccount tokens of the pod's projected volumes: kept while fresh, asked for
+    /// (TokenRequest, bound to this pod) when missing or past 80% of their lifetime.
+    async fn volume_tokens(&mut self) -> Result<volumes::Tokens, volumes::VolumeError> {
+        let now = chrono::Utc::now().timestamp();
+        let spec = self.pod.spec.clone().unwrap_or_default();
+        let sa = if spec.service_account_name.is_empty() {
+            "default".to_string()
+        } else {
+            spec.service_account_name.clone()
+        };
+        let uid = self.uid.clone();
+        let mut out = volumes::Tokens::new();
+        for v in &spec.volumes {
+            for (i, src) in v
+                .projected
+                .iter()
+                .flat_map(|p| p.sources.iter())
+                .enumerate()
+            {
+                let Some(t) = &src.service_account_token else {
+                    continue;
+                };
+                let key = (v.name.clone(), i);
+                if let Some((token, refresh)) = self.tokens.get(&key)
+                    && *refresh > now
+                {
+                    out.insert(key, token.clone());
+                    continue;
+                }
+                let audiences: Vec<String> = if t.audience.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![t.audience.clone()]
+                };
+                let lifetime = t.expiration_seconds.unwrap_or(3600);
+                let (token, expires) = self
+                    .ctx
+                    .client
+                    .request_token(
+                        self.pod.namespace(),
+                        &sa,
+                        &audiences,
+                        Some(lifetime),
+                        Some((self.pod.name(), &uid)),
+                    )
+                    .await
+                    .map_err(|e| volumes::VolumeError {
+                        volume: v.name.clone(),
+                        message: format!("requesting a token of serviceaccount \"{sa}\": {e}"),
+                    })?;
+                let expires = if expires > now {
+                    expires
+                } else {
+                    now + lifetime
+                };
+                let refresh = now + (expires - now) * 8 / 10;
+                self.tokens.insert(key.clone(), (token.clone(), refresh));
+                out.insert(key, token);
+            }
+        }
+        Ok(out)
     }
 
     /// The Secrets and ConfigMaps the pod's volumes name, from the API (`None`: not found).

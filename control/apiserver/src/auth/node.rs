@@ -52,6 +52,12 @@ pub fn pod_secrets(pod: &Pod) -> Vec<String> {
         if let Some(s) = &v.secret {
             out.push(s.secret_name.clone());
         }
+        out.extend(
+            v.projected
+                .iter()
+                .flat_map(|p| p.sources.iter())
+                .filter_map(|s| s.secret.as_ref().map(|s| s.name.clone())),
+        );
     }
     for c in spec.init_containers.iter().chain(&spec.containers) {
         for e in &c.env_from {
@@ -82,6 +88,12 @@ pub fn pod_config_maps(pod: &Pod) -> Vec<String> {
         .iter()
         .filter_map(|v| v.config_map.as_ref().map(|c| c.name.clone()))
         .collect();
+    out.extend(
+        spec.volumes
+            .iter()
+            .flat_map(|v| v.projected.iter().flat_map(|p| p.sources.iter()))
+            .filter_map(|s| s.config_map.as_ref().map(|c| c.name.clone())),
+    );
     for c in spec.init_containers.iter().chain(&spec.containers) {
         out.extend(
             c.env_from

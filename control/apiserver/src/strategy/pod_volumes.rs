@@ -128,7 +128,8 @@ fn check_volume(out: &mut Vec<FieldError>, path: &str, vol: &Volume) {
         + usize::from(vol.host_path.is_some())
         + usize::from(vol.downward_api.is_some())
         + usize::from(vol.secret.is_some())
-        + usize::from(vol.config_map.is_some());
+        + usize::from(vol.config_map.is_some())
+        + usize::from(vol.projected.is_some());
     match sources {
         0 => out.push(FieldError::required(path, "must specify a volume type")),
         1 => {}
@@ -205,64 +206,132 @@ fn check_volume(out: &mut Vec<FieldError>, path: &str, vol: &Volume) {
             &format!("{path}.downwardAPI.defaultMode"),
             d.default_mode,
         );
-        let mut seen = BTreeSet::new();
-        for (i, item) in d.items.iter().enumerate() {
-            let ip = format!("{path}.downwardAPI.items[{i}]");
-            if item.path.is_empty() {
-                out.push(FieldError::required(format!("{ip}.path"), ""));
+        check_downward_items(out, &format!("{path}.downwardAPI"), &d.items);
+    }
+    if let Some(p) = &vol.projected {
+        check_projected(out, &format!("{path}.projected"), p);
+    }
+}
+
+/// A projected volume's sources: exactly one kind each, names and paths as in their own
+/// volume types, token lifetimes of at least 10 minutes.
+fn check_projected(
+    out: &mut Vec<FieldError>,
+    path: &str,
+    p: &skiff_api::api::ProjectedVolumeSource,
+) {
+    check_mode(out, &format!("{path}.defaultMode"), p.default_mode);
+    for (i, src) in p.sources.iter().enumerate() {
+        let sp = format!("{path}.sources[{i}]");
+        let kinds = usize::from(src.secret.is_some())
+            + usize::from(src.config_map.is_some())
+            + usize::from(src.downward_api.is_some())
+            + usize::from(src.service_account_token.is_some());
+        if kinds != 1 {
+            out.push(FieldError::forbidden(
+                sp.clone(),
+                "may not specify more than 1 volume type per source",
+            ));
+        }
+        for (field, keyed) in [
+            ("secret", src.secret.as_ref().map(|x| (&x.name, &x.items))),
+            (
+                "configMap",
+                src.config_map.as_ref().map(|x| (&x.name, &x.items)),
+            ),
+        ] {
+            let Some((name, items)) = keyed else { continue };
+            if name.is_empty() {
+                out.push(FieldError::required(format!("{sp}.{field}.name"), ""));
+            }
+            check_items(out, &format!("{sp}.{field}"), items);
+        }
+        if let Some(d) = &src.downward_api {
+            check_downward_items(out, &format!("{sp}.downwardAPI"), &d.items);
+        }
+        if let Some(t) = &src.service_account_token {
+            let tp = format!("{sp}.serviceAccountToken");
+            if t.path.is_empty() {
+                out.push(FieldError::required(format!("{tp}.path"), ""));
             } else {
-                check_relative(out, &format!("{ip}.path"), &item.path);
-                if item.path.starts_with("..") {
-                    out.push(FieldError::invalid(
-                        format!("{ip}.path"),
-                        &item.path,
-                        "must not start with '..'",
+                check_relative(out, &format!("{tp}.path"), &t.path);
+            }
+            if let Some(e) = t.expiration_seconds
+                && e < 600
+            {
+                out.push(FieldError::invalid(
+                    format!("{tp}.expirationSeconds"),
+                    e,
+                    "may not specify a duration less than 10 minutes",
+                ));
+            }
+        }
+    }
+}
+
+/// The items of a downwardAPI volume or projection.
+fn check_downward_items(
+    out: &mut Vec<FieldError>,
+    path: &str,
+    items: &[skiff_api::api::DownwardApiVolumeFile],
+) {
+    let mut seen = BTreeSet::new();
+    for (i, item) in items.iter().enumerate() {
+        let ip = format!("{path}.items[{i}]");
+        if item.path.is_empty() {
+            out.push(FieldError::required(format!("{ip}.path"), ""));
+        } else {
+            check_relative(out, &format!("{ip}.path"), &item.path);
+            if item.path.starts_with("..") {
+                out.push(FieldError::invalid(
+                    format!("{ip}.path"),
+                    &item.path,
+                    "must not start with '..'",
+                ));
+            }
+            if !seen.insert(item.path.as_str()) {
+                out.push(FieldError::duplicate(format!("{ip}.path"), &item.path));
+            }
+        }
+        check_mode(out, &format!("{ip}.mode"), item.mode);
+        match (&item.field_ref, &item.resource_field_ref) {
+            (Some(f), None) => {
+                let fp = f.field_path.as_str();
+                let keyed = ["metadata.labels['", "metadata.annotations['"]
+                    .iter()
+                    .any(|p| fp.starts_with(p) && fp.ends_with("']") && fp.len() > p.len() + 2);
+                if !DOWNWARD_FIELDS.contains(&fp) && !keyed {
+                    out.push(FieldError::not_supported(
+                        format!("{ip}.fieldRef.fieldPath"),
+                        fp,
+                        DOWNWARD_FIELDS,
                     ));
                 }
-                if !seen.insert(item.path.as_str()) {
-                    out.push(FieldError::duplicate(format!("{ip}.path"), &item.path));
+            }
+            (None, Some(r)) => {
+                if !DOWNWARD_RESOURCES.contains(&r.resource.as_str()) {
+                    out.push(FieldError::not_supported(
+                        format!("{ip}.resourceFieldRef.resource"),
+                        &r.resource,
+                        DOWNWARD_RESOURCES,
+                    ));
+                }
+                if r.container_name.is_empty() {
+                    out.push(FieldError::required(
+                        format!("{ip}.resourceFieldRef.containerName"),
+                        "",
+                    ));
                 }
             }
-            check_mode(out, &format!("{ip}.mode"), item.mode);
-            match (&item.field_ref, &item.resource_field_ref) {
-                (Some(f), None) => {
-                    let fp = f.field_path.as_str();
-                    let keyed = ["metadata.labels['", "metadata.annotations['"]
-                        .iter()
-                        .any(|p| fp.starts_with(p) && fp.ends_with("']") && fp.len() > p.len() + 2);
-                    if !DOWNWARD_FIELDS.contains(&fp) && !keyed {
-                        out.push(FieldError::not_supported(
-                            format!("{ip}.fieldRef.fieldPath"),
-                            fp,
-                            DOWNWARD_FIELDS,
-                        ));
-                    }
-                }
-                (None, Some(r)) => {
-                    if !DOWNWARD_RESOURCES.contains(&r.resource.as_str()) {
-                        out.push(FieldError::not_supported(
-                            format!("{ip}.resourceFieldRef.resource"),
-                            &r.resource,
-                            DOWNWARD_RESOURCES,
-                        ));
-                    }
-                    if r.container_name.is_empty() {
-                        out.push(FieldError::required(
-                            format!("{ip}.resourceFieldRef.containerName"),
-                            "",
-                        ));
-                    }
-                }
-                (None, None) => out.push(FieldError::required(
-                    ip.clone(),
-                    "one of fieldRef and resourceFieldRef is required",
-                )),
-                (Some(_), Some(_)) => out.push(FieldError::invalid(
-                    ip.clone(),
-                    "fieldRef and resourceFieldRef",
-                    "fieldRef and resourceFieldRef can not be specified simultaneously",
-                )),
-            }
+            (None, None) => out.push(FieldError::required(
+                ip.clone(),
+                "one of fieldRef and resourceFieldRef is required",
+            )),
+            (Some(_), Some(_)) => out.push(FieldError::invalid(
+                ip.clone(),
+                "fieldRef and resourceFieldRef",
+                "fieldRef and resourceFieldRef can not be specified simultaneously",
+            )),
         }
     }
 }

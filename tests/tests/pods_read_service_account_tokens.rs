@@ -1,0 +1,166 @@
+//! A pod reads its ServiceAccount token from a projected volume, as Kubernetes mounts it at
+//! /var/run/secrets/kubernetes.io/serviceaccount (token, the cluster CA from
+//! kube-root-ca.crt, the namespace), and the token is the pod's identity: it lists pods only
+//! where the ServiceAccount's role allows, and stops working once the pod is gone. The node
+//! asks for the token (TokenRequest bound to the pod, which the Node authorizer and
+//! NodeRestriction allow only for its own pods). A real cluster, real kubectl, a busybox
+//! image from a registry on loopback.
+//!
+//! The token volume is written in the pod spec here: Skiff's admission does not add it to
+//! every pod yet, and pods cannot reach the API server yet, so the token is used from the
+//! test, not from inside the pod.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "an end-to-end test: a failed step is the test's failure"
+)]
+
+use std::time::Duration;
+
+use serde_json::json;
+use skiff_testkit::registry::{Registry, gz_layer_bytes};
+use skiff_tests::cluster::Cluster;
+
+const T: Duration = Duration::from_secs(60);
+const MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+fn pod(name: &str, account: &str, image: &str) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"serviceAccountName": account,
+            "volumes": [{"name": "kube-api-access", "projected": {"defaultMode": 420, "sources": [
+                {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                {"downwardAPI": {"items": [{"path": "namespace",
+                    "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}]}}],
+            "containers": [{"name": "app", "image": image, "args": ["exec sleep 3600"],
+                "volumeMounts": [{"name": "kube-api-access", "mountPath": MOUNT, "readOnly": true}]}]}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_read_their_token_and_it_is_their_identity() {
+    let registry = Registry::start();
+    let busybox = std::fs::read("/bin/busybox").expect("busybox-static (cargo xtask setup)");
+    let base = gz_layer_bytes(&[("bin/", b""), ("tmp/", b""), ("bin/busybox", &busybox)]);
+    let config = json!({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Entrypoint": ["/bin/busybox", "sh", "-c"], "Env": ["PATH=/bin"]},
+        "rootfs": {"type": "layers", "diff_ids": [
+            "sha256:0000000000000000000000000000000000000000000000000000000000000000"]},
+    });
+    registry.push("demo/sa:v1", &[base], &config, None).await;
+    let image = format!("{}/demo/sa:v1", registry.host());
+    let c = Cluster::start(1).await;
+    let k = |args: &[&str]| {
+        let (ok, out, err) = c.kubectl(args, None);
+        assert!(ok, "kubectl {args:?}: {err}");
+        out
+    };
+    k(&["create", "serviceaccount", "robot"]);
+    k(&["create", "serviceaccount", "nobody"]);
+    k(&[
+        "create",
+        "rolebinding",
+        "robot-view",
+        "--clusterrole=view",
+        "--serviceaccount=default:robot",
+    ]);
+    skiff_testkit::eventually_blocking("kube-root-ca.crt published", T, || {
+        c.kubectl(&["get", "configmap", "kube-root-ca.crt"], None)
+            .0
+            .then_some(())
+    });
+    let docs = [
+        pod("reader", "robot", &image),
+        pod("outsider", "nobody", &image),
+    ]
+    .iter()
+    .map(|p| p.to_string())
+    .collect::<Vec<_>>()
+    .join("\n");
+    let (ok, _, err) = c.kubectl(&["apply", "-f", "-"], Some(&docs));
+    assert!(ok, "{err}");
+    for name in ["reader", "outsider"] {
+        let deadline = std::time::Instant::now() + T;
+        loop {
+            let (_, out, _) = c.kubectl(
+                &["get", "pod", name, "-o", "jsonpath={.status.phase}"],
+                None,
+            );
+            if out == "Running" {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                let (_, events, _) = c.kubectl(&["get", "events"], None);
+                let (_, status, _) =
+                    c.kubectl(&["get", "pod", name, "-o", "jsonpath={.status}"], None);
+                panic!("{name} is not running:\n{events}\n{status}");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    // The files, as a pod's client library reads them.
+    let read = |pod: &str, file: &str| {
+        k(&[
+            "exec",
+            pod,
+            "--",
+            "/bin/busybox",
+            "cat",
+            &format!("{MOUNT}/{file}"),
+        ])
+    };
+    assert_eq!(read("reader", "namespace"), "default");
+    let ca = std::fs::read_to_string(c.server.pki_dir.join("ca.crt")).unwrap();
+    assert_eq!(read("reader", "ca.crt"), ca);
+    let token = read("reader", "token");
+    let outsider_token = read("outsider", "token");
+    assert_eq!(token.split('.').count(), 3, "a JWT: {token}");
+
+    // The token is the pod's identity: RBAC decides, per ServiceAccount.
+    let dir = tempfile::tempdir().unwrap();
+    let as_token = |t: &str, args: &[&str]| {
+        let path = dir.path().join(format!("{}.kubeconfig", t.len()));
+        skiff_pki::Kubeconfig::single("skiff", &c.server.endpoint, &ca, "sa", None, Some(t))
+            .write(&path)
+            .unwrap();
+        c.server.kubectl_as(&path, args).output().unwrap()
+    };
+    let out = as_token(&token, &["get", "pods", "-o", "name"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("pod/reader"));
+    let out = as_token(
+        &token,
+        &["auth", "whoami", "-o", "jsonpath={.status.userInfo}"],
+    );
+    let who = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(who.contains("system:serviceaccount:default:robot"), "{who}");
+    assert!(
+        who.contains("reader"),
+        "the token is bound to the pod: {who}"
+    );
+    let out = as_token(&token, &["get", "secrets"]);
+    assert!(!out.status.success());
+    let out = as_token(&outsider_token, &["get", "pods"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(
+            "User \"system:serviceaccount:default:nobody\" cannot list resource \"pods\""
+        ),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Gone with its pod.
+    k(&["delete", "pod", "reader", "--grace-period=1", "--wait=true"]);
+    skiff_testkit::eventually_blocking("the token refused once its pod is gone", T, || {
+        let out = as_token(&token, &["get", "pods"]);
+        String::from_utf8_lossy(&out.stderr)
+            .contains("You must be logged in to the server")
+            .then_some(())
+    });
+}
