@@ -1,14 +1,15 @@
-//! A pod reads its ServiceAccount token from a projected volume, as Kubernetes mounts it at
+//! A pod reads its ServiceAccount token where Kubernetes mounts it,
 //! /var/run/secrets/kubernetes.io/serviceaccount (token, the cluster CA from
-//! kube-root-ca.crt, the namespace), and the token is the pod's identity: it lists pods only
-//! where the ServiceAccount's role allows, and stops working once the pod is gone. The node
-//! asks for the token (TokenRequest bound to the pod, which the Node authorizer and
-//! NodeRestriction allow only for its own pods). A real cluster, real kubectl, a busybox
-//! image from a registry on loopback.
+//! kube-root-ca.crt, the namespace): the ServiceAccount admission adds the
+//! `kube-api-access-*` projected volume (unless `automountServiceAccountToken: false`), and
+//! a projected volume written in the spec works the same. The token is the pod's identity:
+//! it lists pods only where the ServiceAccount's role allows, and stops working once the pod
+//! is gone. The node asks for the token (TokenRequest bound to the pod, which the Node
+//! authorizer and NodeRestriction allow only for its own pods). A real cluster, real
+//! kubectl, a busybox image from a registry on loopback.
 //!
-//! The token volume is written in the pod spec here: Skiff's admission does not add it to
-//! every pod yet, and pods cannot reach the API server yet, so the token is used from the
-//! test, not from inside the pod.
+//! Pods cannot reach the API server yet, so the token is used from the test, not from inside
+//! the pod.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -24,6 +25,7 @@ use skiff_tests::cluster::Cluster;
 const T: Duration = Duration::from_secs(60);
 const MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
+/// A pod of `account` whose token volume is written in its spec.
 fn pod(name: &str, account: &str, image: &str) -> serde_json::Value {
     json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
         "spec": {"serviceAccountName": account,
@@ -34,6 +36,19 @@ fn pod(name: &str, account: &str, image: &str) -> serde_json::Value {
                     "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}]}}],
             "containers": [{"name": "app", "image": image, "args": ["exec sleep 3600"],
                 "volumeMounts": [{"name": "kube-api-access", "mountPath": MOUNT, "readOnly": true}]}]}})
+}
+
+/// A pod with nothing about tokens in its spec (`account` empty: no serviceAccountName).
+fn plain_pod(name: &str, account: &str, image: &str, automount: Option<bool>) -> serde_json::Value {
+    let mut p = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"containers": [{"name": "app", "image": image, "args": ["exec sleep 3600"]}]}});
+    if !account.is_empty() {
+        p["spec"]["serviceAccountName"] = account.into();
+    }
+    if let Some(a) = automount {
+        p["spec"]["automountServiceAccountToken"] = a.into();
+    }
+    p
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -70,8 +85,10 @@ async fn pods_read_their_token_and_it_is_their_identity() {
             .then_some(())
     });
     let docs = [
-        pod("reader", "robot", &image),
+        plain_pod("reader", "robot", &image, None),
         pod("outsider", "nobody", &image),
+        plain_pod("defaulted", "", &image, None),
+        plain_pod("optout", "robot", &image, Some(false)),
     ]
     .iter()
     .map(|p| p.to_string())
@@ -79,7 +96,7 @@ async fn pods_read_their_token_and_it_is_their_identity() {
     .join("\n");
     let (ok, _, err) = c.kubectl(&["apply", "-f", "-"], Some(&docs));
     assert!(ok, "{err}");
-    for name in ["reader", "outsider"] {
+    for name in ["reader", "outsider", "defaulted", "optout"] {
         let deadline = std::time::Instant::now() + T;
         loop {
             let (_, out, _) = c.kubectl(
@@ -98,6 +115,37 @@ async fn pods_read_their_token_and_it_is_their_identity() {
             std::thread::sleep(Duration::from_millis(200));
         }
     }
+
+    // The admission: a default ServiceAccount, the token volume unless opted out.
+    let spec_of =
+        |pod: &str, path: &str| k(&["get", "pod", pod, "-o", &format!("jsonpath={path}")]);
+    assert_eq!(
+        spec_of("defaulted", "{.spec.serviceAccountName}"),
+        "default"
+    );
+    assert!(
+        spec_of("reader", "{.spec.volumes[*].name}").starts_with("kube-api-access-"),
+        "{}",
+        spec_of("reader", "{.spec.volumes[*].name}")
+    );
+    assert_eq!(
+        spec_of("reader", "{.spec.containers[0].volumeMounts[0].mountPath}"),
+        MOUNT
+    );
+    assert_eq!(spec_of("optout", "{.spec.volumes}"), "");
+    let (ok, _, _) = c.kubectl(&["exec", "optout", "--", "/bin/busybox", "ls", MOUNT], None);
+    assert!(!ok, "no token where the pod opted out");
+    assert_eq!(
+        k(&[
+            "exec",
+            "defaulted",
+            "--",
+            "/bin/busybox",
+            "cat",
+            &format!("{MOUNT}/namespace")
+        ]),
+        "default"
+    );
 
     // The files, as a pod's client library reads them.
     let read = |pod: &str, file: &str| {

@@ -29,7 +29,7 @@ use tracing::debug;
 
 use crate::cache::{Filter, WatchCache, WatchReceiver, WatchStart};
 use crate::error::{ApiError, FieldError};
-use crate::strategy::{DeleteContext, DeleteDecision, Strategy};
+use crate::strategy::{AdmitContext, DeleteContext, DeleteDecision, Strategy};
 use crate::validation::check_object_meta;
 
 /// How often an operation that read-modify-writes an object retries on a conflict it caused
@@ -90,7 +90,7 @@ fn rfc3339_in(seconds: i64) -> String {
     (Utc::now() + chrono::Duration::seconds(seconds)).to_rfc3339_opts(SecondsFormat::Secs, true)
 }
 
-fn random_suffix() -> String {
+pub(crate) fn random_suffix() -> String {
     let mut rng = rand::rng();
     (0..5)
         .map(|_| char::from(NAME_ALPHABET[rng.random_range(0..NAME_ALPHABET.len())]))
@@ -352,6 +352,12 @@ impl<T: Strategy> Handler<T> {
         } else {
             obj.name().to_string()
         };
+        if info.namespaced {
+            obj.mutate(&AdmitContext {
+                store: self.store.as_ref(),
+            })
+            .await?;
+        }
         if let Some(m) = obj.metadata() {
             check_object_meta(&mut errors, m, T::NAME_RULE, generated);
         }

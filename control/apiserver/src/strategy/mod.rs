@@ -70,6 +70,32 @@ impl DeleteContext<'_> {
     }
 }
 
+/// What mutating admission may read: objects of the store (a pod's ServiceAccount).
+pub struct AdmitContext<'a> {
+    pub(crate) store: &'a dyn Store,
+}
+
+impl std::fmt::Debug for AdmitContext<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdmitContext").finish_non_exhaustive()
+    }
+}
+
+impl AdmitContext<'_> {
+    /// The object `name` of kind `T` in `namespace`, if it exists.
+    pub async fn get<T: Resource>(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<T>, ApiError> {
+        let key = format!("{}{namespace}/{name}", key_prefix(&T::INFO));
+        match self.store.get(&key).await.map_err(ApiError::from_store)? {
+            Some(kv) => crate::registry::decode(&kv.value, kv.mod_revision).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
 /// Per-kind behaviour. Every method has a no-op default.
 ///
 /// Called by the generic handler in this order — create: [`Strategy::prepare_create`],
@@ -120,6 +146,12 @@ pub trait Strategy: Resource {
         _ctx: &DeleteContext<'_>,
     ) -> Result<DeleteDecision, ApiError> {
         Ok(DeleteDecision::Now)
+    }
+
+    /// Mutating admission of a new object of a namespace (the ServiceAccount admission of
+    /// pods): may read other objects; runs after defaulting, before validation.
+    async fn mutate(&mut self, _ctx: &AdmitContext<'_>) -> Result<(), ApiError> {
+        Ok(())
     }
 
     /// Admission of a new object in `namespace` (Pod Security for pods); runs after

@@ -312,8 +312,133 @@ fn set_condition(conditions: &mut Vec<Condition>, cond: Condition) {
     }
 }
 
+/// Where the ServiceAccount admission mounts the token volume.
+pub const SERVICE_ACCOUNT_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// The token volume's name prefix (kube-apiserver's `kube-api-access-<5 characters>`).
+const TOKEN_VOLUME_PREFIX: &str = "kube-api-access-";
+
+/// The volume Kubernetes' ServiceAccount admission adds: a token (bound to the pod, an hour
+/// and 7 seconds), the cluster CA from `kube-root-ca.crt`, the namespace.
+fn token_volume(name: &str) -> skiff_api::api::Volume {
+    use skiff_api::api::{
+        ConfigMapProjection, DownwardApiProjection, DownwardApiVolumeFile, KeyToPath,
+        ObjectFieldSelector, ProjectedVolumeSource, ServiceAccountTokenProjection, Volume,
+        VolumeProjection,
+    };
+    Volume {
+        name: name.to_string(),
+        projected: Some(ProjectedVolumeSource {
+            default_mode: Some(0o644),
+            sources: vec![
+                VolumeProjection {
+                    service_account_token: Some(ServiceAccountTokenProjection {
+                        audience: String::new(),
+                        expiration_seconds: Some(3607),
+                        path: "token".into(),
+                    }),
+                    ..Default::default()
+                },
+                VolumeProjection {
+                    config_map: Some(ConfigMapProjection {
+                        name: "kube-root-ca.crt".into(),
+                        items: vec![KeyToPath {
+                            key: "ca.crt".into(),
+                            path: "ca.crt".into(),
+                            mode: None,
+                        }],
+                        optional: None,
+                    }),
+                    ..Default::default()
+                },
+                VolumeProjection {
+                    downward_api: Some(DownwardApiProjection {
+                        items: vec![DownwardApiVolumeFile {
+                            path: "namespace".into(),
+                            field_ref: Some(ObjectFieldSelector {
+                                api_version: "v1".into(),
+                                field_path: "metadata.namespace".into(),
+                            }),
+                            ..Default::default()
+                        }],
+                    }),
+                    ..Default::default()
+                },
+            ],
+        }),
+        ..Default::default()
+    }
+}
+
 #[async_trait]
 impl Strategy for Pod {
+    /// The ServiceAccount admission: `serviceAccountName` defaults to `default`; when that
+    /// ServiceAccount exists and neither it nor the pod turns `automountServiceAccountToken`
+    /// off, a `kube-api-access-*` token volume is added and mounted read-only at
+    /// [`SERVICE_ACCOUNT_MOUNT`] in every container that runs an image and does not mount
+    /// something there already (`host` containers take no volumes). Unlike Kubernetes, a
+    /// missing ServiceAccount does not refuse the pod: it gets no token (clusters without the
+    /// controller manager have none).
+    async fn mutate(&mut self, ctx: &super::AdmitContext<'_>) -> Result<(), ApiError> {
+        let namespace = self.namespace().to_string();
+        let Some(spec) = self.spec.as_mut() else {
+            return Ok(());
+        };
+        if spec.service_account_name.is_empty() {
+            spec.service_account_name = "default".into();
+        }
+        if spec.automount_service_account_token == Some(false)
+            || spec
+                .volumes
+                .iter()
+                .any(|v| v.name.starts_with(TOKEN_VOLUME_PREFIX))
+        {
+            return Ok(());
+        }
+        let wants = |c: &skiff_api::api::Container| {
+            c.image != super::pod_security::HOST_IMAGE
+                && !c
+                    .volume_mounts
+                    .iter()
+                    .any(|m| m.mount_path == SERVICE_ACCOUNT_MOUNT)
+        };
+        if !spec
+            .containers
+            .iter()
+            .chain(&spec.init_containers)
+            .any(wants)
+        {
+            return Ok(());
+        }
+        let Some(sa) = ctx
+            .get::<skiff_api::api::ServiceAccount>(&namespace, &spec.service_account_name)
+            .await?
+        else {
+            return Ok(());
+        };
+        if sa.automount_service_account_token == Some(false)
+            && spec.automount_service_account_token != Some(true)
+        {
+            return Ok(());
+        }
+        let name = format!("{TOKEN_VOLUME_PREFIX}{}", crate::registry::random_suffix());
+        spec.volumes.push(token_volume(&name));
+        for c in spec
+            .containers
+            .iter_mut()
+            .chain(spec.init_containers.iter_mut())
+        {
+            if wants(c) {
+                c.volume_mounts.push(skiff_api::api::VolumeMount {
+                    name: name.clone(),
+                    mount_path: SERVICE_ACCOUNT_MOUNT.into(),
+                    read_only: true,
+                    ..Default::default()
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Pod Security: the namespace's enforced level (and Skiff's rule for `host` images).
     fn admit(&self, namespace: &skiff_api::api::Namespace) -> Result<(), ApiError> {
         let labels = namespace
