@@ -216,6 +216,8 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
             "/etc/hosts",
             "/etc/hostname",
             "/etc/resolv.conf",
+            // The ServiceAccount token volume the admission adds.
+            "/var/run/secrets/kubernetes.io/serviceaccount",
         ]
         .iter()
         .any(|p| {

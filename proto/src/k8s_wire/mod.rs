@@ -517,10 +517,10 @@ mod tests {
         // A kind Skiff does not read in protobuf.
         let mut other = NAMESPACE.to_vec();
         let at = other.windows(9).position(|w| w == b"Namespace").unwrap();
-        other[at..at + 9].copy_from_slice(b"ConfigMap");
+        other[at..at + 9].copy_from_slice(b"Component");
         assert_eq!(
             decode(&other).unwrap_err(),
-            "Skiff does not read v1 ConfigMap in protobuf; send it as JSON"
+            "Skiff does not read v1 Component in protobuf; send it as JSON"
         );
     }
 
