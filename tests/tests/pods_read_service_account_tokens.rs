@@ -147,6 +147,18 @@ async fn pods_read_their_token_and_it_is_their_identity() {
         "default"
     );
 
+    // A ServiceAccount that does not exist: refused, as Kubernetes refuses it.
+    let ghost = plain_pod("haunted", "ghost", &image, None).to_string();
+    let (ok, _, err) = c.kubectl(&["apply", "-f", "-"], Some(&ghost));
+    assert!(!ok);
+    assert!(
+        err.contains(
+            "pods \"haunted\" is forbidden: error looking up service account default/ghost: \
+             serviceaccount \"ghost\" not found"
+        ),
+        "{err}"
+    );
+
     // The files, as a pod's client library reads them.
     let read = |pod: &str, file: &str| {
         k(&[

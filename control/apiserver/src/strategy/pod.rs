@@ -375,9 +375,10 @@ impl Strategy for Pod {
     /// ServiceAccount exists and neither it nor the pod turns `automountServiceAccountToken`
     /// off, a `kube-api-access-*` token volume is added and mounted read-only at
     /// [`SERVICE_ACCOUNT_MOUNT`] in every container that runs an image and does not mount
-    /// something there already (`host` containers take no volumes). Unlike Kubernetes, a
-    /// missing ServiceAccount does not refuse the pod: it gets no token (clusters without the
-    /// controller manager have none).
+    /// something there already (`host` containers take no volumes). A pod naming a
+    /// ServiceAccount that does not exist is refused with Kubernetes' message; unlike
+    /// Kubernetes, a missing `default` is no refusal, the pod gets no token (clusters without
+    /// the controller manager have none).
     async fn mutate(&mut self, ctx: &super::AdmitContext<'_>) -> Result<(), ApiError> {
         let namespace = self.namespace().to_string();
         let Some(spec) = self.spec.as_mut() else {
@@ -385,6 +386,23 @@ impl Strategy for Pod {
         };
         if spec.service_account_name.is_empty() {
             spec.service_account_name = "default".into();
+        }
+        let sa = ctx
+            .get::<skiff_api::api::ServiceAccount>(&namespace, &spec.service_account_name)
+            .await?;
+        // A ServiceAccount the pod names must exist (`default` may be missing: clusters
+        // without the controller manager have none, and such pods get no token).
+        if sa.is_none() && spec.service_account_name != "default" {
+            return Err(ApiError::Forbidden(format!(
+                "pods {:?} is forbidden: error looking up service account {namespace}/{}: \
+                 serviceaccount {:?} not found",
+                self.metadata
+                    .as_ref()
+                    .map(|m| m.name.as_str())
+                    .unwrap_or(""),
+                spec.service_account_name,
+                spec.service_account_name
+            )));
         }
         if spec.automount_service_account_token == Some(false)
             || spec
@@ -409,10 +427,7 @@ impl Strategy for Pod {
         {
             return Ok(());
         }
-        let Some(sa) = ctx
-            .get::<skiff_api::api::ServiceAccount>(&namespace, &spec.service_account_name)
-            .await?
-        else {
+        let Some(sa) = sa else {
             return Ok(());
         };
         if sa.automount_service_account_token == Some(false)
