@@ -300,11 +300,13 @@ async fn unused_images_are_garbage_collected_used_ones_kept() {
     );
     assert!(ok, "{err}");
     let images = || c.skiff(&["images"]);
-    let listed = images();
-    assert!(
-        listed.contains("demo/gc") && listed.contains("keep") && listed.contains("drop"),
-        "{listed}"
-    );
+    // The node publishes its images in its status after the pulls, which may be after the
+    // pods are Ready.
+    skiff_testkit::eventually_blocking("both images listed", T, || {
+        let listed = images();
+        (listed.contains("demo/gc") && listed.contains("keep") && listed.contains("drop"))
+            .then_some(())
+    });
     let (ok, _, err) = c.kubectl(&["delete", "pod", "dropper"], None);
     assert!(ok, "{err}");
     let store = c.nodes[0].state_dir.path().join("state/images/images.json");
