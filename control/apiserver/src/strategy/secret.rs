@@ -94,21 +94,35 @@ impl Strategy for Secret {
         if self.r#type != old.r#type {
             out.push(FieldError::immutable("type", &self.r#type));
         }
-        if old.immutable == Some(true) {
-            if self.immutable != Some(true) {
-                out.push(FieldError::forbidden(
-                    "immutable",
-                    "field is immutable when `immutable` is set",
-                ));
-            }
-            if self.data != old.data {
-                out.push(FieldError::forbidden(
-                    "data",
-                    "field is immutable when `immutable` is set",
-                ));
-            }
-        }
+        check_immutable(
+            &mut out,
+            old.immutable,
+            self.immutable,
+            &[("data", self.data != old.data)],
+        );
         out
+    }
+}
+
+/// `immutable: true` holds: it stays set and the fields named (with whether they changed)
+/// keep their values.
+fn check_immutable(
+    out: &mut Vec<FieldError>,
+    old: Option<bool>,
+    new: Option<bool>,
+    fields: &[(&str, bool)],
+) {
+    if old != Some(true) {
+        return;
+    }
+    const WHY: &str = "field is immutable when `immutable` is set";
+    if new != Some(true) {
+        out.push(FieldError::forbidden("immutable", WHY));
+    }
+    for (field, changed) in fields {
+        if *changed {
+            out.push(FieldError::forbidden(*field, WHY));
+        }
     }
 }
 
@@ -142,26 +156,15 @@ impl Strategy for ConfigMap {
 
     fn validate_update(&self, old: &Self) -> Vec<FieldError> {
         let mut out = Vec::new();
-        if old.immutable == Some(true) {
-            if self.immutable != Some(true) {
-                out.push(FieldError::forbidden(
-                    "immutable",
-                    "field is immutable when `immutable` is set",
-                ));
-            }
-            if self.data != old.data {
-                out.push(FieldError::forbidden(
-                    "data",
-                    "field is immutable when `immutable` is set",
-                ));
-            }
-            if self.binary_data != old.binary_data {
-                out.push(FieldError::forbidden(
-                    "binaryData",
-                    "field is immutable when `immutable` is set",
-                ));
-            }
-        }
+        check_immutable(
+            &mut out,
+            old.immutable,
+            self.immutable,
+            &[
+                ("data", self.data != old.data),
+                ("binaryData", self.binary_data != old.binary_data),
+            ],
+        );
         out
     }
 }
