@@ -40,6 +40,7 @@ pub mod selector;
 pub mod serde_util;
 pub mod strategic;
 pub mod taints;
+pub mod wellknown;
 
 pub use resource::{DynKind, KindInfo, Resource, find_kind, kinds};
 

@@ -12,8 +12,10 @@ use rand::Rng;
 use skiff_api::api::{ObjectMeta, Secret};
 use skiff_client::{Client, ClientConfig, DeleteParams};
 
-const NAMESPACE: &str = "kube-system";
-const TYPE: &str = "bootstrap.kubernetes.io/token";
+use skiff_api::wellknown::{
+    BOOTSTRAP_TOKEN_NAMESPACE as NAMESPACE, BOOTSTRAP_TOKEN_PREFIX,
+    BOOTSTRAP_TOKEN_SECRET_TYPE as TYPE,
+};
 
 /// A new random token `<id>.<secret>`: 6 and 16 characters of `[a-z0-9]`.
 pub fn generate() -> String {
@@ -53,7 +55,7 @@ pub fn secret_of(token: &str, ttl: Option<Duration>, description: &str) -> Resul
     }
     Ok(Secret {
         metadata: Some(ObjectMeta {
-            name: format!("bootstrap-token-{id}"),
+            name: format!("{BOOTSTRAP_TOKEN_PREFIX}{id}"),
             namespace: NAMESPACE.into(),
             ..Default::default()
         }),
@@ -112,7 +114,7 @@ pub async fn delete(client: &Client, token_or_id: &str) -> Result<()> {
     if id.len() != 6 {
         bail!("{token_or_id:?} is neither a token id (6 characters) nor a token");
     }
-    let name = format!("bootstrap-token-{id}");
+    let name = format!("{BOOTSTRAP_TOKEN_PREFIX}{id}");
     client
         .namespaced::<Secret>(NAMESPACE)
         .delete(&name, &DeleteParams::default())

@@ -22,10 +22,7 @@ use skiff_pki::{Ca, LeafSpec, RequestInfo, Usage};
 
 use crate::{Context, Error};
 
-/// Nodes' client certificates.
-pub const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
-/// Other client certificates of the API server.
-pub const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client";
+pub use skiff_api::wellknown::{CLIENT_SIGNER, KUBELET_CLIENT_SIGNER};
 const NODES_GROUP: &str = "system:nodes";
 const BOOTSTRAPPERS_GROUP: &str = "system:bootstrappers";
 /// The usages a client certificate may ask for.

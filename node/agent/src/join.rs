@@ -19,8 +19,7 @@ use skiff_api::api::{CertificateSigningRequest, CertificateSigningRequestSpec, O
 use skiff_client::{Client, ClientConfig, ClientError, ListParams, WatchEvent};
 use skiff_pki::{Identity, Kubeconfig, PkiError};
 
-/// The signer of nodes' client certificates.
-pub const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
+use skiff_api::wellknown::KUBELET_CLIENT_SIGNER;
 const NODES_GROUP: &str = "system:nodes";
 
 /// What `join` needs.

@@ -362,23 +362,21 @@ fn projected_volume(
     let default_mode = p.default_mode.unwrap_or(0o644) as u32 & 0o777;
     let mut files: Vec<File<'_>> = Vec::new();
     for (i, src) in p.sources.iter().enumerate() {
-        if let Some(sp) = &src.secret {
+        let keyed = [
+            src.secret
+                .as_ref()
+                .map(|s| (KeyedKind::Secret, &s.name, &s.items, s.optional)),
+            src.config_map
+                .as_ref()
+                .map(|c| (KeyedKind::ConfigMap, &c.name, &c.items, c.optional)),
+        ];
+        for (kind, name, items, optional) in keyed.into_iter().flatten() {
             let kv = KeyedVolume {
-                kind: KeyedKind::Secret,
-                name: &sp.name,
-                items: &sp.items,
+                kind,
+                name,
+                items,
                 default_mode: None,
-                optional: sp.optional == Some(true),
-            };
-            files.extend(keyed_files(path, &kv, secrets, default_mode)?);
-        }
-        if let Some(cp) = &src.config_map {
-            let kv = KeyedVolume {
-                kind: KeyedKind::ConfigMap,
-                name: &cp.name,
-                items: &cp.items,
-                default_mode: None,
-                optional: cp.optional == Some(true),
+                optional: optional == Some(true),
             };
             files.extend(keyed_files(path, &kv, secrets, default_mode)?);
         }

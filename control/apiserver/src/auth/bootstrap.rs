@@ -18,12 +18,10 @@ use crate::registry::Registry;
 
 /// The group of every bootstrap token.
 pub const BOOTSTRAP_GROUP: &str = "system:bootstrappers";
-/// The Secret type of bootstrap tokens.
-pub const SECRET_TYPE: &str = "bootstrap.kubernetes.io/token";
-/// Where bootstrap token Secrets live.
-pub const NAMESPACE: &str = "kube-system";
-/// Their names: this prefix and the token id.
-pub const NAME_PREFIX: &str = "bootstrap-token-";
+use skiff_api::wellknown::{
+    BOOTSTRAP_TOKEN_NAMESPACE as NAMESPACE, BOOTSTRAP_TOKEN_PREFIX as NAME_PREFIX,
+    BOOTSTRAP_TOKEN_SECRET_TYPE as SECRET_TYPE,
+};
 
 /// `<id>.<secret>`: 6 and 16 characters of `[a-z0-9]`; `None` for anything else.
 pub fn parse_token(token: &str) -> Option<(&str, &str)> {

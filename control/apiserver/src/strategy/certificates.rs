@@ -12,11 +12,6 @@ use super::Strategy;
 use crate::auth::UserInfo;
 use crate::error::FieldError;
 
-/// The signer of nodes' client certificates (what `skiff-node join` asks for).
-pub const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
-/// The signer of other client certificates of the API server.
-pub const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client";
-
 /// Kubernetes' key usages (certificates.k8s.io/v1 KeyUsage).
 const USAGES: [&str; 21] = [
     "signing",
@@ -243,6 +238,7 @@ impl Strategy for CertificateSigningRequest {
 mod tests {
     use super::*;
     use skiff_api::api::CertificateSigningRequestSpec;
+    use skiff_api::wellknown::KUBELET_CLIENT_SIGNER;
 
     fn csr() -> CertificateSigningRequest {
         let (_, pem) =

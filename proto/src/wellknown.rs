@@ -1,0 +1,15 @@
+//! Names Kubernetes fixes and several Skiff components share: the certificate signers and
+//! where bootstrap tokens live. One definition for the API server, the controller manager,
+//! the node agent and the CLI.
+
+/// The signer of nodes' client certificates.
+pub const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
+/// The signer of other client certificates of the API server.
+pub const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client";
+
+/// The Secret type of bootstrap tokens.
+pub const BOOTSTRAP_TOKEN_SECRET_TYPE: &str = "bootstrap.kubernetes.io/token";
+/// Where bootstrap token Secrets live.
+pub const BOOTSTRAP_TOKEN_NAMESPACE: &str = "kube-system";
+/// Their names: this prefix and the token id.
+pub const BOOTSTRAP_TOKEN_PREFIX: &str = "bootstrap-token-";
