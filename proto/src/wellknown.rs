@@ -13,3 +13,9 @@ pub const BOOTSTRAP_TOKEN_SECRET_TYPE: &str = "bootstrap.kubernetes.io/token";
 pub const BOOTSTRAP_TOKEN_NAMESPACE: &str = "kube-system";
 /// Their names: this prefix and the token id.
 pub const BOOTSTRAP_TOKEN_PREFIX: &str = "bootstrap-token-";
+
+/// The Service (and Endpoints) through which pods reach the API server, `default/kubernetes`:
+/// the API server keeps it, the node agents route it and name it in every container's
+/// KUBERNETES_SERVICE_HOST/_PORT.
+pub const KUBERNETES_SERVICE_NAMESPACE: &str = "default";
+pub const KUBERNETES_SERVICE_NAME: &str = "kubernetes";

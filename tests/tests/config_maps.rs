@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use serde_json::json;
-use skiff_testkit::registry::{Registry, gz_layer_bytes};
+use skiff_testkit::registry::Registry;
 use skiff_tests::cluster::Cluster;
 
 const T: Duration = Duration::from_secs(60);
@@ -22,16 +22,7 @@ const T: Duration = Duration::from_secs(60);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn config_maps_reach_pods_as_variables_and_files() {
     let registry = Registry::start();
-    let busybox = std::fs::read("/bin/busybox").expect("busybox-static (cargo xtask setup)");
-    let base = gz_layer_bytes(&[("bin/", b""), ("tmp/", b""), ("bin/busybox", &busybox)]);
-    let config = json!({
-        "architecture": "amd64", "os": "linux",
-        "config": {"Entrypoint": ["/bin/busybox", "sh", "-c"], "Env": ["PATH=/bin"]},
-        "rootfs": {"type": "layers", "diff_ids": [
-            "sha256:0000000000000000000000000000000000000000000000000000000000000000"]},
-    });
-    registry.push("demo/cm:v1", &[base], &config, None).await;
-    let image = format!("{}/demo/cm:v1", registry.host());
+    let image = registry.push_busybox("demo/cm:v1").await;
     let c = Cluster::start(1).await;
 
     // kubectl makes them: text keys in data, bytes that are not UTF-8 in binaryData.

@@ -8,8 +8,11 @@
 //! authorizer and NodeRestriction allow only for its own pods). A real cluster, real
 //! kubectl, a busybox image from a registry on loopback.
 //!
-//! Pods cannot reach the API server yet, so the token is used from the test, not from inside
-//! the pod.
+//! Inside the pod, curl (the host's, with its libraries, in the image) finds the API server
+//! as in-cluster clients do, from KUBERNETES_SERVICE_HOST/_PORT (the `kubernetes` Service the
+//! API server keeps; the node's load balancer sends it through the agent's passthrough),
+//! verifies it with the mounted ca.crt and lists pods with the mounted token: 200 for a
+//! ServiceAccount whose role allows it, 403 for one without.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -19,7 +22,7 @@
 use std::time::Duration;
 
 use serde_json::json;
-use skiff_testkit::registry::{Registry, gz_layer_bytes};
+use skiff_testkit::registry::Registry;
 use skiff_tests::cluster::Cluster;
 
 const T: Duration = Duration::from_secs(60);
@@ -54,16 +57,9 @@ fn plain_pod(name: &str, account: &str, image: &str, automount: Option<bool>) ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_read_their_token_and_it_is_their_identity() {
     let registry = Registry::start();
-    let busybox = std::fs::read("/bin/busybox").expect("busybox-static (cargo xtask setup)");
-    let base = gz_layer_bytes(&[("bin/", b""), ("tmp/", b""), ("bin/busybox", &busybox)]);
-    let config = json!({
-        "architecture": "amd64", "os": "linux",
-        "config": {"Entrypoint": ["/bin/busybox", "sh", "-c"], "Env": ["PATH=/bin"]},
-        "rootfs": {"type": "layers", "diff_ids": [
-            "sha256:0000000000000000000000000000000000000000000000000000000000000000"]},
-    });
-    registry.push("demo/sa:v1", &[base], &config, None).await;
-    let image = format!("{}/demo/sa:v1", registry.host());
+    let image = registry
+        .push_busybox_with("demo/sa:v1", &["/usr/bin/curl"])
+        .await;
     let c = Cluster::start(1).await;
     let k = |args: &[&str]| {
         let (ok, out, err) = c.kubectl(args, None);
@@ -214,6 +210,92 @@ async fn pods_read_their_token_and_it_is_their_identity() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+
+    // From inside the pods, as an in-cluster client: the Service's variables, the mounted
+    // CA and token, TLS verified against the clusterIP.
+    let (_, svc, _) = c.kubectl(
+        &[
+            "get",
+            "service",
+            "kubernetes",
+            "-o",
+            "jsonpath={.spec.clusterIP}:{.spec.ports[0].port}",
+        ],
+        None,
+    );
+    assert_eq!(svc, "10.96.0.1:443");
+    let (_, ep, _) = c.kubectl(
+        &[
+            "get",
+            "endpoints",
+            "kubernetes",
+            "-o",
+            "jsonpath={.subsets[0].ports[0].port}",
+        ],
+        None,
+    );
+    assert_eq!(ep, c.server.endpoint.rsplit(':').next().unwrap());
+    let env = k(&["exec", "reader", "--", "/bin/busybox", "env"]);
+    assert!(env.contains("KUBERNETES_SERVICE_HOST=10.96.0.1"), "{env}");
+    assert!(env.contains("KUBERNETES_SERVICE_PORT=443"), "{env}");
+    assert!(
+        env.contains("KUBERNETES_PORT_443_TCP=tcp://10.96.0.1:443"),
+        "{env}"
+    );
+    let list_pods = format!(
+        "curl -sS --max-time 10 --cacert {MOUNT}/ca.crt \
+           -H \"Authorization: Bearer $(cat {MOUNT}/token)\" \
+           -o /tmp/body -w '%{{http_code}}' \
+           https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT/api/v1/namespaces/default/pods \
+         && echo && cat /tmp/body"
+    );
+    let in_pod = |pod: &str| {
+        let (ok, out, err) = c.kubectl(
+            &["exec", pod, "--", "/bin/busybox", "sh", "-c", &list_pods],
+            None,
+        );
+        assert!(ok, "curl in {pod}: {out}\n{err}");
+        let (code, body) = out.split_once('\n').unwrap_or((out.as_str(), ""));
+        (code.to_string(), body.to_string())
+    };
+    let (code, body) = in_pod("reader");
+    assert_eq!(code, "200", "{body}");
+    let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(list["kind"], "PodList");
+    assert!(
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["metadata"]["name"] == "reader"),
+        "{body}"
+    );
+    let (code, body) = in_pod("outsider");
+    assert_eq!(code, "403", "{body}");
+    let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(status["reason"], "Forbidden");
+    assert!(
+        status["message"].as_str().unwrap().contains(
+            "User \"system:serviceaccount:default:nobody\" cannot list resource \"pods\""
+        ),
+        "{body}"
+    );
+
+    // The API server keeps its Service: deleted, it comes back (level-triggered, 10 s).
+    k(&["delete", "service", "kubernetes"]);
+    skiff_testkit::eventually_blocking("the kubernetes Service back", T, || {
+        let (_, out, _) = c.kubectl(
+            &[
+                "get",
+                "service",
+                "kubernetes",
+                "-o",
+                "jsonpath={.spec.clusterIP}",
+            ],
+            None,
+        );
+        (out == "10.96.0.1").then_some(())
+    });
 
     // Gone with its pod.
     k(&["delete", "pod", "reader", "--grace-period=1", "--wait=true"]);

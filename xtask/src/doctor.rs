@@ -225,6 +225,13 @@ pub const CHECKS: &[Check] = &[
         run: check_python3,
     },
     Check {
+        name: "curl",
+        what: "/usr/bin/curl (copied with its libraries into test pods, which call the API server)",
+        fixes: &[Fix::Apt("curl")],
+        needs_root: false,
+        run: check_curl,
+    },
+    Check {
         name: "kubectl",
         what: "kubectl 1.32 (the real client the API tests drive)",
         fixes: &[Fix::Manual(
@@ -1040,6 +1047,11 @@ fn check_busybox(ctx: &Context) -> Verdict {
 fn check_python3(ctx: &Context) -> Verdict {
     // The tests run this exact path inside pods (a pyenv shim on PATH is not enough).
     version_check(ctx, "/usr/bin/python3", &["--version"], Fix::Apt("python3"))
+}
+
+fn check_curl(ctx: &Context) -> Verdict {
+    // The tests copy this exact path (and what `ldd` names for it) into an image.
+    version_check(ctx, "/usr/bin/curl", &["--version"], Fix::Apt("curl"))
 }
 
 fn check_kubectl(ctx: &Context) -> Verdict {

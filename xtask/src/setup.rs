@@ -87,6 +87,11 @@ pub const APT_PACKAGES: &[AptPackage] = &[
         why: "scripts and test tooling",
     },
     AptPackage {
+        name: "curl",
+        ebpf: false,
+        why: "a real HTTPS client inside test pods (they call the API server with their token)",
+    },
+    AptPackage {
         name: "iptables",
         ebpf: false,
         why: "tests check that Skiff leaves every node's iptables rules alone",
@@ -509,6 +514,7 @@ mod tests {
             "iproute2",
             "busybox-static",
             "python3",
+            "curl",
         ] {
             assert!(names.contains(&needed), "{needed}");
         }

@@ -40,6 +40,7 @@ pub mod auth;
 mod cache;
 pub mod encryption;
 pub mod error;
+pub mod kubernetes_service;
 pub mod registry;
 mod rest;
 /// The REST request decoders for `cargo fuzz` (feature `fuzzing`).
@@ -71,6 +72,9 @@ pub struct ApiServerOptions {
     /// TLS and authentication. `None` serves plain HTTP to anyone: only for in-process
     /// servers of tests and benchmarks; the `skiff-apiserver` binary always sets it.
     pub security: Option<Security>,
+    /// The `kubernetes` Service in `default` and its Endpoints, kept in place while the
+    /// server runs (the binary always sets it; `None` for in-process test servers).
+    pub kubernetes_service: Option<kubernetes_service::KubernetesService>,
 }
 
 /// The user the API server is to node agents (the agents' `API_SERVER_USER`).
@@ -249,6 +253,7 @@ impl Default for ApiServerOptions {
             ],
             shutdown_timeout: Duration::from_secs(5),
             security: None,
+            kubernetes_service: None,
         }
     }
 }
@@ -281,6 +286,8 @@ pub struct ServerHandle {
     tls: bool,
     /// The certificate renewal task, stopped with the server.
     renewal: Option<JoinHandle<()>>,
+    /// The `kubernetes` Service's reconciler, stopped with the server.
+    kubernetes_service: Option<JoinHandle<()>>,
     registry: Arc<registry::Registry>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<std::io::Result<()>>>,
@@ -359,8 +366,11 @@ impl ServerHandle {
 
 impl Drop for ServerHandle {
     fn drop(&mut self) {
-        if let Some(r) = self.renewal.take() {
-            r.abort();
+        for task in [self.renewal.take(), self.kubernetes_service.take()]
+            .into_iter()
+            .flatten()
+        {
+            task.abort();
         }
         self.registry.stop();
         if let Some(task) = self.task.take() {
@@ -509,12 +519,16 @@ pub async fn spawn(
         .as_ref()
         .and_then(|s| s.renewal.clone())
         .map(|r| tokio::spawn(r.run()));
+    let kubernetes_service = opts
+        .kubernetes_service
+        .map(|k| tokio::spawn(k.run(Arc::clone(&registry))));
     let task = tokio::spawn(serve::serve(listener, app, tls, rx));
     info!(%addr, "API server listening");
     Ok(ServerHandle {
         addr,
         tls: opts.security.is_some(),
         renewal,
+        kubernetes_service,
         registry,
         shutdown: Some(tx),
         task: Some(task),

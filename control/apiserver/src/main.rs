@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
+use skiff_apiserver::kubernetes_service::KubernetesService;
 use skiff_apiserver::{ApiServerOptions, DEFAULT_WATCH_CACHE_CAPACITY, Security, SecurityOptions};
 use skiff_pki::bootstrap::{self, ClusterPki};
 use skiff_store::{EmbeddedOptions, EmbeddedStore, EtcdStore, Store};
@@ -88,6 +89,15 @@ struct Args {
     /// Seconds between checks for certificates due for renewal while running.
     #[arg(long, default_value_t = 3600)]
     cert_check_seconds: u64,
+    /// The Services' clusterIP range (the controller manager's flag of the same name): its
+    /// first address is the `kubernetes` Service's clusterIP, and a SAN of the serving
+    /// certificate.
+    #[arg(long, default_value = "10.96.0.0/16", value_name = "CIDR")]
+    service_cluster_ip_range: skiff_cidr::Ipv4Cidr,
+    /// The address the `kubernetes` Service's Endpoints give for this server (default: the
+    /// listen address; 127.0.0.1 for an unspecified one).
+    #[arg(long, value_name = "IP")]
+    advertise_address: Option<std::net::IpAddr>,
     /// Encrypt resources at rest as this EncryptionConfiguration
     /// (apiserver.config.k8s.io/v1; providers aesgcm and identity) says.
     #[arg(long, value_name = "FILE")]
@@ -132,7 +142,15 @@ fn security(args: &Args) -> Result<Security> {
     if !args.listen.ip().is_unspecified() {
         sans.push(args.listen.ip().to_string());
     }
-    for s in &args.tls_sans {
+    // Pods reach the server at the `kubernetes` Service's clusterIP and name.
+    let kubernetes = kubernetes_service(args)?;
+    for s in [
+        kubernetes.cluster_ip.to_string(),
+        kubernetes.advertise.to_string(),
+    ]
+    .iter()
+    .chain(&args.tls_sans)
+    {
         if !s.is_empty() && !sans.contains(s) {
             sans.push(s.clone());
         }
@@ -159,6 +177,30 @@ fn security(args: &Args) -> Result<Security> {
             args.cert_check_seconds.max(1),
         )),
     })?)
+}
+
+/// The `kubernetes` Service the flags describe.
+fn kubernetes_service(args: &Args) -> Result<KubernetesService> {
+    let range = args.service_cluster_ip_range;
+    let cluster_ip = range.host(0).with_context(|| {
+        format!("--service-cluster-ip-range {range}: the range has no host address")
+    })?;
+    let advertise = args.advertise_address.unwrap_or_else(|| {
+        let ip = args.listen.ip();
+        if ip.is_unspecified() {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        } else {
+            ip
+        }
+    });
+    if advertise.is_unspecified() {
+        bail!("--advertise-address {advertise}: must be an address clients can reach");
+    }
+    Ok(KubernetesService {
+        cluster_ip,
+        advertise,
+        port: args.listen.port(),
+    })
 }
 
 fn write_user_kubeconfig(
@@ -267,6 +309,7 @@ async fn main() -> Result<()> {
     let opts = ApiServerOptions {
         watch_cache_capacity: args.watch_cache_capacity,
         security: Some(security),
+        kubernetes_service: Some(kubernetes_service(&args)?),
         ..ApiServerOptions::default()
     };
     let mut server = skiff_apiserver::spawn(store, listener, opts)

@@ -26,6 +26,8 @@
 //! earlier agent left is reconciled against the pod addresses still allocated.
 
 pub mod api;
+mod apiproxy;
+mod envvars;
 mod images;
 pub mod join;
 mod logs;
@@ -111,7 +113,14 @@ pub struct AgentConfig {
     pub image_gc: skiff_image::gc::GcPolicy,
     /// How often images are garbage-collected.
     pub image_gc_period: Duration,
+    /// The API server's URL, which the passthrough for pods dials (`None`: no passthrough).
+    pub api_server_url: Option<String>,
+    /// The port of that passthrough on the node's InternalIP (0: none).
+    pub api_server_proxy_port: u16,
 }
+
+/// The default port of the node's passthrough to the API server (k3s' agent balancer's).
+pub const DEFAULT_API_SERVER_PROXY_PORT: u16 = 6444;
 
 impl AgentConfig {
     pub fn new(node_name: &str, state_dir: PathBuf, shim_path: PathBuf) -> Self {
@@ -138,6 +147,8 @@ impl AgentConfig {
             registry_config: None,
             image_gc: skiff_image::gc::GcPolicy::default(),
             image_gc_period: Duration::from_secs(300),
+            api_server_url: None,
+            api_server_proxy_port: DEFAULT_API_SERVER_PROXY_PORT,
         }
     }
 }
@@ -180,6 +191,8 @@ pub(crate) struct Ctx {
     pub images: Result<Arc<images::ImageService>, String>,
     /// The pods' volumes and generated /etc files.
     pub volumes: volumes::Volumes,
+    /// Every Service, for the containers' service environment variables.
+    pub services: skiff_client::runtime::Informer<skiff_api::api::Service>,
 }
 
 impl Ctx {
@@ -349,6 +362,33 @@ pub async fn run(
         detach_stale_service_lb(&cfg.node_name);
         Err("disabled (--no-service-lb)".to_string())
     };
+    // Pods reach the API server through this node: the `kubernetes` Service is sent to a
+    // passthrough on the node's address.
+    let api_proxy = match (&proxy, &host_ip, &cfg.api_server_url) {
+        (Ok(p), Some(ip), Some(url)) if cfg.api_server_proxy_port != 0 => {
+            match start_api_proxy(
+                cfg.node_netns.as_deref(),
+                ip,
+                cfg.api_server_proxy_port,
+                url,
+            )
+            .await
+            {
+                Ok(a) => {
+                    p.route_api_server_to(skiff_datapath::lb::BackendAddr {
+                        ip: a.addr.ip(),
+                        port: a.addr.port(),
+                    });
+                    Some(a)
+                }
+                Err(e) => {
+                    warn!(error = %e, "pods cannot reach the API server through the kubernetes Service");
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
     facts.service_lb = cfg
         .service_lb
         .then(|| proxy.as_ref().map(|_| ()).map_err(Clone::clone));
@@ -367,7 +407,9 @@ pub async fn run(
         None
     };
 
+    let informers = Informers::new(client.clone());
     let ctx = Arc::new(Ctx {
+        services: informers.get::<skiff_api::api::Service>(),
         client: client.clone(),
         runtime: runtime.clone(),
         net: net.clone(),
@@ -419,8 +461,8 @@ pub async fn run(
     let api_server = api::serve(listener, &cfg.node_name, ctx.clone(), api_tls);
 
     // The cluster-wide controllers of the agent share one set of informers (the pod loop
-    // watches only this node's pods) and stop together.
-    let informers = Informers::new(client.clone());
+    // watches only this node's pods; workers read Services for the containers'
+    // environment) and stop together.
     let stop_controllers = CancelToken::new();
     // Routes to the other nodes' pod CIDRs, from the Nodes they register.
     let routes = AbortOnDrop(tokio::spawn({
@@ -458,6 +500,7 @@ pub async fn run(
 
     let result = pod_loop(ctx, &cfg.node_name, shutdown).await;
     drop(image_gc);
+    drop(api_proxy);
     stop_controllers.cancel();
     drop(routes);
     drop(lb_task);
@@ -465,6 +508,22 @@ pub async fn run(
     heartbeat.abort();
     api_server.abort();
     result
+}
+
+/// Starts the passthrough to the API server at `<host_ip>:<port>` in the node's namespace.
+async fn start_api_proxy(
+    netns: Option<&std::path::Path>,
+    host_ip: &str,
+    port: u16,
+    url: &str,
+) -> Result<apiproxy::ApiProxy, String> {
+    let ip: std::net::IpAddr = host_ip
+        .parse()
+        .map_err(|e| format!("node address {host_ip:?}: {e}"))?;
+    let upstream = apiproxy::upstream_of(url).map_err(|e| e.to_string())?;
+    apiproxy::ApiProxy::start(netns, SocketAddr::new(ip, port), upstream)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// Aborts a background task when dropped (also on an early return).

@@ -159,6 +159,11 @@ struct RunArgs {
     /// The port is published in the Node's status.daemonEndpoints.kubeletEndpoint.Port.
     #[arg(long, default_value = "127.0.0.1:0")]
     api_listen: std::net::SocketAddr,
+    /// The port on the node's InternalIP (in its network namespace) where the agent carries
+    /// pods' connections to the API server; the `kubernetes` Service (10.96.0.1:443) is
+    /// sent there. 0 turns it off (pods then use the Service's Endpoints as they are).
+    #[arg(long, default_value_t = skiff_node::DEFAULT_API_SERVER_PROXY_PORT)]
+    apiserver_proxy_port: u16,
 }
 
 #[derive(Args, Debug)]
@@ -282,11 +287,13 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
     cfg.lb.maglev_table_size = args.lb_maglev_table_size;
     cfg.lb.debug = args.bpf_debug;
     cfg.api_listen = args.api_listen;
+    cfg.api_server_proxy_port = args.apiserver_proxy_port;
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     rt.block_on(async move {
         let config =
             skiff_client::ClientConfig::load(args.server.as_deref(), args.kubeconfig.as_deref())?;
         let client = skiff_client::Client::connect_lazy_with(&config)?;
+        cfg.api_server_url = Some(config.server.clone());
         // Without a client certificate the agent cannot be reached as itself anyway; with
         // one, its API requires certificates of the same CA.
         cfg.client_ca_pem = config.ca_pem.clone().filter(|_| config.identity.is_some());

@@ -42,6 +42,8 @@ const RESYNC: Duration = Duration::from_secs(30);
 const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(600);
 /// Retry delay after an infrastructure failure (sandbox, network, status write).
 const RETRY: Duration = Duration::from_secs(2);
+/// How long a container start waits for the agent's first list of Services.
+const SERVICES_SYNC_WAIT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Default)]
 struct Track {
@@ -755,7 +757,28 @@ impl Worker {
     /// Secret keys), a later name replacing an earlier one. `Err` is the
     /// CreateContainerConfigError message (never a value).
     async fn env_of(&self, c: &Container) -> Result<Vec<(String, String)>, String> {
-        let mut env: Vec<(String, String)> = Vec::new();
+        // The Services first ([`crate::envvars`]), from the agent's informer once it has
+        // listed them (the kubelet refuses to guess as well).
+        if tokio::time::timeout(SERVICES_SYNC_WAIT, self.ctx.services.wait_synced())
+            .await
+            .is_err()
+        {
+            return Err(
+                "services have not yet been read at least once, cannot construct envvars".into(),
+            );
+        }
+        let links = self
+            .pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.enable_service_links)
+            .unwrap_or(true);
+        let services = self.ctx.services.list();
+        let mut env: Vec<(String, String)> = crate::envvars::service_env(
+            self.pod.namespace(),
+            links,
+            services.iter().map(|s| s.as_ref()),
+        );
         let set = |env: &mut Vec<(String, String)>, k: String, v: String| match env
             .iter_mut()
             .find(|(n, _)| *n == k)

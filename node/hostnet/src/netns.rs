@@ -145,6 +145,25 @@ pub async fn connect_in(
         .map_err(|source| NetError::Netns { path, source })
 }
 
+/// Opens a TCP listener on `addr` inside the network namespace bind-mounted at `netns`
+/// (the current one for `None`): the node's, for the agent's API server passthrough. The
+/// socket belongs to that namespace for its whole life (nonblocking, for tokio); the thread
+/// that made it exits.
+pub async fn listen_in(
+    netns: Option<&Path>,
+    addr: std::net::SocketAddr,
+) -> Result<std::net::TcpListener, NetError> {
+    let ns = Netns::new(netns);
+    let path = ns.display_path();
+    ns.run(move || -> std::io::Result<std::net::TcpListener> {
+        let l = std::net::TcpListener::bind(addr)?;
+        l.set_nonblocking(true)?;
+        Ok(l)
+    })
+    .await?
+    .map_err(|source| NetError::Netns { path, source })
+}
+
 /// Writes a per-namespace sysctl under `/proc/sys/net` from inside `netns`.
 pub(crate) async fn write_sysctl(netns: &Netns, key: &str, value: &str) -> Result<(), NetError> {
     let path = PathBuf::from("/proc/sys/net").join(key);

@@ -190,6 +190,79 @@ impl Registry {
     }
 }
 
+impl Registry {
+    /// Pushes a busybox image (the host's busybox-static as `/bin/busybox`, entrypoint
+    /// `busybox sh -c`, so a container's `args` is one shell script) as `repository:tag`
+    /// and returns its reference.
+    pub async fn push_busybox(&self, repository_tag: &str) -> String {
+        self.push_busybox_with(repository_tag, &[]).await
+    }
+
+    /// [`Registry::push_busybox`] with host programs added at their own paths (`/usr/bin/curl`)
+    /// together with the shared libraries `ldd` names for them: real tools of the host
+    /// inside a pod.
+    pub async fn push_busybox_with(&self, repository_tag: &str, programs: &[&str]) -> String {
+        let busybox = std::fs::read("/bin/busybox").expect("busybox-static (cargo xtask setup)");
+        let mut files: Vec<(String, Vec<u8>)> = vec![("bin/busybox".into(), busybox)];
+        for program in programs {
+            files.push((
+                program.trim_start_matches('/').to_string(),
+                std::fs::read(program).unwrap_or_else(|e| panic!("reading {program}: {e}")),
+            ));
+            let out = Command::new("ldd")
+                .arg(program)
+                .output()
+                .expect("running ldd");
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                // `libz.so.1 => /lib/x86_64-linux-gnu/libz.so.1 (0x...)` or
+                // `/lib64/ld-linux-x86-64.so.2 (0x...)`.
+                let path = match line.split_once("=>") {
+                    Some((_, right)) => right.split_whitespace().next(),
+                    None => line.split_whitespace().next(),
+                };
+                let Some(path) = path.filter(|p| p.starts_with('/')) else {
+                    continue;
+                };
+                let name = path.trim_start_matches('/').to_string();
+                if files.iter().any(|(n, _)| *n == name) {
+                    continue;
+                }
+                let data = std::fs::read(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
+                files.push((name, data));
+            }
+        }
+        let mut dirs: Vec<String> = vec!["tmp/".into()];
+        for (name, _) in &files {
+            let mut at = String::new();
+            for part in name
+                .split('/')
+                .collect::<Vec<_>>()
+                .iter()
+                .rev()
+                .skip(1)
+                .rev()
+            {
+                at.push_str(part);
+                at.push('/');
+                if !dirs.contains(&at) {
+                    dirs.push(at.clone());
+                }
+            }
+        }
+        let mut entries: Vec<(&str, &[u8])> = dirs.iter().map(|d| (d.as_str(), &b""[..])).collect();
+        entries.extend(files.iter().map(|(n, d)| (n.as_str(), d.as_slice())));
+        let layer = gz_layer_bytes(&entries);
+        let config = serde_json::json!({
+            "architecture": "amd64", "os": "linux",
+            "config": {"Entrypoint": ["/bin/busybox", "sh", "-c"], "Env": ["PATH=/bin:/usr/bin"]},
+            "rootfs": {"type": "layers", "diff_ids": [
+                "sha256:0000000000000000000000000000000000000000000000000000000000000000"]},
+        });
+        self.push(repository_tag, &[layer], &config, None).await;
+        format!("{}/{repository_tag}", self.host())
+    }
+}
+
 /// The diff ID of a tar+gzip layer: `sha256:` and the digest of the uncompressed tarball
 /// (of what decompresses, for a deliberately truncated or corrupt layer).
 pub fn diff_id(gz: &[u8]) -> String {

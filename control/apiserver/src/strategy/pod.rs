@@ -68,6 +68,7 @@ pub(crate) fn default_pod_spec(spec: &mut PodSpec) {
     if spec.dns_policy.is_empty() {
         spec.dns_policy = "ClusterFirst".into();
     }
+    spec.enable_service_links.get_or_insert(true);
     for c in spec
         .containers
         .iter_mut()

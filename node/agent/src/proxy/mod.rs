@@ -95,11 +95,13 @@ use skiff_api::api::{Endpoints, Service};
 use skiff_client::node_api::LatencyHistogram;
 use skiff_client::runtime::{CancelToken, Controller, Informer, Informers, ObjectKey};
 use skiff_datapath::BpfError;
-use skiff_datapath::lb::{FastPathCounters, Frontend, LbDatapath, PodEndpoint, TcAttach};
+use skiff_datapath::lb::{
+    BackendAddr, FastPathCounters, Frontend, LbDatapath, PodEndpoint, TcAttach,
+};
 use skiff_hostnet::PodAttachment;
 use tracing::{debug, info, warn};
 
-pub use desired::{DesiredPort, desired, desired_on};
+pub use desired::{DesiredPort, desired, desired_on, through_api_proxy};
 pub use histogram::{BUCKETS_US, Histogram};
 use reconciler::ServiceReconciler;
 pub use report::fast_path;
@@ -120,6 +122,9 @@ struct Inner {
     owners: BTreeMap<Frontend, Owner>,
     /// The pods given to the fast path by this agent: address → pod uid.
     pods: BTreeMap<IpAddr, String>,
+    /// Where the `kubernetes` Service goes on this node: the agent's passthrough to the API
+    /// server, when it runs one.
+    api_server: Option<BackendAddr>,
     writes: u64,
     latency: Histogram,
 }
@@ -148,11 +153,18 @@ impl Proxy {
                 node_ips,
                 owners: BTreeMap::new(),
                 pods: BTreeMap::new(),
+                api_server: None,
                 writes: 0,
                 latency: Histogram::default(),
             }),
             seen: Arc::default(),
         })
+    }
+
+    /// Sends the `kubernetes` Service to `addr` (this node's passthrough to the API server)
+    /// from the next reconcile of that Service on; set before [`Proxy::run`].
+    pub fn route_api_server_to(&self, addr: BackendAddr) {
+        self.lock().api_server = Some(addr);
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {

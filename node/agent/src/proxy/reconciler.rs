@@ -11,7 +11,9 @@ use skiff_datapath::BpfError;
 use skiff_datapath::lb::Frontend;
 use tracing::{debug, warn};
 
-use super::desired::{DesiredPort, desired_on};
+use skiff_api::wellknown::{KUBERNETES_SERVICE_NAME, KUBERNETES_SERVICE_NAMESPACE};
+
+use super::desired::{DesiredPort, desired_on, through_api_proxy};
 use super::{Inner, Owner, Proxy};
 
 /// How often a Service whose frontend another Service holds is looked at again.
@@ -25,16 +27,27 @@ pub(super) struct ServiceReconciler {
 
 impl ServiceReconciler {
     fn desired_of(&self, key: &ObjectKey) -> Vec<DesiredPort> {
-        let (node, node_ips) = {
+        let (node, node_ips, api_server) = {
             let inner = self.proxy.lock();
-            (inner.node_name.clone(), inner.node_ips.clone())
+            (
+                inner.node_name.clone(),
+                inner.node_ips.clone(),
+                inner.api_server,
+            )
         };
-        desired_on(
+        let mut ports = desired_on(
             self.services.get(key).as_deref(),
             self.endpoints.get(key).as_deref(),
             &node,
             &node_ips,
-        )
+        );
+        if let Some(api) = api_server
+            && key.namespace == KUBERNETES_SERVICE_NAMESPACE
+            && key.name == KUBERNETES_SERVICE_NAME
+        {
+            through_api_proxy(&mut ports, api);
+        }
+        ports
     }
 }
 

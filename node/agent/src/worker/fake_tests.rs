@@ -60,6 +60,8 @@ async fn bed(backoff_initial: Duration) -> Bed {
         recorder: EventRecorder::new(client.clone(), EVENT_COMPONENT, "node-1"),
         images: Err("no image store in these tests".into()),
         volumes: super::volumes::Volumes::new(state.path()),
+        services: skiff_client::runtime::Informers::new(client.clone())
+            .get::<skiff_api::api::Service>(),
     });
     Bed {
         _server: server,
