@@ -37,12 +37,14 @@ const RENAMES: [(&str, &str); 22] = [
 ];
 
 /// IntOrString: a port number or a name, a count or a percentage.
-const INT_OR_STRING: [&str; 5] = [
+const INT_OR_STRING: [&str; 7] = [
     "ServicePort.target_port",
     "HTTPGetAction.port",
     "TCPSocketAction.port",
     "RollingUpdateDeployment.max_unavailable",
     "RollingUpdateDeployment.max_surge",
+    "RollingUpdateDaemonSet.max_unavailable",
+    "RollingUpdateDaemonSet.max_surge",
 ];
 
 /// Quantities may be written as YAML numbers (cpu: 1).
@@ -58,8 +60,13 @@ const QUANTITY_MAPS: [&str; 4] = [
 /// (`kubectl wait` compares a condition's observedGeneration with the object's generation).
 /// Fields without `omitempty` in Kubernetes (restartCount, ready, exitCode, ports,
 /// ReplicaSetStatus.replicas, weights) stay, and `optional` fields are `None` when unset.
-const OMIT_ZERO: [&str; 25] = [
+const OMIT_ZERO: [&str; 30] = [
     "ObjectMeta.generation",
+    "DaemonSetSpec.min_ready_seconds",
+    "DaemonSetStatus.observed_generation",
+    "DaemonSetStatus.updated_number_scheduled",
+    "DaemonSetStatus.number_available",
+    "DaemonSetStatus.number_unavailable",
     "Condition.observed_generation",
     "ReplicaSetSpec.min_ready_seconds",
     "ReplicaSetStatus.fully_labeled_replicas",
@@ -121,7 +128,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     for field in INT_OR_STRING {
-        let with = if field.starts_with("RollingUpdateDeployment.") {
+        let with = if field.starts_with("RollingUpdate") {
             "opt_int_or_string"
         } else {
             "int_or_string"

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::api::{
-    CertificateSigningRequest, ConfigMap, ContainerStatus, Deployment, Endpoints, Event,
+    CertificateSigningRequest, ConfigMap, ContainerStatus, DaemonSet, Deployment, Endpoints, Event,
     LabelSelector, Lease, Namespace, Node, Pod, PodTemplateSpec, ReplicaSet, RoleBinding, Secret,
     Service, ServicePort,
 };
@@ -76,6 +76,19 @@ pub fn headers(kind: &str, wide: bool) -> Vec<String> {
         ),
         "ReplicaSet" => (
             &["NAME", "DESIRED", "CURRENT", "READY", "AGE"],
+            &["CONTAINERS", "IMAGES", "SELECTOR"],
+        ),
+        "DaemonSet" => (
+            &[
+                "NAME",
+                "DESIRED",
+                "CURRENT",
+                "READY",
+                "UP-TO-DATE",
+                "AVAILABLE",
+                "NODE SELECTOR",
+                "AGE",
+            ],
             &["CONTAINERS", "IMAGES", "SELECTOR"],
         ),
         "Lease" => (&["NAME", "HOLDER", "AGE"], &[]),
@@ -274,6 +287,41 @@ pub fn cells(kind: &str, obj: &Value, wide: bool, now: DateTime<Utc>) -> Vec<Str
                 spec.replicas.unwrap_or(1).to_string(),
                 st.replicas.to_string(),
                 st.ready_replicas.to_string(),
+                created,
+            ];
+            if wide {
+                c.extend(template_columns(
+                    spec.template.as_ref(),
+                    spec.selector.as_ref(),
+                ));
+            }
+            c
+        }
+        "DaemonSet" => {
+            let d: DaemonSet = typed(obj);
+            let spec = d.spec.clone().unwrap_or_default();
+            let st = d.status.clone().unwrap_or_default();
+            let node_selector = spec
+                .template
+                .as_ref()
+                .and_then(|t| t.spec.as_ref())
+                .map(|s| {
+                    s.node_selector
+                        .iter()
+                        .map(|(k, v)| format!("{k}={v}"))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                })
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| "<none>".into());
+            let mut c = vec![
+                name,
+                st.desired_number_scheduled.to_string(),
+                st.current_number_scheduled.to_string(),
+                st.number_ready.to_string(),
+                st.updated_number_scheduled.to_string(),
+                st.number_available.to_string(),
+                node_selector,
                 created,
             ];
             if wide {

@@ -33,6 +33,7 @@ pub mod columns;
 pub mod k8s_wire;
 pub mod manifest;
 pub mod names;
+pub mod nodeaffinity;
 pub mod quantity;
 mod resource;
 pub mod schema;

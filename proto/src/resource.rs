@@ -226,6 +226,7 @@ resource!(
     true,
     status
 );
+resource!(DaemonSet, "apps/v1", "daemonsets", ["ds"], true, status);
 resource!(
     Lease,
     "coordination.k8s.io/v1",
@@ -306,7 +307,7 @@ impl<T: Resource> DynKind for KindOf<T> {
     }
 }
 
-static KINDS: [&dyn DynKind; 17] = [
+static KINDS: [&dyn DynKind; 18] = [
     &KindOf::<Namespace>(PhantomData),
     &KindOf::<Node>(PhantomData),
     &KindOf::<Pod>(PhantomData),
@@ -318,6 +319,7 @@ static KINDS: [&dyn DynKind; 17] = [
     &KindOf::<Event>(PhantomData),
     &KindOf::<ReplicaSet>(PhantomData),
     &KindOf::<Deployment>(PhantomData),
+    &KindOf::<DaemonSet>(PhantomData),
     &KindOf::<Lease>(PhantomData),
     &KindOf::<Role>(PhantomData),
     &KindOf::<ClusterRole>(PhantomData),

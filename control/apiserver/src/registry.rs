@@ -17,9 +17,9 @@ use chrono::{SecondsFormat, Utc};
 use prost::Message;
 use rand::Rng;
 use skiff_api::api::{
-    Binding, CertificateSigningRequest, ClusterRole, ClusterRoleBinding, ConfigMap, Deployment,
-    Endpoints, Event, Lease, Namespace, Node, Pod, ReplicaSet, Role, RoleBinding, Secret, Service,
-    ServiceAccount,
+    Binding, CertificateSigningRequest, ClusterRole, ClusterRoleBinding, ConfigMap, DaemonSet,
+    Deployment, Endpoints, Event, Lease, Namespace, Node, Pod, ReplicaSet, Role, RoleBinding,
+    Secret, Service, ServiceAccount,
 };
 use skiff_api::rpc::{DeleteRequest, ListRequest, ListResponse, WatchRequest};
 use skiff_api::selector::{FieldSelector, Selector};
@@ -937,6 +937,7 @@ impl Registry {
         add::<Event>(h, &store, cache_capacity).await?;
         add::<ReplicaSet>(h, &store, cache_capacity).await?;
         add::<Deployment>(h, &store, cache_capacity).await?;
+        add::<DaemonSet>(h, &store, cache_capacity).await?;
         add::<Lease>(h, &store, cache_capacity).await?;
         add::<Role>(h, &store, cache_capacity).await?;
         add::<ClusterRole>(h, &store, cache_capacity).await?;

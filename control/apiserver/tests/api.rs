@@ -225,6 +225,7 @@ async fn crud_and_selectors(s: TestServer) {
             "events",
             "replicasets",
             "deployments",
+            "daemonsets",
             "leases",
             "roles",
             "clusterroles",

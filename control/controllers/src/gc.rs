@@ -34,7 +34,9 @@ use std::future::Future;
 use std::sync::Arc;
 
 use futures::future::{BoxFuture, FutureExt, join_all};
-use skiff_api::api::{Deployment, Endpoints, ObjectMeta, OwnerReference, Pod, ReplicaSet, Service};
+use skiff_api::api::{
+    DaemonSet, Deployment, Endpoints, ObjectMeta, OwnerReference, Pod, ReplicaSet, Service,
+};
 use skiff_api::{FOREGROUND_FINALIZER, KindInfo, ORPHAN_FINALIZER, Resource};
 use skiff_client::runtime::{
     Action, CancelToken, Controller, EventRecorder, EventType, Informer, Informers, ObjectKey,
@@ -519,7 +521,7 @@ macro_rules! graph_kinds {
     };
 }
 
-graph_kinds!(Deployment, ReplicaSet, Pod, Service, Endpoints);
+graph_kinds!(Deployment, DaemonSet, ReplicaSet, Pod, Service, Endpoints);
 
 /// Runs the garbage collector (one collector per kind, `workers` workers each) until `stop`
 /// is cancelled.

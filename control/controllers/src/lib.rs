@@ -8,6 +8,11 @@
 //! - [`deployment`]: one ReplicaSet per template revision; rolls from the old ones to the new
 //!   one honouring maxSurge/maxUnavailable (RollingUpdate) or all at once (Recreate); pause,
 //!   revision history, status and conditions.
+//! - [`daemonset`]: one pod of each DaemonSet on every node its template's selector,
+//!   affinity and tolerations allow; rolling updates within maxUnavailable/maxSurge, or
+//!   OnDelete; status counts.
+//! - [`podcontrol`]: what the controllers that own pods directly share (claiming, creating
+//!   and deleting pods with events, expectations).
 //! - [`endpoints`]: keeps an Endpoints object per Service with a selector, listing the
 //!   selected pods' addresses (ready and not ready) and their resolved target ports.
 //! - [`serviceip`]: the Service allocator: hands out `spec.clusterIP` from the service CIDR
@@ -33,6 +38,7 @@
 
 pub mod allocator;
 pub mod certificates;
+pub mod daemonset;
 pub mod deployment;
 pub mod endpoints;
 pub mod gc;
@@ -40,6 +46,7 @@ pub mod manager;
 pub mod namespace;
 pub mod nodeipam;
 pub mod nodelifecycle;
+pub mod podcontrol;
 pub mod ranges;
 pub mod replicaset;
 pub mod rootca;

@@ -32,6 +32,7 @@ pub const COMPONENT: &str = "skiff-controller-manager";
 pub enum ControllerName {
     ReplicaSet,
     Deployment,
+    DaemonSet,
     Endpoints,
     ServiceAllocator,
     NodeIpam,
@@ -44,9 +45,10 @@ pub enum ControllerName {
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 11] = [
+    pub const ALL: [ControllerName; 12] = [
         ControllerName::ReplicaSet,
         ControllerName::Deployment,
+        ControllerName::DaemonSet,
         ControllerName::Endpoints,
         ControllerName::ServiceAllocator,
         ControllerName::NodeIpam,
@@ -62,6 +64,7 @@ impl ControllerName {
         match self {
             ControllerName::ReplicaSet => "replicaset",
             ControllerName::Deployment => "deployment",
+            ControllerName::DaemonSet => "daemonset",
             ControllerName::Endpoints => "endpoints",
             ControllerName::ServiceAllocator => "service-allocator",
             ControllerName::NodeIpam => "nodeipam",
@@ -79,6 +82,7 @@ impl ControllerName {
         match self {
             ControllerName::ReplicaSet => "replicaset-controller",
             ControllerName::Deployment => "deployment-controller",
+            ControllerName::DaemonSet => "daemonset-controller",
             ControllerName::Endpoints => "endpoint-controller",
             ControllerName::ServiceAllocator => "service-ip-allocator",
             ControllerName::NodeIpam => "node-ipam-controller",
@@ -222,6 +226,12 @@ pub async fn run_controllers(client: Client, config: &ManagerConfig, stop: Cance
                 config.workers,
                 stop.clone(),
             )),
+            ControllerName::DaemonSet => Box::pin(crate::daemonset::DaemonSetController::run(
+                &informers,
+                recorder(*c),
+                config.workers,
+                stop.clone(),
+            )),
             ControllerName::Endpoints => Box::pin(EndpointsController::run(
                 &informers,
                 recorder(*c),
@@ -344,7 +354,7 @@ mod tests {
     fn controller_lists() {
         use ControllerName::*;
         let all: BTreeSet<_> = ControllerName::ALL.into_iter().collect();
-        assert_eq!(all.len(), 11);
+        assert_eq!(all.len(), 12);
         assert_eq!(parse_controllers("*").unwrap(), all);
         assert_eq!(parse_controllers("").unwrap(), all);
         assert_eq!(
@@ -355,6 +365,7 @@ mod tests {
             parse_controllers("-deployment").unwrap(),
             [
                 ReplicaSet,
+                DaemonSet,
                 Endpoints,
                 ServiceAllocator,
                 NodeIpam,
@@ -370,14 +381,14 @@ mod tests {
         assert_eq!(
             parse_controllers(
                 "*,-replicaset,-garbagecollector,-namespace,-nodelifecycle,-serviceaccount,\
-                 -certificatesigningrequest,-root-ca-cert-publisher"
+                 -certificatesigningrequest,-root-ca-cert-publisher,-daemonset"
             )
             .unwrap(),
             [Deployment, Endpoints, ServiceAllocator, NodeIpam].into()
         );
         assert_eq!(
             parse_controllers(
-                "ReplicaSet, deployment, endpoints, service-allocator, nodeipam, garbagecollector, Namespace, NodeLifecycle, serviceaccount, certificatesigningrequest, root-ca-cert-publisher"
+                "ReplicaSet, deployment, daemonset, endpoints, service-allocator, nodeipam, garbagecollector, Namespace, NodeLifecycle, serviceaccount, certificatesigningrequest, root-ca-cert-publisher"
             )
             .unwrap(),
             all

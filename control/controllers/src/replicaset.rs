@@ -8,25 +8,22 @@
 //!
 //! The pod informer may lag behind the creates and deletes the controller just made; to not
 //! create duplicates, in-flight creates and deletes are remembered per ReplicaSet
-//! ([`Expectations`]) and replicas are not managed again until the informer has caught up.
+//! ([`crate::podcontrol::Expectations`]) and replicas are not managed again until the informer has caught up.
 
 use std::cmp::Reverse;
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
 use futures::future::join_all;
 use skiff_api::Resource;
 use skiff_api::api::{Condition, ObjectMeta, Pod, ReplicaSet, ReplicaSetStatus};
-use skiff_api::selector::Selector;
 use skiff_client::runtime::{
     Action, CancelToken, Controller, EventRecorder, EventType, Informer, Informers, ObjectKey,
     Reconciler, controller_of,
 };
-use skiff_client::{Client, DeleteParams};
-use tokio::time::Instant;
 
+use crate::podcontrol::PodControl;
 use crate::util::{
     self, available_in, controller_ref, format_time, is_pod_active, is_pod_available,
     is_terminating, labels, ready_since, workload_selector,
@@ -35,87 +32,11 @@ use crate::{Context, Error};
 
 /// Most pods created or deleted for one ReplicaSet in one reconcile.
 const BURST: usize = 500;
-/// After this long, in-flight creates/deletes that were never observed are given up on.
-const EXPECTATIONS_TIMEOUT: Duration = Duration::from_secs(120);
-
-#[derive(Debug)]
-struct Pending {
-    /// Pods created, by name, with the resourceVersion the create returned.
-    creates: HashMap<String, u64>,
-    /// Pods deleted, by name.
-    deletes: HashSet<String>,
-    since: Instant,
-}
-
-/// The creates and deletes each ReplicaSet is waiting to see in the pod informer.
-#[derive(Debug, Default)]
-pub struct Expectations {
-    pending: Mutex<HashMap<ObjectKey, Pending>>,
-}
-
-impl Expectations {
-    fn with<R>(&self, key: &ObjectKey, f: impl FnOnce(&mut Pending) -> R) -> R {
-        let mut map = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        let p = map.entry(key.clone()).or_insert_with(|| Pending {
-            creates: HashMap::new(),
-            deletes: HashSet::new(),
-            since: Instant::now(),
-        });
-        p.since = Instant::now();
-        f(p)
-    }
-
-    pub fn created(&self, key: &ObjectKey, pod: &Pod) {
-        let rv = pod.resource_version().parse().unwrap_or(u64::MAX);
-        self.with(key, |p| p.creates.insert(pod.name().to_string(), rv));
-    }
-
-    pub fn deleted(&self, key: &ObjectKey, pod: &str) {
-        self.with(key, |p| p.deletes.insert(pod.to_string()));
-    }
-
-    pub fn forget(&self, key: &ObjectKey) {
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(key);
-    }
-
-    /// `None` when everything this ReplicaSet did has been observed by `pods` (or given up
-    /// on); else how long until it is given up on.
-    pub fn pending(&self, key: &ObjectKey, pods: &Informer<Pod>) -> Option<Duration> {
-        let mut map = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        let p = map.get_mut(key)?;
-        let revision = pods.revision();
-        p.creates.retain(|name, rv| {
-            revision < *rv && pods.get(&ObjectKey::new(&key.namespace, name)).is_none()
-        });
-        p.deletes.retain(|name| {
-            pods.get(&ObjectKey::new(&key.namespace, name))
-                .is_some_and(|pod| is_pod_active(&pod))
-        });
-        if p.creates.is_empty() && p.deletes.is_empty() {
-            map.remove(key);
-            return None;
-        }
-        let waited = p.since.elapsed();
-        if waited >= EXPECTATIONS_TIMEOUT {
-            tracing::warn!(replicaset = %key, creates = p.creates.len(), deletes = p.deletes.len(),
-                "pod changes never observed, managing replicas again");
-            map.remove(key);
-            return None;
-        }
-        Some(EXPECTATIONS_TIMEOUT - waited)
-    }
-}
 
 /// The reconciler of ReplicaSets.
 pub struct ReplicaSetController {
-    client: Client,
-    recorder: EventRecorder,
     replica_sets: Informer<ReplicaSet>,
-    pods: Informer<Pod>,
-    expectations: Expectations,
+    pods: PodControl,
 }
 
 impl std::fmt::Debug for ReplicaSetController {
@@ -180,11 +101,8 @@ pub fn deletion_order(pods: &mut [Arc<Pod>]) {
 impl ReplicaSetController {
     pub fn new(informers: &Informers, recorder: EventRecorder) -> Self {
         ReplicaSetController {
-            client: informers.client().clone(),
-            recorder,
             replica_sets: informers.get::<ReplicaSet>(),
-            pods: informers.get::<Pod>(),
-            expectations: Expectations::default(),
+            pods: PodControl::new(informers.client().clone(), recorder, informers.get::<Pod>()),
         }
     }
 
@@ -225,141 +143,6 @@ impl ReplicaSetController {
             .await;
     }
 
-    /// The pods `rs` owns after adopting matching orphans and releasing owned pods that no
-    /// longer match (every phase).
-    async fn claim_pods(
-        &self,
-        rs: &ReplicaSet,
-        selector: &Selector,
-    ) -> Result<Vec<Arc<Pod>>, Error> {
-        let ns = rs.namespace();
-        let rs_uid = util::uid(rs);
-        let mut owned = Vec::new();
-        for pod in self.pods.by_owner(rs_uid) {
-            if pod.namespace() != ns {
-                continue;
-            }
-            if selector.matches(labels(&*pod)) {
-                owned.push(pod);
-            } else if !is_terminating(rs) {
-                self.release(rs, &pod).await?;
-            }
-        }
-        if is_terminating(rs) {
-            return Ok(owned);
-        }
-        for pod in self.pods.select(Some(ns), selector) {
-            if controller_of(&*pod).is_some() || is_terminating(&*pod) {
-                continue;
-            }
-            let mut adopted = (*pod).clone();
-            adopted
-                .metadata_mut()
-                .owner_references
-                .push(controller_ref(rs));
-            match self.client.namespaced::<Pod>(ns).update(&adopted).await {
-                Ok(p) => {
-                    tracing::info!(replicaset = rs.name(), pod = p.name(), "adopted pod");
-                    owned.push(Arc::new(p));
-                }
-                Err(e) if e.is_not_found() => {}
-                Err(e) => {
-                    return Err(e).during(|| format!("adopting pod {}/{}", ns, pod.name()));
-                }
-            }
-        }
-        Ok(owned)
-    }
-
-    async fn release(&self, rs: &ReplicaSet, pod: &Pod) -> Result<(), Error> {
-        let mut released = pod.clone();
-        let rs_uid = util::uid(rs);
-        released
-            .metadata_mut()
-            .owner_references
-            .retain(|o| o.uid != rs_uid);
-        match self
-            .client
-            .namespaced::<Pod>(pod.namespace())
-            .update(&released)
-            .await
-        {
-            Ok(_) => {
-                tracing::info!(replicaset = rs.name(), pod = pod.name(), "released pod");
-                Ok(())
-            }
-            Err(e) if e.is_not_found() => Ok(()),
-            Err(e) => Err(e).during(|| format!("releasing pod {}", pod.name())),
-        }
-    }
-
-    async fn create_pod(&self, key: &ObjectKey, rs: &ReplicaSet, pod: &Pod) -> Result<(), Error> {
-        let created = self
-            .client
-            .namespaced::<Pod>(rs.namespace())
-            .create(pod)
-            .await;
-        match created {
-            Ok(p) => {
-                self.expectations.created(key, &p);
-                self.recorder
-                    .publish(
-                        rs,
-                        EventType::Normal,
-                        "SuccessfulCreate",
-                        &format!("Created pod: {}", p.name()),
-                    )
-                    .await;
-                Ok(())
-            }
-            Err(e) => {
-                self.recorder
-                    .publish(
-                        rs,
-                        EventType::Warning,
-                        "FailedCreate",
-                        &format!("Error creating: {e}"),
-                    )
-                    .await;
-                Err(e).during(|| format!("creating a pod for replica set {key}"))
-            }
-        }
-    }
-
-    async fn delete_pod(&self, key: &ObjectKey, rs: &ReplicaSet, pod: &Pod) -> Result<(), Error> {
-        let result = self
-            .client
-            .namespaced::<Pod>(rs.namespace())
-            .delete(pod.name(), &DeleteParams::default())
-            .await;
-        match result {
-            Ok(_) => {
-                self.expectations.deleted(key, pod.name());
-                self.recorder
-                    .publish(
-                        rs,
-                        EventType::Normal,
-                        "SuccessfulDelete",
-                        &format!("Deleted pod: {}", pod.name()),
-                    )
-                    .await;
-                Ok(())
-            }
-            Err(e) if e.is_not_found() => Ok(()),
-            Err(e) => {
-                self.recorder
-                    .publish(
-                        rs,
-                        EventType::Warning,
-                        "FailedDelete",
-                        &format!("Error deleting: {e}"),
-                    )
-                    .await;
-                Err(e).during(|| format!("deleting pod {} of {key}", pod.name()))
-            }
-        }
-    }
-
     /// Creates or deletes pods so `active` matches `spec.replicas`.
     async fn manage(
         &self,
@@ -377,7 +160,8 @@ impl ReplicaSetController {
             let mut batch = 1;
             while remaining > 0 {
                 let size = batch.min(remaining);
-                let results = join_all((0..size).map(|_| self.create_pod(key, rs, &pod))).await;
+                let results =
+                    join_all((0..size).map(|_| self.pods.create_pod(key, rs, &pod))).await;
                 let failed: Vec<Error> = results.into_iter().filter_map(Result::err).collect();
                 if let Some(first) = failed.into_iter().next() {
                     // Skip the rest: the same error would most likely repeat.
@@ -391,7 +175,7 @@ impl ReplicaSetController {
             deletion_order(&mut victims);
             victims.truncate((have - want).min(BURST));
             tracing::debug!(replicaset = %key, want, have, "deleting pods");
-            let results = join_all(victims.iter().map(|p| self.delete_pod(key, rs, p))).await;
+            let results = join_all(victims.iter().map(|p| self.pods.delete_pod(key, rs, p))).await;
             if let Some(first) = results.into_iter().find_map(Result::err) {
                 return Err(first);
             }
@@ -450,7 +234,8 @@ impl ReplicaSetController {
         }
         let mut updated = rs.clone();
         updated.status = Some(status);
-        self.client
+        self.pods
+            .client
             .namespaced::<ReplicaSet>(rs.namespace())
             .update_status(&updated)
             .await
@@ -464,21 +249,22 @@ impl Reconciler for ReplicaSetController {
 
     async fn reconcile(&self, key: &ObjectKey) -> Result<Action, Error> {
         let Some(rs) = self.replica_sets.get(key) else {
-            self.expectations.forget(key);
+            self.pods.expectations.forget(key);
             return Ok(Action::Done);
         };
         let selector = match workload_selector(rs.spec.as_ref().and_then(|s| s.selector.as_ref())) {
             Ok(s) => s,
             Err(e) => {
-                self.recorder
+                self.pods
+                    .recorder
                     .publish(&*rs, EventType::Warning, "InvalidSelector", &e)
                     .await;
                 return Ok(Action::Done);
             }
         };
-        let owned = self.claim_pods(&rs, &selector).await?;
+        let owned = self.pods.claim_pods(&*rs, &selector).await?;
         let active: Vec<Arc<Pod>> = owned.into_iter().filter(|p| is_pod_active(p)).collect();
-        let pending = self.expectations.pending(key, &self.pods);
+        let pending = self.pods.expectations.pending(key, &self.pods.pods);
         let mut managed = Ok(());
         if pending.is_none() && !is_terminating(&*rs) {
             managed = self.manage(key, &rs, &active).await;

@@ -1,68 +1,12 @@
-//! Matching rules shared by the plugins: node selector terms against a node, pod affinity
-//! terms against a pod. (Taints and tolerations are matched by [`skiff_api::taints`].)
+//! Matching rules shared by the plugins: pod affinity terms against a pod. Node selector
+//! terms are matched by [`skiff_api::nodeaffinity`] (shared with the DaemonSet controller),
+//! taints and tolerations by [`skiff_api::taints`].
 
 use std::collections::BTreeMap;
 
-use skiff_api::api::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PodAffinityTerm};
+use skiff_api::api::PodAffinityTerm;
+pub use skiff_api::nodeaffinity::{node_selector_matches, requirement_matches, term_matches};
 use skiff_api::selector::{Selector, SelectorError};
-
-/// One requirement of a node selector term against the node's labels (or, for
-/// `matchFields`, its fields). Malformed requirements (unknown operator, `Gt` without one
-/// integer) match nothing, as in Kubernetes.
-pub fn requirement_matches(
-    req: &NodeSelectorRequirement,
-    value_of: impl Fn(&str) -> Option<String>,
-) -> bool {
-    let value = value_of(&req.key);
-    match req.operator.as_str() {
-        "In" => value.is_some_and(|v| req.values.contains(&v)),
-        "NotIn" => value.is_none_or(|v| !req.values.contains(&v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
-        op @ ("Gt" | "Lt") => {
-            let [bound] = req.values.as_slice() else {
-                return false;
-            };
-            let (Ok(bound), Some(Ok(v))) = (
-                bound.trim().parse::<i64>(),
-                value.map(|v| v.trim().parse::<i64>()),
-            ) else {
-                return false;
-            };
-            if op == "Gt" { v > bound } else { v < bound }
-        }
-        _ => false,
-    }
-}
-
-/// A node selector term: all its expressions (labels) and fields (`metadata.name`) hold. A
-/// term with neither matches nothing.
-pub fn term_matches(
-    term: &NodeSelectorTerm,
-    node_name: &str,
-    labels: &BTreeMap<String, String>,
-) -> bool {
-    if term.match_expressions.is_empty() && term.match_fields.is_empty() {
-        return false;
-    }
-    term.match_expressions
-        .iter()
-        .all(|r| requirement_matches(r, |k| labels.get(k).cloned()))
-        && term.match_fields.iter().all(|r| {
-            requirement_matches(r, |k| (k == "metadata.name").then(|| node_name.to_string()))
-        })
-}
-
-/// A node selector: any of its terms matches.
-pub fn node_selector_matches(
-    sel: &NodeSelector,
-    node_name: &str,
-    labels: &BTreeMap<String, String>,
-) -> bool {
-    sel.node_selector_terms
-        .iter()
-        .any(|t| term_matches(t, node_name, labels))
-}
 
 /// Which namespaces a pod affinity term looks at.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,80 +72,6 @@ mod tests {
         l.iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
-    }
-
-    fn req(key: &str, op: &str, values: &[&str]) -> NodeSelectorRequirement {
-        NodeSelectorRequirement {
-            key: key.into(),
-            operator: op.into(),
-            values: values.iter().map(|v| v.to_string()).collect(),
-        }
-    }
-
-    #[test]
-    fn requirements() {
-        let l = labels(&[("zone", "a"), ("cores", "8")]);
-        let m = |r: NodeSelectorRequirement| requirement_matches(&r, |k| l.get(k).cloned());
-        assert!(m(req("zone", "In", &["a", "b"])));
-        assert!(!m(req("zone", "In", &["b"])));
-        assert!(m(req("zone", "NotIn", &["b"])));
-        assert!(m(req("missing", "NotIn", &["b"])));
-        assert!(m(req("zone", "Exists", &[])));
-        assert!(m(req("missing", "DoesNotExist", &[])));
-        assert!(!m(req("zone", "DoesNotExist", &[])));
-        assert!(m(req("cores", "Gt", &["4"])));
-        assert!(!m(req("cores", "Gt", &["8"])));
-        assert!(m(req("cores", "Lt", &["9"])));
-        assert!(!m(req("zone", "Gt", &["1"])), "non-integer label");
-        assert!(!m(req("cores", "Gt", &["1", "2"])), "Gt takes one value");
-        assert!(!m(req("missing", "Lt", &["1"])));
-        assert!(!m(req("zone", "Near", &["a"])));
-    }
-
-    #[test]
-    fn terms_and_selectors() {
-        let l = labels(&[("zone", "a"), ("disk", "ssd")]);
-        let term = |exprs: Vec<NodeSelectorRequirement>, fields: Vec<NodeSelectorRequirement>| {
-            NodeSelectorTerm {
-                match_expressions: exprs,
-                match_fields: fields,
-            }
-        };
-        assert!(term_matches(
-            &term(
-                vec![req("zone", "In", &["a"]), req("disk", "In", &["ssd"])],
-                vec![]
-            ),
-            "n1",
-            &l
-        ));
-        assert!(!term_matches(
-            &term(
-                vec![req("zone", "In", &["a"]), req("disk", "In", &["hdd"])],
-                vec![]
-            ),
-            "n1",
-            &l
-        ));
-        assert!(!term_matches(&term(vec![], vec![]), "n1", &l));
-        assert!(term_matches(
-            &term(vec![], vec![req("metadata.name", "In", &["n1"])]),
-            "n1",
-            &l
-        ));
-        assert!(!term_matches(
-            &term(vec![], vec![req("metadata.name", "In", &["n1"])]),
-            "n2",
-            &l
-        ));
-        let sel = NodeSelector {
-            node_selector_terms: vec![
-                term(vec![req("zone", "In", &["b"])], vec![]),
-                term(vec![req("disk", "Exists", &[])], vec![]),
-            ],
-        };
-        assert!(node_selector_matches(&sel, "n1", &l), "terms are ORed");
-        assert!(!node_selector_matches(&NodeSelector::default(), "n1", &l));
     }
 
     #[test]

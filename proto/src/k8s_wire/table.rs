@@ -7,6 +7,206 @@ use super::{Field, Ty};
 
 pub(super) static MESSAGES: &[(&str, &[Field])] = &[
     (
+        "api.apps.v1.DaemonSet",
+        &[
+            Field {
+                num: 1,
+                json: "metadata",
+                ty: Ty::Msg("apimachinery.pkg.apis.meta.v1.ObjectMeta"),
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 2,
+                json: "spec",
+                ty: Ty::Msg("api.apps.v1.DaemonSetSpec"),
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 3,
+                json: "status",
+                ty: Ty::Msg("api.apps.v1.DaemonSetStatus"),
+                repeated: false,
+                map: false,
+            },
+        ],
+    ),
+    (
+        "api.apps.v1.DaemonSetCondition",
+        &[
+            Field {
+                num: 1,
+                json: "type",
+                ty: Ty::Str,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 2,
+                json: "status",
+                ty: Ty::Str,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 3,
+                json: "lastTransitionTime",
+                ty: Ty::Time,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 4,
+                json: "reason",
+                ty: Ty::Str,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 5,
+                json: "message",
+                ty: Ty::Str,
+                repeated: false,
+                map: false,
+            },
+        ],
+    ),
+    (
+        "api.apps.v1.DaemonSetSpec",
+        &[
+            Field {
+                num: 1,
+                json: "selector",
+                ty: Ty::Msg("apimachinery.pkg.apis.meta.v1.LabelSelector"),
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 2,
+                json: "template",
+                ty: Ty::Msg("api.core.v1.PodTemplateSpec"),
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 3,
+                json: "updateStrategy",
+                ty: Ty::Msg("api.apps.v1.DaemonSetUpdateStrategy"),
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 4,
+                json: "minReadySeconds",
+                ty: Ty::I32,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 6,
+                json: "revisionHistoryLimit",
+                ty: Ty::I32,
+                repeated: false,
+                map: false,
+            },
+        ],
+    ),
+    (
+        "api.apps.v1.DaemonSetStatus",
+        &[
+            Field {
+                num: 1,
+                json: "currentNumberScheduled",
+                ty: Ty::I32,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 2,
+                json: "numberMisscheduled",
+                ty: Ty::I32,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 3,
+                json: "desiredNumberScheduled",
+                ty: Ty::I32,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 4,
+                json: "numberReady",
+                ty: Ty::I32,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 5,
+                json: "observedGeneration",
+                ty: Ty::I64,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 6,
+                json: "updatedNumberScheduled",
+                ty: Ty::I32,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 7,
+                json: "numberAvailable",
+                ty: Ty::I32,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 8,
+                json: "numberUnavailable",
+                ty: Ty::I32,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 9,
+                json: "collisionCount",
+                ty: Ty::I32,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 10,
+                json: "conditions",
+                ty: Ty::Msg("api.apps.v1.DaemonSetCondition"),
+                repeated: true,
+                map: false,
+            },
+        ],
+    ),
+    (
+        "api.apps.v1.DaemonSetUpdateStrategy",
+        &[
+            Field {
+                num: 1,
+                json: "type",
+                ty: Ty::Str,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 2,
+                json: "rollingUpdate",
+                ty: Ty::Msg("api.apps.v1.RollingUpdateDaemonSet"),
+                repeated: false,
+                map: false,
+            },
+        ],
+    ),
+    (
         "api.apps.v1.Deployment",
         &[
             Field {
@@ -375,6 +575,25 @@ pub(super) static MESSAGES: &[(&str, &[Field])] = &[
                 num: 7,
                 json: "terminatingReplicas",
                 ty: Ty::I32,
+                repeated: false,
+                map: false,
+            },
+        ],
+    ),
+    (
+        "api.apps.v1.RollingUpdateDaemonSet",
+        &[
+            Field {
+                num: 1,
+                json: "maxUnavailable",
+                ty: Ty::IntOrString,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 2,
+                json: "maxSurge",
+                ty: Ty::IntOrString,
                 repeated: false,
                 map: false,
             },

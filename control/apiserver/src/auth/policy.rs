@@ -84,6 +84,8 @@ const VIEWABLE: &[&str] = &[
     "serviceaccounts",
 ];
 const APPS: &[&str] = &[
+    "daemonsets",
+    "daemonsets/status",
     "deployments",
     "deployments/scale",
     "deployments/status",
@@ -123,6 +125,7 @@ fn edit_rules() -> Vec<PolicyRule> {
             WRITE,
             &["apps"],
             &[
+                "daemonsets",
                 "deployments",
                 "deployments/scale",
                 "replicasets",

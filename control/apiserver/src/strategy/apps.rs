@@ -1,9 +1,9 @@
-//! ReplicaSets and Deployments: replicas, selector/template agreement, rollout strategy, and
+//! ReplicaSets, Deployments and DaemonSets: replicas, selector/template agreement, rollout strategy, and
 //! the immutable selector.
 
 use skiff_api::api::{
-    Deployment, DeploymentStrategy, LabelSelector, PodTemplateSpec, ReplicaSet,
-    RollingUpdateDeployment,
+    DaemonSet, DaemonSetUpdateStrategy, Deployment, DeploymentStrategy, LabelSelector,
+    PodTemplateSpec, ReplicaSet, RollingUpdateDaemonSet, RollingUpdateDeployment,
 };
 
 use super::Strategy;
@@ -147,6 +147,101 @@ fn check_int_or_percent(out: &mut Vec<FieldError>, path: &str, value: &str) -> b
     }
 }
 
+/// A rolling update's maxSurge and maxUnavailable (Deployments and DaemonSets): each an
+/// integer or percentage, not both zero.
+fn check_rolling_update(
+    out: &mut Vec<FieldError>,
+    path: &str,
+    max_surge: Option<&str>,
+    max_unavailable: Option<&str>,
+) {
+    let surge_zero =
+        max_surge.is_some_and(|m| check_int_or_percent(out, &format!("{path}.maxSurge"), m));
+    let unavailable_zero = max_unavailable
+        .is_some_and(|m| check_int_or_percent(out, &format!("{path}.maxUnavailable"), m));
+    if surge_zero && unavailable_zero {
+        out.push(FieldError::invalid(
+            format!("{path}.maxUnavailable"),
+            max_unavailable.unwrap_or_default(),
+            "may not be 0 when `maxSurge` is 0",
+        ));
+    }
+}
+
+impl Strategy for DaemonSet {
+    /// updateStrategy RollingUpdate with maxUnavailable 1 and maxSurge 0,
+    /// revisionHistoryLimit 10; pod defaults for the template.
+    fn default(&mut self) {
+        let Some(spec) = self.spec.as_mut() else {
+            return;
+        };
+        spec.revision_history_limit.get_or_insert(10);
+        let strategy = spec
+            .update_strategy
+            .get_or_insert_with(DaemonSetUpdateStrategy::default);
+        if strategy.r#type.is_empty() {
+            strategy.r#type = "RollingUpdate".into();
+        }
+        if strategy.r#type == "RollingUpdate" {
+            let ru = strategy
+                .rolling_update
+                .get_or_insert_with(RollingUpdateDaemonSet::default);
+            ru.max_unavailable.get_or_insert_with(|| "1".into());
+            ru.max_surge.get_or_insert_with(|| "0".into());
+        }
+        default_template(spec.template.as_mut());
+    }
+
+    fn validate(&self) -> Vec<FieldError> {
+        let mut out = Vec::new();
+        let Some(spec) = &self.spec else {
+            out.push(FieldError::required("spec", ""));
+            return out;
+        };
+        validate_replicated(
+            &mut out,
+            None,
+            spec.selector.as_ref(),
+            spec.template.as_ref(),
+            spec.min_ready_seconds,
+        );
+        if let Some(s) = &spec.update_strategy {
+            match s.r#type.as_str() {
+                "RollingUpdate" => {
+                    if let Some(ru) = &s.rolling_update {
+                        check_rolling_update(
+                            &mut out,
+                            "spec.updateStrategy.rollingUpdate",
+                            ru.max_surge.as_deref(),
+                            ru.max_unavailable.as_deref(),
+                        );
+                    }
+                }
+                "OnDelete" => {}
+                other => out.push(FieldError::not_supported(
+                    "spec.updateStrategy.type",
+                    other,
+                    &["OnDelete", "RollingUpdate"],
+                )),
+            }
+        }
+        if let Some(r) = spec.revision_history_limit {
+            v::check_non_negative(&mut out, "spec.revisionHistoryLimit", r.into());
+        }
+        out
+    }
+
+    fn validate_update(&self, old: &Self) -> Vec<FieldError> {
+        let mut out = Vec::new();
+        selector_immutable(
+            &mut out,
+            self.spec.as_ref().and_then(|s| s.selector.as_ref()),
+            old.spec.as_ref().and_then(|s| s.selector.as_ref()),
+        );
+        out
+    }
+}
+
 impl Strategy for Deployment {
     /// replicas 1, strategy RollingUpdate with maxSurge/maxUnavailable 25%,
     /// revisionHistoryLimit 10, progressDeadlineSeconds 600; pod defaults for the template.
@@ -190,20 +285,12 @@ impl Strategy for Deployment {
             match s.r#type.as_str() {
                 "RollingUpdate" => {
                     if let Some(ru) = &s.rolling_update {
-                        let p = "spec.strategy.rollingUpdate";
-                        let surge_zero = ru.max_surge.as_deref().is_some_and(|m| {
-                            check_int_or_percent(&mut out, &format!("{p}.maxSurge"), m)
-                        });
-                        let unavailable_zero = ru.max_unavailable.as_deref().is_some_and(|m| {
-                            check_int_or_percent(&mut out, &format!("{p}.maxUnavailable"), m)
-                        });
-                        if surge_zero && unavailable_zero {
-                            out.push(FieldError::invalid(
-                                format!("{p}.maxUnavailable"),
-                                ru.max_unavailable.clone().unwrap_or_default(),
-                                "may not be 0 when `maxSurge` is 0",
-                            ));
-                        }
+                        check_rolling_update(
+                            &mut out,
+                            "spec.strategy.rollingUpdate",
+                            ru.max_surge.as_deref(),
+                            ru.max_unavailable.as_deref(),
+                        );
                     }
                 }
                 "Recreate" => {
