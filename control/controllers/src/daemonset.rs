@@ -35,10 +35,10 @@ use skiff_api::api::{
 };
 use skiff_client::runtime::{
     Action, CancelToken, Controller, EventRecorder, EventType, Informer, Informers, ObjectKey,
-    Reconciler, controller_of,
+    Reconciler,
 };
 
-use crate::podcontrol::PodControl;
+use crate::podcontrol::{PodControl, adopters};
 use crate::util::{
     self, available_in, controller_ref, is_pod_available, is_terminating, labels,
     pod_template_hash, scaled_value, workload_selector,
@@ -419,18 +419,9 @@ impl DaemonSetController {
             .named("daemonset")
             .watches_owned::<Pod>()
             .watches(&pods, move |pod: &Pod| {
-                if controller_of(pod).is_some() || is_terminating(pod) {
-                    return Vec::new();
-                }
-                daemon_sets
-                    .by_namespace(pod.namespace())
-                    .iter()
-                    .filter(|ds| {
-                        workload_selector(ds.spec.as_ref().and_then(|s| s.selector.as_ref()))
-                            .is_ok_and(|sel| sel.matches(labels(pod)))
-                    })
-                    .map(|ds| ObjectKey::of(&**ds))
-                    .collect()
+                adopters(&daemon_sets, pod, |o| {
+                    o.spec.as_ref().and_then(|s| s.selector.as_ref())
+                })
             })
             .watches(&nodes, move |_: &Node| {
                 for_nodes
@@ -763,7 +754,10 @@ mod tests {
                 .iter()
                 .any(|t| t.key == "node.kubernetes.io/unreachable")
         );
-        assert_eq!(controller_of(&p).map(|o| o.uid.as_str()), Some("u1"));
+        assert_eq!(
+            skiff_client::runtime::controller_of(&p).map(|o| o.uid.as_str()),
+            Some("u1")
+        );
     }
 
     #[test]

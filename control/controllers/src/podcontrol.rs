@@ -9,13 +9,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use skiff_api::Resource;
-use skiff_api::api::Pod;
+use skiff_api::api::{LabelSelector, Pod};
 use skiff_api::selector::Selector;
 use skiff_client::runtime::{EventRecorder, EventType, Informer, ObjectKey, controller_of};
 use skiff_client::{Client, DeleteParams};
 use tokio::time::Instant;
 
-use crate::util::{self, controller_ref, is_pod_active, is_terminating, labels};
+use crate::util::{self, controller_ref, is_pod_active, is_terminating, labels, workload_selector};
 use crate::{Context, Error};
 
 /// After this long, in-flight creates/deletes that were never observed are given up on.
@@ -90,6 +90,25 @@ impl Expectations {
         }
         Some(EXPECTATIONS_TIMEOUT - waited)
     }
+}
+
+/// Who may adopt `pod`: the keys of the `owners` in its namespace whose selector
+/// (`selector_of`) matches it, when it has no controller and is not being deleted. What a
+/// controller of pods watches pods with, besides the pods it owns.
+pub fn adopters<T: Resource>(
+    owners: &Informer<T>,
+    pod: &Pod,
+    selector_of: impl Fn(&T) -> Option<&LabelSelector>,
+) -> Vec<ObjectKey> {
+    if controller_of(pod).is_some() || is_terminating(pod) {
+        return Vec::new();
+    }
+    owners
+        .by_namespace(pod.namespace())
+        .iter()
+        .filter(|o| workload_selector(selector_of(o)).is_ok_and(|sel| sel.matches(labels(pod))))
+        .map(|o| ObjectKey::of(&**o))
+        .collect()
 }
 
 /// Creates, deletes, adopts and releases pods for their controllers.

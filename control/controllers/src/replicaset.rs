@@ -20,10 +20,10 @@ use skiff_api::Resource;
 use skiff_api::api::{Condition, ObjectMeta, Pod, ReplicaSet, ReplicaSetStatus};
 use skiff_client::runtime::{
     Action, CancelToken, Controller, EventRecorder, EventType, Informer, Informers, ObjectKey,
-    Reconciler, controller_of,
+    Reconciler,
 };
 
-use crate::podcontrol::PodControl;
+use crate::podcontrol::{PodControl, adopters};
 use crate::util::{
     self, available_in, controller_ref, format_time, is_pod_active, is_pod_available,
     is_terminating, labels, ready_since, workload_selector,
@@ -114,18 +114,9 @@ impl ReplicaSetController {
             .named("replicaset")
             .watches_owned::<Pod>()
             .watches(&pods, move |pod: &Pod| {
-                if controller_of(pod).is_some() || is_terminating(pod) {
-                    return Vec::new();
-                }
-                replica_sets
-                    .by_namespace(pod.namespace())
-                    .iter()
-                    .filter(|rs| {
-                        workload_selector(rs.spec.as_ref().and_then(|s| s.selector.as_ref()))
-                            .is_ok_and(|sel| sel.matches(labels(pod)))
-                    })
-                    .map(|rs| ObjectKey::of(&**rs))
-                    .collect()
+                adopters(&replica_sets, pod, |o| {
+                    o.spec.as_ref().and_then(|s| s.selector.as_ref())
+                })
             })
     }
 
