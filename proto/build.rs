@@ -37,7 +37,7 @@ const RENAMES: [(&str, &str); 22] = [
 ];
 
 /// IntOrString: a port number or a name, a count or a percentage.
-const INT_OR_STRING: [&str; 7] = [
+const INT_OR_STRING: [&str; 9] = [
     "ServicePort.target_port",
     "HTTPGetAction.port",
     "TCPSocketAction.port",
@@ -45,6 +45,8 @@ const INT_OR_STRING: [&str; 7] = [
     "RollingUpdateDeployment.max_surge",
     "RollingUpdateDaemonSet.max_unavailable",
     "RollingUpdateDaemonSet.max_surge",
+    "PodDisruptionBudgetSpec.min_available",
+    "PodDisruptionBudgetSpec.max_unavailable",
 ];
 
 /// Quantities may be written as YAML numbers (cpu: 1).
@@ -60,8 +62,9 @@ const QUANTITY_MAPS: [&str; 4] = [
 /// (`kubectl wait` compares a condition's observedGeneration with the object's generation).
 /// Fields without `omitempty` in Kubernetes (restartCount, ready, exitCode, ports,
 /// ReplicaSetStatus.replicas, weights) stay, and `optional` fields are `None` when unset.
-const OMIT_ZERO: [&str; 30] = [
+const OMIT_ZERO: [&str; 31] = [
     "ObjectMeta.generation",
+    "PodDisruptionBudgetStatus.observed_generation",
     "DaemonSetSpec.min_ready_seconds",
     "DaemonSetStatus.observed_generation",
     "DaemonSetStatus.updated_number_scheduled",
@@ -112,6 +115,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/skiff/apps.proto",
         "proto/skiff/rbac.proto",
         "proto/skiff/certificates.proto",
+        "proto/skiff/policy.proto",
         "proto/skiff/rpc.proto",
     ];
     let mut builder = tonic_prost_build::configure()
@@ -128,7 +132,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     for field in INT_OR_STRING {
-        let with = if field.starts_with("RollingUpdate") {
+        // `optional string` fields (the rest are plain strings).
+        let with = if field.starts_with("RollingUpdate")
+            || field.starts_with("PodDisruptionBudgetSpec.")
+        {
             "opt_int_or_string"
         } else {
             "int_or_string"

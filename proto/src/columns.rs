@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use crate::api::{
     CertificateSigningRequest, ConfigMap, ContainerStatus, DaemonSet, Deployment, Endpoints, Event,
-    LabelSelector, Lease, Namespace, Node, Pod, PodTemplateSpec, ReplicaSet, RoleBinding, Secret,
-    Service, ServicePort,
+    LabelSelector, Lease, Namespace, Node, Pod, PodDisruptionBudget, PodTemplateSpec, ReplicaSet,
+    RoleBinding, Secret, Service, ServicePort,
 };
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::de::DeserializeOwned;
@@ -77,6 +77,16 @@ pub fn headers(kind: &str, wide: bool) -> Vec<String> {
         "ReplicaSet" => (
             &["NAME", "DESIRED", "CURRENT", "READY", "AGE"],
             &["CONTAINERS", "IMAGES", "SELECTOR"],
+        ),
+        "PodDisruptionBudget" => (
+            &[
+                "NAME",
+                "MIN AVAILABLE",
+                "MAX UNAVAILABLE",
+                "ALLOWED DISRUPTIONS",
+                "AGE",
+            ],
+            &[],
         ),
         "DaemonSet" => (
             &[
@@ -296,6 +306,19 @@ pub fn cells(kind: &str, obj: &Value, wide: bool, now: DateTime<Utc>) -> Vec<Str
                 ));
             }
             c
+        }
+        "PodDisruptionBudget" => {
+            let p: PodDisruptionBudget = typed(obj);
+            let spec = p.spec.clone().unwrap_or_default();
+            let st = p.status.clone().unwrap_or_default();
+            let or_na = |v: Option<String>| v.unwrap_or_else(|| "N/A".into());
+            vec![
+                name,
+                or_na(spec.min_available),
+                or_na(spec.max_unavailable),
+                st.disruptions_allowed.to_string(),
+                created,
+            ]
         }
         "DaemonSet" => {
             let d: DaemonSet = typed(obj);

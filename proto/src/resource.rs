@@ -228,6 +228,14 @@ resource!(
 );
 resource!(DaemonSet, "apps/v1", "daemonsets", ["ds"], true, status);
 resource!(
+    PodDisruptionBudget,
+    "policy/v1",
+    "poddisruptionbudgets",
+    ["pdb"],
+    true,
+    status
+);
+resource!(
     Lease,
     "coordination.k8s.io/v1",
     "leases",
@@ -307,7 +315,7 @@ impl<T: Resource> DynKind for KindOf<T> {
     }
 }
 
-static KINDS: [&dyn DynKind; 18] = [
+static KINDS: [&dyn DynKind; 19] = [
     &KindOf::<Namespace>(PhantomData),
     &KindOf::<Node>(PhantomData),
     &KindOf::<Pod>(PhantomData),
@@ -320,6 +328,7 @@ static KINDS: [&dyn DynKind; 18] = [
     &KindOf::<ReplicaSet>(PhantomData),
     &KindOf::<Deployment>(PhantomData),
     &KindOf::<DaemonSet>(PhantomData),
+    &KindOf::<PodDisruptionBudget>(PhantomData),
     &KindOf::<Lease>(PhantomData),
     &KindOf::<Role>(PhantomData),
     &KindOf::<ClusterRole>(PhantomData),

@@ -257,6 +257,13 @@ pub enum ApiError {
          application/apply-patch+yaml"
     )]
     UnsupportedMediaType(String),
+    /// Refused for now, may work later (an eviction a PodDisruptionBudget does not allow
+    /// yet): 429 with `causes` (reason, message).
+    #[error("{message}")]
+    TooManyRequests {
+        message: String,
+        causes: Vec<(String, String)>,
+    },
     /// The store could not be reached or failed.
     #[error("storage unavailable: {0}")]
     Unavailable(String),
@@ -282,6 +289,7 @@ impl ApiError {
             }
             ApiError::Forbidden(_) => Code::PermissionDenied,
             ApiError::Unavailable(_) => Code::Unavailable,
+            ApiError::TooManyRequests { .. } => Code::ResourceExhausted,
             ApiError::Internal(_) => Code::Internal,
         }
     }
@@ -301,6 +309,7 @@ impl ApiError {
             ApiError::Expired(_) => "Expired",
             ApiError::NamespaceTerminating(_) | ApiError::Forbidden(_) => "Forbidden",
             ApiError::Unavailable(_) => "Unavailable",
+            ApiError::TooManyRequests { .. } => "TooManyRequests",
             ApiError::Internal(_) => "Internal",
         }
     }
@@ -321,6 +330,7 @@ impl ApiError {
             ApiError::Expired(_) => (410, "Expired"),
             ApiError::NamespaceTerminating(_) | ApiError::Forbidden(_) => (403, "Forbidden"),
             ApiError::Unavailable(_) => (503, "ServiceUnavailable"),
+            ApiError::TooManyRequests { .. } => (429, "TooManyRequests"),
             ApiError::Internal(_) => (500, "InternalError"),
         }
     }

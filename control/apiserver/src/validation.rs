@@ -179,25 +179,34 @@ pub fn check_selector_matches_template(
         ));
         return;
     }
-    check_labels(out, "spec.selector.matchLabels", &sel.match_labels);
+    if let Some(parsed) = check_label_selector(out, "spec.selector", sel)
+        && !parsed.matches(template_labels)
+    {
+        out.push(FieldError::invalid(
+            "spec.template.metadata.labels",
+            template_labels,
+            "`selector` does not match template `labels`",
+        ));
+    }
+}
+
+/// Validates a label selector at `path` (keys, values, operators); the parsed selector when
+/// it is well formed.
+pub fn check_label_selector(
+    out: &mut Vec<FieldError>,
+    path: &str,
+    sel: &LabelSelector,
+) -> Option<Selector> {
+    check_labels(out, &format!("{path}.matchLabels"), &sel.match_labels);
     for (i, e) in sel.match_expressions.iter().enumerate() {
-        check_qualified_name(
-            out,
-            &format!("spec.selector.matchExpressions[{i}].key"),
-            &e.key,
-        );
+        check_qualified_name(out, &format!("{path}.matchExpressions[{i}].key"), &e.key);
     }
     match Selector::from_label_selector(sel) {
-        Err(e) => out.push(FieldError::invalid("spec.selector", e.selector, e.reason)),
-        Ok(parsed) => {
-            if !parsed.matches(template_labels) {
-                out.push(FieldError::invalid(
-                    "spec.template.metadata.labels",
-                    template_labels,
-                    "`selector` does not match template `labels`",
-                ));
-            }
+        Err(e) => {
+            out.push(FieldError::invalid(path, e.selector, e.reason));
+            None
         }
+        Ok(parsed) => Some(parsed),
     }
 }
 

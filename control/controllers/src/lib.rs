@@ -11,6 +11,8 @@
 //! - [`daemonset`]: one pod of each DaemonSet on every node its template's selector,
 //!   affinity and tolerations allow; rolling updates within maxUnavailable/maxSurge, or
 //!   OnDelete; status counts.
+//! - [`disruption`]: the status of every PodDisruptionBudget (expected and healthy pods,
+//!   allowed disruptions), which the API server's eviction subresource honours.
 //! - [`podcontrol`]: what the controllers that own pods directly share (claiming, creating
 //!   and deleting pods with events, expectations).
 //! - [`endpoints`]: keeps an Endpoints object per Service with a selector, listing the
@@ -40,6 +42,7 @@ pub mod allocator;
 pub mod certificates;
 pub mod daemonset;
 pub mod deployment;
+pub mod disruption;
 pub mod endpoints;
 pub mod gc;
 pub mod manager;

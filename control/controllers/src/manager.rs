@@ -33,6 +33,7 @@ pub enum ControllerName {
     ReplicaSet,
     Deployment,
     DaemonSet,
+    Disruption,
     Endpoints,
     ServiceAllocator,
     NodeIpam,
@@ -45,10 +46,11 @@ pub enum ControllerName {
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 12] = [
+    pub const ALL: [ControllerName; 13] = [
         ControllerName::ReplicaSet,
         ControllerName::Deployment,
         ControllerName::DaemonSet,
+        ControllerName::Disruption,
         ControllerName::Endpoints,
         ControllerName::ServiceAllocator,
         ControllerName::NodeIpam,
@@ -65,6 +67,7 @@ impl ControllerName {
             ControllerName::ReplicaSet => "replicaset",
             ControllerName::Deployment => "deployment",
             ControllerName::DaemonSet => "daemonset",
+            ControllerName::Disruption => "disruption",
             ControllerName::Endpoints => "endpoints",
             ControllerName::ServiceAllocator => "service-allocator",
             ControllerName::NodeIpam => "nodeipam",
@@ -83,6 +86,7 @@ impl ControllerName {
             ControllerName::ReplicaSet => "replicaset-controller",
             ControllerName::Deployment => "deployment-controller",
             ControllerName::DaemonSet => "daemonset-controller",
+            ControllerName::Disruption => "controllermanager",
             ControllerName::Endpoints => "endpoint-controller",
             ControllerName::ServiceAllocator => "service-ip-allocator",
             ControllerName::NodeIpam => "node-ipam-controller",
@@ -232,6 +236,12 @@ pub async fn run_controllers(client: Client, config: &ManagerConfig, stop: Cance
                 config.workers,
                 stop.clone(),
             )),
+            ControllerName::Disruption => Box::pin(crate::disruption::DisruptionController::run(
+                &informers,
+                recorder(*c),
+                config.workers,
+                stop.clone(),
+            )),
             ControllerName::Endpoints => Box::pin(EndpointsController::run(
                 &informers,
                 recorder(*c),
@@ -354,7 +364,7 @@ mod tests {
     fn controller_lists() {
         use ControllerName::*;
         let all: BTreeSet<_> = ControllerName::ALL.into_iter().collect();
-        assert_eq!(all.len(), 12);
+        assert_eq!(all.len(), 13);
         assert_eq!(parse_controllers("*").unwrap(), all);
         assert_eq!(parse_controllers("").unwrap(), all);
         assert_eq!(
@@ -366,6 +376,7 @@ mod tests {
             [
                 ReplicaSet,
                 DaemonSet,
+                Disruption,
                 Endpoints,
                 ServiceAllocator,
                 NodeIpam,
@@ -381,14 +392,14 @@ mod tests {
         assert_eq!(
             parse_controllers(
                 "*,-replicaset,-garbagecollector,-namespace,-nodelifecycle,-serviceaccount,\
-                 -certificatesigningrequest,-root-ca-cert-publisher,-daemonset"
+                 -certificatesigningrequest,-root-ca-cert-publisher,-daemonset,-disruption"
             )
             .unwrap(),
             [Deployment, Endpoints, ServiceAllocator, NodeIpam].into()
         );
         assert_eq!(
             parse_controllers(
-                "ReplicaSet, deployment, daemonset, endpoints, service-allocator, nodeipam, garbagecollector, Namespace, NodeLifecycle, serviceaccount, certificatesigningrequest, root-ca-cert-publisher"
+                "ReplicaSet, deployment, daemonset, disruption, endpoints, service-allocator, nodeipam, garbagecollector, Namespace, NodeLifecycle, serviceaccount, certificatesigningrequest, root-ca-cert-publisher"
             )
             .unwrap(),
             all

@@ -95,7 +95,15 @@ const APPS: &[&str] = &[
 ];
 
 fn view_rules() -> Vec<PolicyRule> {
-    vec![rule(READ, &[""], VIEWABLE), rule(READ, &["apps"], APPS)]
+    vec![
+        rule(READ, &[""], VIEWABLE),
+        rule(READ, &["apps"], APPS),
+        rule(
+            READ,
+            &["policy"],
+            &["poddisruptionbudgets", "poddisruptionbudgets/status"],
+        ),
+    ]
 }
 
 fn edit_rules() -> Vec<PolicyRule> {
@@ -121,6 +129,7 @@ fn edit_rules() -> Vec<PolicyRule> {
             &["pods/exec", "pods/portforward", "pods/attach"],
         ),
         rule(&["create"], &[""], &["pods/eviction"]),
+        rule(WRITE, &["policy"], &["poddisruptionbudgets"]),
         rule(
             WRITE,
             &["apps"],
@@ -286,6 +295,11 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                     ],
                 ),
                 rule(ALL_VERBS, &["apps"], APPS),
+                rule(
+                    ALL_VERBS,
+                    &["policy"],
+                    &["poddisruptionbudgets", "poddisruptionbudgets/status"],
+                ),
                 rule(ALL_VERBS, &["coordination.k8s.io"], &["leases"]),
                 rule(ALL_VERBS, &["events.k8s.io"], &["events"]),
                 rule(

@@ -890,8 +890,11 @@ async fn delete_collection(call: &Call<'_>, body: &[u8]) -> Result<Response, Api
 }
 
 /// `pods/<name>/eviction`: a `policy/v1` Eviction deletes the pod with its DeleteOptions and
-/// answers 201 with a success Status, as kube-apiserver does. Skiff has no
-/// PodDisruptionBudgets, so no eviction is refused for one (kube-apiserver's 429).
+/// answers 201 with a success Status, as kube-apiserver does, unless the
+/// PodDisruptionBudget that covers the pod allows no disruption now (429, which `kubectl
+/// drain` retries): the budget's status is written first (one disruption fewer, the pod
+/// recorded as disrupted, with the read resourceVersion as precondition, read again on a
+/// conflict), then the pod is deleted.
 async fn evict(call: &Call<'_>, body: &[u8]) -> Result<Response, ApiError> {
     let eviction = parse_body(call.headers, body)?;
     let kind = eviction.get("kind").and_then(Value::as_str).unwrap_or("");
@@ -915,6 +918,7 @@ async fn evict(call: &Call<'_>, body: &[u8]) -> Result<Response, ApiError> {
         .cloned()
         .unwrap_or_else(|| json!({}));
     let (req, write) = delete_options(call, &opts, &call.name)?;
+    take_from_budget(call, write.dry_run).await?;
     call.handler.delete(&req, write).await?;
     Ok(respond(
         201,
@@ -928,6 +932,67 @@ async fn evict(call: &Call<'_>, body: &[u8]) -> Result<Response, ApiError> {
         call.format.errors(),
         &[],
     ))
+}
+
+/// The budget side of an eviction: refuses it, or writes the budget it takes from.
+async fn take_from_budget(call: &Call<'_>, dry_run: bool) -> Result<(), ApiError> {
+    use prost::Message as _;
+    use skiff_api::Resource as _;
+    use skiff_api::api::{Pod, PodDisruptionBudget};
+    let pdbs = call.registry.handler(PodDisruptionBudget::INFO.plural)?;
+    for _ in 0..5 {
+        let pod = Pod::decode(
+            call.handler
+                .get(&call.namespace, &call.name)
+                .await?
+                .as_slice(),
+        )
+        .map_err(|e| ApiError::Internal(format!("decoding pod: {e}")))?;
+        let listed = pdbs
+            .list(
+                &skiff_api::rpc::ListRequest {
+                    resource: PodDisruptionBudget::INFO.plural.into(),
+                    namespace: call.namespace.clone(),
+                    ..Default::default()
+                },
+                None,
+            )
+            .await?;
+        let budgets = listed
+            .items
+            .iter()
+            .map(|b| PodDisruptionBudget::decode(b.as_slice()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ApiError::Internal(format!("decoding a PodDisruptionBudget: {e}")))?;
+        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let Some(updated) = crate::strategy::policy::eviction_decision(&pod, &budgets, &now)?
+        else {
+            return Ok(());
+        };
+        if dry_run {
+            return Ok(());
+        }
+        match pdbs
+            .update(
+                &call.namespace,
+                &updated.encode_to_vec(),
+                "status",
+                WriteOptions::default(),
+            )
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(ApiError::Conflict(_)) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ApiError::TooManyRequests {
+        message: "Cannot evict pod as it would violate the pod's disruption budget.".into(),
+        causes: vec![(
+            "DisruptionBudget".into(),
+            "The disruption budget changed while the eviction was decided; try again".into(),
+        )],
+    })
 }
 
 async fn bind(call: &Call<'_>, body: &[u8]) -> Result<Response, ApiError> {

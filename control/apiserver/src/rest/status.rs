@@ -61,6 +61,13 @@ pub fn failure(err: &ApiError, subject: &Subject<'_>) -> (u16, Value) {
             .collect();
         details.insert("causes".into(), Value::Array(causes));
     }
+    if let ApiError::TooManyRequests { causes, .. } = err {
+        let causes: Vec<Value> = causes
+            .iter()
+            .map(|(reason, message)| json!({"reason": reason, "message": message}))
+            .collect();
+        details.insert("causes".into(), Value::Array(causes));
+    }
     if let ApiError::ApplyConflict { causes, .. } = err {
         let causes: Vec<Value> = causes
             .iter()

@@ -113,7 +113,7 @@ impl Strategy for ReplicaSet {
 
 /// Checks a maxSurge/maxUnavailable value: a non-negative integer or a percentage; returns
 /// whether it is zero.
-fn check_int_or_percent(out: &mut Vec<FieldError>, path: &str, value: &str) -> bool {
+pub(super) fn check_int_or_percent(out: &mut Vec<FieldError>, path: &str, value: &str) -> bool {
     let (number, percent) = match value.strip_suffix('%') {
         Some(n) => (n, true),
         None => (value, false),

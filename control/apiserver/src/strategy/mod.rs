@@ -18,6 +18,7 @@ pub mod certificates;
 mod pod;
 pub mod pod_security;
 mod pod_volumes;
+pub(crate) mod policy;
 pub mod rbac;
 mod secret;
 mod service;
