@@ -62,8 +62,11 @@ const QUANTITY_MAPS: [&str; 4] = [
 /// (`kubectl wait` compares a condition's observedGeneration with the object's generation).
 /// Fields without `omitempty` in Kubernetes (restartCount, ready, exitCode, ports,
 /// ReplicaSetStatus.replicas, weights) stay, and `optional` fields are `None` when unset.
-const OMIT_ZERO: [&str; 31] = [
+const OMIT_ZERO: [&str; 34] = [
     "ObjectMeta.generation",
+    "JobStatus.active",
+    "JobStatus.succeeded",
+    "JobStatus.failed",
     "PodDisruptionBudgetStatus.observed_generation",
     "DaemonSetSpec.min_ready_seconds",
     "DaemonSetStatus.observed_generation",
@@ -116,6 +119,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/skiff/rbac.proto",
         "proto/skiff/certificates.proto",
         "proto/skiff/policy.proto",
+        "proto/skiff/batch.proto",
         "proto/skiff/rpc.proto",
     ];
     let mut builder = tonic_prost_build::configure()

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use crate::api::{
     CertificateSigningRequest, ConfigMap, ContainerStatus, DaemonSet, Deployment, Endpoints, Event,
-    LabelSelector, Lease, Namespace, Node, Pod, PodDisruptionBudget, PodTemplateSpec, ReplicaSet,
-    RoleBinding, Secret, Service, ServicePort,
+    Job, LabelSelector, Lease, Namespace, Node, Pod, PodDisruptionBudget, PodTemplateSpec,
+    ReplicaSet, RoleBinding, Secret, Service, ServicePort,
 };
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::de::DeserializeOwned;
@@ -76,6 +76,10 @@ pub fn headers(kind: &str, wide: bool) -> Vec<String> {
         ),
         "ReplicaSet" => (
             &["NAME", "DESIRED", "CURRENT", "READY", "AGE"],
+            &["CONTAINERS", "IMAGES", "SELECTOR"],
+        ),
+        "Job" => (
+            &["NAME", "STATUS", "COMPLETIONS", "DURATION", "AGE"],
             &["CONTAINERS", "IMAGES", "SELECTOR"],
         ),
         "PodDisruptionBudget" => (
@@ -297,6 +301,25 @@ pub fn cells(kind: &str, obj: &Value, wide: bool, now: DateTime<Utc>) -> Vec<Str
                 spec.replicas.unwrap_or(1).to_string(),
                 st.replicas.to_string(),
                 st.ready_replicas.to_string(),
+                created,
+            ];
+            if wide {
+                c.extend(template_columns(
+                    spec.template.as_ref(),
+                    spec.selector.as_ref(),
+                ));
+            }
+            c
+        }
+        "Job" => {
+            let j: Job = typed(obj);
+            let spec = j.spec.clone().unwrap_or_default();
+            let st = j.status.clone().unwrap_or_default();
+            let mut c = vec![
+                name,
+                job_status(&j),
+                job_completions(&j),
+                job_duration(&st, now),
                 created,
             ];
             if wide {
@@ -733,6 +756,65 @@ pub fn endpoints(e: &Endpoints) -> String {
 
 /// The age of an RFC 3339 timestamp at `now`, like kubectl (`45s`, `3m12s`, `5h`, `2d`);
 /// `<unknown>` when the timestamp is missing or unreadable.
+/// kubectl's Job STATUS: the first of Complete, Failed, Terminating, Suspended,
+/// FailureTarget, SuccessCriteriaMet that holds, else Running.
+pub fn job_status(j: &Job) -> String {
+    let st = j.status.clone().unwrap_or_default();
+    let has = |t: &str| {
+        st.conditions
+            .iter()
+            .any(|c| c.r#type == t && c.status == "True")
+    };
+    let terminating = j
+        .metadata
+        .as_ref()
+        .is_some_and(|m| !m.deletion_timestamp.is_empty());
+    if has("Complete") {
+        "Complete"
+    } else if has("Failed") {
+        "Failed"
+    } else if terminating {
+        "Terminating"
+    } else if has("Suspended") {
+        "Suspended"
+    } else if has("FailureTarget") {
+        "FailureTarget"
+    } else if has("SuccessCriteriaMet") {
+        "SuccessCriteriaMet"
+    } else {
+        "Running"
+    }
+    .to_string()
+}
+
+/// kubectl's Job COMPLETIONS: `succeeded/completions`, or `succeeded/1 of parallelism`
+/// for a work queue.
+fn job_completions(j: &Job) -> String {
+    let spec = j.spec.clone().unwrap_or_default();
+    let succeeded = j.status.as_ref().map(|s| s.succeeded).unwrap_or(0);
+    match spec.completions {
+        Some(c) => format!("{succeeded}/{c}"),
+        None => match spec.parallelism.unwrap_or(1) {
+            p if p > 1 => format!("{succeeded}/1 of {p}"),
+            _ => format!("{succeeded}/1"),
+        },
+    }
+}
+
+/// kubectl's Job DURATION: start to completion, or to now while running.
+fn job_duration(st: &crate::api::JobStatus, now: DateTime<Utc>) -> String {
+    let parse = |t: &Option<String>| {
+        t.as_deref()
+            .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| t.with_timezone(&Utc))
+    };
+    match (parse(&st.start_time), parse(&st.completion_time)) {
+        (None, _) => String::new(),
+        (Some(start), None) => human_duration(now - start),
+        (Some(start), Some(end)) => human_duration(end - start),
+    }
+}
+
 pub fn age(timestamp: &str, now: DateTime<Utc>) -> String {
     match DateTime::parse_from_rfc3339(timestamp) {
         Ok(t) => human_duration(now.signed_duration_since(t.with_timezone(&Utc))),

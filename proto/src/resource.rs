@@ -227,6 +227,7 @@ resource!(
     status
 );
 resource!(DaemonSet, "apps/v1", "daemonsets", ["ds"], true, status);
+resource!(Job, "batch/v1", "jobs", [], true, status);
 resource!(
     PodDisruptionBudget,
     "policy/v1",
@@ -315,7 +316,7 @@ impl<T: Resource> DynKind for KindOf<T> {
     }
 }
 
-static KINDS: [&dyn DynKind; 19] = [
+static KINDS: [&dyn DynKind; 20] = [
     &KindOf::<Namespace>(PhantomData),
     &KindOf::<Node>(PhantomData),
     &KindOf::<Pod>(PhantomData),
@@ -329,6 +330,7 @@ static KINDS: [&dyn DynKind; 19] = [
     &KindOf::<Deployment>(PhantomData),
     &KindOf::<DaemonSet>(PhantomData),
     &KindOf::<PodDisruptionBudget>(PhantomData),
+    &KindOf::<Job>(PhantomData),
     &KindOf::<Lease>(PhantomData),
     &KindOf::<Role>(PhantomData),
     &KindOf::<ClusterRole>(PhantomData),

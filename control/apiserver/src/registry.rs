@@ -18,8 +18,8 @@ use prost::Message;
 use rand::Rng;
 use skiff_api::api::{
     Binding, CertificateSigningRequest, ClusterRole, ClusterRoleBinding, ConfigMap, DaemonSet,
-    Deployment, Endpoints, Event, Lease, Namespace, Node, Pod, PodDisruptionBudget, ReplicaSet,
-    Role, RoleBinding, Secret, Service, ServiceAccount,
+    Deployment, Endpoints, Event, Job, Lease, Namespace, Node, Pod, PodDisruptionBudget,
+    ReplicaSet, Role, RoleBinding, Secret, Service, ServiceAccount,
 };
 use skiff_api::rpc::{DeleteRequest, ListRequest, ListResponse, WatchRequest};
 use skiff_api::selector::{FieldSelector, Selector};
@@ -939,6 +939,7 @@ impl Registry {
         add::<Deployment>(h, &store, cache_capacity).await?;
         add::<DaemonSet>(h, &store, cache_capacity).await?;
         add::<PodDisruptionBudget>(h, &store, cache_capacity).await?;
+        add::<Job>(h, &store, cache_capacity).await?;
         add::<Lease>(h, &store, cache_capacity).await?;
         add::<Role>(h, &store, cache_capacity).await?;
         add::<ClusterRole>(h, &store, cache_capacity).await?;

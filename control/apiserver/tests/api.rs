@@ -227,6 +227,7 @@ async fn crud_and_selectors(s: TestServer) {
             "deployments",
             "daemonsets",
             "poddisruptionbudgets",
+            "jobs",
             "leases",
             "roles",
             "clusterroles",

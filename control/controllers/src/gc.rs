@@ -35,7 +35,7 @@ use std::sync::Arc;
 
 use futures::future::{BoxFuture, FutureExt, join_all};
 use skiff_api::api::{
-    DaemonSet, Deployment, Endpoints, ObjectMeta, OwnerReference, Pod, ReplicaSet, Service,
+    DaemonSet, Deployment, Endpoints, Job, ObjectMeta, OwnerReference, Pod, ReplicaSet, Service,
 };
 use skiff_api::{FOREGROUND_FINALIZER, KindInfo, ORPHAN_FINALIZER, Resource};
 use skiff_client::runtime::{
@@ -521,7 +521,9 @@ macro_rules! graph_kinds {
     };
 }
 
-graph_kinds!(Deployment, DaemonSet, ReplicaSet, Pod, Service, Endpoints);
+graph_kinds!(
+    Deployment, DaemonSet, Job, ReplicaSet, Pod, Service, Endpoints
+);
 
 /// Runs the garbage collector (one collector per kind, `workers` workers each) until `stop`
 /// is cancelled.

@@ -13,6 +13,8 @@
 //!   OnDelete; status counts.
 //! - [`disruption`]: the status of every PodDisruptionBudget (expected and healthy pods,
 //!   allowed disruptions), which the API server's eviction subresource honours.
+//! - [`job`]: runs Jobs' pods to completion (parallelism, completions, Indexed, back-off,
+//!   backoffLimit, activeDeadlineSeconds, podFailurePolicy, suspend, TTL after finished).
 //! - [`podcontrol`]: what the controllers that own pods directly share (claiming, creating
 //!   and deleting pods with events, expectations).
 //! - [`endpoints`]: keeps an Endpoints object per Service with a selector, listing the
@@ -45,6 +47,7 @@ pub mod deployment;
 pub mod disruption;
 pub mod endpoints;
 pub mod gc;
+pub mod job;
 pub mod manager;
 pub mod namespace;
 pub mod nodeipam;

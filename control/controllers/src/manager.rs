@@ -34,6 +34,7 @@ pub enum ControllerName {
     Deployment,
     DaemonSet,
     Disruption,
+    Job,
     Endpoints,
     ServiceAllocator,
     NodeIpam,
@@ -46,11 +47,12 @@ pub enum ControllerName {
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 13] = [
+    pub const ALL: [ControllerName; 14] = [
         ControllerName::ReplicaSet,
         ControllerName::Deployment,
         ControllerName::DaemonSet,
         ControllerName::Disruption,
+        ControllerName::Job,
         ControllerName::Endpoints,
         ControllerName::ServiceAllocator,
         ControllerName::NodeIpam,
@@ -68,6 +70,7 @@ impl ControllerName {
             ControllerName::Deployment => "deployment",
             ControllerName::DaemonSet => "daemonset",
             ControllerName::Disruption => "disruption",
+            ControllerName::Job => "job",
             ControllerName::Endpoints => "endpoints",
             ControllerName::ServiceAllocator => "service-allocator",
             ControllerName::NodeIpam => "nodeipam",
@@ -87,6 +90,7 @@ impl ControllerName {
             ControllerName::Deployment => "deployment-controller",
             ControllerName::DaemonSet => "daemonset-controller",
             ControllerName::Disruption => "controllermanager",
+            ControllerName::Job => "job-controller",
             ControllerName::Endpoints => "endpoint-controller",
             ControllerName::ServiceAllocator => "service-ip-allocator",
             ControllerName::NodeIpam => "node-ipam-controller",
@@ -242,6 +246,12 @@ pub async fn run_controllers(client: Client, config: &ManagerConfig, stop: Cance
                 config.workers,
                 stop.clone(),
             )),
+            ControllerName::Job => Box::pin(crate::job::JobController::run(
+                &informers,
+                recorder(*c),
+                config.workers,
+                stop.clone(),
+            )),
             ControllerName::Endpoints => Box::pin(EndpointsController::run(
                 &informers,
                 recorder(*c),
@@ -364,7 +374,7 @@ mod tests {
     fn controller_lists() {
         use ControllerName::*;
         let all: BTreeSet<_> = ControllerName::ALL.into_iter().collect();
-        assert_eq!(all.len(), 13);
+        assert_eq!(all.len(), 14);
         assert_eq!(parse_controllers("*").unwrap(), all);
         assert_eq!(parse_controllers("").unwrap(), all);
         assert_eq!(
@@ -377,6 +387,7 @@ mod tests {
                 ReplicaSet,
                 DaemonSet,
                 Disruption,
+                Job,
                 Endpoints,
                 ServiceAllocator,
                 NodeIpam,
@@ -392,14 +403,14 @@ mod tests {
         assert_eq!(
             parse_controllers(
                 "*,-replicaset,-garbagecollector,-namespace,-nodelifecycle,-serviceaccount,\
-                 -certificatesigningrequest,-root-ca-cert-publisher,-daemonset,-disruption"
+                 -certificatesigningrequest,-root-ca-cert-publisher,-daemonset,-disruption,-job"
             )
             .unwrap(),
             [Deployment, Endpoints, ServiceAllocator, NodeIpam].into()
         );
         assert_eq!(
             parse_controllers(
-                "ReplicaSet, deployment, daemonset, disruption, endpoints, service-allocator, nodeipam, garbagecollector, Namespace, NodeLifecycle, serviceaccount, certificatesigningrequest, root-ca-cert-publisher"
+                "ReplicaSet, deployment, daemonset, disruption, job, endpoints, service-allocator, nodeipam, garbagecollector, Namespace, NodeLifecycle, serviceaccount, certificatesigningrequest, root-ca-cert-publisher"
             )
             .unwrap(),
             all

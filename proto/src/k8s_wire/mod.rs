@@ -81,6 +81,7 @@ fn root_message(api_version: &str, kind: &str) -> Option<&'static str> {
     let package = match group {
         "" => "api.core",
         "apps" => "api.apps",
+        "batch" => "api.batch",
         "policy" => "api.policy",
         "coordination.k8s.io" => "api.coordination",
         "autoscaling" => "api.autoscaling",

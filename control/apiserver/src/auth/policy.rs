@@ -103,8 +103,11 @@ fn view_rules() -> Vec<PolicyRule> {
             &["policy"],
             &["poddisruptionbudgets", "poddisruptionbudgets/status"],
         ),
+        rule(READ, &["batch"], BATCH),
     ]
 }
+
+const BATCH: &[&str] = &["jobs", "jobs/status", "cronjobs", "cronjobs/status"];
 
 fn edit_rules() -> Vec<PolicyRule> {
     let mut r = view_rules();
@@ -130,6 +133,7 @@ fn edit_rules() -> Vec<PolicyRule> {
         ),
         rule(&["create"], &[""], &["pods/eviction"]),
         rule(WRITE, &["policy"], &["poddisruptionbudgets"]),
+        rule(WRITE, &["batch"], &["jobs", "cronjobs"]),
         rule(
             WRITE,
             &["apps"],
@@ -300,6 +304,7 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                     &["policy"],
                     &["poddisruptionbudgets", "poddisruptionbudgets/status"],
                 ),
+                rule(ALL_VERBS, &["batch"], BATCH),
                 rule(ALL_VERBS, &["coordination.k8s.io"], &["leases"]),
                 rule(ALL_VERBS, &["events.k8s.io"], &["events"]),
                 rule(

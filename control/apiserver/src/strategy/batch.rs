@@ -1,0 +1,316 @@
+//! Jobs (batch/v1): Kubernetes' defaults (parallelism and completions 1, backoffLimit 6,
+//! NonIndexed), the generated selector (`batch.kubernetes.io/controller-uid`, with the
+//! `job-name` and `controller-uid` labels on the template) unless `manualSelector`, the
+//! template's restartPolicy OnFailure or Never, Indexed completions, podFailurePolicy rules;
+//! selector, template, completions, completionMode and podFailurePolicy are immutable.
+
+use async_trait::async_trait;
+use skiff_api::api::{Job, LabelSelector};
+
+use super::Strategy;
+use super::pod::{default_pod_spec, validate_pod_spec};
+use crate::error::{ApiError, FieldError};
+use crate::validation as v;
+
+/// The labels a Job's pods carry and its generated selector uses.
+pub const CONTROLLER_UID: &str = "batch.kubernetes.io/controller-uid";
+pub const JOB_NAME: &str = "batch.kubernetes.io/job-name";
+const LEGACY_CONTROLLER_UID: &str = "controller-uid";
+const LEGACY_JOB_NAME: &str = "job-name";
+const MODES: &[&str] = &["NonIndexed", "Indexed"];
+const ACTIONS: &[&str] = &["Count", "FailJob", "FailIndex", "Ignore"];
+/// Kubernetes' cap on an Indexed Job's completions.
+const MAX_INDEXED_COMPLETIONS: i32 = 100_000;
+
+#[async_trait]
+impl Strategy for Job {
+    fn default(&mut self) {
+        let Some(spec) = self.spec.as_mut() else {
+            return;
+        };
+        if spec.completions.is_none() && spec.parallelism.is_none() {
+            spec.completions = Some(1);
+        }
+        spec.parallelism.get_or_insert(1);
+        spec.backoff_limit.get_or_insert(6);
+        spec.completion_mode
+            .get_or_insert_with(|| "NonIndexed".into());
+        spec.suspend.get_or_insert(false);
+        if let Some(t) = spec.template.as_mut().and_then(|t| t.spec.as_mut()) {
+            default_pod_spec(t);
+        }
+    }
+
+    /// The generated selector and the template's labels (the name and uid are known
+    /// now), as kube-apiserver's job strategy does before validating.
+    async fn mutate(&mut self, _ctx: &super::AdmitContext<'_>) -> Result<(), ApiError> {
+        let (name, uid) = match self.metadata.as_ref() {
+            Some(m) => (m.name.clone(), m.uid.clone()),
+            None => return Ok(()),
+        };
+        let Some(spec) = self.spec.as_mut() else {
+            return Ok(());
+        };
+        if spec.manual_selector == Some(true) || spec.selector.is_some() {
+            return Ok(());
+        }
+        let t = spec.template.get_or_insert_with(Default::default);
+        let labels = &mut t.metadata.get_or_insert_with(Default::default).labels;
+        for (k, val) in [
+            (CONTROLLER_UID, &uid),
+            (LEGACY_CONTROLLER_UID, &uid),
+            (JOB_NAME, &name),
+            (LEGACY_JOB_NAME, &name),
+        ] {
+            labels.insert(k.to_string(), val.clone());
+        }
+        spec.selector = Some(LabelSelector {
+            match_labels: [(CONTROLLER_UID.to_string(), uid)].into(),
+            ..Default::default()
+        });
+        Ok(())
+    }
+
+    fn validate(&self) -> Vec<FieldError> {
+        let mut out = Vec::new();
+        let Some(spec) = &self.spec else {
+            out.push(FieldError::required("spec", ""));
+            return out;
+        };
+        for (path, value) in [
+            ("spec.parallelism", spec.parallelism.map(i64::from)),
+            ("spec.completions", spec.completions.map(i64::from)),
+            ("spec.activeDeadlineSeconds", spec.active_deadline_seconds),
+            ("spec.backoffLimit", spec.backoff_limit.map(i64::from)),
+            (
+                "spec.ttlSecondsAfterFinished",
+                spec.ttl_seconds_after_finished.map(i64::from),
+            ),
+        ] {
+            if let Some(n) = value {
+                v::check_non_negative(&mut out, path, n);
+            }
+        }
+        let mode = spec.completion_mode.as_deref().unwrap_or("NonIndexed");
+        if !MODES.contains(&mode) {
+            out.push(FieldError::not_supported(
+                "spec.completionMode",
+                mode,
+                MODES,
+            ));
+        }
+        if mode == "Indexed" {
+            match spec.completions {
+                None => out.push(FieldError::required(
+                    "spec.completions",
+                    "when completion mode is Indexed",
+                )),
+                Some(c) if c > MAX_INDEXED_COMPLETIONS => out.push(FieldError::invalid(
+                    "spec.completions",
+                    c,
+                    format!("must be less than or equal to {MAX_INDEXED_COMPLETIONS} when completion mode is Indexed"),
+                )),
+                _ => {}
+            }
+        }
+        let Some(template) = &spec.template else {
+            out.push(FieldError::required("spec.template", ""));
+            return out;
+        };
+        let labels = template
+            .metadata
+            .as_ref()
+            .map(|m| m.labels.clone())
+            .unwrap_or_default();
+        v::check_labels(&mut out, "spec.template.metadata.labels", &labels);
+        v::check_selector_matches_template(&mut out, spec.selector.as_ref(), &labels);
+        validate_pod_spec(&mut out, "spec.template.spec", template.spec.as_ref());
+        let restart = template
+            .spec
+            .as_ref()
+            .map(|s| s.restart_policy.as_str())
+            .unwrap_or("");
+        if restart != "OnFailure" && restart != "Never" {
+            out.push(FieldError::not_supported(
+                "spec.template.spec.restartPolicy",
+                restart,
+                &["OnFailure", "Never"],
+            ));
+        }
+        if let Some(policy) = &spec.pod_failure_policy {
+            if restart != "Never" {
+                out.push(FieldError::invalid(
+                    "spec.template.spec.restartPolicy",
+                    restart,
+                    "only \"Never\" is supported when podFailurePolicy is specified",
+                ));
+            }
+            for (i, rule) in policy.rules.iter().enumerate() {
+                let p = format!("spec.podFailurePolicy.rules[{i}]");
+                if !ACTIONS.contains(&rule.action.as_str()) {
+                    out.push(FieldError::not_supported(
+                        format!("{p}.action"),
+                        &rule.action,
+                        ACTIONS,
+                    ));
+                }
+                match (&rule.on_exit_codes, rule.on_pod_conditions.is_empty()) {
+                    (Some(_), false) | (None, true) => out.push(FieldError::invalid(
+                        p.clone(),
+                        "",
+                        "specifying one of OnExitCodes and OnPodConditions is required",
+                    )),
+                    _ => {}
+                }
+                if let Some(codes) = &rule.on_exit_codes {
+                    if codes.operator != "In" && codes.operator != "NotIn" {
+                        out.push(FieldError::not_supported(
+                            format!("{p}.onExitCodes.operator"),
+                            &codes.operator,
+                            &["In", "NotIn"],
+                        ));
+                    }
+                    if codes.values.is_empty() {
+                        out.push(FieldError::required(
+                            format!("{p}.onExitCodes.values"),
+                            "at least one value is required",
+                        ));
+                    }
+                    if codes.operator == "In" && codes.values.contains(&0) {
+                        out.push(FieldError::invalid(
+                            format!("{p}.onExitCodes.values"),
+                            0,
+                            "must not be 0 for the In operator",
+                        ));
+                    }
+                    if codes.values.windows(2).any(|w| w[0] >= w[1]) {
+                        out.push(FieldError::invalid(
+                            format!("{p}.onExitCodes.values"),
+                            format!("{:?}", codes.values),
+                            "must be ordered",
+                        ));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn validate_update(&self, old: &Self) -> Vec<FieldError> {
+        let mut out = Vec::new();
+        let (new, old) = (
+            self.spec.clone().unwrap_or_default(),
+            old.spec.clone().unwrap_or_default(),
+        );
+        if new.selector != old.selector {
+            out.push(FieldError::immutable(
+                "spec.selector",
+                new.selector.unwrap_or_default(),
+            ));
+        }
+        if new.template != old.template {
+            out.push(FieldError::immutable("spec.template", "..."));
+        }
+        if new.completions != old.completions {
+            out.push(FieldError::immutable(
+                "spec.completions",
+                new.completions.unwrap_or_default(),
+            ));
+        }
+        if new.completion_mode != old.completion_mode {
+            out.push(FieldError::immutable(
+                "spec.completionMode",
+                new.completion_mode,
+            ));
+        }
+        if new.pod_failure_policy != old.pod_failure_policy {
+            out.push(FieldError::immutable("spec.podFailurePolicy", "..."));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skiff_api::api::{JobSpec, ObjectMeta, PodSpec, PodTemplateSpec};
+
+    fn job(restart: &str) -> Job {
+        Job {
+            metadata: Some(ObjectMeta {
+                name: "pi".into(),
+                uid: "u-1".into(),
+                ..Default::default()
+            }),
+            spec: Some(JobSpec {
+                template: Some(PodTemplateSpec {
+                    metadata: None,
+                    spec: Some(PodSpec {
+                        restart_policy: restart.into(),
+                        containers: vec![skiff_api::api::Container {
+                            name: "c".into(),
+                            image: "host".into(),
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    }),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn defaults_and_generated_selector() {
+        let mut j = job("Never");
+        Strategy::default(&mut j);
+        let dir = tempfile::tempdir().unwrap();
+        let store = skiff_store::EmbeddedStore::open(
+            &dir.path().join("db"),
+            skiff_store::EmbeddedOptions::default(),
+        )
+        .unwrap();
+        j.mutate(&super::super::AdmitContext { store: &store })
+            .await
+            .unwrap();
+        let spec = j.spec.as_ref().unwrap();
+        assert_eq!(
+            (spec.completions, spec.parallelism, spec.backoff_limit),
+            (Some(1), Some(1), Some(6))
+        );
+        assert_eq!(spec.completion_mode.as_deref(), Some("NonIndexed"));
+        let sel = spec.selector.as_ref().unwrap();
+        assert_eq!(
+            sel.match_labels.get(CONTROLLER_UID).map(String::as_str),
+            Some("u-1")
+        );
+        let labels = &spec
+            .template
+            .as_ref()
+            .unwrap()
+            .metadata
+            .as_ref()
+            .unwrap()
+            .labels;
+        assert_eq!(labels.get(JOB_NAME).map(String::as_str), Some("pi"));
+        assert!(j.validate().is_empty(), "{:?}", j.validate());
+    }
+
+    #[test]
+    fn restart_policy_and_indexed_completions() {
+        let mut j = job("");
+        Strategy::default(&mut j);
+        let errs = j.validate();
+        assert!(
+            errs.iter()
+                .any(|e| e.path == "spec.template.spec.restartPolicy"
+                    && e.to_string().contains("Unsupported value: \"Always\"")),
+            "{errs:?}"
+        );
+        let mut j = job("Never");
+        j.spec.as_mut().unwrap().completion_mode = Some("Indexed".into());
+        j.spec.as_mut().unwrap().parallelism = Some(2);
+        assert!(j.validate().iter().any(|e| e.path == "spec.completions"));
+    }
+}
