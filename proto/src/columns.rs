@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 
 use crate::api::{
-    CertificateSigningRequest, ConfigMap, ContainerStatus, DaemonSet, Deployment, Endpoints, Event,
-    Job, LabelSelector, Lease, Namespace, Node, Pod, PodDisruptionBudget, PodTemplateSpec,
-    ReplicaSet, RoleBinding, Secret, Service, ServicePort,
+    CertificateSigningRequest, ConfigMap, ContainerStatus, CronJob, DaemonSet, Deployment,
+    Endpoints, Event, Job, LabelSelector, Lease, Namespace, Node, Pod, PodDisruptionBudget,
+    PodTemplateSpec, ReplicaSet, RoleBinding, Secret, Service, ServicePort,
 };
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::de::DeserializeOwned;
@@ -76,6 +76,18 @@ pub fn headers(kind: &str, wide: bool) -> Vec<String> {
         ),
         "ReplicaSet" => (
             &["NAME", "DESIRED", "CURRENT", "READY", "AGE"],
+            &["CONTAINERS", "IMAGES", "SELECTOR"],
+        ),
+        "CronJob" => (
+            &[
+                "NAME",
+                "SCHEDULE",
+                "TIMEZONE",
+                "SUSPEND",
+                "ACTIVE",
+                "LAST SCHEDULE",
+                "AGE",
+            ],
             &["CONTAINERS", "IMAGES", "SELECTOR"],
         ),
         "Job" => (
@@ -307,6 +319,36 @@ pub fn cells(kind: &str, obj: &Value, wide: bool, now: DateTime<Utc>) -> Vec<Str
                 c.extend(template_columns(
                     spec.template.as_ref(),
                     spec.selector.as_ref(),
+                ));
+            }
+            c
+        }
+        "CronJob" => {
+            let cj: CronJob = typed(obj);
+            let spec = cj.spec.clone().unwrap_or_default();
+            let st = cj.status.clone().unwrap_or_default();
+            let job_spec = spec.job_template.as_ref().and_then(|t| t.spec.as_ref());
+            let mut c = vec![
+                name,
+                spec.schedule.clone(),
+                spec.time_zone.clone().unwrap_or_else(|| "<none>".into()),
+                if spec.suspend == Some(true) {
+                    "True"
+                } else {
+                    "False"
+                }
+                .into(),
+                st.active.len().to_string(),
+                st.last_schedule_time
+                    .as_deref()
+                    .map(|t| age(t, now))
+                    .unwrap_or_else(|| "<none>".into()),
+                created,
+            ];
+            if wide {
+                c.extend(template_columns(
+                    job_spec.and_then(|s| s.template.as_ref()),
+                    job_spec.and_then(|s| s.selector.as_ref()),
                 ));
             }
             c

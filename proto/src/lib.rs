@@ -36,6 +36,8 @@ pub mod names;
 pub mod nodeaffinity;
 pub mod quantity;
 mod resource;
+#[cfg(feature = "schedule")]
+pub mod schedule;
 pub mod schema;
 pub mod selector;
 pub mod serde_util;

@@ -228,6 +228,7 @@ resource!(
 );
 resource!(DaemonSet, "apps/v1", "daemonsets", ["ds"], true, status);
 resource!(Job, "batch/v1", "jobs", [], true, status);
+resource!(CronJob, "batch/v1", "cronjobs", ["cj"], true, status);
 resource!(
     PodDisruptionBudget,
     "policy/v1",
@@ -316,7 +317,7 @@ impl<T: Resource> DynKind for KindOf<T> {
     }
 }
 
-static KINDS: [&dyn DynKind; 20] = [
+static KINDS: [&dyn DynKind; 21] = [
     &KindOf::<Namespace>(PhantomData),
     &KindOf::<Node>(PhantomData),
     &KindOf::<Pod>(PhantomData),
@@ -331,6 +332,7 @@ static KINDS: [&dyn DynKind; 20] = [
     &KindOf::<DaemonSet>(PhantomData),
     &KindOf::<PodDisruptionBudget>(PhantomData),
     &KindOf::<Job>(PhantomData),
+    &KindOf::<CronJob>(PhantomData),
     &KindOf::<Lease>(PhantomData),
     &KindOf::<Role>(PhantomData),
     &KindOf::<ClusterRole>(PhantomData),

@@ -17,8 +17,8 @@ use chrono::{SecondsFormat, Utc};
 use prost::Message;
 use rand::Rng;
 use skiff_api::api::{
-    Binding, CertificateSigningRequest, ClusterRole, ClusterRoleBinding, ConfigMap, DaemonSet,
-    Deployment, Endpoints, Event, Job, Lease, Namespace, Node, Pod, PodDisruptionBudget,
+    Binding, CertificateSigningRequest, ClusterRole, ClusterRoleBinding, ConfigMap, CronJob,
+    DaemonSet, Deployment, Endpoints, Event, Job, Lease, Namespace, Node, Pod, PodDisruptionBudget,
     ReplicaSet, Role, RoleBinding, Secret, Service, ServiceAccount,
 };
 use skiff_api::rpc::{DeleteRequest, ListRequest, ListResponse, WatchRequest};
@@ -940,6 +940,7 @@ impl Registry {
         add::<DaemonSet>(h, &store, cache_capacity).await?;
         add::<PodDisruptionBudget>(h, &store, cache_capacity).await?;
         add::<Job>(h, &store, cache_capacity).await?;
+        add::<CronJob>(h, &store, cache_capacity).await?;
         add::<Lease>(h, &store, cache_capacity).await?;
         add::<Role>(h, &store, cache_capacity).await?;
         add::<ClusterRole>(h, &store, cache_capacity).await?;

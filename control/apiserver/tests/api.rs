@@ -228,6 +228,7 @@ async fn crud_and_selectors(s: TestServer) {
             "daemonsets",
             "poddisruptionbudgets",
             "jobs",
+            "cronjobs",
             "leases",
             "roles",
             "clusterroles",

@@ -35,7 +35,8 @@ use std::sync::Arc;
 
 use futures::future::{BoxFuture, FutureExt, join_all};
 use skiff_api::api::{
-    DaemonSet, Deployment, Endpoints, Job, ObjectMeta, OwnerReference, Pod, ReplicaSet, Service,
+    CronJob, DaemonSet, Deployment, Endpoints, Job, ObjectMeta, OwnerReference, Pod, ReplicaSet,
+    Service,
 };
 use skiff_api::{FOREGROUND_FINALIZER, KindInfo, ORPHAN_FINALIZER, Resource};
 use skiff_client::runtime::{
@@ -522,7 +523,7 @@ macro_rules! graph_kinds {
 }
 
 graph_kinds!(
-    Deployment, DaemonSet, Job, ReplicaSet, Pod, Service, Endpoints
+    Deployment, DaemonSet, CronJob, Job, ReplicaSet, Pod, Service, Endpoints
 );
 
 /// Runs the garbage collector (one collector per kind, `workers` workers each) until `stop`

@@ -13,6 +13,8 @@
 //!   OnDelete; status counts.
 //! - [`disruption`]: the status of every PodDisruptionBudget (expected and healthy pods,
 //!   allowed disruptions), which the API server's eviction subresource honours.
+//! - [`cronjob`]: a Job for each scheduled time of a CronJob (time zones, concurrency
+//!   policy, starting deadline, suspend, history limits).
 //! - [`job`]: runs Jobs' pods to completion (parallelism, completions, Indexed, back-off,
 //!   backoffLimit, activeDeadlineSeconds, podFailurePolicy, suspend, TTL after finished).
 //! - [`podcontrol`]: what the controllers that own pods directly share (claiming, creating
@@ -28,8 +30,8 @@
 //!   gone only once the API server confirms it, never on the cache's word alone), deletes the
 //!   dependents of owners deleted in the foreground before their `foregroundDeletion`
 //!   finalizer is removed, and removes the references to owners deleted with Orphan before
-//!   their `orphan` finalizer is. One generic collector per kind (Deployment, ReplicaSet, Pod,
-//!   Service, Endpoints).
+//!   their `orphan` finalizer is. One generic collector per kind (Deployment, DaemonSet,
+//!   CronJob, Job, ReplicaSet, Pod, Service, Endpoints).
 //! - [`namespace`]: empties a terminating namespace (every namespaced kind), then deletes it.
 //! - [`nodelifecycle`]: node health from the agents' Leases; conditions `Unknown` and pods
 //!   not ready when a node stops reporting; `unreachable`/`not-ready` taints; eviction of the
@@ -42,6 +44,7 @@
 
 pub mod allocator;
 pub mod certificates;
+pub mod cronjob;
 pub mod daemonset;
 pub mod deployment;
 pub mod disruption;

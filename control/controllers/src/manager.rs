@@ -35,6 +35,7 @@ pub enum ControllerName {
     DaemonSet,
     Disruption,
     Job,
+    CronJob,
     Endpoints,
     ServiceAllocator,
     NodeIpam,
@@ -47,12 +48,13 @@ pub enum ControllerName {
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 14] = [
+    pub const ALL: [ControllerName; 15] = [
         ControllerName::ReplicaSet,
         ControllerName::Deployment,
         ControllerName::DaemonSet,
         ControllerName::Disruption,
         ControllerName::Job,
+        ControllerName::CronJob,
         ControllerName::Endpoints,
         ControllerName::ServiceAllocator,
         ControllerName::NodeIpam,
@@ -71,6 +73,7 @@ impl ControllerName {
             ControllerName::DaemonSet => "daemonset",
             ControllerName::Disruption => "disruption",
             ControllerName::Job => "job",
+            ControllerName::CronJob => "cronjob",
             ControllerName::Endpoints => "endpoints",
             ControllerName::ServiceAllocator => "service-allocator",
             ControllerName::NodeIpam => "nodeipam",
@@ -91,6 +94,7 @@ impl ControllerName {
             ControllerName::DaemonSet => "daemonset-controller",
             ControllerName::Disruption => "controllermanager",
             ControllerName::Job => "job-controller",
+            ControllerName::CronJob => "cronjob-controller",
             ControllerName::Endpoints => "endpoint-controller",
             ControllerName::ServiceAllocator => "service-ip-allocator",
             ControllerName::NodeIpam => "node-ipam-controller",
@@ -252,6 +256,12 @@ pub async fn run_controllers(client: Client, config: &ManagerConfig, stop: Cance
                 config.workers,
                 stop.clone(),
             )),
+            ControllerName::CronJob => Box::pin(crate::cronjob::CronJobController::run(
+                &informers,
+                recorder(*c),
+                config.workers,
+                stop.clone(),
+            )),
             ControllerName::Endpoints => Box::pin(EndpointsController::run(
                 &informers,
                 recorder(*c),
@@ -374,7 +384,7 @@ mod tests {
     fn controller_lists() {
         use ControllerName::*;
         let all: BTreeSet<_> = ControllerName::ALL.into_iter().collect();
-        assert_eq!(all.len(), 14);
+        assert_eq!(all.len(), 15);
         assert_eq!(parse_controllers("*").unwrap(), all);
         assert_eq!(parse_controllers("").unwrap(), all);
         assert_eq!(
@@ -388,6 +398,7 @@ mod tests {
                 DaemonSet,
                 Disruption,
                 Job,
+                CronJob,
                 Endpoints,
                 ServiceAllocator,
                 NodeIpam,
@@ -403,14 +414,14 @@ mod tests {
         assert_eq!(
             parse_controllers(
                 "*,-replicaset,-garbagecollector,-namespace,-nodelifecycle,-serviceaccount,\
-                 -certificatesigningrequest,-root-ca-cert-publisher,-daemonset,-disruption,-job"
+                 -certificatesigningrequest,-root-ca-cert-publisher,-daemonset,-disruption,-job,-cronjob"
             )
             .unwrap(),
             [Deployment, Endpoints, ServiceAllocator, NodeIpam].into()
         );
         assert_eq!(
             parse_controllers(
-                "ReplicaSet, deployment, daemonset, disruption, job, endpoints, service-allocator, nodeipam, garbagecollector, Namespace, NodeLifecycle, serviceaccount, certificatesigningrequest, root-ca-cert-publisher"
+                "ReplicaSet, deployment, daemonset, disruption, job, cronjob, endpoints, service-allocator, nodeipam, garbagecollector, Namespace, NodeLifecycle, serviceaccount, certificatesigningrequest, root-ca-cert-publisher"
             )
             .unwrap(),
             all

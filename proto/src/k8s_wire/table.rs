@@ -1162,6 +1162,119 @@ pub(super) static MESSAGES: &[(&str, &[Field])] = &[
         ],
     ),
     (
+        "api.batch.v1.CronJob",
+        &[
+            Field {
+                num: 1,
+                json: "metadata",
+                ty: Ty::Msg("apimachinery.pkg.apis.meta.v1.ObjectMeta"),
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 2,
+                json: "spec",
+                ty: Ty::Msg("api.batch.v1.CronJobSpec"),
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 3,
+                json: "status",
+                ty: Ty::Msg("api.batch.v1.CronJobStatus"),
+                repeated: false,
+                map: false,
+            },
+        ],
+    ),
+    (
+        "api.batch.v1.CronJobSpec",
+        &[
+            Field {
+                num: 1,
+                json: "schedule",
+                ty: Ty::Str,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 2,
+                json: "startingDeadlineSeconds",
+                ty: Ty::I64,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 3,
+                json: "concurrencyPolicy",
+                ty: Ty::Str,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 4,
+                json: "suspend",
+                ty: Ty::Bool,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 5,
+                json: "jobTemplate",
+                ty: Ty::Msg("api.batch.v1.JobTemplateSpec"),
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 6,
+                json: "successfulJobsHistoryLimit",
+                ty: Ty::I32,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 7,
+                json: "failedJobsHistoryLimit",
+                ty: Ty::I32,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 8,
+                json: "timeZone",
+                ty: Ty::Str,
+                repeated: false,
+                map: false,
+            },
+        ],
+    ),
+    (
+        "api.batch.v1.CronJobStatus",
+        &[
+            Field {
+                num: 1,
+                json: "active",
+                ty: Ty::Msg("api.core.v1.ObjectReference"),
+                repeated: true,
+                map: false,
+            },
+            Field {
+                num: 4,
+                json: "lastScheduleTime",
+                ty: Ty::Time,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 5,
+                json: "lastSuccessfulTime",
+                ty: Ty::Time,
+                repeated: false,
+                map: false,
+            },
+        ],
+    ),
+    (
         "api.batch.v1.Job",
         &[
             Field {
@@ -1428,6 +1541,25 @@ pub(super) static MESSAGES: &[(&str, &[Field])] = &[
                 num: 11,
                 json: "terminating",
                 ty: Ty::I32,
+                repeated: false,
+                map: false,
+            },
+        ],
+    ),
+    (
+        "api.batch.v1.JobTemplateSpec",
+        &[
+            Field {
+                num: 1,
+                json: "metadata",
+                ty: Ty::Msg("apimachinery.pkg.apis.meta.v1.ObjectMeta"),
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 2,
+                json: "spec",
+                ty: Ty::Msg("api.batch.v1.JobSpec"),
                 repeated: false,
                 map: false,
             },

@@ -5,7 +5,7 @@
 //! selector, template, completions, completionMode and podFailurePolicy are immutable.
 
 use async_trait::async_trait;
-use skiff_api::api::{Job, LabelSelector};
+use skiff_api::api::{CronJob, Job, JobSpec, LabelSelector};
 
 use super::Strategy;
 use super::pod::{default_pod_spec, validate_pod_spec};
@@ -22,22 +22,160 @@ const ACTIONS: &[&str] = &["Count", "FailJob", "FailIndex", "Ignore"];
 /// Kubernetes' cap on an Indexed Job's completions.
 const MAX_INDEXED_COMPLETIONS: i32 = 100_000;
 
+/// A Job spec's rules at `p` (`spec`, or `spec.jobTemplate.spec` of a CronJob, whose
+/// selector is generated when its Jobs are made).
+pub(crate) fn validate_job_spec(
+    out: &mut Vec<FieldError>,
+    p: &str,
+    spec: &JobSpec,
+    selector_required: bool,
+) {
+    for (path, value) in [
+        (format!("{p}.parallelism"), spec.parallelism.map(i64::from)),
+        (format!("{p}.completions"), spec.completions.map(i64::from)),
+        (
+            format!("{p}.activeDeadlineSeconds"),
+            spec.active_deadline_seconds,
+        ),
+        (
+            format!("{p}.backoffLimit"),
+            spec.backoff_limit.map(i64::from),
+        ),
+        (
+            format!("{p}.ttlSecondsAfterFinished"),
+            spec.ttl_seconds_after_finished.map(i64::from),
+        ),
+    ] {
+        if let Some(n) = value {
+            v::check_non_negative(out, &path, n);
+        }
+    }
+    let mode = spec.completion_mode.as_deref().unwrap_or("NonIndexed");
+    if !MODES.contains(&mode) {
+        out.push(FieldError::not_supported(
+            format!("{p}.completionMode"),
+            mode,
+            MODES,
+        ));
+    }
+    if mode == "Indexed" {
+        match spec.completions {
+            None => out.push(FieldError::required(
+                format!("{p}.completions"),
+                "when completion mode is Indexed",
+            )),
+            Some(c) if c > MAX_INDEXED_COMPLETIONS => out.push(FieldError::invalid(
+                format!("{p}.completions"),
+                c,
+                format!("must be less than or equal to {MAX_INDEXED_COMPLETIONS} when completion mode is Indexed"),
+            )),
+            _ => {}
+        }
+    }
+    let Some(template) = &spec.template else {
+        out.push(FieldError::required(format!("{p}.template"), ""));
+        return;
+    };
+    let labels = template
+        .metadata
+        .as_ref()
+        .map(|m| m.labels.clone())
+        .unwrap_or_default();
+    v::check_labels(out, &format!("{p}.template.metadata.labels"), &labels);
+    if selector_required {
+        v::check_selector_matches_template(out, spec.selector.as_ref(), &labels);
+    }
+    validate_pod_spec(out, &format!("{p}.template.spec"), template.spec.as_ref());
+    let restart = template
+        .spec
+        .as_ref()
+        .map(|s| s.restart_policy.as_str())
+        .unwrap_or("");
+    if restart != "OnFailure" && restart != "Never" {
+        out.push(FieldError::not_supported(
+            format!("{p}.template.spec.restartPolicy"),
+            restart,
+            &["OnFailure", "Never"],
+        ));
+    }
+    if let Some(policy) = &spec.pod_failure_policy {
+        if restart != "Never" {
+            out.push(FieldError::invalid(
+                format!("{p}.template.spec.restartPolicy"),
+                restart,
+                "only \"Never\" is supported when podFailurePolicy is specified",
+            ));
+        }
+        for (i, rule) in policy.rules.iter().enumerate() {
+            let rp = format!("{p}.podFailurePolicy.rules[{i}]");
+            if !ACTIONS.contains(&rule.action.as_str()) {
+                out.push(FieldError::not_supported(
+                    format!("{rp}.action"),
+                    &rule.action,
+                    ACTIONS,
+                ));
+            }
+            match (&rule.on_exit_codes, rule.on_pod_conditions.is_empty()) {
+                (Some(_), false) | (None, true) => out.push(FieldError::invalid(
+                    rp.clone(),
+                    "",
+                    "specifying one of OnExitCodes and OnPodConditions is required",
+                )),
+                _ => {}
+            }
+            if let Some(codes) = &rule.on_exit_codes {
+                if codes.operator != "In" && codes.operator != "NotIn" {
+                    out.push(FieldError::not_supported(
+                        format!("{rp}.onExitCodes.operator"),
+                        &codes.operator,
+                        &["In", "NotIn"],
+                    ));
+                }
+                if codes.values.is_empty() {
+                    out.push(FieldError::required(
+                        format!("{rp}.onExitCodes.values"),
+                        "at least one value is required",
+                    ));
+                }
+                if codes.operator == "In" && codes.values.contains(&0) {
+                    out.push(FieldError::invalid(
+                        format!("{rp}.onExitCodes.values"),
+                        0,
+                        "must not be 0 for the In operator",
+                    ));
+                }
+                if codes.values.windows(2).any(|w| w[0] >= w[1]) {
+                    out.push(FieldError::invalid(
+                        format!("{rp}.onExitCodes.values"),
+                        format!("{:?}", codes.values),
+                        "must be ordered",
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// Kubernetes' Job spec defaults (also for a CronJob's job template).
+fn default_job_spec(spec: &mut JobSpec) {
+    if spec.completions.is_none() && spec.parallelism.is_none() {
+        spec.completions = Some(1);
+    }
+    spec.parallelism.get_or_insert(1);
+    spec.backoff_limit.get_or_insert(6);
+    spec.completion_mode
+        .get_or_insert_with(|| "NonIndexed".into());
+    spec.suspend.get_or_insert(false);
+    if let Some(t) = spec.template.as_mut().and_then(|t| t.spec.as_mut()) {
+        default_pod_spec(t);
+    }
+}
+
 #[async_trait]
 impl Strategy for Job {
     fn default(&mut self) {
-        let Some(spec) = self.spec.as_mut() else {
-            return;
-        };
-        if spec.completions.is_none() && spec.parallelism.is_none() {
-            spec.completions = Some(1);
-        }
-        spec.parallelism.get_or_insert(1);
-        spec.backoff_limit.get_or_insert(6);
-        spec.completion_mode
-            .get_or_insert_with(|| "NonIndexed".into());
-        spec.suspend.get_or_insert(false);
-        if let Some(t) = spec.template.as_mut().and_then(|t| t.spec.as_mut()) {
-            default_pod_spec(t);
+        if let Some(spec) = self.spec.as_mut() {
+            default_job_spec(spec);
         }
     }
 
@@ -73,125 +211,9 @@ impl Strategy for Job {
 
     fn validate(&self) -> Vec<FieldError> {
         let mut out = Vec::new();
-        let Some(spec) = &self.spec else {
-            out.push(FieldError::required("spec", ""));
-            return out;
-        };
-        for (path, value) in [
-            ("spec.parallelism", spec.parallelism.map(i64::from)),
-            ("spec.completions", spec.completions.map(i64::from)),
-            ("spec.activeDeadlineSeconds", spec.active_deadline_seconds),
-            ("spec.backoffLimit", spec.backoff_limit.map(i64::from)),
-            (
-                "spec.ttlSecondsAfterFinished",
-                spec.ttl_seconds_after_finished.map(i64::from),
-            ),
-        ] {
-            if let Some(n) = value {
-                v::check_non_negative(&mut out, path, n);
-            }
-        }
-        let mode = spec.completion_mode.as_deref().unwrap_or("NonIndexed");
-        if !MODES.contains(&mode) {
-            out.push(FieldError::not_supported(
-                "spec.completionMode",
-                mode,
-                MODES,
-            ));
-        }
-        if mode == "Indexed" {
-            match spec.completions {
-                None => out.push(FieldError::required(
-                    "spec.completions",
-                    "when completion mode is Indexed",
-                )),
-                Some(c) if c > MAX_INDEXED_COMPLETIONS => out.push(FieldError::invalid(
-                    "spec.completions",
-                    c,
-                    format!("must be less than or equal to {MAX_INDEXED_COMPLETIONS} when completion mode is Indexed"),
-                )),
-                _ => {}
-            }
-        }
-        let Some(template) = &spec.template else {
-            out.push(FieldError::required("spec.template", ""));
-            return out;
-        };
-        let labels = template
-            .metadata
-            .as_ref()
-            .map(|m| m.labels.clone())
-            .unwrap_or_default();
-        v::check_labels(&mut out, "spec.template.metadata.labels", &labels);
-        v::check_selector_matches_template(&mut out, spec.selector.as_ref(), &labels);
-        validate_pod_spec(&mut out, "spec.template.spec", template.spec.as_ref());
-        let restart = template
-            .spec
-            .as_ref()
-            .map(|s| s.restart_policy.as_str())
-            .unwrap_or("");
-        if restart != "OnFailure" && restart != "Never" {
-            out.push(FieldError::not_supported(
-                "spec.template.spec.restartPolicy",
-                restart,
-                &["OnFailure", "Never"],
-            ));
-        }
-        if let Some(policy) = &spec.pod_failure_policy {
-            if restart != "Never" {
-                out.push(FieldError::invalid(
-                    "spec.template.spec.restartPolicy",
-                    restart,
-                    "only \"Never\" is supported when podFailurePolicy is specified",
-                ));
-            }
-            for (i, rule) in policy.rules.iter().enumerate() {
-                let p = format!("spec.podFailurePolicy.rules[{i}]");
-                if !ACTIONS.contains(&rule.action.as_str()) {
-                    out.push(FieldError::not_supported(
-                        format!("{p}.action"),
-                        &rule.action,
-                        ACTIONS,
-                    ));
-                }
-                match (&rule.on_exit_codes, rule.on_pod_conditions.is_empty()) {
-                    (Some(_), false) | (None, true) => out.push(FieldError::invalid(
-                        p.clone(),
-                        "",
-                        "specifying one of OnExitCodes and OnPodConditions is required",
-                    )),
-                    _ => {}
-                }
-                if let Some(codes) = &rule.on_exit_codes {
-                    if codes.operator != "In" && codes.operator != "NotIn" {
-                        out.push(FieldError::not_supported(
-                            format!("{p}.onExitCodes.operator"),
-                            &codes.operator,
-                            &["In", "NotIn"],
-                        ));
-                    }
-                    if codes.values.is_empty() {
-                        out.push(FieldError::required(
-                            format!("{p}.onExitCodes.values"),
-                            "at least one value is required",
-                        ));
-                    }
-                    if codes.operator == "In" && codes.values.contains(&0) {
-                        out.push(FieldError::invalid(
-                            format!("{p}.onExitCodes.values"),
-                            0,
-                            "must not be 0 for the In operator",
-                        ));
-                    }
-                    if codes.values.windows(2).any(|w| w[0] >= w[1]) {
-                        out.push(FieldError::invalid(
-                            format!("{p}.onExitCodes.values"),
-                            format!("{:?}", codes.values),
-                            "must be ordered",
-                        ));
-                    }
-                }
-            }
+        match &self.spec {
+            Some(spec) => validate_job_spec(&mut out, "spec", spec, true),
+            None => out.push(FieldError::required("spec", "")),
         }
         out
     }
@@ -225,6 +247,92 @@ impl Strategy for Job {
         }
         if new.pod_failure_policy != old.pod_failure_policy {
             out.push(FieldError::immutable("spec.podFailurePolicy", "..."));
+        }
+        out
+    }
+}
+
+/// The longest CronJob name (its Jobs add `-<minutes>`, 11 characters).
+const MAX_CRONJOB_NAME: usize = 52;
+const CONCURRENCY: &[&str] = &["Allow", "Forbid", "Replace"];
+
+impl Strategy for CronJob {
+    /// concurrencyPolicy Allow, suspend false, history limits 3 successful and 1 failed,
+    /// Job defaults for the template.
+    fn default(&mut self) {
+        let Some(spec) = self.spec.as_mut() else {
+            return;
+        };
+        if spec.concurrency_policy.is_empty() {
+            spec.concurrency_policy = "Allow".into();
+        }
+        spec.suspend.get_or_insert(false);
+        spec.successful_jobs_history_limit.get_or_insert(3);
+        spec.failed_jobs_history_limit.get_or_insert(1);
+        if let Some(js) = spec.job_template.as_mut().and_then(|t| t.spec.as_mut()) {
+            default_job_spec(js);
+        }
+    }
+
+    fn validate(&self) -> Vec<FieldError> {
+        let mut out = Vec::new();
+        let name = self
+            .metadata
+            .as_ref()
+            .map(|m| m.name.as_str())
+            .unwrap_or("");
+        if name.len() > MAX_CRONJOB_NAME {
+            out.push(FieldError::invalid(
+                "metadata.name",
+                name,
+                format!("must be no more than {MAX_CRONJOB_NAME} characters"),
+            ));
+        }
+        let Some(spec) = &self.spec else {
+            out.push(FieldError::required("spec", ""));
+            return out;
+        };
+        if spec.schedule.trim().is_empty() {
+            out.push(FieldError::required("spec.schedule", ""));
+        } else if let Err(e) =
+            skiff_api::schedule::Schedule::parse(&spec.schedule, spec.time_zone.as_deref())
+        {
+            let (path, value) = match e {
+                skiff_api::schedule::ScheduleError::TimeZone(ref tz) => {
+                    ("spec.timeZone", tz.clone())
+                }
+                _ => ("spec.schedule", spec.schedule.clone()),
+            };
+            out.push(FieldError::invalid(path, value, e.to_string()));
+        }
+        if !CONCURRENCY.contains(&spec.concurrency_policy.as_str()) {
+            out.push(FieldError::not_supported(
+                "spec.concurrencyPolicy",
+                &spec.concurrency_policy,
+                CONCURRENCY,
+            ));
+        }
+        for (path, value) in [
+            (
+                "spec.startingDeadlineSeconds",
+                spec.starting_deadline_seconds,
+            ),
+            (
+                "spec.successfulJobsHistoryLimit",
+                spec.successful_jobs_history_limit.map(i64::from),
+            ),
+            (
+                "spec.failedJobsHistoryLimit",
+                spec.failed_jobs_history_limit.map(i64::from),
+            ),
+        ] {
+            if let Some(n) = value {
+                v::check_non_negative(&mut out, path, n);
+            }
+        }
+        match spec.job_template.as_ref().and_then(|t| t.spec.as_ref()) {
+            Some(js) => validate_job_spec(&mut out, "spec.jobTemplate.spec", js, false),
+            None => out.push(FieldError::required("spec.jobTemplate.spec", "")),
         }
         out
     }
@@ -295,6 +403,39 @@ mod tests {
             .labels;
         assert_eq!(labels.get(JOB_NAME).map(String::as_str), Some("pi"));
         assert!(j.validate().is_empty(), "{:?}", j.validate());
+    }
+
+    #[test]
+    fn cron_jobs_schedules_and_time_zones() {
+        let mut cj = CronJob {
+            metadata: Some(ObjectMeta {
+                name: "nightly".into(),
+                ..Default::default()
+            }),
+            spec: Some(skiff_api::api::CronJobSpec {
+                schedule: "0 3 * * *".into(),
+                job_template: Some(skiff_api::api::JobTemplateSpec {
+                    metadata: None,
+                    spec: job("Never").spec,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        Strategy::default(&mut cj);
+        assert!(cj.validate().is_empty(), "{:?}", cj.validate());
+        assert_eq!(cj.spec.as_ref().unwrap().concurrency_policy, "Allow");
+        cj.spec.as_mut().unwrap().schedule = "61 * * * *".into();
+        assert_eq!(cj.validate()[0].path, "spec.schedule");
+        cj.spec.as_mut().unwrap().schedule = "0 3 * * *".into();
+        cj.spec.as_mut().unwrap().time_zone = Some("Mars/Olympus".into());
+        let errs = cj.validate();
+        assert_eq!(errs[0].path, "spec.timeZone");
+        assert!(
+            errs[0]
+                .to_string()
+                .contains("unknown time zone Mars/Olympus")
+        );
     }
 
     #[test]
