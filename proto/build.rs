@@ -37,7 +37,7 @@ const RENAMES: [(&str, &str); 22] = [
 ];
 
 /// IntOrString: a port number or a name, a count or a percentage.
-const INT_OR_STRING: [&str; 9] = [
+const INT_OR_STRING: [&str; 10] = [
     "ServicePort.target_port",
     "HTTPGetAction.port",
     "TCPSocketAction.port",
@@ -47,6 +47,7 @@ const INT_OR_STRING: [&str; 9] = [
     "RollingUpdateDaemonSet.max_surge",
     "PodDisruptionBudgetSpec.min_available",
     "PodDisruptionBudgetSpec.max_unavailable",
+    "RollingUpdateStatefulSetStrategy.max_unavailable",
 ];
 
 /// Quantities may be written as YAML numbers (cpu: 1).
@@ -62,8 +63,15 @@ const QUANTITY_MAPS: [&str; 4] = [
 /// (`kubectl wait` compares a condition's observedGeneration with the object's generation).
 /// Fields without `omitempty` in Kubernetes (restartCount, ready, exitCode, ports,
 /// ReplicaSetStatus.replicas, weights) stay, and `optional` fields are `None` when unset.
-const OMIT_ZERO: [&str; 34] = [
+const OMIT_ZERO: [&str; 41] = [
     "ObjectMeta.generation",
+    "StatefulSetSpec.min_ready_seconds",
+    "StatefulSetStatus.observed_generation",
+    "StatefulSetStatus.ready_replicas",
+    "StatefulSetStatus.current_replicas",
+    "StatefulSetStatus.updated_replicas",
+    "StatefulSetStatus.available_replicas",
+    "StatefulSetOrdinals.start",
     "JobStatus.active",
     "JobStatus.succeeded",
     "JobStatus.failed",

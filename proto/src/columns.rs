@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use crate::api::{
     CertificateSigningRequest, ConfigMap, ContainerStatus, CronJob, DaemonSet, Deployment,
     Endpoints, Event, Job, LabelSelector, Lease, Namespace, Node, Pod, PodDisruptionBudget,
-    PodTemplateSpec, ReplicaSet, RoleBinding, Secret, Service, ServicePort,
+    PodTemplateSpec, ReplicaSet, RoleBinding, Secret, Service, ServicePort, StatefulSet,
 };
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::de::DeserializeOwned;
@@ -104,6 +104,7 @@ pub fn headers(kind: &str, wide: bool) -> Vec<String> {
             ],
             &[],
         ),
+        "StatefulSet" => (&["NAME", "READY", "AGE"], &["CONTAINERS", "IMAGES"]),
         "DaemonSet" => (
             &[
                 "NAME",
@@ -384,6 +385,22 @@ pub fn cells(kind: &str, obj: &Value, wide: bool, now: DateTime<Utc>) -> Vec<Str
                 st.disruptions_allowed.to_string(),
                 created,
             ]
+        }
+        "StatefulSet" => {
+            let st: StatefulSet = typed(obj);
+            let spec = st.spec.clone().unwrap_or_default();
+            let status = st.status.clone().unwrap_or_default();
+            let mut c = vec![
+                name,
+                format!("{}/{}", status.ready_replicas, spec.replicas.unwrap_or(1)),
+                created,
+            ];
+            if wide {
+                let [containers, images, _] =
+                    template_columns(spec.template.as_ref(), spec.selector.as_ref());
+                c.extend([containers, images]);
+            }
+            c
         }
         "DaemonSet" => {
             let d: DaemonSet = typed(obj);

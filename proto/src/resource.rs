@@ -227,6 +227,14 @@ resource!(
     status
 );
 resource!(DaemonSet, "apps/v1", "daemonsets", ["ds"], true, status);
+resource!(
+    StatefulSet,
+    "apps/v1",
+    "statefulsets",
+    ["sts"],
+    true,
+    status
+);
 resource!(Job, "batch/v1", "jobs", [], true, status);
 resource!(CronJob, "batch/v1", "cronjobs", ["cj"], true, status);
 resource!(
@@ -317,7 +325,7 @@ impl<T: Resource> DynKind for KindOf<T> {
     }
 }
 
-static KINDS: [&dyn DynKind; 21] = [
+static KINDS: [&dyn DynKind; 22] = [
     &KindOf::<Namespace>(PhantomData),
     &KindOf::<Node>(PhantomData),
     &KindOf::<Pod>(PhantomData),
@@ -330,6 +338,7 @@ static KINDS: [&dyn DynKind; 21] = [
     &KindOf::<ReplicaSet>(PhantomData),
     &KindOf::<Deployment>(PhantomData),
     &KindOf::<DaemonSet>(PhantomData),
+    &KindOf::<StatefulSet>(PhantomData),
     &KindOf::<PodDisruptionBudget>(PhantomData),
     &KindOf::<Job>(PhantomData),
     &KindOf::<CronJob>(PhantomData),

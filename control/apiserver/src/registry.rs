@@ -19,7 +19,7 @@ use rand::Rng;
 use skiff_api::api::{
     Binding, CertificateSigningRequest, ClusterRole, ClusterRoleBinding, ConfigMap, CronJob,
     DaemonSet, Deployment, Endpoints, Event, Job, Lease, Namespace, Node, Pod, PodDisruptionBudget,
-    ReplicaSet, Role, RoleBinding, Secret, Service, ServiceAccount,
+    ReplicaSet, Role, RoleBinding, Secret, Service, ServiceAccount, StatefulSet,
 };
 use skiff_api::rpc::{DeleteRequest, ListRequest, ListResponse, WatchRequest};
 use skiff_api::selector::{FieldSelector, Selector};
@@ -938,6 +938,7 @@ impl Registry {
         add::<ReplicaSet>(h, &store, cache_capacity).await?;
         add::<Deployment>(h, &store, cache_capacity).await?;
         add::<DaemonSet>(h, &store, cache_capacity).await?;
+        add::<StatefulSet>(h, &store, cache_capacity).await?;
         add::<PodDisruptionBudget>(h, &store, cache_capacity).await?;
         add::<Job>(h, &store, cache_capacity).await?;
         add::<CronJob>(h, &store, cache_capacity).await?;

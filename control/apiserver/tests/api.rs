@@ -226,6 +226,7 @@ async fn crud_and_selectors(s: TestServer) {
             "replicasets",
             "deployments",
             "daemonsets",
+            "statefulsets",
             "poddisruptionbudgets",
             "jobs",
             "cronjobs",

@@ -36,7 +36,7 @@ use std::sync::Arc;
 use futures::future::{BoxFuture, FutureExt, join_all};
 use skiff_api::api::{
     CronJob, DaemonSet, Deployment, Endpoints, Job, ObjectMeta, OwnerReference, Pod, ReplicaSet,
-    Service,
+    Service, StatefulSet,
 };
 use skiff_api::{FOREGROUND_FINALIZER, KindInfo, ORPHAN_FINALIZER, Resource};
 use skiff_client::runtime::{
@@ -523,7 +523,15 @@ macro_rules! graph_kinds {
 }
 
 graph_kinds!(
-    Deployment, DaemonSet, CronJob, Job, ReplicaSet, Pod, Service, Endpoints
+    Deployment,
+    DaemonSet,
+    StatefulSet,
+    CronJob,
+    Job,
+    ReplicaSet,
+    Pod,
+    Service,
+    Endpoints
 );
 
 /// Runs the garbage collector (one collector per kind, `workers` workers each) until `stop`

@@ -19,6 +19,8 @@
 //!   backoffLimit, activeDeadlineSeconds, podFailurePolicy, suspend, TTL after finished).
 //! - [`podcontrol`]: what the controllers that own pods directly share (claiming, creating
 //!   and deleting pods with events, expectations).
+//! - [`statefulset`]: pods with stable names and ordinals (OrderedReady or Parallel),
+//!   rolling updates from the highest ordinal down to the partition, OnDelete.
 //! - [`endpoints`]: keeps an Endpoints object per Service with a selector, listing the
 //!   selected pods' addresses (ready and not ready) and their resolved target ports.
 //! - [`serviceip`]: the Service allocator: hands out `spec.clusterIP` from the service CIDR
@@ -31,7 +33,7 @@
 //!   dependents of owners deleted in the foreground before their `foregroundDeletion`
 //!   finalizer is removed, and removes the references to owners deleted with Orphan before
 //!   their `orphan` finalizer is. One generic collector per kind (Deployment, DaemonSet,
-//!   CronJob, Job, ReplicaSet, Pod, Service, Endpoints).
+//!   StatefulSet, CronJob, Job, ReplicaSet, Pod, Service, Endpoints).
 //! - [`namespace`]: empties a terminating namespace (every namespaced kind), then deletes it.
 //! - [`nodelifecycle`]: node health from the agents' Leases; conditions `Unknown` and pods
 //!   not ready when a node stops reporting; `unreachable`/`not-ready` taints; eviction of the
@@ -61,6 +63,7 @@ pub mod replicaset;
 pub mod rootca;
 pub mod serviceaccount;
 pub mod serviceip;
+pub mod statefulset;
 pub mod util;
 
 use skiff_client::runtime::EventRecorder;

@@ -33,6 +33,7 @@ pub enum ControllerName {
     ReplicaSet,
     Deployment,
     DaemonSet,
+    StatefulSet,
     Disruption,
     Job,
     CronJob,
@@ -48,10 +49,11 @@ pub enum ControllerName {
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 15] = [
+    pub const ALL: [ControllerName; 16] = [
         ControllerName::ReplicaSet,
         ControllerName::Deployment,
         ControllerName::DaemonSet,
+        ControllerName::StatefulSet,
         ControllerName::Disruption,
         ControllerName::Job,
         ControllerName::CronJob,
@@ -71,6 +73,7 @@ impl ControllerName {
             ControllerName::ReplicaSet => "replicaset",
             ControllerName::Deployment => "deployment",
             ControllerName::DaemonSet => "daemonset",
+            ControllerName::StatefulSet => "statefulset",
             ControllerName::Disruption => "disruption",
             ControllerName::Job => "job",
             ControllerName::CronJob => "cronjob",
@@ -92,6 +95,7 @@ impl ControllerName {
             ControllerName::ReplicaSet => "replicaset-controller",
             ControllerName::Deployment => "deployment-controller",
             ControllerName::DaemonSet => "daemonset-controller",
+            ControllerName::StatefulSet => "statefulset-controller",
             ControllerName::Disruption => "controllermanager",
             ControllerName::Job => "job-controller",
             ControllerName::CronJob => "cronjob-controller",
@@ -262,6 +266,14 @@ pub async fn run_controllers(client: Client, config: &ManagerConfig, stop: Cance
                 config.workers,
                 stop.clone(),
             )),
+            ControllerName::StatefulSet => {
+                Box::pin(crate::statefulset::StatefulSetController::run(
+                    &informers,
+                    recorder(*c),
+                    config.workers,
+                    stop.clone(),
+                ))
+            }
             ControllerName::Endpoints => Box::pin(EndpointsController::run(
                 &informers,
                 recorder(*c),
@@ -384,7 +396,7 @@ mod tests {
     fn controller_lists() {
         use ControllerName::*;
         let all: BTreeSet<_> = ControllerName::ALL.into_iter().collect();
-        assert_eq!(all.len(), 15);
+        assert_eq!(all.len(), 16);
         assert_eq!(parse_controllers("*").unwrap(), all);
         assert_eq!(parse_controllers("").unwrap(), all);
         assert_eq!(
@@ -396,6 +408,7 @@ mod tests {
             [
                 ReplicaSet,
                 DaemonSet,
+                StatefulSet,
                 Disruption,
                 Job,
                 CronJob,
@@ -414,14 +427,14 @@ mod tests {
         assert_eq!(
             parse_controllers(
                 "*,-replicaset,-garbagecollector,-namespace,-nodelifecycle,-serviceaccount,\
-                 -certificatesigningrequest,-root-ca-cert-publisher,-daemonset,-disruption,-job,-cronjob"
+                 -certificatesigningrequest,-root-ca-cert-publisher,-daemonset,-disruption,-job,-cronjob,-statefulset"
             )
             .unwrap(),
             [Deployment, Endpoints, ServiceAllocator, NodeIpam].into()
         );
         assert_eq!(
             parse_controllers(
-                "ReplicaSet, deployment, daemonset, disruption, job, cronjob, endpoints, service-allocator, nodeipam, garbagecollector, Namespace, NodeLifecycle, serviceaccount, certificatesigningrequest, root-ca-cert-publisher"
+                "ReplicaSet, deployment, daemonset, statefulset, disruption, job, cronjob, endpoints, service-allocator, nodeipam, garbagecollector, Namespace, NodeLifecycle, serviceaccount, certificatesigningrequest, root-ca-cert-publisher"
             )
             .unwrap(),
             all

@@ -86,6 +86,9 @@ const VIEWABLE: &[&str] = &[
 const APPS: &[&str] = &[
     "daemonsets",
     "daemonsets/status",
+    "statefulsets",
+    "statefulsets/scale",
+    "statefulsets/status",
     "deployments",
     "deployments/scale",
     "deployments/status",
@@ -139,6 +142,8 @@ fn edit_rules() -> Vec<PolicyRule> {
             &["apps"],
             &[
                 "daemonsets",
+                "statefulsets",
+                "statefulsets/scale",
                 "deployments",
                 "deployments/scale",
                 "replicasets",

@@ -28,6 +28,11 @@ pub struct Subresource {
     pub response: Option<(&'static str, &'static str, &'static str)>,
 }
 
+/// Whether a kind serves the `scale` subresource (its `spec.replicas`).
+pub fn scalable(info: &KindInfo) -> bool {
+    matches!(info.plural, "deployments" | "replicasets" | "statefulsets")
+}
+
 /// The subresources a kind serves.
 pub fn subresources(info: &KindInfo) -> Vec<Subresource> {
     let mut out = Vec::new();
@@ -38,13 +43,15 @@ pub fn subresources(info: &KindInfo) -> Vec<Subresource> {
             response: None,
         });
     }
-    match info.plural {
-        "deployments" | "replicasets" => out.push(Subresource {
+    if scalable(info) {
+        out.push(Subresource {
             name: "scale",
             verbs: &["get", "patch", "update"],
             response: Some(("autoscaling", "v1", "Scale")),
-        }),
-        "pods" => out.extend([
+        });
+    }
+    if info.plural == "pods" {
+        out.extend([
             Subresource {
                 name: "binding",
                 verbs: &["create"],
@@ -70,8 +77,7 @@ pub fn subresources(info: &KindInfo) -> Vec<Subresource> {
                 verbs: &["get"],
                 response: None,
             },
-        ]),
-        _ => {}
+        ]);
     }
     out
 }

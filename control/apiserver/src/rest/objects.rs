@@ -490,7 +490,7 @@ pub(crate) async fn serve(
             patch::serve(&call, &body, "status").await
         }
         (&Method::DELETE, Some(_), None) => delete(&call, &body).await,
-        (_, Some(_), Some("scale")) if matches!(info.plural, "deployments" | "replicasets") => {
+        (_, Some(_), Some("scale")) if super::discovery::scalable(info) => {
             patch::scale(&call, &method, &body).await
         }
         (&Method::POST, Some(_), Some("binding")) if info.plural == "pods" => {

@@ -307,7 +307,7 @@ fn scale_of(obj: &Value) -> Value {
     scale
 }
 
-/// GET, PUT and PATCH of `deployments/<name>/scale` and `replicasets/<name>/scale`.
+/// GET, PUT and PATCH of `<deployments|replicasets|statefulsets>/<name>/scale`.
 pub(crate) async fn scale(
     call: &Call<'_>,
     method: &Method,

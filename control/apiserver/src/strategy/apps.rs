@@ -4,6 +4,7 @@
 use skiff_api::api::{
     DaemonSet, DaemonSetUpdateStrategy, Deployment, DeploymentStrategy, LabelSelector,
     PodTemplateSpec, ReplicaSet, RollingUpdateDaemonSet, RollingUpdateDeployment,
+    RollingUpdateStatefulSetStrategy, StatefulSet, StatefulSetSpec, StatefulSetUpdateStrategy,
 };
 
 use super::Strategy;
@@ -238,6 +239,124 @@ impl Strategy for DaemonSet {
             self.spec.as_ref().and_then(|s| s.selector.as_ref()),
             old.spec.as_ref().and_then(|s| s.selector.as_ref()),
         );
+        out
+    }
+}
+
+impl Strategy for StatefulSet {
+    /// replicas 1, podManagementPolicy OrderedReady, updateStrategy RollingUpdate with
+    /// partition 0, revisionHistoryLimit 10; pod defaults for the template.
+    fn default(&mut self) {
+        let Some(spec) = self.spec.as_mut() else {
+            return;
+        };
+        spec.replicas.get_or_insert(1);
+        spec.revision_history_limit.get_or_insert(10);
+        if spec.pod_management_policy.is_empty() {
+            spec.pod_management_policy = "OrderedReady".into();
+        }
+        let strategy = spec
+            .update_strategy
+            .get_or_insert_with(StatefulSetUpdateStrategy::default);
+        if strategy.r#type.is_empty() {
+            strategy.r#type = "RollingUpdate".into();
+        }
+        if strategy.r#type == "RollingUpdate" {
+            strategy
+                .rolling_update
+                .get_or_insert_with(RollingUpdateStatefulSetStrategy::default)
+                .partition
+                .get_or_insert(0);
+        }
+        default_template(spec.template.as_mut());
+    }
+
+    fn validate(&self) -> Vec<FieldError> {
+        let mut out = Vec::new();
+        let Some(spec) = &self.spec else {
+            out.push(FieldError::required("spec", ""));
+            return out;
+        };
+        validate_replicated(
+            &mut out,
+            spec.replicas,
+            spec.selector.as_ref(),
+            spec.template.as_ref(),
+            spec.min_ready_seconds,
+        );
+        let policy = spec.pod_management_policy.as_str();
+        if !["OrderedReady", "Parallel"].contains(&policy) {
+            out.push(FieldError::not_supported(
+                "spec.podManagementPolicy",
+                policy,
+                &["OrderedReady", "Parallel"],
+            ));
+        }
+        if let Some(o) = &spec.ordinals {
+            v::check_non_negative(&mut out, "spec.ordinals.start", o.start.into());
+        }
+        if let Some(s) = &spec.update_strategy {
+            match s.r#type.as_str() {
+                "RollingUpdate" => {
+                    if let Some(ru) = &s.rolling_update {
+                        let p = "spec.updateStrategy.rollingUpdate";
+                        if let Some(partition) = ru.partition {
+                            v::check_non_negative(
+                                &mut out,
+                                &format!("{p}.partition"),
+                                partition.into(),
+                            );
+                        }
+                        if let Some(m) = &ru.max_unavailable
+                            && check_int_or_percent(&mut out, &format!("{p}.maxUnavailable"), m)
+                        {
+                            out.push(FieldError::invalid(
+                                format!("{p}.maxUnavailable"),
+                                m.as_str(),
+                                "must be greater than 0",
+                            ));
+                        }
+                    }
+                }
+                "OnDelete" => {
+                    if s.rolling_update.is_some() {
+                        out.push(FieldError::invalid(
+                            "spec.updateStrategy.rollingUpdate",
+                            "",
+                            "only allowed for updateStrategy 'RollingUpdate'",
+                        ));
+                    }
+                }
+                other => out.push(FieldError::not_supported(
+                    "spec.updateStrategy.type",
+                    other,
+                    &["OnDelete", "RollingUpdate"],
+                )),
+            }
+        }
+        out
+    }
+
+    /// Only replicas, ordinals, template, updateStrategy and minReadySeconds may change.
+    fn validate_update(&self, old: &Self) -> Vec<FieldError> {
+        let mut out = Vec::new();
+        let fixed = |s: Option<&StatefulSetSpec>| {
+            let mut s = s.cloned().unwrap_or_default();
+            s.replicas = None;
+            s.ordinals = None;
+            s.template = None;
+            s.update_strategy = None;
+            s.min_ready_seconds = 0;
+            s
+        };
+        if fixed(self.spec.as_ref()) != fixed(old.spec.as_ref()) {
+            out.push(FieldError::forbidden(
+                "spec",
+                "updates to statefulset spec for fields other than 'replicas', 'ordinals', \
+                 'template', 'updateStrategy', 'persistentVolumeClaimRetentionPolicy' and \
+                 'minReadySeconds' are forbidden",
+            ));
+        }
         out
     }
 }
