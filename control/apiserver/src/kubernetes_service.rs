@@ -146,8 +146,54 @@ impl KubernetesService {
         }
     }
 
-    /// One pass: creates or fixes the Service, then the Endpoints.
+    /// The `kube-system/kube-dns` Service the node agents' cluster DNS answers behind
+    /// (clusterIP the tenth address of the range, ports 53 UDP and TCP; no selector: each
+    /// agent serves it itself). Created when missing, never changed.
+    pub fn kube_dns(&self) -> Option<Service> {
+        let ip = Ipv4Addr::from(u32::from(self.cluster_ip).checked_add(9)?);
+        let port = |name: &str, protocol: &str| ServicePort {
+            name: name.into(),
+            protocol: protocol.into(),
+            port: 53,
+            target_port: "53".into(),
+            ..Default::default()
+        };
+        Some(Service {
+            metadata: Some(ObjectMeta {
+                name: "kube-dns".into(),
+                namespace: "kube-system".into(),
+                labels: [
+                    ("k8s-app", "kube-dns"),
+                    ("kubernetes.io/cluster-service", "true"),
+                    ("kubernetes.io/name", "SkiffDNS"),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+                ..Default::default()
+            }),
+            spec: Some(ServiceSpec {
+                ports: vec![port("dns", "UDP"), port("dns-tcp", "TCP")],
+                cluster_ip: ip.to_string(),
+                cluster_ips: vec![ip.to_string()],
+                r#type: "ClusterIP".into(),
+                session_affinity: "None".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+
+    /// One pass: creates the kube-dns Service if missing, creates or fixes the kubernetes
+    /// Service, then its Endpoints.
     pub async fn reconcile(&self, registry: &Registry) -> Result<(), ApiError> {
+        if let Some(dns) = self.kube_dns()
+            && get_named::<Service>(registry, "kube-system", "kube-dns")
+                .await?
+                .is_none()
+        {
+            create_in(registry, "kube-system", &dns).await?;
+        }
         match get::<Service>(registry).await? {
             None => create(registry, &self.service()).await?,
             Some(current) => {
@@ -184,7 +230,15 @@ impl KubernetesService {
 }
 
 async fn get<T: Resource>(registry: &Registry) -> Result<Option<T>, ApiError> {
-    match registry.handler(T::INFO.plural)?.get(NAMESPACE, NAME).await {
+    get_named(registry, NAMESPACE, NAME).await
+}
+
+async fn get_named<T: Resource>(
+    registry: &Registry,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<T>, ApiError> {
+    match registry.handler(T::INFO.plural)?.get(namespace, name).await {
         Ok(bytes) => T::decode(bytes.as_slice())
             .map(Some)
             .map_err(|e| ApiError::Internal(format!("decoding {}: {e}", T::INFO.kind))),
@@ -194,13 +248,21 @@ async fn get<T: Resource>(registry: &Registry) -> Result<Option<T>, ApiError> {
 }
 
 async fn create<T: Resource>(registry: &Registry, obj: &T) -> Result<(), ApiError> {
+    create_in(registry, NAMESPACE, obj).await
+}
+
+async fn create_in<T: Resource>(
+    registry: &Registry,
+    namespace: &str,
+    obj: &T,
+) -> Result<(), ApiError> {
     match registry
         .handler(T::INFO.plural)?
-        .create(NAMESPACE, &obj.encode_to_vec(), WriteOptions::default())
+        .create(namespace, &obj.encode_to_vec(), WriteOptions::default())
         .await
     {
         Ok(_) => {
-            info!(kind = T::INFO.kind, name = NAME, "created");
+            info!(kind = T::INFO.kind, name = obj.name(), namespace, "created");
             Ok(())
         }
         // Another server (or a client) was first: the next pass compares.
@@ -254,6 +316,20 @@ mod tests {
         edited.spec.as_mut().unwrap().ports[0].port = 8443;
         let fixed = ks().service_fix(&edited).unwrap();
         assert_eq!(fixed.spec.unwrap().ports, ks().ports());
+    }
+
+    #[test]
+    fn kube_dns_is_the_tenth_address() {
+        let dns = ks().kube_dns().unwrap();
+        let spec = dns.spec.unwrap();
+        assert_eq!(spec.cluster_ip, "10.96.0.10");
+        let ports: Vec<(&str, &str, i32)> = spec
+            .ports
+            .iter()
+            .map(|p| (p.name.as_str(), p.protocol.as_str(), p.port))
+            .collect();
+        assert_eq!(ports, [("dns", "UDP", 53), ("dns-tcp", "TCP", 53)]);
+        assert!(spec.selector.is_empty());
     }
 
     #[test]

@@ -27,6 +27,7 @@
 
 pub mod api;
 mod apiproxy;
+pub mod dns;
 mod envvars;
 mod images;
 pub mod join;
@@ -117,10 +118,23 @@ pub struct AgentConfig {
     pub api_server_url: Option<String>,
     /// The port of that passthrough on the node's InternalIP (0: none).
     pub api_server_proxy_port: u16,
+    /// The cluster DNS address pods of dnsPolicy ClusterFirst get (the kube-dns Service's
+    /// clusterIP; the kubelet's `--cluster-dns`), `None`: the node's resolvers.
+    pub cluster_dns: Option<std::net::IpAddr>,
+    /// The cluster domain (`cluster.local`).
+    pub cluster_domain: String,
+    /// The port of the agent's DNS server on the node's InternalIP (0: none).
+    pub dns_port: u16,
+    /// Where names outside the cluster are resolved (`None`: the nameservers of the node's
+    /// /etc/resolv.conf).
+    pub dns_upstream: Option<Vec<SocketAddr>>,
 }
 
 /// The default port of the node's passthrough to the API server (k3s' agent balancer's).
 pub const DEFAULT_API_SERVER_PROXY_PORT: u16 = 6444;
+/// The default port of the node's DNS server (pods reach it as kube-dns:53 through the load
+/// balancer; not 53, which a node's own resolver may hold).
+pub const DEFAULT_DNS_PORT: u16 = 10053;
 
 impl AgentConfig {
     pub fn new(node_name: &str, state_dir: PathBuf, shim_path: PathBuf) -> Self {
@@ -149,6 +163,10 @@ impl AgentConfig {
             image_gc_period: Duration::from_secs(300),
             api_server_url: None,
             api_server_proxy_port: DEFAULT_API_SERVER_PROXY_PORT,
+            cluster_dns: Some(std::net::IpAddr::V4(std::net::Ipv4Addr::new(10, 96, 0, 10))),
+            cluster_domain: "cluster.local".into(),
+            dns_port: DEFAULT_DNS_PORT,
+            dns_upstream: None,
         }
     }
 }
@@ -375,10 +393,16 @@ pub async fn run(
             .await
             {
                 Ok(a) => {
-                    p.route_api_server_to(skiff_datapath::lb::BackendAddr {
-                        ip: a.addr.ip(),
-                        port: a.addr.port(),
-                    });
+                    p.route_locally(
+                        skiff_client::runtime::ObjectKey::new(
+                            skiff_api::wellknown::KUBERNETES_SERVICE_NAMESPACE,
+                            skiff_api::wellknown::KUBERNETES_SERVICE_NAME,
+                        ),
+                        skiff_datapath::lb::BackendAddr {
+                            ip: a.addr.ip(),
+                            port: a.addr.port(),
+                        },
+                    );
                     Some(a)
                 }
                 Err(e) => {
@@ -387,6 +411,12 @@ pub async fn run(
                 }
             }
         }
+        _ => None,
+    };
+    // Cluster DNS on the node's address; the load balancer sends kube-dns there.
+    let informers = Informers::new(client.clone());
+    let cluster_dns = match (&proxy, &host_ip) {
+        (Ok(p), Some(ip)) if cfg.dns_port != 0 => start_cluster_dns(&cfg, &informers, ip, p).await,
         _ => None,
     };
     facts.service_lb = cfg
@@ -407,7 +437,6 @@ pub async fn run(
         None
     };
 
-    let informers = Informers::new(client.clone());
     let ctx = Arc::new(Ctx {
         services: informers.get::<skiff_api::api::Service>(),
         client: client.clone(),
@@ -430,7 +459,12 @@ pub async fn run(
         )
         .map(Arc::new)
         .inspect_err(|e| warn!(error = %e, "the image store is unavailable")),
-        volumes: volumes::Volumes::new(&cfg.state_dir),
+        volumes: volumes::Volumes::new(&cfg.state_dir).with_cluster_dns(cfg.cluster_dns.map(
+            |ip| volumes::ClusterDnsConfig {
+                ip,
+                domain: cfg.cluster_domain.clone(),
+            },
+        )),
     });
     // The fast path's endpoint entries of an earlier agent: those of pods that are gone are
     // removed now; the running pods' workers rewrite theirs as they adopt them.
@@ -501,6 +535,7 @@ pub async fn run(
     let result = pod_loop(ctx, &cfg.node_name, shutdown).await;
     drop(image_gc);
     drop(api_proxy);
+    drop(cluster_dns);
     stop_controllers.cancel();
     drop(routes);
     drop(lb_task);
@@ -508,6 +543,53 @@ pub async fn run(
     heartbeat.abort();
     api_server.abort();
     result
+}
+
+/// Starts the cluster DNS on `<host_ip>:<dns port>` in the node's namespace and routes the
+/// `kube-system/kube-dns` Service to it.
+async fn start_cluster_dns(
+    cfg: &AgentConfig,
+    informers: &Informers,
+    host_ip: &str,
+    proxy: &proxy::Proxy,
+) -> Option<dns::ClusterDns> {
+    let ip: std::net::IpAddr = match host_ip.parse() {
+        Ok(ip) => ip,
+        Err(e) => {
+            warn!(error = %e, "node address {host_ip:?}: no cluster DNS");
+            return None;
+        }
+    };
+    let upstream = cfg.dns_upstream.clone().unwrap_or_else(|| {
+        dns::upstream_from_resolv_conf(std::path::Path::new("/etc/resolv.conf"))
+    });
+    let view = dns::Informed {
+        services: informers.get::<skiff_api::api::Service>(),
+        endpoints: informers.get::<skiff_api::api::Endpoints>(),
+    };
+    let handler = dns::Handler::new(Box::new(view), &cfg.cluster_domain, &upstream);
+    match dns::ClusterDns::start(
+        cfg.node_netns.as_deref(),
+        SocketAddr::new(ip, cfg.dns_port),
+        handler,
+    )
+    .await
+    {
+        Ok(d) => {
+            proxy.route_locally(
+                skiff_client::runtime::ObjectKey::new("kube-system", "kube-dns"),
+                skiff_datapath::lb::BackendAddr {
+                    ip: d.addr.ip(),
+                    port: d.addr.port(),
+                },
+            );
+            Some(d)
+        }
+        Err(e) => {
+            warn!(error = %e, "cluster DNS unavailable on this node");
+            None
+        }
+    }
 }
 
 /// Starts the passthrough to the API server at `<host_ip>:<port>` in the node's namespace.

@@ -164,6 +164,31 @@ struct RunArgs {
     /// sent there. 0 turns it off (pods then use the Service's Endpoints as they are).
     #[arg(long, default_value_t = skiff_node::DEFAULT_API_SERVER_PROXY_PORT)]
     apiserver_proxy_port: u16,
+    /// The cluster DNS address written into pods' resolv.conf (dnsPolicy ClusterFirst): the
+    /// kube-dns Service's clusterIP. Empty: pods use the node's resolvers.
+    #[arg(long, default_value = "10.96.0.10")]
+    cluster_dns: String,
+    /// The cluster domain.
+    #[arg(long, default_value = "cluster.local")]
+    cluster_domain: String,
+    /// The port of the agent's DNS server on the node's InternalIP (kube-dns is sent there;
+    /// 0 turns it off).
+    #[arg(long, default_value_t = skiff_node::DEFAULT_DNS_PORT)]
+    dns_port: u16,
+    /// Resolvers for names outside the cluster, `IP[:PORT]` (repeatable or comma
+    /// separated; default: the nameservers of /etc/resolv.conf).
+    #[arg(long, value_delimiter = ',', value_parser = dns_upstream)]
+    dns_upstream: Vec<std::net::SocketAddr>,
+}
+
+/// `--dns-upstream`: `IP` (port 53) or `IP:PORT`.
+fn dns_upstream(s: &str) -> Result<std::net::SocketAddr, String> {
+    s.parse::<std::net::SocketAddr>()
+        .or_else(|_| {
+            s.parse::<std::net::IpAddr>()
+                .map(|ip| std::net::SocketAddr::new(ip, 53))
+        })
+        .map_err(|_| format!("{s:?} is not an address or address:port"))
 }
 
 #[derive(Args, Debug)]
@@ -288,6 +313,18 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
     cfg.lb.debug = args.bpf_debug;
     cfg.api_listen = args.api_listen;
     cfg.api_server_proxy_port = args.apiserver_proxy_port;
+    cfg.cluster_dns = if args.cluster_dns.is_empty() {
+        None
+    } else {
+        Some(
+            args.cluster_dns
+                .parse()
+                .with_context(|| format!("--cluster-dns {:?}", args.cluster_dns))?,
+        )
+    };
+    cfg.cluster_domain = args.cluster_domain.trim_matches('.').to_string();
+    cfg.dns_port = args.dns_port;
+    cfg.dns_upstream = (!args.dns_upstream.is_empty()).then(|| args.dns_upstream.clone());
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     rt.block_on(async move {
         let config =

@@ -43,6 +43,90 @@ pub(crate) struct PodVolumes {
 pub(crate) struct Volumes {
     root: PathBuf,
     resolv_conf: PathBuf,
+    /// The cluster DNS pods of dnsPolicy ClusterFirst use (`None`: the node's resolvers).
+    cluster_dns: Option<ClusterDnsConfig>,
+}
+
+/// The cluster DNS a pod's resolv.conf names: the kube-dns Service's address and the
+/// cluster domain (the kubelet's `--cluster-dns` and `--cluster-domain`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterDnsConfig {
+    pub ip: IpAddr,
+    pub domain: String,
+}
+
+/// The kubelet's resolv.conf for `pod` (pure): dnsPolicy ClusterFirst (the default; Default
+/// for host-network pods unless ClusterFirstWithHostNet) names the cluster DNS with the
+/// search path `<ns>.svc.<domain> svc.<domain> <domain>` and the node's search domains,
+/// `options ndots:5`; Default copies the node's (`host`); None starts empty; `dnsConfig`
+/// adds nameservers and searches and sets options by name.
+pub fn resolv_conf(pod: &Pod, host: &str, dns: Option<&ClusterDnsConfig>) -> String {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let mut policy = if spec.dns_policy.is_empty() {
+        "ClusterFirst"
+    } else {
+        spec.dns_policy.as_str()
+    };
+    if policy == "ClusterFirstWithHostNet" {
+        policy = "ClusterFirst";
+    } else if policy == "ClusterFirst" && spec.host_network {
+        policy = "Default";
+    }
+    let field = |key: &str| -> Vec<String> {
+        host.lines()
+            .filter_map(|l| l.trim().strip_prefix(key))
+            .flat_map(|rest| {
+                rest.split_whitespace()
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let (mut nameservers, mut searches, mut options): (Vec<String>, Vec<String>, Vec<String>) =
+        match (policy, dns) {
+            ("None", _) => (Vec::new(), Vec::new(), Vec::new()),
+            ("ClusterFirst", Some(d)) => {
+                let ns = pod.namespace();
+                let mut search = vec![
+                    format!("{ns}.svc.{}", d.domain),
+                    format!("svc.{}", d.domain),
+                    d.domain.clone(),
+                ];
+                search.extend(field("search "));
+                (vec![d.ip.to_string()], search, vec!["ndots:5".into()])
+            }
+            _ => (field("nameserver "), field("search "), field("options ")),
+        };
+    if let Some(cfg) = &spec.dns_config {
+        for n in &cfg.nameservers {
+            if !nameservers.contains(n) {
+                nameservers.push(n.clone());
+            }
+        }
+        for s in &cfg.searches {
+            if !searches.contains(s) {
+                searches.push(s.clone());
+            }
+        }
+        for o in &cfg.options {
+            options.retain(|x| x.split(':').next() != Some(o.name.as_str()));
+            options.push(match &o.value {
+                Some(v) => format!("{}:{v}", o.name),
+                None => o.name.clone(),
+            });
+        }
+    }
+    let mut out = String::new();
+    for n in nameservers {
+        out.push_str(&format!("nameserver {n}\n"));
+    }
+    if !searches.is_empty() {
+        out.push_str(&format!("search {}\n", searches.join(" ")));
+    }
+    if !options.is_empty() {
+        out.push_str(&format!("options {}\n", options.join(" ")));
+    }
+    out
 }
 
 /// Where the volumes of the agent with state directory `state` live.
@@ -55,7 +139,14 @@ impl Volumes {
         Volumes {
             root: volumes_root(state),
             resolv_conf: PathBuf::from("/etc/resolv.conf"),
+            cluster_dns: None,
         }
+    }
+
+    /// Pods of dnsPolicy ClusterFirst resolve through `dns`.
+    pub fn with_cluster_dns(mut self, dns: Option<ClusterDnsConfig>) -> Volumes {
+        self.cluster_dns = dns;
+        self
     }
 
     /// Sets up every volume of `pod` (idempotent: what exists is kept, downwardAPI files are
@@ -97,7 +188,11 @@ impl Volumes {
             (
                 "/etc/resolv.conf",
                 "resolv.conf",
-                fs::read_to_string(&self.resolv_conf).unwrap_or_default(),
+                resolv_conf(
+                    pod,
+                    &fs::read_to_string(&self.resolv_conf).unwrap_or_default(),
+                    self.cluster_dns.as_ref(),
+                ),
             ),
         ];
         for (target, name, content) in files {
@@ -789,6 +884,53 @@ fn sub_path(base: &Path, rel: &Path) -> Result<PathBuf, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resolv_conf_follows_dns_policy_and_config() {
+        let host = "nameserver 192.0.2.53\nsearch corp.example\noptions timeout:2\n";
+        let dns = ClusterDnsConfig {
+            ip: "10.96.0.10".parse().unwrap(),
+            domain: "cluster.local".into(),
+        };
+        let mut pod = Pod {
+            metadata: Some(skiff_api::api::ObjectMeta {
+                name: "p".into(),
+                namespace: "shop".into(),
+                ..Default::default()
+            }),
+            spec: Some(skiff_api::api::PodSpec::default()),
+            ..Default::default()
+        };
+        assert_eq!(
+            resolv_conf(&pod, host, Some(&dns)),
+            "nameserver 10.96.0.10\nsearch shop.svc.cluster.local svc.cluster.local cluster.local corp.example\noptions ndots:5\n"
+        );
+        let spec = pod.spec.as_mut().unwrap();
+        spec.dns_policy = "Default".into();
+        assert_eq!(resolv_conf(&pod, host, Some(&dns)), host);
+        let spec = pod.spec.as_mut().unwrap();
+        spec.dns_policy = "None".into();
+        spec.dns_config = Some(skiff_api::api::PodDnsConfig {
+            nameservers: vec!["192.0.2.1".into()],
+            searches: vec!["a.example".into()],
+            options: vec![skiff_api::api::PodDnsConfigOption {
+                name: "ndots".into(),
+                value: Some("2".into()),
+            }],
+        });
+        assert_eq!(
+            resolv_conf(&pod, host, Some(&dns)),
+            "nameserver 192.0.2.1\nsearch a.example\noptions ndots:2\n"
+        );
+        // Host network: the node's unless ClusterFirstWithHostNet.
+        let spec = pod.spec.as_mut().unwrap();
+        spec.dns_config = None;
+        spec.dns_policy = "ClusterFirst".into();
+        spec.host_network = true;
+        assert_eq!(resolv_conf(&pod, host, Some(&dns)), host);
+        pod.spec.as_mut().unwrap().dns_policy = "ClusterFirstWithHostNet".into();
+        assert!(resolv_conf(&pod, host, Some(&dns)).starts_with("nameserver 10.96.0.10\n"));
+    }
     use skiff_api::api::{
         DownwardApiVolumeSource, EmptyDirVolumeSource, HostPathVolumeSource, ObjectFieldSelector,
         ObjectMeta, PodSpec, ResourceFieldSelector, ResourceRequirements, VolumeMount,
@@ -841,6 +983,7 @@ mod tests {
         let vols = Volumes {
             root: tmp.path().join("volumes"),
             resolv_conf: tmp.path().join("resolv.conf"),
+            cluster_dns: None,
         };
         fs::write(&vols.resolv_conf, "nameserver 192.0.2.53\n").unwrap();
         let mut p = pod(vec![
@@ -1010,6 +1153,7 @@ mod tests {
         let vols = Volumes {
             root: tmp.path().join("volumes"),
             resolv_conf: tmp.path().join("none"),
+            cluster_dns: None,
         };
         let e = vols
             .ensure(

@@ -45,7 +45,7 @@ use tracing::{debug, info, warn};
 
 pub use cidr::{MAX_POD_PREFIX_V4, PodCidr};
 pub use error::NetError;
-pub use netns::{connect_in, listen_in};
+pub use netns::{bind_udp_in, connect_in, listen_in};
 
 use ipam::Ipam;
 use netns::{Netns, write_sysctl};

@@ -164,6 +164,23 @@ pub async fn listen_in(
     .map_err(|source| NetError::Netns { path, source })
 }
 
+/// Binds a UDP socket to `addr` inside the network namespace `netns` (the current one for
+/// `None`), nonblocking for tokio: the node's DNS server.
+pub async fn bind_udp_in(
+    netns: Option<&Path>,
+    addr: std::net::SocketAddr,
+) -> Result<std::net::UdpSocket, NetError> {
+    let ns = Netns::new(netns);
+    let path = ns.display_path();
+    ns.run(move || -> std::io::Result<std::net::UdpSocket> {
+        let s = std::net::UdpSocket::bind(addr)?;
+        s.set_nonblocking(true)?;
+        Ok(s)
+    })
+    .await?
+    .map_err(|source| NetError::Netns { path, source })
+}
+
 /// Writes a per-namespace sysctl under `/proc/sys/net` from inside `netns`.
 pub(crate) async fn write_sysctl(netns: &Netns, key: &str, value: &str) -> Result<(), NetError> {
     let path = PathBuf::from("/proc/sys/net").join(key);

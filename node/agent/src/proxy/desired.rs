@@ -23,15 +23,14 @@ pub fn desired(svc: Option<&Service>, eps: Option<&Endpoints>) -> Vec<DesiredPor
     desired_on(svc, eps, "", &[])
 }
 
-/// The `kubernetes` Service's frontends sent to `api_server`, this node's passthrough to the
-/// API server ([`crate::apiproxy`]), instead of the addresses its Endpoints give (which
-/// pods may have no route to). Frontends of the other family keep theirs.
-pub fn through_api_proxy(ports: &mut [DesiredPort], api_server: BackendAddr) {
+/// A Service served on this node by the agent itself: every frontend of the family of
+/// `local` (TCP and UDP alike) is sent there instead of to the Endpoints' addresses (the
+/// `kubernetes` Service to the API server passthrough, [`crate::apiproxy`]; `kube-dns` to
+/// the cluster DNS, [`crate::dns`]). Frontends of the other family keep theirs.
+pub fn to_local(ports: &mut [DesiredPort], local: BackendAddr) {
     for p in ports {
-        if p.frontend.ip.is_ipv4() == api_server.ip.is_ipv4()
-            && p.frontend.protocol == Protocol::Tcp
-        {
-            p.backends = vec![api_server];
+        if p.frontend.ip.is_ipv4() == local.ip.is_ipv4() {
+            p.backends = vec![local];
         }
     }
 }
@@ -252,12 +251,12 @@ mod tests {
         let e = eps(vec![subset(&["127.0.0.1"], &[], &[("https", 7443, "TCP")])]);
         let mut ports = desired(Some(&s), Some(&e));
         assert_eq!(ports[0].backends, [b("127.0.0.1", 7443)]);
-        through_api_proxy(&mut ports, b("192.168.100.1", 6444));
+        to_local(&mut ports, b("192.168.100.1", 6444));
         assert_eq!(ports[0].backends, [b("192.168.100.1", 6444)]);
         assert_eq!(ports[0].frontend.port, 443);
         // An IPv6 frontend keeps its own backends (the passthrough is IPv4 here).
         let mut v6 = desired(Some(&svc("fd00::1", &[("https", 443, "TCP")])), None);
-        through_api_proxy(&mut v6, b("192.168.100.1", 6444));
+        to_local(&mut v6, b("192.168.100.1", 6444));
         assert!(v6[0].backends.is_empty());
     }
 

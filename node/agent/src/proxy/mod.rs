@@ -101,7 +101,7 @@ use skiff_datapath::lb::{
 use skiff_hostnet::PodAttachment;
 use tracing::{debug, info, warn};
 
-pub use desired::{DesiredPort, desired, desired_on, through_api_proxy};
+pub use desired::{DesiredPort, desired, desired_on, to_local};
 pub use histogram::{BUCKETS_US, Histogram};
 use reconciler::ServiceReconciler;
 pub use report::fast_path;
@@ -122,9 +122,9 @@ struct Inner {
     owners: BTreeMap<Frontend, Owner>,
     /// The pods given to the fast path by this agent: address → pod uid.
     pods: BTreeMap<IpAddr, String>,
-    /// Where the `kubernetes` Service goes on this node: the agent's passthrough to the API
-    /// server, when it runs one.
-    api_server: Option<BackendAddr>,
+    /// Services the agent serves itself on this node, and where: `kubernetes` (the API
+    /// server passthrough), `kube-dns` (the cluster DNS).
+    local: BTreeMap<ObjectKey, BackendAddr>,
     writes: u64,
     latency: Histogram,
 }
@@ -153,7 +153,7 @@ impl Proxy {
                 node_ips,
                 owners: BTreeMap::new(),
                 pods: BTreeMap::new(),
-                api_server: None,
+                local: BTreeMap::new(),
                 writes: 0,
                 latency: Histogram::default(),
             }),
@@ -161,10 +161,10 @@ impl Proxy {
         })
     }
 
-    /// Sends the `kubernetes` Service to `addr` (this node's passthrough to the API server)
-    /// from the next reconcile of that Service on; set before [`Proxy::run`].
-    pub fn route_api_server_to(&self, addr: BackendAddr) {
-        self.lock().api_server = Some(addr);
+    /// Sends Service `service` to `addr`, served by the agent on this node, from the next
+    /// reconcile of that Service on; set before [`Proxy::run`].
+    pub fn route_locally(&self, service: ObjectKey, addr: BackendAddr) {
+        self.lock().local.insert(service, addr);
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {

@@ -11,9 +11,7 @@ use skiff_datapath::BpfError;
 use skiff_datapath::lb::Frontend;
 use tracing::{debug, warn};
 
-use skiff_api::wellknown::{KUBERNETES_SERVICE_NAME, KUBERNETES_SERVICE_NAMESPACE};
-
-use super::desired::{DesiredPort, desired_on, through_api_proxy};
+use super::desired::{DesiredPort, desired_on, to_local};
 use super::{Inner, Owner, Proxy};
 
 /// How often a Service whose frontend another Service holds is looked at again.
@@ -27,12 +25,12 @@ pub(super) struct ServiceReconciler {
 
 impl ServiceReconciler {
     fn desired_of(&self, key: &ObjectKey) -> Vec<DesiredPort> {
-        let (node, node_ips, api_server) = {
+        let (node, node_ips, local) = {
             let inner = self.proxy.lock();
             (
                 inner.node_name.clone(),
                 inner.node_ips.clone(),
-                inner.api_server,
+                inner.local.get(key).copied(),
             )
         };
         let mut ports = desired_on(
@@ -41,11 +39,8 @@ impl ServiceReconciler {
             &node,
             &node_ips,
         );
-        if let Some(api) = api_server
-            && key.namespace == KUBERNETES_SERVICE_NAMESPACE
-            && key.name == KUBERNETES_SERVICE_NAME
-        {
-            through_api_proxy(&mut ports, api);
+        if let Some(local) = local {
+            to_local(&mut ports, local);
         }
         ports
     }
