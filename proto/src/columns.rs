@@ -247,7 +247,9 @@ pub fn cells(kind: &str, obj: &Value, wide: bool, now: DateTime<Utc>) -> Vec<Str
             } else {
                 spec.r#type.clone()
             };
-            let external = if !spec.external_ips.is_empty() {
+            let external = if ty == "ExternalName" {
+                spec.external_name.clone()
+            } else if !spec.external_ips.is_empty() {
                 spec.external_ips.join(",")
             } else if ty == "LoadBalancer" {
                 let ips: Vec<String> = s

@@ -1,7 +1,7 @@
 //! Cluster DNS inside pods, with busybox's real `nslookup` in a pod of a registry image:
 //! a ClusterIP Service's name, a headless Service (one address per ready pod) and its
 //! StatefulSet pods' `<hostname>.<service>` names, SRV for a named port, PTR of a cluster IP,
-//! a pod record, a name outside the cluster forwarded to the node's resolver (a stand-in on
+//! a pod record, an ExternalName Service's CNAME, a name outside the cluster forwarded to the node's resolver (a stand-in on
 //! loopback, so nothing leaves the machine), a new Service answering within a second of its
 //! creation, the kubelet's resolv.conf (search path, ndots:5; dnsPolicy Default and None
 //! with dnsConfig), and a malformed query answered FORMERR without disturbing the next one.
@@ -238,6 +238,28 @@ spec:
     // Outside the cluster: forwarded to the node's resolver.
     let out = lookup("outside.example");
     assert!(out.contains("Address: 192.0.2.7"), "{out}");
+    // An ExternalName Service is a CNAME.
+    k(
+        &[
+            "create",
+            "service",
+            "externalname",
+            "ext",
+            "--external-name=outside.example",
+        ],
+        None,
+    );
+    skiff_testkit::eventually_blocking("the ExternalName CNAME", T, || {
+        let (_, out) = exec(
+            "client",
+            "nslookup -type=CNAME ext.default.svc.cluster.local",
+        );
+        out.contains("canonical name = outside.example")
+            .then_some(())
+    });
+    assert!(
+        k(&["get", "svc", "ext"], None).contains("ExternalName   <none>       outside.example")
+    );
 
     // A new Service answers at once.
     let started = Instant::now();

@@ -3,7 +3,8 @@
 //! format and the server, and hickory's resolver for names outside the cluster.
 //!
 //! - `<svc>.<ns>.svc.<domain>`: A/AAAA of a ClusterIP Service's cluster IPs; of every ready
-//!   endpoint address for a headless one (`clusterIP: None`).
+//!   endpoint address for a headless one (`clusterIP: None`); a CNAME to `externalName` for an
+//!   ExternalName one.
 //! - `<hostname>.<svc>.<ns>.svc.<domain>`: an endpoint with that hostname (StatefulSet pods
 //!   under their governing Service) or that dashed address (`10-244-1-5`).
 //! - `_<port>._<proto>.<svc>.<ns>.svc.<domain>`: SRV for a named port (ClusterIP: the
@@ -25,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hickory_proto::op::{MessageType, Metadata, OpCode, ResponseCode};
-use hickory_proto::rr::rdata::{A, AAAA, PTR, SOA, SRV};
+use hickory_proto::rr::rdata::{A, AAAA, CNAME, PTR, SOA, SRV};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use hickory_resolver::Resolver;
 use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig};
@@ -173,6 +174,20 @@ pub fn resolve(view: &dyn ClusterView, domain: &str, qname: &str, qtype: RecordT
             let Some(s) = view.service(ns, svc) else {
                 return Outcome::NxDomain;
             };
+            if let Some(target) = s
+                .spec
+                .as_ref()
+                .filter(|sp| sp.r#type == "ExternalName")
+                .and_then(|sp| name(&sp.external_name))
+            {
+                // A CNAME whatever was asked (the client follows it), as CoreDNS answers.
+                return Outcome::Answer(match name(&q) {
+                    Some(owner) => {
+                        vec![Record::from_rdata(owner, TTL, RData::CNAME(CNAME(target)))]
+                    }
+                    None => Vec::new(),
+                });
+            }
             let ips: Vec<IpAddr> = if is_headless(&s) {
                 ready_addresses(view.endpoints(ns, svc).as_deref())
                     .iter()
@@ -709,6 +724,20 @@ mod tests {
         assert_eq!(
             resolve(&v, d, "example.org.", RecordType::A),
             Outcome::Forward
+        );
+        let mut v = v;
+        v.services.push(Arc::new(Service {
+            metadata: meta("shop", "ext"),
+            spec: Some(ServiceSpec {
+                r#type: "ExternalName".into(),
+                external_name: "db.example.org".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }));
+        assert_eq!(
+            ips(resolve(&v, d, "ext.shop.svc.cluster.local.", RecordType::A)),
+            ["db.example.org."]
         );
     }
 

@@ -3,9 +3,8 @@
 //! ClusterIPs and nodePorts are allocated by the controller manager's Service allocator
 //! (`skiff-controllers`' `serviceip`), which writes them with an ordinary update; the API
 //! server only validates them, keeps them when an update leaves them empty, and refuses to
-//! change a clusterIP once set (`spec.clusterIP: field is immutable`). Kubernetes lets a
-//! clusterIP go when the type changes to ExternalName; the only types here are ClusterIP and
-//! NodePort, which both keep it.
+//! change a clusterIP once set (`spec.clusterIP: field is immutable`). ExternalName Services
+//! have no clusterIP (the cluster DNS answers their name with a CNAME to `externalName`).
 
 use std::collections::BTreeSet;
 
@@ -15,7 +14,7 @@ use super::{PROTOCOLS, Strategy};
 use crate::error::FieldError;
 use crate::validation::{self as v, NameRule};
 
-const TYPES: &[&str] = &["ClusterIP", "NodePort"];
+const TYPES: &[&str] = &["ClusterIP", "ExternalName", "NodePort"];
 const AFFINITIES: &[&str] = &["None", "ClientIP"];
 /// Kubernetes' default node port range.
 pub const NODE_PORT_RANGE: std::ops::RangeInclusive<i32> = 30000..=32767;
@@ -130,7 +129,25 @@ impl Strategy for Service {
                 "may not be set to 'None' for NodePort services",
             ));
         }
-        if spec.ports.is_empty() && !headless {
+        let external = spec.r#type == "ExternalName";
+        if external {
+            if spec.external_name.is_empty() {
+                out.push(FieldError::required("spec.externalName", ""));
+            } else {
+                v::check_dns_subdomain(
+                    &mut out,
+                    "spec.externalName",
+                    spec.external_name.trim_end_matches('.'),
+                );
+            }
+            if !spec.cluster_ip.is_empty() && !headless {
+                out.push(FieldError::forbidden(
+                    "spec.clusterIPs",
+                    "may not be set for ExternalName services",
+                ));
+            }
+        }
+        if spec.ports.is_empty() && !headless && !external {
             out.push(FieldError::required("spec.ports", ""));
         }
         let mut names = BTreeSet::new();
