@@ -35,6 +35,10 @@ pub const TARGETS: &[Target] = &[
         crate_dir: "control/apiserver",
         name: "auth_parsers",
     },
+    Target {
+        crate_dir: "node/dns",
+        name: "dns_queries",
+    },
 ];
 
 #[derive(Debug, Clone, clap::Args)]
