@@ -4,7 +4,7 @@
 //! For a budget: the pods its selector picks in its namespace (an empty selector picks them
 //! all, as in policy/v1); `expectedPods` is their number for an integer `minAvailable`, else
 //! the scale of their controllers (a Deployment's replicas for its ReplicaSets' pods, a
-//! ReplicaSet's, a DaemonSet's desired count); `desiredHealthy` is `minAvailable` (a
+//! ReplicaSet's or StatefulSet's replicas, a DaemonSet's desired count); `desiredHealthy` is `minAvailable` (a
 //! percentage rounded up) or expected minus `maxUnavailable` (rounded up);
 //! `currentHealthy` counts the ready pods not being deleted and not just evicted
 //! (`disruptedPods`, kept until the pod is seen going, at most 2 minutes);
@@ -19,7 +19,7 @@ use chrono::{DateTime, Utc};
 use skiff_api::Resource;
 use skiff_api::api::{
     Condition, DaemonSet, Deployment, Pod, PodDisruptionBudget, PodDisruptionBudgetStatus,
-    ReplicaSet,
+    ReplicaSet, StatefulSet,
 };
 use skiff_api::selector::Selector;
 use skiff_client::Client;
@@ -165,6 +165,7 @@ pub struct DisruptionController {
     replica_sets: Informer<ReplicaSet>,
     deployments: Informer<Deployment>,
     daemon_sets: Informer<DaemonSet>,
+    stateful_sets: Informer<StatefulSet>,
 }
 
 impl std::fmt::Debug for DisruptionController {
@@ -192,6 +193,7 @@ impl DisruptionController {
             replica_sets: informers.get::<ReplicaSet>(),
             deployments: informers.get::<Deployment>(),
             daemon_sets: informers.get::<DaemonSet>(),
+            stateful_sets: informers.get::<StatefulSet>(),
         }
     }
 
@@ -199,8 +201,13 @@ impl DisruptionController {
     /// its budgets whose selector matches), and the scale of pods' controllers.
     pub fn controller(informers: &Informers) -> Controller<PodDisruptionBudget> {
         let pdbs = informers.get::<PodDisruptionBudget>();
-        let (for_pods, for_rs, for_deploy, for_ds) =
-            (pdbs.clone(), pdbs.clone(), pdbs.clone(), pdbs.clone());
+        let (for_pods, for_rs, for_deploy, for_ds, for_sts) = (
+            pdbs.clone(),
+            pdbs.clone(),
+            pdbs.clone(),
+            pdbs.clone(),
+            pdbs.clone(),
+        );
         Controller::<PodDisruptionBudget>::new(informers)
             .named("disruption")
             .watches(&informers.get::<Pod>(), move |pod: &Pod| {
@@ -225,6 +232,9 @@ impl DisruptionController {
             })
             .watches(&informers.get::<DaemonSet>(), move |d: &DaemonSet| {
                 all_in(&for_ds, d.namespace())
+            })
+            .watches(&informers.get::<StatefulSet>(), move |s: &StatefulSet| {
+                all_in(&for_sts, s.namespace())
             })
     }
 
@@ -276,6 +286,15 @@ impl DisruptionController {
                     owner.uid.clone(),
                     rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
                 ))
+            }
+            "StatefulSet" => {
+                let set = self
+                    .stateful_sets
+                    .get(&ObjectKey::new(ns, &owner.name))
+                    .filter(|x| util::uid(&**x) == owner.uid)
+                    .ok_or_else(missing)?;
+                let replicas = set.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+                Ok((owner.uid.clone(), replicas))
             }
             "DaemonSet" => {
                 let ds = self
