@@ -218,6 +218,7 @@ mod tests {
             uid: uid.into(),
             cpu_usage_usec: cpu,
             network: net,
+            ..Default::default()
         }
     }
 
@@ -244,11 +245,13 @@ mod tests {
             node_name: "n1".into(),
             timestamp: "2026-11-22T05:00:00Z".into(),
             pods: vec![stats("a", 1_000, Some(net))],
+            node: None,
         };
         let second = StatsSummary {
             node_name: "n1".into(),
             timestamp: "2026-11-22T05:00:02Z".into(),
             pods: vec![stats("a", 101_000, Some(net)), stats("b", 7, None)],
+            node: None,
         };
         let rows: Vec<PodUsage> = usage("n1", &first, &second)
             .into_iter()

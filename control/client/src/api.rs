@@ -159,6 +159,17 @@ impl Client {
         self.config.as_ref().and_then(|c| c.identity.as_ref())
     }
 
+    /// `GET path` of the Kubernetes REST API as JSON (what the gRPC API does not carry: the
+    /// metrics API).
+    pub async fn get_json(&self, path: &str) -> Result<serde_json::Value, ClientError> {
+        let config = self
+            .config
+            .as_deref()
+            .cloned()
+            .unwrap_or_else(|| ClientConfig::plain(&self.endpoint));
+        crate::rest::get_json(&config, path).await
+    }
+
     /// A token of ServiceAccount `service_account` in `namespace` from the TokenRequest
     /// subresource (the REST API's `POST .../serviceaccounts/<name>/token`, which gRPC does
     /// not carry), bound to `bound_pod` (`(name, uid)`) when given: the token and its expiry

@@ -333,6 +333,24 @@ pub struct StatsSummary {
     /// When the numbers were read (RFC 3339, microseconds, UTC).
     pub timestamp: String,
     pub pods: Vec<PodStats>,
+    /// The node as a whole (`/proc/stat`, `/proc/meminfo`); absent from older agents.
+    #[serde(default)]
+    pub node: Option<Usage>,
+}
+
+/// Cumulative CPU time and the current memory working set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub cpu_usage_usec: u64,
+    pub memory_working_set_bytes: u64,
+}
+
+/// One container's usage (its leaf cgroup).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerStats {
+    pub name: String,
+    #[serde(flatten)]
+    pub usage: Usage,
 }
 
 /// One pod's cumulative usage since its containers' cgroups were created.
@@ -345,6 +363,13 @@ pub struct PodStats {
     pub cpu_usage_usec: u64,
     /// Traffic of the pod's sockets; `None` when the node has no eBPF accounting.
     pub network: Option<NetworkStats>,
+    /// The pod's memory working set: the cgroup's `memory.current` less inactive file pages
+    /// where the node has the memory controller, else the resident memory of its processes.
+    #[serde(default)]
+    pub memory_working_set_bytes: u64,
+    /// Per container (absent from older agents).
+    #[serde(default)]
+    pub containers: Vec<ContainerStats>,
 }
 
 /// IP-level traffic (bytes from the IP header on) of a pod's sockets.
@@ -914,7 +939,9 @@ mod tests {
                     tx_bytes: 3,
                     tx_packets: 4,
                 }),
+                ..Default::default()
             }],
+            node: None,
         };
         let v = serde_json::to_value(&s).unwrap();
         assert_eq!(v["pods"][0]["network"]["tx_bytes"], 3);

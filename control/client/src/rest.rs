@@ -1,5 +1,5 @@
 //! The few REST calls Skiff's own components make (the gRPC API carries everything else):
-//! one JSON POST over HTTPS (HTTP/1.1, hyper over rustls) with the client configuration's
+//! a JSON GET or POST over HTTPS (HTTP/1.1, hyper over rustls) with the client configuration's
 //! CA, client certificate or bearer token. An error answer becomes the [`ClientError`] its
 //! `Status` code names, with the server's message.
 
@@ -26,6 +26,23 @@ pub(crate) async fn post_json(
     config: &ClientConfig,
     path: &str,
     body: &serde_json::Value,
+) -> Result<serde_json::Value, ClientError> {
+    request_json(config, hyper::Method::POST, path, Some(body)).await
+}
+
+/// `GET path`; the answer's JSON when it is a 2xx.
+pub(crate) async fn get_json(
+    config: &ClientConfig,
+    path: &str,
+) -> Result<serde_json::Value, ClientError> {
+    request_json(config, hyper::Method::GET, path, None).await
+}
+
+async fn request_json(
+    config: &ClientConfig,
+    method: hyper::Method,
+    path: &str,
+    body: Option<&serde_json::Value>,
 ) -> Result<serde_json::Value, ClientError> {
     let uri: hyper::Uri = config
         .server
@@ -77,7 +94,9 @@ pub(crate) async fn post_json(
         tokio::spawn(c);
         s
     };
-    let mut req = hyper::Request::post(path)
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(path)
         .header(
             hyper::header::HOST,
             uri.authority().map(|a| a.as_str()).unwrap_or(""),
@@ -88,7 +107,9 @@ pub(crate) async fn post_json(
         req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
     }
     let req = req
-        .body(http_body_util::Full::new(Bytes::from(body.to_string())))
+        .body(http_body_util::Full::new(Bytes::from(
+            body.map(|b| b.to_string()).unwrap_or_default(),
+        )))
         .map_err(|e| unreachable(config, e.to_string()))?;
     let resp = sender
         .send_request(req)

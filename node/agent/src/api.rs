@@ -60,8 +60,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
 use skiff_client::node_api::{
-    BpfPod, BpfPods, ExecRequest, ExecResult, LogOptions, NetworkStats, PORT_FORWARD_UPGRADE,
-    PodStats, StatsSummary,
+    BpfPod, BpfPods, ContainerStats, ExecRequest, ExecResult, LogOptions, NetworkStats,
+    PORT_FORWARD_UPGRADE, PodStats, StatsSummary,
 };
 use tokio::sync::mpsc;
 use tokio_rustls::rustls::pki_types as rustls_types;
@@ -831,14 +831,7 @@ fn pods_report(
     })
 }
 
-/// `usage_usec` from a cgroup's `cpu.stat` (present in every v2 cgroup, with or without the
-/// cpu controller). Covers all descendant cgroups.
-pub fn cpu_usage_usec(cgroup_dir: &Path) -> Option<u64> {
-    let text = std::fs::read_to_string(cgroup_dir.join("cpu.stat")).ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("usage_usec "))
-        .and_then(|v| v.trim().parse().ok())
-}
+pub use crate::usage::cpu_usage_usec;
 
 /// The cgroup ids to account a pod's traffic to: those its worker saw, plus the leaf
 /// cgroups of its containers that exist now (a container the agent never saw running).
@@ -866,11 +859,24 @@ fn summarize(
     let pods = pods
         .into_iter()
         .map(|info| {
-            let cpu_usage_usec = info
+            let pod_usage = info
                 .sandbox
                 .as_ref()
-                .and_then(|sb| cpu_usage_usec(&sb.cgroup_dir))
-                .unwrap_or(0);
+                .map(|sb| crate::usage::cgroup(&sb.cgroup_dir))
+                .unwrap_or_default();
+            let containers = info
+                .sandbox
+                .as_ref()
+                .map(|sb| {
+                    info.containers
+                        .iter()
+                        .map(|c| ContainerStats {
+                            name: c.clone(),
+                            usage: crate::usage::cgroup(&sb.cgroup_dir.join(c)),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
             let network = accounting.map(|acc| {
                 let acc = acc.lock().unwrap_or_else(|e| e.into_inner());
                 let mut n = NetworkStats::default();
@@ -891,8 +897,10 @@ fn summarize(
                 namespace: info.namespace,
                 name: info.name,
                 uid: info.uid,
-                cpu_usage_usec,
+                cpu_usage_usec: pod_usage.cpu_usage_usec,
                 network,
+                memory_working_set_bytes: pod_usage.memory_working_set_bytes,
+                containers,
             }
         })
         .collect();
@@ -900,6 +908,7 @@ fn summarize(
         node_name: node.to_string(),
         timestamp,
         pods,
+        node: crate::usage::node(),
     }
 }
 

@@ -40,6 +40,7 @@ pub mod purge;
 pub mod routes;
 mod security;
 mod status;
+mod usage;
 mod volumes;
 mod worker;
 

@@ -303,7 +303,9 @@ mod tests {
                 uid: "u1".into(),
                 cpu_usage_usec: 0,
                 network,
+                ..Default::default()
             }],
+            node: None,
         }
     }
 

@@ -107,6 +107,8 @@ fn view_rules() -> Vec<PolicyRule> {
             &["poddisruptionbudgets", "poddisruptionbudgets/status"],
         ),
         rule(READ, &["batch"], BATCH),
+        // system:aggregated-metrics-reader's rules, aggregated into view in Kubernetes.
+        rule(READ, &["metrics.k8s.io"], &["pods", "nodes"]),
     ]
 }
 

@@ -28,6 +28,15 @@ pub struct Subresource {
     pub response: Option<(&'static str, &'static str, &'static str)>,
 }
 
+/// The verbs a kind serves (the metrics API's are read-only).
+fn verbs_of(info: &KindInfo) -> &'static [&'static str] {
+    if info.group() == super::metrics::GROUP {
+        &super::metrics::VERBS
+    } else {
+        &VERBS
+    }
+}
+
 /// Whether a kind serves the `scale` subresource (its `spec.replicas`).
 pub fn scalable(info: &KindInfo) -> bool {
     matches!(info.plural, "deployments" | "replicasets" | "statefulsets")
@@ -50,7 +59,7 @@ pub fn subresources(info: &KindInfo) -> Vec<Subresource> {
             response: Some(("autoscaling", "v1", "Scale")),
         });
     }
-    if info.plural == "pods" {
+    if info.plural == "pods" && info.group().is_empty() {
         out.extend([
             Subresource {
                 name: "binding",
@@ -169,7 +178,7 @@ pub fn resource_list(infos: &[&'static KindInfo], group: &str, version: &str) ->
             "singularName": singular(i),
             "namespaced": i.namespaced,
             "kind": i.kind,
-            "verbs": VERBS,
+            "verbs": verbs_of(i),
         });
         if !i.short_names.is_empty() {
             r["shortNames"] = json!(i.short_names);
@@ -226,7 +235,7 @@ pub fn aggregated(infos: &[&'static KindInfo], core: bool) -> Value {
                                 "responseKind": {"group": g, "version": v, "kind": i.kind},
                                 "scope": if i.namespaced { "Namespaced" } else { "Cluster" },
                                 "singularResource": singular(i),
-                                "verbs": VERBS,
+                                "verbs": verbs_of(i),
                             });
                             if !i.short_names.is_empty() {
                                 r["shortNames"] = json!(i.short_names);

@@ -29,6 +29,7 @@
 mod access;
 mod discovery;
 mod managed;
+mod metrics;
 mod node_proxy;
 mod objects;
 mod openapi;
@@ -70,6 +71,8 @@ pub(crate) struct Rest {
     pub sa_key: Option<Arc<skiff_pki::sa_token::SigningKey>>,
     /// The client certificate presented to node agents.
     pub agent_client: Option<Arc<skiff_pki::Identity>>,
+    /// The metrics API's samples of the agents' counters.
+    pub metrics: Arc<metrics::Sampler>,
 }
 
 /// The REST API as an axum router: one fallback handler for every path.
@@ -84,6 +87,7 @@ pub(crate) fn router(
         authorizer,
         sa_key,
         agent_client,
+        metrics: Arc::default(),
     })
 }
 
@@ -269,6 +273,13 @@ fn infos(rest: &Rest) -> Vec<&'static KindInfo> {
     rest.registry.infos()
 }
 
+/// What discovery lists: the served kinds and the metrics API's two.
+fn discovery_infos(rest: &Rest) -> Vec<&'static KindInfo> {
+    let mut all = infos(rest);
+    all.extend([&metrics::NODE_METRICS, &metrics::POD_METRICS]);
+    all
+}
+
 /// The one REST handler.
 async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
@@ -314,7 +325,7 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
         Target::Health(name) if get => health(name, &query),
         Target::CoreVersions if get => {
             if format == Format::AggregatedDiscovery {
-                aggregated(discovery::aggregated(&infos(&rest), true))
+                aggregated(discovery::aggregated(&discovery_infos(&rest), true))
             } else {
                 let host = parts
                     .headers
@@ -326,22 +337,22 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
         }
         Target::Groups if get => {
             if format == Format::AggregatedDiscovery {
-                aggregated(discovery::aggregated(&infos(&rest), false))
+                aggregated(discovery::aggregated(&discovery_infos(&rest), false))
             } else {
                 respond(
                     200,
-                    &discovery::group_list(&infos(&rest)),
+                    &discovery::group_list(&discovery_infos(&rest)),
                     Format::Json,
                     &[],
                 )
             }
         }
-        Target::Group(g) if get => match discovery::group(&infos(&rest), &g) {
+        Target::Group(g) if get => match discovery::group(&discovery_infos(&rest), &g) {
             Some(doc) => respond(200, &doc, Format::Json, &[]),
             None => not_found(),
         },
         Target::GroupVersion { group, version } if get => {
-            match discovery::resource_list(&infos(&rest), &group, &version) {
+            match discovery::resource_list(&discovery_infos(&rest), &group, &version) {
                 Some(doc) => respond(200, &doc, Format::Json, &[]),
                 None => not_found(),
             }
@@ -376,6 +387,25 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
                 &body,
             ) {
                 return *resp;
+            }
+            if p.group == metrics::GROUP {
+                return match (&parts.method, metrics::serve(&rest, &p, &query).await) {
+                    (&Method::GET, Ok(doc)) => respond(200, &doc, Format::Json, &[]),
+                    (&Method::GET, Err(e)) => fail(
+                        &e,
+                        &status::Subject {
+                            resource: &p.resource,
+                            group: metrics::GROUP,
+                            name: p.name.as_deref().unwrap_or(""),
+                        },
+                        Format::Json,
+                    ),
+                    _ => plain_failure(
+                        405,
+                        "MethodNotAllowed",
+                        "the server does not allow this method on the requested resource",
+                    ),
+                };
             }
             if p.resource == "serviceaccounts"
                 && p.group.is_empty()
