@@ -128,6 +128,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/skiff/certificates.proto",
         "proto/skiff/policy.proto",
         "proto/skiff/batch.proto",
+        "proto/skiff/autoscaling.proto",
         "proto/skiff/rpc.proto",
     ];
     let mut builder = tonic_prost_build::configure()

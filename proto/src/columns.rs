@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 
 use crate::api::{
     CertificateSigningRequest, ConfigMap, ContainerStatus, CronJob, DaemonSet, Deployment,
-    Endpoints, Event, Job, LabelSelector, Lease, Namespace, Node, Pod, PodDisruptionBudget,
-    PodTemplateSpec, ReplicaSet, RoleBinding, Secret, Service, ServicePort, StatefulSet,
+    Endpoints, Event, HorizontalPodAutoscaler, Job, LabelSelector, Lease, Namespace, Node, Pod,
+    PodDisruptionBudget, PodTemplateSpec, ReplicaSet, RoleBinding, Secret, Service, ServicePort,
+    StatefulSet,
 };
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::de::DeserializeOwned;
@@ -77,6 +78,18 @@ pub fn headers(kind: &str, wide: bool) -> Vec<String> {
         "ReplicaSet" => (
             &["NAME", "DESIRED", "CURRENT", "READY", "AGE"],
             &["CONTAINERS", "IMAGES", "SELECTOR"],
+        ),
+        "HorizontalPodAutoscaler" => (
+            &[
+                "NAME",
+                "REFERENCE",
+                "TARGETS",
+                "MINPODS",
+                "MAXPODS",
+                "REPLICAS",
+                "AGE",
+            ],
+            &[],
         ),
         "CronJob" => (
             &[
@@ -325,6 +338,54 @@ pub fn cells(kind: &str, obj: &Value, wide: bool, now: DateTime<Utc>) -> Vec<Str
                 ));
             }
             c
+        }
+        "HorizontalPodAutoscaler" => {
+            let h: HorizontalPodAutoscaler = typed(obj);
+            let spec = h.spec.clone().unwrap_or_default();
+            let st = h.status.clone().unwrap_or_default();
+            let target = spec.scale_target_ref.clone().unwrap_or_default();
+            let targets: Vec<String> = spec
+                .metrics
+                .iter()
+                .filter_map(|m| m.resource.as_ref())
+                .map(|r| {
+                    let t = r.target.clone().unwrap_or_default();
+                    let current = st
+                        .current_metrics
+                        .iter()
+                        .filter_map(|c| c.resource.as_ref())
+                        .find(|c| c.name == r.name)
+                        .and_then(|c| c.current.clone());
+                    let (cur, want) = match t.average_utilization {
+                        Some(u) => (
+                            current
+                                .and_then(|c| c.average_utilization)
+                                .map_or("<unknown>".to_string(), |c| format!("{c}%")),
+                            format!("{u}%"),
+                        ),
+                        None => (
+                            current
+                                .and_then(|c| c.average_value)
+                                .unwrap_or_else(|| "<unknown>".into()),
+                            t.average_value.clone().unwrap_or_default(),
+                        ),
+                    };
+                    format!("{}: {cur}/{want}", r.name)
+                })
+                .collect();
+            vec![
+                name,
+                format!("{}/{}", target.kind, target.name),
+                if targets.is_empty() {
+                    "<none>".into()
+                } else {
+                    targets.join(", ")
+                },
+                spec.min_replicas.unwrap_or(1).to_string(),
+                spec.max_replicas.to_string(),
+                st.current_replicas.to_string(),
+                created,
+            ]
         }
         "CronJob" => {
             let cj: CronJob = typed(obj);

@@ -79,6 +79,8 @@ fn parse_scaled(text: &str, unit: i128) -> Result<i64, QuantityError> {
     // (numerator, denominator) of the suffix.
     let (snum, sden): (i128, i128) = match suffix {
         "" => (1, 1),
+        "n" => (1, 1_000_000_000),
+        "u" => (1, 1_000_000),
         "m" => (1, 1000),
         "k" => (1_000, 1),
         "M" => (1_000_000, 1),
@@ -124,6 +126,13 @@ fn parse_scaled(text: &str, unit: i128) -> Result<i64, QuantityError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nano_and_micro_suffixes() {
+        assert_eq!(parse_milli("250000000n"), Ok(250));
+        assert_eq!(parse_milli("1500u"), Ok(2), "rounded up, as MilliValue");
+        assert_eq!(parse_milli("2m"), Ok(2));
+    }
 
     #[test]
     fn cpu() {

@@ -236,6 +236,14 @@ resource!(
     status
 );
 resource!(Job, "batch/v1", "jobs", [], true, status);
+resource!(
+    HorizontalPodAutoscaler,
+    "autoscaling/v2",
+    "horizontalpodautoscalers",
+    ["hpa"],
+    true,
+    status
+);
 resource!(CronJob, "batch/v1", "cronjobs", ["cj"], true, status);
 resource!(
     PodDisruptionBudget,
@@ -325,7 +333,7 @@ impl<T: Resource> DynKind for KindOf<T> {
     }
 }
 
-static KINDS: [&dyn DynKind; 22] = [
+static KINDS: [&dyn DynKind; 23] = [
     &KindOf::<Namespace>(PhantomData),
     &KindOf::<Node>(PhantomData),
     &KindOf::<Pod>(PhantomData),
@@ -342,6 +350,7 @@ static KINDS: [&dyn DynKind; 22] = [
     &KindOf::<PodDisruptionBudget>(PhantomData),
     &KindOf::<Job>(PhantomData),
     &KindOf::<CronJob>(PhantomData),
+    &KindOf::<HorizontalPodAutoscaler>(PhantomData),
     &KindOf::<Lease>(PhantomData),
     &KindOf::<Role>(PhantomData),
     &KindOf::<ClusterRole>(PhantomData),

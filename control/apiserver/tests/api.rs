@@ -230,6 +230,7 @@ async fn crud_and_selectors(s: TestServer) {
             "poddisruptionbudgets",
             "jobs",
             "cronjobs",
+            "horizontalpodautoscalers",
             "leases",
             "roles",
             "clusterroles",

@@ -15,6 +15,9 @@
 //!   allowed disruptions), which the API server's eviction subresource honours.
 //! - [`cronjob`]: a Job for each scheduled time of a CronJob (time zones, concurrency
 //!   policy, starting deadline, suspend, history limits).
+//! - [`hpa`]: HorizontalPodAutoscalers: scales Deployments, ReplicaSets and StatefulSets
+//!   by their pods' resource metrics (the metrics API), with Kubernetes' tolerance and
+//!   stabilization windows.
 //! - [`job`]: runs Jobs' pods to completion (parallelism, completions, Indexed, back-off,
 //!   backoffLimit, activeDeadlineSeconds, podFailurePolicy, suspend, TTL after finished).
 //! - [`podcontrol`]: what the controllers that own pods directly share (claiming, creating
@@ -52,6 +55,7 @@ pub mod deployment;
 pub mod disruption;
 pub mod endpoints;
 pub mod gc;
+pub mod hpa;
 pub mod job;
 pub mod manager;
 pub mod namespace;

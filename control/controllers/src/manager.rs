@@ -37,6 +37,7 @@ pub enum ControllerName {
     Disruption,
     Job,
     CronJob,
+    HorizontalPodAutoscaling,
     Endpoints,
     ServiceAllocator,
     NodeIpam,
@@ -49,7 +50,7 @@ pub enum ControllerName {
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 16] = [
+    pub const ALL: [ControllerName; 17] = [
         ControllerName::ReplicaSet,
         ControllerName::Deployment,
         ControllerName::DaemonSet,
@@ -57,6 +58,7 @@ impl ControllerName {
         ControllerName::Disruption,
         ControllerName::Job,
         ControllerName::CronJob,
+        ControllerName::HorizontalPodAutoscaling,
         ControllerName::Endpoints,
         ControllerName::ServiceAllocator,
         ControllerName::NodeIpam,
@@ -77,6 +79,7 @@ impl ControllerName {
             ControllerName::Disruption => "disruption",
             ControllerName::Job => "job",
             ControllerName::CronJob => "cronjob",
+            ControllerName::HorizontalPodAutoscaling => "horizontalpodautoscaling",
             ControllerName::Endpoints => "endpoints",
             ControllerName::ServiceAllocator => "service-allocator",
             ControllerName::NodeIpam => "nodeipam",
@@ -99,6 +102,7 @@ impl ControllerName {
             ControllerName::Disruption => "controllermanager",
             ControllerName::Job => "job-controller",
             ControllerName::CronJob => "cronjob-controller",
+            ControllerName::HorizontalPodAutoscaling => "horizontal-pod-autoscaler",
             ControllerName::Endpoints => "endpoint-controller",
             ControllerName::ServiceAllocator => "service-ip-allocator",
             ControllerName::NodeIpam => "node-ipam-controller",
@@ -274,6 +278,12 @@ pub async fn run_controllers(client: Client, config: &ManagerConfig, stop: Cance
                     stop.clone(),
                 ))
             }
+            ControllerName::HorizontalPodAutoscaling => Box::pin(crate::hpa::HpaController::run(
+                &informers,
+                recorder(*c),
+                config.workers,
+                stop.clone(),
+            )),
             ControllerName::Endpoints => Box::pin(EndpointsController::run(
                 &informers,
                 recorder(*c),
@@ -396,7 +406,7 @@ mod tests {
     fn controller_lists() {
         use ControllerName::*;
         let all: BTreeSet<_> = ControllerName::ALL.into_iter().collect();
-        assert_eq!(all.len(), 16);
+        assert_eq!(all.len(), 17);
         assert_eq!(parse_controllers("*").unwrap(), all);
         assert_eq!(parse_controllers("").unwrap(), all);
         assert_eq!(
@@ -412,6 +422,7 @@ mod tests {
                 Disruption,
                 Job,
                 CronJob,
+                HorizontalPodAutoscaling,
                 Endpoints,
                 ServiceAllocator,
                 NodeIpam,
@@ -427,14 +438,14 @@ mod tests {
         assert_eq!(
             parse_controllers(
                 "*,-replicaset,-garbagecollector,-namespace,-nodelifecycle,-serviceaccount,\
-                 -certificatesigningrequest,-root-ca-cert-publisher,-daemonset,-disruption,-job,-cronjob,-statefulset"
+                 -certificatesigningrequest,-root-ca-cert-publisher,-daemonset,-disruption,-job,-cronjob,-statefulset,-horizontalpodautoscaling"
             )
             .unwrap(),
             [Deployment, Endpoints, ServiceAllocator, NodeIpam].into()
         );
         assert_eq!(
             parse_controllers(
-                "ReplicaSet, deployment, daemonset, statefulset, disruption, job, cronjob, endpoints, service-allocator, nodeipam, garbagecollector, Namespace, NodeLifecycle, serviceaccount, certificatesigningrequest, root-ca-cert-publisher"
+                "ReplicaSet, deployment, daemonset, statefulset, disruption, job, cronjob, horizontalpodautoscaling, endpoints, service-allocator, nodeipam, garbagecollector, Namespace, NodeLifecycle, serviceaccount, certificatesigningrequest, root-ca-cert-publisher"
             )
             .unwrap(),
             all

@@ -107,12 +107,17 @@ fn view_rules() -> Vec<PolicyRule> {
             &["poddisruptionbudgets", "poddisruptionbudgets/status"],
         ),
         rule(READ, &["batch"], BATCH),
+        rule(READ, &["autoscaling"], AUTOSCALING),
         // system:aggregated-metrics-reader's rules, aggregated into view in Kubernetes.
         rule(READ, &["metrics.k8s.io"], &["pods", "nodes"]),
     ]
 }
 
 const BATCH: &[&str] = &["jobs", "jobs/status", "cronjobs", "cronjobs/status"];
+const AUTOSCALING: &[&str] = &[
+    "horizontalpodautoscalers",
+    "horizontalpodautoscalers/status",
+];
 
 fn edit_rules() -> Vec<PolicyRule> {
     let mut r = view_rules();
@@ -139,6 +144,7 @@ fn edit_rules() -> Vec<PolicyRule> {
         rule(&["create"], &[""], &["pods/eviction"]),
         rule(WRITE, &["policy"], &["poddisruptionbudgets"]),
         rule(WRITE, &["batch"], &["jobs", "cronjobs"]),
+        rule(WRITE, &["autoscaling"], &["horizontalpodautoscalers"]),
         rule(
             WRITE,
             &["apps"],
@@ -312,6 +318,9 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                     &["poddisruptionbudgets", "poddisruptionbudgets/status"],
                 ),
                 rule(ALL_VERBS, &["batch"], BATCH),
+                rule(ALL_VERBS, &["autoscaling"], AUTOSCALING),
+                // The horizontal pod autoscaler reads the metrics API.
+                rule(READ, &["metrics.k8s.io"], &["pods", "nodes"]),
                 rule(ALL_VERBS, &["coordination.k8s.io"], &["leases"]),
                 rule(ALL_VERBS, &["events.k8s.io"], &["events"]),
                 rule(

@@ -14,6 +14,7 @@ use crate::registry::key_prefix;
 use crate::validation::{self as v, NameRule};
 
 mod apps;
+mod autoscaling;
 pub mod batch;
 pub mod certificates;
 mod pod;
