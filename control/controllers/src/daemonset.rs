@@ -27,21 +27,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures::future::join_all;
 use skiff_api::Resource;
 use skiff_api::api::{
     Affinity, DaemonSet, DaemonSetStatus, Node, NodeAffinity, NodeSelector,
     NodeSelectorRequirement, NodeSelectorTerm, ObjectMeta, Pod, PodSpec, Toleration,
 };
 use skiff_client::runtime::{
-    Action, CancelToken, Controller, EventRecorder, EventType, Informer, Informers, ObjectKey,
-    Reconciler,
+    Action, CancelToken, Controller, EventRecorder, Informer, Informers, ObjectKey, Reconciler,
 };
 
 use crate::podcontrol::{PodControl, adopters};
 use crate::util::{
     self, available_in, controller_ref, is_pod_available, is_terminating, labels,
-    pod_template_hash, scaled_value, workload_selector,
+    pod_template_hash, scaled_value,
 };
 use crate::{Context, Error};
 
@@ -486,38 +484,6 @@ impl DaemonSetController {
         }));
         out
     }
-
-    async fn apply(
-        &self,
-        key: &ObjectKey,
-        ds: &DaemonSet,
-        hash: &str,
-        plan: &Plan,
-    ) -> Result<(), Error> {
-        let deletes = join_all(plan.delete.iter().map(|name| {
-            let pod = Pod {
-                metadata: Some(ObjectMeta {
-                    name: name.clone(),
-                    namespace: ds.namespace().to_string(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            };
-            async move { self.pods.delete_pod(key, ds, &pod).await }
-        }))
-        .await;
-        let creates = join_all(plan.create.iter().map(|node| async move {
-            self.pods
-                .create_pod(key, ds, &pod_for_node(ds, node, hash))
-                .await
-        }))
-        .await;
-        deletes
-            .into_iter()
-            .chain(creates)
-            .find_map(Result::err)
-            .map_or(Ok(()), Err)
-    }
 }
 
 impl Reconciler for DaemonSetController {
@@ -529,17 +495,9 @@ impl Reconciler for DaemonSetController {
             return Ok(Action::Done);
         };
         let spec = ds.spec.clone().unwrap_or_default();
-        let selector = match workload_selector(spec.selector.as_ref()) {
-            Ok(s) => s,
-            Err(e) => {
-                self.pods
-                    .recorder
-                    .publish(&*ds, EventType::Warning, "InvalidSelector", &e)
-                    .await;
-                return Ok(Action::Done);
-            }
+        let Some(owned) = self.pods.claim(&*ds, spec.selector.as_ref()).await? else {
+            return Ok(Action::Done);
         };
-        let owned = self.pods.claim_pods(&*ds, &selector).await?;
         let hash = revision_hash(&ds);
         let nodes = self.node_states(&ds, &owned);
         let now = Utc::now();
@@ -568,7 +526,12 @@ impl Reconciler for DaemonSetController {
             let plan = plan(&nodes, &hash, update, spec.min_ready_seconds, now);
             if plan != Plan::default() {
                 tracing::debug!(daemonset = %key, create = ?plan.create, delete = ?plan.delete, "daemon pods");
-                applied = self.apply(key, &ds, &hash, &plan).await;
+                let create: Vec<Pod> = plan
+                    .create
+                    .iter()
+                    .map(|node| pod_for_node(&ds, node, &hash))
+                    .collect();
+                applied = self.pods.apply(key, &*ds, &plan.delete, &create).await;
             }
         }
         let status = status_of(&ds, &nodes, &hash, now);

@@ -27,7 +27,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures::future::join_all;
 use skiff_api::Resource;
 use skiff_api::api::{
     Condition, EnvVar, EnvVarSource, Job, JobStatus, ObjectFieldSelector, ObjectMeta, Pod,
@@ -39,9 +38,7 @@ use skiff_client::runtime::{
 use skiff_client::{DeleteParams, PropagationPolicy};
 
 use crate::podcontrol::{PodControl, adopters};
-use crate::util::{
-    self, controller_ref, format_time, is_terminating, parse_time, workload_selector,
-};
+use crate::util::{self, controller_ref, format_time, is_terminating, parse_time};
 use crate::{Context, Error};
 
 /// The index of an Indexed Job's pod (annotation and label).
@@ -576,18 +573,10 @@ impl Reconciler for JobController {
                 Action::RequeueAfter(d + Duration::from_millis(100))
             }));
         }
-        let selector = match workload_selector(job.spec.as_ref().and_then(|s| s.selector.as_ref()))
-        {
-            Ok(s) => s,
-            Err(e) => {
-                self.pods
-                    .recorder
-                    .publish(&*job, EventType::Warning, "InvalidSelector", &e)
-                    .await;
-                return Ok(Action::Done);
-            }
+        let selector = job.spec.as_ref().and_then(|s| s.selector.as_ref());
+        let Some(owned) = self.pods.claim(&*job, selector).await? else {
+            return Ok(Action::Done);
         };
-        let owned = self.pods.claim_pods(&*job, &selector).await?;
         let pending = self.pods.expectations.pending(key, &self.pods.pods);
         let mut plan = plan(&job, &owned, now);
         if pending.is_some() {
@@ -595,25 +584,8 @@ impl Reconciler for JobController {
             plan.create.clear();
             plan.delete.clear();
         }
-        let job_ref: &Job = &job;
-        let deletes = join_all(plan.delete.iter().map(|name| {
-            let pod = Pod {
-                metadata: Some(ObjectMeta {
-                    name: name.clone(),
-                    namespace: job.namespace().to_string(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            };
-            async move { self.pods.delete_pod(key, job_ref, &pod).await }
-        }))
-        .await;
-        let creates = join_all(plan.create.iter().map(|i| async move {
-            self.pods
-                .create_pod(key, job_ref, &pod_for(job_ref, *i))
-                .await
-        }))
-        .await;
+        let create: Vec<Pod> = plan.create.iter().map(|i| pod_for(&job, *i)).collect();
+        let applied = self.pods.apply(key, &*job, &plan.delete, &create).await;
         for (warning, reason, message) in &plan.events {
             let ty = if *warning {
                 EventType::Warning
@@ -632,9 +604,7 @@ impl Reconciler for JobController {
                 .await
                 .during(|| format!("updating the status of job {key}"))?;
         }
-        if let Some(e) = deletes.into_iter().chain(creates).find_map(Result::err) {
-            return Err(e);
-        }
+        applied?;
         let next = match (pending, plan.requeue) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

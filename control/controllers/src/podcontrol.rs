@@ -251,6 +251,54 @@ impl PodControl {
         }
     }
 
+    /// The pods `owner` owns, claimed by its `selector`; `None` (after an InvalidSelector
+    /// Warning event) when the selector cannot be used.
+    pub async fn claim<T: Resource>(
+        &self,
+        owner: &T,
+        selector: Option<&LabelSelector>,
+    ) -> Result<Option<Vec<Arc<Pod>>>, Error> {
+        match workload_selector(selector) {
+            Ok(sel) => self.claim_pods(owner, &sel).await.map(Some),
+            Err(e) => {
+                self.recorder
+                    .publish(owner, EventType::Warning, "InvalidSelector", &e)
+                    .await;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Deletes the pods named in `delete` and creates `create`, all at once, for `owner`
+    /// (its key `key`); the first error, after every call was made.
+    pub async fn apply<T: Resource>(
+        &self,
+        key: &ObjectKey,
+        owner: &T,
+        delete: &[String],
+        create: &[Pod],
+    ) -> Result<(), Error> {
+        let deletes = futures::future::join_all(delete.iter().map(|name| {
+            let pod = Pod {
+                metadata: Some(skiff_api::api::ObjectMeta {
+                    name: name.clone(),
+                    namespace: owner.namespace().to_string(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            async move { self.delete_pod(key, owner, &pod).await }
+        }))
+        .await;
+        let creates =
+            futures::future::join_all(create.iter().map(|p| self.create_pod(key, owner, p))).await;
+        deletes
+            .into_iter()
+            .chain(creates)
+            .find_map(Result::err)
+            .map_or(Ok(()), Err)
+    }
+
     pub async fn delete_pod<T: Resource>(
         &self,
         key: &ObjectKey,

@@ -19,14 +19,13 @@ use futures::future::join_all;
 use skiff_api::Resource;
 use skiff_api::api::{Condition, ObjectMeta, Pod, ReplicaSet, ReplicaSetStatus};
 use skiff_client::runtime::{
-    Action, CancelToken, Controller, EventRecorder, EventType, Informer, Informers, ObjectKey,
-    Reconciler,
+    Action, CancelToken, Controller, EventRecorder, Informer, Informers, ObjectKey, Reconciler,
 };
 
 use crate::podcontrol::{PodControl, adopters};
 use crate::util::{
     self, available_in, controller_ref, format_time, is_pod_active, is_pod_available,
-    is_terminating, labels, ready_since, workload_selector,
+    is_terminating, labels, ready_since,
 };
 use crate::{Context, Error};
 
@@ -243,17 +242,10 @@ impl Reconciler for ReplicaSetController {
             self.pods.expectations.forget(key);
             return Ok(Action::Done);
         };
-        let selector = match workload_selector(rs.spec.as_ref().and_then(|s| s.selector.as_ref())) {
-            Ok(s) => s,
-            Err(e) => {
-                self.pods
-                    .recorder
-                    .publish(&*rs, EventType::Warning, "InvalidSelector", &e)
-                    .await;
-                return Ok(Action::Done);
-            }
+        let selector = rs.spec.as_ref().and_then(|s| s.selector.as_ref());
+        let Some(owned) = self.pods.claim(&*rs, selector).await? else {
+            return Ok(Action::Done);
         };
-        let owned = self.pods.claim_pods(&*rs, &selector).await?;
         let active: Vec<Arc<Pod>> = owned.into_iter().filter(|p| is_pod_active(p)).collect();
         let pending = self.pods.expectations.pending(key, &self.pods.pods);
         let mut managed = Ok(());

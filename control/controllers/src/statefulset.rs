@@ -22,18 +22,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures::future::join_all;
 use skiff_api::Resource;
 use skiff_api::api::{ObjectMeta, Pod, StatefulSet, StatefulSetStatus};
 use skiff_client::runtime::{
-    Action, CancelToken, Controller, EventRecorder, EventType, Informer, Informers, ObjectKey,
-    Reconciler,
+    Action, CancelToken, Controller, EventRecorder, Informer, Informers, ObjectKey, Reconciler,
 };
 
 use crate::podcontrol::{PodControl, adopters};
 use crate::util::{
     self, available_in, controller_ref, is_pod_available, is_terminating, labels,
-    pod_template_hash, scaled_value, workload_selector,
+    pod_template_hash, scaled_value,
 };
 use crate::{Context, Error};
 
@@ -309,17 +307,9 @@ impl Reconciler for StatefulSetController {
             return Ok(Action::Done);
         };
         let spec = set.spec.clone().unwrap_or_default();
-        let selector = match workload_selector(spec.selector.as_ref()) {
-            Ok(s) => s,
-            Err(e) => {
-                self.pods
-                    .recorder
-                    .publish(&*set, EventType::Warning, "InvalidSelector", &e)
-                    .await;
-                return Ok(Action::Done);
-            }
+        let Some(owned) = self.pods.claim(&*set, spec.selector.as_ref()).await? else {
+            return Ok(Action::Done);
         };
-        let owned = self.pods.claim_pods(&*set, &selector).await?;
         let by_ordinal: BTreeMap<i32, Arc<Pod>> = owned
             .iter()
             .filter_map(|p| ordinal_of(&set, p).map(|o| (o, Arc::clone(p))))
@@ -329,29 +319,12 @@ impl Reconciler for StatefulSetController {
         let mut applied = Ok(());
         if pending.is_none() && !is_terminating(&*set) {
             let plan = plan(&set, &by_ordinal, &rev);
-            let set_ref: &StatefulSet = &set;
-            let deletes = join_all(plan.delete.iter().map(|name| {
-                let pod = Pod {
-                    metadata: Some(ObjectMeta {
-                        name: name.clone(),
-                        namespace: set_ref.namespace().to_string(),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                };
-                async move { self.pods.delete_pod(key, set_ref, &pod).await }
-            }))
-            .await;
-            let creates = join_all(plan.create.iter().map(|o| {
-                let pod = pod_for(set_ref, *o, &rev);
-                async move { self.pods.create_pod(key, set_ref, &pod).await }
-            }))
-            .await;
-            applied = deletes
-                .into_iter()
-                .chain(creates)
-                .find_map(Result::err)
-                .map_or(Ok(()), Err);
+            let create: Vec<Pod> = plan
+                .create
+                .iter()
+                .map(|o| pod_for(&set, *o, &rev))
+                .collect();
+            applied = self.pods.apply(key, &*set, &plan.delete, &create).await;
         }
         let now = Utc::now();
         let status = status_of(&set, &by_ordinal, &rev, now);
