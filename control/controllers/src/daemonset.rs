@@ -24,7 +24,6 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use skiff_api::Resource;
@@ -38,8 +37,7 @@ use skiff_client::runtime::{
 
 use crate::podcontrol::{PodControl, adopters};
 use crate::util::{
-    self, available_in, controller_ref, is_pod_available, is_terminating, labels,
-    pod_template_hash, scaled_value,
+    self, controller_ref, is_pod_available, is_terminating, labels, pod_template_hash, scaled_value,
 };
 use crate::{Context, Error};
 
@@ -548,17 +546,12 @@ impl Reconciler for DaemonSetController {
                 .during(|| format!("updating the status of daemon set {key}"))?;
         }
         applied?;
-        let mut next = pending;
-        if spec.min_ready_seconds > 0 {
-            for p in nodes.iter().flat_map(|n| &n.pods) {
-                if let Some(d) =
-                    available_in(p, spec.min_ready_seconds, now).filter(|d| !d.is_zero())
-                {
-                    let d = d + Duration::from_millis(100);
-                    next = Some(next.map_or(d, |n| n.min(d)));
-                }
-            }
-        }
+        let next = util::requeue_for_availability(
+            pending,
+            nodes.iter().flat_map(|n| &n.pods),
+            spec.min_ready_seconds,
+            now,
+        );
         Ok(next.map_or(Action::Done, Action::RequeueAfter))
     }
 }

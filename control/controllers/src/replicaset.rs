@@ -12,7 +12,6 @@
 
 use std::cmp::Reverse;
 use std::sync::Arc;
-use std::time::Duration;
 
 use chrono::Utc;
 use futures::future::join_all;
@@ -24,8 +23,8 @@ use skiff_client::runtime::{
 
 use crate::podcontrol::{PodControl, adopters};
 use crate::util::{
-    self, available_in, controller_ref, format_time, is_pod_active, is_pod_available,
-    is_terminating, labels, ready_since,
+    self, controller_ref, format_time, is_pod_active, is_pod_available, is_terminating, labels,
+    ready_since,
 };
 use crate::{Context, Error};
 
@@ -263,17 +262,8 @@ impl Reconciler for ReplicaSetController {
         });
         self.update_status(&rs, &active, failure).await?;
         managed?;
-        let mut next = pending;
         let min_ready = rs.spec.as_ref().map(|s| s.min_ready_seconds).unwrap_or(0);
-        if min_ready > 0 {
-            let now = Utc::now();
-            for p in &active {
-                if let Some(d) = available_in(p, min_ready, now).filter(|d| !d.is_zero()) {
-                    let d = d + Duration::from_millis(100);
-                    next = Some(next.map_or(d, |n| n.min(d)));
-                }
-            }
-        }
+        let next = util::requeue_for_availability(pending, &active, min_ready, Utc::now());
         Ok(next.map_or(Action::Done, Action::RequeueAfter))
     }
 }

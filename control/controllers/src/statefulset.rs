@@ -19,7 +19,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use skiff_api::Resource;
@@ -30,8 +29,7 @@ use skiff_client::runtime::{
 
 use crate::podcontrol::{PodControl, adopters};
 use crate::util::{
-    self, available_in, controller_ref, is_pod_available, is_terminating, labels,
-    pod_template_hash, scaled_value,
+    self, controller_ref, is_pod_available, is_terminating, labels, pod_template_hash, scaled_value,
 };
 use crate::{Context, Error};
 
@@ -339,17 +337,12 @@ impl Reconciler for StatefulSetController {
                 .during(|| format!("updating the status of stateful set {key}"))?;
         }
         applied?;
-        let mut next = pending;
-        if spec.min_ready_seconds > 0 {
-            for p in by_ordinal.values() {
-                if let Some(d) =
-                    available_in(p, spec.min_ready_seconds, now).filter(|d| !d.is_zero())
-                {
-                    let d = d + Duration::from_millis(100);
-                    next = Some(next.map_or(d, |n| n.min(d)));
-                }
-            }
-        }
+        let next = util::requeue_for_availability(
+            pending,
+            by_ordinal.values(),
+            spec.min_ready_seconds,
+            now,
+        );
         Ok(next.map_or(Action::Done, Action::RequeueAfter))
     }
 }

@@ -106,6 +106,26 @@ pub fn available_in(p: &Pod, min_ready_seconds: i32, now: DateTime<Utc>) -> Opti
     Some((at - now).to_std().unwrap_or(Duration::ZERO))
 }
 
+/// When to look again at a workload: `pending` (its expectations' deadline), or earlier
+/// when one of `pods` becomes available after `min_ready_seconds` (a little after, so it is).
+pub fn requeue_for_availability<'a>(
+    pending: Option<std::time::Duration>,
+    pods: impl IntoIterator<Item = &'a std::sync::Arc<Pod>>,
+    min_ready_seconds: i32,
+    now: DateTime<Utc>,
+) -> Option<std::time::Duration> {
+    let mut next = pending;
+    if min_ready_seconds > 0 {
+        for p in pods {
+            if let Some(d) = available_in(p, min_ready_seconds, now).filter(|d| !d.is_zero()) {
+                let d = d + std::time::Duration::from_millis(100);
+                next = Some(next.map_or(d, |n| n.min(d)));
+            }
+        }
+    }
+    next
+}
+
 pub fn is_pod_available(p: &Pod, min_ready_seconds: i32, now: DateTime<Utc>) -> bool {
     available_in(p, min_ready_seconds, now).is_some_and(|d| d.is_zero())
 }
