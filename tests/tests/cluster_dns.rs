@@ -1,4 +1,5 @@
-//! Cluster DNS inside pods, with busybox's real `nslookup` in a pod of a registry image:
+//! Cluster DNS inside pods, with busybox's real `nslookup` and glibc's `getent` (short names
+//! through the search path) in a pod of a registry image:
 //! a ClusterIP Service's name, a headless Service (one address per ready pod) and its
 //! StatefulSet pods' `<hostname>.<service>` names, SRV for a named port, PTR of a cluster IP,
 //! a pod record, an ExternalName Service's CNAME, a name outside the cluster forwarded to the node's resolver (a stand-in on
@@ -73,7 +74,11 @@ async fn upstream() -> (SocketAddr, Server<Upstream>) {
 async fn pods_resolve_cluster_names_with_real_resolvers() {
     let (up, _upstream) = upstream().await;
     let registry = Registry::start();
-    let image = registry.push_busybox("demo/dns:v1").await;
+    // busybox for nslookup, and glibc's getent (with its libraries) for the resolver most
+    // programs use.
+    let image = registry
+        .push_busybox_with("demo/dns:v1", &["/usr/bin/getent"])
+        .await;
     let c = Cluster::start_with(1, &["--dns-upstream", &up.to_string()]).await;
     let k = |args: &[&str], stdin: Option<&str>| {
         let (ok, out, err) = c.kubectl(args, stdin);
@@ -189,6 +194,23 @@ spec:
         exec("custom", "cat /etc/resolv.conf").1,
         "nameserver 192.0.2.1\nsearch corp.example\noptions ndots:2\n"
     );
+
+    // glibc's resolver through the search path (ndots:5): a short name.
+    let web_ip = k(
+        &["get", "svc", "web", "-o", "jsonpath={.spec.clusterIP}"],
+        None,
+    );
+    let (ok, out) = exec("client", "getent hosts web");
+    assert!(
+        ok && out.starts_with(&web_ip) && out.contains("web.default.svc.cluster.local"),
+        "{out}"
+    );
+    let (ok, out) = exec("client", "getent hosts db-0.db");
+    let db0 = k(
+        &["get", "pod", "db-0", "-o", "jsonpath={.status.podIP}"],
+        None,
+    );
+    assert!(ok && out.starts_with(&db0), "{out}");
 
     // A ClusterIP Service, the headless one, its pods, SRV, PTR, a pod record.
     let web_ip = k(
