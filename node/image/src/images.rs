@@ -61,17 +61,33 @@ impl ImageStore {
     /// Records that a container starts from image `digest` now (for garbage collection).
     pub fn mark_used(&self, digest: &crate::Digest) -> Result<(), StoreError> {
         let d = digest.to_string();
-        let mut list = self.list()?;
         let now = now_secs();
-        let mut changed = false;
-        for r in list.iter_mut().filter(|r| r.digest == d) {
-            r.last_used = Some(now);
-            changed = true;
-        }
+        self.update(|list| {
+            let mut changed = false;
+            for r in list.iter_mut().filter(|r| r.digest == d) {
+                r.last_used = Some(now);
+                changed = true;
+            }
+            (changed, ())
+        })
+    }
+
+    /// Reads the index, lets `change` edit it and saves it when `change` says it changed, as
+    /// one step: pods pull (and start) concurrently, and two read-modify-writes of the one
+    /// index file that overlap would lose one of the records.
+    fn update<R>(
+        &self,
+        change: impl FnOnce(&mut Vec<ImageRecord>) -> (bool, R),
+    ) -> Result<R, StoreError> {
+        // One lock for the process: an agent has one store, and index writes are rare.
+        static INDEX: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _alone = INDEX.lock().unwrap_or_else(|e| e.into_inner());
+        let mut list = self.list()?;
+        let (changed, out) = change(&mut list);
         if changed {
             self.save(&list)?;
         }
-        Ok(())
+        Ok(out)
     }
 
     /// The config digest (hex) named by the stored manifest `manifest`.
@@ -126,10 +142,11 @@ impl ImageStore {
             pulled_at: now_secs(),
             last_used: None,
         };
-        let mut list = self.list()?;
-        list.retain(|r| r.name != name);
-        list.push(record.clone());
-        self.save(&list)?;
+        self.update(|list| {
+            list.retain(|r| r.name != name);
+            list.push(record.clone());
+            (true, ())
+        })?;
         Ok(record)
     }
 
@@ -178,14 +195,12 @@ impl ImageStore {
     /// Forgets `name`; whether it was there. Its blobs and layers stay until garbage
     /// collection (not yet written) removes what no image names.
     pub fn forget(&self, name: &str) -> Result<bool, StoreError> {
-        let mut list = self.list()?;
-        let before = list.len();
-        list.retain(|r| r.name != name);
-        if list.len() == before {
-            return Ok(false);
-        }
-        self.save(&list)?;
-        Ok(true)
+        self.update(|list| {
+            let before = list.len();
+            list.retain(|r| r.name != name);
+            let changed = list.len() != before;
+            (changed, changed)
+        })
     }
 }
 
@@ -217,5 +232,37 @@ mod tests {
         assert!(store.forget("r/a:1").unwrap());
         assert!(!store.forget("r/a:1").unwrap());
         assert_eq!(store.list().unwrap().len(), 1);
+    }
+
+    /// Pods pull at the same time: every name pulled concurrently is remembered (the index's
+    /// read-modify-writes do not overlap and lose records).
+    #[test]
+    fn concurrent_pulls_keep_every_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        let image = Image {
+            manifest: Digest::of(b"m"),
+            config: serde_json::from_str(
+                r#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#,
+            )
+            .unwrap(),
+            layers: vec![],
+            size: 1,
+        };
+        std::thread::scope(|s| {
+            for t in 0..8 {
+                let (root, image) = (root.clone(), image.clone());
+                s.spawn(move || {
+                    // Each its own handle, as the agent's status and pulls have.
+                    let store = ImageStore::open(&root).unwrap();
+                    for i in 0..10 {
+                        store.remember(&format!("r/t{t}:{i}"), &image).unwrap();
+                        store.mark_used(&image.manifest).unwrap();
+                    }
+                });
+            }
+        });
+        let store = ImageStore::open(&root).unwrap();
+        assert_eq!(store.list().unwrap().len(), 80);
     }
 }
