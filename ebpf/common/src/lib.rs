@@ -4,11 +4,13 @@
 //! same thing on both sides of a BPF map.
 //!
 //! Per-pod traffic accounting (`skiff-ebpf`) is at the top level; the Service load balancer's
-//! layouts (`skiff-lb`) are in [`lb`], the pod networking fast path's in [`podnet`].
+//! layouts (`skiff-lb`) are in [`lb`], the pod networking fast path's in [`podnet`],
+//! NetworkPolicy enforcement's (`skiff-policy`) in [`policy`].
 #![no_std]
 
 pub mod lb;
 pub mod podnet;
+pub mod policy;
 
 /// Traffic counters of one pod, one direction, one CPU (the map is per-CPU; userspace sums).
 #[repr(C)]

@@ -1,8 +1,9 @@
 //! The node agent's eBPF programs: loading the object that `build.rs` compiles from
 //! `ebpf/skiff-ebpf`, pinning its maps, attaching programs to pod cgroups, reading the maps.
 //!
-//! Two objects: per-pod traffic accounting (this module) and the Service load balancer
-//! ([`lb`]: socket-level translation of ClusterIP Services).
+//! Three objects: per-pod traffic accounting (this module), the Service load balancer
+//! ([`lb`]: socket-level translation of ClusterIP Services) and NetworkPolicy enforcement
+//! ([`policy`]).
 //!
 //! Accounting: two `cgroup_skb` programs (ingress, egress) count
 //! packets and bytes per cgroup v2 id in per-CPU hash maps pinned under the agent's pin
@@ -26,6 +27,9 @@ pub mod lb;
 mod lb_kernel_tests;
 #[cfg(test)]
 mod np_kernel_tests;
+pub mod policy;
+#[cfg(test)]
+mod policy_kernel_tests;
 mod sys;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

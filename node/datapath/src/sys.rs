@@ -15,6 +15,8 @@ const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_LINK_UPDATE: libc::c_long = 29;
 
 /// `enum bpf_attach_type` values of the cgroup socket-address hooks.
+pub const BPF_CGROUP_INET_INGRESS: u32 = 0;
+pub const BPF_CGROUP_INET_EGRESS: u32 = 1;
 pub const BPF_CGROUP_INET4_CONNECT: u32 = 10;
 pub const BPF_CGROUP_UDP4_SENDMSG: u32 = 14;
 pub const BPF_CGROUP_UDP4_RECVMSG: u32 = 19;

@@ -161,7 +161,7 @@ const HOOKS: [Hook; 8] = [
 ];
 
 /// Where the link of `prog` is pinned.
-fn link_pin(pin_dir: &Path, prog: &str) -> PathBuf {
+pub(crate) fn link_pin(pin_dir: &Path, prog: &str) -> PathBuf {
     pin_dir.join(format!("link_{prog}"))
 }
 
@@ -528,46 +528,20 @@ impl ServiceLb {
         for hook in &HOOKS {
             let pin = link_pin(&self.pin_dir, hook.prog);
             let prog = program::<CgroupSockAddr>(&mut self.ebpf, hook.prog)?;
-            match sys::obj_get(&pin) {
-                Ok(link) => {
-                    let info = sys::cgroup_link_info(std::os::fd::AsFd::as_fd(&link))
-                        .map_err(BpfError::io(&pin))?;
-                    if info.cgroup_id == id && info.attach_type == hook.attach_type {
-                        let prog_fd = prog.fd().map_err(BpfError::program(hook.prog))?;
-                        sys::link_update(
-                            std::os::fd::AsFd::as_fd(&link),
-                            std::os::fd::AsFd::as_fd(prog_fd),
-                        )
-                        .map_err(BpfError::io(&pin))?;
-                        report.adopted += 1;
-                        continue;
-                    }
-                    // Another cgroup (or one that is gone): this pin is the only reference
-                    // besides `link`, so removing it and closing `link` detaches it.
-                    remove_file(&pin)?;
-                    drop(link);
+            let outcome = pinned_cgroup_link(&pin, id, hook.attach_type, hook.prog, prog, |p| {
+                // A link always coexists with other programs on the cgroup; explicit flags
+                // are rejected for links, hence `Single` (no flags).
+                let link_id = p.attach(&dir, CgroupAttachMode::Single)?;
+                p.take_link(link_id)
+            })?;
+            match outcome {
+                TcAttach::Attached => report.attached += 1,
+                TcAttach::Adopted => report.adopted += 1,
+                TcAttach::Replaced => {
                     report.replaced += 1;
+                    report.attached += 1;
                 }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(BpfError::io(&pin)(e)),
             }
-            // A link always coexists with other programs on the cgroup; explicit flags are
-            // rejected for links, hence `Single` (no flags).
-            let link_id = prog
-                .attach(&dir, CgroupAttachMode::Single)
-                .map_err(BpfError::program(hook.prog))?;
-            let link = prog
-                .take_link(link_id)
-                .map_err(BpfError::program(hook.prog))?;
-            let link = FdLink::try_from(link).map_err(|e| BpfError::Link {
-                name: hook.prog,
-                source: Box::new(e),
-            })?;
-            link.pin(&pin).map_err(|e| BpfError::Pin {
-                path: pin.clone(),
-                source: Box::new(e),
-            })?;
-            report.attached += 1;
         }
         self.attached_to = Some(id);
         Ok((id, report))
@@ -1069,7 +1043,74 @@ impl Maps {
     }
 }
 
-fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, BpfError>
+/// A program whose link can be pinned and taken over: both cgroup program types.
+pub(crate) trait LinkedProgram {
+    type Link: TryInto<FdLink, Error = aya::programs::links::LinkError>;
+    fn prog_fd(&self) -> Result<&aya::programs::ProgramFd, ProgramError>;
+}
+
+impl LinkedProgram for CgroupSockAddr {
+    type Link = aya::programs::cgroup_sock_addr::CgroupSockAddrLink;
+    fn prog_fd(&self) -> Result<&aya::programs::ProgramFd, ProgramError> {
+        self.fd()
+    }
+}
+
+impl LinkedProgram for aya::programs::CgroupSkb {
+    type Link = aya::programs::cgroup_skb::CgroupSkbLink;
+    fn prog_fd(&self) -> Result<&aya::programs::ProgramFd, ProgramError> {
+        self.fd()
+    }
+}
+
+/// Makes `prog` run on cgroup `cgroup_id` at hook `attach_type` through the link pinned at
+/// `pin`: an earlier agent's link for that very cgroup and hook gets this program swapped in
+/// (`BPF_LINK_UPDATE`, atomic); a pin for another (or a removed) cgroup is unpinned, which
+/// detaches it, and a new link is made with `attach` and pinned.
+pub(crate) fn pinned_cgroup_link<T: LinkedProgram>(
+    pin: &Path,
+    cgroup_id: u64,
+    attach_type: u32,
+    name: &'static str,
+    prog: &mut T,
+    attach: impl FnOnce(&mut T) -> Result<T::Link, ProgramError>,
+) -> Result<TcAttach, BpfError> {
+    let mut outcome = TcAttach::Attached;
+    match sys::obj_get(pin) {
+        Ok(link) => {
+            let info = sys::cgroup_link_info(std::os::fd::AsFd::as_fd(&link))
+                .map_err(BpfError::io(pin))?;
+            if info.cgroup_id == cgroup_id && info.attach_type == attach_type {
+                let prog_fd = prog.prog_fd().map_err(BpfError::program(name))?;
+                sys::link_update(
+                    std::os::fd::AsFd::as_fd(&link),
+                    std::os::fd::AsFd::as_fd(prog_fd),
+                )
+                .map_err(BpfError::io(pin))?;
+                return Ok(TcAttach::Adopted);
+            }
+            // Another cgroup (or one that is gone): this pin is the only reference besides
+            // `link`, so removing it and closing `link` detaches it.
+            remove_file(pin)?;
+            drop(link);
+            outcome = TcAttach::Replaced;
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(BpfError::io(pin)(e)),
+    }
+    let link = attach(prog).map_err(BpfError::program(name))?;
+    let link: FdLink = link.try_into().map_err(|e| BpfError::Link {
+        name,
+        source: Box::new(e),
+    })?;
+    link.pin(pin).map_err(|e| BpfError::Pin {
+        path: pin.to_path_buf(),
+        source: Box::new(e),
+    })?;
+    Ok(outcome)
+}
+
+pub(crate) fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, BpfError>
 where
     &'a mut T: TryFrom<&'a mut Program, Error = ProgramError>,
 {
@@ -1082,7 +1123,7 @@ where
         .map_err(BpfError::program(name))
 }
 
-fn take_map<M>(
+pub(crate) fn take_map<M>(
     ebpf: &mut Ebpf,
     name: &'static str,
     convert: impl FnOnce(aya::maps::Map) -> Result<M, MapError>,
@@ -1093,7 +1134,7 @@ fn take_map<M>(
     convert(map).map_err(BpfError::map(name))
 }
 
-fn max_entries(map: &MapData, name: &'static str) -> Result<u32, BpfError> {
+pub(crate) fn max_entries(map: &MapData, name: &'static str) -> Result<u32, BpfError> {
     Ok(map.info().map_err(BpfError::map(name))?.max_entries())
 }
 
@@ -1145,7 +1186,7 @@ pub fn ifindex(ifname: &str) -> Result<u32, BpfError> {
     Ok(idx)
 }
 
-fn remove_file(path: &Path) -> Result<(), BpfError> {
+pub(crate) fn remove_file(path: &Path) -> Result<(), BpfError> {
     match std::fs::remove_file(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -1175,13 +1216,23 @@ fn expected_sizes(name: &str) -> Option<(u32, u32)> {
 /// Refuses pinned maps whose key or value size is not this agent's (aya would reuse them
 /// blindly): an agent of another layout must not misread or corrupt them.
 fn check_pins(pin_dir: &Path) -> Result<(), BpfError> {
-    for name in LB_MAPS {
+    check_pin_sizes(pin_dir, &LB_MAPS, expected_sizes)
+}
+
+/// [`check_pins`] for any object: the maps `names` pinned in `pin_dir` must have the key and
+/// value sizes `expected` gives.
+pub(crate) fn check_pin_sizes(
+    pin_dir: &Path,
+    names: &[&'static str],
+    expected: fn(&str) -> Option<(u32, u32)>,
+) -> Result<(), BpfError> {
+    for &name in names {
         let pin = fs::pin_path(pin_dir, name);
         if !pin.exists() {
             continue;
         }
         let info = MapInfo::from_pin(&pin).map_err(BpfError::map(name))?;
-        let Some((key, value)) = expected_sizes(name) else {
+        let Some((key, value)) = expected(name) else {
             continue;
         };
         if info.key_size() != key || info.value_size() != value {
