@@ -37,7 +37,8 @@ const RENAMES: [(&str, &str); 22] = [
 ];
 
 /// IntOrString: a port number or a name, a count or a percentage.
-const INT_OR_STRING: [&str; 10] = [
+const INT_OR_STRING: [&str; 11] = [
+    "NetworkPolicyPort.port",
     "ServicePort.target_port",
     "HTTPGetAction.port",
     "TCPSocketAction.port",
@@ -129,6 +130,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/skiff/policy.proto",
         "proto/skiff/batch.proto",
         "proto/skiff/autoscaling.proto",
+        "proto/skiff/networking.proto",
         "proto/skiff/rpc.proto",
     ];
     let mut builder = tonic_prost_build::configure()
@@ -148,6 +150,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // `optional string` fields (the rest are plain strings).
         let with = if field.starts_with("RollingUpdate")
             || field.starts_with("PodDisruptionBudgetSpec.")
+            || field.starts_with("NetworkPolicyPort.")
         {
             "opt_int_or_string"
         } else {

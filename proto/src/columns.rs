@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 
 use crate::api::{
     CertificateSigningRequest, ConfigMap, ContainerStatus, CronJob, DaemonSet, Deployment,
-    Endpoints, Event, HorizontalPodAutoscaler, Job, LabelSelector, Lease, Namespace, Node, Pod,
-    PodDisruptionBudget, PodTemplateSpec, ReplicaSet, RoleBinding, Secret, Service, ServicePort,
-    StatefulSet,
+    Endpoints, Event, HorizontalPodAutoscaler, Job, LabelSelector, Lease, Namespace, NetworkPolicy,
+    Node, Pod, PodDisruptionBudget, PodTemplateSpec, ReplicaSet, RoleBinding, Secret, Service,
+    ServicePort, StatefulSet,
 };
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::de::DeserializeOwned;
@@ -117,6 +117,7 @@ pub fn headers(kind: &str, wide: bool) -> Vec<String> {
             ],
             &[],
         ),
+        "NetworkPolicy" => (&["NAME", "POD-SELECTOR", "AGE"], &[]),
         "StatefulSet" => (&["NAME", "READY", "AGE"], &["CONTAINERS", "IMAGES"]),
         "DaemonSet" => (
             &[
@@ -448,6 +449,12 @@ pub fn cells(kind: &str, obj: &Value, wide: bool, now: DateTime<Utc>) -> Vec<Str
                 st.disruptions_allowed.to_string(),
                 created,
             ]
+        }
+        "NetworkPolicy" => {
+            let p: NetworkPolicy = typed(obj);
+            // kubectl prints the spec's selector; absent is the empty one (every pod).
+            let sel = p.spec.and_then(|s| s.pod_selector).unwrap_or_default();
+            vec![name, label_selector(Some(&sel)), created]
         }
         "StatefulSet" => {
             let st: StatefulSet = typed(obj);
@@ -806,26 +813,41 @@ pub fn map_selector(sel: &BTreeMap<String, String>) -> String {
     )
 }
 
-/// A LabelSelector in selector syntax; `<none>` when empty.
+/// A LabelSelector in selector syntax as kubectl prints it (`metav1.FormatLabelSelector`):
+/// requirements sorted by key, the values of `in`/`notin` sorted; `<none>` when empty or
+/// absent, `<error>` when it is not a selector (an unknown operator, `In` without values).
 pub fn label_selector(sel: Option<&LabelSelector>) -> String {
     let Some(sel) = sel else {
         return "<none>".into();
     };
-    let mut parts: Vec<String> = sel
+    if crate::selector::Selector::from_label_selector(sel).is_err() {
+        return "<error>".into();
+    }
+    let mut parts: Vec<(&str, String)> = sel
         .match_labels
         .iter()
-        .map(|(k, v)| format!("{k}={v}"))
+        .map(|(k, v)| (k.as_str(), format!("{k}={v}")))
         .collect();
     for e in &sel.match_expressions {
-        parts.push(match e.operator.as_str() {
-            "In" => format!("{} in ({})", e.key, e.values.join(",")),
-            "NotIn" => format!("{} notin ({})", e.key, e.values.join(",")),
+        let mut values = e.values.clone();
+        values.sort();
+        let values = values.join(",");
+        let text = match e.operator.as_str() {
+            "In" => format!("{} in ({values})", e.key),
+            "NotIn" => format!("{} notin ({values})", e.key),
             "Exists" => e.key.clone(),
-            "DoesNotExist" => format!("!{}", e.key),
-            op => format!("{} {op} ({})", e.key, e.values.join(",")),
-        });
+            _ => format!("!{}", e.key),
+        };
+        parts.push((e.key.as_str(), text));
     }
-    none_if_empty(parts.join(","))
+    parts.sort_by(|a, b| a.0.cmp(b.0));
+    none_if_empty(
+        parts
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect::<Vec<_>>()
+            .join(","),
+    )
 }
 
 fn template_columns(t: Option<&PodTemplateSpec>, sel: Option<&LabelSelector>) -> [String; 3] {
@@ -1145,6 +1167,30 @@ mod tests {
     }
 
     #[test]
+    fn network_policy_columns() {
+        assert_eq!(
+            headers("NetworkPolicy", true),
+            ["NAME", "POD-SELECTOR", "AGE"]
+        );
+        let p = json!({
+            "metadata": {"name": "web", "creationTimestamp": "2024-04-29T12:00:00Z"},
+            "spec": {"podSelector": {"matchLabels": {"app": "web"},
+                     "matchExpressions": [{"key": "env", "operator": "In",
+                                           "values": ["prod", "dev"]}]},
+                     "policyTypes": ["Ingress"]}
+        });
+        assert_eq!(
+            cells("NetworkPolicy", &p, false, now()),
+            vec!["web", "app=web,env in (dev,prod)", "2d"]
+        );
+        // An empty selector (every pod of the namespace) and none at all both print <none>.
+        for spec in [json!({"podSelector": {}}), json!({})] {
+            let p = json!({"metadata": {"name": "all"}, "spec": spec});
+            assert_eq!(cells("NetworkPolicy", &p, false, now())[1], "<none>");
+        }
+    }
+
+    #[test]
     fn node_columns() {
         let n = json!({
             "metadata": {"name": "n1", "labels": {"node-role.kubernetes.io/control-plane": ""}},
@@ -1186,6 +1232,17 @@ mod tests {
                                  {"key": "x", "operator": "DoesNotExist"}]}))
         .unwrap();
         assert_eq!(label_selector(Some(&sel)), "app=web,tier in (a,b),!x");
+        // kubectl sorts requirements by key and values, whatever order they came in.
+        let sel: LabelSelector = serde_json::from_value(json!({"matchLabels": {"z": "1"},
+            "matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["b", "a"]},
+                                 {"key": "app", "operator": "Exists"}]}))
+        .unwrap();
+        assert_eq!(label_selector(Some(&sel)), "app,tier notin (a,b),z=1");
+        let bad: LabelSelector =
+            serde_json::from_value(json!({"matchExpressions": [{"key": "a", "operator": "Is"}]}))
+                .unwrap();
+        assert_eq!(label_selector(Some(&bad)), "<error>");
+        assert_eq!(label_selector(Some(&LabelSelector::default())), "<none>");
         let ev = json!({"metadata": {"name": "web.1"}, "type": "Normal", "reason": "Scheduled",
             "involvedObject": {"kind": "Pod", "name": "web-1"}, "message": "assigned\n",
             "lastTimestamp": "2024-05-01T11:59:50Z"});

@@ -93,10 +93,11 @@ pub trait Resource:
         strip(self) == strip(other)
     }
 
-    /// Kubernetes-style JSON with unset fields left out.
+    /// Kubernetes-style JSON with unset fields left out (present empty label selectors
+    /// kept: [`crate::serde_util::prune_message`]).
     fn to_json(&self) -> serde_json::Value {
         let mut v = serde_json::to_value(self).unwrap_or(serde_json::Value::Null);
-        crate::serde_util::prune(&mut v);
+        crate::serde_util::prune_message(Self::INFO.kind, &mut v);
         v
     }
 }
@@ -254,6 +255,14 @@ resource!(
     status
 );
 resource!(
+    NetworkPolicy,
+    "networking.k8s.io/v1",
+    "networkpolicies",
+    ["netpol"],
+    true,
+    no_status
+);
+resource!(
     Lease,
     "coordination.k8s.io/v1",
     "leases",
@@ -333,7 +342,7 @@ impl<T: Resource> DynKind for KindOf<T> {
     }
 }
 
-static KINDS: [&dyn DynKind; 23] = [
+static KINDS: [&dyn DynKind; 24] = [
     &KindOf::<Namespace>(PhantomData),
     &KindOf::<Node>(PhantomData),
     &KindOf::<Pod>(PhantomData),
@@ -351,6 +360,7 @@ static KINDS: [&dyn DynKind; 23] = [
     &KindOf::<Job>(PhantomData),
     &KindOf::<CronJob>(PhantomData),
     &KindOf::<HorizontalPodAutoscaler>(PhantomData),
+    &KindOf::<NetworkPolicy>(PhantomData),
     &KindOf::<Lease>(PhantomData),
     &KindOf::<Role>(PhantomData),
     &KindOf::<ClusterRole>(PhantomData),

@@ -175,6 +175,58 @@ pub fn prune(value: &mut serde_json::Value) {
     }
 }
 
+/// [`prune`] for an object of the message `message` (its Kind), reading its shape from
+/// [`crate::schema`]: the same, except that a present LabelSelector stays even when empty.
+/// There absent and empty differ (a NetworkPolicy peer's `podSelector: {}` is every pod of
+/// the namespace, a peer without one is no pod peer; a PodDisruptionBudget's `selector: {}`
+/// covers every pod, none covers none), so the JSON must keep the difference for clients
+/// and for the API server's own patches, which start from this JSON; Kubernetes writes
+/// `{}` for them too. A message the schema does not know is pruned as [`prune`] does.
+pub fn prune_message(message: &str, value: &mut serde_json::Value) {
+    prune_in(crate::schema::message(message), value);
+}
+
+fn prune_in(msg: Option<&'static crate::schema::Message>, value: &mut serde_json::Value) {
+    use crate::schema::Ty;
+    use serde_json::Value;
+    let Some(msg) = msg else {
+        prune(value);
+        return;
+    };
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map.iter_mut() {
+                if OPAQUE.contains(&k.as_str()) {
+                    continue;
+                }
+                let field = msg.field(k);
+                let sub = field.and_then(|f| match f.ty {
+                    Ty::Message(n) => crate::schema::message(n),
+                    _ => None,
+                });
+                match (v, field.is_some_and(|f| f.map)) {
+                    // A map's entries are data, not unset fields: `tier: ""` is a label (and
+                    // a selector's requirement) like any other, kept as Kubernetes keeps it.
+                    (Value::Object(entries), true) => {
+                        entries.values_mut().for_each(|e| prune_in(sub, e));
+                        entries.retain(|_, e| !e.is_null());
+                    }
+                    (v, _) => prune_in(sub, v),
+                }
+            }
+            let kept_empty = |k: &str, v: &Value| {
+                v.is_object()
+                    && msg
+                        .field(k)
+                        .is_some_and(|f| !f.list && !f.map && f.ty == Ty::Message("LabelSelector"))
+            };
+            map.retain(|k, v| OPAQUE.contains(&k.as_str()) || !is_empty(v) || kept_empty(k, v));
+        }
+        Value::Array(items) => items.iter_mut().for_each(|i| prune_in(Some(msg), i)),
+        _ => {}
+    }
+}
+
 fn is_empty(v: &serde_json::Value) -> bool {
     use serde_json::Value;
     match v {
@@ -229,6 +281,47 @@ mod tests {
             (&v["restartCount"], &v["ready"]),
             (&serde_json::json!(0), &serde_json::json!(false))
         );
+    }
+
+    #[test]
+    fn present_empty_selectors_are_kept() {
+        use crate::api::NetworkPolicy;
+        let p: NetworkPolicy = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "labels": {}},
+            "spec": {"podSelector": {}, "ingress": [{"from": [
+                {"podSelector": {}}, {"namespaceSelector": {}, "podSelector": {"matchLabels": {}}},
+            ], "ports": []}], "policyTypes": ["Ingress"]}
+        }))
+        .unwrap();
+        let mut v = serde_json::to_value(&p).unwrap();
+        prune_message("NetworkPolicy", &mut v);
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "metadata": {"name": "p"},
+                "spec": {"podSelector": {}, "ingress": [{"from": [
+                    {"podSelector": {}}, {"namespaceSelector": {}, "podSelector": {}},
+                ]}], "policyTypes": ["Ingress"]}
+            })
+        );
+        // A label with an empty value is a requirement, not an unset field.
+        let p: NetworkPolicy = serde_json::from_value(serde_json::json!({
+            "spec": {"podSelector": {"matchLabels": {"tier": ""}}}
+        }))
+        .unwrap();
+        let mut v = serde_json::to_value(&p).unwrap();
+        prune_message("NetworkPolicy", &mut v);
+        assert_eq!(
+            v,
+            serde_json::json!({"spec": {"podSelector": {"matchLabels": {"tier": ""}}}})
+        );
+        // Absent stays absent; an unknown message is pruned plainly.
+        let mut v = serde_json::json!({"spec": {"ingress": [{}]}});
+        prune_message("NetworkPolicy", &mut v);
+        assert_eq!(v, serde_json::json!({"spec": {"ingress": [{}]}}));
+        let mut v = serde_json::json!({"podSelector": {}, "a": ""});
+        prune_message("NoSuchKind", &mut v);
+        assert_eq!(v, serde_json::json!({}));
     }
 
     #[test]

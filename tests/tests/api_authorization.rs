@@ -445,6 +445,30 @@ fn nodes_reach_only_their_own_pods_secrets_and_node() {
         "{}",
         stderr(&o)
     );
+    // Every pod's address and labels, for NetworkPolicy enforcement, by the default policy's
+    // binding; without it, only the node authorizer's narrower rule.
+    let o = kubectl_as(&server, &node_a, &["get", "pods", "-o", "name"]);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "pod/pod-a\npod/pod-b\n",
+        "{}",
+        stderr(&o)
+    );
+    let o = server.kubectl(&[
+        "delete",
+        "clusterrolebinding",
+        "system:skiff:network-policy-agent",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // The authorizer's mirror of the bindings follows a watch.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while kubectl_as(&server, &node_a, &["get", "pods"])
+        .status
+        .success()
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     forbidden(
         &kubectl_as(&server, &node_a, &["get", "pods"]),
         "pods is forbidden: User \"system:node:n-a\" cannot list resource \"pods\" in API \

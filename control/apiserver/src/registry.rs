@@ -18,9 +18,9 @@ use prost::Message;
 use rand::Rng;
 use skiff_api::api::{
     Binding, CertificateSigningRequest, ClusterRole, ClusterRoleBinding, ConfigMap, CronJob,
-    DaemonSet, Deployment, Endpoints, Event, HorizontalPodAutoscaler, Job, Lease, Namespace, Node,
-    Pod, PodDisruptionBudget, ReplicaSet, Role, RoleBinding, Secret, Service, ServiceAccount,
-    StatefulSet,
+    DaemonSet, Deployment, Endpoints, Event, HorizontalPodAutoscaler, Job, Lease, Namespace,
+    NetworkPolicy, Node, Pod, PodDisruptionBudget, ReplicaSet, Role, RoleBinding, Secret, Service,
+    ServiceAccount, StatefulSet,
 };
 use skiff_api::rpc::{DeleteRequest, ListRequest, ListResponse, WatchRequest};
 use skiff_api::selector::{FieldSelector, Selector};
@@ -944,6 +944,7 @@ impl Registry {
         add::<Job>(h, &store, cache_capacity).await?;
         add::<CronJob>(h, &store, cache_capacity).await?;
         add::<HorizontalPodAutoscaler>(h, &store, cache_capacity).await?;
+        add::<NetworkPolicy>(h, &store, cache_capacity).await?;
         add::<Lease>(h, &store, cache_capacity).await?;
         add::<Role>(h, &store, cache_capacity).await?;
         add::<ClusterRole>(h, &store, cache_capacity).await?;

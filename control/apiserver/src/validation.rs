@@ -38,11 +38,12 @@ pub fn check_qualified_name(out: &mut Vec<FieldError>, path: &str, value: &str) 
     push_all(out, path, value, qualified_name(value));
 }
 
-/// Validates label keys and values (`path` is e.g. `metadata.labels`).
+/// Validates label keys and values (`path` is e.g. `metadata.labels`). Both are reported at
+/// `path`, the map, as kube-apiserver's `ValidateLabels` does (the value names the entry).
 pub fn check_labels(out: &mut Vec<FieldError>, path: &str, labels: &BTreeMap<String, String>) {
     for (k, v) in labels {
         push_all(out, path, k, qualified_name(k));
-        push_all(out, &format!("{path}[{k}]"), v, label_value(v));
+        push_all(out, path, v, label_value(v));
     }
 }
 
@@ -190,17 +191,44 @@ pub fn check_selector_matches_template(
     }
 }
 
-/// Validates a label selector at `path` (keys, values, operators); the parsed selector when
-/// it is well formed.
+/// Validates a label selector at `path` as kube-apiserver's `ValidateLabelSelector` does,
+/// with its paths and messages (`matchLabels`; each expression's operator, values, key and
+/// label values); the parsed selector when it is well formed.
 pub fn check_label_selector(
     out: &mut Vec<FieldError>,
     path: &str,
     sel: &LabelSelector,
 ) -> Option<Selector> {
+    let before = out.len();
     check_labels(out, &format!("{path}.matchLabels"), &sel.match_labels);
     for (i, e) in sel.match_expressions.iter().enumerate() {
-        check_qualified_name(out, &format!("{path}.matchExpressions[{i}].key"), &e.key);
+        let p = format!("{path}.matchExpressions[{i}]");
+        match e.operator.as_str() {
+            "In" | "NotIn" if e.values.is_empty() => out.push(FieldError::required(
+                format!("{p}.values"),
+                "must be specified when `operator` is 'In' or 'NotIn'",
+            )),
+            "Exists" | "DoesNotExist" if !e.values.is_empty() => out.push(FieldError::forbidden(
+                format!("{p}.values"),
+                "may not be specified when `operator` is 'Exists' or 'DoesNotExist'",
+            )),
+            "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
+            op => out.push(FieldError::invalid(
+                format!("{p}.operator"),
+                op,
+                "not a valid selector operator",
+            )),
+        }
+        check_qualified_name(out, &format!("{p}.key"), &e.key);
+        for (j, value) in e.values.iter().enumerate() {
+            push_all(out, &format!("{p}.values[{j}]"), value, label_value(value));
+        }
     }
+    if out.len() > before {
+        return None;
+    }
+    // Everything the parser refuses was reported above; this guards against the two
+    // drifting apart.
     match Selector::from_label_selector(sel) {
         Err(e) => {
             out.push(FieldError::invalid(path, e.selector, e.reason));
@@ -232,20 +260,30 @@ pub fn check_port_number(out: &mut Vec<FieldError>, path: &str, port: i64) {
     }
 }
 
-/// An IANA service name: at most 15 lowercase alphanumerics or '-', with a letter.
+/// An IANA service name, with kube-apiserver's `IsValidPortName` messages (every rule
+/// broken is one error): at most 15 characters of `a-z`, `0-9` and `-`, at least one
+/// letter, no `--`, no `-` at either end.
 pub fn check_port_name(out: &mut Vec<FieldError>, path: &str, name: &str) {
-    let ok = name.len() <= 15
-        && is_label_shape(name)
-        && !name.contains("--")
-        && name.bytes().any(|c| c.is_ascii_lowercase());
-    if !ok {
-        out.push(FieldError::invalid(
-            path,
-            name,
-            "must be an IANA service name: at most 15 characters, lowercase alphanumerics \
-             or '-', containing at least one letter, not starting, ending or with '--'",
-        ));
+    let mut errs = Vec::new();
+    if name.len() > 15 {
+        errs.push("must be no more than 15 characters".to_string());
     }
+    let charset = !name.is_empty()
+        && name
+            .bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-');
+    if !charset {
+        errs.push("must contain only alpha-numeric characters (a-z, 0-9), and hyphens (-)".into());
+    } else if !name.bytes().any(|c| c.is_ascii_lowercase()) {
+        errs.push("must contain at least one letter (a-z)".into());
+    }
+    if name.contains("--") {
+        errs.push("must not contain consecutive hyphens".into());
+    }
+    if name.starts_with('-') || name.ends_with('-') {
+        errs.push("must not begin or end with a hyphen".into());
+    }
+    push_all(out, path, name, errs);
 }
 
 /// Non-negative integer check.
@@ -336,5 +374,68 @@ mod tests {
         check_port_or_name(&mut out, "p", "70000");
         check_port_or_name(&mut out, "p", "HTTP");
         assert_eq!(out.len(), 3);
+        let names = |n: &str| {
+            let mut out = Vec::new();
+            check_port_name(&mut out, "p", n);
+            out.iter().map(ToString::to_string).collect::<Vec<_>>()
+        };
+        assert!(names("web-80").is_empty());
+        assert_eq!(
+            names("HTTP"),
+            [
+                "p: Invalid value: \"HTTP\": must contain only alpha-numeric characters (a-z, 0-9), and hyphens (-)"
+            ]
+        );
+        assert_eq!(
+            names("8080"),
+            ["p: Invalid value: \"8080\": must contain at least one letter (a-z)"]
+        );
+        assert_eq!(
+            names("-a--very-long-name"),
+            [
+                "p: Invalid value: \"-a--very-long-name\": must be no more than 15 characters",
+                "p: Invalid value: \"-a--very-long-name\": must not contain consecutive hyphens",
+                "p: Invalid value: \"-a--very-long-name\": must not begin or end with a hyphen",
+            ]
+        );
+    }
+
+    #[test]
+    fn label_selectors_as_kubernetes() {
+        let sel: LabelSelector = serde_json::from_value(serde_json::json!({
+            "matchLabels": {"app": "-web"},
+            "matchExpressions": [
+                {"key": "tier", "operator": "Equals", "values": ["a"]},
+                {"key": "tier", "operator": "In"},
+                {"key": "bad key", "operator": "Exists", "values": ["x"]},
+                {"key": "env", "operator": "NotIn", "values": ["ok", "no way"]},
+            ]
+        }))
+        .unwrap();
+        let mut out = Vec::new();
+        assert!(check_label_selector(&mut out, "spec.podSelector", &sel).is_none());
+        let text: Vec<String> = out.iter().map(ToString::to_string).collect();
+        let want = [
+            "spec.podSelector.matchLabels: Invalid value: \"-web\": a valid label must be",
+            "spec.podSelector.matchExpressions[0].operator: Invalid value: \"Equals\": not a valid selector operator",
+            "spec.podSelector.matchExpressions[1].values: Required value: must be specified when `operator` is 'In' or 'NotIn'",
+            "spec.podSelector.matchExpressions[2].values: Forbidden: may not be specified when `operator` is 'Exists' or 'DoesNotExist'",
+            "spec.podSelector.matchExpressions[2].key: Invalid value: \"bad key\": name part must consist of",
+            "spec.podSelector.matchExpressions[3].values[1]: Invalid value: \"no way\": a valid label must be",
+        ];
+        assert_eq!(text.len(), want.len(), "{text:#?}");
+        for (t, w) in text.iter().zip(want) {
+            assert!(t.starts_with(w), "{t}");
+        }
+        let ok: LabelSelector = serde_json::from_value(serde_json::json!({
+            "matchLabels": {"app": "web"},
+            "matchExpressions": [{"key": "tier", "operator": "In", "values": ["a", "b"]},
+                                 {"key": "x", "operator": "DoesNotExist"}]
+        }))
+        .unwrap();
+        let mut out = Vec::new();
+        assert!(check_label_selector(&mut out, "s", &ok).is_some());
+        assert!(check_label_selector(&mut out, "s", &LabelSelector::default()).is_some());
+        assert!(out.is_empty(), "{out:?}");
     }
 }

@@ -231,6 +231,7 @@ async fn crud_and_selectors(s: TestServer) {
             "jobs",
             "cronjobs",
             "horizontalpodautoscalers",
+            "networkpolicies",
             "leases",
             "roles",
             "clusterroles",

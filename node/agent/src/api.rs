@@ -184,6 +184,7 @@ fn router(state: ApiState) -> Router {
         pods: state.ctx.pods.clone(),
         accounting: state.ctx.accounting.clone(),
         proxy: state.ctx.proxy.clone(),
+        network_policy: state.ctx.network_policy.clone(),
     };
     let bpf = bpf_router(sources.clone());
     let metrics = metrics_router(sources);
@@ -226,6 +227,7 @@ pub(crate) struct Sources {
     pub pods: PodRegistry,
     pub accounting: Option<Arc<Mutex<Accounting>>>,
     pub proxy: Result<Arc<super::proxy::Proxy>, String>,
+    pub network_policy: Option<Arc<super::netpol::NetworkPolicies>>,
 }
 
 /// `GET /metrics` (the metrics are listed in the module documentation).
@@ -248,11 +250,16 @@ async fn metrics_handler(State(src): State<Sources>) -> Response {
             Err(_) => (None, None),
         };
         let summary = summarize(&src.node, pods, src.accounting.as_deref());
+        let policy = match &src.network_policy {
+            Some(np) => Some(np.counters()?),
+            None => None,
+        };
         Ok::<_, skiff_datapath::BpfError>(metrics::Scrape {
             summary,
             pods_running,
             lb,
             fast_path,
+            policy,
         })
     })
     .await;
@@ -1045,6 +1052,7 @@ mod tests {
             pods,
             accounting: None,
             proxy: Err("disabled (--no-service-lb)".into()),
+            network_policy: None,
         });
         let (status, head, body) = test_http::get(app, "/metrics").await;
         assert_eq!(status, 200, "{body}");

@@ -33,6 +33,7 @@ mod images;
 pub mod join;
 mod logs;
 mod metrics;
+pub mod netpol;
 mod node;
 mod probe;
 pub mod proxy;
@@ -97,6 +98,9 @@ pub struct AgentConfig {
     pub accounting: bool,
     /// Load the eBPF Service load balancer (socket LB for ClusterIP Services).
     pub service_lb: bool,
+    /// Enforce NetworkPolicies with the eBPF policy programs (`--no-network-policy` turns it
+    /// off).
+    pub network_policy: bool,
     /// Sizes of its maps (`--lb-max-services`, `--lb-max-backends`).
     pub lb: LbConfig,
     pub max_pods: u32,
@@ -154,6 +158,7 @@ impl AgentConfig {
             backoff_max: Duration::from_secs(300),
             accounting: true,
             service_lb: true,
+            network_policy: true,
             lb: LbConfig::default(),
             max_pods: 110,
             api_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -198,6 +203,8 @@ pub(crate) struct Ctx {
     pub accounting: Option<Arc<Mutex<Accounting>>>,
     /// The Service load balancer, or why it is not running.
     pub proxy: Result<Arc<proxy::Proxy>, String>,
+    /// NetworkPolicy enforcement, if it runs.
+    pub network_policy: Option<Arc<netpol::NetworkPolicies>>,
     pub host_ip: Option<String>,
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
@@ -420,6 +427,36 @@ pub async fn run(
         (Ok(p), Some(ip)) if cfg.dns_port != 0 => start_cluster_dns(&cfg, &informers, ip, p).await,
         _ => None,
     };
+    let network_policy = if cfg.network_policy {
+        let mut host_ips: Vec<std::net::Ipv4Addr> = uplink.iter().map(|(_, ip)| *ip).collect();
+        host_ips.extend(
+            host_ip
+                .as_deref()
+                .and_then(|ip| ip.parse::<std::net::Ipv4Addr>().ok()),
+        );
+        host_ips.sort();
+        host_ips.dedup();
+        let host_services = cluster_dns
+            .as_ref()
+            .map(|d| netpol_dns_services(d.addr.port()))
+            .unwrap_or_default();
+        match load_network_policy(&cfg.node_name, &cgroup_parent) {
+            Ok(enforcer) => Some(netpol::NetworkPolicies::new(
+                Box::new(enforcer),
+                &cfg.node_name,
+                host_ips,
+                host_services,
+            )),
+            Err(e) => {
+                warn!(error = %e, "eBPF NetworkPolicy enforcement unavailable: policies are not enforced on this node");
+                detach_stale_network_policy(&cfg.node_name);
+                None
+            }
+        }
+    } else {
+        detach_stale_network_policy(&cfg.node_name);
+        None
+    };
     facts.service_lb = cfg
         .service_lb
         .then(|| proxy.as_ref().map(|_| ()).map_err(Clone::clone));
@@ -439,6 +476,7 @@ pub async fn run(
     };
 
     let ctx = Arc::new(Ctx {
+        network_policy: network_policy.clone(),
         services: informers.get::<skiff_api::api::Service>(),
         client: client.clone(),
         runtime: runtime.clone(),
@@ -510,9 +548,17 @@ pub async fn run(
         async move { routes::PeerRoutes::run(&name, net, &informers, stop).await }
     }));
     // Service load balancing, programmed from Services and Endpoints.
-    let lb_task = proxy
-        .ok()
-        .map(|p| AbortOnDrop(tokio::spawn(p.run(informers, stop_controllers.clone()))));
+    let lb_task = proxy.ok().map(|p| {
+        AbortOnDrop(tokio::spawn(
+            p.run(informers.clone(), stop_controllers.clone()),
+        ))
+    });
+    // NetworkPolicy enforcement, programmed from Policies, Pods and Namespaces.
+    let policy_task = network_policy.map(|np| {
+        AbortOnDrop(tokio::spawn(
+            np.run(informers.clone(), stop_controllers.clone()),
+        ))
+    });
     // Node status on its own schedule (the Lease loop runs since registration).
     let heartbeat = tokio::spawn(heartbeat_loop(
         client.clone(),
@@ -540,6 +586,7 @@ pub async fn run(
     stop_controllers.cancel();
     drop(routes);
     drop(lb_task);
+    drop(policy_task);
     drop(lease);
     heartbeat.abort();
     api_server.abort();
@@ -685,6 +732,55 @@ fn load_service_lb(
         "eBPF Service load balancer attached"
     );
     Ok(lb)
+}
+
+/// Loads NetworkPolicy enforcement (reusing the maps and links an earlier agent pinned) and
+/// attaches it to the node's pod cgroup parent.
+fn load_network_policy(
+    node: &str,
+    cgroup_parent: &std::path::Path,
+) -> Result<skiff_datapath::policy::PolicyEnforcer, String> {
+    use skiff_datapath::policy::{PolicyConfig, PolicyDatapath as _, PolicyEnforcer};
+    let mut p = PolicyEnforcer::load(&skiff_datapath::node_pin_dir(node), PolicyConfig::default())
+        .map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(cgroup_parent)
+        .map_err(|e| format!("{}: {e}", cgroup_parent.display()))?;
+    p.attach(cgroup_parent).map_err(|e| e.to_string())?;
+    info!(
+        endpoints = p.tables().endpoints.len(),
+        rules = p.tables().rules.len(),
+        "eBPF NetworkPolicy enforcement attached"
+    );
+    Ok(p)
+}
+
+/// The cluster DNS on the node's address stands for kube-dns' pods (port 53, UDP and TCP,
+/// labelled `k8s-app=kube-dns` in `kube-system`, as CoreDNS' are), so egress policies
+/// written for them allow it.
+fn netpol_dns_services(node_port: u16) -> Vec<netpol::HostService> {
+    let identity: netpol::LabelKey = (
+        "kube-system".to_string(),
+        std::collections::BTreeMap::from([("k8s-app".to_string(), "kube-dns".to_string())]),
+    );
+    [6u8, 17]
+        .into_iter()
+        .map(|protocol| netpol::HostService {
+            node_port,
+            protocol,
+            port: 53,
+            identity: identity.clone(),
+        })
+        .collect()
+}
+
+/// Without enforcement, programs an earlier agent left attached would keep enforcing tables
+/// nobody updates: detach them (maps stay pinned).
+fn detach_stale_network_policy(node: &str) {
+    if let Err(e) =
+        skiff_datapath::policy::PolicyEnforcer::detach_pinned(&skiff_datapath::node_pin_dir(node))
+    {
+        warn!(error = %e, "detaching the NetworkPolicy programs of an earlier agent");
+    }
 }
 
 /// Without a running load balancer, programs an earlier agent left attached would keep

@@ -135,6 +135,10 @@ struct RunArgs {
     /// this node's pods).
     #[arg(long)]
     no_service_lb: bool,
+    /// Do not enforce NetworkPolicies (the eBPF policy programs are detached; every pod may
+    /// talk to every other, as without policies).
+    #[arg(long)]
+    no_network_policy: bool,
     /// Capacity of the Service load balancer's frontend map (Service ports), used when the
     /// maps are created (pinned maps keep their size until `skiff-node purge`).
     #[arg(long, default_value_t = skiff_datapath::lb::LbConfig::default().max_services,
@@ -307,6 +311,7 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
     cfg.status_interval = args.status_interval;
     cfg.accounting = !args.no_accounting;
     cfg.service_lb = !args.no_service_lb;
+    cfg.network_policy = !args.no_network_policy;
     cfg.lb.max_services = args.lb_max_services;
     cfg.lb.max_backends = args.lb_max_backends;
     cfg.lb.maglev_table_size = args.lb_maglev_table_size;

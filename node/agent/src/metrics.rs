@@ -28,6 +28,8 @@ pub struct Scrape {
     pub pods_running: usize,
     pub lb: Option<BpfServices>,
     pub fast_path: Option<FastPathCounters>,
+    /// NetworkPolicy verdict counters, if enforcement runs.
+    pub policy: Option<Vec<crate::netpol::VerdictCount>>,
 }
 
 /// Label pairs of one series, in the family's label order.
@@ -196,6 +198,43 @@ impl Collector for Scrape {
                 .map(|(action, n)| (labels(["action"], [action]), n)),
             )?;
         }
+        gauges(
+            e,
+            "skiff_policy_up",
+            "1 if eBPF NetworkPolicy enforcement runs on this node, else 0.",
+            [(Labels::new(), i64::from(self.policy.is_some()))],
+        )?;
+        if let Some(verdicts) = &self.policy {
+            let series = |pick: fn(&crate::netpol::VerdictCount) -> u64| {
+                let v: Vec<(Labels, u64)> = verdicts
+                    .iter()
+                    .map(|c| {
+                        (
+                            labels(
+                                ["direction", "reason", "policy"],
+                                [c.direction, c.reason, &c.policy],
+                            ),
+                            pick(c),
+                        )
+                    })
+                    .collect();
+                v
+            };
+            counters(
+                e,
+                "skiff_policy_packets",
+                "Packets of local pods by NetworkPolicy verdict: direction, reason \
+                 (allowed-by-rule, allowed-unisolated, allowed-established, denied) and the \
+                 policy that allowed them or, for drops, isolates the pod.",
+                series(|c| c.packets),
+            )?;
+            counters(
+                e,
+                "skiff_policy_bytes",
+                "Bytes of local pods by NetworkPolicy verdict (labels as skiff_policy_packets).",
+                series(|c| c.bytes),
+            )?;
+        }
         Ok(())
     }
 }
@@ -316,6 +355,7 @@ mod tests {
             pods_running: 1,
             lb: None,
             fast_path: None,
+            policy: None,
         });
         let version = env!("CARGO_PKG_VERSION");
         assert!(text.contains(&format!(
@@ -389,8 +429,27 @@ mod tests {
                 pass: 1,
                 fib_fail: 0,
             }),
+            policy: Some(vec![
+                crate::netpol::VerdictCount {
+                    policy: "x/deny-all".into(),
+                    direction: "ingress",
+                    reason: "denied",
+                    packets: 3,
+                    bytes: 180,
+                },
+                crate::netpol::VerdictCount {
+                    policy: String::new(),
+                    direction: "egress",
+                    reason: "allowed-unisolated",
+                    packets: 10,
+                    bytes: 1000,
+                },
+            ]),
         });
         for line in [
+            "skiff_policy_up 1",
+            "skiff_policy_packets_total{direction=\"ingress\",reason=\"denied\",policy=\"x/deny-all\"} 3",
+            "skiff_policy_bytes_total{direction=\"egress\",reason=\"allowed-unisolated\",policy=\"\"} 1000",
             "skiff_lb_up 1",
             "skiff_lb_frontends 1",
             "skiff_lb_map_writes_total 42",
@@ -472,6 +531,7 @@ mod tests {
             pods_running: 2,
             lb: None,
             fast_path: None,
+            policy: None,
         };
         let mut reversed = s.pods.clone();
         reversed.reverse();

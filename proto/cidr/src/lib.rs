@@ -9,6 +9,9 @@
 //! non-canonical CIDR is almost always a typo, and accepting it in one component while
 //! another refuses it is how a node ends up with a pod CIDR its agent cannot use. (Kubernetes
 //! 1.32 accepted it silently; its newer strict IP/CIDR validation refuses it, as here.)
+//! The one exception is [`Cidr::parse_lenient`], for fields where Kubernetes 1.32 accepts
+//! any CIDR its sloppy parser reads (NetworkPolicy `ipBlock`s), so Skiff accepts the same
+//! objects; it still gives the canonical network.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -64,6 +67,75 @@ impl Cidr {
             _ => false,
         }
     }
+
+    /// Whether `inner` is a proper part of this network: of the same family, inside it, and
+    /// smaller (a longer prefix). A network is not a strict subset of itself.
+    pub fn strictly_contains(&self, inner: &Cidr) -> bool {
+        self.contains(inner.network()) && self.prefix_len() < inner.prefix_len()
+    }
+
+    /// Reads a CIDR the way Kubernetes reads its legacy fields (`netutils.ParseCIDRSloppy`,
+    /// which kube-apiserver 1.32 validates NetworkPolicy `ipBlock`s with), and gives the
+    /// network it names. Unlike [`FromStr`], the host bits may be set (`10.0.0.1/24` is
+    /// the network `10.0.0.0/24`) and IPv4 numbers may have leading zeros, read as decimal
+    /// (`010.0.0.0/8` is `10.0.0.0/8`), as may the prefix length. Objects Kubernetes accepts
+    /// must be accepted here too, or they could not be moved to Skiff or read back; the
+    /// canonical network is what consumers should use.
+    ///
+    /// Not like Go: an IPv4 address embedded in an IPv6 one must not have leading zeros,
+    /// and an IPv4-mapped IPv6 network stays IPv6 (Go compares it as IPv4).
+    pub fn parse_lenient(s: &str) -> Result<Cidr, CidrError> {
+        let (ip, bits) = s.split_once('/').ok_or_else(|| {
+            CidrError::new(s, "expected <address>/<prefix length>, e.g. 10.96.0.0/16")
+        })?;
+        let addr = match lenient_ipv4(ip) {
+            Some(a) => IpAddr::V4(a),
+            None => ip
+                .parse::<Ipv6Addr>()
+                .map(IpAddr::V6)
+                .map_err(|_| CidrError::new(s, format!("{ip:?} is not an IP address")))?,
+        };
+        let max: u8 = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = decimal(bits)
+            .and_then(|b| u8::try_from(b).ok())
+            .filter(|b| *b <= max)
+            .ok_or_else(|| {
+                CidrError::new(s, format!("prefix length {bits:?} is not in 0-{max}"))
+            })?;
+        Ok(match addr {
+            IpAddr::V4(a) => Cidr::V4(
+                Ipv4Cidr::new(a, prefix)
+                    .ok_or_else(|| CidrError::new(s, "prefix length above 32"))?,
+            ),
+            IpAddr::V6(a) => Cidr::V6 {
+                network: Ipv6Addr::from(u128::from(a) & mask128(prefix)),
+                prefix,
+            },
+        })
+    }
+}
+
+/// A text of decimal digits only (at least one, leading zeros allowed) as a number; `None`
+/// for anything else or a number too large to be an octet or a prefix length anyway.
+fn decimal(s: &str) -> Option<u32> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.bytes().try_fold(0u32, |n, b| {
+        let n = n * 10 + u32::from(b - b'0');
+        (n <= 0xFFFF).then_some(n)
+    })
+}
+
+/// Four dot-separated decimal numbers of 0-255, leading zeros allowed (read as decimal, as
+/// Go's parser before 1.17 and Kubernetes' `ParseIPSloppy` do).
+fn lenient_ipv4(s: &str) -> Option<Ipv4Addr> {
+    let mut octets = [0u8; 4];
+    let mut parts = s.split('.');
+    for o in &mut octets {
+        *o = u8::try_from(decimal(parts.next()?)?).ok()?;
+    }
+    parts.next().is_none().then(|| Ipv4Addr::from(octets))
 }
 
 impl FromStr for Cidr {
@@ -311,6 +383,54 @@ mod tests {
                 .reason
                 .contains("10.244.1.0/24")
         );
+    }
+
+    #[test]
+    fn lenient_as_kubernetes_legacy_fields() {
+        let l = |s: &str| Cidr::parse_lenient(s).map(|c| c.to_string());
+        assert_eq!(l("10.0.0.0/24").unwrap(), "10.0.0.0/24");
+        assert_eq!(l("10.0.0.1/24").unwrap(), "10.0.0.0/24");
+        assert_eq!(l("010.000.001.002/08").unwrap(), "10.0.0.0/8");
+        assert_eq!(l("0.0.0.0/0").unwrap(), "0.0.0.0/0");
+        assert_eq!(l("fd00::1/64").unwrap(), "fd00::/64");
+        assert_eq!(l("::ffff:10.0.0.1/128").unwrap(), "::ffff:10.0.0.1/128");
+        for bad in [
+            "",
+            "10.0.0.0",
+            "10.0.0.0/",
+            "10.0.0.0/33",
+            "10.0.0.0/+8",
+            "10.0.0.0/8/9",
+            " 10.0.0.0/8",
+            "10.0.0.256/8",
+            "10.0.0/8",
+            "10.0.0.0.0/8",
+            "10..0.0/8",
+            "fd00::/129",
+            "fd00::g/64",
+            "10.0.0.0/99999999999",
+        ] {
+            assert!(l(bad).is_err(), "{bad}");
+        }
+        assert!(
+            Cidr::parse_lenient("10.0.0.0/33")
+                .unwrap_err()
+                .reason
+                .contains("0-32")
+        );
+    }
+
+    #[test]
+    fn strict_subsets() {
+        let c = |s: &str| s.parse::<Cidr>().unwrap();
+        assert!(c("10.0.0.0/8").strictly_contains(&c("10.1.0.0/16")));
+        assert!(c("10.0.0.0/8").strictly_contains(&c("10.255.255.255/32")));
+        assert!(!c("10.0.0.0/8").strictly_contains(&c("10.0.0.0/8")));
+        assert!(!c("10.0.0.0/16").strictly_contains(&c("10.0.0.0/8")));
+        assert!(!c("10.0.0.0/8").strictly_contains(&c("11.0.0.0/16")));
+        assert!(!c("10.0.0.0/8").strictly_contains(&c("fd00::/64")));
+        assert!(c("fd00::/48").strictly_contains(&c("fd00:0:0:1::/64")));
+        assert!(c("0.0.0.0/0").strictly_contains(&c("192.168.0.0/16")));
     }
 
     #[test]

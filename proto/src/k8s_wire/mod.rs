@@ -85,6 +85,7 @@ fn root_message(api_version: &str, kind: &str) -> Option<&'static str> {
         "policy" => "api.policy",
         "coordination.k8s.io" => "api.coordination",
         "autoscaling" => "api.autoscaling",
+        "networking.k8s.io" => "api.networking",
         "rbac.authorization.k8s.io" => "api.rbac",
         "authorization.k8s.io" => "api.authorization",
         "authentication.k8s.io" => "api.authentication",
@@ -505,6 +506,52 @@ mod tests {
         assert_eq!(p["name"], "80-8080");
         assert_eq!(v["spec"]["type"], "ClusterIP");
         assert_eq!(v["spec"]["selector"], json!({"app": "web"}));
+    }
+
+    /// One length-delimited protobuf field.
+    fn ld(num: u8, bytes: &[u8]) -> Vec<u8> {
+        let mut out = vec![num << 3 | 2];
+        prost::encoding::encode_varint(bytes.len() as u64, &mut out);
+        out.extend_from_slice(bytes);
+        out
+    }
+
+    #[test]
+    fn network_policy_keeps_empty_selectors() {
+        // Field numbers of Kubernetes' networking/v1 generated.proto.
+        let port = [
+            ld(1, b"UDP"),
+            ld(2, &[0x08, 0x00, 0x10, 53]), // IntOrString{type: Int, intVal: 53}
+            vec![3 << 3, 60],               // endPort: 60
+        ]
+        .concat();
+        let labels = ld(1, &[ld(1, b"team"), ld(2, b"a")].concat());
+        let peer = [ld(1, b""), ld(2, &labels)].concat();
+        let block = ld(3, &[ld(1, b"10.0.0.0/8"), ld(2, b"10.1.0.0/16")].concat());
+        let ingress = [ld(1, &port), ld(2, &peer), ld(2, &block)].concat();
+        let spec = [ld(1, b""), ld(2, &ingress), ld(4, b"Ingress")].concat();
+        let object = [ld(1, &ld(1, b"p")), ld(2, &spec)].concat();
+        let envelope = [
+            ld(
+                1,
+                &[ld(1, b"networking.k8s.io/v1"), ld(2, b"NetworkPolicy")].concat(),
+            ),
+            ld(2, &object),
+        ]
+        .concat();
+        let v = decode(&[MAGIC, envelope.as_slice()].concat()).unwrap();
+        assert_eq!(
+            v,
+            json!({
+                "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                "metadata": {"name": "p"},
+                "spec": {"podSelector": {}, "policyTypes": ["Ingress"], "ingress": [{
+                    "ports": [{"protocol": "UDP", "port": 53, "endPort": 60}],
+                    "from": [{"podSelector": {}, "namespaceSelector": {"matchLabels": {"team": "a"}}},
+                             {"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}],
+                }]},
+            })
+        );
     }
 
     #[test]

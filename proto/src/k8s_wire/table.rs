@@ -9067,6 +9067,167 @@ pub(super) static MESSAGES: &[(&str, &[Field])] = &[
         ],
     ),
     (
+        "api.networking.v1.IPBlock",
+        &[
+            Field {
+                num: 1,
+                json: "cidr",
+                ty: Ty::Str,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 2,
+                json: "except",
+                ty: Ty::Str,
+                repeated: true,
+                map: false,
+            },
+        ],
+    ),
+    (
+        "api.networking.v1.NetworkPolicy",
+        &[
+            Field {
+                num: 1,
+                json: "metadata",
+                ty: Ty::Msg("apimachinery.pkg.apis.meta.v1.ObjectMeta"),
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 2,
+                json: "spec",
+                ty: Ty::Msg("api.networking.v1.NetworkPolicySpec"),
+                repeated: false,
+                map: false,
+            },
+        ],
+    ),
+    (
+        "api.networking.v1.NetworkPolicyEgressRule",
+        &[
+            Field {
+                num: 1,
+                json: "ports",
+                ty: Ty::Msg("api.networking.v1.NetworkPolicyPort"),
+                repeated: true,
+                map: false,
+            },
+            Field {
+                num: 2,
+                json: "to",
+                ty: Ty::Msg("api.networking.v1.NetworkPolicyPeer"),
+                repeated: true,
+                map: false,
+            },
+        ],
+    ),
+    (
+        "api.networking.v1.NetworkPolicyIngressRule",
+        &[
+            Field {
+                num: 1,
+                json: "ports",
+                ty: Ty::Msg("api.networking.v1.NetworkPolicyPort"),
+                repeated: true,
+                map: false,
+            },
+            Field {
+                num: 2,
+                json: "from",
+                ty: Ty::Msg("api.networking.v1.NetworkPolicyPeer"),
+                repeated: true,
+                map: false,
+            },
+        ],
+    ),
+    (
+        "api.networking.v1.NetworkPolicyPeer",
+        &[
+            Field {
+                num: 1,
+                json: "podSelector",
+                ty: Ty::Msg("apimachinery.pkg.apis.meta.v1.LabelSelector"),
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 2,
+                json: "namespaceSelector",
+                ty: Ty::Msg("apimachinery.pkg.apis.meta.v1.LabelSelector"),
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 3,
+                json: "ipBlock",
+                ty: Ty::Msg("api.networking.v1.IPBlock"),
+                repeated: false,
+                map: false,
+            },
+        ],
+    ),
+    (
+        "api.networking.v1.NetworkPolicyPort",
+        &[
+            Field {
+                num: 1,
+                json: "protocol",
+                ty: Ty::Str,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 2,
+                json: "port",
+                ty: Ty::IntOrString,
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 3,
+                json: "endPort",
+                ty: Ty::I32,
+                repeated: false,
+                map: false,
+            },
+        ],
+    ),
+    (
+        "api.networking.v1.NetworkPolicySpec",
+        &[
+            Field {
+                num: 1,
+                json: "podSelector",
+                ty: Ty::Msg("apimachinery.pkg.apis.meta.v1.LabelSelector"),
+                repeated: false,
+                map: false,
+            },
+            Field {
+                num: 2,
+                json: "ingress",
+                ty: Ty::Msg("api.networking.v1.NetworkPolicyIngressRule"),
+                repeated: true,
+                map: false,
+            },
+            Field {
+                num: 3,
+                json: "egress",
+                ty: Ty::Msg("api.networking.v1.NetworkPolicyEgressRule"),
+                repeated: true,
+                map: false,
+            },
+            Field {
+                num: 4,
+                json: "policyTypes",
+                ty: Ty::Str,
+                repeated: true,
+                map: false,
+            },
+        ],
+    ),
+    (
         "api.policy.v1.Eviction",
         &[
             Field {

@@ -341,7 +341,7 @@ impl Authorizer {
         rules
     }
 
-    fn rbac_allows(&self, user: &UserInfo, a: &Attributes) -> bool {
+    pub(crate) fn rbac_allows(&self, user: &UserInfo, a: &Attributes) -> bool {
         let ns = if a.path.is_some() { "" } else { &a.namespace };
         self.rules_for(user, ns).iter().any(|r| rule_allows(r, a))
     }

@@ -6,11 +6,15 @@
 //! - Nodes: read any (routes to other nodes' pod CIDRs); create, update and patch only its
 //!   own (`node "n1" is not allowed to modify node "n2"`).
 //! - Leases in `kube-node-lease`: only its own.
-//! - Pods: get, update (status), patch and delete only pods bound to it; list and watch only
-//!   with the field selector `spec.nodeName=<node>`; never create.
+//! - Pods: get, update (status), patch and delete only pods bound to it; list and watch
+//!   with the field selector `spec.nodeName=<node>`, or as RBAC allows (the default policy
+//!   binds `system:skiff:network-policy-agent` to every node: NetworkPolicy enforcement needs
+//!   every pod's address and labels); never create.
 //! - Secrets: get only those a pod bound to it names (volumes, env, envFrom,
 //!   imagePullSecrets); never list or watch.
 //! - Services, Endpoints, Namespaces: read (the service proxy). Events: create and update.
+//! - NetworkPolicies: read. Not in Kubernetes' Node authorizer, where the network plugin
+//!   reads them with its own identity; Skiff's node agent enforces them itself.
 //!
 //! Anything else gets no opinion here, so RBAC decides (nodes are in `system:authenticated`,
 //! which reads discovery).
@@ -192,7 +196,12 @@ pub fn decide(authz: &Authorizer, user: &UserInfo, a: &Attributes) -> Decision {
                     .ok()
                     .and_then(|f| f.equality("spec.nodeName").map(|n| n == node))
                     .unwrap_or(false);
-                if own {
+                // Beyond its own pods, RBAC decides (as after kube-apiserver's Node authorizer
+                // has no opinion): the default policy lets nodes list and watch every pod,
+                // whose addresses and labels NetworkPolicy enforcement needs
+                // (`system:skiff:network-policy-agent`); without that binding, the Node
+                // authorizer's reason is the answer.
+                if own || authz.rbac_allows(user, a) {
                     Decision::Allow
                 } else {
                     Decision::Deny(format!(
@@ -227,6 +236,7 @@ pub fn decide(authz: &Authorizer, user: &UserInfo, a: &Attributes) -> Decision {
         ("", "configmaps") if a.verb == "get" => own_pods_name(authz, node, a, pod_config_maps),
         ("", "secrets" | "configmaps") => no_relationship(node),
         ("", "services" | "endpoints" | "namespaces") if read => Decision::Allow,
+        ("networking.k8s.io", "networkpolicies") if read => Decision::Allow,
         ("" | "events.k8s.io", "events") if write => Decision::Allow,
         _ => Decision::NoOpinion,
     }

@@ -108,12 +108,15 @@ fn view_rules() -> Vec<PolicyRule> {
         ),
         rule(READ, &["batch"], BATCH),
         rule(READ, &["autoscaling"], AUTOSCALING),
+        rule(READ, &[NETWORKING_GROUP], &["networkpolicies"]),
         // system:aggregated-metrics-reader's rules, aggregated into view in Kubernetes.
         rule(READ, &["metrics.k8s.io"], &["pods", "nodes"]),
     ]
 }
 
 const BATCH: &[&str] = &["jobs", "jobs/status", "cronjobs", "cronjobs/status"];
+/// The networking API group (NetworkPolicies).
+const NETWORKING_GROUP: &str = "networking.k8s.io";
 const AUTOSCALING: &[&str] = &[
     "horizontalpodautoscalers",
     "horizontalpodautoscalers/status",
@@ -145,6 +148,7 @@ fn edit_rules() -> Vec<PolicyRule> {
         rule(WRITE, &["policy"], &["poddisruptionbudgets"]),
         rule(WRITE, &["batch"], &["jobs", "cronjobs"]),
         rule(WRITE, &["autoscaling"], &["horizontalpodautoscalers"]),
+        rule(WRITE, &[NETWORKING_GROUP], &["networkpolicies"]),
         rule(
             WRITE,
             &["apps"],
@@ -252,6 +256,9 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                     &["pods", "pods/status"],
                 ),
                 rule(&["get"], &[""], &["secrets", "configmaps"]),
+                // Skiff's node agents enforce NetworkPolicies themselves (Kubernetes leaves
+                // that to the network plugin's own identity).
+                rule(READ, &[NETWORKING_GROUP], &["networkpolicies"]),
                 rule(
                     &["create", "update", "patch"],
                     &["", "events.k8s.io"],
@@ -355,8 +362,22 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                 &["certificatesigningrequests"],
             )],
         ),
+        // Every node agent enforces NetworkPolicy for its pods, so it reads every policy and
+        // every pod's address and labels (Cilium's agent has the like through its own
+        // ServiceAccount). Bound to all nodes; an operator who removes the binding keeps the
+        // Node authorizer's narrower rule and loses enforcement.
+        role(
+            NETWORK_POLICY_AGENT,
+            vec![
+                rule(&["list", "watch"], &[""], &["pods"]),
+                rule(READ, &["networking.k8s.io"], &["networkpolicies"]),
+            ],
+        ),
     ]
 }
+
+/// The ClusterRole (and its binding to `system:nodes`) of NetworkPolicy enforcement.
+pub const NETWORK_POLICY_AGENT: &str = "system:skiff:network-policy-agent";
 
 /// The certificates API group.
 const CERTIFICATES_GROUP: &str = "certificates.k8s.io";
@@ -428,5 +449,44 @@ pub fn cluster_role_bindings() -> Vec<ClusterRoleBinding> {
             "system:node-bootstrapper",
             &[("Group", super::bootstrap::BOOTSTRAP_GROUP)],
         ),
+        binding(
+            NETWORK_POLICY_AGENT,
+            NETWORK_POLICY_AGENT,
+            &[("Group", super::node::NODES_GROUP)],
+        ),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::authz::{Attributes, rule_allows};
+
+    fn allows(role: &str, verb: &str, group: &str, resource: &str) -> bool {
+        let roles = cluster_roles();
+        let Some(r) = roles
+            .iter()
+            .find(|r| r.metadata.as_ref().is_some_and(|m| m.name == role))
+        else {
+            panic!("no ClusterRole {role}");
+        };
+        let a = Attributes::resource(verb, group, resource, "", "default", "");
+        r.rules.iter().any(|rule| rule_allows(rule, &a))
+    }
+
+    #[test]
+    fn network_policies_in_the_default_roles() {
+        let np = |role: &str, verb: &str| allows(role, verb, NETWORKING_GROUP, "networkpolicies");
+        for verb in READ {
+            for role in ["view", "edit", "admin", "system:node"] {
+                assert!(np(role, verb), "{role} {verb}");
+            }
+        }
+        for verb in WRITE {
+            assert!(np("edit", verb) && np("admin", verb), "{verb}");
+            assert!(!np("view", verb) && !np("system:node", verb), "{verb}");
+        }
+        // The group matters: there are no core networkpolicies.
+        assert!(!allows("view", "get", "", "networkpolicies"));
+    }
 }

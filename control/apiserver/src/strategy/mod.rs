@@ -17,6 +17,7 @@ mod apps;
 mod autoscaling;
 pub mod batch;
 pub mod certificates;
+mod networking;
 mod pod;
 pub mod pod_security;
 mod pod_volumes;
@@ -176,8 +177,17 @@ pub trait Strategy: Resource {
 impl Strategy for Namespace {
     const NAME_RULE: NameRule = NameRule::Label;
 
-    /// `status.phase` is Active, or Terminating once a delete started.
+    /// `status.phase` is Active, or Terminating once a delete started; the label
+    /// `kubernetes.io/metadata.name` is the namespace's name (set on every write, as
+    /// Kubernetes does, so selectors can pick namespaces by name: NetworkPolicy's
+    /// namespaceSelector).
     fn default(&mut self) {
+        if let Some(m) = self.metadata.as_mut()
+            && !m.name.is_empty()
+        {
+            m.labels
+                .insert("kubernetes.io/metadata.name".into(), m.name.clone());
+        }
         let terminating = self
             .metadata
             .as_ref()

@@ -114,6 +114,7 @@ async fn http_get(proxy: Result<std::sync::Arc<Proxy>, String>, path: &str) -> (
         pods: Default::default(),
         accounting: None,
         proxy,
+        network_policy: None,
     };
     let app = bpf_router(sources.clone()).merge(metrics_router(sources));
     let (status, _, body) = test_http::get(app, path).await;

@@ -326,6 +326,7 @@ async fn pods_on_one_node_talk_past_a_forward_drop_through_redirect_peer() {
         pods,
         accounting: None,
         proxy: Ok(proxy.clone()),
+        network_policy: None,
     };
     let app = crate::api::bpf_router(sources.clone()).merge(crate::api::metrics_router(sources));
     let get = |path: &'static str| crate::api::test_http::get(app.clone(), path);

@@ -53,6 +53,7 @@ async fn bed(backoff_initial: Duration) -> Bed {
         net,
         accounting: None,
         proxy: Ok(Proxy::new(lb, "node-1", Vec::new())),
+        network_policy: None,
         host_ip: Some("192.168.100.1".into()),
         backoff_initial,
         backoff_max: backoff_initial * 8,
