@@ -7,6 +7,7 @@ mod describe;
 mod get;
 mod images;
 mod logs;
+mod observe;
 mod output;
 mod resources;
 mod rollout;
@@ -81,6 +82,10 @@ enum Command {
     /// List the images the nodes have pulled, with the pods using them (like `crictl
     /// images`, for every node).
     Images(ImagesArgs),
+    /// Show the flows the nodes' eBPF policy programs saw: flows pods started or accepted
+    /// and packets NetworkPolicy dropped, with pods, Services and policies named (like
+    /// `hubble observe`). `-n` filters by namespace (either end).
+    Observe(ObserveArgs),
     /// Bootstrap tokens with which new nodes join (`skiff-node join`), like `kubeadm token`.
     #[command(subcommand)]
     Token(TokenCommand),
@@ -155,6 +160,28 @@ enum BpfCommand {
     /// The NodePort conntrack entries (both directions of every flow).
     #[command(visible_alias = "ct")]
     Conntrack(BpfArgs),
+}
+
+#[derive(Debug, Args)]
+struct ObserveArgs {
+    /// Keep printing new flows as they happen.
+    #[arg(short = 'f', long)]
+    follow: bool,
+    /// Only flows from or to this pod (`NAME` in any namespace, or `NAMESPACE/NAME`).
+    #[arg(long)]
+    pod: Option<String>,
+    /// Only flows sent to this Service's ClusterIP (`NAMESPACE/NAME`).
+    #[arg(long)]
+    service: Option<String>,
+    /// Only allowed or only denied flows.
+    #[arg(long, value_parser = ["allowed", "denied"])]
+    verdict: Option<String>,
+    /// Only this node (default: every node).
+    #[arg(long, value_name = "NODE")]
+    node: Option<String>,
+    /// Output format (default: a table; json: one JSON object per line).
+    #[arg(short = 'o', long, value_enum)]
+    output: Option<top::Output>,
 }
 
 #[derive(Debug, Args)]
@@ -527,6 +554,21 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Scale(s) => scale::run(&client, &scale_opts(&s, &namespace)?).await,
         Command::Images(a) => images::run(&client, a.node.as_deref(), a.output).await,
+        Command::Observe(a) => {
+            let opts = observe::ObserveOpts {
+                query: skiff_client::node_api::FlowQuery {
+                    follow: a.follow,
+                    // Only an explicit -n filters (no default namespace here).
+                    namespace: cli.namespace.clone(),
+                    pod: a.pod,
+                    service: a.service,
+                    verdict: a.verdict,
+                },
+                node: a.node,
+                output: a.output,
+            };
+            observe::run(&client, &opts).await
+        }
         Command::Token(TokenCommand::Create {
             ttl,
             description,

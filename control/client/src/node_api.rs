@@ -92,6 +92,8 @@ pub const BPF_SERVICES_PATH: &str = "/bpf/services";
 pub const BPF_BACKENDS_PATH: &str = "/bpf/backends";
 pub const BPF_PODS_PATH: &str = "/bpf/pods";
 pub const BPF_CONNTRACK_PATH: &str = "/bpf/conntrack";
+/// `GET /flows`: the node's flow records as JSON lines ([`FlowRecord`], [`FlowQuery`]).
+pub const FLOWS_PATH: &str = "/flows";
 
 /// A dump of one of the agent's eBPF maps and where it is served.
 pub trait BpfDump: serde::de::DeserializeOwned + Serialize {
@@ -381,6 +383,149 @@ pub struct NetworkStats {
     pub tx_packets: u64,
 }
 
+/// One end of a flow.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FlowEndpoint {
+    pub ip: String,
+    pub port: u16,
+    /// The pod at `ip`, when it is one; otherwise empty, with `identity` saying what it is
+    /// (`host`: the node itself, `world`: outside the cluster).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pod: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub identity: String,
+}
+
+impl FlowEndpoint {
+    /// `namespace/pod`, or the address with what it is.
+    pub fn name(&self) -> String {
+        if self.pod.is_empty() {
+            if self.identity.is_empty() {
+                self.ip.clone()
+            } else {
+                format!("{} ({})", self.ip, self.identity)
+            }
+        } else {
+            format!("{}/{}", self.namespace, self.pod)
+        }
+    }
+}
+
+/// A flow a pod started or accepted (its first packet), or a packet NetworkPolicy dropped,
+/// as the node's eBPF policy programs saw it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FlowRecord {
+    /// RFC 3339 with microseconds.
+    pub time: String,
+    pub node: String,
+    /// `ingress` (to a pod of the node) or `egress` (from one).
+    pub direction: String,
+    /// `allowed` or `denied`.
+    pub verdict: String,
+    /// Why: `allowed-by-rule`, `allowed-unisolated` (no policy isolates the pod that way),
+    /// `denied` (isolated, no rule allows it).
+    pub reason: String,
+    /// `TCP`, `UDP`, `SCTP`, `ICMP` or the protocol number.
+    pub protocol: String,
+    pub source: FlowEndpoint,
+    pub destination: FlowEndpoint,
+    /// `namespace/name:port` of the Service a socket-balanced flow was sent to (the pod
+    /// dialled its ClusterIP), from the load balancer's record of that socket.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub service: String,
+    /// `namespace/name` of the policy that allowed the flow or, for a drop, that isolates
+    /// the pod.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub policy: String,
+    /// Bytes of the packet recorded.
+    pub bytes: u64,
+}
+
+/// Which flow records to return: every given filter must match (namespace and pod: either
+/// end; service: the Service's `namespace/name`; verdict: `allowed` or `denied`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FlowQuery {
+    pub follow: bool,
+    pub namespace: Option<String>,
+    pub pod: Option<String>,
+    pub service: Option<String>,
+    pub verdict: Option<String>,
+}
+
+impl FlowQuery {
+    /// Whether `r` passes every filter. A pod filter `ns/name` names one pod; a bare name
+    /// matches that pod name in any namespace.
+    pub fn matches(&self, r: &FlowRecord) -> bool {
+        let ends = [&r.source, &r.destination];
+        self.namespace
+            .as_ref()
+            .is_none_or(|ns| ends.iter().any(|e| &e.namespace == ns))
+            && self.pod.as_ref().is_none_or(|p| {
+                ends.iter().any(|e| match p.split_once('/') {
+                    Some((ns, name)) => e.namespace == ns && e.pod == name,
+                    None => &e.pod == p,
+                })
+            })
+            && self.service.as_ref().is_none_or(|s| {
+                r.service == *s || r.service.split_once(':').is_some_and(|(svc, _)| svc == s)
+            })
+            && self.verdict.as_ref().is_none_or(|v| &r.verdict == v)
+    }
+
+    /// The query string (`""` or `?…`).
+    pub fn query(&self) -> String {
+        let mut q = form_urlencoded::Serializer::new(String::new());
+        if self.follow {
+            q.append_pair("follow", "true");
+        }
+        for (k, v) in [
+            ("namespace", &self.namespace),
+            ("pod", &self.pod),
+            ("service", &self.service),
+            ("verdict", &self.verdict),
+        ] {
+            if let Some(v) = v {
+                q.append_pair(k, v);
+            }
+        }
+        let q = q.finish();
+        if q.is_empty() { q } else { format!("?{q}") }
+    }
+
+    /// The agent's side of [`FlowQuery::query`].
+    pub fn parse_query(raw: Option<&str>) -> Result<FlowQuery, String> {
+        let mut q = FlowQuery::default();
+        for (k, v) in form_urlencoded::parse(raw.unwrap_or("").as_bytes()) {
+            match k.as_ref() {
+                "follow" => {
+                    q.follow = match v.as_ref() {
+                        "" | "true" | "1" => true,
+                        "false" | "0" => false,
+                        _ => return Err(format!("follow={v}: expected true or false")),
+                    }
+                }
+                "namespace" => q.namespace = Some(v.into_owned()),
+                "pod" => q.pod = Some(v.into_owned()),
+                "service" => q.service = Some(v.into_owned()),
+                "verdict" => match v.as_ref() {
+                    "allowed" | "denied" => q.verdict = Some(v.into_owned()),
+                    _ => return Err(format!("verdict={v}: expected allowed or denied")),
+                },
+                other => {
+                    return Err(format!(
+                        "unknown parameter {other:?} (follow, namespace, pod, service, verdict)"
+                    ));
+                }
+            }
+        }
+        Ok(q)
+    }
+}
+
 /// What to fetch from a container's log.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LogOptions {
@@ -630,14 +775,36 @@ impl AgentEndpoint {
             opts.query()
         );
         let resp = self.get(&path).await?;
+        Ok(self.body_stream(resp, "the log stream"))
+    }
+
+    /// A response body as a stream of chunks; errors name `what` was being read.
+    fn body_stream(
+        &self,
+        resp: Response<Incoming>,
+        what: &'static str,
+    ) -> BoxStream<'static, Result<Bytes, NodeApiError>> {
         let node = self.node.clone();
-        let body = resp.into_body().into_data_stream().map(move |r| {
-            r.map_err(|e| NodeApiError::Protocol {
-                node: node.clone(),
-                reason: format!("reading the log stream: {e}"),
+        resp.into_body()
+            .into_data_stream()
+            .map(move |r| {
+                r.map_err(|e| NodeApiError::Protocol {
+                    node: node.clone(),
+                    reason: format!("reading {what}: {e}"),
+                })
             })
-        });
-        Ok(body.boxed())
+            .boxed()
+    }
+
+    /// `GET /flows`: the node's flow records matching `q`, as chunks of JSON lines (one
+    /// [`FlowRecord`] each); with `q.follow` the stream goes on with new records until
+    /// dropped.
+    pub async fn flows(
+        &self,
+        q: &FlowQuery,
+    ) -> Result<BoxStream<'static, Result<Bytes, NodeApiError>>, NodeApiError> {
+        let resp = self.get(&format!("{FLOWS_PATH}{}", q.query())).await?;
+        Ok(self.body_stream(resp, "the flow stream"))
     }
 
     /// `POST /exec/{namespace}/{pod}/{container}`: runs `req.command` in the container to

@@ -23,7 +23,10 @@
 //! - [`POL_CT_MAP`] (LRU): every flow a pod was allowed to start or accept ([`PolCtKey`], from
 //!   the local pod's side), so replies pass and a policy change does not break established
 //!   connections;
-//! - [`POL_COUNTERS_MAP`] (per-CPU): packets and bytes by (policy, verdict reason, direction).
+//! - [`POL_COUNTERS_MAP`] (per-CPU): packets and bytes by (policy, verdict reason, direction);
+//! - [`POL_FLOWS_MAP`] (ring buffer): a [`PolFlowEvent`] for the first packet of every flow a
+//!   pod starts or accepts and for every dropped packet, which the agent reads, names (pods,
+//!   the Service of a socket-balanced flow, the policy) and serves to `skiff observe`.
 //!
 //! Addresses are IPv4 in network order (as in the packet); ports in host order. IPv4 only.
 
@@ -183,6 +186,31 @@ impl PolCounters {
     }
 }
 
+/// One flow record of [`POL_FLOWS_MAP`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PolFlowEvent {
+    /// `bpf_ktime_get_ns` (monotonic, since boot).
+    pub ts_ns: u64,
+    /// The socket's cookie (the Service load balancer's reverse translation is keyed by it).
+    pub cookie: u64,
+    pub local: u32,
+    pub peer: u32,
+    pub local_port: u16,
+    pub peer_port: u16,
+    /// As in [`PolCounterKey::policy`].
+    pub policy: u32,
+    /// Bytes of this packet.
+    pub bytes: u32,
+    pub proto: u8,
+    pub dir: u8,
+    pub reason: u8,
+    pub _pad: u8,
+}
+
+/// Bytes of the flow ring buffer (a power of two, a multiple of the page size).
+pub const POL_FLOWS_BYTES: u32 = 1 << 20;
+
 /// Default map sizes.
 pub const POL_DEFAULT_MAX_ENDPOINTS: u32 = 4096;
 pub const POL_DEFAULT_MAX_IPCACHE: u32 = 65536;
@@ -200,6 +228,8 @@ pub const POL_RULES_MAP: &str = "POL_RULES";
 pub const POL_HOST_PORTS_MAP: &str = "POL_HOST_PORTS";
 pub const POL_CT_MAP: &str = "POL_CT";
 pub const POL_COUNTERS_MAP: &str = "POL_COUNTERS";
+/// Not pinned: the records are for the agent that reads them.
+pub const POL_FLOWS_MAP: &str = "POL_FLOWS";
 pub const POL_MAPS: [&str; 7] = [
     POL_ENDPOINTS_MAP,
     POL_IPCACHE_MAP,
@@ -227,6 +257,7 @@ mod tests {
         assert_eq!(size_of::<PolHostPort>(), 8);
         assert_eq!(size_of::<PolCounterKey>(), 8);
         assert_eq!(size_of::<PolCounters>(), 16);
+        assert_eq!(size_of::<PolFlowEvent>(), 8 + 8 + 4 + 4 + 2 + 2 + 4 + 4 + 4);
     }
 
     #[test]

@@ -193,6 +193,7 @@ fn router(state: ApiState) -> Router {
         .route("/stats/summary", get(stats_summary))
         .route("/exec/{namespace}/{pod}/{container}", post(exec))
         .route("/portforward/{namespace}/{pod}/{port}", post(port_forward))
+        .route(skiff_client::node_api::FLOWS_PATH, get(flows))
         .with_state(state)
         .merge(bpf)
         .merge(metrics)
@@ -202,7 +203,7 @@ fn router(state: ApiState) -> Router {
                 "no such endpoint; the agent serves GET /logs/{namespace}/{pod}/{container}, \
                  POST /exec/{namespace}/{pod}/{container}, POST /portforward/{namespace}/{pod}/{port} \
                  (an HTTP upgrade), GET /stats/summary, GET /bpf/services, GET /bpf/backends, GET /bpf/pods, \
-                 GET /bpf/conntrack and GET /metrics"
+                 GET /bpf/conntrack, GET /flows and GET /metrics"
                     .into(),
             )
         })
@@ -663,6 +664,47 @@ fn error(status: StatusCode, message: String) -> Response {
         status,
         [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
         format!("{message}\n"),
+    )
+        .into_response()
+}
+
+/// `GET /flows`: the node's flow records matching the query, as JSON lines; with
+/// `follow=true` new ones follow until the client goes away.
+async fn flows(State(st): State<ApiState>, RawQuery(raw): RawQuery) -> Response {
+    let q = match skiff_client::node_api::FlowQuery::parse_query(raw.as_deref()) {
+        Ok(q) => q,
+        Err(msg) => return error(StatusCode::BAD_REQUEST, msg),
+    };
+    let Some(np) = st.ctx.network_policy.clone() else {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "NetworkPolicy enforcement (and with it flow records) does not run on this node".into(),
+        );
+    };
+    let (kept, live) = np.flows.read(&q);
+    let line = |r: &skiff_client::node_api::FlowRecord| {
+        let mut b = serde_json::to_vec(r).unwrap_or_default();
+        b.push(b'\n');
+        Ok::<Bytes, std::io::Error>(Bytes::from(b))
+    };
+    let first = futures::stream::iter(kept.iter().map(line).collect::<Vec<_>>());
+    let body: futures::stream::BoxStream<'static, Result<Bytes, std::io::Error>> = if q.follow {
+        let later = futures::stream::unfold((live, q), move |(mut rx, q)| async move {
+            loop {
+                match rx.recv().await {
+                    Ok(r) if q.matches(&r) => return Some((line(&r), (rx, q))),
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        });
+        futures::StreamExt::boxed(futures::StreamExt::chain(first, later))
+    } else {
+        futures::StreamExt::boxed(first)
+    };
+    (
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(body),
     )
         .into_response()
 }

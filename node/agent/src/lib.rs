@@ -441,12 +441,28 @@ pub async fn run(
             .map(|d| netpol_dns_services(d.addr.port()))
             .unwrap_or_default();
         match load_network_policy(&cfg.node_name, &cgroup_parent) {
-            Ok(enforcer) => Some(netpol::NetworkPolicies::new(
-                Box::new(enforcer),
-                &cfg.node_name,
-                host_ips,
-                host_services,
-            )),
+            Ok(mut enforcer) => {
+                // Flow records go from the reader thread to the task that names them; a
+                // full queue drops records rather than slowing the reader.
+                let (flow_tx, flow_rx) = tokio::sync::mpsc::channel(8192);
+                let reader = enforcer.start_flows(move |ev| {
+                    let _ = flow_tx.try_send(ev);
+                });
+                let np = netpol::NetworkPolicies::new(
+                    Box::new(enforcer),
+                    &cfg.node_name,
+                    host_ips,
+                    host_services,
+                );
+                match reader {
+                    Ok(r) => {
+                        np.keep_flow_reader(r);
+                        tokio::spawn(np.clone().record_flows(flow_rx, proxy.clone().ok()));
+                    }
+                    Err(e) => warn!(error = %e, "flow records unavailable"),
+                }
+                Some(np)
+            }
             Err(e) => {
                 warn!(error = %e, "eBPF NetworkPolicy enforcement unavailable: policies are not enforced on this node");
                 detach_stale_network_policy(&cfg.node_name);

@@ -25,14 +25,14 @@ use aya::{Ebpf, EbpfLoader};
 pub use skiff_common::policy::{
     DIR_EGRESS, DIR_INGRESS, EP_EGRESS_ISOLATED, EP_INGRESS_ISOLATED, ID_ANY, ID_FIRST_CIDR,
     ID_FIRST_LABELS, ID_HOST, ID_WORLD, PolCounterKey, PolCounters, PolCtEntry, PolCtKey,
-    PolEndpoint, PolHostPort, PolHostPortKey, PolRuleKey, REASON_ALLOWED_ESTABLISHED,
+    PolEndpoint, PolFlowEvent, PolHostPort, PolHostPortKey, PolRuleKey, REASON_ALLOWED_ESTABLISHED,
     REASON_ALLOWED_RULE, REASON_ALLOWED_UNISOLATED, REASON_DENIED,
 };
 use skiff_common::policy::{
     POL_CIDRS_MAP, POL_COUNTERS_MAP, POL_CT_MAP, POL_DEFAULT_MAX_CIDRS, POL_DEFAULT_MAX_CT,
     POL_DEFAULT_MAX_ENDPOINTS, POL_DEFAULT_MAX_IPCACHE, POL_DEFAULT_MAX_RULES, POL_EGRESS_PROG,
-    POL_ENDPOINTS_MAP, POL_HOST_PORTS_MAP, POL_INGRESS_PROG, POL_IPCACHE_MAP, POL_MAPS,
-    POL_RULES_MAP, RULE_PREFIX_ANY_PORT, RULE_PREFIX_ANY_PORT_OF_PROTO,
+    POL_ENDPOINTS_MAP, POL_FLOWS_MAP, POL_HOST_PORTS_MAP, POL_INGRESS_PROG, POL_IPCACHE_MAP,
+    POL_MAPS, POL_RULES_MAP, RULE_PREFIX_ANY_PORT, RULE_PREFIX_ANY_PORT_OF_PROTO,
 };
 
 use super::lb::{TcAttach, pinned_cgroup_link, program, remove_file, take_map};
@@ -438,6 +438,28 @@ impl PolicyEnforcer {
             tracing::debug!(program = name, ?outcome, "policy program attached");
         }
         Ok(id)
+    }
+
+    /// Starts handing every flow record the programs write (see `skiff_common::policy`) to
+    /// `sink`, on a thread of its own, until the returned reader is dropped. Once: the ring
+    /// buffer then belongs to the reader.
+    pub fn start_flows(
+        &mut self,
+        mut sink: impl FnMut(PolFlowEvent) + Send + 'static,
+    ) -> Result<super::lb::debug::Reader, BpfError> {
+        let ring = take_map(&mut self.ebpf, POL_FLOWS_MAP, aya::maps::RingBuf::try_from)?;
+        super::lb::debug::Reader::poll("skiff-policy-flows", ring, move |ring| {
+            while let Some(item) = ring.next() {
+                if item.len() >= std::mem::size_of::<PolFlowEvent>() {
+                    // SAFETY: the record is a `PolFlowEvent` the program wrote (checked
+                    // length; every bit pattern is valid; read unaligned).
+                    let ev =
+                        unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<PolFlowEvent>()) };
+                    sink(ev);
+                }
+            }
+        })
+        .map_err(BpfError::io(Path::new(POL_FLOWS_MAP)))
     }
 
     /// The flows enforcement remembers (both directions of each share an entry).

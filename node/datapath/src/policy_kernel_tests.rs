@@ -229,6 +229,12 @@ fn policy_programs_enforce_rules_by_identity_and_keep_established_flows() {
     let mut fx = Fixture::new();
     let mut p = PolicyEnforcer::load(&fx.pin_dir, PolicyConfig::default()).expect("load");
     p.attach(&fx.cgroup).expect("attach");
+    let (tx, flows) = std::sync::mpsc::channel();
+    let _reader = p
+        .start_flows(move |ev| {
+            let _ = tx.send(ev);
+        })
+        .expect("flow reader");
     fx.start();
 
     // No policy: everything flows.
@@ -243,6 +249,34 @@ fn policy_programs_enforce_rules_by_identity_and_keep_established_flows() {
     assert!(!fx.probe("udp 80"));
     assert!(denied(&p, DIR_INGRESS) > 0);
     assert!(fx.probe("send"), "an established connection broke");
+    // The drops were recorded as flow records, from the server's side, blaming the policy.
+    let records: Vec<PolFlowEvent> = flows.try_iter().collect();
+    let dropped = records
+        .iter()
+        .find(|e| e.reason == REASON_DENIED && e.proto == 17)
+        .unwrap_or_else(|| panic!("no UDP drop among {records:?}"));
+    assert_eq!(
+        (
+            dropped.dir,
+            dropped.local,
+            dropped.peer,
+            dropped.local_port,
+            dropped.policy
+        ),
+        (
+            DIR_INGRESS,
+            u32::from_ne_bytes(SERVER_IP.octets()),
+            u32::from_ne_bytes(CLIENT_IP.octets()),
+            80,
+            POLICY
+        )
+    );
+    assert!(
+        records.iter().any(|e| e.reason == REASON_ALLOWED_UNISOLATED
+            && e.dir == DIR_EGRESS
+            && e.peer_port == 80),
+        "the allowed flows were not recorded: {records:?}"
+    );
 
     // Allow the client's identity on TCP 80 only.
     let mut t = endpoints(EP_INGRESS_ISOLATED, 0);

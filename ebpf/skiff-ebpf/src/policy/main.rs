@@ -20,17 +20,18 @@
 
 use aya_ebpf::{
     bindings::{BPF_ANY, BPF_NOEXIST},
-    btf_maps::{HashMap, LpmTrie, LruHashMap, PerCpuHashMap, lpm_trie::Key},
+    btf_maps::{HashMap, LpmTrie, LruHashMap, PerCpuHashMap, RingBuf, lpm_trie::Key},
+    helpers::{bpf_get_socket_cookie, bpf_ktime_get_ns},
     macros::{btf_map, cgroup_skb},
     programs::SkBuffContext,
 };
 use skiff_common::policy::{
     DIR_EGRESS, DIR_INGRESS, EP_EGRESS_ISOLATED, EP_INGRESS_ISOLATED, ID_ANY, ID_HOST, ID_WORLD,
     POL_DEFAULT_MAX_CIDRS, POL_DEFAULT_MAX_COUNTERS, POL_DEFAULT_MAX_CT, POL_DEFAULT_MAX_ENDPOINTS,
-    POL_DEFAULT_MAX_HOST_PORTS, POL_DEFAULT_MAX_IPCACHE, POL_DEFAULT_MAX_RULES, PolCounterKey,
-    PolCounters, PolCtEntry, PolCtKey, PolEndpoint, PolHostPort, PolHostPortKey, PolRuleKey,
-    REASON_ALLOWED_ESTABLISHED, REASON_ALLOWED_RULE, REASON_ALLOWED_UNISOLATED, REASON_DENIED,
-    RULE_PREFIX_FULL,
+    POL_DEFAULT_MAX_HOST_PORTS, POL_DEFAULT_MAX_IPCACHE, POL_DEFAULT_MAX_RULES, POL_FLOWS_BYTES,
+    PolCounterKey, PolCounters, PolCtEntry, PolCtKey, PolEndpoint, PolFlowEvent, PolHostPort,
+    PolHostPortKey, PolRuleKey, REASON_ALLOWED_ESTABLISHED, REASON_ALLOWED_RULE,
+    REASON_ALLOWED_UNISOLATED, REASON_DENIED, RULE_PREFIX_FULL,
 };
 
 /// cgroup_skb verdicts.
@@ -66,6 +67,9 @@ static POL_COUNTERS: PerCpuHashMap<
     PolCounters,
     { POL_DEFAULT_MAX_COUNTERS as usize },
 > = PerCpuHashMap::new();
+
+#[btf_map]
+static POL_FLOWS: RingBuf<PolFlowEvent, { POL_FLOWS_BYTES as usize }> = RingBuf::new();
 
 #[cgroup_skb(ingress)]
 pub fn skiff_policy_ingress(ctx: SkBuffContext) -> i32 {
@@ -141,6 +145,25 @@ fn verdict(ctx: &SkBuffContext, dir: u8) -> i32 {
     }
     let d = decide(&ep, dir, local, peer, proto, dport);
     count(d.policy, d.reason, dir, len);
+    // SAFETY: the context's skb, which the helper only reads.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.skb.skb.cast()) };
+    let event = PolFlowEvent {
+        // SAFETY: no arguments.
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        cookie,
+        local,
+        peer,
+        local_port,
+        peer_port,
+        policy: d.policy,
+        bytes: ctx.len(),
+        proto,
+        dir,
+        reason: d.reason,
+        _pad: 0,
+    };
+    // A full ring loses the record (the agent counts what it reads, not what it missed).
+    let _ = POL_FLOWS.output(event, 0);
     if !d.allow {
         return DROP;
     }

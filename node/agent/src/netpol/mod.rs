@@ -6,6 +6,7 @@
 //! datapath's planner writes only what differs.
 
 pub mod compile;
+pub mod flows;
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -40,6 +41,11 @@ struct Inner {
 /// The agent's NetworkPolicy enforcement.
 pub struct NetworkPolicies {
     inner: Mutex<Inner>,
+    /// Flow records (`GET /flows`) and what names their addresses.
+    pub flows: flows::FlowLog,
+    names: Mutex<flows::Names>,
+    /// The thread reading the programs' flow records (stops when dropped).
+    reader: Mutex<Option<skiff_datapath::lb::debug::Reader>>,
     node: String,
     host_ips: Vec<Ipv4Addr>,
     host_services: Vec<HostService>,
@@ -95,6 +101,12 @@ impl NetworkPolicies {
                 compiles: 0,
                 seeded: false,
             }),
+            flows: flows::FlowLog::default(),
+            names: Mutex::new(flows::Names {
+                host: host_ips.clone(),
+                ..Default::default()
+            }),
+            reader: Mutex::new(None),
             node: node.to_string(),
             host_ips,
             host_services,
@@ -131,6 +143,18 @@ impl NetworkPolicies {
             &mut inner.ids,
         );
         inner.names.extend(compiled.policies);
+        {
+            let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+            names.policies = inner.names.iter().map(|(k, v)| (*k, v.clone())).collect();
+            names.pods = pods
+                .iter()
+                .filter_map(|p| {
+                    let ip = p.status.as_ref()?.pod_ip.parse::<Ipv4Addr>().ok()?;
+                    let m = p.metadata.as_ref()?;
+                    Some((ip, (m.namespace.clone(), m.name.clone())))
+                })
+                .collect();
+        }
         let writes = inner.datapath.apply(&compiled.tables)?;
         inner.writes += writes as u64;
         inner.compiles += 1;
@@ -167,6 +191,37 @@ impl NetworkPolicies {
             t.ipcache.len(),
             inner.writes,
         )
+    }
+
+    /// Keeps the thread reading the programs' flow records alive as long as this is.
+    pub fn keep_flow_reader(&self, reader: skiff_datapath::lb::debug::Reader) {
+        *self.reader.lock().unwrap_or_else(|e| e.into_inner()) = Some(reader);
+    }
+
+    /// Names every flow record from `events` and adds it to [`NetworkPolicies::flows`],
+    /// until the sender is gone. `proxy` tells which Service a balanced socket asked for.
+    pub async fn record_flows(
+        self: Arc<Self>,
+        mut events: tokio::sync::mpsc::Receiver<skiff_datapath::policy::PolFlowEvent>,
+        proxy: Option<Arc<crate::proxy::Proxy>>,
+    ) {
+        while let Some(ev) = events.recv().await {
+            let record = {
+                let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+                flows::describe(
+                    &self.node,
+                    &names,
+                    &ev,
+                    chrono::Utc::now(),
+                    |cookie, backend, port, proto| {
+                        proxy
+                            .as_ref()
+                            .and_then(|p| p.service_of(cookie, backend, port, proto))
+                    },
+                )
+            };
+            self.flows.push(record);
+        }
     }
 
     /// Runs until `shutdown`: waits for the informers, then reconciles every change.

@@ -96,7 +96,7 @@ use skiff_client::node_api::LatencyHistogram;
 use skiff_client::runtime::{CancelToken, Controller, Informer, Informers, ObjectKey};
 use skiff_datapath::BpfError;
 use skiff_datapath::lb::{
-    BackendAddr, FastPathCounters, Frontend, LbDatapath, PodEndpoint, TcAttach,
+    BackendAddr, FastPathCounters, Frontend, LbDatapath, PodEndpoint, Protocol, TcAttach,
 };
 use skiff_hostnet::PodAttachment;
 use tracing::{debug, info, warn};
@@ -284,6 +284,29 @@ impl Proxy {
     /// The fast path's counters, summed over CPUs.
     pub fn fast_path_counters(&self) -> Result<FastPathCounters, BpfError> {
         self.lock().lb.fast_path_counters()
+    }
+
+    /// `namespace/name:port` of the Service whose frontend the socket `cookie` asked for
+    /// when it was balanced to `backend:port` (`proto`: IP protocol number), while the load
+    /// balancer remembers the socket.
+    pub fn service_of(&self, cookie: u64, backend: IpAddr, port: u16, proto: u8) -> Option<String> {
+        let inner = self.lock();
+        let (ip, fport) = inner.lb.frontend_of(cookie, backend, port)?;
+        let protocol = match proto {
+            6 => Protocol::Tcp,
+            17 => Protocol::Udp,
+            132 => Protocol::Sctp,
+            _ => return None,
+        };
+        let owner = inner.owners.get(&Frontend {
+            ip,
+            port: fport,
+            protocol,
+        })?;
+        Some(format!(
+            "{}/{}:{fport}",
+            owner.key.namespace, owner.key.name
+        ))
     }
 
     /// Map writes since this proxy was created.

@@ -11,7 +11,6 @@
 //! thread after at most one poll interval.
 
 use std::io;
-use std::os::fd::AsFd as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -48,30 +47,41 @@ pub struct Reader {
 
 impl Reader {
     /// Starts draining `logger` on a thread of its own.
-    pub(super) fn start<T: log::Log + Send + 'static>(
-        mut logger: EbpfLogger<T>,
+    pub(super) fn start<T: log::Log + Send + 'static>(logger: EbpfLogger<T>) -> io::Result<Self> {
+        Self::poll("skiff-lb-debug", logger, |l| l.flush())
+    }
+
+    /// Starts a thread that waits (poll(2), at most [`POLL_MS`] at a time so it notices a
+    /// stop) for `source`'s descriptor to be readable and then calls `drain`, once more
+    /// when stopped. The one reader loop of the agent's BPF ring buffers (debug records,
+    /// flow records).
+    pub(crate) fn poll<S: std::os::fd::AsFd + Send + 'static>(
+        name: &str,
+        mut source: S,
+        mut drain: impl FnMut(&mut S) + Send + 'static,
     ) -> io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let stop_t = stop.clone();
+        let what = name.to_string();
         let thread = std::thread::Builder::new()
-            .name("skiff-lb-debug".into())
+            .name(name.into())
             .spawn(move || {
                 while !stop_t.load(Ordering::Relaxed) {
                     let ready = {
-                        let mut fds = [PollFd::new(logger.as_fd(), PollFlags::POLLIN)];
+                        let mut fds = [PollFd::new(source.as_fd(), PollFlags::POLLIN)];
                         nix::poll::poll(&mut fds, PollTimeout::from(POLL_MS))
                     };
                     match ready {
                         Ok(0) | Err(Errno::EINTR) => {}
-                        Ok(_) => logger.flush(),
+                        Ok(_) => drain(&mut source),
                         Err(e) => {
-                            tracing::warn!(error = %e, "waiting for the LB debug records");
+                            tracing::warn!(error = %e, reader = %what, "waiting for BPF ring buffer records");
                             return;
                         }
                     }
                 }
                 // What arrived since the last wake-up.
-                logger.flush();
+                drain(&mut source);
             })?;
         Ok(Reader {
             stop,

@@ -177,4 +177,13 @@ impl LbDatapath for FakeLb {
     fn conntrack(&self) -> Result<Vec<(NpCtKey, NpCtEntry)>, BpfError> {
         Ok(Vec::new())
     }
+
+    fn frontend_of(
+        &self,
+        _cookie: u64,
+        _backend: std::net::IpAddr,
+        _port: u16,
+    ) -> Option<(std::net::IpAddr, u16)> {
+        None
+    }
 }

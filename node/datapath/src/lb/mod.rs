@@ -61,14 +61,14 @@ use aya::{Ebpf, EbpfLoader};
 use nix::errno::Errno;
 use serde::Serialize;
 use skiff_common::lb::{
-    LB_AFFINITY_MAP, LB_BACKENDS_MAP, LB_CONNECT4_PROG, LB_CONNECT6_PROG, LB_COUNTERS_MAP,
-    LB_DEBUG_GLOBAL, LB_DEFAULT_MAX_AFFINITY, LB_DEFAULT_MAX_BACKENDS, LB_DEFAULT_MAX_NP_CT,
-    LB_DEFAULT_MAX_REVNAT, LB_DEFAULT_MAX_SERVICES, LB_GETPEERNAME4_PROG, LB_GETPEERNAME6_PROG,
-    LB_MAGLEV_DEFAULT_M, LB_MAGLEV_MAP, LB_MAGLEV_MAX_M, LB_MAPS, LB_RECVMSG4_PROG,
-    LB_RECVMSG6_PROG, LB_REVNAT_MAP, LB_SENDMSG4_PROG, LB_SENDMSG6_PROG, LB_SERVICES_MAP,
-    LB_SLOTS_MAP, LbAffinity, LbAffinityKey, LbBackend, LbCounters, LbMaglev, LbRevNat,
-    LbRevNatKey, LbService, LbServiceKey, LbSlotKey, NP_CT_MAP, NP_INGRESS_PROG, NpCtEntry,
-    NpCtKey,
+    AF_INET, AF_INET6, LB_AFFINITY_MAP, LB_BACKENDS_MAP, LB_CONNECT4_PROG, LB_CONNECT6_PROG,
+    LB_COUNTERS_MAP, LB_DEBUG_GLOBAL, LB_DEFAULT_MAX_AFFINITY, LB_DEFAULT_MAX_BACKENDS,
+    LB_DEFAULT_MAX_NP_CT, LB_DEFAULT_MAX_REVNAT, LB_DEFAULT_MAX_SERVICES, LB_GETPEERNAME4_PROG,
+    LB_GETPEERNAME6_PROG, LB_MAGLEV_DEFAULT_M, LB_MAGLEV_MAP, LB_MAGLEV_MAX_M, LB_MAPS,
+    LB_RECVMSG4_PROG, LB_RECVMSG6_PROG, LB_REVNAT_MAP, LB_SENDMSG4_PROG, LB_SENDMSG6_PROG,
+    LB_SERVICES_MAP, LB_SLOTS_MAP, LbAffinity, LbAffinityKey, LbBackend, LbCounters, LbMaglev,
+    LbRevNat, LbRevNatKey, LbService, LbServiceKey, LbSlotKey, NP_CT_MAP, NP_INGRESS_PROG,
+    NpCtEntry, NpCtKey,
 };
 use skiff_common::podnet::{FP_COUNTERS_MAP, POD_ENDPOINTS_MAP, PodEndpointKey};
 pub use skiff_common::podnet::{FastPathCounters, PodEndpoint};
@@ -242,6 +242,9 @@ pub trait LbDatapath: Send {
     fn fast_path_counters(&self) -> Result<FastPathCounters, BpfError>;
     /// The NodePort conntrack entries (both directions of every flow).
     fn conntrack(&self) -> Result<Vec<(NpCtKey, NpCtEntry)>, BpfError>;
+    /// The frontend (address and port) the socket with `cookie` asked for when the load
+    /// balancer sent it to `backend:port`, while it remembers that socket (`LB_REVNAT`).
+    fn frontend_of(&self, cookie: u64, backend: IpAddr, port: u16) -> Option<(IpAddr, u16)>;
 }
 
 impl LbDatapath for ServiceLb {
@@ -285,6 +288,29 @@ impl LbDatapath for ServiceLb {
     }
     fn conntrack(&self) -> Result<Vec<(NpCtKey, NpCtEntry)>, BpfError> {
         ServiceLb::conntrack(self)
+    }
+    fn frontend_of(&self, cookie: u64, backend: IpAddr, port: u16) -> Option<(IpAddr, u16)> {
+        let (addr, family) = match backend {
+            IpAddr::V4(ip) => (
+                skiff_common::lb::v4_addr(u32::from_ne_bytes(ip.octets())),
+                AF_INET,
+            ),
+            IpAddr::V6(ip) => (ip.octets(), AF_INET6),
+        };
+        let key = LbRevNatKey {
+            cookie,
+            addr,
+            port,
+            family,
+            _pad: [0; 5],
+        };
+        let v = self.maps.revnat.get(&P(key), 0).ok()?.0;
+        let ip = if v.family == AF_INET6 {
+            IpAddr::V6(std::net::Ipv6Addr::from(v.addr))
+        } else {
+            IpAddr::V4(Ipv4Addr::new(v.addr[0], v.addr[1], v.addr[2], v.addr[3]))
+        };
+        Some((ip, v.port))
     }
 }
 
