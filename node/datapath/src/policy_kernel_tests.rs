@@ -317,6 +317,16 @@ fn policy_programs_enforce_rules_by_identity_and_keep_established_flows() {
     assert!(fx.probe("tcp 80") && fx.probe("udp 81"));
     assert!(fx.probe("send"), "an established connection broke");
 
+    // Traffic from the node itself (the client's address is one of the node's) gets into an
+    // isolated pod without any rule.
+    let mut t2 = endpoints(EP_INGRESS_ISOLATED, 0);
+    t2.ipcache.insert(CLIENT_IP, ID_HOST);
+    p.apply(&t2).expect("apply");
+    assert!(fx.probe("tcp 81") && fx.probe("udp 80"));
+    t2.ipcache.insert(CLIENT_IP, CLIENT_IDENTITY);
+    p.apply(&t2).expect("apply");
+    assert!(!fx.probe("tcp 81"), "isolation did not come back");
+
     // Everything off again: the tables are empty and traffic flows.
     p.apply(&PolicyTables::default()).expect("apply");
     assert!(fx.probe("tcp 81"));
