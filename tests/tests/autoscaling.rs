@@ -52,7 +52,9 @@ spec:
   - type: Resource
     resource: {{name: cpu, target: {{type: Utilization, averageUtilization: 50}}}}
   behavior:
-    scaleDown: {{stabilizationWindowSeconds: 5}}
+    scaleDown:
+      stabilizationWindowSeconds: 5
+      policies: [{{type: Pods, value: 1, periodSeconds: 5}}]
 "#,
         stop = stop.display()
     );
@@ -95,11 +97,23 @@ spec:
         "{events}"
     );
 
-    // Load off: back to minReplicas after the window.
+    // Load off: back to minReplicas after the window, one pod at a time (the scale-down
+    // policy: 1 pod per 5 s), so 2 replicas are seen on the way.
     std::fs::write(&stop, b"").unwrap();
+    let mut seen = Vec::new();
     skiff_testkit::eventually_blocking("scaled down to minReplicas", T, || {
-        (replicas(&c) == "1").then_some(())
+        let r = replicas(&c);
+        if seen.last() != Some(&r) {
+            seen.push(r.clone());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        (r == "1").then_some(())
     });
+    assert_eq!(
+        seen,
+        ["3", "2", "1"],
+        "the scale-down policy was not followed"
+    );
     let _ = std::fs::remove_file(&stop);
     assert_eq!(
         k(

@@ -9,8 +9,12 @@
 //! tolerance of 10%; several metrics: the largest. The recommendation is stabilized as
 //! Kubernetes does (`behavior.scaleUp/scaleDown.stabilizationWindowSeconds`, 0 and 300 by
 //! default: the highest recommendation of the scale-down window, the lowest of the scale-up
-//! one) and kept within min/maxReplicas. Not built: scaling policies' rate limits, Pods /
-//! Object / External metrics, the special handling of unready and unmeasured pods.
+//! one), then limited by the scaling policies (`behavior.scaleUp/scaleDown.policies`: Pods
+//! or Percent per period, measured from the count at the start of the period as the scale
+//! events of this controller tell it; `selectPolicy` Max, Min or Disabled; Kubernetes'
+//! defaults: up by max(4 pods, 100%) per 15 s, down by 100% per 15 s) and kept within
+//! min/maxReplicas. Not built: Pods / Object / External metrics, the special handling of
+//! unready and unmeasured pods.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -99,6 +103,170 @@ pub fn stabilize(current: i32, up: &[i32], down: &[i32]) -> i32 {
     }
 }
 
+/// A scale this controller made: when, and by how many replicas (positive).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScaleEvent {
+    pub at: Instant,
+    pub change: i32,
+}
+
+/// An autoscaler's recent scale-ups and scale-downs.
+type ScaleEvents = (Vec<ScaleEvent>, Vec<ScaleEvent>);
+
+/// The scaling policies of `rules` as (`Pods` or `Percent`, value, period seconds), or
+/// Kubernetes' defaults for the direction.
+fn policies_or_default(
+    rules: Option<&skiff_api::api::HpaScalingRules>,
+    up: bool,
+) -> Vec<(String, i32, i32)> {
+    match rules.map(|r| &r.policies) {
+        Some(p) if !p.is_empty() => p
+            .iter()
+            .map(|p| (p.r#type.clone(), p.value, p.period_seconds))
+            .collect(),
+        _ if up => vec![("Pods".into(), 4, 15), ("Percent".into(), 100, 15)],
+        _ => vec![("Percent".into(), 100, 15)],
+    }
+}
+
+/// Replicas added (or removed) by `events` within the last `period` seconds.
+fn change_in(events: &[ScaleEvent], now: Instant, period: i32) -> i32 {
+    let period = Duration::from_secs(u64::try_from(period.max(0)).unwrap_or(0));
+    events
+        .iter()
+        .filter(|e| now.duration_since(e.at) <= period)
+        .map(|e| e.change)
+        .sum()
+}
+
+/// The count the policies allow from `current` (Kubernetes'
+/// `calculateScaleUpLimitWithScalingRules` and `calculateScaleDownLimitWithBehaviors`):
+/// each policy measures from the count at the start of its period (undoing this
+/// controller's scale events within it); Max picks the policy allowing the biggest change,
+/// Min the smallest, Disabled none.
+pub fn policy_limit(
+    current: i32,
+    up: bool,
+    rules: Option<&skiff_api::api::HpaScalingRules>,
+    ups: &[ScaleEvent],
+    downs: &[ScaleEvent],
+    now: Instant,
+) -> i32 {
+    let select = rules
+        .and_then(|r| r.select_policy.as_deref())
+        .unwrap_or("Max");
+    if select == "Disabled" {
+        return current;
+    }
+    let biggest_change = select != "Min";
+    let mut out: Option<i32> = None;
+    for (kind, value, period) in policies_or_default(rules, up) {
+        let start = current - change_in(ups, now, period) + change_in(downs, now, period);
+        let proposed = match (kind.as_str(), up) {
+            ("Pods", true) => start.saturating_add(value),
+            ("Percent", true) => {
+                (f64::from(start) * (1.0 + f64::from(value) / 100.0)).ceil() as i32
+            }
+            ("Pods", false) => start.saturating_sub(value),
+            ("Percent", false) => (f64::from(start) * (1.0 - f64::from(value) / 100.0)) as i32,
+            _ => continue,
+        };
+        // Up: the biggest change is the highest count; down: the lowest.
+        let pick_higher = up == biggest_change;
+        out = Some(match out {
+            None => proposed,
+            Some(o) if pick_higher => o.max(proposed),
+            Some(o) => o.min(proposed),
+        });
+    }
+    out.unwrap_or(current)
+}
+
+/// The stabilized recommendation limited by the policies and min/maxReplicas, with the
+/// ScalingLimited condition's (limited, reason, message), as Kubernetes'
+/// `convertDesiredReplicasWithBehaviorRate`.
+#[allow(clippy::too_many_arguments)]
+pub fn limit(
+    current: i32,
+    desired: i32,
+    min: i32,
+    max: i32,
+    behavior: &skiff_api::api::HorizontalPodAutoscalerBehavior,
+    ups: &[ScaleEvent],
+    downs: &[ScaleEvent],
+    now: Instant,
+) -> (i32, bool, &'static str, &'static str) {
+    let within = (
+        false,
+        "DesiredWithinRange",
+        "the desired count is within the acceptable range",
+    );
+    if desired > current {
+        let policy =
+            policy_limit(current, true, behavior.scale_up.as_ref(), ups, downs, now).max(current);
+        let (ceiling, reason, message) = if max > policy {
+            (
+                policy,
+                "ScaleUpLimit",
+                "the desired replica count is increasing faster than the maximum scale rate",
+            )
+        } else {
+            (
+                max,
+                "TooManyReplicas",
+                "the desired replica count is more than the maximum replica count",
+            )
+        };
+        if desired > ceiling {
+            return (ceiling, true, reason, message);
+        }
+    } else if desired < current {
+        let policy = policy_limit(
+            current,
+            false,
+            behavior.scale_down.as_ref(),
+            ups,
+            downs,
+            now,
+        )
+        .min(current);
+        let (floor, reason, message) = if min < policy {
+            (
+                policy,
+                "ScaleDownLimit",
+                "the desired replica count is decreasing faster than the maximum scale rate",
+            )
+        } else {
+            (
+                min,
+                "TooFewReplicas",
+                "the desired replica count is less than the minimum replica count",
+            )
+        };
+        if desired < floor {
+            return (floor, true, reason, message);
+        }
+    }
+    // Also when nothing moves: never outside min/max.
+    if desired > max {
+        return (
+            max,
+            true,
+            "TooManyReplicas",
+            "the desired replica count is more than the maximum replica count",
+        );
+    }
+    if desired < min {
+        return (
+            min,
+            true,
+            "TooFewReplicas",
+            "the desired replica count is less than the minimum replica count",
+        );
+    }
+    (desired, within.0, within.1, within.2)
+}
+
 /// The reconciler of HorizontalPodAutoscalers.
 pub struct HpaController {
     client: Client,
@@ -107,6 +275,9 @@ pub struct HpaController {
     pods: Informer<Pod>,
     /// Recent recommendations per autoscaler.
     history: Mutex<HashMap<ObjectKey, Vec<(Instant, i32)>>>,
+    /// This controller's recent scale-ups and scale-downs per autoscaler (the policies'
+    /// periods are measured against them).
+    events: Mutex<HashMap<ObjectKey, ScaleEvents>>,
 }
 
 impl std::fmt::Debug for HpaController {
@@ -131,6 +302,7 @@ impl HpaController {
             hpas: informers.get::<HorizontalPodAutoscaler>(),
             pods: informers.get::<Pod>(),
             history: Mutex::default(),
+            events: Mutex::default(),
         }
     }
 
@@ -347,6 +519,10 @@ impl Reconciler for HpaController {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(key);
+            self.events
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(key);
             return Ok(Action::Done);
         };
         let spec = hpa.spec.clone().unwrap_or_default();
@@ -422,26 +598,25 @@ impl Reconciler for HpaController {
                         };
                         let min = spec.min_replicas.unwrap_or(1);
                         let stabilized = stabilize(current, &up, &down);
-                        let desired = stabilized.clamp(min, spec.max_replicas.max(min));
-                        let (limited, limit_reason, limit_message) = if stabilized > desired {
-                            (
-                                true,
-                                "TooManyReplicas",
-                                "the desired replica count is more than the maximum replica count",
-                            )
-                        } else if stabilized < desired {
-                            (
-                                true,
-                                "TooFewReplicas",
-                                "the desired replica count is less than the minimum replica count",
-                            )
-                        } else {
-                            (
-                                false,
-                                "DesiredWithinRange",
-                                "the desired count is within the acceptable range",
-                            )
+                        let (ups, downs) = {
+                            let mut ev = self.events.lock().unwrap_or_else(|e| e.into_inner());
+                            let (ups, downs) = ev.entry(key.clone()).or_default();
+                            // The longest period of any policy (at most Kubernetes' 30 min).
+                            let keep = Duration::from_secs(1800);
+                            ups.retain(|e| now.duration_since(e.at) <= keep);
+                            downs.retain(|e| now.duration_since(e.at) <= keep);
+                            (ups.clone(), downs.clone())
                         };
+                        let (desired, limited, limit_reason, limit_message) = limit(
+                            current,
+                            stabilized,
+                            min,
+                            spec.max_replicas.max(min),
+                            &behavior,
+                            &ups,
+                            &downs,
+                            now,
+                        );
                         set_cond(
                             &mut st,
                             "ScalingLimited",
@@ -452,6 +627,19 @@ impl Reconciler for HpaController {
                         st.desired_replicas = desired;
                         if desired != current {
                             self.scale(&ns, &target_ref, desired).await?;
+                            {
+                                let mut ev = self.events.lock().unwrap_or_else(|e| e.into_inner());
+                                let (ups, downs) = ev.entry(key.clone()).or_default();
+                                let change = ScaleEvent {
+                                    at: now,
+                                    change: (desired - current).abs(),
+                                };
+                                if desired > current {
+                                    ups.push(change);
+                                } else {
+                                    downs.push(change);
+                                }
+                            }
                             st.current_replicas = desired;
                             st.last_scale_time = Some(format_time(Utc::now()));
                             let direction = if desired > current { "above" } else { "below" };
@@ -543,5 +731,85 @@ mod tests {
         assert_eq!(stabilize(5, &[1], &[1]), 1);
         // Between: stay.
         assert_eq!(stabilize(3, &[2], &[4]), 3);
+    }
+
+    fn rules(
+        select: Option<&str>,
+        policies: &[(&str, i32, i32)],
+    ) -> skiff_api::api::HpaScalingRules {
+        skiff_api::api::HpaScalingRules {
+            stabilization_window_seconds: None,
+            select_policy: select.map(str::to_string),
+            policies: policies
+                .iter()
+                .map(|(t, v, p)| skiff_api::api::HpaScalingPolicy {
+                    r#type: t.to_string(),
+                    value: *v,
+                    period_seconds: *p,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn default_policies_as_kubernetes() {
+        let now = Instant::now();
+        let b = skiff_api::api::HorizontalPodAutoscalerBehavior::default();
+        // Up from 1: max(1 + 4 pods, 1 × 200%) = 5.
+        assert_eq!(
+            limit(1, 10, 1, 20, &b, &[], &[], now),
+            (
+                5,
+                true,
+                "ScaleUpLimit",
+                "the desired replica count is increasing faster than the maximum scale rate"
+            )
+        );
+        // Up from 5: max(9, 10) = 10; maxReplicas 8 is the tighter limit.
+        assert_eq!(limit(5, 20, 1, 30, &b, &[], &[], now).0, 10);
+        assert_eq!(limit(5, 20, 1, 8, &b, &[], &[], now).2, "TooManyReplicas");
+        // Down by 100%: to minReplicas at once.
+        assert_eq!(
+            limit(10, 1, 1, 20, &b, &[], &[], now),
+            (
+                1,
+                false,
+                "DesiredWithinRange",
+                "the desired count is within the acceptable range"
+            )
+        );
+        assert_eq!(limit(10, 0, 2, 20, &b, &[], &[], now).2, "TooFewReplicas");
+    }
+
+    #[test]
+    fn policies_measure_from_the_start_of_their_period() {
+        let now = Instant::now();
+        let b = skiff_api::api::HorizontalPodAutoscalerBehavior {
+            scale_up: Some(rules(Some("Min"), &[("Pods", 2, 60), ("Percent", 50, 60)])),
+            scale_down: Some(rules(None, &[("Pods", 1, 60)])),
+        };
+        // Down one pod a minute: 10 -> 9.
+        assert_eq!(limit(10, 2, 1, 20, &b, &[], &[], now).0, 9);
+        // Having just removed one, the period started at 10: nothing more yet.
+        let downs = [ScaleEvent { at: now, change: 1 }];
+        let (n, limited, reason, _) = limit(9, 2, 1, 20, &b, &[], &downs, now);
+        assert_eq!((n, limited, reason), (9, true, "ScaleDownLimit"));
+        // Min of (4 + 2, ceil(4 × 1.5)) = 6.
+        assert_eq!(limit(4, 20, 1, 20, &b, &[], &[], now).0, 6);
+        // Disabled: no scaling up at all.
+        let off = skiff_api::api::HorizontalPodAutoscalerBehavior {
+            scale_up: Some(rules(Some("Disabled"), &[])),
+            scale_down: None,
+        };
+        assert_eq!(limit(4, 20, 1, 20, &off, &[], &[], now).0, 4);
+        // Events older than the period do not count.
+        let old = [ScaleEvent {
+            at: now - Duration::from_secs(61),
+            change: 1,
+        }];
+        assert_eq!(
+            policy_limit(9, false, b.scale_down.as_ref(), &[], &old, now),
+            8
+        );
     }
 }
