@@ -52,7 +52,11 @@ const INT_OR_STRING: [&str; 11] = [
 ];
 
 /// Quantities may be written as YAML numbers (cpu: 1).
-const QUANTITY_MAPS: [&str; 4] = [
+const QUANTITY_MAPS: [&str; 8] = [
+    "PersistentVolumeSpec.capacity",
+    "VolumeResourceRequirements.limits",
+    "VolumeResourceRequirements.requests",
+    "PersistentVolumeClaimStatus.capacity",
     "ResourceRequirements.limits",
     "ResourceRequirements.requests",
     "NodeStatus.capacity",
@@ -64,7 +68,7 @@ const QUANTITY_MAPS: [&str; 4] = [
 /// (`kubectl wait` compares a condition's observedGeneration with the object's generation).
 /// Fields without `omitempty` in Kubernetes (restartCount, ready, exitCode, ports,
 /// ReplicaSetStatus.replicas, weights) stay, and `optional` fields are `None` when unset.
-const OMIT_ZERO: [&str; 41] = [
+const OMIT_ZERO: [&str; 42] = [
     "ObjectMeta.generation",
     "StatefulSetSpec.min_ready_seconds",
     "StatefulSetStatus.observed_generation",
@@ -106,6 +110,7 @@ const OMIT_ZERO: [&str; 41] = [
     "Probe.failure_threshold",
     "ContainerStateTerminated.signal",
     "VolumeMount.read_only",
+    "PersistentVolumeClaimVolumeSource.read_only",
 ];
 
 /// Opaque JSON kept as its text in protobuf and written as JSON (FieldsV1).
@@ -131,6 +136,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/skiff/batch.proto",
         "proto/skiff/autoscaling.proto",
         "proto/skiff/networking.proto",
+        "proto/skiff/storage.proto",
         "proto/skiff/rpc.proto",
     ];
     let mut builder = tonic_prost_build::configure()

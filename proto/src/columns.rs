@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use crate::api::{
     CertificateSigningRequest, ConfigMap, ContainerStatus, CronJob, DaemonSet, Deployment,
     Endpoints, Event, HorizontalPodAutoscaler, Job, LabelSelector, Lease, Namespace, NetworkPolicy,
-    Node, Pod, PodDisruptionBudget, PodTemplateSpec, ReplicaSet, RoleBinding, Secret, Service,
-    ServicePort, StatefulSet,
+    Node, PersistentVolume, PersistentVolumeClaim, Pod, PodDisruptionBudget, PodTemplateSpec,
+    ReplicaSet, RoleBinding, Secret, Service, ServicePort, StatefulSet, StorageClass,
 };
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::de::DeserializeOwned;
@@ -118,6 +118,45 @@ pub fn headers(kind: &str, wide: bool) -> Vec<String> {
             &[],
         ),
         "NetworkPolicy" => (&["NAME", "POD-SELECTOR", "AGE"], &[]),
+        "PersistentVolume" => (
+            &[
+                "NAME",
+                "CAPACITY",
+                "ACCESS MODES",
+                "RECLAIM POLICY",
+                "STATUS",
+                "CLAIM",
+                "STORAGECLASS",
+                "VOLUMEATTRIBUTESCLASS",
+                "REASON",
+                "AGE",
+            ],
+            &["VOLUMEMODE"],
+        ),
+        "PersistentVolumeClaim" => (
+            &[
+                "NAME",
+                "STATUS",
+                "VOLUME",
+                "CAPACITY",
+                "ACCESS MODES",
+                "STORAGECLASS",
+                "VOLUMEATTRIBUTESCLASS",
+                "AGE",
+            ],
+            &["VOLUMEMODE"],
+        ),
+        "StorageClass" => (
+            &[
+                "NAME",
+                "PROVISIONER",
+                "RECLAIMPOLICY",
+                "VOLUMEBINDINGMODE",
+                "ALLOWVOLUMEEXPANSION",
+                "AGE",
+            ],
+            &[],
+        ),
         "StatefulSet" => (&["NAME", "READY", "AGE"], &["CONTAINERS", "IMAGES"]),
         "DaemonSet" => (
             &[
@@ -456,6 +495,80 @@ pub fn cells(kind: &str, obj: &Value, wide: bool, now: DateTime<Utc>) -> Vec<Str
             let sel = p.spec.and_then(|s| s.pod_selector).unwrap_or_default();
             vec![name, label_selector(Some(&sel)), created]
         }
+        "PersistentVolume" => {
+            let pv: PersistentVolume = typed(obj);
+            let class = pv.storage_class().to_string();
+            let spec = pv.spec.unwrap_or_default();
+            let status = pv.status.unwrap_or_default();
+            // kubectl prints `<namespace>/<name>` of the claim it is bound to, or nothing.
+            let claim = spec
+                .claim_ref
+                .as_ref()
+                .map(|r| format!("{}/{}", r.namespace, r.name))
+                .unwrap_or_default();
+            let mut c = vec![
+                name,
+                storage_quantity(&spec.capacity),
+                access_modes(&spec.access_modes),
+                spec.persistent_volume_reclaim_policy,
+                phase_or_terminating(obj, status.phase),
+                claim,
+                class,
+                UNSET.into(),
+                status.reason,
+                created,
+            ];
+            if wide {
+                c.push(spec.volume_mode.unwrap_or_else(|| UNSET.into()));
+            }
+            c
+        }
+        "PersistentVolumeClaim" => {
+            let pvc: PersistentVolumeClaim = typed(obj);
+            let class = pvc.storage_class().to_string();
+            let spec = pvc.spec.unwrap_or_default();
+            let status = pvc.status.unwrap_or_default();
+            // Capacity and access modes are the bound volume's (the claim's status), shown
+            // only once the claim names a volume.
+            let (capacity, modes) = if spec.volume_name.is_empty() {
+                (String::new(), String::new())
+            } else {
+                (
+                    storage_quantity(&status.capacity),
+                    access_modes(&status.access_modes),
+                )
+            };
+            let mut c = vec![
+                name,
+                phase_or_terminating(obj, status.phase),
+                spec.volume_name,
+                capacity,
+                modes,
+                class,
+                UNSET.into(),
+                created,
+            ];
+            if wide {
+                c.push(spec.volume_mode.unwrap_or_else(|| UNSET.into()));
+            }
+            c
+        }
+        "StorageClass" => {
+            let sc: StorageClass = typed(obj);
+            let shown = if sc.is_default() {
+                format!("{name} (default)")
+            } else {
+                name
+            };
+            vec![
+                shown,
+                sc.provisioner,
+                sc.reclaim_policy.unwrap_or_else(|| "Delete".into()),
+                sc.volume_binding_mode.unwrap_or_else(|| "Immediate".into()),
+                sc.allow_volume_expansion.unwrap_or(false).to_string(),
+                created,
+            ]
+        }
         "StatefulSet" => {
             let st: StatefulSet = typed(obj);
             let spec = st.spec.clone().unwrap_or_default();
@@ -623,6 +736,42 @@ pub fn cells(kind: &str, obj: &Value, wide: bool, now: DateTime<Utc>) -> Vec<Str
     // Keep the row as long as the header even for odd objects.
     c.resize(headers(kind, wide).len(), String::new());
     c
+}
+
+/// What kubectl prints for an optional class or mode that is not set.
+const UNSET: &str = "<unset>";
+
+/// The `storage` quantity of a capacity, as kubectl prints it ("0" when absent).
+fn storage_quantity(capacity: &BTreeMap<String, String>) -> String {
+    capacity
+        .get("storage")
+        .cloned()
+        .unwrap_or_else(|| "0".into())
+}
+
+/// kubectl's ACCESS MODES: `RWO`, `ROX`, `RWX`, `RWOP`, in that order, each once, joined by
+/// commas (`GetAccessModesAsString`); unknown modes are left out.
+pub fn access_modes(modes: &[String]) -> String {
+    [
+        ("ReadWriteOnce", "RWO"),
+        ("ReadOnlyMany", "ROX"),
+        ("ReadWriteMany", "RWX"),
+        ("ReadWriteOncePod", "RWOP"),
+    ]
+    .iter()
+    .filter(|(mode, _)| modes.iter().any(|m| m == mode))
+    .map(|(_, short)| *short)
+    .collect::<Vec<_>>()
+    .join(",")
+}
+
+/// A volume's or claim's phase, or Terminating once its delete started.
+fn phase_or_terminating(obj: &Value, phase: String) -> String {
+    if str_at(obj, "/metadata/deletionTimestamp").is_empty() {
+        phase
+    } else {
+        "Terminating".into()
+    }
 }
 
 /// When an event last happened: lastTimestamp, eventTime, firstTimestamp or creation.
@@ -1164,6 +1313,151 @@ mod tests {
         // No status yet: 0/N.
         let fresh = json!({"metadata": {"name": "x"}, "spec": {}});
         assert_eq!(cells("Deployment", &fresh, false, now())[1], "0/1");
+    }
+
+    #[test]
+    fn persistent_volume_columns() {
+        assert_eq!(
+            headers("PersistentVolume", true),
+            [
+                "NAME",
+                "CAPACITY",
+                "ACCESS MODES",
+                "RECLAIM POLICY",
+                "STATUS",
+                "CLAIM",
+                "STORAGECLASS",
+                "VOLUMEATTRIBUTESCLASS",
+                "REASON",
+                "AGE",
+                "VOLUMEMODE"
+            ]
+        );
+        let pv = json!({
+            "metadata": {"name": "pv1", "creationTimestamp": "2024-04-29T12:00:00Z"},
+            "spec": {"capacity": {"storage": "5Gi"},
+                     "accessModes": ["ReadWriteOncePod", "ReadWriteOnce", "ReadWriteMany",
+                                     "ReadWriteOnce"],
+                     "persistentVolumeReclaimPolicy": "Retain",
+                     "claimRef": {"namespace": "shop", "name": "data"},
+                     "storageClassName": "fast", "hostPath": {"path": "/srv"},
+                     "volumeMode": "Filesystem"},
+            "status": {"phase": "Bound"}
+        });
+        assert_eq!(
+            cells("PersistentVolume", &pv, true, now()),
+            vec![
+                "pv1",
+                "5Gi",
+                "RWO,RWX,RWOP",
+                "Retain",
+                "Bound",
+                "shop/data",
+                "fast",
+                "<unset>",
+                "",
+                "2d",
+                "Filesystem"
+            ]
+        );
+        // Unbound, no class; the beta annotation names the class; a delete shows
+        // Terminating.
+        let pv = json!({
+            "metadata": {"name": "pv2", "deletionTimestamp": "2024-05-01T12:00:00Z",
+                         "annotations": {"volume.beta.kubernetes.io/storage-class": "old"}},
+            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"]},
+            "status": {"phase": "Released", "reason": "Lost"}
+        });
+        let c = cells("PersistentVolume", &pv, false, now());
+        assert_eq!(
+            c[2..9],
+            ["ROX", "", "Terminating", "", "old", "<unset>", "Lost"]
+        );
+    }
+
+    #[test]
+    fn persistent_volume_claim_columns() {
+        assert_eq!(
+            headers("PersistentVolumeClaim", false),
+            [
+                "NAME",
+                "STATUS",
+                "VOLUME",
+                "CAPACITY",
+                "ACCESS MODES",
+                "STORAGECLASS",
+                "VOLUMEATTRIBUTESCLASS",
+                "AGE"
+            ]
+        );
+        let pending = json!({
+            "metadata": {"name": "data", "creationTimestamp": "2024-04-29T12:00:00Z"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "standard",
+                     "resources": {"requests": {"storage": "1Gi"}}},
+            "status": {"phase": "Pending"}
+        });
+        assert_eq!(
+            cells("PersistentVolumeClaim", &pending, true, now()),
+            vec![
+                "data", "Pending", "", "", "", "standard", "<unset>", "2d", "<unset>"
+            ]
+        );
+        // Bound: the volume's capacity and modes from the status.
+        let bound = json!({
+            "metadata": {"name": "data"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": "pv1",
+                     "resources": {"requests": {"storage": "1Gi"}}, "volumeMode": "Block"},
+            "status": {"phase": "Bound", "capacity": {"storage": "5Gi"},
+                       "accessModes": ["ReadWriteOnce", "ReadOnlyMany"]}
+        });
+        assert_eq!(
+            cells("PersistentVolumeClaim", &bound, true, now())[1..7],
+            ["Bound", "pv1", "5Gi", "RWO,ROX", "", "<unset>"]
+        );
+        assert_eq!(
+            cells("PersistentVolumeClaim", &bound, true, now())[8],
+            "Block"
+        );
+    }
+
+    #[test]
+    fn storage_class_columns() {
+        assert_eq!(
+            headers("StorageClass", true),
+            [
+                "NAME",
+                "PROVISIONER",
+                "RECLAIMPOLICY",
+                "VOLUMEBINDINGMODE",
+                "ALLOWVOLUMEEXPANSION",
+                "AGE"
+            ]
+        );
+        let sc = json!({
+            "metadata": {"name": "local", "creationTimestamp": "2024-04-29T12:00:00Z",
+                         "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+            "provisioner": "skiff.io/local-path", "reclaimPolicy": "Retain",
+            "volumeBindingMode": "WaitForFirstConsumer", "allowVolumeExpansion": true
+        });
+        assert_eq!(
+            cells("StorageClass", &sc, false, now()),
+            vec![
+                "local (default)",
+                "skiff.io/local-path",
+                "Retain",
+                "WaitForFirstConsumer",
+                "true",
+                "2d"
+            ]
+        );
+        // Unset fields print Kubernetes' defaults; "false" is not the default marker.
+        let sc = json!({"metadata": {"name": "plain",
+                         "annotations": {"storageclass.kubernetes.io/is-default-class": "false"}},
+                        "provisioner": "p"});
+        assert_eq!(
+            cells("StorageClass", &sc, false, now())[..5],
+            ["plain", "p", "Delete", "Immediate", "false"]
+        );
     }
 
     #[test]

@@ -66,3 +66,50 @@ impl api::Pod {
         })
     }
 }
+
+impl api::PersistentVolumeClaim {
+    /// The claim's StorageClass as Kubernetes reads it (`GetPersistentVolumeClaimClass`): the
+    /// beta annotation when present, else `spec.storageClassName`, else "" (no class).
+    pub fn storage_class(&self) -> &str {
+        let beta = self
+            .metadata
+            .as_ref()
+            .and_then(|m| m.annotations.get(wellknown::BETA_STORAGE_CLASS_ANNOTATION));
+        match beta {
+            Some(class) => class,
+            None => self
+                .spec
+                .as_ref()
+                .and_then(|s| s.storage_class_name.as_deref())
+                .unwrap_or(""),
+        }
+    }
+}
+
+impl api::PersistentVolume {
+    /// The volume's StorageClass as Kubernetes reads it (`GetPersistentVolumeClass`): the beta
+    /// annotation when present, else `spec.storageClassName`.
+    pub fn storage_class(&self) -> &str {
+        let beta = self
+            .metadata
+            .as_ref()
+            .and_then(|m| m.annotations.get(wellknown::BETA_STORAGE_CLASS_ANNOTATION));
+        match beta {
+            Some(class) => class,
+            None => self
+                .spec
+                .as_ref()
+                .map(|s| s.storage_class_name.as_str())
+                .unwrap_or(""),
+        }
+    }
+}
+
+impl api::StorageClass {
+    /// Whether the class is annotated as the cluster's default.
+    pub fn is_default(&self) -> bool {
+        self.metadata
+            .as_ref()
+            .is_some_and(|m| wellknown::is_default_storage_class(&m.annotations))
+    }
+}

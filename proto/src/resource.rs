@@ -255,6 +255,30 @@ resource!(
     status
 );
 resource!(
+    PersistentVolume,
+    "v1",
+    "persistentvolumes",
+    ["pv"],
+    false,
+    status
+);
+resource!(
+    PersistentVolumeClaim,
+    "v1",
+    "persistentvolumeclaims",
+    ["pvc"],
+    true,
+    status
+);
+resource!(
+    StorageClass,
+    "storage.k8s.io/v1",
+    "storageclasses",
+    ["sc"],
+    false,
+    no_status
+);
+resource!(
     NetworkPolicy,
     "networking.k8s.io/v1",
     "networkpolicies",
@@ -342,7 +366,7 @@ impl<T: Resource> DynKind for KindOf<T> {
     }
 }
 
-static KINDS: [&dyn DynKind; 24] = [
+static KINDS: [&dyn DynKind; 27] = [
     &KindOf::<Namespace>(PhantomData),
     &KindOf::<Node>(PhantomData),
     &KindOf::<Pod>(PhantomData),
@@ -361,6 +385,9 @@ static KINDS: [&dyn DynKind; 24] = [
     &KindOf::<CronJob>(PhantomData),
     &KindOf::<HorizontalPodAutoscaler>(PhantomData),
     &KindOf::<NetworkPolicy>(PhantomData),
+    &KindOf::<PersistentVolume>(PhantomData),
+    &KindOf::<PersistentVolumeClaim>(PhantomData),
+    &KindOf::<StorageClass>(PhantomData),
     &KindOf::<Lease>(PhantomData),
     &KindOf::<Role>(PhantomData),
     &KindOf::<ClusterRole>(PhantomData),

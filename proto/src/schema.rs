@@ -87,7 +87,7 @@ pub fn patch_strategy(message: &str, field: &str) -> Option<PatchStrategy> {
         }
         ("NodeStatus", "addresses") => MergeByKey("type"),
         ("ServiceSpec", "ports") => MergeByKey("port"),
-        ("NamespaceStatus", "conditions") => MergeByKey("type"),
+        ("NamespaceStatus" | "PersistentVolumeClaimStatus", "conditions") => MergeByKey("type"),
         _ => return None,
     })
 }

@@ -181,7 +181,8 @@ pub fn prune(value: &mut serde_json::Value) {
 /// the namespace, a peer without one is no pod peer; a PodDisruptionBudget's `selector: {}`
 /// covers every pod, none covers none), so the JSON must keep the difference for clients
 /// and for the API server's own patches, which start from this JSON; Kubernetes writes
-/// `{}` for them too. A message the schema does not know is pruned as [`prune`] does.
+/// `{}` for them too. Likewise a set `optional` field stays when it is the empty text. A
+/// message the schema does not know is pruned as [`prune`] does.
 pub fn prune_message(message: &str, value: &mut serde_json::Value) {
     prune_in(crate::schema::message(message), value);
 }
@@ -214,11 +215,15 @@ fn prune_in(msg: Option<&'static crate::schema::Message>, value: &mut serde_json
                     (v, _) => prune_in(sub, v),
                 }
             }
+            // A set `optional` text stays even when empty (Kubernetes' `*string`): a claim's
+            // `storageClassName: ""` (no class) is not an absent one (the default class).
             let kept_empty = |k: &str, v: &Value| {
-                v.is_object()
-                    && msg
-                        .field(k)
-                        .is_some_and(|f| !f.list && !f.map && f.ty == Ty::Message("LabelSelector"))
+                msg.field(k).is_some_and(|f| {
+                    !f.list
+                        && !f.map
+                        && ((v.is_object() && f.ty == Ty::Message("LabelSelector"))
+                            || (v.is_string() && f.optional))
+                })
             };
             map.retain(|k, v| OPAQUE.contains(&k.as_str()) || !is_empty(v) || kept_empty(k, v));
         }
@@ -281,6 +286,24 @@ mod tests {
             (&v["restartCount"], &v["ready"]),
             (&serde_json::json!(0), &serde_json::json!(false))
         );
+    }
+
+    #[test]
+    fn set_optional_texts_are_kept_when_empty() {
+        let claim = crate::api::PersistentVolumeClaim {
+            spec: Some(crate::api::PersistentVolumeClaimSpec {
+                storage_class_name: Some(String::new()),
+                volume_name: String::new(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut v = serde_json::to_value(&claim).unwrap();
+        prune_message("PersistentVolumeClaim", &mut v);
+        assert_eq!(v, serde_json::json!({"spec": {"storageClassName": ""}}));
+        let mut v = serde_json::to_value(crate::api::PersistentVolumeClaim::default()).unwrap();
+        prune_message("PersistentVolumeClaim", &mut v);
+        assert_eq!(v, serde_json::json!({}));
     }
 
     #[test]

@@ -19,3 +19,24 @@ pub const BOOTSTRAP_TOKEN_PREFIX: &str = "bootstrap-token-";
 /// KUBERNETES_SERVICE_HOST/_PORT.
 pub const KUBERNETES_SERVICE_NAMESPACE: &str = "default";
 pub const KUBERNETES_SERVICE_NAME: &str = "kubernetes";
+
+/// The annotation that makes a StorageClass the default one (value `"true"`): a new claim
+/// that names no class gets it (the API server's DefaultStorageClass admission), and kubectl
+/// prints ` (default)` after its name.
+pub const DEFAULT_STORAGE_CLASS_ANNOTATION: &str = "storageclass.kubernetes.io/is-default-class";
+/// Its beta spelling, still honoured by Kubernetes 1.32.
+pub const BETA_DEFAULT_STORAGE_CLASS_ANNOTATION: &str =
+    "storageclass.beta.kubernetes.io/is-default-class";
+/// The beta annotation that named a claim's or a volume's class before `storageClassName`;
+/// it still wins over the field where both are set (Kubernetes' `GetPersistentVolumeClass`).
+pub const BETA_STORAGE_CLASS_ANNOTATION: &str = "volume.beta.kubernetes.io/storage-class";
+
+/// Whether annotations mark a StorageClass as the default one (either spelling, `"true"`).
+pub fn is_default_storage_class(annotations: &std::collections::BTreeMap<String, String>) -> bool {
+    [
+        DEFAULT_STORAGE_CLASS_ANNOTATION,
+        BETA_DEFAULT_STORAGE_CLASS_ANNOTATION,
+    ]
+    .iter()
+    .any(|k| annotations.get(*k).is_some_and(|v| v == "true"))
+}

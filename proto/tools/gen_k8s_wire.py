@@ -24,6 +24,7 @@ ROOTS = [
     "api.authentication.v1.SelfSubjectReview", "api.authentication.v1.TokenRequest",
     "api.core.v1.ServiceAccount", "api.certificates.v1.CertificateSigningRequest",
     "api.core.v1.ConfigMap", "api.apps.v1.DaemonSet", "api.apps.v1.StatefulSet", "api.policy.v1.PodDisruptionBudget", "api.batch.v1.Job", "api.batch.v1.CronJob", "api.autoscaling.v2.HorizontalPodAutoscaler", "api.networking.v1.NetworkPolicy",
+    "api.core.v1.PersistentVolume", "api.core.v1.PersistentVolumeClaim", "api.storage.v1.StorageClass",
     "apimachinery.pkg.apis.meta.v1.DeleteOptions",
 ]
 # Types with their own JSON forms (not objects of their fields).

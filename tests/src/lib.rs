@@ -682,6 +682,14 @@ impl Component {
                 pki("ca.crt"),
                 "--cluster-signing-key-file".to_string(),
                 pki("ca.key"),
+                // The default StorageClass' volumes: beside the server's files, removed with
+                // them.
+                "--local-path-root".to_string(),
+                server
+                    .pki_dir
+                    .with_file_name("local-path")
+                    .display()
+                    .to_string(),
             ]);
         }
         all.extend(args.iter().map(|a| a.to_string()));

@@ -202,6 +202,12 @@ pub fn controller_manager_args(cfg: &UpConfig) -> Vec<String> {
         cfg.pki_dir.join("ca.crt").display().to_string(),
         "--cluster-signing-key-file".into(),
         cfg.pki_dir.join("ca.key").display().to_string(),
+        // The default StorageClass' volumes, in the state directory beside the PKI.
+        "--local-path-root".into(),
+        cfg.pki_dir
+            .with_file_name("local-path")
+            .display()
+            .to_string(),
     ]
 }
 

@@ -19,8 +19,8 @@ use rand::Rng;
 use skiff_api::api::{
     Binding, CertificateSigningRequest, ClusterRole, ClusterRoleBinding, ConfigMap, CronJob,
     DaemonSet, Deployment, Endpoints, Event, HorizontalPodAutoscaler, Job, Lease, Namespace,
-    NetworkPolicy, Node, Pod, PodDisruptionBudget, ReplicaSet, Role, RoleBinding, Secret, Service,
-    ServiceAccount, StatefulSet,
+    NetworkPolicy, Node, PersistentVolume, PersistentVolumeClaim, Pod, PodDisruptionBudget,
+    ReplicaSet, Role, RoleBinding, Secret, Service, ServiceAccount, StatefulSet, StorageClass,
 };
 use skiff_api::rpc::{DeleteRequest, ListRequest, ListResponse, WatchRequest};
 use skiff_api::selector::{FieldSelector, Selector};
@@ -518,6 +518,7 @@ impl<T: Strategy> Handler<T> {
             let mut o = old.clone();
             if subresource == "status" {
                 o.copy_status_from(&new);
+                o.prepare_status_update(&old);
             } else {
                 o.copy_subresource_from(&new, subresource);
             }
@@ -945,6 +946,9 @@ impl Registry {
         add::<CronJob>(h, &store, cache_capacity).await?;
         add::<HorizontalPodAutoscaler>(h, &store, cache_capacity).await?;
         add::<NetworkPolicy>(h, &store, cache_capacity).await?;
+        add::<PersistentVolume>(h, &store, cache_capacity).await?;
+        add::<PersistentVolumeClaim>(h, &store, cache_capacity).await?;
+        add::<StorageClass>(h, &store, cache_capacity).await?;
         add::<Lease>(h, &store, cache_capacity).await?;
         add::<Role>(h, &store, cache_capacity).await?;
         add::<ClusterRole>(h, &store, cache_capacity).await?;

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use skiff_api::api::{LabelSelector, ObjectMeta};
+use skiff_api::api::{LabelSelector, NodeSelector, NodeSelectorRequirement, ObjectMeta};
 use skiff_api::selector::Selector;
 
 use crate::error::FieldError;
@@ -238,6 +238,97 @@ pub fn check_label_selector(
     }
 }
 
+/// Validates a node selector at `path` as kube-apiserver's `ValidateNodeSelector` does (a
+/// PersistentVolume's `nodeAffinity.required`): at least one term; each `matchExpressions`
+/// requirement a known operator with the values it needs, a label key and label values; each
+/// `matchFields` requirement `metadata.name` with `In`/`NotIn` and one node name.
+pub fn check_node_selector(out: &mut Vec<FieldError>, path: &str, sel: &NodeSelector) {
+    let terms = format!("{path}.nodeSelectorTerms");
+    if sel.node_selector_terms.is_empty() {
+        out.push(FieldError::required(
+            terms,
+            "must have at least one node selector term",
+        ));
+        return;
+    }
+    for (i, term) in sel.node_selector_terms.iter().enumerate() {
+        for (j, req) in term.match_expressions.iter().enumerate() {
+            check_node_selector_requirement(
+                out,
+                &format!("{terms}[{i}].matchExpressions[{j}]"),
+                req,
+            );
+        }
+        for (j, req) in term.match_fields.iter().enumerate() {
+            check_node_field_requirement(out, &format!("{terms}[{i}].matchFields[{j}]"), req);
+        }
+    }
+}
+
+/// `ValidateNodeSelectorRequirement`.
+fn check_node_selector_requirement(
+    out: &mut Vec<FieldError>,
+    path: &str,
+    req: &NodeSelectorRequirement,
+) {
+    let values = format!("{path}.values");
+    match req.operator.as_str() {
+        "In" | "NotIn" if req.values.is_empty() => out.push(FieldError::required(
+            values.clone(),
+            "must be specified when `operator` is 'In' or 'NotIn'",
+        )),
+        "Exists" | "DoesNotExist" if !req.values.is_empty() => out.push(FieldError::forbidden(
+            values.clone(),
+            "may not be specified when `operator` is 'Exists' or 'DoesNotExist'",
+        )),
+        "Gt" | "Lt" if req.values.len() != 1 => out.push(FieldError::required(
+            values.clone(),
+            "must be specified single value when `operator` is 'Lt' or 'Gt'",
+        )),
+        "In" | "NotIn" | "Exists" | "DoesNotExist" | "Gt" | "Lt" => {}
+        op => out.push(FieldError::invalid(
+            format!("{path}.operator"),
+            op,
+            "not a valid selector operator",
+        )),
+    }
+    check_qualified_name(out, &format!("{path}.key"), &req.key);
+    for (i, value) in req.values.iter().enumerate() {
+        push_all(out, &format!("{values}[{i}]"), value, label_value(value));
+    }
+}
+
+/// `ValidateNodeFieldSelectorRequirement`: only `metadata.name`, with one value.
+fn check_node_field_requirement(
+    out: &mut Vec<FieldError>,
+    path: &str,
+    req: &NodeSelectorRequirement,
+) {
+    match req.operator.as_str() {
+        "In" | "NotIn" if req.values.len() != 1 => out.push(FieldError::required(
+            format!("{path}.values"),
+            "must be only one value when `operator` is 'In' or 'NotIn' for node field selector",
+        )),
+        "In" | "NotIn" => {}
+        op => out.push(FieldError::invalid(
+            format!("{path}.operator"),
+            op,
+            "not a valid selector operator",
+        )),
+    }
+    if req.key == "metadata.name" {
+        for (i, value) in req.values.iter().enumerate() {
+            check_dns_subdomain(out, &format!("{path}.values[{i}]"), value);
+        }
+    } else {
+        out.push(FieldError::invalid(
+            format!("{path}.key"),
+            &req.key,
+            "not a valid field selector key",
+        ));
+    }
+}
+
 /// Validates an IntOrString that must be a port number (1–65535) or an IANA service name.
 pub fn check_port_or_name(out: &mut Vec<FieldError>, path: &str, value: &str) {
     if value.is_empty() {
@@ -397,6 +488,69 @@ mod tests {
                 "p: Invalid value: \"-a--very-long-name\": must not contain consecutive hyphens",
                 "p: Invalid value: \"-a--very-long-name\": must not begin or end with a hyphen",
             ]
+        );
+    }
+
+    #[test]
+    fn node_selectors_as_kubernetes() {
+        let sel: NodeSelector = serde_json::from_value(serde_json::json!({
+            "nodeSelectorTerms": [{
+                "matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1"]},
+                    {"key": "zone", "operator": "In"},
+                    {"key": "disk", "operator": "Exists", "values": ["ssd"]},
+                    {"key": "cpus", "operator": "Gt", "values": ["1", "2"]},
+                    {"key": "bad key", "operator": "Near", "values": ["-x"]},
+                ],
+                "matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": ["n1", "n2"]},
+                    {"key": "spec.nodeName", "operator": "Exists"},
+                ],
+            }]
+        }))
+        .unwrap();
+        let mut out = Vec::new();
+        check_node_selector(&mut out, "spec.nodeAffinity.required", &sel);
+        let text: Vec<String> = out.iter().map(ToString::to_string).collect();
+        let p = "spec.nodeAffinity.required.nodeSelectorTerms[0]";
+        let want = [
+            format!(
+                "{p}.matchExpressions[1].values: Required value: must be specified when `operator` is 'In' or 'NotIn'"
+            ),
+            format!(
+                "{p}.matchExpressions[2].values: Forbidden: may not be specified when `operator` is 'Exists' or 'DoesNotExist'"
+            ),
+            format!(
+                "{p}.matchExpressions[3].values: Required value: must be specified single value when `operator` is 'Lt' or 'Gt'"
+            ),
+            format!(
+                "{p}.matchExpressions[4].operator: Invalid value: \"Near\": not a valid selector operator"
+            ),
+            format!(
+                "{p}.matchExpressions[4].key: Invalid value: \"bad key\": name part must consist of"
+            ),
+            format!(
+                "{p}.matchExpressions[4].values[0]: Invalid value: \"-x\": a valid label must be"
+            ),
+            format!(
+                "{p}.matchFields[0].values: Required value: must be only one value when `operator` is 'In' or 'NotIn' for node field selector"
+            ),
+            format!(
+                "{p}.matchFields[1].operator: Invalid value: \"Exists\": not a valid selector operator"
+            ),
+            format!(
+                "{p}.matchFields[1].key: Invalid value: \"spec.nodeName\": not a valid field selector key"
+            ),
+        ];
+        assert_eq!(text.len(), want.len(), "{text:#?}");
+        for (t, w) in text.iter().zip(&want) {
+            assert!(t.starts_with(w.as_str()), "{t}\n  wanted {w}");
+        }
+        let mut out = Vec::new();
+        check_node_selector(&mut out, "s", &NodeSelector::default());
+        assert_eq!(
+            out[0].to_string(),
+            "s.nodeSelectorTerms: Required value: must have at least one node selector term"
         );
     }
 

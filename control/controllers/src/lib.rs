@@ -69,6 +69,7 @@ pub mod serviceaccount;
 pub mod serviceip;
 pub mod statefulset;
 pub mod util;
+pub mod volumes;
 
 use skiff_client::runtime::EventRecorder;
 use skiff_client::{Client, ClientError};

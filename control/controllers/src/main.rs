@@ -79,6 +79,10 @@ struct Args {
     /// namespace [default: the CA of the kubeconfig].
     #[arg(long, value_name = "PATH")]
     root_ca_file: Option<std::path::PathBuf>,
+    /// Where the default StorageClass (`local-path`, made when the cluster has none) keeps
+    /// its volumes on the nodes.
+    #[arg(long, value_name = "DIR", default_value = skiff_controllers::volumes::DEFAULT_NODE_PATH)]
+    local_path_root: String,
 }
 
 fn default_identity() -> String {
@@ -142,6 +146,7 @@ async fn run(args: Args) -> Result<()> {
         node_lifecycle,
         signing_ca,
         root_ca_pem,
+        local_path_root: args.local_path_root,
     };
     manager_config
         .service_ranges()

@@ -47,10 +47,11 @@ pub enum ControllerName {
     ServiceAccount,
     CertificateSigningRequest,
     RootCaCertPublisher,
+    PersistentVolumeBinder,
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 17] = [
+    pub const ALL: [ControllerName; 18] = [
         ControllerName::ReplicaSet,
         ControllerName::Deployment,
         ControllerName::DaemonSet,
@@ -68,6 +69,7 @@ impl ControllerName {
         ControllerName::ServiceAccount,
         ControllerName::CertificateSigningRequest,
         ControllerName::RootCaCertPublisher,
+        ControllerName::PersistentVolumeBinder,
     ];
 
     pub fn as_str(&self) -> &'static str {
@@ -89,6 +91,7 @@ impl ControllerName {
             ControllerName::ServiceAccount => "serviceaccount",
             ControllerName::CertificateSigningRequest => "certificatesigningrequest",
             ControllerName::RootCaCertPublisher => "root-ca-cert-publisher",
+            ControllerName::PersistentVolumeBinder => "persistentvolume-binder",
         }
     }
 
@@ -112,6 +115,7 @@ impl ControllerName {
             ControllerName::ServiceAccount => "serviceaccount-controller",
             ControllerName::CertificateSigningRequest => "certificate-controller",
             ControllerName::RootCaCertPublisher => "root-ca-cert-publisher",
+            ControllerName::PersistentVolumeBinder => "persistentvolume-controller",
         }
     }
 }
@@ -190,6 +194,9 @@ pub struct ManagerConfig {
     /// The CA published as `kube-root-ca.crt` in every namespace (`--root-ca-file`, else the
     /// CA the manager's kubeconfig trusts); `None`: nothing is published.
     pub root_ca_pem: Option<std::sync::Arc<str>>,
+    /// Where the default StorageClass' local-path volumes live on the nodes
+    /// (`--local-path-root`).
+    pub local_path_root: String,
 }
 
 impl ManagerConfig {
@@ -209,6 +216,7 @@ impl ManagerConfig {
             node_lifecycle: NodeLifecycleConfig::default(),
             signing_ca: None,
             root_ca_pem: None,
+            local_path_root: crate::volumes::DEFAULT_NODE_PATH.into(),
         }
     }
 
@@ -320,6 +328,15 @@ pub async fn run_controllers(client: Client, config: &ManagerConfig, stop: Cance
                     continue;
                 }
             },
+            ControllerName::PersistentVolumeBinder => {
+                Box::pin(crate::volumes::VolumeController::run(
+                    &informers,
+                    recorder(*c),
+                    config.local_path_root.clone(),
+                    config.workers,
+                    stop.clone(),
+                ))
+            }
             ControllerName::GarbageCollector => Box::pin(gc::run(
                 &informers,
                 recorder(*c),
@@ -406,7 +423,7 @@ mod tests {
     fn controller_lists() {
         use ControllerName::*;
         let all: BTreeSet<_> = ControllerName::ALL.into_iter().collect();
-        assert_eq!(all.len(), 17);
+        assert_eq!(all.len(), 18);
         assert_eq!(parse_controllers("*").unwrap(), all);
         assert_eq!(parse_controllers("").unwrap(), all);
         assert_eq!(
@@ -431,21 +448,22 @@ mod tests {
                 NodeLifecycle,
                 ServiceAccount,
                 CertificateSigningRequest,
-                RootCaCertPublisher
+                RootCaCertPublisher,
+                PersistentVolumeBinder
             ]
             .into()
         );
         assert_eq!(
             parse_controllers(
                 "*,-replicaset,-garbagecollector,-namespace,-nodelifecycle,-serviceaccount,\
-                 -certificatesigningrequest,-root-ca-cert-publisher,-daemonset,-disruption,-job,-cronjob,-statefulset,-horizontalpodautoscaling"
+                 -certificatesigningrequest,-root-ca-cert-publisher,-daemonset,-disruption,-job,-cronjob,-statefulset,-horizontalpodautoscaling,-persistentvolume-binder"
             )
             .unwrap(),
             [Deployment, Endpoints, ServiceAllocator, NodeIpam].into()
         );
         assert_eq!(
             parse_controllers(
-                "ReplicaSet, deployment, daemonset, statefulset, disruption, job, cronjob, horizontalpodautoscaling, endpoints, service-allocator, nodeipam, garbagecollector, Namespace, NodeLifecycle, serviceaccount, certificatesigningrequest, root-ca-cert-publisher"
+                "ReplicaSet, deployment, daemonset, statefulset, disruption, job, cronjob, horizontalpodautoscaling, endpoints, service-allocator, nodeipam, garbagecollector, Namespace, NodeLifecycle, serviceaccount, certificatesigningrequest, root-ca-cert-publisher, persistentvolume-binder"
             )
             .unwrap(),
             all

@@ -76,6 +76,23 @@ pub fn pod_for(set: &StatefulSet, ordinal: i32, revision: &str) -> Pod {
     pod_labels.insert(POD_INDEX.into(), ordinal.to_string());
     pod_labels.insert(REVISION.into(), revision.to_string());
     let mut pod_spec = template.spec.unwrap_or_default();
+    // Each claim template is the pod's volume of that name (Kubernetes' `updateStorage`).
+    for tpl in &spec.volume_claim_templates {
+        let tname = tpl
+            .metadata
+            .as_ref()
+            .map(|m| m.name.clone())
+            .unwrap_or_default();
+        pod_spec.volumes.retain(|v| v.name != tname);
+        pod_spec.volumes.push(skiff_api::api::Volume {
+            name: tname.clone(),
+            persistent_volume_claim: Some(skiff_api::api::PersistentVolumeClaimVolumeSource {
+                claim_name: claim_name(&tname, set, ordinal),
+                read_only: false,
+            }),
+            ..Default::default()
+        });
+    }
     pod_spec.hostname = name.clone();
     if !spec.service_name.is_empty() {
         pod_spec.subdomain = spec.service_name.clone();
@@ -93,6 +110,42 @@ pub fn pod_for(set: &StatefulSet, ordinal: i32, revision: &str) -> Pod {
         spec: Some(pod_spec),
         ..Default::default()
     }
+}
+
+/// The claim of template `template` for `set`'s pod `ordinal`: `<template>-<set>-<ordinal>`.
+pub fn claim_name(template: &str, set: &StatefulSet, ordinal: i32) -> String {
+    format!("{template}-{}-{ordinal}", set.name())
+}
+
+/// The PersistentVolumeClaims of `set`'s pod `ordinal`, one per claim template: the
+/// template's spec, its labels plus the set's selector labels (as Kubernetes makes them;
+/// no owner: claims outlive their pods and, by default, the set).
+pub fn claims_for(set: &StatefulSet, ordinal: i32) -> Vec<skiff_api::api::PersistentVolumeClaim> {
+    let spec = set.spec.clone().unwrap_or_default();
+    let selector_labels = spec
+        .selector
+        .as_ref()
+        .map(|s| s.match_labels.clone())
+        .unwrap_or_default();
+    spec.volume_claim_templates
+        .iter()
+        .map(|tpl| {
+            let tm = tpl.metadata.clone().unwrap_or_default();
+            let mut labels = tm.labels;
+            labels.extend(selector_labels.clone());
+            skiff_api::api::PersistentVolumeClaim {
+                metadata: Some(ObjectMeta {
+                    name: claim_name(&tm.name, set, ordinal),
+                    namespace: set.namespace().to_string(),
+                    labels,
+                    annotations: tm.annotations,
+                    ..Default::default()
+                }),
+                spec: tpl.spec.clone(),
+                ..Default::default()
+            }
+        })
+        .collect()
 }
 
 fn phase(p: &Pod) -> &str {
@@ -296,6 +349,36 @@ impl StatefulSetController {
     }
 }
 
+impl StatefulSetController {
+    /// Creates the claims of pod `ordinal` that do not exist yet.
+    async fn ensure_claims(&self, set: &StatefulSet, ordinal: i32) -> Result<(), Error> {
+        let api = self
+            .pods
+            .client
+            .namespaced::<skiff_api::api::PersistentVolumeClaim>(set.namespace());
+        for claim in claims_for(set, ordinal) {
+            let name = claim
+                .metadata
+                .as_ref()
+                .map(|m| m.name.clone())
+                .unwrap_or_default();
+            match api.create(&claim).await {
+                Ok(_) | Err(skiff_client::ClientError::AlreadyExists { .. }) => {}
+                Err(e) => {
+                    return Err(e).during(|| {
+                        format!(
+                            "creating claim {}/{name} of stateful set {}",
+                            set.namespace(),
+                            set.name()
+                        )
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Reconciler for StatefulSetController {
     type Error = Error;
 
@@ -317,6 +400,10 @@ impl Reconciler for StatefulSetController {
         let mut applied = Ok(());
         if pending.is_none() && !is_terminating(&*set) {
             let plan = plan(&set, &by_ordinal, &rev);
+            // A pod's claims exist before it does (kept when it goes).
+            for o in &plan.create {
+                self.ensure_claims(&set, *o).await?;
+            }
             let create: Vec<Pod> = plan
                 .create
                 .iter()
@@ -459,5 +546,49 @@ mod tests {
             (2, 3, 3)
         );
         assert_eq!(st.update_revision, "r2");
+    }
+
+    #[test]
+    fn claim_templates_become_claims_and_pod_volumes() {
+        let mut s = set(3, "OrderedReady", 0);
+        let spec = s.spec.as_mut().unwrap();
+        spec.selector = Some(skiff_api::api::LabelSelector {
+            match_labels: [("app".to_string(), "db".to_string())].into(),
+            ..Default::default()
+        });
+        spec.volume_claim_templates = vec![skiff_api::api::PersistentVolumeClaim {
+            metadata: Some(ObjectMeta {
+                name: "data".into(),
+                labels: [("tier".to_string(), "storage".to_string())].into(),
+                ..Default::default()
+            }),
+            spec: Some(skiff_api::api::PersistentVolumeClaimSpec {
+                access_modes: vec!["ReadWriteOnce".into()],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }];
+        let claims = claims_for(&s, 2);
+        assert_eq!(claims.len(), 1);
+        let m = claims[0].metadata.as_ref().unwrap();
+        assert_eq!(
+            (m.name.as_str(), m.namespace.as_str()),
+            ("data-db-2", "default")
+        );
+        assert_eq!(m.labels["app"], "db");
+        assert_eq!(m.labels["tier"], "storage");
+        assert!(m.owner_references.is_empty(), "claims outlive the set");
+        assert_eq!(
+            claims[0].spec.as_ref().unwrap().access_modes,
+            ["ReadWriteOnce"]
+        );
+        let pod = pod_for(&s, 2, "r1");
+        let vols = &pod.spec.as_ref().unwrap().volumes;
+        assert_eq!(vols.len(), 1);
+        assert_eq!(vols[0].name, "data");
+        assert_eq!(
+            vols[0].persistent_volume_claim.as_ref().unwrap().claim_name,
+            "data-db-2"
+        );
     }
 }

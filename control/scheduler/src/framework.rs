@@ -35,6 +35,8 @@ pub struct PodContext {
     pub info: PodInfo,
     /// State the inter-pod affinity pre-filter computed.
     pub inter_pod: plugins::InterPodState,
+    /// State the volume binding pre-filter computed.
+    pub volumes: crate::volumes::VolumeState,
 }
 
 static NO_SPEC: std::sync::LazyLock<PodSpec> = std::sync::LazyLock::new(PodSpec::default);
@@ -44,6 +46,7 @@ impl PodContext {
         PodContext {
             info,
             inter_pod: Default::default(),
+            volumes: Default::default(),
         }
     }
 

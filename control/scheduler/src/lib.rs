@@ -31,6 +31,7 @@ pub use skiff_api::quantity;
 pub mod queue;
 pub mod resources;
 pub mod scheduler;
+pub mod volumes;
 
 pub use scheduler::{
     ClusterEvent, DEFAULT_SCHEDULER_NAME, Scheduler, SchedulerConfig, SchedulerError,

@@ -29,6 +29,8 @@ pub enum ClusterChange {
     PodDeleted,
     /// A pod was bound or its labels changed: pod affinity may now be met.
     PodAssigned,
+    /// A PersistentVolumeClaim, PersistentVolume or StorageClass changed.
+    VolumeChanged,
 }
 
 impl ClusterChange {
@@ -41,6 +43,7 @@ impl ClusterChange {
                     || plugins.contains("NodeResourcesFit")
                     || plugins.contains("InterPodAffinity")
             }
+            ClusterChange::VolumeChanged => plugins.is_empty() || plugins.contains("VolumeBinding"),
             ClusterChange::PodAssigned => {
                 plugins.is_empty() || plugins.contains("InterPodAffinity")
             }

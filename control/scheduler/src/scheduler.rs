@@ -120,6 +120,8 @@ struct Shared {
     stats: Stats,
     events: EventRecorder,
     calls: Arc<Semaphore>,
+    /// Volume binding's informers (the scheduler made with [`Scheduler::new`] has them).
+    volumes: Option<crate::volumes::VolumeBinding>,
 }
 
 impl Shared {
@@ -198,12 +200,26 @@ impl std::fmt::Debug for Scheduler {
 }
 
 impl Scheduler {
-    /// A scheduler with the default plugins.
+    /// A scheduler with the default plugins, volume binding included (it reads
+    /// PersistentVolumeClaims, PersistentVolumes and StorageClasses through informers).
     pub fn new(client: Client, config: SchedulerConfig) -> Scheduler {
-        Scheduler::with_profile(client, config, Profile::default())
+        let informers = skiff_client::runtime::Informers::new(client.clone());
+        let volumes = crate::volumes::VolumeBinding::new(&informers);
+        let mut profile = Profile::default();
+        profile.filters.push(Box::new(volumes.clone()));
+        Scheduler::build(client, config, profile, Some(volumes))
     }
 
     pub fn with_profile(client: Client, config: SchedulerConfig, profile: Profile) -> Scheduler {
+        Scheduler::build(client, config, profile, None)
+    }
+
+    fn build(
+        client: Client,
+        config: SchedulerConfig,
+        profile: Profile,
+        volumes: Option<crate::volumes::VolumeBinding>,
+    ) -> Scheduler {
         let algorithm = Algorithm::new(profile, config.percentage_of_nodes_to_score);
         let shared = Arc::new(Shared {
             events: EventRecorder::new(client.clone(), &config.scheduler_name, &config.instance),
@@ -213,6 +229,7 @@ impl Scheduler {
             stats: Stats::default(),
             calls: Arc::new(Semaphore::new(config.bind_concurrency.max(1))),
             config,
+            volumes,
         });
         Scheduler { shared, algorithm }
     }
@@ -245,6 +262,21 @@ impl Scheduler {
             synced_rx,
         )));
         let _timers = AbortOnDrop(tokio::spawn(timers(shared.clone())));
+        // Claims, volumes and classes read by volume binding: listed before the first
+        // decision, and each change retries the pods they parked.
+        let _volume_changes = match shared.volumes.clone() {
+            Some(v) => {
+                v.wait_synced().await;
+                let s = shared.clone();
+                Some(AbortOnDrop(tokio::spawn(async move {
+                    let mut changes = std::pin::pin!(v.changes());
+                    while changes.next().await.is_some() {
+                        s.queue.move_on(crate::queue::ClusterChange::VolumeChanged);
+                    }
+                })))
+            }
+            None => None,
+        };
         tracing::info!(scheduler_name = %shared.config.scheduler_name, "scheduler started");
         let (mut nodes_listed, mut pods_listed) = (false, false);
         let mut events = std::pin::pin!(events);
@@ -481,6 +513,12 @@ async fn schedule_loop(
 async fn bind(shared: Arc<Shared>, pod: Arc<Pod>, node: String, permit: OwnedSemaphorePermit) {
     let key = object_key(&*pod);
     let api = shared.client.namespaced::<Pod>(pod.namespace());
+    if let Some(v) = &shared.volumes
+        && let Err(e) = v.pre_bind(&shared.client, &pod, &node).await
+    {
+        // The provisioner also follows the bound pod's node; binding goes on.
+        tracing::warn!(pod = %key, error = %e, "marking the pod's claims with its node");
+    }
     let result = api.bind(pod.name(), &node).await;
     drop(permit);
     match result {

@@ -158,6 +158,7 @@ impl Volumes {
         pod_ip: Option<IpAddr>,
         secrets: &Secrets,
         tokens: &Tokens,
+        claims: &Claims,
     ) -> Result<PodVolumes, VolumeError> {
         let dir = self.root.join(uid);
         let mut out = PodVolumes::default();
@@ -172,7 +173,11 @@ impl Volumes {
                 volume: v.name.clone(),
                 message,
             };
-            let path = volume(&dir, v, pod, fs_group, secrets, tokens).map_err(err)?;
+            let path = match &v.persistent_volume_claim {
+                Some(c) => claim_volume(&c.claim_name, claims),
+                None => volume(&dir, v, pod, fs_group, secrets, tokens),
+            }
+            .map_err(err)?;
             out.paths.insert(v.name.clone(), path);
         }
         let etc = dir.join(".etc");
@@ -442,6 +447,38 @@ fn write_files(path: &Path, files: &[File<'_>], fs_group: Option<u32>) -> Result
 /// ServiceAccount tokens of projected volumes, by (volume name, source index), fetched by the
 /// pod worker before the volumes are set up.
 pub(crate) type Tokens = BTreeMap<(String, usize), String>;
+
+/// Where the volume bound to each claim the pod names lives on this node, or why it cannot
+/// be used yet (claim not found, not bound, volume of another kind).
+pub(crate) type Claims = BTreeMap<String, Result<ClaimVolume, String>>;
+
+/// The node directory of a bound claim's volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ClaimVolume {
+    pub path: String,
+    /// The hostPath type to check (`local` volumes: `Directory`, they must exist).
+    pub ty: String,
+}
+
+/// The names of the claims `pod`'s volumes use.
+pub(crate) fn claim_names(pod: &Pod) -> Vec<String> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.volumes.iter())
+        .filter_map(|v| v.persistent_volume_claim.as_ref())
+        .map(|c| c.claim_name.clone())
+        .collect()
+}
+
+/// A claim's volume: its directory on the node, checked (or created) like a hostPath.
+fn claim_volume(claim: &str, claims: &Claims) -> Result<PathBuf, String> {
+    let v = claims
+        .get(claim)
+        .cloned()
+        .unwrap_or_else(|| Err(format!("persistentvolumeclaim {claim:?} was not looked up")))?;
+    host_path(&v.path, &v.ty)?;
+    Ok(v.path.into())
+}
 
 /// A projected volume: every source's files in one tmpfs (Secret and ConfigMap keys, pod
 /// fields, ServiceAccount tokens), rewritten when they change.
@@ -1030,6 +1067,7 @@ mod tests {
                 Some("10.1.0.7".parse().unwrap()),
                 &Secrets::new(),
                 &Tokens::new(),
+                &Claims::new(),
             )
             .unwrap();
         let scratch = &got.paths["scratch"];
@@ -1056,6 +1094,7 @@ mod tests {
             Some("10.1.0.7".parse().unwrap()),
             &Secrets::new(),
             &Tokens::new(),
+            &Claims::new(),
         )
         .unwrap();
         assert_eq!(read("app"), "shop");
@@ -1169,6 +1208,7 @@ mod tests {
                 None,
                 &Secrets::new(),
                 &Tokens::new(),
+                &Claims::new(),
             )
             .unwrap_err();
         assert_eq!(e.volume, "node-logs");

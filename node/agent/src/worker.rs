@@ -10,7 +10,10 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use skiff_api::api::{Container, ContainerStateTerminated, Pod, PodStatus, Secret};
+use skiff_api::api::{
+    Container, ContainerStateTerminated, PersistentVolume, PersistentVolumeClaim, Pod, PodStatus,
+    Secret,
+};
 use skiff_api::{Resource, quantity};
 use skiff_client::runtime::EventType;
 use skiff_client::{ClientError, DeleteParams, Preconditions};
@@ -362,11 +365,17 @@ impl Worker {
         self.start_time.get_or_insert_with(SystemTime::now);
         let secrets = self.volume_secrets().await;
         let tokens = self.volume_tokens().await;
+        let claims = self.volume_claims().await;
         let ensured = secrets.and_then(|secrets| {
             let tokens = tokens?;
-            self.ctx
-                .volumes
-                .ensure(&self.uid, &self.pod, self.pod_ip, &secrets, &tokens)
+            self.ctx.volumes.ensure(
+                &self.uid,
+                &self.pod,
+                self.pod_ip,
+                &secrets,
+                &tokens,
+                &claims,
+            )
         });
         match ensured {
             Ok(v) => {
@@ -924,6 +933,66 @@ impl Worker {
             }
         }
         Ok(out)
+    }
+
+    /// The volumes bound to the claims the pod's volumes name, from the API: the claim must be
+    /// Bound, its PersistentVolume a hostPath or local volume (the node agent's local-path
+    /// provisioner makes hostPath ones).
+    async fn volume_claims(&self) -> volumes::Claims {
+        let mut out = volumes::Claims::new();
+        let ns = self.pod.namespace().to_string();
+        for name in volumes::claim_names(&self.pod) {
+            let claims = self.ctx.client.namespaced::<PersistentVolumeClaim>(&ns);
+            let got = match claims.get_opt(&name).await {
+                Err(e) => Err(format!("reading persistentvolumeclaim {name:?}: {e}")),
+                Ok(None) => Err(format!("persistentvolumeclaim {name:?} not found")),
+                Ok(Some(c)) => {
+                    let volume = c
+                        .spec
+                        .as_ref()
+                        .map(|s| s.volume_name.clone())
+                        .unwrap_or_default();
+                    let bound = c.status.as_ref().is_some_and(|s| s.phase == "Bound");
+                    if volume.is_empty() || !bound {
+                        Err(format!("persistentvolumeclaim {name:?} is not bound yet"))
+                    } else {
+                        match self
+                            .ctx
+                            .client
+                            .cluster::<PersistentVolume>()
+                            .get_opt(&volume)
+                            .await
+                        {
+                            Err(e) => Err(format!("reading persistentvolume {volume:?}: {e}")),
+                            Ok(None) => Err(format!(
+                                "persistentvolume {volume:?} of claim {name:?} not found"
+                            )),
+                            Ok(Some(pv)) => {
+                                let spec = pv.spec.unwrap_or_default();
+                                if let Some(h) = spec.host_path {
+                                    Ok(volumes::ClaimVolume {
+                                        path: h.path,
+                                        ty: h.r#type.unwrap_or_else(|| "DirectoryOrCreate".into()),
+                                    })
+                                } else if let Some(l) = spec.local {
+                                    Ok(volumes::ClaimVolume {
+                                        path: l.path,
+                                        ty: "Directory".into(),
+                                    })
+                                } else {
+                                    Err(format!(
+                                        "persistentvolume {volume:?} is neither hostPath nor \
+                                         local: this node cannot attach it"
+                                    ))
+                                }
+                            }
+                        }
+                    }
+                }
+            };
+            out.insert(name, got);
+        }
+        out
     }
 
     /// The Secrets and ConfigMaps the pod's volumes name, from the API (`None`: not found).

@@ -86,6 +86,7 @@ fn root_message(api_version: &str, kind: &str) -> Option<&'static str> {
         "coordination.k8s.io" => "api.coordination",
         "autoscaling" => "api.autoscaling",
         "networking.k8s.io" => "api.networking",
+        "storage.k8s.io" => "api.storage",
         "rbac.authorization.k8s.io" => "api.rbac",
         "authorization.k8s.io" => "api.authorization",
         "authentication.k8s.io" => "api.authentication",
@@ -551,6 +552,54 @@ mod tests {
                              {"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}],
                 }]},
             })
+        );
+    }
+
+    #[test]
+    fn storage_kinds_are_read() {
+        // Field numbers of Kubernetes' storage/v1 and core/v1 generated.proto.
+        let entry = ld(3, &[ld(1, b"type"), ld(2, b"ssd")].concat());
+        let class = [
+            ld(1, &ld(1, b"fast")),
+            ld(2, b"skiff.io/local-path"),
+            entry,
+            ld(4, b"Retain"),
+            vec![6 << 3, 1], // allowVolumeExpansion: true
+            ld(7, b"WaitForFirstConsumer"),
+        ]
+        .concat();
+        let envelope = [
+            ld(
+                1,
+                &[ld(1, b"storage.k8s.io/v1"), ld(2, b"StorageClass")].concat(),
+            ),
+            ld(2, &class),
+        ]
+        .concat();
+        let v = decode(&[MAGIC, envelope.as_slice()].concat()).unwrap();
+        assert_eq!(
+            v,
+            json!({
+                "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                "metadata": {"name": "fast"}, "provisioner": "skiff.io/local-path",
+                "parameters": {"type": "ssd"}, "reclaimPolicy": "Retain",
+                "allowVolumeExpansion": true, "volumeBindingMode": "WaitForFirstConsumer",
+            })
+        );
+        // A claim: an explicit empty storageClassName (no class) stays, a Quantity is its
+        // string.
+        let requests = ld(2, &[ld(1, b"storage"), ld(2, &ld(1, b"1Gi"))].concat());
+        let spec = [ld(1, b"ReadWriteOnce"), ld(2, &requests), ld(5, b"")].concat();
+        let envelope = [
+            ld(1, &[ld(1, b"v1"), ld(2, b"PersistentVolumeClaim")].concat()),
+            ld(2, &[ld(1, &ld(1, b"data")), ld(2, &spec)].concat()),
+        ]
+        .concat();
+        let v = decode(&[MAGIC, envelope.as_slice()].concat()).unwrap();
+        assert_eq!(
+            v["spec"],
+            json!({"accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                   "resources": {"requests": {"storage": "1Gi"}}})
         );
     }
 

@@ -176,13 +176,15 @@ pub fn subject_matches(s: &Subject, user: &UserInfo, binding_namespace: &str) ->
     }
 }
 
-/// The chain, over in-process mirrors of the RBAC kinds and of pods.
+/// The chain, over in-process mirrors of the RBAC kinds, of pods and of PersistentVolumes.
 pub struct Authorizer {
     roles: Arc<Mirror<Role>>,
     cluster_roles: Arc<Mirror<ClusterRole>>,
     role_bindings: Arc<Mirror<RoleBinding>>,
     cluster_role_bindings: Arc<Mirror<ClusterRoleBinding>>,
     pub(crate) pods: Arc<Mirror<Pod>>,
+    /// The Node authorizer's way from a volume to its claim (`spec.claimRef`).
+    pub(crate) persistent_volumes: Arc<Mirror<skiff_api::api::PersistentVolume>>,
     service_accounts: Arc<Mirror<skiff_api::api::ServiceAccount>>,
 }
 
@@ -201,6 +203,7 @@ impl Authorizer {
             role_bindings: Mirror::start(registry).await?,
             cluster_role_bindings: Mirror::start(registry).await?,
             pods: Mirror::start(registry).await?,
+            persistent_volumes: Mirror::start(registry).await?,
             service_accounts: Mirror::start(registry).await?,
         }))
     }

@@ -12,6 +12,10 @@
 //!   every pod's address and labels); never create.
 //! - Secrets: get only those a pod bound to it names (volumes, env, envFrom,
 //!   imagePullSecrets); never list or watch.
+//! - PersistentVolumeClaims: get only those a pod bound to it names
+//!   (`volumes[].persistentVolumeClaim.claimName`); PersistentVolumes: get only those bound
+//!   (`spec.claimRef`) to such a claim. Other reads of them, and other nodes' claims and
+//!   volumes, as RBAC allows (Kubernetes' Node authorizer has no opinion there either).
 //! - Services, Endpoints, Namespaces: read (the service proxy). Events: create and update.
 //! - NetworkPolicies: read. Not in Kubernetes' Node authorizer, where the network plugin
 //!   reads them with its own identity; Skiff's node agent enforces them itself.
@@ -114,6 +118,16 @@ pub fn pod_config_maps(pod: &Pod) -> Vec<String> {
     out
 }
 
+/// PersistentVolumeClaims a pod names (its `persistentVolumeClaim` volumes).
+pub fn pod_claims(pod: &Pod) -> Vec<String> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.volumes.iter())
+        .filter_map(|v| v.persistent_volume_claim.as_ref())
+        .map(|c| c.claim_name.clone())
+        .collect()
+}
+
 /// The ServiceAccount a pod runs as (`default` when it names none).
 pub fn service_account_of(spec: &skiff_api::api::PodSpec) -> &str {
     if spec.service_account_name.is_empty() {
@@ -142,6 +156,39 @@ fn own_pods_name(
         })
         .is_empty();
     if named {
+        Decision::Allow
+    } else {
+        no_relationship(node)
+    }
+}
+
+/// Whether a pod bound to `node` in `namespace` names the claim `claim`.
+fn own_pods_claim(authz: &Authorizer, node: &str, namespace: &str, claim: &str) -> bool {
+    !authz
+        .pods
+        .filter(|p| {
+            bound_to(p, node)
+                && p.metadata
+                    .as_ref()
+                    .is_some_and(|m| m.namespace == namespace)
+                && pod_claims(p).iter().any(|c| c == claim)
+        })
+        .is_empty()
+}
+
+/// A get of a claim or a volume: allowed when a pod bound to `node` uses it (a volume: is
+/// bound to a claim such a pod names), else as RBAC allows, else "no relationship".
+fn own_pods_storage(authz: &Authorizer, user: &UserInfo, node: &str, a: &Attributes) -> Decision {
+    let related = a.subresource.is_empty()
+        && match a.resource.as_str() {
+            "persistentvolumeclaims" => own_pods_claim(authz, node, &a.namespace, &a.name),
+            _ => authz
+                .persistent_volumes
+                .get("", &a.name)
+                .and_then(|pv| pv.spec.as_ref().and_then(|s| s.claim_ref.clone()))
+                .is_some_and(|r| own_pods_claim(authz, node, &r.namespace, &r.name)),
+        };
+    if related || authz.rbac_allows(user, a) {
         Decision::Allow
     } else {
         no_relationship(node)
@@ -235,9 +282,130 @@ pub fn decide(authz: &Authorizer, user: &UserInfo, a: &Attributes) -> Decision {
         ("", "secrets") if a.verb == "get" => own_pods_name(authz, node, a, pod_secrets),
         ("", "configmaps") if a.verb == "get" => own_pods_name(authz, node, a, pod_config_maps),
         ("", "secrets" | "configmaps") => no_relationship(node),
+        ("", "persistentvolumeclaims" | "persistentvolumes") if a.verb == "get" => {
+            own_pods_storage(authz, user, node, a)
+        }
         ("", "services" | "endpoints" | "namespaces") if read => Decision::Allow,
         ("networking.k8s.io", "networkpolicies") if read => Decision::Allow,
         ("" | "events.k8s.io", "events") if write => Decision::Allow,
         _ => Decision::NoOpinion,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::json;
+    use skiff_api::Resource;
+    use skiff_api::api::{Namespace, PersistentVolume, PersistentVolumeClaim};
+
+    use super::*;
+    use crate::registry::{Registry, WriteOptions};
+
+    async fn create<T: Resource>(registry: &Registry, namespace: &str, object: serde_json::Value) {
+        let obj: T = serde_json::from_value(object).unwrap();
+        registry
+            .handler(T::INFO.plural)
+            .unwrap()
+            .create(namespace, &obj.encode_to_vec(), WriteOptions::default())
+            .await
+            .unwrap();
+    }
+
+    fn pod(name: &str, node: &str, claim: &str) -> serde_json::Value {
+        json!({"metadata": {"name": name, "namespace": "shop"},
+               "spec": {"nodeName": node,
+                        "containers": [{"name": "c", "image": "host",
+                                        "volumeMounts": [{"name": "data", "mountPath": "/d"}]}],
+                        "volumes": [{"name": "data",
+                                     "persistentVolumeClaim": {"claimName": claim}}]}})
+    }
+
+    fn claim(name: &str) -> serde_json::Value {
+        json!({"metadata": {"name": name, "namespace": "shop"},
+               "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                        "resources": {"requests": {"storage": "1Gi"}}}})
+    }
+
+    fn volume(name: &str, claim: &str) -> serde_json::Value {
+        json!({"metadata": {"name": name},
+               "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                        "hostPath": {"path": "/srv"},
+                        "claimRef": {"namespace": "shop", "name": claim}}})
+    }
+
+    /// A node gets the claims its pods name and the volumes bound to them, nothing else.
+    #[tokio::test]
+    async fn nodes_get_the_claims_and_volumes_of_their_pods() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = skiff_store::EmbeddedStore::open(
+            &dir.path().join("s.redb"),
+            skiff_store::EmbeddedOptions::default(),
+        )
+        .unwrap();
+        let registry = Registry::start(Arc::new(store), 64).await.unwrap();
+        create::<Namespace>(&registry, "", json!({"metadata": {"name": "shop"}})).await;
+        create::<Pod>(&registry, "shop", pod("a", "n1", "data-a")).await;
+        create::<Pod>(&registry, "shop", pod("b", "n2", "data-b")).await;
+        for name in ["data-a", "data-b"] {
+            create::<PersistentVolumeClaim>(&registry, "shop", claim(name)).await;
+        }
+        create::<PersistentVolume>(&registry, "", volume("pv-a", "data-a")).await;
+        create::<PersistentVolume>(&registry, "", volume("pv-b", "data-b")).await;
+        create::<PersistentVolume>(
+            &registry,
+            "",
+            json!({"metadata": {"name": "pv-free"},
+            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                     "hostPath": {"path": "/srv"}}}),
+        )
+        .await;
+        let authz = Authorizer::start(&registry).await.unwrap();
+        let n1 = UserInfo {
+            name: "system:node:n1".into(),
+            groups: vec![NODES_GROUP.into(), "system:authenticated".into()],
+            ..Default::default()
+        };
+        let get = |resource: &str, namespace: &str, name: &str| {
+            decide(
+                &authz,
+                &n1,
+                &Attributes::resource("get", "", resource, "", namespace, name),
+            )
+        };
+        assert_eq!(
+            get("persistentvolumeclaims", "shop", "data-a"),
+            Decision::Allow
+        );
+        assert_eq!(get("persistentvolumes", "", "pv-a"), Decision::Allow);
+        let unrelated =
+            Decision::Deny("no relationship found between node 'n1' and this object".into());
+        for (resource, namespace, name) in [
+            ("persistentvolumeclaims", "shop", "data-b"),
+            ("persistentvolumeclaims", "other", "data-a"),
+            ("persistentvolumes", "", "pv-b"),
+            ("persistentvolumes", "", "pv-free"),
+            ("persistentvolumes", "", "missing"),
+        ] {
+            assert_eq!(
+                get(resource, namespace, name),
+                unrelated,
+                "{resource} {name}"
+            );
+        }
+        // A subresource is no get of the object; lists are RBAC's (none here).
+        let status = Attributes::resource(
+            "get",
+            "",
+            "persistentvolumeclaims",
+            "status",
+            "shop",
+            "data-a",
+        );
+        assert_eq!(decide(&authz, &n1, &status), unrelated);
+        let list = Attributes::resource("list", "", "persistentvolumes", "", "", "");
+        assert_eq!(decide(&authz, &n1, &list), Decision::NoOpinion);
+        registry.stop();
     }
 }

@@ -82,6 +82,8 @@ const VIEWABLE: &[&str] = &[
     "namespaces",
     "namespaces/status",
     "serviceaccounts",
+    "persistentvolumeclaims",
+    "persistentvolumeclaims/status",
 ];
 const APPS: &[&str] = &[
     "daemonsets",
@@ -117,6 +119,8 @@ fn view_rules() -> Vec<PolicyRule> {
 const BATCH: &[&str] = &["jobs", "jobs/status", "cronjobs", "cronjobs/status"];
 /// The networking API group (NetworkPolicies).
 const NETWORKING_GROUP: &str = "networking.k8s.io";
+/// The storage API group (StorageClasses).
+const STORAGE_GROUP: &str = "storage.k8s.io";
 const AUTOSCALING: &[&str] = &[
     "horizontalpodautoscalers",
     "horizontalpodautoscalers/status",
@@ -135,6 +139,7 @@ fn edit_rules() -> Vec<PolicyRule> {
                 "endpoints",
                 "secrets",
                 "serviceaccounts",
+                "persistentvolumeclaims",
             ],
         ),
         rule(&["create"], &[""], &["serviceaccounts/token"]),
@@ -256,6 +261,11 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                     &["pods", "pods/status"],
                 ),
                 rule(&["get"], &[""], &["secrets", "configmaps"]),
+                rule(
+                    &["get"],
+                    &[""],
+                    &["persistentvolumeclaims", "persistentvolumes"],
+                ),
                 // Skiff's node agents enforce NetworkPolicies themselves (Kubernetes leaves
                 // that to the network plugin's own identity).
                 rule(READ, &[NETWORKING_GROUP], &["networkpolicies"]),
@@ -277,6 +287,15 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
             vec![
                 rule(READ, &[""], &["pods", "nodes", "namespaces", "services"]),
                 rule(READ, &["apps"], &["replicasets"]),
+                // Volume binding (Kubernetes' system:volume-scheduler): claims and volumes
+                // are read and updated (the selected node, a volume's claimRef), classes
+                // read (their binding mode).
+                rule(
+                    &["get", "list", "watch", "update", "patch"],
+                    &[""],
+                    &["persistentvolumeclaims", "persistentvolumes"],
+                ),
+                rule(READ, &[STORAGE_GROUP], &["storageclasses"]),
                 rule(&["create"], &[""], &["pods/binding"]),
                 rule(&["update", "patch"], &[""], &["pods/status"]),
                 rule(
@@ -316,7 +335,17 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                         "secrets",
                         "configmaps",
                         "serviceaccounts",
+                        "persistentvolumes",
+                        "persistentvolumes/status",
+                        "persistentvolumeclaims",
+                        "persistentvolumeclaims/status",
                     ],
+                ),
+                // The volume controllers read classes (and may create the default one).
+                rule(
+                    &["get", "list", "watch", "create"],
+                    &[STORAGE_GROUP],
+                    &["storageclasses"],
                 ),
                 rule(ALL_VERBS, &["apps"], APPS),
                 rule(
@@ -488,5 +517,69 @@ mod tests {
         }
         // The group matters: there are no core networkpolicies.
         assert!(!allows("view", "get", "", "networkpolicies"));
+    }
+
+    #[test]
+    fn storage_in_the_default_roles() {
+        let claims = |role: &str, verb: &str| allows(role, verb, "", "persistentvolumeclaims");
+        for verb in READ {
+            for role in ["view", "edit", "admin"] {
+                assert!(claims(role, verb), "{role} {verb}");
+                assert!(
+                    allows(role, verb, "", "persistentvolumeclaims/status"),
+                    "{role} {verb}"
+                );
+            }
+        }
+        for verb in WRITE {
+            assert!(claims("edit", verb) && claims("admin", verb), "{verb}");
+            assert!(!claims("view", verb), "{verb}");
+        }
+        // Volumes and classes are cluster-scoped: not in the namespaced roles.
+        for role in ["view", "edit", "admin"] {
+            assert!(!allows(role, "get", "", "persistentvolumes"), "{role}");
+            assert!(
+                !allows(role, "get", STORAGE_GROUP, "storageclasses"),
+                "{role}"
+            );
+        }
+        assert!(allows(
+            "cluster-admin",
+            "delete",
+            STORAGE_GROUP,
+            "storageclasses"
+        ));
+        let cm = "system:kube-controller-manager";
+        for verb in ALL_VERBS {
+            for resource in [
+                "persistentvolumes",
+                "persistentvolumes/status",
+                "persistentvolumeclaims",
+                "persistentvolumeclaims/status",
+            ] {
+                assert!(allows(cm, verb, "", resource), "{verb} {resource}");
+            }
+        }
+        for verb in ["get", "list", "watch", "create"] {
+            assert!(allows(cm, verb, STORAGE_GROUP, "storageclasses"), "{verb}");
+        }
+        assert!(!allows(cm, "delete", STORAGE_GROUP, "storageclasses"));
+        let sched = "system:kube-scheduler";
+        for verb in READ {
+            assert!(allows(sched, verb, "", "persistentvolumeclaims"), "{verb}");
+            assert!(allows(sched, verb, "", "persistentvolumes"), "{verb}");
+            assert!(
+                allows(sched, verb, STORAGE_GROUP, "storageclasses"),
+                "{verb}"
+            );
+        }
+        for verb in ["update", "patch"] {
+            assert!(allows(sched, verb, "", "persistentvolumeclaims"), "{verb}");
+        }
+        assert!(!allows(sched, "create", "", "persistentvolumeclaims"));
+        assert!(!allows(sched, "delete", "", "persistentvolumes"));
+        assert!(!allows(sched, "update", STORAGE_GROUP, "storageclasses"));
+        assert!(allows("system:node", "get", "", "persistentvolumes"));
+        assert!(!allows("system:node", "list", "", "persistentvolumeclaims"));
     }
 }

@@ -4,11 +4,14 @@
 use skiff_api::api::{
     DaemonSet, DaemonSetUpdateStrategy, Deployment, DeploymentStrategy, LabelSelector,
     PodTemplateSpec, ReplicaSet, RollingUpdateDaemonSet, RollingUpdateDeployment,
-    RollingUpdateStatefulSetStrategy, StatefulSet, StatefulSetSpec, StatefulSetUpdateStrategy,
+    RollingUpdateStatefulSetStrategy, StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy,
+    StatefulSetSpec, StatefulSetUpdateStrategy,
 };
 
+use skiff_api::Resource;
+
 use super::Strategy;
-use super::pod::{default_pod_spec, validate_pod_spec};
+use super::pod::{default_pod_spec, validate_pod_spec_with_claims};
 use crate::error::FieldError;
 use crate::validation as v;
 
@@ -19,13 +22,15 @@ fn default_template(t: Option<&mut PodTemplateSpec>) {
 }
 
 /// What ReplicaSet and Deployment validation share: replicas, selector vs. template labels,
-/// the template's pod spec (restartPolicy must be Always).
+/// the template's pod spec (restartPolicy must be Always; `claims`: the volumes a
+/// StatefulSet's claim templates add to its pods).
 fn validate_replicated(
     out: &mut Vec<FieldError>,
     replicas: Option<i32>,
     selector: Option<&LabelSelector>,
     template: Option<&PodTemplateSpec>,
     min_ready_seconds: i32,
+    claims: &[&str],
 ) {
     if let Some(r) = replicas {
         v::check_non_negative(out, "spec.replicas", r.into());
@@ -45,7 +50,7 @@ fn validate_replicated(
         .unwrap_or_default();
     v::check_labels(out, "spec.template.metadata.labels", &labels);
     v::check_selector_matches_template(out, selector, &labels);
-    validate_pod_spec(out, "spec.template.spec", template.spec.as_ref());
+    validate_pod_spec_with_claims(out, "spec.template.spec", template.spec.as_ref(), claims);
     if let Some(spec) = &template.spec {
         if spec.restart_policy != "Always" {
             out.push(FieldError::not_supported(
@@ -97,6 +102,7 @@ impl Strategy for ReplicaSet {
             spec.selector.as_ref(),
             spec.template.as_ref(),
             spec.min_ready_seconds,
+            &[],
         );
         out
     }
@@ -205,6 +211,7 @@ impl Strategy for DaemonSet {
             spec.selector.as_ref(),
             spec.template.as_ref(),
             spec.min_ready_seconds,
+            &[],
         );
         if let Some(s) = &spec.update_strategy {
             match s.r#type.as_str() {
@@ -243,9 +250,15 @@ impl Strategy for DaemonSet {
     }
 }
 
+/// A StatefulSet's claim retention policies, in kube-apiserver's order.
+const RETAIN: &str = "Retain";
+const RETENTION_POLICIES: &[&str] = &[RETAIN, "Delete"];
+
 impl Strategy for StatefulSet {
     /// replicas 1, podManagementPolicy OrderedReady, updateStrategy RollingUpdate with
-    /// partition 0, revisionHistoryLimit 10; pod defaults for the template.
+    /// partition 0, revisionHistoryLimit 10, persistentVolumeClaimRetentionPolicy Retain
+    /// when deleted and when scaled; pod defaults for the template, claim defaults for the
+    /// volumeClaimTemplates.
     fn default(&mut self) {
         let Some(spec) = self.spec.as_mut() else {
             return;
@@ -269,6 +282,19 @@ impl Strategy for StatefulSet {
                 .get_or_insert(0);
         }
         default_template(spec.template.as_mut());
+        // The claim templates get a claim's defaults (Kubernetes' defaulters reach into them:
+        // volumeMode Filesystem, phase Pending); claims are kept unless said otherwise.
+        for claim in &mut spec.volume_claim_templates {
+            super::storage::default_claim(claim);
+        }
+        let retention = spec
+            .persistent_volume_claim_retention_policy
+            .get_or_insert_with(StatefulSetPersistentVolumeClaimRetentionPolicy::default);
+        for when in [&mut retention.when_deleted, &mut retention.when_scaled] {
+            if when.is_empty() {
+                *when = RETAIN.into();
+            }
+        }
     }
 
     fn validate(&self) -> Vec<FieldError> {
@@ -277,13 +303,51 @@ impl Strategy for StatefulSet {
             out.push(FieldError::required("spec", ""));
             return out;
         };
+        let claims: Vec<&str> = spec
+            .volume_claim_templates
+            .iter()
+            .map(|c| c.name())
+            .filter(|n| !n.is_empty())
+            .collect();
         validate_replicated(
             &mut out,
             spec.replicas,
             spec.selector.as_ref(),
             spec.template.as_ref(),
             spec.min_ready_seconds,
+            &claims,
         );
+        // Each template is a claim: a name and a claim's spec (Skiff checks at creation what
+        // would otherwise fail when the controller creates the claims).
+        for (i, claim) in spec.volume_claim_templates.iter().enumerate() {
+            let path = format!("spec.volumeClaimTemplates[{i}]");
+            let name = claim.name();
+            if name.is_empty() {
+                out.push(FieldError::required(format!("{path}.metadata.name"), ""));
+            } else {
+                v::check_dns_subdomain(&mut out, &format!("{path}.metadata.name"), name);
+            }
+            super::storage::validate_claim_spec(
+                &mut out,
+                &format!("{path}.spec"),
+                claim.spec.as_ref(),
+            );
+        }
+        if let Some(r) = &spec.persistent_volume_claim_retention_policy {
+            let path = "spec.persistentVolumeClaimRetentionPolicy";
+            for (field, value) in [
+                ("whenDeleted", &r.when_deleted),
+                ("whenScaled", &r.when_scaled),
+            ] {
+                if !RETENTION_POLICIES.contains(&value.as_str()) {
+                    out.push(FieldError::not_supported(
+                        format!("{path}.{field}"),
+                        value,
+                        RETENTION_POLICIES,
+                    ));
+                }
+            }
+        }
         let policy = spec.pod_management_policy.as_str();
         if !["OrderedReady", "Parallel"].contains(&policy) {
             out.push(FieldError::not_supported(
@@ -337,15 +401,22 @@ impl Strategy for StatefulSet {
         out
     }
 
-    /// Only replicas, ordinals, template, updateStrategy and minReadySeconds may change.
+    /// Only replicas, ordinals, template, updateStrategy, persistentVolumeClaimRetentionPolicy
+    /// and minReadySeconds may change (Kubernetes 1.32's `ValidateStatefulSetUpdate`): the
+    /// volumeClaimTemplates, among the rest, never do.
     fn validate_update(&self, old: &Self) -> Vec<FieldError> {
         let mut out = Vec::new();
+        // The stored object with today's defaults, as kube-apiserver reads it back (it
+        // defaults on every read), so that defaults added since it was written are no change.
+        let mut old = old.clone();
+        Strategy::default(&mut old);
         let fixed = |s: Option<&StatefulSetSpec>| {
             let mut s = s.cloned().unwrap_or_default();
             s.replicas = None;
             s.ordinals = None;
             s.template = None;
             s.update_strategy = None;
+            s.persistent_volume_claim_retention_policy = None;
             s.min_ready_seconds = 0;
             s
         };
@@ -399,6 +470,7 @@ impl Strategy for Deployment {
             spec.selector.as_ref(),
             spec.template.as_ref(),
             spec.min_ready_seconds,
+            &[],
         );
         if let Some(s) = &spec.strategy {
             match s.r#type.as_str() {
@@ -527,6 +599,137 @@ mod tests {
         assert!(
             errs[0].starts_with("spec.template.metadata.labels: Invalid value"),
             "{errs:?}"
+        );
+    }
+
+    fn stateful_set(claims: serde_json::Value) -> StatefulSet {
+        let mut st: StatefulSet = match serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "db", "namespace": "default"},
+            "spec": {
+                "selector": {"matchLabels": {"app": "db"}},
+                "serviceName": "db",
+                "template": {"metadata": {"labels": {"app": "db"}}, "spec": {"containers": [
+                    {"name": "c", "image": "host",
+                     "volumeMounts": [{"name": "data", "mountPath": "/data"}]}]}},
+                "volumeClaimTemplates": claims,
+            }
+        })) {
+            Ok(st) => st,
+            Err(e) => panic!("not a StatefulSet: {e}"),
+        };
+        Strategy::default(&mut st);
+        st
+    }
+
+    fn data_claim() -> serde_json::Value {
+        serde_json::json!([{"metadata": {"name": "data"},
+            "spec": {"accessModes": ["ReadWriteOnce"],
+                     "resources": {"requests": {"storage": "1Gi"}}}}])
+    }
+
+    #[test]
+    fn stateful_set_claim_templates_are_defaulted_and_mountable() {
+        let st = stateful_set(data_claim());
+        assert!(st.validate().is_empty(), "{:?}", st.validate());
+        let spec = st.spec.as_ref().expect("spec");
+        let claim = &spec.volume_claim_templates[0];
+        assert_eq!(
+            claim.spec.as_ref().and_then(|s| s.volume_mode.as_deref()),
+            Some("Filesystem")
+        );
+        assert_eq!(
+            claim.status.as_ref().map(|s| s.phase.as_str()),
+            Some("Pending")
+        );
+        let retention = spec
+            .persistent_volume_claim_retention_policy
+            .as_ref()
+            .expect("retention policy");
+        assert_eq!(
+            (
+                retention.when_deleted.as_str(),
+                retention.when_scaled.as_str()
+            ),
+            ("Retain", "Retain")
+        );
+        // Without the template, the mount names no volume.
+        let bare = stateful_set(serde_json::json!([]));
+        let errs: Vec<String> = bare.validate().iter().map(ToString::to_string).collect();
+        assert_eq!(
+            errs,
+            ["spec.template.spec.containers[0].volumeMounts[0].name: Not found: \"data\""]
+        );
+    }
+
+    #[test]
+    fn stateful_set_claim_templates_are_claims() {
+        let mut st = stateful_set(serde_json::json!([
+            {"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"]}},
+            {"spec": {"accessModes": ["ReadWriteOnce"],
+                      "resources": {"requests": {"storage": "1Gi"}}}},
+        ]));
+        if let Some(r) = st
+            .spec
+            .as_mut()
+            .and_then(|s| s.persistent_volume_claim_retention_policy.as_mut())
+        {
+            r.when_scaled = "Keep".into();
+        }
+        let errs: Vec<String> = st.validate().iter().map(ToString::to_string).collect();
+        assert_eq!(
+            errs,
+            [
+                "spec.volumeClaimTemplates[0].spec.resources[storage]: Required value",
+                "spec.volumeClaimTemplates[1].metadata.name: Required value",
+                "spec.persistentVolumeClaimRetentionPolicy.whenScaled: Unsupported value: \
+                 \"Keep\": supported values: \"Retain\", \"Delete\"",
+            ]
+        );
+    }
+
+    #[test]
+    fn stateful_set_claim_templates_never_change() {
+        let old = stateful_set(data_claim());
+        // The retention policy, replicas and the template may change.
+        let mut new = old.clone();
+        if let Some(s) = new.spec.as_mut() {
+            s.replicas = Some(3);
+            if let Some(r) = s.persistent_volume_claim_retention_policy.as_mut() {
+                r.when_deleted = "Delete".into();
+            }
+        }
+        assert!(new.validate_update(&old).is_empty());
+        // A stored object written before today's defaults is no change either.
+        let mut stored = old.clone();
+        if let Some(s) = stored.spec.as_mut() {
+            s.persistent_volume_claim_retention_policy = None;
+            s.volume_claim_templates[0].status = None;
+            if let Some(c) = s.volume_claim_templates[0].spec.as_mut() {
+                c.volume_mode = None;
+            }
+        }
+        assert!(old.validate_update(&stored).is_empty());
+        let mut bigger = old.clone();
+        if let Some(r) = bigger
+            .spec
+            .as_mut()
+            .and_then(|s| s.volume_claim_templates[0].spec.as_mut())
+            .and_then(|c| c.resources.as_mut())
+        {
+            r.requests.insert("storage".into(), "2Gi".into());
+        }
+        let errs: Vec<String> = bigger
+            .validate_update(&old)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            errs,
+            [
+                "spec: Forbidden: updates to statefulset spec for fields other than 'replicas', \
+                 'ordinals', 'template', 'updateStrategy', 'persistentVolumeClaimRetentionPolicy' \
+                 and 'minReadySeconds' are forbidden"
+            ]
         );
     }
 

@@ -25,6 +25,7 @@ pub(crate) mod policy;
 pub mod rbac;
 mod secret;
 mod service;
+mod storage;
 
 /// What a delete hook decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,7 +75,8 @@ impl DeleteContext<'_> {
     }
 }
 
-/// What mutating admission may read: objects of the store (a pod's ServiceAccount).
+/// What mutating admission may read: objects of the store (a pod's ServiceAccount, the
+/// StorageClasses a new claim may default to).
 pub struct AdmitContext<'a> {
     pub(crate) store: &'a dyn Store,
 }
@@ -98,6 +100,26 @@ impl AdmitContext<'_> {
             None => Ok(None),
         }
     }
+
+    /// Every object of kind `T` (in `namespace` for a namespaced kind; cluster-scoped kinds
+    /// ignore it), as the store has them now.
+    pub async fn list<T: Resource>(&self, namespace: &str) -> Result<Vec<T>, ApiError> {
+        let mut prefix = key_prefix(&T::INFO);
+        if T::INFO.namespaced {
+            prefix.push_str(namespace);
+            prefix.push('/');
+        }
+        let listing = self
+            .store
+            .list(&prefix, None)
+            .await
+            .map_err(ApiError::from_store)?;
+        listing
+            .items
+            .iter()
+            .map(|kv| crate::registry::decode(&kv.value, kv.mod_revision))
+            .collect()
+    }
 }
 
 /// Per-kind behaviour. Every method has a no-op default.
@@ -105,7 +127,9 @@ impl AdmitContext<'_> {
 /// Called by the generic handler in this order — create: [`Strategy::prepare_create`],
 /// [`Strategy::default`], generic metadata validation + [`Strategy::validate`]; update:
 /// (status carried over from the stored object), [`Strategy::prepare_update`],
-/// [`Strategy::default`], [`Strategy::validate`] + [`Strategy::validate_update`].
+/// [`Strategy::default`], [`Strategy::validate`] + [`Strategy::validate_update`]; a write of
+/// the status subresource: (the stored object with the new status),
+/// [`Strategy::prepare_status_update`], then as an update.
 #[async_trait]
 pub trait Strategy: Resource {
     /// Which DNS rule names of this kind follow.
@@ -132,6 +156,11 @@ pub trait Strategy: Resource {
     /// Adjusts an updated object before defaulting, given the stored one (e.g. a Service
     /// keeps its allocated clusterIP when the update leaves it empty).
     fn prepare_update(&mut self, _old: &Self) {}
+
+    /// Adjusts an object written through the status subresource (the stored object with the
+    /// client's status) before defaulting, given the stored one (a PersistentVolume's
+    /// `lastPhaseTransitionTime` follows its phase).
+    fn prepare_status_update(&mut self, _old: &Self) {}
 
     /// Kind-specific validation of the whole object.
     fn validate(&self) -> Vec<FieldError> {

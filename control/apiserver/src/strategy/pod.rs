@@ -201,6 +201,17 @@ fn validate_container(out: &mut Vec<FieldError>, path: &str, c: &Container) {
 
 /// Validates a pod spec found at `path` (`spec`, `spec.template.spec`).
 pub(crate) fn validate_pod_spec(out: &mut Vec<FieldError>, path: &str, spec: Option<&PodSpec>) {
+    validate_pod_spec_with_claims(out, path, spec, &[]);
+}
+
+/// [`validate_pod_spec`] for a StatefulSet's template, whose pods also get a volume for each
+/// of its `volumeClaimTemplates` (named `claims`), which containers may mount.
+pub(crate) fn validate_pod_spec_with_claims(
+    out: &mut Vec<FieldError>,
+    path: &str,
+    spec: Option<&PodSpec>,
+    claims: &[&str],
+) {
     let Some(spec) = spec else {
         out.push(FieldError::required(path, ""));
         return;
@@ -208,7 +219,8 @@ pub(crate) fn validate_pod_spec(out: &mut Vec<FieldError>, path: &str, spec: Opt
     if spec.containers.is_empty() {
         out.push(FieldError::required(format!("{path}.containers"), ""));
     }
-    let volumes = super::pod_volumes::validate_volumes(out, path, spec);
+    let mut volumes = super::pod_volumes::validate_volumes(out, path, spec);
+    volumes.extend(claims.iter().copied());
     super::pod_volumes::validate_pod_security_context(out, path, spec.security_context.as_ref());
     for (i, s) in spec.image_pull_secrets.iter().enumerate() {
         if s.name.is_empty() {

@@ -12,15 +12,16 @@ use skiff_api::quantity;
 use crate::error::FieldError;
 use crate::validation as v;
 
+/// The hostPath types, in the (sorted) order kube-apiserver lists them.
 const HOST_PATH_TYPES: &[&str] = &[
     "",
-    "DirectoryOrCreate",
-    "Directory",
-    "FileOrCreate",
-    "File",
-    "Socket",
-    "CharDevice",
     "BlockDevice",
+    "CharDevice",
+    "Directory",
+    "DirectoryOrCreate",
+    "File",
+    "FileOrCreate",
+    "Socket",
 ];
 const MEDIA: &[&str] = &["", "Memory"];
 const SECCOMP_TYPES: &[&str] = &["RuntimeDefault", "Unconfined", "Localhost"];
@@ -123,94 +124,155 @@ fn check_items(out: &mut Vec<FieldError>, path: &str, items: &[skiff_api::api::K
     }
 }
 
+/// `validateHostPathVolumeSource`: a path without `..` and a known type (a pod's volume and a
+/// PersistentVolume's source alike).
+pub(crate) fn check_host_path(
+    out: &mut Vec<FieldError>,
+    path: &str,
+    h: &skiff_api::api::HostPathVolumeSource,
+) {
+    if h.path.is_empty() {
+        out.push(FieldError::required(format!("{path}.path"), ""));
+        return;
+    }
+    if has_dot_dot(&h.path) {
+        out.push(FieldError::invalid(
+            format!("{path}.path"),
+            &h.path,
+            "must not contain '..'",
+        ));
+    }
+    let ty = h.r#type.as_deref().unwrap_or("");
+    if !HOST_PATH_TYPES.contains(&ty) {
+        out.push(FieldError::not_supported(
+            format!("{path}.type"),
+            ty,
+            HOST_PATH_TYPES,
+        ));
+    }
+}
+
+/// One volume: exactly one source, counted in kube-apiserver's order (`validateVolumeSource`):
+/// the first is validated, each further one is refused at its own path (a downwardAPI one
+/// at `downwarAPI`, kube-apiserver's spelling) and not looked into.
 fn check_volume(out: &mut Vec<FieldError>, path: &str, vol: &Volume) {
-    let sources = usize::from(vol.empty_dir.is_some())
-        + usize::from(vol.host_path.is_some())
-        + usize::from(vol.downward_api.is_some())
-        + usize::from(vol.secret.is_some())
-        + usize::from(vol.config_map.is_some())
-        + usize::from(vol.projected.is_some());
-    match sources {
-        0 => out.push(FieldError::required(path, "must specify a volume type")),
-        1 => {}
-        _ => out.push(FieldError::forbidden(
-            path,
+    let sources = [
+        ("emptyDir", vol.empty_dir.is_some()),
+        ("hostPath", vol.host_path.is_some()),
+        ("secret", vol.secret.is_some()),
+        (
+            "persistentVolumeClaim",
+            vol.persistent_volume_claim.is_some(),
+        ),
+        ("downwarAPI", vol.downward_api.is_some()),
+        ("configMap", vol.config_map.is_some()),
+        ("projected", vol.projected.is_some()),
+    ];
+    let mut present = sources
+        .iter()
+        .filter(|(_, set)| *set)
+        .map(|(name, _)| *name);
+    let Some(first) = present.next() else {
+        out.push(FieldError::required(path, "must specify a volume type"));
+        return;
+    };
+    for extra in present {
+        out.push(FieldError::forbidden(
+            format!("{path}.{extra}"),
             "may not specify more than 1 volume type",
-        )),
+        ));
     }
-    if let Some(e) = &vol.empty_dir {
-        if !MEDIA.contains(&e.medium.as_str()) {
-            out.push(FieldError::not_supported(
-                format!("{path}.emptyDir.medium"),
-                &e.medium,
-                MEDIA,
-            ));
+    match first {
+        "emptyDir" => {
+            if let Some(e) = &vol.empty_dir {
+                check_empty_dir(out, &format!("{path}.emptyDir"), e);
+            }
         }
-        if let Some(l) = &e.size_limit
-            && let Err(err) = quantity::parse_value(l)
-        {
-            out.push(FieldError::invalid(
-                format!("{path}.emptyDir.sizeLimit"),
-                l,
-                err.to_string(),
-            ));
+        "hostPath" => {
+            if let Some(h) = &vol.host_path {
+                check_host_path(out, &format!("{path}.hostPath"), h);
+            }
+        }
+        "persistentVolumeClaim" => {
+            if let Some(c) = &vol.persistent_volume_claim
+                && c.claim_name.is_empty()
+            {
+                out.push(FieldError::required(
+                    format!("{path}.persistentVolumeClaim.claimName"),
+                    "",
+                ));
+            }
+        }
+        "secret" => check_secret_volume(out, path, vol),
+        "configMap" => check_config_map_volume(out, path, vol),
+        "downwarAPI" => {
+            if let Some(d) = &vol.downward_api {
+                check_mode(
+                    out,
+                    &format!("{path}.downwardAPI.defaultMode"),
+                    d.default_mode,
+                );
+                check_downward_items(out, &format!("{path}.downwardAPI"), &d.items);
+            }
+        }
+        _ => {
+            if let Some(p) = &vol.projected {
+                check_projected(out, &format!("{path}.projected"), p);
+            }
         }
     }
-    if let Some(h) = &vol.host_path {
-        if h.path.is_empty() {
-            out.push(FieldError::required(format!("{path}.hostPath.path"), ""));
-        } else if has_dot_dot(&h.path) {
-            out.push(FieldError::invalid(
-                format!("{path}.hostPath.path"),
-                &h.path,
-                "must not contain '..'",
-            ));
-        }
-        let ty = h.r#type.as_deref().unwrap_or("");
-        if !HOST_PATH_TYPES.contains(&ty) {
-            out.push(FieldError::not_supported(
-                format!("{path}.hostPath.type"),
-                ty,
-                HOST_PATH_TYPES,
-            ));
-        }
+}
+
+fn check_empty_dir(
+    out: &mut Vec<FieldError>,
+    path: &str,
+    e: &skiff_api::api::EmptyDirVolumeSource,
+) {
+    if !MEDIA.contains(&e.medium.as_str()) {
+        out.push(FieldError::not_supported(
+            format!("{path}.medium"),
+            &e.medium,
+            MEDIA,
+        ));
     }
-    if let Some(sv) = &vol.secret {
-        if sv.secret_name.is_empty() {
-            out.push(FieldError::required(
-                format!("{path}.secret.secretName"),
-                "",
-            ));
-        } else {
-            v::check_dns_subdomain(out, &format!("{path}.secret.secretName"), &sv.secret_name);
-        }
-        check_mode(out, &format!("{path}.secret.defaultMode"), sv.default_mode);
-        check_items(out, &format!("{path}.secret"), &sv.items);
+    if let Some(l) = &e.size_limit
+        && let Err(err) = quantity::parse_value(l)
+    {
+        out.push(FieldError::invalid(
+            format!("{path}.sizeLimit"),
+            l,
+            err.to_string(),
+        ));
     }
-    if let Some(cm) = &vol.config_map {
-        if cm.name.is_empty() {
-            out.push(FieldError::required(format!("{path}.configMap.name"), ""));
-        } else {
-            v::check_dns_subdomain(out, &format!("{path}.configMap.name"), &cm.name);
-        }
-        check_mode(
-            out,
-            &format!("{path}.configMap.defaultMode"),
-            cm.default_mode,
-        );
-        check_items(out, &format!("{path}.configMap"), &cm.items);
+}
+
+fn check_secret_volume(out: &mut Vec<FieldError>, path: &str, vol: &Volume) {
+    let Some(sv) = &vol.secret else { return };
+    if sv.secret_name.is_empty() {
+        out.push(FieldError::required(
+            format!("{path}.secret.secretName"),
+            "",
+        ));
+    } else {
+        v::check_dns_subdomain(out, &format!("{path}.secret.secretName"), &sv.secret_name);
     }
-    if let Some(d) = &vol.downward_api {
-        check_mode(
-            out,
-            &format!("{path}.downwardAPI.defaultMode"),
-            d.default_mode,
-        );
-        check_downward_items(out, &format!("{path}.downwardAPI"), &d.items);
+    check_mode(out, &format!("{path}.secret.defaultMode"), sv.default_mode);
+    check_items(out, &format!("{path}.secret"), &sv.items);
+}
+
+fn check_config_map_volume(out: &mut Vec<FieldError>, path: &str, vol: &Volume) {
+    let Some(cm) = &vol.config_map else { return };
+    if cm.name.is_empty() {
+        out.push(FieldError::required(format!("{path}.configMap.name"), ""));
+    } else {
+        v::check_dns_subdomain(out, &format!("{path}.configMap.name"), &cm.name);
     }
-    if let Some(p) = &vol.projected {
-        check_projected(out, &format!("{path}.projected"), p);
-    }
+    check_mode(
+        out,
+        &format!("{path}.configMap.defaultMode"),
+        cm.default_mode,
+    );
+    check_items(out, &format!("{path}.configMap"), &cm.items);
 }
 
 /// A projected volume's sources: exactly one kind each, names and paths as in their own
@@ -610,7 +672,7 @@ mod tests {
             "spec.volumes[0].emptyDir.medium: Unsupported value: \"Disk\": supported values: \"\", \"Memory\"",
             "spec.volumes[1].name: Duplicate value: \"data\"",
             "spec.volumes[1]: Required value: must specify a volume type",
-            "spec.volumes[2]: Forbidden: may not specify more than 1 volume type",
+            "spec.volumes[2].downwarAPI: Forbidden: may not specify more than 1 volume type",
             "spec.volumes[3].downwardAPI.items[0].path: Invalid value: \"../x\": must not contain '..'",
             "spec.volumes[3].downwardAPI.items[0].mode: Invalid value: 1023: must be a number between 0 and 0777 (octal), both inclusive",
         ] {
@@ -676,6 +738,62 @@ mod tests {
             assert!(m.iter().any(|x| x == want), "{want} not in {m:#?}");
         }
         assert_eq!(out[0].cause_reason(), "FieldValueNotFound");
+    }
+
+    #[test]
+    fn persistent_volume_claims_are_a_volume_source() {
+        use skiff_api::api::{PersistentVolumeClaimVolumeSource, SecretVolumeSource};
+        let claim = |name: &str| {
+            Some(PersistentVolumeClaimVolumeSource {
+                claim_name: name.into(),
+                read_only: false,
+            })
+        };
+        let spec = PodSpec {
+            volumes: vec![
+                Volume {
+                    name: "nameless".into(),
+                    persistent_volume_claim: claim(""),
+                    ..Default::default()
+                },
+                Volume {
+                    name: "data".into(),
+                    persistent_volume_claim: claim("data"),
+                    ..Default::default()
+                },
+                // Kubernetes counts secret before persistentVolumeClaim: the claim is the
+                // extra source, refused at its own path and not looked into.
+                Volume {
+                    name: "both".into(),
+                    secret: Some(SecretVolumeSource {
+                        secret_name: "s".into(),
+                        ..Default::default()
+                    }),
+                    persistent_volume_claim: claim(""),
+                    ..Default::default()
+                },
+                Volume {
+                    name: "three".into(),
+                    empty_dir: Some(EmptyDirVolumeSource::default()),
+                    persistent_volume_claim: claim("c"),
+                    projected: Some(Default::default()),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+        let names = validate_volumes(&mut out, "spec", &spec);
+        assert_eq!(
+            messages(&out),
+            [
+                "spec.volumes[0].persistentVolumeClaim.claimName: Required value",
+                "spec.volumes[2].persistentVolumeClaim: Forbidden: may not specify more than 1 volume type",
+                "spec.volumes[3].persistentVolumeClaim: Forbidden: may not specify more than 1 volume type",
+                "spec.volumes[3].projected: Forbidden: may not specify more than 1 volume type",
+            ]
+        );
+        assert!(names.contains("data"));
     }
 
     #[test]
