@@ -65,24 +65,34 @@ impl api::Pod {
                 .any(|c| c.r#type == "Ready" && c.status == "True")
         })
     }
+
+    /// The PersistentVolumeClaims the pod's `persistentVolumeClaim` volumes name.
+    pub fn claim_names(&self) -> Vec<String> {
+        self.spec
+            .iter()
+            .flat_map(|s| s.volumes.iter())
+            .filter_map(|v| v.persistent_volume_claim.as_ref())
+            .map(|c| c.claim_name.clone())
+            .collect()
+    }
+}
+
+/// The StorageClass the beta annotation names, which Kubernetes reads before the field.
+fn beta_storage_class(meta: Option<&api::ObjectMeta>) -> Option<&str> {
+    meta.and_then(|m| m.annotations.get(wellknown::BETA_STORAGE_CLASS_ANNOTATION))
+        .map(String::as_str)
 }
 
 impl api::PersistentVolumeClaim {
     /// The claim's StorageClass as Kubernetes reads it (`GetPersistentVolumeClaimClass`): the
     /// beta annotation when present, else `spec.storageClassName`, else "" (no class).
     pub fn storage_class(&self) -> &str {
-        let beta = self
-            .metadata
-            .as_ref()
-            .and_then(|m| m.annotations.get(wellknown::BETA_STORAGE_CLASS_ANNOTATION));
-        match beta {
-            Some(class) => class,
-            None => self
-                .spec
+        beta_storage_class(self.metadata.as_ref()).unwrap_or_else(|| {
+            self.spec
                 .as_ref()
                 .and_then(|s| s.storage_class_name.as_deref())
-                .unwrap_or(""),
-        }
+                .unwrap_or("")
+        })
     }
 }
 
@@ -90,18 +100,12 @@ impl api::PersistentVolume {
     /// The volume's StorageClass as Kubernetes reads it (`GetPersistentVolumeClass`): the beta
     /// annotation when present, else `spec.storageClassName`.
     pub fn storage_class(&self) -> &str {
-        let beta = self
-            .metadata
-            .as_ref()
-            .and_then(|m| m.annotations.get(wellknown::BETA_STORAGE_CLASS_ANNOTATION));
-        match beta {
-            Some(class) => class,
-            None => self
-                .spec
+        beta_storage_class(self.metadata.as_ref()).unwrap_or_else(|| {
+            self.spec
                 .as_ref()
                 .map(|s| s.storage_class_name.as_str())
-                .unwrap_or(""),
-        }
+                .unwrap_or("")
+        })
     }
 }
 

@@ -44,7 +44,7 @@ pub const LOCAL_PATH: &str = "skiff.io/local-path";
 /// The default StorageClass the manager makes when there is none.
 pub const DEFAULT_CLASS: &str = "local-path";
 /// The annotation that marks the default StorageClass.
-pub const IS_DEFAULT_CLASS: &str = "storageclass.kubernetes.io/is-default-class";
+pub const IS_DEFAULT_CLASS: &str = skiff_api::wellknown::DEFAULT_STORAGE_CLASS_ANNOTATION;
 /// The scheduler's choice of node for a WaitForFirstConsumer claim.
 pub const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 /// Who made a volume.
@@ -78,7 +78,7 @@ pub fn fits(pv: &PersistentVolume, claim: &PersistentVolumeClaim) -> bool {
     let (Some(vs), Some(cs)) = (pv.spec.as_ref(), claim.spec.as_ref()) else {
         return false;
     };
-    let class = cs.storage_class_name.clone().unwrap_or_default();
+    let class = claim.storage_class();
     let want = cs
         .resources
         .as_ref()
@@ -89,7 +89,7 @@ pub fn fits(pv: &PersistentVolume, claim: &PersistentVolumeClaim) -> bool {
         .as_ref()
         .map(|m| m.labels.clone())
         .unwrap_or_default();
-    vs.storage_class_name == class
+    pv.storage_class() == class
         && cs.access_modes.iter().all(|m| vs.access_modes.contains(m))
         && quantity(&vs.capacity) >= want
         && cs
@@ -463,7 +463,7 @@ impl Reconciler for VolumeController {
             return Ok(Action::Done);
         }
         // Nothing fits: provision, if the class is ours.
-        let class_name = spec.storage_class_name.clone().unwrap_or_default();
+        let class_name = claim.storage_class().to_string();
         let Some(class) = self.classes.get(&ObjectKey::cluster(&class_name)) else {
             return Ok(Action::Done);
         };

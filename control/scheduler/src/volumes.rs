@@ -34,15 +34,6 @@ struct ClaimState {
     waiting: Vec<String>,
 }
 
-fn claim_names(pod: &Pod) -> Vec<String> {
-    pod.spec
-        .iter()
-        .flat_map(|s| s.volumes.iter())
-        .filter_map(|v| v.persistent_volume_claim.as_ref())
-        .map(|c| c.claim_name.clone())
-        .collect()
-}
-
 impl VolumeBinding {
     pub fn new(informers: &Informers) -> Self {
         VolumeBinding {
@@ -73,7 +64,7 @@ impl VolumeBinding {
 
     fn state(&self, pod: &Pod) -> Result<ClaimState, String> {
         let mut st = ClaimState::default();
-        for name in claim_names(pod) {
+        for name in pod.claim_names() {
             let Some(claim) = self.claims.get(&ObjectKey::new(pod.namespace(), &name)) else {
                 return Err(format!("persistentvolumeclaim \"{name}\" not found"));
             };
@@ -89,7 +80,7 @@ impl VolumeBinding {
                 st.bound.push(spec.volume_name);
                 continue;
             }
-            let class = spec.storage_class_name.unwrap_or_default();
+            let class = claim.storage_class().to_string();
             let waits = self
                 .classes
                 .get(&ObjectKey::cluster(&class))

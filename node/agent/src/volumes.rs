@@ -460,16 +460,6 @@ pub(crate) struct ClaimVolume {
     pub ty: String,
 }
 
-/// The names of the claims `pod`'s volumes use.
-pub(crate) fn claim_names(pod: &Pod) -> Vec<String> {
-    pod.spec
-        .iter()
-        .flat_map(|s| s.volumes.iter())
-        .filter_map(|v| v.persistent_volume_claim.as_ref())
-        .map(|c| c.claim_name.clone())
-        .collect()
-}
-
 /// A claim's volume: its directory on the node, checked (or created) like a hostPath.
 fn claim_volume(claim: &str, claims: &Claims) -> Result<PathBuf, String> {
     let v = claims

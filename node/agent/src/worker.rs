@@ -941,7 +941,7 @@ impl Worker {
     async fn volume_claims(&self) -> volumes::Claims {
         let mut out = volumes::Claims::new();
         let ns = self.pod.namespace().to_string();
-        for name in volumes::claim_names(&self.pod) {
+        for name in self.pod.claim_names() {
             let claims = self.ctx.client.namespaced::<PersistentVolumeClaim>(&ns);
             let got = match claims.get_opt(&name).await {
                 Err(e) => Err(format!("reading persistentvolumeclaim {name:?}: {e}")),

@@ -118,16 +118,6 @@ pub fn pod_config_maps(pod: &Pod) -> Vec<String> {
     out
 }
 
-/// PersistentVolumeClaims a pod names (its `persistentVolumeClaim` volumes).
-pub fn pod_claims(pod: &Pod) -> Vec<String> {
-    pod.spec
-        .iter()
-        .flat_map(|s| s.volumes.iter())
-        .filter_map(|v| v.persistent_volume_claim.as_ref())
-        .map(|c| c.claim_name.clone())
-        .collect()
-}
-
 /// The ServiceAccount a pod runs as (`default` when it names none).
 pub fn service_account_of(spec: &skiff_api::api::PodSpec) -> &str {
     if spec.service_account_name.is_empty() {
@@ -171,7 +161,7 @@ fn own_pods_claim(authz: &Authorizer, node: &str, namespace: &str, claim: &str) 
                 && p.metadata
                     .as_ref()
                     .is_some_and(|m| m.namespace == namespace)
-                && pod_claims(p).iter().any(|c| c == claim)
+                && p.claim_names().iter().any(|c| c == claim)
         })
         .is_empty()
 }
