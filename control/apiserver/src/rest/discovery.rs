@@ -91,10 +91,15 @@ pub fn subresources(info: &KindInfo) -> Vec<Subresource> {
     out
 }
 
-/// kubectl's `all` category holds the workload kinds.
+/// kubectl's `all` category holds the workload kinds, as kube-apiserver's: pods and
+/// services, the apps controllers, jobs, cronjobs and autoscalers (not, say, the metrics
+/// API's `pods`).
 fn categories(info: &KindInfo) -> &'static [&'static str] {
-    match info.plural {
-        "pods" | "services" | "deployments" | "replicasets" => &["all"],
+    match (info.group(), info.plural) {
+        ("", "pods" | "services" | "replicationcontrollers")
+        | ("apps", "deployments" | "replicasets" | "statefulsets" | "daemonsets")
+        | ("batch", "jobs" | "cronjobs")
+        | ("autoscaling", "horizontalpodautoscalers") => &["all"],
         _ => &[],
     }
 }
@@ -330,6 +335,30 @@ mod tests {
             .expect("deployments");
         assert_eq!(deploy["shortNames"], json!(["deploy"]));
         assert_eq!(deploy["categories"], json!(["all"]));
+        // kubectl get all: every workload kind, not the metrics API's pods.
+        let in_all = |group: &str, version: &str, name: &str| {
+            resource_list(&i, group, version)
+                .and_then(|l| {
+                    l["resources"]
+                        .as_array()?
+                        .iter()
+                        .find(|r| r["name"] == name)
+                        .map(|r| r["categories"] == json!(["all"]))
+                })
+                .unwrap_or_else(|| panic!("{group}/{version} {name}"))
+        };
+        assert!(in_all("apps", "v1", "statefulsets"));
+        assert!(in_all("apps", "v1", "daemonsets"));
+        assert!(in_all("batch", "v1", "cronjobs"));
+        let pod_metrics = KindInfo {
+            api_version: "metrics.k8s.io/v1beta1",
+            kind: "PodMetrics",
+            plural: "pods",
+            short_names: &[],
+            namespaced: true,
+            has_status: false,
+        };
+        assert!(categories(&pod_metrics).is_empty());
         let groups = group_list(&i);
         assert!(
             groups["groups"]
