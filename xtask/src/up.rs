@@ -6,10 +6,10 @@
 //! SIGKILL after 10 s) on Ctrl-C.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File};
+use std::fs;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -641,6 +641,111 @@ struct Running {
     child: tokio::process::Child,
     pid: u32,
     log: PathBuf,
+    /// How it was started, to start it again after a crash.
+    spec: SpawnSpec,
+    /// Crash restarts with back-off.
+    restarts: Restarts,
+}
+
+/// A process's command line, environment and log, as `spawn_process` got them.
+#[derive(Debug, Clone)]
+struct SpawnSpec {
+    root: PathBuf,
+    bin: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+/// When a crashed component is started again: after 1 s, doubling up to 30 s while it keeps
+/// crashing; a run of a minute or more starts the back-off over (systemd's and k3s'
+/// supervisors behave alike).
+#[derive(Debug, Clone, Default)]
+struct Restarts {
+    count: u32,
+    delay: Duration,
+    started: Option<Instant>,
+    due: Option<Instant>,
+}
+
+const RESTART_FIRST: Duration = Duration::from_secs(1);
+const RESTART_MAX: Duration = Duration::from_secs(30);
+const RESTART_RESET_AFTER: Duration = Duration::from_secs(60);
+
+impl Restarts {
+    /// The process exited at `now`: when to start it again.
+    fn exited(&mut self, now: Instant) -> Duration {
+        let ran = self.started.map(|s| now.saturating_duration_since(s));
+        self.delay = match ran {
+            Some(r) if r >= RESTART_RESET_AFTER => RESTART_FIRST,
+            _ if self.delay.is_zero() => RESTART_FIRST,
+            _ => (self.delay * 2).min(RESTART_MAX),
+        };
+        self.due = Some(now + self.delay);
+        self.delay
+    }
+
+    fn started(&mut self, now: Instant) {
+        self.started = Some(now);
+        self.due = None;
+    }
+}
+
+/// Restarts the components that exited, each after its back-off, saying so. Errors only
+/// when a process cannot be checked; a start that fails is tried again later.
+fn restart_crashed(running: &mut [Running]) -> Result<()> {
+    let now = Instant::now();
+    for r in running.iter_mut() {
+        if let Some(due) = r.restarts.due {
+            if now < due {
+                continue;
+            }
+            match spawn_process(
+                &r.spec.root,
+                &r.spec.bin,
+                r.name.clone(),
+                &r.spec.args,
+                &r.spec
+                    .env
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect::<Vec<_>>(),
+                &r.log,
+                true,
+            ) {
+                Ok(fresh) => {
+                    r.restarts.count += 1;
+                    println!(
+                        "restarted {} (pid {}, restart {}), log: {}",
+                        r.name,
+                        fresh.pid,
+                        r.restarts.count,
+                        r.log.display()
+                    );
+                    r.child = fresh.child;
+                    r.pid = fresh.pid;
+                    r.restarts.started(now);
+                }
+                Err(e) => {
+                    let d = r.restarts.exited(now);
+                    println!("starting {} again failed: {e:#}; next try in {d:?}", r.name);
+                }
+            }
+            continue;
+        }
+        match r.child.try_wait() {
+            Ok(Some(status)) => {
+                let d = r.restarts.exited(now);
+                println!(
+                    "{} exited unexpectedly ({status}); restarting in {d:?}\n{}",
+                    r.name,
+                    log_tail(&r.log)
+                );
+            }
+            Ok(None) => {}
+            Err(e) => bail!("checking {}: {e}", r.name),
+        }
+    }
+    Ok(())
 }
 
 /// SIGINT or SIGTERM delivered to xtask.
@@ -667,7 +772,6 @@ impl Signals {
 
 enum Stop {
     Signal,
-    Exited(String, ExitStatus, PathBuf),
     Failed(anyhow::Error),
 }
 
@@ -710,6 +814,7 @@ async fn supervise(plan: Plan<'_>) -> Result<()> {
                     &["serve".into(), config.display().to_string()],
                     &[],
                     &log,
+                    false,
                 )
             });
             match started {
@@ -776,6 +881,7 @@ async fn supervise(plan: Plan<'_>) -> Result<()> {
                     &node_args(plan.cfg, node, &how),
                     env,
                     &log,
+                    false,
                 )
             });
             match started {
@@ -807,14 +913,9 @@ async fn supervise(plan: Plan<'_>) -> Result<()> {
                 _ = signals.recv() => break 'run Stop::Signal,
                 _ = tokio::time::sleep(POLL * 2) => {}
             }
-            for r in &mut running {
-                match r.child.try_wait() {
-                    Ok(Some(status)) => {
-                        break 'run Stop::Exited(r.name.clone(), status, r.log.clone());
-                    }
-                    Ok(None) => {}
-                    Err(e) => break 'run Stop::Failed(anyhow!("checking {}: {e}", r.name)),
-                }
+            // A crashed component is started again (with back-off); the others go on.
+            if let Err(e) = restart_crashed(&mut running) {
+                break 'run Stop::Failed(e);
             }
         }
     };
@@ -835,10 +936,6 @@ async fn supervise(plan: Plan<'_>) -> Result<()> {
             println!("stopped");
             Ok(())
         }
-        Stop::Exited(name, status, log) => Err(anyhow!(
-            "{name} exited unexpectedly ({status})\n{}",
-            log_tail(&log)
-        )),
         Stop::Failed(e) => Err(e),
     }
 }
@@ -857,6 +954,7 @@ fn spawn(
         &(c.args)(cfg),
         &[],
         log,
+        false,
     )
 }
 
@@ -867,8 +965,16 @@ fn spawn_process(
     args: &[String],
     env: &[(&str, &str)],
     log: &Path,
+    append: bool,
 ) -> Result<Running> {
-    let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    // A restart appends to the log of the run that crashed.
+    let out = fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .append(append)
+        .truncate(!append)
+        .open(log)
+        .with_context(|| format!("creating {}", log.display()))?;
     let err = out.try_clone()?;
     let mut cmd = tokio::process::Command::new(bin);
     cmd.args(args)
@@ -887,11 +993,23 @@ fn spawn_process(
         .spawn()
         .with_context(|| format!("starting {} {}", bin.display(), args.join(" ")))?;
     let pid = child.id().context("child has no pid")?;
+    let mut restarts = Restarts::default();
+    restarts.started(Instant::now());
     Ok(Running {
         name,
         child,
         pid,
         log: log.to_path_buf(),
+        spec: SpawnSpec {
+            root: root.to_path_buf(),
+            bin: bin.to_path_buf(),
+            args: args.to_vec(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        },
+        restarts,
     })
 }
 
@@ -1355,5 +1473,87 @@ mod tests {
         assert_eq!(tail_lines("a\nb\nc\n", 2), "b\nc");
         assert_eq!(tail_lines("a", 5), "a");
         assert_eq!(tail_lines("", 5), "");
+    }
+
+    #[test]
+    fn restart_back_off_doubles_and_starts_over_after_a_good_run() {
+        let t0 = Instant::now();
+        let mut r = Restarts::default();
+        r.started(t0);
+        assert_eq!(
+            r.exited(t0 + Duration::from_secs(2)),
+            Duration::from_secs(1)
+        );
+        r.started(t0 + Duration::from_secs(3));
+        assert_eq!(
+            r.exited(t0 + Duration::from_secs(4)),
+            Duration::from_secs(2)
+        );
+        r.started(t0 + Duration::from_secs(6));
+        assert_eq!(
+            r.exited(t0 + Duration::from_secs(7)),
+            Duration::from_secs(4)
+        );
+        for _ in 0..10 {
+            r.exited(t0 + Duration::from_secs(8));
+        }
+        assert_eq!(r.delay, RESTART_MAX);
+        // A minute of running: the next crash waits one second again.
+        r.started(t0 + Duration::from_secs(10));
+        assert_eq!(r.exited(t0 + Duration::from_secs(75)), RESTART_FIRST);
+    }
+
+    /// Real processes: one killed with SIGKILL is started again (new pid, same command, its
+    /// log appended), the other keeps running untouched.
+    #[tokio::test]
+    async fn a_killed_component_is_restarted_and_the_others_keep_running() {
+        let dir = std::env::temp_dir().join(format!("skiff-up-restart-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let start = |name: &str| {
+            spawn_process(
+                &dir,
+                Path::new("/bin/sh"),
+                name.into(),
+                &["-c".into(), format!("echo {name} up; exec sleep 60")],
+                &[],
+                &dir.join(format!("{name}.log")),
+                false,
+            )
+            .unwrap()
+        };
+        let mut running = vec![start("victim"), start("bystander")];
+        let (victim, bystander) = (running[0].pid, running[1].pid);
+        // SIGKILL to the pid this test started (not reaped yet, so not reused).
+        let killed = Command::new("kill")
+            .args(["-9", &victim.to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while running[0].restarts.count == 0 && Instant::now() < deadline {
+            restart_crashed(&mut running).unwrap();
+            tokio::time::sleep(POLL).await;
+        }
+        assert_eq!(running[0].restarts.count, 1, "not restarted");
+        assert_ne!(running[0].pid, victim);
+        assert_eq!(running[1].pid, bystander);
+        assert!(
+            matches!(running[1].child.try_wait(), Ok(None)),
+            "bystander stopped"
+        );
+        // Both runs are in the log.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let log = dir.join("victim.log");
+        while fs::read_to_string(&log).unwrap_or_default() != "victim up\nvictim up\n"
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(POLL).await;
+        }
+        assert_eq!(fs::read_to_string(&log).unwrap(), "victim up\nvictim up\n");
+        for r in &mut running {
+            let _ = r.child.start_kill();
+            let _ = r.child.wait().await;
+        }
+        let _ = fs::remove_dir_all(&dir);
     }
 }
