@@ -78,6 +78,9 @@ pub async fn purge(cfg: &PurgeConfig) -> Result<(), PurgeError> {
         if let Err(e) = skiff_datapath::lb::ServiceLb::remove_pins(&pins) {
             warn!(error = %e, "removing the Service load balancer's pinned links and maps");
         }
+        if let Err(e) = skiff_datapath::policy::PolicyEnforcer::remove_pins(&pins) {
+            warn!(error = %e, "removing NetworkPolicy enforcement's pinned links and maps");
+        }
         if let Err(e) = skiff_datapath::Accounting::remove_pins(&pins) {
             warn!(error = %e, "removing pinned maps");
         }
@@ -99,4 +102,52 @@ pub async fn purge(cfg: &PurgeConfig) -> Result<(), PurgeError> {
         })?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Real pins of all three objects (accounting, load balancer, policy): purge leaves
+    /// nothing under the node's pin directory (needs root, as the agent's kernel tests).
+    #[tokio::test]
+    async fn purge_removes_every_pin_of_the_node() {
+        let node = format!("purge-test-{}", std::process::id());
+        let pins = skiff_datapath::node_pin_dir(&node);
+        // Whatever happens, the pins this test made go.
+        struct Cleanup(PathBuf);
+        impl Drop for Cleanup {
+            fn drop(&mut self) {
+                for e in std::fs::read_dir(&self.0).into_iter().flatten().flatten() {
+                    let _ = std::fs::remove_file(e.path());
+                }
+                let _ = std::fs::remove_dir(&self.0);
+            }
+        }
+        let _cleanup = Cleanup(pins.clone());
+        let acc = skiff_datapath::Accounting::load(&pins).expect("accounting");
+        let lb = skiff_datapath::lb::ServiceLb::load(&pins, Default::default()).expect("lb");
+        let pol = skiff_datapath::policy::PolicyEnforcer::load(&pins, Default::default())
+            .expect("policy");
+        drop((acc, lb, pol));
+        assert!(std::fs::read_dir(&pins).expect("pins").next().is_some());
+        let state = tempfile::tempdir().expect("tempdir");
+        let cgroup_parent = skiff_runtime::host::cgroup2_mount()
+            .expect("cgroup v2")
+            .join(format!("skiff-{node}-absent"));
+        purge(&PurgeConfig {
+            node_name: node.clone(),
+            state_dir: state.path().join("state"),
+            cgroup_parent,
+            shim_path: PathBuf::from("/nonexistent"),
+            grace: Duration::from_secs(1),
+        })
+        .await
+        .expect("purge");
+        let left: Vec<_> = std::fs::read_dir(&pins)
+            .map(|d| d.flatten().map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "left behind: {left:?}");
+        assert!(!pins.exists());
+    }
 }
