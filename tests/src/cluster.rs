@@ -129,6 +129,15 @@ impl Cluster {
         out
     }
 
+    /// The last 30 lines of every node agent's log, for failure messages.
+    pub fn agent_logs(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("--- agent {} ---\n{}", n.name, tail(&n.agent_log())))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     pub fn skiff(&self, args: &[&str]) -> String {
         ok(&self.server.skiff(args))
     }

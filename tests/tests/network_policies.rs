@@ -230,7 +230,7 @@ impl Matrix<'_> {
         panic!(
             "{case}: the reachability matrix differs:\n{last}\n{}\n{}",
             self.c.logs(),
-            agent_logs(self.c)
+            self.c.agent_logs()
         );
     }
 
@@ -245,20 +245,6 @@ impl Matrix<'_> {
         assert!(ok, "{err}");
         out.trim() == "1"
     }
-}
-
-/// The last lines of every agent's log, for failure messages.
-fn agent_logs(c: &Cluster) -> String {
-    c.nodes
-        .iter()
-        .map(|n| {
-            let log = n.agent_log();
-            let lines: Vec<&str> = log.lines().collect();
-            let tail = lines[lines.len().saturating_sub(40)..].join("\n");
-            format!("--- agent {} ---\n{tail}", n.name)
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 fn proto_static(p: &str) -> &'static str {
@@ -804,7 +790,7 @@ fn observe_names_denied_and_balanced_flows(m: &Matrix<'_>) {
         panic!(
             "skiff observe did not show both flows (denied: {seen_denied:?}, service: \
              {seen_service:?})\n{}",
-            agent_logs(c)
+            c.agent_logs()
         );
     };
     eprintln!("skiff observe: the denied flow after {denied:?}, the Service's after {service:?}");
@@ -908,7 +894,7 @@ async fn apply_latencies(m: &Matrix<'_>) -> Vec<Duration> {
             let tail = lines[lines.len().saturating_sub(30)..].join("\n");
             panic!(
                 "no answer: {text}\n{}\n--- server ---\n{tail}",
-                agent_logs(m.c)
+                m.c.agent_logs()
             )
         };
         let at = |t: f64| std::time::UNIX_EPOCH + Duration::from_secs_f64(t);

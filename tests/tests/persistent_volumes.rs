@@ -29,23 +29,10 @@ fn wait(c: &Cluster, what: &str, mut check: impl FnMut() -> bool) {
     }
     let (_, state, _) = c.kubectl(&["get", "pods,pvc,pv,sc", "-o", "wide"], None);
     let (_, events, _) = c.kubectl(&["get", "events"], None);
-    let agents: Vec<String> = c
-        .nodes
-        .iter()
-        .map(|n| {
-            let log = n.agent_log();
-            let lines: Vec<&str> = log.lines().collect();
-            format!(
-                "--- agent {} ---\n{}",
-                n.name,
-                lines[lines.len().saturating_sub(25)..].join("\n")
-            )
-        })
-        .collect();
     panic!(
         "{what}: not within {T:?}\n{state}\n{events}\n{}\n{}",
         c.logs(),
-        agents.join("\n")
+        c.agent_logs()
     );
 }
 

@@ -196,11 +196,6 @@ pub fn limit(
     downs: &[ScaleEvent],
     now: Instant,
 ) -> (i32, bool, &'static str, &'static str) {
-    let within = (
-        false,
-        "DesiredWithinRange",
-        "the desired count is within the acceptable range",
-    );
     if desired > current {
         let policy =
             policy_limit(current, true, behavior.scale_up.as_ref(), ups, downs, now).max(current);
@@ -264,7 +259,12 @@ pub fn limit(
             "the desired replica count is less than the minimum replica count",
         );
     }
-    (desired, within.0, within.1, within.2)
+    (
+        desired,
+        false,
+        "DesiredWithinRange",
+        "the desired count is within the acceptable range",
+    )
 }
 
 /// The reconciler of HorizontalPodAutoscalers.

@@ -35,7 +35,8 @@ use skiff_common::policy::{
     POL_MAPS, POL_RULES_MAP, RULE_PREFIX_ANY_PORT, RULE_PREFIX_ANY_PORT_OF_PROTO,
 };
 
-use super::lb::{TcAttach, pinned_cgroup_link, program, remove_file, take_map};
+use super::lb::pod::P;
+use super::lb::{TcAttach, link_pin, pinned_cgroup_link, program, remove_file, take_map};
 use super::{BpfError, cgroup_id, fs, is_cgroup2, sys};
 
 /// The `skiff-policy` object built by `build.rs` (empty when built with `AYA_BUILD_SKIP=1`).
@@ -252,39 +253,13 @@ pub trait PolicyDatapath: Send {
     fn counters(&self) -> Result<Vec<(PolCounterKey, PolCounters)>, BpfError>;
 }
 
-/// aya's view of the shared types.
-#[repr(transparent)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct W<T>(T);
-
-macro_rules! pod {
-    ($($t:ty),* $(,)?) => {
-        $(
-            // SAFETY: the type is `#[repr(C)]`, made of integers and byte arrays with explicit
-            // padding fields (no implicit holes, checked by skiff-common's layout test), so
-            // every bit pattern is a valid value; `W` is a transparent wrapper around it.
-            unsafe impl aya::Pod for W<$t> {}
-        )*
-    };
-}
-pod!(
-    PolEndpoint,
-    PolRuleKey,
-    PolCtKey,
-    PolCtEntry,
-    PolHostPortKey,
-    PolHostPort,
-    PolCounterKey,
-    PolCounters
-);
-
-type EndpointsMap = HashMap<MapData, u32, W<PolEndpoint>>;
+type EndpointsMap = HashMap<MapData, u32, P<PolEndpoint>>;
 type IpcacheMap = HashMap<MapData, u32, u32>;
 type CidrsMap = LpmTrie<MapData, [u8; 4], u32>;
-type RulesMap = LpmTrie<MapData, W<PolRuleKey>, u32>;
-type HostPortsMap = HashMap<MapData, W<PolHostPortKey>, W<PolHostPort>>;
-type CtMap = HashMap<MapData, W<PolCtKey>, W<PolCtEntry>>;
-type CountersMap = PerCpuHashMap<MapData, W<PolCounterKey>, W<PolCounters>>;
+type RulesMap = LpmTrie<MapData, P<PolRuleKey>, u32>;
+type HostPortsMap = HashMap<MapData, P<PolHostPortKey>, P<PolHostPort>>;
+type CtMap = HashMap<MapData, P<PolCtKey>, P<PolCtEntry>>;
+type CountersMap = PerCpuHashMap<MapData, P<PolCounterKey>, P<PolCounters>>;
 
 /// Address as the programs see it (network order in memory).
 fn be(ip: Ipv4Addr) -> u32 {
@@ -482,10 +457,10 @@ impl PolicyEnforcer {
         match *op {
             PolicyOp::PutRule(k, v) => self
                 .rules
-                .insert(&Key::new(k.prefix_len, W(k.key)), v, 0)
+                .insert(&Key::new(k.prefix_len, P(k.key)), v, 0)
                 .map_err(BpfError::map(POL_RULES_MAP)),
             PolicyOp::DeleteRule(k) => gone(
-                self.rules.remove(&Key::new(k.prefix_len, W(k.key))),
+                self.rules.remove(&Key::new(k.prefix_len, P(k.key))),
                 POL_RULES_MAP,
             ),
             PolicyOp::PutIpcache(ip, id) => self
@@ -503,15 +478,15 @@ impl PolicyEnforcer {
             ),
             PolicyOp::PutHostPort((port, proto), v) => self
                 .host_ports
-                .insert(W(host_port_key(port, proto)), W(v), 0)
+                .insert(P(host_port_key(port, proto)), P(v), 0)
                 .map_err(BpfError::map(POL_HOST_PORTS_MAP)),
             PolicyOp::DeleteHostPort((port, proto)) => gone(
-                self.host_ports.remove(&W(host_port_key(port, proto))),
+                self.host_ports.remove(&P(host_port_key(port, proto))),
                 POL_HOST_PORTS_MAP,
             ),
             PolicyOp::PutEndpoint(ip, ep) => self
                 .endpoints
-                .insert(be(ip), W(ep), 0)
+                .insert(be(ip), P(ep), 0)
                 .map_err(BpfError::map(POL_ENDPOINTS_MAP)),
             PolicyOp::DeleteEndpoint(ip) => gone(self.endpoints.remove(&be(ip)), POL_ENDPOINTS_MAP),
         }
@@ -543,10 +518,6 @@ fn host_port_key(port: u16, proto: u8) -> PolHostPortKey {
         proto,
         _pad: 0,
     }
-}
-
-fn link_pin(pin_dir: &Path, prog: &str) -> PathBuf {
-    pin_dir.join(format!("link_{prog}"))
 }
 
 impl PolicyDatapath for PolicyEnforcer {

@@ -25,6 +25,7 @@ use aya_ebpf::{
     macros::{btf_map, cgroup_skb},
     programs::SkBuffContext,
 };
+use skiff_common::lb::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
 use skiff_common::policy::{
     DIR_EGRESS, DIR_INGRESS, EP_EGRESS_ISOLATED, EP_INGRESS_ISOLATED, ID_ANY, ID_HOST, ID_WORLD,
     POL_DEFAULT_MAX_CIDRS, POL_DEFAULT_MAX_COUNTERS, POL_DEFAULT_MAX_CT, POL_DEFAULT_MAX_ENDPOINTS,
@@ -39,9 +40,6 @@ const ALLOW: i32 = 1;
 const DROP: i32 = 0;
 
 const ETH_P_IP: u16 = 0x0800;
-const IPPROTO_TCP: u8 = 6;
-const IPPROTO_UDP: u8 = 17;
-const IPPROTO_SCTP: u8 = 132;
 
 #[btf_map]
 static POL_ENDPOINTS: HashMap<u32, PolEndpoint, { POL_DEFAULT_MAX_ENDPOINTS as usize }> =

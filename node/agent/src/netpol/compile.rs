@@ -138,17 +138,9 @@ pub struct Compiled {
     pub policies: BTreeMap<u32, String>,
 }
 
-const TCP: u8 = 6;
-const UDP: u8 = 17;
-const SCTP: u8 = 132;
-
+/// The IP protocol number of a Kubernetes protocol name (absent: TCP, as defaulted).
 fn protocol_number(p: Option<&str>) -> Option<u8> {
-    match p.unwrap_or("TCP") {
-        "TCP" => Some(TCP),
-        "UDP" => Some(UDP),
-        "SCTP" => Some(SCTP),
-        _ => None,
-    }
+    skiff_datapath::lb::Protocol::parse(p.unwrap_or("TCP")).map(|p| p.number())
 }
 
 /// The policy's index: a stable hash of `namespace/name` (FNV-1a), never 0, so counters
@@ -570,6 +562,8 @@ fn inside(q: (Ipv4Addr, u8), outer: (Ipv4Addr, u8)) -> bool {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+
+    use skiff_common::lb::{IPPROTO_SCTP as SCTP, IPPROTO_TCP as TCP, IPPROTO_UDP as UDP};
 
     use serde_json::json;
     use skiff_datapath::policy::{PolicyTables, RuleKey};

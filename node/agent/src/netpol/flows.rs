@@ -62,12 +62,10 @@ pub struct Names {
 }
 
 fn protocol(p: u8) -> String {
-    match p {
-        1 => "ICMP".into(),
-        6 => "TCP".into(),
-        17 => "UDP".into(),
-        132 => "SCTP".into(),
-        n => n.to_string(),
+    match skiff_datapath::lb::Protocol::from_number(p) {
+        Some(known) => known.as_str().into(),
+        None if p == 1 => "ICMP".into(),
+        None => p.to_string(),
     }
 }
 

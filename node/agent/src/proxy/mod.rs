@@ -292,12 +292,7 @@ impl Proxy {
     pub fn service_of(&self, cookie: u64, backend: IpAddr, port: u16, proto: u8) -> Option<String> {
         let inner = self.lock();
         let (ip, fport) = inner.lb.frontend_of(cookie, backend, port)?;
-        let protocol = match proto {
-            6 => Protocol::Tcp,
-            17 => Protocol::Udp,
-            132 => Protocol::Sctp,
-            _ => return None,
-        };
+        let protocol = Protocol::from_number(proto)?;
         let owner = inner.owners.get(&Frontend {
             ip,
             port: fport,

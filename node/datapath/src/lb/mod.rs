@@ -39,7 +39,7 @@ pub mod debug;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod maglev;
-mod pod;
+pub(crate) mod pod;
 pub mod state;
 
 use std::fmt;

@@ -1,4 +1,4 @@
-//! `aya::Pod` for the LB map types. They are defined in the `no_std` shared crate, which does
+//! `aya::Pod` for the LB's and NetworkPolicy enforcement's map types. They are defined in the `no_std` shared crate, which does
 //! not depend on aya, so aya sees them through the transparent wrapper [`P`].
 
 use skiff_common::lb::{
@@ -6,11 +6,15 @@ use skiff_common::lb::{
     LbServiceKey, LbSlotKey, NpCtEntry, NpCtKey,
 };
 use skiff_common::podnet::{FastPathCounters, PodEndpoint, PodEndpointKey};
+use skiff_common::policy::{
+    PolCounterKey, PolCounters, PolCtEntry, PolCtKey, PolEndpoint, PolHostPort, PolHostPortKey,
+    PolRuleKey,
+};
 
 /// A map key or value as aya reads and writes it.
 #[repr(transparent)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct P<T>(pub T);
+pub(crate) struct P<T>(pub T);
 
 macro_rules! pod {
     ($($t:ty),* $(,)?) => {
@@ -38,5 +42,13 @@ pod!(
     LbMaglev,
     PodEndpointKey,
     PodEndpoint,
+    PolEndpoint,
+    PolRuleKey,
+    PolCtKey,
+    PolCtEntry,
+    PolHostPortKey,
+    PolHostPort,
+    PolCounterKey,
+    PolCounters,
     FastPathCounters,
 );
