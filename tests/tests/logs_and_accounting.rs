@@ -469,6 +469,63 @@ async fn agent_api_is_tls_with_client_certificates(
         ),
         "{message}"
     );
+    // Anyone else: the API server decides by a SubjectAccessReview for `<verb>` on
+    // `nodes/<subresource>` of this node, as the kubelet asks. A user with no role: 403.
+    let user = |name: &str| {
+        ca.issue(&skiff_pki::LeafSpec::client(name, &["monitoring"]))
+            .unwrap()
+    };
+    let (code, message) = status(
+        AgentEndpoint::of_node_as(&n, Some(&user("nobody")))
+            .unwrap()
+            .stats_summary()
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 403);
+    assert!(
+        message.contains("Forbidden (user=nobody, verb=get, resource=nodes, subresource=stats)"),
+        "{message}"
+    );
+    // A user bound to a role with `get` on `nodes/stats` reads the stats, but not logs.
+    let role: skiff_api::api::ClusterRole = skiff_api::manifest::decode(serde_json::json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "node-stats-reader"},
+        "rules": [{"apiGroups": [""], "resources": ["nodes/stats"], "verbs": ["get"]}],
+    }))
+    .unwrap();
+    let binding: skiff_api::api::ClusterRoleBinding =
+        skiff_api::manifest::decode(serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": "node-stats-reader"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": "node-stats-reader"},
+            "subjects": [{"kind": "User", "name": "stats-reader",
+                          "apiGroup": "rbac.authorization.k8s.io"}],
+        }))
+        .unwrap();
+    client.cluster().create(&role).await.unwrap();
+    client.cluster().create(&binding).await.unwrap();
+    let reader = AgentEndpoint::of_node_as(&n, Some(&user("stats-reader"))).unwrap();
+    // The API server's RBAC mirror follows the new binding within moments.
+    eventually_within("the bound user reads the agent's stats", T, || async {
+        reader.stats_summary().await.map_err(|e| e.to_string())
+    })
+    .await;
+    let e = match reader
+        .logs("default", "nothing", "c", &LogOptions::default())
+        .await
+    {
+        Ok(_) => panic!("a stats reader must not read logs"),
+        Err(e) => e,
+    };
+    let (code, message) = status(e);
+    assert_eq!(code, 403);
+    assert!(
+        message
+            .contains("Forbidden (user=stats-reader, verb=get, resource=nodes, subresource=log)"),
+        "{message}"
+    );
     // The administrator (system:masters): through.
     agent
         .stats_summary()

@@ -117,6 +117,17 @@ fn endpoint_of(config: &ClientConfig) -> Result<(String, Endpoint, Credentials),
     Ok((url, ep, Credentials { authorization }))
 }
 
+/// What a SubjectAccessReview asks about (its `spec.resourceAttributes`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct ResourceAttributes<'a> {
+    pub verb: &'a str,
+    pub group: &'a str,
+    pub resource: &'a str,
+    pub subresource: &'a str,
+    pub namespace: &'a str,
+    pub name: &'a str,
+}
+
 impl Client {
     /// Connects to the API server at `endpoint` without credentials (`http://127.0.0.1:7443`;
     /// a missing scheme means `http://`): for in-process plain-HTTP servers. Fails with
@@ -216,6 +227,51 @@ impl Client {
             .map(|t| t.timestamp())
             .unwrap_or(0);
         Ok((token, expires))
+    }
+
+    /// Asks the API server whether `user` in `groups` may do `verb` on `resource` (with
+    /// `subresource`, object `name`, in `namespace`; `group` is the API group) with a
+    /// SubjectAccessReview (the REST API's `POST .../subjectaccessreviews`, which gRPC does
+    /// not carry): whether it is allowed and the authorizer's reason. What a node agent does
+    /// for callers of its own API, as the kubelet does.
+    pub async fn subject_access_review(
+        &self,
+        user: &str,
+        groups: &[String],
+        attributes: &ResourceAttributes<'_>,
+    ) -> Result<(bool, String), ClientError> {
+        let config = self
+            .config
+            .as_deref()
+            .cloned()
+            .unwrap_or_else(|| ClientConfig::plain(&self.endpoint));
+        let body = serde_json::json!({
+            "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+            "spec": {
+                "user": user, "groups": groups,
+                "resourceAttributes": {
+                    "verb": attributes.verb, "group": attributes.group,
+                    "resource": attributes.resource, "subresource": attributes.subresource,
+                    "namespace": attributes.namespace, "name": attributes.name,
+                },
+            },
+        });
+        let answer = crate::rest::post_json(
+            &config,
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+            &body,
+        )
+        .await?;
+        let allowed = answer
+            .pointer("/status/allowed")
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(false);
+        let reason = answer
+            .pointer("/status/reason")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        Ok((allowed, reason))
     }
 
     /// Wraps an existing channel (no credentials).

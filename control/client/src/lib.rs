@@ -35,7 +35,7 @@ pub mod runtime;
 
 pub use api::{
     Api, Client, DeleteParams, DynamicApi, ListParams, ObjectList, Preconditions,
-    PropagationPolicy, WatchEvent, WatchStream,
+    PropagationPolicy, ResourceAttributes, WatchEvent, WatchStream,
 };
 pub use config::{ClientConfig, ConfigSource, DEFAULT_SERVER};
 pub use error::ClientError;

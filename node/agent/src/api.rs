@@ -39,8 +39,11 @@
 //! certificate kept in `<state>/pki` (made anew near expiry) whose SHA-256 the Node publishes in the annotation
 //! `skiff.io/agent-serving-cert-sha256` (clients trust exactly that certificate), and it
 //! requires a client certificate of the cluster CA: none, or one that does not verify, is a
-//! 401; callers other than the API server (`system:kube-apiserver`) and `system:masters` get
-//! the kubelet's 403 (`Forbidden (user=..., verb=..., resource=nodes, subresource=...)`).
+//! 401. The API server (`system:kube-apiserver`) and `system:masters` pass; other callers
+//! pass when the API server allows them `<verb>` on `nodes/<subresource>` (`log` for
+//! `/logs`, `stats`, `metrics`, `proxy` for the rest) of this node by a SubjectAccessReview
+//! ([`super::access`]), else get the kubelet's 403 (`Forbidden (user=..., verb=...,
+//! resource=nodes, subresource=...)`).
 //!
 //! It reads only local state: the runtime's log files, the pods' cgroups, the pinned
 //! counters and LB maps, and the [`PodRegistry`] the pod workers keep up to date. Cluster state stays in
@@ -68,6 +71,7 @@ use tokio_rustls::rustls::pki_types as rustls_types;
 use tracing::{debug, info, warn};
 
 use super::Ctx;
+use super::access;
 use super::logs::LogReader;
 use super::metrics;
 use skiff_datapath::Accounting;
@@ -176,6 +180,8 @@ pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, ListenErr
 struct ApiState {
     node: Arc<str>,
     ctx: Arc<Ctx>,
+    /// The API server's answers about callers of this API.
+    access: Arc<access::AccessCache>,
 }
 
 fn router(state: ApiState) -> Router {
@@ -380,43 +386,49 @@ fn identify(
     Ok((info.common_name, info.organizations))
 }
 
-/// The kubelet's name for what a path reads: `nodes/<subresource>`.
-fn subresource_of(path: &str) -> &'static str {
-    match path.split('/').nth(1).unwrap_or("") {
-        "logs" => "log",
-        "stats" => "stats",
-        "metrics" => "metrics",
-        _ => "proxy",
-    }
-}
-
-/// 401 without a verified client certificate; 403 for callers other than the API server
-/// and `system:masters`. Plain-HTTP agents (no CA configured) have no caller: allowed.
-async fn authorize(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+/// 401 without a verified client certificate. The API server and `system:masters` pass;
+/// anyone else passes when the API server's SubjectAccessReview allows `<verb>` on
+/// `nodes/<subresource>` of this node ([`super::access`]), else gets the kubelet's 403. A
+/// review that fails is the kubelet's 500. Plain-HTTP agents (no CA configured) have no
+/// caller: allowed.
+async fn authorize(
+    State(st): State<ApiState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
     let Some(Caller(caller)) = req.extensions().get::<Caller>().cloned() else {
         return next.run(req).await;
     };
-    match caller {
+    let (user, groups) = match caller {
         Err(reason) => {
             debug!(%reason, "agent API: authentication failed");
-            (StatusCode::UNAUTHORIZED, "Unauthorized\n").into_response()
+            return (StatusCode::UNAUTHORIZED, "Unauthorized\n").into_response();
         }
-        Ok((user, groups))
-            if user == API_SERVER_USER || groups.iter().any(|g| g == MASTERS_GROUP) =>
-        {
-            next.run(req).await
-        }
-        Ok((user, _)) => {
-            let verb = if req.method() == axum::http::Method::GET {
-                "get"
-            } else {
-                "create"
-            };
-            let message = format!(
-                "Forbidden (user={user}, verb={verb}, resource=nodes, subresource={})\n",
-                subresource_of(req.uri().path())
-            );
-            (StatusCode::FORBIDDEN, message).into_response()
+        Ok(who) => who,
+    };
+    if user == API_SERVER_USER || groups.iter().any(|g| g == MASTERS_GROUP) {
+        return next.run(req).await;
+    }
+    let asked = access::Request {
+        user,
+        groups,
+        verb: access::verb_of(req.method()),
+        subresource: access::subresource_of(req.uri().path()),
+    };
+    let attrs = format!(
+        "user={}, verb={}, resource=nodes, subresource={}",
+        asked.user, asked.verb, asked.subresource
+    );
+    match st.access.allowed(&st.ctx.client, &st.node, &asked).await {
+        Ok(true) => next.run(req).await,
+        Ok(false) => (StatusCode::FORBIDDEN, format!("Forbidden ({attrs})\n")).into_response(),
+        Err(reason) => {
+            warn!(%reason, user = %asked.user, "agent API: the access review failed");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("Authorization error ({attrs})\n"),
+            )
+                .into_response()
         }
     }
 }
@@ -429,11 +441,12 @@ pub(crate) fn serve(
     ctx: Arc<Ctx>,
     tls: Option<AgentTls>,
 ) -> tokio::task::JoinHandle<()> {
-    let app = router(ApiState {
+    let state = ApiState {
         node: node.into(),
         ctx,
-    })
-    .layer(axum::middleware::from_fn(authorize));
+        access: Arc::new(access::AccessCache::default()),
+    };
+    let app = router(state.clone()).layer(axum::middleware::from_fn_with_state(state, authorize));
     tokio::spawn(async move {
         let addr = listener.local_addr().ok();
         info!(?addr, tls = tls.is_some(), "agent API listening");

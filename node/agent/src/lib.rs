@@ -25,6 +25,7 @@
 //! `Ctx::detach_pod_datapath` before the network is torn down. At start the endpoint map an
 //! earlier agent left is reconciled against the pod addresses still allocated.
 
+mod access;
 pub mod api;
 mod apiproxy;
 pub mod dns;

@@ -200,8 +200,10 @@ pub fn decide(authz: &Authorizer, user: &UserInfo, a: &Attributes) -> Decision {
     let read = matches!(a.verb.as_str(), "get" | "list" | "watch");
     let write = matches!(a.verb.as_str(), "create" | "update" | "patch");
     match (a.api_group.as_str(), a.resource.as_str()) {
-        ("", "nodes") if read => Decision::Allow,
-        ("", "nodes") if write => {
+        // Node objects, not their agents' APIs (`nodes/proxy`, `nodes/log`, `nodes/stats`,
+        // `nodes/metrics`: one node does not read another's agent).
+        ("", "nodes") if read && a.subresource.is_empty() => Decision::Allow,
+        ("", "nodes") if write && matches!(a.subresource.as_str(), "" | "status") => {
             let target = if a.name.is_empty() {
                 &a.object_name
             } else {
@@ -278,6 +280,9 @@ pub fn decide(authz: &Authorizer, user: &UserInfo, a: &Attributes) -> Decision {
         ("", "services" | "endpoints" | "namespaces") if read => Decision::Allow,
         ("networking.k8s.io", "networkpolicies") if read => Decision::Allow,
         ("" | "events.k8s.io", "events") if write => Decision::Allow,
+        // The agent asks who may read its own API, as the kubelet's webhook authorizer does
+        // (kube-apiserver's NodeRules: "Needed to check API access").
+        ("authorization.k8s.io", "subjectaccessreviews") if a.verb == "create" => Decision::Allow,
         _ => Decision::NoOpinion,
     }
 }
@@ -396,6 +401,68 @@ mod tests {
         assert_eq!(decide(&authz, &n1, &status), unrelated);
         let list = Attributes::resource("list", "", "persistentvolumes", "", "", "");
         assert_eq!(decide(&authz, &n1, &list), Decision::NoOpinion);
+        registry.stop();
+    }
+
+    /// A node reads Node objects and writes its own and its status, but another node's agent
+    /// API (`nodes/stats`, `nodes/proxy`, ...) is not its to use; it may ask the API server
+    /// who may use its own (SubjectAccessReviews).
+    #[tokio::test]
+    async fn nodes_read_node_objects_not_other_agents() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = skiff_store::EmbeddedStore::open(
+            &dir.path().join("s.redb"),
+            skiff_store::EmbeddedOptions::default(),
+        )
+        .unwrap();
+        let registry = Registry::start(Arc::new(store), 64).await.unwrap();
+        let authz = Authorizer::start(&registry).await.unwrap();
+        let n1 = UserInfo {
+            name: "system:node:n1".into(),
+            groups: vec![NODES_GROUP.into(), "system:authenticated".into()],
+            ..Default::default()
+        };
+        let on = |verb: &str, group: &str, resource: &str, sub: &str, name: &str| {
+            decide(
+                &authz,
+                &n1,
+                &Attributes::resource(verb, group, resource, sub, "", name),
+            )
+        };
+        assert_eq!(on("get", "", "nodes", "", "n2"), Decision::Allow);
+        assert_eq!(on("update", "", "nodes", "status", "n1"), Decision::Allow);
+        for sub in ["stats", "proxy", "log", "metrics"] {
+            assert_eq!(
+                on("get", "", "nodes", sub, "n2"),
+                Decision::NoOpinion,
+                "{sub}"
+            );
+            assert_eq!(
+                on("create", "", "nodes", sub, "n1"),
+                Decision::NoOpinion,
+                "{sub}"
+            );
+        }
+        assert_eq!(
+            on(
+                "create",
+                "authorization.k8s.io",
+                "subjectaccessreviews",
+                "",
+                ""
+            ),
+            Decision::Allow
+        );
+        assert_eq!(
+            on(
+                "create",
+                "authorization.k8s.io",
+                "selfsubjectrulesreviews",
+                "",
+                ""
+            ),
+            Decision::NoOpinion
+        );
         registry.stop();
     }
 }

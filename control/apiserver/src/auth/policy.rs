@@ -266,6 +266,11 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                     &[""],
                     &["persistentvolumeclaims", "persistentvolumes"],
                 ),
+                rule(
+                    &["create"],
+                    &["authorization.k8s.io"],
+                    &["subjectaccessreviews"],
+                ),
                 // Skiff's node agents enforce NetworkPolicies themselves (Kubernetes leaves
                 // that to the network plugin's own identity).
                 rule(READ, &[NETWORKING_GROUP], &["networkpolicies"]),
@@ -278,6 +283,27 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                     &["get", "create", "update", "patch", "delete"],
                     &["coordination.k8s.io"],
                     &["leases"],
+                ),
+            ],
+        ),
+        // Full use of the node agents' API (Kubernetes' role for the kubelet's API): bind it
+        // to a user to let them read any agent's logs, stats and metrics and exec in pods
+        // through it. Narrower roles name `nodes/metrics`, `nodes/stats`, `nodes/log` or
+        // `nodes/proxy` (what every other agent path is).
+        role(
+            "system:kubelet-api-admin",
+            vec![
+                rule(&["get", "list", "watch", "proxy"], &[""], &["nodes"]),
+                rule(
+                    &["*"],
+                    &[""],
+                    &[
+                        "nodes/log",
+                        "nodes/metrics",
+                        "nodes/proxy",
+                        "nodes/spec",
+                        "nodes/stats",
+                    ],
                 ),
             ],
         ),
@@ -313,7 +339,8 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
         // skiff-controller-manager: its controllers own workloads, endpoints, allocations,
         // node health, garbage collection and namespace deletion (which removes every
         // namespaced kind, RBAC objects and Secrets included). No subresource that reaches
-        // into a pod (exec, portforward, attach), no escalate, bind or impersonate.
+        // into a pod (exec, portforward, attach), no bind or impersonate; escalate only on
+        // ClusterRoles, for their aggregation.
         role(
             "system:kube-controller-manager",
             vec![
@@ -363,6 +390,13 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                     &["get", "list", "watch", "delete", "deletecollection"],
                     &[RBAC_GROUP],
                     &["roles", "rolebindings"],
+                ),
+                // The clusterrole-aggregation controller writes aggregated ClusterRoles'
+                // rules, which it need not hold itself: escalate, as Kubernetes grants it.
+                rule(
+                    &["get", "list", "watch", "update", "escalate"],
+                    &[RBAC_GROUP],
+                    &["clusterroles"],
                 ),
                 // The certificatesigningrequest controller approves nodes' client
                 // certificates and signs approved requests with the cluster CA.
@@ -581,5 +615,22 @@ mod tests {
         assert!(!allows(sched, "update", STORAGE_GROUP, "storageclasses"));
         assert!(allows("system:node", "get", "", "persistentvolumes"));
         assert!(!allows("system:node", "list", "", "persistentvolumeclaims"));
+    }
+
+    #[test]
+    fn the_controller_manager_aggregates_cluster_roles() {
+        let cm = "system:kube-controller-manager";
+        for verb in ["get", "list", "watch", "update", "escalate"] {
+            assert!(allows(cm, verb, RBAC_GROUP, "clusterroles"), "{verb}");
+        }
+        for verb in ["create", "patch", "delete", "deletecollection", "bind"] {
+            assert!(!allows(cm, verb, RBAC_GROUP, "clusterroles"), "{verb}");
+        }
+        for resource in ["roles", "rolebindings", "clusterrolebindings"] {
+            assert!(!allows(cm, "escalate", RBAC_GROUP, resource), "{resource}");
+            assert!(!allows(cm, "bind", RBAC_GROUP, resource), "{resource}");
+        }
+        assert!(!allows(cm, "update", RBAC_GROUP, "clusterrolebindings"));
+        assert!(!allows(cm, "impersonate", "", "users"));
     }
 }
