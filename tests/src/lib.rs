@@ -77,6 +77,8 @@ fn free_port() -> u16 {
 #[derive(Debug)]
 pub enum Backend {
     Embedded,
+    /// The embedded store in this data directory (kept by the caller, e.g. a restored one).
+    EmbeddedIn(PathBuf),
     Etcd(String),
 }
 
@@ -84,6 +86,8 @@ pub enum Backend {
 #[derive(Debug)]
 pub struct ApiServer {
     child: Child,
+    /// How it was started (for [`ApiServer::restart`]).
+    args: Vec<std::ffi::OsString>,
     /// `https://127.0.0.1:<port>`.
     pub endpoint: String,
     pub addr: SocketAddr,
@@ -105,29 +109,30 @@ impl ApiServer {
         let port = free_port();
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
         let pki_dir = dir.path().join("pki");
-        let mut cmd = Command::new(binary("skiff-apiserver"));
-        cmd.arg("--listen")
-            .arg(addr.to_string())
-            .arg("--pki-dir")
-            .arg(&pki_dir);
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "--listen".into(),
+            addr.to_string().into(),
+            "--pki-dir".into(),
+            pki_dir.clone().into(),
+        ];
         match &backend {
             Backend::Embedded => {
-                cmd.args(["--store", "embedded", "--data-dir"])
-                    .arg(dir.path().join("data"));
+                args.extend(["--store".into(), "embedded".into(), "--data-dir".into()]);
+                args.push(dir.path().join("data").into());
+            }
+            Backend::EmbeddedIn(data) => {
+                args.extend(["--store".into(), "embedded".into(), "--data-dir".into()]);
+                args.push(data.clone().into());
             }
             Backend::Etcd(endpoint) => {
-                cmd.args(["--store", "etcd", "--etcd-endpoints", endpoint]);
+                args.extend(["--store", "etcd", "--etcd-endpoints", endpoint].map(Into::into));
             }
         }
-        cmd.args(extra);
-        let log = std::fs::File::create(dir.path().join("apiserver.log")).expect("log file");
-        let child = cmd
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("starting skiff-apiserver");
+        args.extend(extra.iter().map(Into::into));
+        let child = spawn_apiserver(&args, dir.path());
         let server = ApiServer {
             child,
+            args,
             endpoint: format!("https://{addr}"),
             addr,
             kubeconfig: pki_dir.join("admin.kubeconfig"),
@@ -148,6 +153,28 @@ impl ApiServer {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self._dir.path().join("apiserver.log")).unwrap_or_default()
+    }
+
+    /// Kills the server with SIGKILL (no shutdown of any kind) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the server again with the same arguments (store, port, PKI), its log appended,
+    /// and waits until it listens.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.child = spawn_apiserver(&self.args, self._dir.path());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while TcpStream::connect(self.addr).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "skiff-apiserver did not listen again within 30 s; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// The client configuration of the administrator's kubeconfig.
@@ -257,6 +284,20 @@ impl ApiServer {
     pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Output {
         run_with_stdin(self.kubectl_cmd(args), stdin)
     }
+}
+
+fn spawn_apiserver(args: &[std::ffi::OsString], dir: &Path) -> Child {
+    let log = std::fs::File::options()
+        .create(true)
+        .append(true)
+        .open(dir.join("apiserver.log"))
+        .expect("log file");
+    Command::new(binary("skiff-apiserver"))
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("starting skiff-apiserver")
 }
 
 impl Drop for ApiServer {

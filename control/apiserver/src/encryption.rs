@@ -440,6 +440,11 @@ impl Store for EncryptingStore {
     async fn compact(&self, revision: i64) -> skiff_store::Result<()> {
         self.inner.compact(revision).await
     }
+
+    /// The inner store's snapshot: values stay encrypted in it, as in the store.
+    async fn snapshot(&self, dest: &std::path::Path) -> skiff_store::Result<skiff_store::Snapshot> {
+        self.inner.snapshot(dest).await
+    }
 }
 
 #[cfg(test)]

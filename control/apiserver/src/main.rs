@@ -125,6 +125,62 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Restores an embedded-store snapshot (from `skiff snapshot save`) as the store of
+    /// --data-dir, with the API server stopped. An etcd snapshot is restored with etcd's own
+    /// tools (`etcdutl snapshot restore`, or `etcdctl snapshot restore` before etcd 3.5).
+    Restore {
+        /// The snapshot file.
+        snapshot: PathBuf,
+        /// Directory of the embedded store to restore into.
+        #[arg(long, default_value = ".skiff/data")]
+        data_dir: PathBuf,
+        /// Move an existing store file aside (to skiff.redb.before-restore-<unix time>)
+        /// instead of refusing.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+/// `skiff-apiserver restore`: the snapshot checked and renamed into place; an existing store
+/// is kept aside with `--force`, else refused.
+fn restore(snapshot: &std::path::Path, data_dir: &std::path::Path, force: bool) -> Result<()> {
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("cannot create the data directory {}", data_dir.display()))?;
+    let dest = data_dir.join(DB_FILE);
+    if dest.exists() {
+        if !force {
+            bail!(
+                "{} exists: stop the API server and give --force to keep it aside and restore",
+                dest.display()
+            );
+        }
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let aside = data_dir.join(format!("{DB_FILE}.before-restore-{secs}"));
+        std::fs::rename(&dest, &aside)
+            .with_context(|| format!("cannot move {} aside", dest.display()))?;
+        println!("moved the old store to {}", aside.display());
+    }
+    let restored = skiff_store::restore_snapshot(snapshot, &dest).with_context(|| {
+        format!(
+            "cannot restore {} (an etcd snapshot is restored with `etcdutl snapshot restore`)",
+            snapshot.display()
+        )
+    })?;
+    println!(
+        "restored {} at revision {} into {} ({} bytes); start the API server, then restart the \
+         other components so their caches relist",
+        snapshot.display(),
+        restored
+            .revision
+            .map(|r| r.to_string())
+            .unwrap_or_else(|| "?".into()),
+        dest.display(),
+        restored.bytes
+    );
+    Ok(())
 }
 
 /// The URL clients reach a server listening on `listen` at.
@@ -291,6 +347,14 @@ async fn main() -> Result<()> {
     }) = &args.command
     {
         return write_user_kubeconfig(pki_dir, user, groups, server, out);
+    }
+    if let Some(Command::Restore {
+        snapshot,
+        data_dir,
+        force,
+    }) = &args.command
+    {
+        return restore(snapshot, data_dir, *force);
     }
     // The store first: a start that fails on its arguments writes no PKI.
     let mut store = open_store(&args).await?;

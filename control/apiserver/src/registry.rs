@@ -899,6 +899,8 @@ impl<T: Strategy> ResourceHandler for Handler<T> {
 /// Every served resource type by plural name.
 pub struct Registry {
     handlers: BTreeMap<&'static str, Arc<dyn ResourceHandler>>,
+    /// The store itself, for what is not per kind (snapshots).
+    store: Arc<dyn Store>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -954,7 +956,7 @@ impl Registry {
         add::<ClusterRole>(h, &store, cache_capacity).await?;
         add::<RoleBinding>(h, &store, cache_capacity).await?;
         add::<ClusterRoleBinding>(h, &store, cache_capacity).await?;
-        Ok(Registry { handlers })
+        Ok(Registry { handlers, store })
     }
 
     /// Kinds in [`skiff_api::kinds`] without a handler (empty unless the list above is
@@ -984,6 +986,15 @@ impl Registry {
             .iter()
             .filter_map(|k| self.handlers.get(k.info().plural).map(|h| h.info()))
             .collect()
+    }
+
+    /// A consistent snapshot of the whole store, written to the new file `dest`
+    /// ([`Store::snapshot`]).
+    pub async fn snapshot(
+        &self,
+        dest: &std::path::Path,
+    ) -> Result<skiff_store::Snapshot, StoreError> {
+        self.store.snapshot(dest).await
     }
 
     /// Store watches opened by each type's watch cache.

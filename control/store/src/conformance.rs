@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 
 use crate::{KeyValue, Store, StoreError, WatchEvent, WatchStream};
 
@@ -673,4 +673,83 @@ where
             prev: Some(v1)
         }
     );
+}
+
+/// A snapshot taken while writers run holds exactly the writes up to its revision: restored
+/// (by `restore`, which gets the snapshot's path and returns a store over it), every key a
+/// writer saw acknowledged at or below that revision is there with its value and revisions,
+/// none above it, and the restored store is at that revision and takes new writes above it.
+/// `dir` holds the snapshot file.
+pub async fn snapshot_during_writes<F, Fut>(
+    store: &dyn Store,
+    prefix: &str,
+    dir: &std::path::Path,
+    restore: F,
+) where
+    F: FnOnce(std::path::PathBuf) -> Fut,
+    Fut: Future<Output = Box<dyn Store>>,
+{
+    const WRITERS: usize = 4;
+    const PER_WRITER: usize = 150;
+    let acked = std::sync::Mutex::new(Vec::<KeyValue>::new());
+    let writers = futures::future::join_all((0..WRITERS).map(|w| {
+        let acked = &acked;
+        async move {
+            for i in 0..PER_WRITER {
+                let key = format!("{prefix}/w{w}-{i:04}");
+                let kv = store.create(&key, key.as_bytes().to_vec()).await.unwrap();
+                acked.lock().unwrap().push(kv);
+            }
+        }
+    }));
+    let path = dir.join("snapshot.db");
+    let snapshotter = async {
+        // Mid-way through the writes.
+        while acked.lock().unwrap().len() < WRITERS * PER_WRITER / 2 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        store.snapshot(&path).await.unwrap()
+    };
+    let ((), snapshot) = futures::join!(writers.map(|_| ()), snapshotter);
+    let acked = acked.into_inner().unwrap();
+    assert!(snapshot.bytes > 0, "{snapshot:?}");
+    let restored = restore(path).await;
+    // The store's revision after the restore is the snapshot's (which a backend may not
+    // name).
+    let revision = restored.current_revision().await.unwrap();
+    if let Some(r) = snapshot.revision {
+        assert_eq!(revision, r, "the restored store's revision");
+    }
+    let (before, after): (Vec<_>, Vec<_>) =
+        acked.iter().partition(|kv| kv.mod_revision <= revision);
+    assert!(
+        !before.is_empty() && !after.is_empty(),
+        "the snapshot (revision {revision}) was not taken during the writes"
+    );
+    let listing = restored.list(&format!("{prefix}/"), None).await.unwrap();
+    let got: BTreeMap<&str, &KeyValue> = listing
+        .items
+        .iter()
+        .map(|kv| (kv.key.as_str(), kv))
+        .collect();
+    for kv in &before {
+        assert_eq!(
+            got.get(kv.key.as_str()),
+            Some(kv),
+            "acknowledged before the snapshot"
+        );
+    }
+    for kv in &after {
+        assert!(
+            !got.contains_key(kv.key.as_str()),
+            "{} was written after the snapshot",
+            kv.key
+        );
+    }
+    assert_eq!(got.len(), before.len(), "keys nobody wrote");
+    let next = restored
+        .create(&format!("{prefix}/after-restore"), b"x".to_vec())
+        .await
+        .unwrap();
+    assert!(next.mod_revision > revision);
 }

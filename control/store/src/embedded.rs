@@ -50,7 +50,10 @@ use redb::{
 use tokio::sync::{broadcast, oneshot};
 use tracing::{debug, info, warn};
 
-use crate::{KeyValue, Listing, Result, Store, StoreError, WatchEvent, WatchStream};
+use crate::{
+    EMBEDDED_SNAPSHOT_FORMAT, KeyValue, Listing, Result, Snapshot, Store, StoreError, WatchEvent,
+    WatchStream,
+};
 
 /// Current keys: key → (create_revision, mod_revision, value).
 const KV: TableDefinition<&str, (i64, i64, &[u8])> = TableDefinition::new("kv");
@@ -409,6 +412,105 @@ fn current_and_compacted(db: &Database) -> Result<(i64, i64)> {
         meta_get(&meta, META_REVISION)?,
         meta_get(&meta, META_COMPACTED)?,
     ))
+}
+
+/// Copies one read transaction's state (every live key and the revision) into a new
+/// database at `dest`, its history compacted to that revision: a crash-consistent snapshot
+/// taken while the writer goes on (redb's reads see one committed state).
+fn write_snapshot(db: &Database, dest: &Path) -> Result<Snapshot> {
+    if dest.exists() {
+        return Err(StoreError::Backend(format!(
+            "{} exists: a snapshot is written to a new file",
+            dest.display()
+        )));
+    }
+    let txn = db.begin_read().map_err(|e| backend("begin read", e))?;
+    let kv = txn.open_table(KV).map_err(|e| backend("open kv", e))?;
+    let meta = txn.open_table(META).map_err(|e| backend("open meta", e))?;
+    let revision = meta_get(&meta, META_REVISION)?;
+    let out =
+        Database::create(dest).map_err(|e| backend(&format!("creating {}", dest.display()), e))?;
+    let w = out.begin_write().map_err(|e| backend("begin write", e))?;
+    {
+        let mut to = w.open_table(KV).map_err(|e| backend("open kv", e))?;
+        for row in kv.iter().map_err(|e| backend("read kv", e))? {
+            let (key, value) = row.map_err(|e| backend("read kv", e))?;
+            to.insert(key.value(), value.value())
+                .map_err(|e| backend("write kv", e))?;
+        }
+        w.open_table(LOG).map_err(|e| backend("open log", e))?;
+        let mut to = w.open_table(META).map_err(|e| backend("open meta", e))?;
+        for key in [META_REVISION, META_COMPACTED] {
+            to.insert(key, revision)
+                .map_err(|e| backend("write meta", e))?;
+        }
+    }
+    w.commit().map_err(|e| backend("commit the snapshot", e))?;
+    drop(out);
+    let bytes = std::fs::metadata(dest)
+        .map_err(|e| backend(&format!("reading {}", dest.display()), e))?
+        .len();
+    Ok(Snapshot {
+        revision: Some(revision),
+        format: EMBEDDED_SNAPSHOT_FORMAT,
+        bytes,
+    })
+}
+
+/// Restores the embedded-store snapshot `snapshot` (from [`Store::snapshot`]) as the new
+/// database file `dest`, which must not exist (the API server over it is stopped): the
+/// snapshot is copied beside `dest`, opened and checked (its tables and revision), synced,
+/// then renamed into place, so a failure leaves no half-restored `dest`. Returns what it
+/// restored.
+pub fn restore_snapshot(snapshot: &Path, dest: &Path) -> Result<Snapshot> {
+    if dest.exists() {
+        return Err(StoreError::Backend(format!(
+            "{} exists: move it away first (restore writes a new store file)",
+            dest.display()
+        )));
+    }
+    let tmp = dest.with_extension("restoring");
+    let _ = std::fs::remove_file(&tmp);
+    let copied = std::fs::copy(snapshot, &tmp)
+        .map_err(|e| backend(&format!("copying {}", snapshot.display()), e));
+    let checked = copied.and_then(|bytes| {
+        let db = Database::open(&tmp).map_err(|e| {
+            backend(
+                &format!("{} is not an embedded-store snapshot", snapshot.display()),
+                e,
+            )
+        })?;
+        let (revision, compacted) = current_and_compacted(&db)?;
+        let txn = db.begin_read().map_err(|e| backend("begin read", e))?;
+        txn.open_table(KV).map_err(|e| backend("open kv", e))?;
+        txn.open_table(LOG).map_err(|e| backend("open log", e))?;
+        drop(txn);
+        drop(db);
+        if compacted > revision {
+            return Err(StoreError::Backend(format!(
+                "corrupt snapshot: compacted revision {compacted} above revision {revision}"
+            )));
+        }
+        std::fs::File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| backend("syncing the restored store", e))?;
+        Ok(Snapshot {
+            revision: Some(revision),
+            format: EMBEDDED_SNAPSHOT_FORMAT,
+            bytes,
+        })
+    });
+    match checked {
+        Ok(s) => {
+            std::fs::rename(&tmp, dest)
+                .map_err(|e| backend(&format!("renaming into {}", dest.display()), e))?;
+            Ok(s)
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
 }
 
 /// Removes log entries below `revision`, in chunks so no transaction gets huge.
@@ -854,6 +956,11 @@ impl Store for EmbeddedStore {
         self.send(Request::Compact(revision, tx))?;
         rx.await
             .map_err(|_| StoreError::Backend("store writer thread has stopped".into()))?
+    }
+
+    async fn snapshot(&self, dest: &Path) -> Result<Snapshot> {
+        let dest = dest.to_path_buf();
+        self.read(move |db| write_snapshot(db, &dest)).await
     }
 }
 

@@ -21,7 +21,7 @@ pub mod conformance;
 #[cfg(any(test, feature = "testutil"))]
 pub mod testutil;
 
-pub use embedded::{EmbeddedOptions, EmbeddedStore};
+pub use embedded::{EmbeddedOptions, EmbeddedStore, restore_snapshot};
 pub use etcd::EtcdStore;
 
 /// A key with its value and the revisions that describe it.
@@ -79,6 +79,24 @@ pub struct Listing {
     /// The store revision this listing reflects. Watching from it misses nothing.
     pub revision: i64,
 }
+
+/// A snapshot [`Store::snapshot`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The store revision the snapshot holds (every write up to it and none after), when the
+    /// backend says (etcd before 3.5 does not: restored, the store is at it).
+    pub revision: Option<i64>,
+    /// Its file format: [`EMBEDDED_SNAPSHOT_FORMAT`] (a redb file the embedded store opens)
+    /// or [`ETCD_SNAPSHOT_FORMAT`] (etcd's, for `etcdutl snapshot restore`).
+    pub format: &'static str,
+    /// Its size in bytes.
+    pub bytes: u64,
+}
+
+/// [`Snapshot::format`] of the embedded store.
+pub const EMBEDDED_SNAPSHOT_FORMAT: &str = "skiff-embedded";
+/// [`Snapshot::format`] of etcd.
+pub const ETCD_SNAPSHOT_FORMAT: &str = "etcd";
 
 /// Errors returned by a [`Store`].
 #[derive(Debug, thiserror::Error)]
@@ -147,4 +165,14 @@ pub trait Store: Send + Sync + 'static {
     /// with [`StoreError::Compacted`]. Compacting at or below the already compacted revision
     /// is a no-op; a revision above the current one fails with [`StoreError::FutureRevision`].
     async fn compact(&self, revision: i64) -> Result<()>;
+
+    /// Writes a consistent snapshot of the whole store (one revision's state) to the new
+    /// file `dest` while writes go on. Stores that cannot fail with
+    /// [`StoreError::Backend`].
+    async fn snapshot(&self, dest: &std::path::Path) -> Result<Snapshot> {
+        let _ = dest;
+        Err(StoreError::Backend(
+            "this store cannot take snapshots".into(),
+        ))
+    }
 }

@@ -121,6 +121,38 @@ impl EtcdServer {
         self.launch(&binary)
     }
 
+    /// Kills etcd, replaces its data with the etcd snapshot `snapshot` (`etcdctl snapshot
+    /// restore`, as an operator restores one) and starts it again on the same ports.
+    pub fn restore(&mut self, snapshot: &Path) -> Result<(), EtcdServerError> {
+        self.stop();
+        let data = self.data_dir();
+        let _ = std::fs::remove_dir_all(&data);
+        let peer_url = format!("http://127.0.0.1:{}", self.peer_port);
+        let out = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg("snapshot")
+            .arg("restore")
+            .arg(snapshot)
+            .arg(format!("--data-dir={}", data.display()))
+            .arg("--name=skiff-test")
+            .arg(format!("--initial-cluster=skiff-test={peer_url}"))
+            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+            .arg(format!(
+                "--initial-cluster-token=skiff-test-{}",
+                self.peer_port
+            ))
+            .output()
+            .map_err(|e| EtcdServerError(format!("cannot run etcdctl: {e}")))?;
+        if !out.status.success() {
+            return Err(EtcdServerError(format!(
+                "etcdctl snapshot restore failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        let binary = find_etcd()?;
+        self.launch(&binary)
+    }
+
     fn data_dir(&self) -> PathBuf {
         self.dir.path().join("data")
     }

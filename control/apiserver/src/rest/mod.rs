@@ -24,7 +24,10 @@
 //! - answers as JSON, YAML (`Accept: application/yaml`), a `meta.k8s.io/v1` Table
 //!   (`;as=Table`) or metadata only (`;as=PartialObjectMetadata[List]`); errors as `Status`
 //!   objects with Kubernetes' codes and reasons;
-//! - `/openapi/v3` and each group-version's document ([`openapi`]), generated from the types.
+//! - `/openapi/v3` and each group-version's document ([`openapi`]), generated from the types;
+//! - `GET /skiff/v1/snapshot`: a consistent snapshot of the store ([`snapshot`]), for
+//!   `skiff snapshot save` (or `kubectl get --raw`); a non-resource URL only
+//!   `cluster-admin` holds.
 
 mod access;
 mod discovery;
@@ -36,6 +39,7 @@ mod openapi;
 mod patch;
 mod path;
 mod portforward;
+mod snapshot;
 mod spdy;
 mod status;
 mod table;
@@ -322,6 +326,7 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
             tokens::openid_configuration(&rest, host)
         }
         Target::Jwks if get => tokens::jwks(&rest),
+        Target::Snapshot if get => snapshot::serve(&rest).await,
         Target::Health(name) if get => health(name, &query),
         Target::CoreVersions if get => {
             if format == Format::AggregatedDiscovery {

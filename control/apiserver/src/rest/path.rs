@@ -29,6 +29,8 @@ pub enum Target {
     OpenIdConfiguration,
     /// `/openid/v1/jwks`: the keys that sign ServiceAccount tokens.
     Jwks,
+    /// `/skiff/v1/snapshot`: a consistent snapshot of the store (a non-resource URL).
+    Snapshot,
     /// Anything else unknown.
     NotFound,
 }
@@ -56,6 +58,7 @@ pub fn parse(path: &str) -> Target {
         ["version"] => Target::Version,
         [".well-known", "openid-configuration"] => Target::OpenIdConfiguration,
         ["openid", "v1", "jwks"] => Target::Jwks,
+        ["skiff", "v1", "snapshot"] => Target::Snapshot,
         ["healthz", ..] => Target::Health("healthz"),
         ["livez", ..] => Target::Health("livez"),
         ["readyz", ..] => Target::Health("readyz"),
@@ -183,6 +186,7 @@ mod tests {
         );
         assert_eq!(parse("/version"), Target::Version);
         assert_eq!(parse("/readyz"), Target::Health("readyz"));
+        assert_eq!(parse("/skiff/v1/snapshot"), Target::Snapshot);
         assert_eq!(
             parse("/openapi/v3/apis/apps/v1"),
             Target::OpenApiV3 {
