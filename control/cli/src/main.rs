@@ -33,7 +33,8 @@ use skiff_client::{Client, ClientConfig, ClientError, PropagationPolicy};
     propagate_version = true
 )]
 struct Cli {
-    /// API server URL [default: the kubeconfig's].
+    /// API server URL, or a comma-separated list of API servers to fail over between
+    /// [default: the kubeconfig's].
     #[arg(long, global = true, env = "SKIFF_SERVER", value_name = "URL")]
     server: Option<String>,
     /// The kubeconfig to use [default: $SKIFF_CONFIG, then ~/.config/skiff/config.yaml]:

@@ -18,6 +18,7 @@ use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use crate::config::ClientConfig;
 use crate::error::ClientError;
+use crate::failover::Failover;
 
 /// Adds the configured bearer token to every call (nothing without one).
 #[derive(Clone, Default)]
@@ -42,39 +43,47 @@ impl Interceptor for Credentials {
     }
 }
 
-type Rpc = ApiClient<InterceptedService<Channel, Credentials>>;
+type Rpc = ApiClient<InterceptedService<Failover, Credentials>>;
 
 /// Largest message the client accepts (big lists).
 const MAX_MESSAGE: usize = 256 * 1024 * 1024;
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A connection to the API server. Cheap to clone; clones share the connection.
+/// A connection to the API server (or to several, failing over between them: see
+/// [`ClientConfig`]). Cheap to clone; clones share the connection.
 #[derive(Clone)]
 pub struct Client {
     rpc: Rpc,
-    endpoint: Arc<str>,
+    servers: Failover,
     /// How it connects (CA, client certificate or token): also used for the REST calls
     /// gRPC does not carry (TokenRequest) and, its certificate, toward node agents.
-    config: Option<Arc<ClientConfig>>,
+    config: Arc<ClientConfig>,
 }
 
 impl fmt::Debug for Client {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Client")
-            .field("endpoint", &self.endpoint)
+            .field("endpoint", &self.endpoint())
             .finish()
     }
 }
 
-fn endpoint_of(config: &ClientConfig) -> Result<(String, Endpoint, Credentials), ClientError> {
-    let endpoint = config.server.as_str();
-    let url = if endpoint.contains("://") {
-        endpoint.to_string()
+/// `server` with a scheme: none means `http://`.
+pub(crate) fn url_of(server: &str) -> String {
+    if server.contains("://") {
+        server.to_string()
     } else {
-        format!("http://{endpoint}")
-    };
+        format!("http://{server}")
+    }
+}
+
+/// The URL and tonic endpoint of `server` as `config` says to connect (TLS trusting its CA,
+/// its client certificate; SNI and verification for the URL's host unless
+/// `tls_server_name` is set).
+fn endpoint_of(config: &ClientConfig, server: &str) -> Result<(String, Endpoint), ClientError> {
+    let url = url_of(server);
     let invalid = |reason: String| ClientError::InvalidEndpoint {
-        endpoint: endpoint.to_string(),
+        endpoint: server.to_string(),
         reason,
     };
     let mut ep = Endpoint::from_shared(url.clone())
@@ -106,15 +115,34 @@ fn endpoint_of(config: &ClientConfig) -> Result<(String, Endpoint, Credentials),
             .tls_config(tls)
             .map_err(|e| invalid(crate::error::transport_reason(&e)))?;
     }
+    Ok((url, ep))
+}
+
+/// The bearer token header of `config`, if it has a token.
+fn credentials_of(config: &ClientConfig) -> Result<Credentials, ClientError> {
     let authorization = match &config.token {
-        Some(t) => Some(
-            format!("Bearer {t}")
-                .parse()
-                .map_err(|_| invalid("the token is not a valid header value".into()))?,
-        ),
+        Some(t) => {
+            Some(
+                format!("Bearer {t}")
+                    .parse()
+                    .map_err(|_| ClientError::InvalidEndpoint {
+                        endpoint: config.server.clone(),
+                        reason: "the token is not a valid header value".into(),
+                    })?,
+            )
+        }
         None => None,
     };
-    Ok((url, ep, Credentials { authorization }))
+    Ok(Credentials { authorization })
+}
+
+/// Every server of `config` with its tonic endpoint, checked.
+fn endpoints_of(config: &ClientConfig) -> Result<Vec<(String, Endpoint)>, ClientError> {
+    let servers = config.endpoints();
+    if servers.len() > 1 {
+        crate::config::check_servers(&servers)?;
+    }
+    servers.iter().map(|s| endpoint_of(config, s)).collect()
 }
 
 /// What a SubjectAccessReview asks about (its `spec.resourceAttributes`).
@@ -131,20 +159,61 @@ pub struct ResourceAttributes<'a> {
 impl Client {
     /// Connects to the API server at `endpoint` without credentials (`http://127.0.0.1:7443`;
     /// a missing scheme means `http://`): for in-process plain-HTTP servers. Fails with
-    /// [`ClientError::Unreachable`] if nothing answers.
+    /// [`ClientError::Unreachable`] if nothing answers. A comma-separated list of URLs fails
+    /// over between them as [`Client::connect_with`] does.
     pub async fn connect(endpoint: &str) -> Result<Client, ClientError> {
         Client::connect_with(&ClientConfig::plain(endpoint)).await
     }
 
     /// Connects as `config` says: TLS trusting its CA, its client certificate or token.
+    ///
+    /// With several servers ([`ClientConfig::endpoints`]) it connects to the first that
+    /// answers (an error only if none does) and fails over: when a request finds its server
+    /// unreachable, that request fails and the next ones go to the next server (see the
+    /// `failover` module). Watches through [`crate::reflector`] resume on the next server.
     pub async fn connect_with(config: &ClientConfig) -> Result<Client, ClientError> {
-        let (url, ep, creds) = endpoint_of(config)?;
-        let channel = ep
-            .connect()
-            .await
-            .map_err(|e| ClientError::unreachable(&url, &e))?;
-        tracing::debug!(endpoint = %url, "connected to the API server");
-        Ok(Client::with_credentials(channel, &url, creds).with_identity(config))
+        let endpoints = endpoints_of(config)?;
+        let creds = credentials_of(config)?;
+        if let [(url, ep)] = endpoints.as_slice() {
+            let channel = ep
+                .connect()
+                .await
+                .map_err(|e| ClientError::unreachable(url, &e))?;
+            tracing::debug!(endpoint = %url, "connected to the API server");
+            return Ok(Client::new(Failover::single(url, channel), creds, config));
+        }
+        // The first server that answers is current; the others connect on first use.
+        let mut servers = Vec::with_capacity(endpoints.len());
+        let mut unreachable = Vec::new();
+        let mut connected = None;
+        for (i, (url, ep)) in endpoints.into_iter().enumerate() {
+            let channel = if connected.is_some() {
+                ep.connect_lazy()
+            } else {
+                match ep.connect().await {
+                    Ok(channel) => {
+                        tracing::debug!(endpoint = %url, "connected to the API server");
+                        connected = Some(i);
+                        channel
+                    }
+                    Err(e) => {
+                        unreachable.push((i, url.clone(), crate::error::transport_reason(&e)));
+                        ep.connect_lazy()
+                    }
+                }
+            };
+            servers.push((url, channel));
+        }
+        if connected.is_none() {
+            let failures: Vec<(String, String)> =
+                unreachable.into_iter().map(|(_, u, r)| (u, r)).collect();
+            return Err(ClientError::unreachable_all(&failures));
+        }
+        let servers = Failover::new(servers);
+        for (i, _, reason) in &unreachable {
+            servers.failed(*i, reason);
+        }
+        Ok(Client::new(servers, creds, config))
     }
 
     /// Like [`Client::connect`] but connects on first use (and reconnects as needed): for
@@ -155,30 +224,38 @@ impl Client {
 
     /// Like [`Client::connect_with`] but connects on first use.
     pub fn connect_lazy_with(config: &ClientConfig) -> Result<Client, ClientError> {
-        let (url, ep, creds) = endpoint_of(config)?;
-        Ok(Client::with_credentials(ep.connect_lazy(), &url, creds).with_identity(config))
+        let servers = endpoints_of(config)?
+            .into_iter()
+            .map(|(url, ep)| {
+                let channel = ep.connect_lazy();
+                (url, channel)
+            })
+            .collect();
+        let creds = credentials_of(config)?;
+        Ok(Client::new(Failover::new(servers), creds, config))
     }
 
-    fn with_identity(mut self, config: &ClientConfig) -> Client {
-        self.config = Some(Arc::new(config.clone()));
-        self
+    fn new(servers: Failover, creds: Credentials, config: &ClientConfig) -> Client {
+        let rpc = ApiClient::with_interceptor(servers.clone(), creds)
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE);
+        Client {
+            rpc,
+            servers,
+            config: Arc::new(config.clone()),
+        }
     }
 
     /// The client certificate this client connects with, if any (what it presents to node
     /// agents too).
     pub fn identity(&self) -> Option<&skiff_pki::Identity> {
-        self.config.as_ref().and_then(|c| c.identity.as_ref())
+        self.config.identity.as_ref()
     }
 
     /// `GET path` of the Kubernetes REST API as JSON (what the gRPC API does not carry: the
     /// metrics API).
     pub async fn get_json(&self, path: &str) -> Result<serde_json::Value, ClientError> {
-        let config = self
-            .config
-            .as_deref()
-            .cloned()
-            .unwrap_or_else(|| ClientConfig::plain(&self.endpoint));
-        crate::rest::get_json(&config, path).await
+        crate::rest::get_json(&self.config, &self.servers, path).await
     }
 
     /// A token of ServiceAccount `service_account` in `namespace` from the TokenRequest
@@ -193,11 +270,6 @@ impl Client {
         expiration_seconds: Option<i64>,
         bound_pod: Option<(&str, &str)>,
     ) -> Result<(String, i64), ClientError> {
-        let config = self
-            .config
-            .as_deref()
-            .cloned()
-            .unwrap_or_else(|| ClientConfig::plain(&self.endpoint));
         let mut spec = serde_json::json!({"audiences": audiences});
         if let Some(e) = expiration_seconds {
             spec["expirationSeconds"] = e.into();
@@ -211,7 +283,7 @@ impl Client {
         });
         let path =
             format!("/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token");
-        let answer = crate::rest::post_json(&config, &path, &body).await?;
+        let answer = crate::rest::post_json(&self.config, &self.servers, &path, &body).await?;
         let token = answer
             .pointer("/status/token")
             .and_then(serde_json::Value::as_str)
@@ -240,11 +312,6 @@ impl Client {
         groups: &[String],
         attributes: &ResourceAttributes<'_>,
     ) -> Result<(bool, String), ClientError> {
-        let config = self
-            .config
-            .as_deref()
-            .cloned()
-            .unwrap_or_else(|| ClientConfig::plain(&self.endpoint));
         let body = serde_json::json!({
             "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
             "spec": {
@@ -257,7 +324,8 @@ impl Client {
             },
         });
         let answer = crate::rest::post_json(
-            &config,
+            &self.config,
+            &self.servers,
             "/apis/authorization.k8s.io/v1/subjectaccessreviews",
             &body,
         )
@@ -274,25 +342,18 @@ impl Client {
         Ok((allowed, reason))
     }
 
-    /// Wraps an existing channel (no credentials).
+    /// Wraps an existing channel to the server at `endpoint` (no credentials).
     pub fn from_channel(channel: Channel, endpoint: &str) -> Client {
-        Client::with_credentials(channel, endpoint, Credentials::default())
+        Client::new(
+            Failover::single(endpoint, channel),
+            Credentials::default(),
+            &ClientConfig::plain(endpoint),
+        )
     }
 
-    fn with_credentials(channel: Channel, endpoint: &str, creds: Credentials) -> Client {
-        let rpc = ApiClient::with_interceptor(channel, creds)
-            .max_decoding_message_size(MAX_MESSAGE)
-            .max_encoding_message_size(MAX_MESSAGE);
-        Client {
-            rpc,
-            endpoint: endpoint.into(),
-            config: None,
-        }
-    }
-
-    /// The API server URL.
+    /// The URL of the API server requests go to now (with several, the one failed over to).
     pub fn endpoint(&self) -> &str {
-        &self.endpoint
+        self.servers.current()
     }
 
     /// A typed API for `T` in `namespace` (`None`: every namespace, or a cluster-scoped
@@ -341,7 +402,7 @@ impl Client {
     }
 
     fn status(&self, s: tonic::Status) -> ClientError {
-        ClientError::from_status(s, &self.endpoint)
+        ClientError::from_status(s, self.endpoint())
     }
 }
 
@@ -980,7 +1041,7 @@ mod tests {
 
     #[test]
     fn endpoint_gets_a_scheme() {
-        let url = |e: &str| endpoint_of(&ClientConfig::plain(e)).map(|(u, _, _)| u);
+        let url = |e: &str| endpoint_of(&ClientConfig::plain(e), e).map(|(u, _)| u);
         assert_eq!(url("127.0.0.1:7443").unwrap(), "http://127.0.0.1:7443");
         assert_eq!(url("http://localhost:1").unwrap(), "http://localhost:1");
         assert!(matches!(
@@ -991,14 +1052,17 @@ mod tests {
 
     #[test]
     fn https_needs_a_ca_and_tokens_become_a_bearer_header() {
-        let e = endpoint_of(&ClientConfig::plain("https://127.0.0.1:1"))
-            .map(|_| ())
-            .unwrap_err()
-            .to_string();
+        let e = endpoint_of(
+            &ClientConfig::plain("https://127.0.0.1:1"),
+            "https://127.0.0.1:1",
+        )
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("no CA to verify the server"), "{e}");
         let mut cfg = ClientConfig::plain("http://127.0.0.1:1");
         cfg.token = Some("t0ken".into());
-        let (_, _, mut creds) = endpoint_of(&cfg).unwrap();
+        let mut creds = credentials_of(&cfg).unwrap();
         let req = creds.call(tonic::Request::new(())).unwrap();
         assert_eq!(req.metadata().get("authorization").unwrap(), "Bearer t0ken");
         assert!(!format!("{creds:?}").contains("t0ken"));

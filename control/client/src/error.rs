@@ -67,12 +67,17 @@ pub enum ClientError {
 }
 
 impl ClientError {
-    /// Maps a gRPC status from a call to the server at `endpoint`.
+    /// Maps a gRPC status from a call to the server at `endpoint` (with several servers, the
+    /// one the call went to, when the status says).
     ///
     /// The `skiff-reason` metadata wins over the status code; a status without a reason that
     /// was produced by the transport (connection refused, reset, ...) is
     /// [`ClientError::Unreachable`].
     pub fn from_status(status: Status, endpoint: &str) -> ClientError {
+        let endpoint = status
+            .source()
+            .and_then(crate::failover::server_of)
+            .unwrap_or(endpoint);
         let reason = status
             .metadata()
             .get(REASON_KEY)
@@ -135,6 +140,25 @@ impl ClientError {
             endpoint: endpoint.to_string(),
             reason: transport_reason(err),
         }
+    }
+
+    /// None of several servers could be reached: `failures` holds each URL and why. One
+    /// line naming them all, with their reason when it is the same for all.
+    pub(crate) fn unreachable_all(failures: &[(String, String)]) -> ClientError {
+        let endpoint = failures
+            .iter()
+            .map(|(u, _)| u.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let reason = match failures {
+            [(_, first), rest @ ..] if rest.iter().all(|(_, r)| r == first) => first.clone(),
+            _ => failures
+                .iter()
+                .map(|(u, r)| format!("{u}: {r}"))
+                .collect::<Vec<_>>()
+                .join("; "),
+        };
+        ClientError::Unreachable { endpoint, reason }
     }
 
     pub(crate) fn decode(what: impl Into<String>, source: prost::DecodeError) -> ClientError {
@@ -373,6 +397,40 @@ mod tests {
              (is it running? start one with `cargo xtask up`)"
         );
         assert!(!e.to_string().contains('\n'));
+    }
+
+    #[test]
+    fn unreachable_all_names_every_server() {
+        let f = |v: &[(&str, &str)]| {
+            let v: Vec<(String, String)> = v
+                .iter()
+                .map(|(u, r)| (u.to_string(), r.to_string()))
+                .collect();
+            ClientError::unreachable_all(&v).to_string()
+        };
+        assert_eq!(
+            f(&[(EP, "connection refused")]),
+            ClientError::unreachable(
+                EP,
+                &std::io::Error::from(std::io::ErrorKind::ConnectionRefused)
+            )
+            .to_string()
+        );
+        assert_eq!(
+            f(&[
+                ("http://a:1", "connection refused"),
+                ("http://b:1", "connection refused")
+            ]),
+            "cannot reach the Skiff API server at http://a:1, http://b:1: connection refused \
+             (is it running? start one with `cargo xtask up`)"
+        );
+        assert!(
+            f(&[
+                ("http://a:1", "connection refused"),
+                ("http://b:1", "connection timed out")
+            ])
+            .contains("http://a:1: connection refused; http://b:1: connection timed out")
+        );
     }
 
     #[test]

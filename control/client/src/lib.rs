@@ -18,15 +18,18 @@
 //! - [`api`]: [`Client`], the typed [`Api`] and the [`DynamicApi`] for types known at run time.
 //! - [`error`]: [`ClientError`], mapped from gRPC statuses and the `skiff-reason` metadata.
 //! - [`config`]: where the API server is and who to be: a kubeconfig
-//!   ([`ClientConfig::load`]).
+//!   ([`ClientConfig::load`]); several API servers as a comma-separated list, which the
+//!   client fails over between (the private `failover` module, also used by the REST calls).
 //! - [`node_lease`]: node heartbeats as Leases in `kube-node-lease`.
-//! - [`reflector`]: list + watch + relist, the one way components observe the cluster.
+//! - [`reflector`]: list + watch (resumed from its revision after a failure) + relist when
+//!   expired, the one way components observe the cluster.
 //! - [`node_api`]: the node agents' read-only HTTP API (container logs, stats), found through
 //!   the API server ([`node_api::AgentEndpoint`]).
 
 pub mod api;
 pub mod config;
 pub mod error;
+mod failover;
 pub mod node_api;
 pub mod node_lease;
 pub mod reflector;

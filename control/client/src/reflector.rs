@@ -1,11 +1,14 @@
 //! The reflector: list, then watch from the list's revision, re-watch from the last seen
-//! revision when a watch ends, and list again when the server says the revision is too old.
-//! It never gives up: connection errors are retried with capped exponential back-off.
+//! revision when a watch ends or fails, and list again only when the server says the revision
+//! is too old. It never gives up: errors are retried with capped exponential back-off. A
+//! watch that failed resumes from its revision, so a client failing over to another API
+//! server (same store, same revisions) goes on without a relist.
 //!
 //! Every controller, the scheduler and the node agent observe the cluster through this one
 //! code path ("watch, don't poll"), optionally keeping a [`Store`] of the current objects.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -54,7 +57,31 @@ enum Phase<T> {
     List,
     Watch(String),
     Watching(crate::WatchStream<T>, String),
-    Wait(Duration),
+    /// Wait, then list (`None`) or watch from the revision.
+    Wait(Duration, Option<String>),
+}
+
+impl<T> fmt::Debug for Phase<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Phase::List => f.write_str("List"),
+            Phase::Watch(rv) => f.debug_tuple("Watch").field(rv).finish(),
+            Phase::Watching(_, rv) => f.debug_tuple("Watching").field(rv).finish(),
+            Phase::Wait(d, rv) => f.debug_tuple("Wait").field(d).field(rv).finish(),
+        }
+    }
+}
+
+/// What follows a watch from `rv` that ended: `None` when the server ended it (e.g. its
+/// timeout), else the error. Only an expired revision lists again; after any other error the
+/// watch resumes from `rv` once the back-off has passed (the list it would take instead
+/// would emit [`Event::Restarted`] for nothing).
+fn after_watch<T>(end: Option<&ClientError>, rv: String, backoff: &mut Backoff) -> Phase<T> {
+    match end {
+        None => Phase::Watch(rv),
+        Some(ClientError::Expired { .. }) => Phase::List,
+        Some(_) => Phase::Wait(backoff.step(), Some(rv)),
+    }
 }
 
 struct State<T> {
@@ -75,7 +102,13 @@ pub fn reflector<T: Resource>(api: Api<T>, lp: ListParams) -> impl Stream<Item =
     futures::stream::unfold(state, |mut s| async move {
         loop {
             match std::mem::replace(&mut s.phase, Phase::List) {
-                Phase::Wait(d) => tokio::time::sleep(d).await,
+                Phase::Wait(d, next) => {
+                    tokio::time::sleep(d).await;
+                    s.phase = match next {
+                        Some(rv) => Phase::Watch(rv),
+                        None => Phase::List,
+                    };
+                }
                 Phase::List => match s.api.list(&s.lp).await {
                     Ok(list) => {
                         s.backoff.reset();
@@ -85,7 +118,7 @@ pub fn reflector<T: Resource>(api: Api<T>, lp: ListParams) -> impl Stream<Item =
                     Err(e) => {
                         let d = s.backoff.step();
                         tracing::warn!(resource = T::INFO.plural, error = %e, retry_in = ?d, "list failed");
-                        s.phase = Phase::Wait(d);
+                        s.phase = Phase::Wait(d, None);
                     }
                 },
                 Phase::Watch(rv) => {
@@ -108,17 +141,21 @@ pub fn reflector<T: Resource>(api: Api<T>, lp: ListParams) -> impl Stream<Item =
                             s,
                         ));
                     }
-                    // The server ended the watch (e.g. shutdown, timeout): continue from rv.
-                    None => s.phase = Phase::Watch(rv),
-                    Some(Err(ClientError::Expired { .. })) => {
-                        tracing::info!(resource = T::INFO.plural, "watch too old, relisting");
-                        s.phase = Phase::List;
-                    }
-                    Some(Err(e)) => {
-                        let d = s.backoff.step();
-                        tracing::warn!(resource = T::INFO.plural, error = %e, retry_in = ?d, "watch failed");
-                        // After a failure we can't be sure the watch position is still served.
-                        s.phase = Phase::Wait(d);
+                    end => {
+                        let err = end.and_then(Result::err);
+                        let next = after_watch(err.as_ref(), rv, &mut s.backoff);
+                        match (&err, &next) {
+                            (Some(e), Phase::Wait(d, Some(rv))) => tracing::warn!(
+                                resource = T::INFO.plural, error = %e, retry_in = ?d,
+                                resource_version = %rv, "watch failed; resuming"
+                            ),
+                            (Some(_), _) => tracing::info!(
+                                resource = T::INFO.plural,
+                                "watch too old, relisting"
+                            ),
+                            (None, _) => {}
+                        }
+                        s.phase = next;
                     }
                 },
             }
@@ -241,6 +278,68 @@ mod tests {
         assert_eq!(*steps.last().unwrap(), Duration::from_secs(30));
         b.reset();
         assert_eq!(b.step(), Duration::from_millis(100));
+    }
+
+    /// The phases a reflector goes through, as names with their revision.
+    fn trace<T>(phase: &Phase<T>) -> String {
+        format!("{phase:?}")
+    }
+
+    #[test]
+    fn a_failed_watch_resumes_from_its_revision_without_relisting() {
+        let mut b = Backoff::new();
+        let unreachable = ClientError::Unreachable {
+            endpoint: "http://a:1".into(),
+            reason: "connection refused".into(),
+        };
+        // Listed at 5, watched up to 7, then the watch fails once: wait, watch from 7.
+        let mut phases = vec![Phase::<Pod>::Watch("5".into())];
+        phases.push(after_watch(Some(&unreachable), "7".into(), &mut b));
+        let Some(Phase::Wait(d, Some(rv))) = phases.last() else {
+            panic!("{phases:?}");
+        };
+        assert_eq!(*d, Duration::from_millis(100));
+        phases.push(Phase::Watch(rv.clone()));
+        // The next watch is served: events, then the server ends it (e.g. its timeout).
+        b.reset();
+        phases.push(after_watch(None, "9".into(), &mut b));
+        assert_eq!(
+            phases.iter().map(trace).collect::<Vec<_>>(),
+            [
+                "Watch(\"5\")",
+                "Wait(100ms, Some(\"7\"))",
+                "Watch(\"7\")",
+                "Watch(\"9\")"
+            ]
+        );
+        // A server's own error (shutting down) resumes too, after a longer wait each time.
+        let shutting_down = ClientError::Other {
+            code: tonic::Code::Unavailable,
+            message: "the API server is shutting down".into(),
+        };
+        let mut b = Backoff::new();
+        b.step();
+        assert_eq!(
+            trace(&after_watch::<Pod>(
+                Some(&shutting_down),
+                "9".into(),
+                &mut b
+            )),
+            "Wait(200ms, Some(\"9\"))"
+        );
+    }
+
+    #[test]
+    fn only_an_expired_watch_relists() {
+        let mut b = Backoff::new();
+        let expired = ClientError::Expired {
+            message: "too old resource version: 3 (10)".into(),
+        };
+        assert!(matches!(
+            after_watch::<Pod>(Some(&expired), "3".into(), &mut b),
+            Phase::List
+        ));
+        assert_eq!(b.step(), Duration::from_millis(100), "no back-off used");
     }
 
     #[test]

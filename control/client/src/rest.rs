@@ -1,7 +1,8 @@
 //! The few REST calls Skiff's own components make (the gRPC API carries everything else):
 //! a JSON GET or POST over HTTPS (HTTP/1.1, hyper over rustls) with the client configuration's
 //! CA, client certificate or bearer token. An error answer becomes the [`ClientError`] its
-//! `Status` code names, with the server's message.
+//! `Status` code names, with the server's message. With several API servers, one that cannot
+//! be reached is skipped for the next, in the order the gRPC calls use.
 
 use std::sync::Arc;
 
@@ -9,14 +10,16 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
 
+use crate::api::CONNECT_TIMEOUT;
+use crate::failover::Failover;
 use crate::{ClientConfig, ClientError};
 
 /// The largest answer read (a TokenRequest is a few kilobytes).
 const MAX_ANSWER: usize = 1 << 20;
 
-fn unreachable(config: &ClientConfig, reason: String) -> ClientError {
+fn unreachable(server: &str, reason: String) -> ClientError {
     ClientError::Unreachable {
-        endpoint: config.server.clone(),
+        endpoint: server.to_string(),
         reason,
     }
 }
@@ -24,33 +27,63 @@ fn unreachable(config: &ClientConfig, reason: String) -> ClientError {
 /// `POST path` with `body` as JSON; the answer's JSON when it is a 2xx.
 pub(crate) async fn post_json(
     config: &ClientConfig,
+    servers: &Failover,
     path: &str,
     body: &serde_json::Value,
 ) -> Result<serde_json::Value, ClientError> {
-    request_json(config, hyper::Method::POST, path, Some(body)).await
+    request_json(config, servers, hyper::Method::POST, path, Some(body)).await
 }
 
 /// `GET path`; the answer's JSON when it is a 2xx.
 pub(crate) async fn get_json(
     config: &ClientConfig,
+    servers: &Failover,
     path: &str,
 ) -> Result<serde_json::Value, ClientError> {
-    request_json(config, hyper::Method::GET, path, None).await
+    request_json(config, servers, hyper::Method::GET, path, None).await
 }
 
+/// Tries the servers in the failover's order (the current one first): a server that cannot
+/// be reached is marked and the next one tried; an answer, even an error, is final.
 async fn request_json(
     config: &ClientConfig,
+    servers: &Failover,
     method: hyper::Method,
     path: &str,
     body: Option<&serde_json::Value>,
 ) -> Result<serde_json::Value, ClientError> {
-    let uri: hyper::Uri = config
-        .server
-        .parse()
-        .map_err(|e| ClientError::InvalidEndpoint {
-            endpoint: config.server.clone(),
-            reason: format!("{e}"),
-        })?;
+    let mut failures = Vec::new();
+    for i in servers.order() {
+        let server = servers.url(i);
+        match request_one(config, server, method.clone(), path, body).await {
+            Err(ClientError::Unreachable { endpoint, reason }) => {
+                servers.failed(i, &reason);
+                failures.push((endpoint, reason));
+            }
+            // Not about this server: the same for all.
+            Err(e @ ClientError::InvalidEndpoint { .. }) => return Err(e),
+            answer => {
+                servers.succeeded(i);
+                return answer;
+            }
+        }
+    }
+    // (With one server, its own error.)
+    Err(ClientError::unreachable_all(&failures))
+}
+
+/// One request to `server`.
+async fn request_one(
+    config: &ClientConfig,
+    server: &str,
+    method: hyper::Method,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> Result<serde_json::Value, ClientError> {
+    let uri: hyper::Uri = server.parse().map_err(|e| ClientError::InvalidEndpoint {
+        endpoint: server.to_string(),
+        reason: format!("{e}"),
+    })?;
     let host = uri
         .host()
         .unwrap_or("")
@@ -58,39 +91,46 @@ async fn request_json(
         .to_string();
     let https = uri.scheme_str() == Some("https");
     let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
-    let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
-        .await
-        .map_err(|e| unreachable(config, e.to_string()))?;
+    let tcp = tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        tokio::net::TcpStream::connect((host.as_str(), port)),
+    )
+    .await
+    .map_err(|_| unreachable(server, "connection timed out".into()))?
+    .map_err(|e| unreachable(server, e.to_string()))?;
     let mut sender = if https {
         let ca = config
             .ca_pem
             .as_deref()
             .ok_or_else(|| ClientError::InvalidEndpoint {
-                endpoint: config.server.clone(),
+                endpoint: server.to_string(),
                 reason: "no CA to verify the server with".into(),
             })?;
         let tls = skiff_pki::tls::client_config(ca, config.identity.as_ref())
-            .map_err(|e| unreachable(config, e.to_string()))?;
+            .map_err(|e| unreachable(server, e.to_string()))?;
         let name = config
             .tls_server_name
             .clone()
             .unwrap_or_else(|| host.clone());
         let name = rustls::pki_types::ServerName::try_from(name)
-            .map_err(|e| unreachable(config, e.to_string()))?;
-        let stream = tokio_rustls::TlsConnector::from(Arc::new(tls))
-            .connect(name, tcp)
-            .await
-            .map_err(|e| unreachable(config, format!("TLS: {e}")))?;
+            .map_err(|e| unreachable(server, e.to_string()))?;
+        let stream = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            tokio_rustls::TlsConnector::from(Arc::new(tls)).connect(name, tcp),
+        )
+        .await
+        .map_err(|_| unreachable(server, "TLS: handshake timed out".into()))?
+        .map_err(|e| unreachable(server, format!("TLS: {e}")))?;
         let (s, c) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
-            .map_err(|e| unreachable(config, e.to_string()))?;
+            .map_err(|e| unreachable(server, e.to_string()))?;
         // Drives the connection until the answer is read.
         tokio::spawn(c);
         s
     } else {
         let (s, c) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
             .await
-            .map_err(|e| unreachable(config, e.to_string()))?;
+            .map_err(|e| unreachable(server, e.to_string()))?;
         tokio::spawn(c);
         s
     };
@@ -110,16 +150,16 @@ async fn request_json(
         .body(http_body_util::Full::new(Bytes::from(
             body.map(|b| b.to_string()).unwrap_or_default(),
         )))
-        .map_err(|e| unreachable(config, e.to_string()))?;
+        .map_err(|e| unreachable(server, e.to_string()))?;
     let resp = sender
         .send_request(req)
         .await
-        .map_err(|e| unreachable(config, e.to_string()))?;
+        .map_err(|e| unreachable(server, e.to_string()))?;
     let status = resp.status();
     let bytes = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER)
         .collect()
         .await
-        .map_err(|e| unreachable(config, format!("reading the answer: {e}")))?
+        .map_err(|e| unreachable(server, format!("reading the answer: {e}")))?
         .to_bytes();
     let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
     if status.is_success() {

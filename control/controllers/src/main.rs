@@ -16,7 +16,8 @@ use skiff_controllers::ranges::{Ipv4Cidr, PortRange};
 #[derive(Debug, Parser)]
 #[command(name = "skiff-controller-manager", version, about)]
 struct Args {
-    /// API server URL [default: $SKIFF_SERVER, then the kubeconfig's].
+    /// API server URL, or a comma-separated list of API servers to fail over between
+    /// [default: $SKIFF_SERVER, then the kubeconfig's].
     #[arg(long, value_name = "URL")]
     server: Option<String>,
     /// The kubeconfig to use (default: $SKIFF_CONFIG, then ~/.config/skiff/config.yaml):

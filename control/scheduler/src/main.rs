@@ -15,7 +15,8 @@ use skiff_scheduler::{DEFAULT_SCHEDULER_NAME, Scheduler, SchedulerConfig, watch_
     about = "Skiff scheduler: binds pending pods to nodes"
 )]
 struct Cli {
-    /// The API server URL (default: SKIFF_SERVER, then the kubeconfig's).
+    /// The API server URL, or a comma-separated list of API servers to fail over between
+    /// (default: SKIFF_SERVER, then the kubeconfig's).
     #[arg(long)]
     server: Option<String>,
     /// The kubeconfig to use (default: $SKIFF_CONFIG, then ~/.config/skiff/config.yaml):

@@ -70,7 +70,9 @@ fn node_labels(s: &str) -> Result<std::collections::BTreeMap<String, String>, St
 
 #[derive(Args, Debug)]
 struct RunArgs {
-    /// The API server URL (default: SKIFF_SERVER, then the kubeconfig's).
+    /// The API server URL, or a comma-separated list of API servers to fail over between
+    /// (default: SKIFF_SERVER, then the kubeconfig's); `join` takes one URL, and pods reach
+    /// the first through the `kubernetes` Service.
     #[arg(long)]
     server: Option<String>,
     /// The kubeconfig to use (default: $SKIFF_CONFIG, then ~/.config/skiff/config.yaml):
