@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 pub mod cluster;
 
 pub use skiff_client::{Client, ClientConfig};
-pub use skiff_store::testutil::EtcdServer;
+pub use skiff_store::testutil::{EtcdCluster, EtcdServer};
 pub use skiff_testkit::{eventually_within, unique};
 pub use skiff_testnet::{FABRIC_PREFIX, Fabric, Netns};
 
@@ -105,10 +105,20 @@ impl ApiServer {
 
     /// Like [`ApiServer::start`], with extra `skiff-apiserver` arguments.
     pub fn start_with(backend: Backend, extra: &[&str]) -> ApiServer {
+        ApiServer::launch(backend, extra, None)
+    }
+
+    /// Another API server of the same cluster: over `backend` (the same store) with this
+    /// one's PKI (CA, serving certificate, keys), on its own port.
+    pub fn start_beside(&self, backend: Backend) -> ApiServer {
+        ApiServer::launch(backend, &[], Some(&self.pki_dir))
+    }
+
+    fn launch(backend: Backend, extra: &[&str], pki: Option<&Path>) -> ApiServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let port = free_port();
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-        let pki_dir = dir.path().join("pki");
+        let pki_dir = pki.map_or_else(|| dir.path().join("pki"), Path::to_path_buf);
         let mut args: Vec<std::ffi::OsString> = vec![
             "--listen".into(),
             addr.to_string().into(),

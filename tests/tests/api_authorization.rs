@@ -12,6 +12,8 @@ use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
+use skiff_testkit::eventually_blocking;
+use skiff_tests::cluster::{start_manager, tail};
 use skiff_tests::{ApiServer, Backend, ok};
 
 fn stderr(o: &Output) -> String {
@@ -332,6 +334,21 @@ metadata: {name: delegate-rbac-writer, namespace: default}
 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: rbac-writer}
 subjects:
 - {kind: User, name: delegate}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: clusterrole-writer}
+rules:
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [clusterroles]
+  verbs: [create]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: delegate-clusterrole-writer}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: clusterrole-writer}
+subjects:
+- {kind: User, name: delegate}
 "#,
     ));
     let delegate = server.user_kubeconfig(dir.path(), "delegate", &[]);
@@ -388,6 +405,31 @@ subjects:
         ),
         "{}",
         stderr(&o)
+    );
+
+    // An aggregationRule could lend any role's rules (cluster-admin's included): only a
+    // writer holding `escalate` may use one, as in Kubernetes.
+    let o = server
+        .kubectl_as(&delegate, &["create", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write as _;
+            child.stdin.take().unwrap().write_all(
+                br#"{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                     "metadata": {"name": "borrowed"}, "rules": [],
+                     "aggregationRule": {"clusterRoleSelectors": [
+                       {"matchLabels": {"kubernetes.io/bootstrapping": "rbac-defaults"}}]}}"#,
+            )?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    forbidden(
+        &o,
+        "clusterroles.rbac.authorization.k8s.io \"borrowed\" is forbidden: must have \
+         cluster-admin privileges to use the aggregationRule",
     );
 
     // Bad RBAC objects are refused with the field and the reason.
@@ -565,4 +607,88 @@ fn nodes_reach_only_their_own_pods_secrets_and_node() {
         "namespaces is forbidden: User \"system:node:n-a\" cannot create resource \
          \"namespaces\" in API group \"\" at the cluster scope",
     );
+}
+
+const MONITORING: &str = r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: monitoring}
+aggregationRule:
+  clusterRoleSelectors:
+  - matchLabels: {rbac.example.com/aggregate-to-monitoring: "true"}
+rules: []
+"#;
+
+/// A ClusterRole the aggregation rule of `monitoring` selects, with `extra` rules after its
+/// read rule.
+fn monitoring_source(extra: &str) -> String {
+    format!(
+        r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: monitoring-endpoints
+  labels: {{rbac.example.com/aggregate-to-monitoring: "true"}}
+rules:
+- apiGroups: [""]
+  resources: [services, endpoints, pods]
+  verbs: [get, list, watch]
+{extra}"#
+    )
+}
+
+#[test]
+fn aggregated_cluster_roles_have_their_rules_filled() {
+    let server = ApiServer::start(Backend::Embedded);
+    // The controller manager, as its own least-privilege user.
+    let manager = start_manager(&server, "cm-1");
+    ok(&server.kubectl_stdin(&["apply", "-f", "-"], MONITORING));
+    let read = serde_json::json!({
+        "apiGroups": [""],
+        "resources": ["services", "endpoints", "pods"],
+        "verbs": ["get", "list", "watch"],
+    });
+    let rules_become = |what: &str, want: serde_json::Value| {
+        eventually_blocking(what, Duration::from_secs(20), || {
+            let out = ok(&server.kubectl(&["get", "clusterrole", "monitoring", "-o", "json"]));
+            let role: serde_json::Value = serde_json::from_str(&out).unwrap();
+            let rules = match &role["rules"] {
+                serde_json::Value::Null => serde_json::json!([]),
+                r => r.clone(),
+            };
+            if rules == want {
+                Ok(())
+            } else {
+                Err(format!(
+                    "rules {rules}; controller manager log:\n{}",
+                    tail(&manager.log())
+                ))
+            }
+        })
+    };
+
+    ok(&server.kubectl_stdin(&["apply", "-f", "-"], &monitoring_source("")));
+    rules_become("the source's rule aggregated", serde_json::json!([read]));
+    let described = ok(&server.kubectl(&["describe", "clusterrole", "monitoring"]));
+    assert!(
+        described.contains("pods") && described.contains("[get list watch]"),
+        "{described}"
+    );
+
+    // A rule added to the source is aggregated too (after the first, in the source's order).
+    let config_map_rule = "- apiGroups: [\"\"]\n  resources: [configmaps]\n  verbs: [get]\n";
+    ok(&server.kubectl_stdin(&["apply", "-f", "-"], &monitoring_source(config_map_rule)));
+    let config_maps = serde_json::json!({
+        "apiGroups": [""],
+        "resources": ["configmaps"],
+        "verbs": ["get"],
+    });
+    rules_become(
+        "the added rule aggregated",
+        serde_json::json!([read, config_maps]),
+    );
+
+    // The source gone, its rules go too: the rules are exactly the union.
+    ok(&server.kubectl(&["delete", "clusterrole", "monitoring-endpoints"]));
+    rules_become("the rules emptied", serde_json::json!([]));
 }

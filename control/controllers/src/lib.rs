@@ -41,6 +41,8 @@
 //! - [`nodelifecycle`]: node health from the agents' Leases; conditions `Unknown` and pods
 //!   not ready when a node stops reporting; `unreachable`/`not-ready` taints; eviction of the
 //!   pods that do not tolerate a NoExecute taint (or only for `tolerationSeconds`).
+//! - [`clusterroleaggregation`]: fills the `rules` of every ClusterRole with an
+//!   `aggregationRule` with the rules of the ClusterRoles its selectors match.
 //! - [`manager`]: runs the enabled controllers in one process, under leader election.
 //!
 //! Controllers read only from informers and write only through the API server; every
@@ -49,6 +51,7 @@
 
 pub mod allocator;
 pub mod certificates;
+pub mod clusterroleaggregation;
 pub mod cronjob;
 pub mod daemonset;
 pub mod deployment;

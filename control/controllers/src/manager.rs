@@ -48,10 +48,11 @@ pub enum ControllerName {
     CertificateSigningRequest,
     RootCaCertPublisher,
     PersistentVolumeBinder,
+    ClusterRoleAggregation,
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 18] = [
+    pub const ALL: [ControllerName; 19] = [
         ControllerName::ReplicaSet,
         ControllerName::Deployment,
         ControllerName::DaemonSet,
@@ -70,6 +71,7 @@ impl ControllerName {
         ControllerName::CertificateSigningRequest,
         ControllerName::RootCaCertPublisher,
         ControllerName::PersistentVolumeBinder,
+        ControllerName::ClusterRoleAggregation,
     ];
 
     pub fn as_str(&self) -> &'static str {
@@ -92,6 +94,7 @@ impl ControllerName {
             ControllerName::CertificateSigningRequest => "certificatesigningrequest",
             ControllerName::RootCaCertPublisher => "root-ca-cert-publisher",
             ControllerName::PersistentVolumeBinder => "persistentvolume-binder",
+            ControllerName::ClusterRoleAggregation => "clusterrole-aggregation",
         }
     }
 
@@ -116,6 +119,7 @@ impl ControllerName {
             ControllerName::CertificateSigningRequest => "certificate-controller",
             ControllerName::RootCaCertPublisher => "root-ca-cert-publisher",
             ControllerName::PersistentVolumeBinder => "persistentvolume-controller",
+            ControllerName::ClusterRoleAggregation => "clusterrole-aggregation-controller",
         }
     }
 }
@@ -337,6 +341,13 @@ pub async fn run_controllers(client: Client, config: &ManagerConfig, stop: Cance
                     stop.clone(),
                 ))
             }
+            ControllerName::ClusterRoleAggregation => Box::pin(
+                crate::clusterroleaggregation::ClusterRoleAggregationController::run(
+                    &informers,
+                    config.workers,
+                    stop.clone(),
+                ),
+            ),
             ControllerName::GarbageCollector => Box::pin(gc::run(
                 &informers,
                 recorder(*c),
@@ -423,7 +434,7 @@ mod tests {
     fn controller_lists() {
         use ControllerName::*;
         let all: BTreeSet<_> = ControllerName::ALL.into_iter().collect();
-        assert_eq!(all.len(), 18);
+        assert_eq!(all.len(), 19);
         assert_eq!(parse_controllers("*").unwrap(), all);
         assert_eq!(parse_controllers("").unwrap(), all);
         assert_eq!(
@@ -449,21 +460,23 @@ mod tests {
                 ServiceAccount,
                 CertificateSigningRequest,
                 RootCaCertPublisher,
-                PersistentVolumeBinder
+                PersistentVolumeBinder,
+                ClusterRoleAggregation
             ]
             .into()
         );
         assert_eq!(
             parse_controllers(
                 "*,-replicaset,-garbagecollector,-namespace,-nodelifecycle,-serviceaccount,\
-                 -certificatesigningrequest,-root-ca-cert-publisher,-daemonset,-disruption,-job,-cronjob,-statefulset,-horizontalpodautoscaling,-persistentvolume-binder"
+                 -certificatesigningrequest,-root-ca-cert-publisher,-daemonset,-disruption,-job,-cronjob,-statefulset,-horizontalpodautoscaling,-persistentvolume-binder,\
+                 -clusterrole-aggregation"
             )
             .unwrap(),
             [Deployment, Endpoints, ServiceAllocator, NodeIpam].into()
         );
         assert_eq!(
             parse_controllers(
-                "ReplicaSet, deployment, daemonset, statefulset, disruption, job, cronjob, horizontalpodautoscaling, endpoints, service-allocator, nodeipam, garbagecollector, Namespace, NodeLifecycle, serviceaccount, certificatesigningrequest, root-ca-cert-publisher, persistentvolume-binder"
+                "ReplicaSet, deployment, daemonset, statefulset, disruption, job, cronjob, horizontalpodautoscaling, endpoints, service-allocator, nodeipam, garbagecollector, Namespace, NodeLifecycle, serviceaccount, certificatesigningrequest, root-ca-cert-publisher, persistentvolume-binder, clusterrole-aggregation"
             )
             .unwrap(),
             all

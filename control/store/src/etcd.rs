@@ -71,14 +71,45 @@ fn classify(context: &str, e: etcd_client::Error) -> EtcdFailure {
     EtcdFailure::Other(backend(context, e))
 }
 
-async fn with_timeout<T>(
+/// Most times a request that never reached a member is sent again.
+const NOT_SENT_RETRIES: u32 = 5;
+
+/// Whether a request failed before it reached any etcd member (so sending it again, writes
+/// included, cannot apply it twice): etcd-client balances over the members with tonic's
+/// balancer, which keeps handing some requests to a member that is down (its failed
+/// connection reports ready), and those fail with a connect error.
+fn never_sent(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => {
+            s.code() == tonic::Code::Unavailable && s.message().contains("connect error")
+        }
+        _ => false,
+    }
+}
+
+/// `request()` under the request timeout, sent again (after 20 ms, 40 ms, ...) when it never
+/// reached a member, at most [`NOT_SENT_RETRIES`] times.
+async fn with_timeout<T, F, Fut>(
     context: &str,
-    request: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
-) -> std::result::Result<T, EtcdFailure> {
-    match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(e)) => Err(classify(context, e)),
-        Err(_) => Err(EtcdFailure::Other(backend(context, "request timed out"))),
+    mut request: F,
+) -> std::result::Result<T, EtcdFailure>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + REQUEST_TIMEOUT;
+    let mut retries = 0;
+    loop {
+        match tokio::time::timeout_at(deadline, request()).await {
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(e)) if retries < NOT_SENT_RETRIES && never_sent(&e) => {
+                retries += 1;
+                debug!(context, retries, error = %e, "etcd request not sent; trying again");
+                tokio::time::sleep(Duration::from_millis(20 * u64::from(retries))).await;
+            }
+            Ok(Err(e)) => return Err(classify(context, e)),
+            Err(_) => return Err(EtcdFailure::Other(backend(context, "request timed out"))),
+        }
     }
 }
 
@@ -175,10 +206,12 @@ impl EtcdStore {
     }
 
     async fn txn(&self, context: &str, txn: Txn) -> Result<TxnResponse> {
-        let mut kv = self.kv.clone();
-        with_timeout(context, kv.txn(txn))
-            .await
-            .map_err(|f| self.unexpected(f))
+        with_timeout(context, || {
+            let (mut kv, txn) = (self.kv.clone(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await
+        .map_err(|f| self.unexpected(f))
     }
 
     fn unexpected(&self, failure: EtcdFailure) -> StoreError {
@@ -194,11 +227,10 @@ impl EtcdStore {
     }
 
     async fn current(&self) -> Result<i64> {
-        let mut kv = self.kv.clone();
-        let response = with_timeout(
-            "get",
-            kv.get("/", Some(GetOptions::new().with_count_only())),
-        )
+        let response = with_timeout("get", || {
+            let mut kv = self.kv.clone();
+            async move { kv.get("/", Some(GetOptions::new().with_count_only())).await }
+        })
         .await
         .map_err(|f| self.unexpected(f))?;
         response
@@ -251,10 +283,12 @@ impl EtcdStore {
 #[async_trait::async_trait]
 impl Store for EtcdStore {
     async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
-        let mut kv = self.kv.clone();
-        let response = with_timeout("get", kv.get(key, None))
-            .await
-            .map_err(|f| self.unexpected(f))?;
+        let response = with_timeout("get", || {
+            let mut kv = self.kv.clone();
+            async move { kv.get(key, None).await }
+        })
+        .await
+        .map_err(|f| self.unexpected(f))?;
         response.kvs().first().map(convert_kv).transpose()
     }
 
@@ -269,7 +303,7 @@ impl Store for EtcdStore {
             });
         }
         let end = prefix_end(prefix.as_bytes());
-        let mut kv = self.kv.clone();
+        let kv = self.kv.clone();
         let mut items = Vec::new();
         // etcd rejects an empty key; "\0" is the first possible key.
         let mut start = if prefix.is_empty() {
@@ -283,7 +317,12 @@ impl Store for EtcdStore {
                 .with_range(end.clone())
                 .with_limit(LIST_PAGE)
                 .with_revision(at);
-            let response = match with_timeout("list", kv.get(start.clone(), Some(options))).await {
+            let response = match with_timeout("list", || {
+                let (mut kv, start, options) = (kv.clone(), start.clone(), options.clone());
+                async move { kv.get(start, Some(options)).await }
+            })
+            .await
+            {
                 Ok(response) => response,
                 Err(failure) => return Err(self.revision_error(failure, at).await),
             };
@@ -443,8 +482,12 @@ impl Store for EtcdStore {
     }
 
     async fn compact(&self, revision: i64) -> Result<()> {
-        let mut kv = self.kv.clone();
-        match with_timeout("compact", kv.compact(revision, None)).await {
+        match with_timeout("compact", || {
+            let mut kv = self.kv.clone();
+            async move { kv.compact(revision, None).await }
+        })
+        .await
+        {
             Ok(_) => Ok(()),
             // Compacting to an already compacted revision is a no-op, as in the embedded store.
             Err(EtcdFailure::Compacted) => Ok(()),

@@ -45,8 +45,19 @@ pub struct EtcdServer {
     child: Option<Child>,
     client_port: u16,
     peer_port: u16,
+    /// Its name and cluster, when a member of an [`EtcdCluster`].
+    membership: Option<Membership>,
     /// Dropped last (after the child is killed).
     dir: TempDir,
+}
+
+/// A member's place in a multi-member cluster.
+#[derive(Debug, Clone)]
+struct Membership {
+    name: String,
+    /// `name=peer-url,...` of every member.
+    initial_cluster: String,
+    token: String,
 }
 
 impl std::fmt::Debug for EtcdServer {
@@ -76,6 +87,7 @@ impl EtcdServer {
             child: None,
             client_port,
             peer_port,
+            membership: None,
             dir,
         };
         let mut attempt = 1;
@@ -157,7 +169,17 @@ impl EtcdServer {
         self.dir.path().join("data")
     }
 
+    /// Kills this etcd with SIGKILL (it stays down until [`EtcdServer::restart`]).
+    pub fn kill(&mut self) {
+        self.stop();
+    }
+
     fn launch(&mut self, binary: &Path) -> Result<(), EtcdServerError> {
+        self.spawn(binary)?;
+        self.wait_healthy()
+    }
+
+    fn spawn(&mut self, binary: &Path) -> Result<(), EtcdServerError> {
         let log = File::options()
             .create(true)
             .append(true)
@@ -175,19 +197,21 @@ impl EtcdServer {
                 command.env_remove(name);
             }
         }
+        let membership = self.membership.clone().unwrap_or_else(|| Membership {
+            name: "skiff-test".into(),
+            initial_cluster: format!("skiff-test={peer_url}"),
+            token: format!("skiff-test-{}", self.peer_port),
+        });
         command
-            .arg("--name=skiff-test")
+            .arg(format!("--name={}", membership.name))
             .arg(format!("--data-dir={}", self.data_dir().display()))
             .arg(format!("--listen-client-urls={client_url}"))
             .arg(format!("--advertise-client-urls={client_url}"))
             .arg(format!("--listen-peer-urls={peer_url}"))
             .arg(format!("--initial-advertise-peer-urls={peer_url}"))
-            .arg(format!("--initial-cluster=skiff-test={peer_url}"))
+            .arg(format!("--initial-cluster={}", membership.initial_cluster))
             .arg("--initial-cluster-state=new")
-            .arg(format!(
-                "--initial-cluster-token=skiff-test-{}",
-                self.peer_port
-            ))
+            .arg(format!("--initial-cluster-token={}", membership.token))
             .arg("--logger=zap")
             .arg("--log-outputs=stderr")
             .stdin(Stdio::null())
@@ -198,7 +222,7 @@ impl EtcdServer {
             .map_err(|e| EtcdServerError(format!("cannot run {}: {e}", binary.display())))?;
         debug!(pid = child.id(), endpoint = %self.endpoint, "started etcd");
         self.child = Some(child);
-        self.wait_healthy()
+        Ok(())
     }
 
     fn wait_healthy(&mut self) -> Result<(), EtcdServerError> {
@@ -243,6 +267,68 @@ impl EtcdServer {
                 warn!(pid, error = %e, "waiting for etcd");
             }
         }
+    }
+}
+
+/// A real etcd cluster of several members (each an [`EtcdServer`] with its own data directory
+/// and ports on 127.0.0.1), for tests of member loss, quorum loss and leader changes.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    pub members: Vec<EtcdServer>,
+}
+
+impl EtcdCluster {
+    /// Starts `n` members and waits (up to 20 s each) until every one reports healthy.
+    pub fn start(n: usize) -> Result<Self, EtcdServerError> {
+        let binary = find_etcd()?;
+        let mut members = Vec::with_capacity(n);
+        for _ in 0..n {
+            let dir = tempfile::Builder::new()
+                .prefix("skiff-etcd-")
+                .tempdir()
+                .map_err(|e| {
+                    EtcdServerError(format!("cannot create a temporary directory: {e}"))
+                })?;
+            let (client_port, peer_port) = free_ports()?;
+            members.push(EtcdServer {
+                endpoint: format!("http://127.0.0.1:{client_port}"),
+                child: None,
+                client_port,
+                peer_port,
+                membership: None,
+                dir,
+            });
+        }
+        let initial_cluster = members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| format!("m{i}=http://127.0.0.1:{}", m.peer_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let token = format!(
+            "skiff-cluster-{}",
+            members.first().map(|m| m.peer_port).unwrap_or(0)
+        );
+        for (i, m) in members.iter_mut().enumerate() {
+            m.membership = Some(Membership {
+                name: format!("m{i}"),
+                initial_cluster: initial_cluster.clone(),
+                token: token.clone(),
+            });
+        }
+        // All first: a member alone has no quorum to become healthy with.
+        for m in &mut members {
+            m.spawn(&binary)?;
+        }
+        for m in &mut members {
+            m.wait_healthy()?;
+        }
+        Ok(EtcdCluster { members })
+    }
+
+    /// Every member's client URL.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.endpoint.clone()).collect()
     }
 }
 

@@ -163,6 +163,16 @@ pub fn check(
             if may(authz, user, "escalate", plural, "", &name) {
                 return Ok(());
             }
+            // Its selectors could lend any role's rules (cluster-admin's too).
+            if r.aggregation_rule
+                .as_ref()
+                .is_some_and(|a| !a.cluster_role_selectors.is_empty())
+            {
+                return Err(format!(
+                    "{plural}.{RBAC_GROUP} {name:?} is forbidden: must have cluster-admin \
+                     privileges to use the aggregationRule"
+                ));
+            }
             (name, r.rules, String::new())
         }
         "rolebindings" | "clusterrolebindings" => {
