@@ -11,33 +11,15 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use skiff_api::Resource;
-use skiff_api::api::{Container, ObjectMeta, Pod, PodSpec};
+use skiff_api::api::Pod;
 use skiff_apiserver::{ApiServerOptions, ServerHandle};
 use skiff_client::reflector::{Event, reflector};
 use skiff_client::{Client, ClientConfig, ListParams};
 use skiff_store::{EmbeddedOptions, EmbeddedStore, Store};
+use skiff_testkit::build::pod;
 
 /// Every wait of these tests is bounded by this.
 const WAIT: Duration = Duration::from_secs(20);
-
-fn pod(name: &str) -> Pod {
-    Pod {
-        metadata: Some(ObjectMeta {
-            name: name.into(),
-            ..Default::default()
-        }),
-        spec: Some(PodSpec {
-            containers: vec![Container {
-                name: "c".into(),
-                image: "host".into(),
-                command: vec!["true".into()],
-                ..Default::default()
-            }],
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
 
 /// One store in a tempdir, kept as long as the returned directory lives.
 fn store() -> (Arc<dyn Store>, tempfile::TempDir) {

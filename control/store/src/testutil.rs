@@ -77,19 +77,7 @@ impl EtcdServer {
     /// test is fine. Fails if no `etcd` binary is on `PATH`.
     pub fn start() -> Result<Self, EtcdServerError> {
         let binary = find_etcd()?;
-        let dir = tempfile::Builder::new()
-            .prefix("skiff-etcd-")
-            .tempdir()
-            .map_err(|e| EtcdServerError(format!("cannot create a temporary directory: {e}")))?;
-        let (client_port, peer_port) = free_ports()?;
-        let mut server = EtcdServer {
-            endpoint: format!("http://127.0.0.1:{client_port}"),
-            child: None,
-            client_port,
-            peer_port,
-            membership: None,
-            dir,
-        };
+        let mut server = EtcdServer::unstarted()?;
         let mut attempt = 1;
         loop {
             match server.launch(&binary) {
@@ -109,6 +97,23 @@ impl EtcdServer {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// A server not started yet: its temporary directory and two free ports.
+    fn unstarted() -> Result<Self, EtcdServerError> {
+        let dir = tempfile::Builder::new()
+            .prefix("skiff-etcd-")
+            .tempdir()
+            .map_err(|e| EtcdServerError(format!("cannot create a temporary directory: {e}")))?;
+        let (client_port, peer_port) = free_ports()?;
+        Ok(EtcdServer {
+            endpoint: format!("http://127.0.0.1:{client_port}"),
+            child: None,
+            client_port,
+            peer_port,
+            membership: None,
+            dir,
+        })
     }
 
     /// Client URLs, in the form [`crate::EtcdStore::connect`] takes.
@@ -283,21 +288,7 @@ impl EtcdCluster {
         let binary = find_etcd()?;
         let mut members = Vec::with_capacity(n);
         for _ in 0..n {
-            let dir = tempfile::Builder::new()
-                .prefix("skiff-etcd-")
-                .tempdir()
-                .map_err(|e| {
-                    EtcdServerError(format!("cannot create a temporary directory: {e}"))
-                })?;
-            let (client_port, peer_port) = free_ports()?;
-            members.push(EtcdServer {
-                endpoint: format!("http://127.0.0.1:{client_port}"),
-                child: None,
-                client_port,
-                peer_port,
-                membership: None,
-                dir,
-            });
+            members.push(EtcdServer::unstarted()?);
         }
         let initial_cluster = members
             .iter()
