@@ -16,6 +16,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 pub mod cluster;
+pub mod ha;
+pub mod rollout;
 
 pub use skiff_client::{Client, ClientConfig};
 pub use skiff_store::testutil::{EtcdCluster, EtcdServer};
@@ -774,6 +776,12 @@ impl Component {
 
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
+    }
+
+    /// Its `--identity` (its name in leader election), if it was given one.
+    pub fn identity(&self) -> Option<&str> {
+        let at = self.args.iter().position(|a| a == "--identity")?;
+        self.args.get(at + 1).map(String::as_str)
     }
 
     /// SIGKILLs the process (`kill -9`: no clean-up, leases are left to expire).

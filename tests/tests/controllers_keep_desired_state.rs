@@ -10,32 +10,20 @@
     reason = "a test: a failed step is the test's failure"
 )]
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use skiff_api::Resource;
 use skiff_api::api::{Deployment, Event, Lease, Node as ApiNode, Pod, ReplicaSet};
-use skiff_client::reflector::{Event as ReflectorEvent, reflector};
 use skiff_client::{Client, ListParams};
 use skiff_tests::cluster::{Cluster, LEASE_SECONDS, node_condition, start_manager};
+use skiff_tests::rollout::{Sampler, active, terminating};
 use skiff_tests::{Component, eventually_within};
 
 const T: Duration = Duration::from_secs(90);
 /// One test at a time (an async mutex: each test has its own runtime and holds it across
 /// awaits; a failed test does not poison it).
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn terminating<T: Resource>(o: &T) -> bool {
-    o.metadata()
-        .is_some_and(|m| !m.deletion_timestamp.is_empty())
-}
-
-fn active(p: &Pod) -> bool {
-    let phase = p.status.as_ref().map(|s| s.phase.as_str()).unwrap_or("");
-    !terminating(p) && !matches!(phase, "Succeeded" | "Failed")
-}
 
 fn node_of(p: &Pod) -> &str {
     p.spec.as_ref().map(|s| s.node_name.as_str()).unwrap_or("")
@@ -123,126 +111,6 @@ async fn wait_running(c: &Cluster, app: &str, n: usize, version: &str) -> Vec<Po
         },
     )
     .await
-}
-
-/// What a continuous watch of a Deployment's pods saw, at every revision.
-#[derive(Debug, Default)]
-struct Samples {
-    /// Most active (not terminating, not finished) pods at once.
-    max_active: usize,
-    /// Fewest ready, active pods at once.
-    min_ready: usize,
-    /// Number of pod states evaluated.
-    samples: usize,
-    /// The ReplicaSets' summed spec.replicas, at most.
-    max_rs_replicas: i32,
-}
-
-/// Watches the pods (and ReplicaSets) of `app` and records, after every change, how many
-/// are active and how many of those are ready. Every watch event is one revision, so every
-/// state the cluster went through is checked, not a periodic sample of it.
-struct Sampler {
-    samples: Arc<Mutex<Samples>>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Sampler {
-    async fn start(client: &Client, app: &str) -> Sampler {
-        let samples = Arc::new(Mutex::new(Samples {
-            min_ready: usize::MAX,
-            ..Default::default()
-        }));
-        let lp = ListParams::default().labels(&format!("app={app}"));
-        let pods_task = {
-            let (samples, api, lp) = (
-                samples.clone(),
-                client.namespaced::<Pod>("default"),
-                lp.clone(),
-            );
-            tokio::spawn(async move {
-                let mut state: HashMap<String, Pod> = HashMap::new();
-                let events = reflector(api, lp);
-                tokio::pin!(events);
-                while let Some(ev) = events.next().await {
-                    match ev {
-                        ReflectorEvent::Restarted(all) => {
-                            state = all.into_iter().map(|p| (p.name().to_string(), p)).collect()
-                        }
-                        ReflectorEvent::Applied(p) => {
-                            state.insert(p.name().to_string(), p);
-                        }
-                        ReflectorEvent::Deleted(p) => {
-                            state.remove(p.name());
-                        }
-                    }
-                    let active: Vec<&Pod> = state.values().filter(|p| active(p)).collect();
-                    let ready = active.iter().filter(|p| p.is_ready()).count();
-                    let mut s = samples.lock().unwrap_or_else(|e| e.into_inner());
-                    s.max_active = s.max_active.max(active.len());
-                    s.min_ready = s.min_ready.min(ready);
-                    s.samples += 1;
-                }
-            })
-        };
-        let rs_task = {
-            let (samples, api) = (samples.clone(), client.namespaced::<ReplicaSet>("default"));
-            tokio::spawn(async move {
-                let mut state: HashMap<String, i32> = HashMap::new();
-                let events = reflector(api, lp);
-                tokio::pin!(events);
-                while let Some(ev) = events.next().await {
-                    let replicas =
-                        |rs: &ReplicaSet| rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
-                    match ev {
-                        ReflectorEvent::Restarted(all) => {
-                            state = all
-                                .iter()
-                                .map(|rs| (rs.name().to_string(), replicas(rs)))
-                                .collect()
-                        }
-                        ReflectorEvent::Applied(rs) => {
-                            state.insert(rs.name().to_string(), replicas(&rs));
-                        }
-                        ReflectorEvent::Deleted(rs) => {
-                            state.remove(rs.name());
-                        }
-                    }
-                    let sum: i32 = state.values().sum();
-                    let mut s = samples.lock().unwrap_or_else(|e| e.into_inner());
-                    s.max_rs_replicas = s.max_rs_replicas.max(sum);
-                }
-            })
-        };
-        let sampler = Sampler {
-            samples,
-            tasks: vec![pods_task, rs_task],
-        };
-        // Wait for the initial lists, so nothing before the start is missed.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while sampler.get().samples == 0 && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        sampler
-    }
-
-    fn get(&self) -> Samples {
-        let s = self.samples.lock().unwrap_or_else(|e| e.into_inner());
-        Samples { ..*s }
-    }
-}
-
-impl Drop for Sampler {
-    fn drop(&mut self) {
-        for t in &self.tasks {
-            t.abort();
-        }
-    }
-}
-
-impl Clone for Samples {
-    fn clone(&self) -> Self {
-        Samples { ..*self }
-    }
 }
 
 async fn deployment_obj(c: &Cluster, name: &str) -> Deployment {
