@@ -345,6 +345,26 @@ impl Streaming {
         Streaming { child, lines }
     }
 
+    /// Every line up to and including the first that contains `needle`, waiting up to
+    /// `timeout` for it; `Err` with the lines read when it does not come.
+    pub fn lines_until(&self, needle: &str, timeout: Duration) -> Result<Vec<String>, Vec<String>> {
+        let deadline = Instant::now() + timeout;
+        let mut seen = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    let done = line.contains(needle);
+                    seen.push(line);
+                    if done {
+                        return Ok(seen);
+                    }
+                }
+                Err(_) => return Err(seen),
+            }
+        }
+    }
+
     /// Waits up to `timeout` for a line containing all of `needles`; returns it.
     pub fn wait_for(&self, needles: &[&str], timeout: Duration) -> Result<String, Vec<String>> {
         let deadline = Instant::now() + timeout;

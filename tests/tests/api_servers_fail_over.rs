@@ -1,7 +1,8 @@
 //! High availability (M2-F): two API servers over a real 3-member etcd cluster (real etcd
 //! processes on loopback). A client that lists both servers goes on when one is killed with
-//! SIGKILL, and a watch (the client's reflector) opened before the kill sees every change
-//! exactly once, in order, across it, without relisting. Losing one etcd member changes
+//! SIGKILL, and a watch (the client's reflector, what agents and controller informers run)
+//! opened before the kill sees every change exactly once, in order, across it and an etcd
+//! compaction, without relisting; so does real kubectl's `get -w` on the other server. Losing one etcd member changes
 //! nothing; losing two makes writes fail with a server error within a bounded time (not a
 //! hang) while the API server still answers; the cluster writes again by itself once a
 //! member returns.
@@ -19,7 +20,7 @@ use skiff_api::Resource;
 use skiff_api::api::ConfigMap;
 use skiff_client::reflector::{Event, reflector};
 use skiff_client::{Api, ListParams};
-use skiff_tests::{ApiServer, Backend, Client, EtcdCluster};
+use skiff_tests::{ApiServer, Backend, Client, EtcdCluster, Streaming};
 
 fn config_map(i: usize) -> ConfigMap {
     skiff_api::manifest::decode(serde_json::json!({
@@ -68,10 +69,42 @@ async fn api_servers_fail_over_on_an_etcd_cluster() {
         Ok(Some(Event::Restarted(_))) => {}
         other => panic!("the reflector's first event: {other:?}"),
     }
-    for i in 0..20 {
+    // Real kubectl watching through the second server.
+    let kubectl = Streaming::spawn(b.kubectl_cmd(&[
+        "get",
+        "configmaps",
+        "-w",
+        "--output-watch-events",
+        "-o",
+        "jsonpath={.type} {.object.metadata.name} {.object.metadata.resourceVersion}{\"\\n\"}",
+    ]));
+    // kubectl's watch is open once its initial list is done: wait for an event of it.
+    create(&api, 0).await;
+    let first_line = kubectl
+        .wait_for(&["ADDED ha-000"], Duration::from_secs(30))
+        .unwrap_or_else(|seen| panic!("kubectl get -w saw {seen:?}"));
+    for i in 1..20 {
         create(&api, i).await;
     }
     a.kill();
+    // etcd compacts its history up to now: watches must not need it.
+    // (The first request after the kill may fail: it finds the dead server.)
+    let mut revision = 0i64;
+    for _ in 0..50 {
+        if let Ok(cm) = api.get("ha-019").await {
+            revision = cm.resource_version().parse().unwrap();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(revision > 0, "ha-019 not read through the second server");
+    let compacted = std::process::Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={endpoints}"))
+        .args(["compact", &revision.to_string()])
+        .output()
+        .unwrap();
+    assert!(compacted.status.success(), "{compacted:?}");
     let mut retried = 0;
     for i in 20..40 {
         retried += create(&api, i).await;
@@ -99,7 +132,32 @@ async fn api_servers_fail_over_on_an_etcd_cluster() {
             cm.name()
         );
     }
-    println!("40 changes seen once each, in order, across the kill ({retried} requests retried)");
+    println!(
+        "reflector: 40 changes seen once each, in order, across the kill and an etcd compaction \
+         at revision {revision} ({retried} requests retried)"
+    );
+    // kubectl saw each change once, in order, with the store's resourceVersions.
+    let mut lines = vec![first_line];
+    lines.extend(
+        kubectl
+            .lines_until("ha-039", Duration::from_secs(30))
+            .unwrap_or_else(|seen| panic!("kubectl get -w stopped at {seen:?}")),
+    );
+    let watched: Vec<(String, i64)> = lines
+        .iter()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            match (w.next(), w.next(), w.next()) {
+                (Some("ADDED"), Some(name), Some(rv)) if name.starts_with("ha-") => {
+                    Some((name.to_string(), rv.parse().unwrap()))
+                }
+                _ => None,
+            }
+        })
+        .collect();
+    let mut want: Vec<(String, i64)> = seen.iter().map(|(n, rv)| (n.clone(), *rv)).collect();
+    want.sort_by_key(|(_, rv)| *rv);
+    assert_eq!(watched, want, "kubectl get -w: {lines:?}");
 
     // One etcd member down: nothing changes.
     etcd.members[1].kill();
