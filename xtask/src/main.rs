@@ -5,10 +5,12 @@
 //! - `test`:  setup, doctor, then fmt / clippy / tests, failing fast, with a summary.
 //! - `up`:    build and run a local control plane until Ctrl-C.
 //! - `bench`: build in release and run the benchmarks (`perf/`), baseline and Skiff side by side.
+//! - `install`: install the binaries and their systemd units on a machine (`deploy/systemd/`).
 
 mod bench;
 mod doctor;
 mod fuzz;
+mod install;
 #[cfg(test)]
 mod layers;
 mod setup;
@@ -62,6 +64,8 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// Run the cargo-fuzz targets for a bounded time each and report their executions.
     Fuzz(fuzz::FuzzArgs),
+    /// Install the binaries and their systemd units on this machine (or --uninstall them).
+    Install(install::InstallArgs),
 }
 
 fn main() -> ExitCode {
@@ -83,6 +87,7 @@ fn run(command: Cmd) -> Result<()> {
         Cmd::Up(args) => up::run(args),
         Cmd::Bench(args) => bench::run(args),
         Cmd::Fuzz(args) => fuzz::run(&args),
+        Cmd::Install(args) => install::run(&args),
     }
 }
 
