@@ -308,3 +308,102 @@ async fn kubectl_approves_and_denies_certificate_requests() {
         text(&out.stderr)
     );
 }
+
+/// A running node renews its client certificate before it expires, as the kubelet rotates
+/// its own: the agent, holding a certificate within 90 days of expiry, asks for a new one
+/// with a CertificateSigningRequest as itself, the controller manager approves and signs it,
+/// the kubeconfig is rewritten with the new certificate, and the agent starts again with it
+/// (same pid) and keeps its Node Ready.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_running_node_renews_its_client_certificate() {
+    let server = ApiServer::start(Backend::Embedded);
+    let _cm = Component::start(
+        &server,
+        "skiff-controller-manager",
+        &["--lease-duration", "4", "--identity", "cm-rotate"],
+    );
+    let client = server.client().await;
+    let name = format!("rotate-{}", skiff_tests::unique());
+    let mut node = Node::start(&server, &name, "10.244.9.0/24");
+    node.kill_agent();
+    // A certificate valid one more hour: due for renewal.
+    let ca = skiff_pki::ClusterPki::new(&server.pki_dir)
+        .load_ca()
+        .unwrap();
+    let user = format!("system:node:{name}");
+    let short = ca
+        .issue(&skiff_pki::LeafSpec {
+            validity: Duration::from_secs(3600),
+            ..skiff_pki::LeafSpec::client(&user, &["system:nodes"])
+        })
+        .unwrap();
+    skiff_pki::Kubeconfig::single(
+        "skiff",
+        &server.endpoint,
+        ca.cert_pem(),
+        &user,
+        Some(&short),
+        None,
+    )
+    .write(&node.kubeconfig)
+    .unwrap();
+    let expiry = |pem: &str| skiff_pki::parse_pem(pem, "cert").unwrap().not_after;
+    let before = expiry(&short.cert_pem);
+    node.agent_args = vec!["--cert-check-interval".into(), "1s".into()];
+    node.start_agent();
+    let renewed = eventually_within("the kubeconfig holds a renewed certificate", T, || async {
+        let k = skiff_pki::kubeconfig::load(&node.kubeconfig).map_err(|e| e.to_string())?;
+        let id = k.identity.ok_or("no client certificate")?;
+        let info = skiff_pki::parse_pem(&id.cert_pem, "cert").map_err(|e| e.to_string())?;
+        let expires = info.not_after;
+        (expires > before + 180 * 24 * 3600
+            && info.common_name == user
+            && info.organizations == ["system:nodes"])
+        .then_some(info)
+        .ok_or_else(|| format!("still {expires}; agent log:\n{}", node.agent_log()))
+    })
+    .await;
+    // Through a request of the node itself, approved.
+    let csrs = client
+        .cluster::<CertificateSigningRequest>()
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    let mine = csrs
+        .items
+        .iter()
+        .find(|r| r.spec.as_ref().is_some_and(|s| s.username == user))
+        .unwrap_or_else(|| panic!("no request by {user}: {:?}", csrs.items));
+    let approved = mine.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.r#type == "Approved" && c.status == "True")
+    });
+    assert!(approved, "{mine:?}");
+    // The agent started again with it (registering anew after the renewal) and the node
+    // stays Ready.
+    eventually_within("the agent runs with the renewed certificate", T, || async {
+        let log = node.agent_log();
+        let after = log
+            .split("starting again with the renewed certificate")
+            .nth(1)
+            .unwrap_or("");
+        after.contains("node registered").then_some(()).ok_or(log)
+    })
+    .await;
+    eventually_within("the node is Ready", T, || async {
+        let n = client
+            .cluster::<ApiNode>()
+            .get(&name)
+            .await
+            .map_err(|e| e.to_string())?;
+        let ready = n.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.r#type == "Ready" && c.status == "True")
+        });
+        ready.then_some(()).ok_or_else(|| node.agent_log())
+    })
+    .await;
+    println!("renewed: {:?} → {:?}", before, renewed.not_after);
+}

@@ -11,8 +11,8 @@
 //! 4. a kubeconfig with the certificate and key is written (mode 0600) and the agent runs
 //!    with it. A node that restarts with a current certificate skips 2 and 3.
 
-use std::path::PathBuf;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
 use skiff_api::api::{CertificateSigningRequest, CertificateSigningRequestSpec, ObjectMeta};
@@ -205,7 +205,6 @@ pub async fn join(opts: &JoinOptions) -> Result<Joined, JoinError> {
         return Ok(Joined::AlreadyJoined);
     }
     let user = format!("system:node:{}", opts.node_name);
-    let (key_pem, request_pem) = skiff_pki::new_request(&user, &[NODES_GROUP.to_string()])?;
     let config = ClientConfig {
         ca_pem: Some(ca_pem.clone()),
         token: Some(opts.token.clone()),
@@ -214,6 +213,23 @@ pub async fn join(opts: &JoinOptions) -> Result<Joined, JoinError> {
     let client = Client::connect_with(&config)
         .await
         .map_err(api_err("connecting to the API server"))?;
+    let (identity, name) = request_certificate(&client, &opts.node_name, opts.timeout).await?;
+    Kubeconfig::single("skiff", &opts.server, &ca_pem, &user, Some(&identity), None)
+        .write(&opts.kubeconfig)?;
+    tracing::info!(kubeconfig = %opts.kubeconfig.display(), "wrote the node's kubeconfig");
+    Ok(Joined::Issued { request: name })
+}
+
+/// A new key and a certificate for `system:node:<node>` in `system:nodes` through a
+/// CertificateSigningRequest sent by `client` (the bootstrap token's, or the node's own when
+/// it renews), waited for up to `timeout`: the identity and the request's name.
+async fn request_certificate(
+    client: &Client,
+    node: &str,
+    timeout: Duration,
+) -> Result<(Identity, String), JoinError> {
+    let user = format!("system:node:{node}");
+    let (key_pem, request_pem) = skiff_pki::new_request(&user, &[NODES_GROUP.to_string()])?;
     let api = client.cluster::<CertificateSigningRequest>();
     let csr = CertificateSigningRequest {
         metadata: Some(ObjectMeta {
@@ -238,22 +254,84 @@ pub async fn join(opts: &JoinOptions) -> Result<Joined, JoinError> {
         .map_err(api_err("creating the CertificateSigningRequest"))?;
     let meta = created.metadata.clone().unwrap_or_default();
     let name = meta.name.clone();
-    tracing::info!(request = %name, node = %opts.node_name, "asked for a client certificate");
+    tracing::info!(request = %name, node, "asked for a client certificate");
     let cert_pem = tokio::time::timeout(
-        opts.timeout,
+        timeout,
         wait_for_certificate(&api, &name, &meta.resource_version),
     )
     .await
     .map_err(|_| JoinError::Timeout {
         name: name.clone(),
-        timeout: opts.timeout,
+        timeout,
     })??;
-    let identity = Identity { cert_pem, key_pem };
-    Kubeconfig::single("skiff", &opts.server, &ca_pem, &user, Some(&identity), None)
-        .write(&opts.kubeconfig)?;
-    tracing::info!(kubeconfig = %opts.kubeconfig.display(), "wrote the node's kubeconfig");
-    Ok(Joined::Issued { request: name })
+    Ok((Identity { cert_pem, key_pem }, name))
 }
+
+/// Whether the client certificate of the kubeconfig at `path` is due for renewal: within
+/// [`skiff_pki::RENEW_BEFORE`] of its expiry (as k3s renews its certificates). `Ok(false)`
+/// for a kubeconfig without a client certificate (nothing to renew).
+pub fn renewal_due(path: &Path) -> Result<bool, JoinError> {
+    let config = skiff_pki::kubeconfig::load(path)?;
+    let Some(identity) = config.identity else {
+        return Ok(false);
+    };
+    let info = skiff_pki::parse_pem(&identity.cert_pem, "the node's client certificate")?;
+    Ok(info.expires_within(SystemTime::now(), skiff_pki::RENEW_BEFORE))
+}
+
+/// Renews the node's client certificate with its current one (kubelet's certificate
+/// rotation): a new key and a CertificateSigningRequest for the same identity through
+/// `client` (authenticated as the node; the controller manager approves a node renewing
+/// itself), then the kubeconfig at `path` rewritten with it (same server and CA, mode
+/// 0600). Returns the request's name.
+pub async fn renew(
+    client: &Client,
+    path: &Path,
+    node: &str,
+    timeout: Duration,
+) -> Result<String, JoinError> {
+    let config = skiff_pki::kubeconfig::load(path)?;
+    let ca_pem = config.ca_pem.clone().unwrap_or_default();
+    let (identity, name) = request_certificate(client, node, timeout).await?;
+    Kubeconfig::single(
+        "skiff",
+        &config.server,
+        &ca_pem,
+        &format!("system:node:{node}"),
+        Some(&identity),
+        None,
+    )
+    .write(path)?;
+    Ok(name)
+}
+
+/// Checks every `every` whether the certificate of the kubeconfig at `path` is due
+/// ([`renewal_due`]) and renews it ([`renew`]); returns once a renewed certificate is written
+/// (the agent then starts again with it). Failures are logged and tried again at the next
+/// check.
+pub async fn renew_when_due(client: &Client, path: &Path, node: &str, every: Duration) {
+    loop {
+        match renewal_due(path) {
+            Ok(true) => match renew(client, path, node, RENEW_TIMEOUT).await {
+                Ok(request) => {
+                    tracing::info!(%request, kubeconfig = %path.display(), "renewed the node's client certificate");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "renewing the node's client certificate failed; trying again later")
+                }
+            },
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, kubeconfig = %path.display(), "reading the node's client certificate")
+            }
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// How long a renewal waits for its certificate.
+const RENEW_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// What the request says now: its certificate, a refusal, or nothing yet.
 fn outcome(r: &CertificateSigningRequest) -> Option<Result<String, JoinError>> {

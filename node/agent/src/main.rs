@@ -93,6 +93,12 @@ struct RunArgs {
     /// loopback always are, as Docker treats them.
     #[arg(long = "plain-http-registry", value_name = "HOST:PORT")]
     plain_http_registries: Vec<String>,
+    /// How often the node's client certificate (in its kubeconfig) is checked; within 90 days
+    /// of expiry it is renewed through a CertificateSigningRequest and the agent starts again
+    /// with it (its pods keep running and are adopted), as the kubelet rotates its
+    /// certificate.
+    #[arg(long, value_parser = duration, default_value = "1h")]
+    cert_check_interval: Duration,
     /// Registry credentials: a Docker config.json (`docker login`, `skopeo login
     /// --authfile`), read at every pull (default: <state-dir>/config.json).
     #[arg(long, value_name = "FILE")]
@@ -333,7 +339,7 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
     cfg.dns_port = args.dns_port;
     cfg.dns_upstream = (!args.dns_upstream.is_empty()).then(|| args.dns_upstream.clone());
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    rt.block_on(async move {
+    let renewed = rt.block_on(async move {
         let config =
             skiff_client::ClientConfig::load(args.server.as_deref(), args.kubeconfig.as_deref())?;
         let client = skiff_client::Client::connect_lazy_with(&config)?;
@@ -341,15 +347,52 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
         // Without a client certificate the agent cannot be reached as itself anyway; with
         // one, its API requires certificates of the same CA.
         cfg.client_ca_pem = config.ca_pem.clone().filter(|_| config.identity.is_some());
+        // A client certificate of a kubeconfig file is renewed when due.
+        let renewable = config
+            .kubeconfig
+            .clone()
+            .filter(|_| config.identity.is_some());
+        let renewed = std::sync::atomic::AtomicBool::new(false);
         let shutdown = async {
-            if let Err(e) = skiff_client::runtime::terminated().await {
-                tracing::error!(error = %e, "cannot watch for SIGTERM/SIGINT; stopping");
+            let renewal = async {
+                match &renewable {
+                    Some(path) => {
+                        skiff_node::join::renew_when_due(
+                            &client,
+                            path,
+                            &node,
+                            args.cert_check_interval,
+                        )
+                        .await
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                r = skiff_client::runtime::terminated() => if let Err(e) = r {
+                    tracing::error!(error = %e, "cannot watch for SIGTERM/SIGINT; stopping");
+                },
+                () = renewal => {
+                    tracing::info!("starting again with the renewed certificate");
+                    renewed.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
             }
         };
-        skiff_node::run(cfg, client, shutdown)
+        skiff_node::run(cfg, client.clone(), shutdown)
             .await
-            .with_context(|| format!("node agent {node}"))
-    })
+            .with_context(|| format!("node agent {node}"))?;
+        anyhow::Ok(renewed.load(std::sync::atomic::Ordering::SeqCst))
+    })?;
+    if renewed {
+        // The same command line in this process (the pid stays, pods are adopted as after
+        // any agent restart); it reads the renewed kubeconfig. Returns only on failure.
+        use std::os::unix::process::CommandExt as _;
+        let e = std::process::Command::new("/proc/self/exe")
+            .args(std::env::args_os().skip(1))
+            .exec();
+        return Err(e).context("starting the agent again with the renewed certificate");
+    }
+    Ok(())
 }
 
 #[derive(Args, Debug)]

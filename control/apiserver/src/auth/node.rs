@@ -283,6 +283,14 @@ pub fn decide(authz: &Authorizer, user: &UserInfo, a: &Attributes) -> Decision {
         // The agent asks who may read its own API, as the kubelet's webhook authorizer does
         // (kube-apiserver's NodeRules: "Needed to check API access").
         ("authorization.k8s.io", "subjectaccessreviews") if a.verb == "create" => Decision::Allow,
+        // Its agent renews its own client certificate (kube-apiserver's NodeRules: "Needed
+        // for client certificate rotation").
+        ("certificates.k8s.io", "certificatesigningrequests")
+            if a.subresource.is_empty()
+                && matches!(a.verb.as_str(), "create" | "get" | "list" | "watch") =>
+        {
+            Decision::Allow
+        }
         _ => Decision::NoOpinion,
     }
 }
@@ -460,6 +468,30 @@ mod tests {
                 "selfsubjectrulesreviews",
                 "",
                 ""
+            ),
+            Decision::NoOpinion
+        );
+        // Certificate rotation: asks for and watches its requests, approves none.
+        for verb in ["create", "get", "watch"] {
+            assert_eq!(
+                on(
+                    verb,
+                    "certificates.k8s.io",
+                    "certificatesigningrequests",
+                    "",
+                    ""
+                ),
+                Decision::Allow,
+                "{verb}"
+            );
+        }
+        assert_eq!(
+            on(
+                "update",
+                "certificates.k8s.io",
+                "certificatesigningrequests",
+                "approval",
+                "x"
             ),
             Decision::NoOpinion
         );

@@ -271,6 +271,11 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                     &["authorization.k8s.io"],
                     &["subjectaccessreviews"],
                 ),
+                rule(
+                    &["create", "get", "list", "watch"],
+                    &[CERTIFICATES_GROUP],
+                    &["certificatesigningrequests"],
+                ),
                 // Skiff's node agents enforce NetworkPolicies themselves (Kubernetes leaves
                 // that to the network plugin's own identity).
                 rule(READ, &[NETWORKING_GROUP], &["networkpolicies"]),
