@@ -1,6 +1,7 @@
 //! What the API server suites (`control-plane`, `rest-api`) share: the load's shape (creates
-//! in flight, watch streams per connection), timed calls with a fixed number in flight,
-//! gRPC watchers, and the receipts of many watchers (when each received each item).
+//! in flight, watch streams per connection), timed calls with a fixed number in flight (from
+//! one caller, or from workers with a connection each), gRPC watchers, and the receipts of many
+//! watchers (when each received each item).
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -47,6 +48,45 @@ where
             .await?;
     out.sort_by_key(|(i, ..)| *i);
     Ok(out.into_iter().map(|(_, s, e)| (s, e)).collect())
+}
+
+/// Like [`timed_all`] with one call in flight per worker: `workers` workers each take the next
+/// item nobody has taken yet and call `call(worker, item)`, one at a time, until none are left
+/// (so a caller can give each worker a connection of its own, e.g. to spread the load over
+/// several servers). Returns per item (call start, call end) in item order, and how many calls
+/// each worker made. Fails with the first failed call.
+pub async fn timed_by_workers<I, F, Fut>(
+    items: Vec<I>,
+    workers: usize,
+    call: F,
+) -> Result<(Vec<(Instant, Instant)>, Vec<usize>)>
+where
+    F: Fn(usize, I) -> Fut,
+    Fut: Future<Output = Result<()>>,
+{
+    if workers == 0 && !items.is_empty() {
+        bail!("no workers for {} items", items.len());
+    }
+    let next = std::cell::RefCell::new(items.into_iter().enumerate());
+    let (call, next) = (&call, &next);
+    let per_worker = futures::future::try_join_all((0..workers).map(|w| async move {
+        let mut done = Vec::new();
+        loop {
+            // The borrow ends with this statement, before the call is awaited.
+            let Some((i, item)) = next.borrow_mut().next() else {
+                break;
+            };
+            let start = Instant::now();
+            call(w, item).await?;
+            done.push((i, start, Instant::now()));
+        }
+        Ok::<_, anyhow::Error>(done)
+    }))
+    .await?;
+    let counts = per_worker.iter().map(Vec::len).collect();
+    let mut out: Vec<(usize, Instant, Instant)> = per_worker.into_iter().flatten().collect();
+    out.sort_by_key(|(i, ..)| *i);
+    Ok((out.into_iter().map(|(_, s, e)| (s, e)).collect(), counts))
 }
 
 /// The names of the items one watch message carried (empty: nothing the bench waits for).
@@ -257,6 +297,45 @@ mod tests {
         .await
         .unwrap_err();
         assert_eq!(err.to_string(), "item 2");
+    }
+
+    #[tokio::test]
+    async fn timed_by_workers_gives_every_item_to_one_worker() {
+        let seen = std::cell::RefCell::new(Vec::new());
+        let (times, counts) = timed_by_workers((0..10u64).collect(), 3, |w, i| {
+            seen.borrow_mut().push((w, i));
+            async move {
+                tokio::time::sleep(Duration::from_millis(i)).await;
+                Ok(())
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(times.len(), 10);
+        assert!(times[9].1 - times[9].0 >= Duration::from_millis(9));
+        assert_eq!(counts.len(), 3);
+        assert_eq!(counts.iter().sum::<usize>(), 10);
+        assert!(counts.iter().all(|c| *c >= 1), "{counts:?}");
+        let mut items: Vec<u64> = seen.borrow().iter().map(|(_, i)| *i).collect();
+        items.sort_unstable();
+        assert_eq!(items, (0..10).collect::<Vec<_>>());
+        // Each worker makes its calls one at a time, so in-flight calls are the workers.
+        let err = timed_by_workers(vec![1, 2, 3], 2, |_, i| async move {
+            if i == 2 { bail!("item {i}") } else { Ok(()) }
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(err.to_string(), "item 2");
+        assert!(
+            timed_by_workers(vec![1], 0, |_, _| async { Ok(()) })
+                .await
+                .is_err()
+        );
+        let (none, counts) = timed_by_workers(Vec::<u8>::new(), 2, |_, _| async { Ok(()) })
+            .await
+            .unwrap();
+        assert!(none.is_empty());
+        assert_eq!(counts, [0, 0]);
     }
 
     #[tokio::test]

@@ -173,6 +173,29 @@ fn soft_open_files(limits: &str) -> Option<u64> {
         .ok()
 }
 
+/// The type of the filesystem holding `path` (`ext4`, `tmpfs`, …), from `/proc/self/mounts`:
+/// for etcd's data directories, it says what an fsync costs.
+pub fn fs_type(path: &Path) -> Option<String> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    let path = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    mount_fs_type(&mounts, &path)
+}
+
+/// The filesystem type of the innermost mount of a `/proc/self/mounts` text containing `path`
+/// (of several on the same mount point, the last: it hides the others).
+fn mount_fs_type(mounts: &str, path: &Path) -> Option<String> {
+    mounts
+        .lines()
+        .filter_map(|l| {
+            let mut fields = l.split_whitespace();
+            let (_device, mount_point, fs) = (fields.next()?, fields.next()?, fields.next()?);
+            Some((mount_point, fs))
+        })
+        .filter(|(mount_point, _)| path.starts_with(mount_point))
+        .max_by_key(|(mount_point, _)| mount_point.len())
+        .map(|(_, fs)| fs.to_string())
+}
+
 /// Fails unless running as root (namespaces, cgroups and pods need it).
 pub fn require_root() -> Result<()> {
     let status =
@@ -252,6 +275,20 @@ mod tests {
             "Max open files            unlimited            unlimited            files\n";
         assert_eq!(soft_open_files(unlimited), None);
         assert!(open_files_limit().is_some_and(|n| n > 0));
+    }
+
+    #[test]
+    fn finds_the_filesystem_of_a_path() {
+        let mounts = "/dev/vda / ext4 rw,relatime 0 0\n\
+                      proc /proc proc rw 0 0\n\
+                      tmpfs /tmp tmpfs rw 0 0\n\
+                      /dev/vdb /tmp xfs rw 0 0\n";
+        let at = |p: &str| mount_fs_type(mounts, Path::new(p));
+        assert_eq!(at("/tmp/skiff-etcd-1/data").as_deref(), Some("xfs"));
+        assert_eq!(at("/tmpfoo").as_deref(), Some("ext4"));
+        assert_eq!(at("/var/tmp").as_deref(), Some("ext4"));
+        assert_eq!(mount_fs_type("", Path::new("/")), None);
+        assert!(fs_type(&std::env::temp_dir()).is_some());
     }
 
     #[test]

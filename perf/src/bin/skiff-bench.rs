@@ -8,6 +8,7 @@
 //! skiff-bench service-lb lb-programming   # load balancing: Skiff eBPF vs kube-proxy rules
 //! skiff-bench pod-net --runs 6
 //! skiff-bench rest-api             # REST (JSON, HTTP/1.1) vs gRPC vs etcd: creates, lists, watch
+//! skiff-bench ha                   # 3 API servers over 3 etcd members vs 1 over 1: creates
 //! skiff-bench --quick              # smoke check: small sizes, results in $TMPDIR/skiff-perf-quick
 //! ```
 //!
@@ -41,7 +42,7 @@ struct Args {
     /// Pods per series [pod-start: groups of 1, 50 and 200 (1 and 3 with --quick), this one
     /// size instead when given; pod-density: 500, 10 with --quick; scheduler: 3000, 300 with
     /// --quick; control-plane and rest-api: creates per measurement and path, 2000, 50 with
-    /// --quick].
+    /// --quick; auth and ha: creates per side, 2000, 40 and 50 with --quick].
     #[arg(long, value_name = "N")]
     pods: Option<usize>,
     /// Starts in flight at once, the same for Skiff (a pod start: create → Running) and the
@@ -55,7 +56,7 @@ struct Args {
     /// [default: 1000,5000; 100 with --quick].
     #[arg(long, value_name = "N[,N…]", value_delimiter = ',')]
     nodes: Vec<usize>,
-    /// Repetitions: of each scheduler, control-plane and rest-api measurement, the median
+    /// Repetitions: of each scheduler, control-plane, rest-api and ha measurement, the median
     /// reported (rest-api's lists and watches: every run's samples); of the pod-net suite's
     /// rounds, every round reported [default: 3, pod-net 6; 1 with --quick].
     #[arg(long, value_name = "N")]

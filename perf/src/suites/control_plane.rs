@@ -46,7 +46,7 @@ pub const TITLE: &str = "API server create throughput and watch fan-out, against
 
 const NAMESPACE: &str = "default";
 /// On every pod of the run (value: the run id).
-const RUN_LABEL: &str = "skiff-perf-run";
+pub(crate) const RUN_LABEL: &str = "skiff-perf-run";
 /// On every pod of one batch (value: the batch); the watchers select on it.
 const BATCH_LABEL: &str = "skiff-perf-batch";
 /// Creates (or puts) of the throughput measurement.

@@ -7,6 +7,7 @@ use crate::report::SuiteReport;
 
 pub mod auth;
 pub mod control_plane;
+pub mod ha;
 pub mod images;
 pub mod lb_programming;
 pub mod pod_density;
@@ -130,6 +131,12 @@ pub static SUITES: &[Suite] = &[
         section: 5,
         run: auth::run,
     },
+    Suite {
+        name: ha::NAME,
+        title: ha::TITLE,
+        section: 5,
+        run: ha::run,
+    },
 ];
 
 pub fn find(name: &str) -> Option<&'static Suite> {
@@ -155,6 +162,7 @@ mod tests {
         assert!(find("lb-programming").is_some());
         assert!(find("pod-net").is_some());
         assert!(find("auth").is_some());
+        assert!(find("ha").is_some());
         assert!(find("nope").is_none());
         for s in SUITES {
             assert!(
