@@ -113,9 +113,13 @@ impl Cluster {
                 .filter(|n| node_condition(n, "Ready") == "True")
                 .filter(|n| n.spec.as_ref().is_some_and(|s| !s.pod_cidr.is_empty()))
                 .count();
-            (ready == want)
-                .then_some(())
-                .ok_or_else(|| format!("{ready}/{want} ready; {}", self.logs()))
+            (ready == want).then_some(()).ok_or_else(|| {
+                format!(
+                    "{ready}/{want} ready; {}\n{}",
+                    self.logs(),
+                    self.agent_logs()
+                )
+            })
         })
         .await;
     }

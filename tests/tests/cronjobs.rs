@@ -79,6 +79,9 @@ async fn cron_jobs_run_on_schedule_and_forbid_overlaps() {
             "  timeZone: Europe/Berlin\n  successfulJobsHistoryLimit: 1",
             "echo hi",
         ),
+        // Never scheduled: the source of a Job made by hand, which quick's history limit of
+        // one would otherwise prune as soon as a scheduled Job of quick finishes after it.
+        cron_job("hand", "  suspend: true", "echo by hand"),
     ]
     .join("---\n");
     k(&["apply", "-f", "-"], Some(&docs));
@@ -187,7 +190,7 @@ async fn cron_jobs_run_on_schedule_and_forbid_overlaps() {
     assert!(stamp.ends_with("+01:00"), "{stamp}");
 
     // kubectl makes a Job from the CronJob's template.
-    k(&["create", "job", "by-hand", "--from=cronjob/quick"], None);
+    k(&["create", "job", "by-hand", "--from=cronjob/hand"], None);
     k(
         &[
             "wait",

@@ -97,7 +97,7 @@ struct RunArgs {
     /// of expiry it is renewed through a CertificateSigningRequest and the agent starts again
     /// with it (its pods keep running and are adopted), as the kubelet rotates its
     /// certificate.
-    #[arg(long, value_parser = duration, default_value = "1h")]
+    #[arg(long, value_parser = duration, default_value = "60m")]
     cert_check_interval: Duration,
     /// Registry credentials: a Docker config.json (`docker login`, `skopeo login
     /// --authfile`), read at every pull (default: <state-dir>/config.json).
@@ -620,6 +620,15 @@ mod tests {
         );
         let err = run(&["--lb-max-services", "0"]).unwrap_err().to_string();
         assert!(err.contains("--lb-max-services"), "{err}");
+    }
+
+    #[test]
+    fn the_certificate_is_checked_hourly_by_default() {
+        let c = Cli::try_parse_from(["skiff-node", "run"]).unwrap();
+        let Command::Run(a) = c.command else {
+            unreachable!()
+        };
+        assert_eq!(a.cert_check_interval, Duration::from_secs(3600));
     }
 
     #[test]
