@@ -100,26 +100,8 @@ impl Cluster {
     }
 
     pub async fn wait_nodes_ready(&self) {
-        let want = self.nodes.len();
-        let api = self.client.cluster::<ApiNode>();
-        eventually_within("every node Ready with a pod CIDR", T, || async {
-            let nodes = api
-                .list(&ListParams::default())
-                .await
-                .map_err(|e| e.to_string())?;
-            let ready = nodes
-                .items
-                .iter()
-                .filter(|n| node_condition(n, "Ready") == "True")
-                .filter(|n| n.spec.as_ref().is_some_and(|s| !s.pod_cidr.is_empty()))
-                .count();
-            (ready == want).then_some(()).ok_or_else(|| {
-                format!(
-                    "{ready}/{want} ready; {}\n{}",
-                    self.logs(),
-                    self.agent_logs()
-                )
-            })
+        wait_nodes_ready(&self.client, self.nodes.len(), || {
+            format!("{}\n{}", self.logs(), self.agent_logs())
         })
         .await;
     }
@@ -159,6 +141,28 @@ impl Cluster {
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     }
+}
+
+/// Waits (up to 90 s) until `want` nodes are Ready with a pod CIDR; `logs` explains a
+/// failure.
+pub async fn wait_nodes_ready(client: &Client, want: usize, logs: impl Fn() -> String) {
+    let api = client.cluster::<ApiNode>();
+    eventually_within("every node Ready with a pod CIDR", T, || async {
+        let nodes = api
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let ready = nodes
+            .items
+            .iter()
+            .filter(|n| node_condition(n, "Ready") == "True")
+            .filter(|n| n.spec.as_ref().is_some_and(|s| !s.pod_cidr.is_empty()))
+            .count();
+        (ready == want)
+            .then_some(())
+            .ok_or_else(|| format!("{ready}/{want} ready; {}", logs()))
+    })
+    .await;
 }
 
 pub fn tail(log: &str) -> String {

@@ -3,15 +3,11 @@
 //! nodes on one [`Fabric`]. Every component and agent is given both API servers
 //! (`--server a,b`) and fails over between them.
 
-use std::time::Duration;
+use skiff_api::api::Lease;
+use skiff_client::Client;
 
-use skiff_api::api::{Lease, Node as ApiNode};
-use skiff_client::{Client, ListParams};
-
-use crate::cluster::{LEASE_SECONDS, node_condition, tail};
-use crate::{ApiServer, Backend, Component, EtcdCluster, Fabric, Node, eventually_within, unique};
-
-const T: Duration = Duration::from_secs(120);
+use crate::cluster::{LEASE_SECONDS, tail};
+use crate::{ApiServer, Backend, Component, EtcdCluster, Fabric, Node, unique};
 
 /// The whole HA cluster. Dropped in field order: nodes and components before the servers,
 /// the servers before etcd.
@@ -98,24 +94,7 @@ impl HaCluster {
     }
 
     pub async fn wait_nodes_ready(&self) {
-        let want = self.nodes.len();
-        let api = self.client.cluster::<ApiNode>();
-        eventually_within("every node Ready with a pod CIDR", T, || async {
-            let nodes = api
-                .list(&ListParams::default())
-                .await
-                .map_err(|e| e.to_string())?;
-            let ready = nodes
-                .items
-                .iter()
-                .filter(|n| node_condition(n, "Ready") == "True")
-                .filter(|n| n.spec.as_ref().is_some_and(|s| !s.pod_cidr.is_empty()))
-                .count();
-            (ready == want)
-                .then_some(())
-                .ok_or_else(|| format!("{ready}/{want} ready; {}", self.logs()))
-        })
-        .await;
+        crate::cluster::wait_nodes_ready(&self.client, self.nodes.len(), || self.logs()).await;
     }
 
     /// The index in `components` of the one holding Lease `kube-system/<lease>` now.

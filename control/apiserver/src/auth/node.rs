@@ -338,16 +338,21 @@ mod tests {
                         "claimRef": {"namespace": "shop", "name": claim}}})
     }
 
-    /// A node gets the claims its pods name and the volumes bound to them, nothing else.
-    #[tokio::test]
-    async fn nodes_get_the_claims_and_volumes_of_their_pods() {
+    /// A registry over an embedded store in a temporary directory (kept while it lives).
+    async fn registry() -> (Registry, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
         let store = skiff_store::EmbeddedStore::open(
             &dir.path().join("s.redb"),
             skiff_store::EmbeddedOptions::default(),
         )
         .unwrap();
-        let registry = Registry::start(Arc::new(store), 64).await.unwrap();
+        (Registry::start(Arc::new(store), 64).await.unwrap(), dir)
+    }
+
+    /// A node gets the claims its pods name and the volumes bound to them, nothing else.
+    #[tokio::test]
+    async fn nodes_get_the_claims_and_volumes_of_their_pods() {
+        let (registry, _dir) = registry().await;
         create::<Namespace>(&registry, "", json!({"metadata": {"name": "shop"}})).await;
         create::<Pod>(&registry, "shop", pod("a", "n1", "data-a")).await;
         create::<Pod>(&registry, "shop", pod("b", "n2", "data-b")).await;
@@ -417,13 +422,7 @@ mod tests {
     /// who may use its own (SubjectAccessReviews).
     #[tokio::test]
     async fn nodes_read_node_objects_not_other_agents() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = skiff_store::EmbeddedStore::open(
-            &dir.path().join("s.redb"),
-            skiff_store::EmbeddedOptions::default(),
-        )
-        .unwrap();
-        let registry = Registry::start(Arc::new(store), 64).await.unwrap();
+        let (registry, _dir) = registry().await;
         let authz = Authorizer::start(&registry).await.unwrap();
         let n1 = UserInfo {
             name: "system:node:n1".into(),
