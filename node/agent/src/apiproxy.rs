@@ -8,6 +8,10 @@
 //! exposes is what the API server's own port exposes. k3s' agent load balancer plays the
 //! same part for its components.
 //!
+//! With several API servers (a `--server` list) a connection goes to the one that answered
+//! last, and to the next ones in turn when it does not answer: a pod's connection fails over
+//! at connect time, as the agent's own client does.
+//!
 //! Written by hand: a bounded accept loop and `copy_bidirectional` are all it needs.
 
 use std::net::SocketAddr;
@@ -70,6 +74,11 @@ pub fn upstream_of(url: &str) -> Result<String, ApiProxyError> {
     })
 }
 
+/// The `host:port` of every URL of a comma-separated list (what `--server` takes).
+pub fn upstreams_of(urls: &str) -> Result<Vec<String>, ApiProxyError> {
+    urls.split(',').map(|u| upstream_of(u.trim())).collect()
+}
+
 /// A running passthrough; stopped when dropped.
 pub struct ApiProxy {
     pub addr: SocketAddr,
@@ -84,12 +93,12 @@ impl Drop for ApiProxy {
 
 impl ApiProxy {
     /// Listens on `addr` in `netns` (the agent's own for `None`) and carries every
-    /// connection to `upstream` (`host:port`, resolved and dialled from the agent's
-    /// namespace at each connection).
+    /// connection to one of `upstreams` (`host:port`, resolved and dialled from the agent's
+    /// namespace at each connection; the last one that answered first).
     pub async fn start(
         netns: Option<&Path>,
         addr: SocketAddr,
-        upstream: String,
+        upstreams: Vec<String>,
     ) -> Result<ApiProxy, ApiProxyError> {
         let std_listener = skiff_hostnet::listen_in(netns, addr)
             .await
@@ -100,14 +109,49 @@ impl ApiProxy {
         let listener = TcpListener::from_std(std_listener)
             .map_err(|source| ApiProxyError::Tokio { addr, source })?;
         let addr = listener.local_addr().unwrap_or(addr);
-        info!(%addr, %upstream, "API server passthrough listening for pods");
-        let task = tokio::spawn(accept_loop(listener, upstream));
+        info!(%addr, upstreams = %upstreams.join(","), "API server passthrough listening for pods");
+        let upstreams = Arc::new(Upstreams {
+            all: upstreams,
+            last_good: std::sync::atomic::AtomicUsize::new(0),
+        });
+        let task = tokio::spawn(accept_loop(listener, upstreams));
         Ok(ApiProxy { addr, task })
     }
 }
 
-async fn accept_loop(listener: TcpListener, upstream: String) {
-    let upstream = Arc::new(upstream);
+/// The API servers and the one that answered last.
+struct Upstreams {
+    all: Vec<String>,
+    last_good: std::sync::atomic::AtomicUsize,
+}
+
+impl Upstreams {
+    /// A connection to the server that answered last, else to the next ones in turn.
+    async fn connect(&self, peer: SocketAddr) -> Option<TcpStream> {
+        use std::sync::atomic::Ordering;
+        let n = self.all.len();
+        let first = self.last_good.load(Ordering::Relaxed);
+        for i in (0..n).map(|k| (first + k) % n) {
+            let upstream = &self.all[i];
+            match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(upstream)).await {
+                Ok(Ok(s)) => {
+                    if i != first {
+                        info!(%upstream, "pods' API server connections go here now");
+                        self.last_good.store(i, Ordering::Relaxed);
+                    }
+                    return Some(s);
+                }
+                Ok(Err(e)) => {
+                    warn!(%peer, %upstream, error = %e, "cannot reach the API server for a pod")
+                }
+                Err(_) => warn!(%peer, %upstream, "timed out reaching the API server for a pod"),
+            }
+        }
+        None
+    }
+}
+
+async fn accept_loop(listener: TcpListener, upstreams: Arc<Upstreams>) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
@@ -122,26 +166,17 @@ async fn accept_loop(listener: TcpListener, upstream: String) {
                 continue;
             }
         };
-        let upstream = Arc::clone(&upstream);
+        let upstreams = Arc::clone(&upstreams);
         tokio::spawn(async move {
             let _permit = permit;
-            carry(conn, peer, &upstream).await;
+            carry(conn, peer, &upstreams).await;
         });
     }
 }
 
-async fn carry(mut conn: TcpStream, peer: SocketAddr, upstream: &str) {
-    let mut server = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(upstream)).await
-    {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            warn!(%peer, %upstream, error = %e, "cannot reach the API server for a pod");
-            return;
-        }
-        Err(_) => {
-            warn!(%peer, %upstream, "timed out reaching the API server for a pod");
-            return;
-        }
+async fn carry(mut conn: TcpStream, peer: SocketAddr, upstreams: &Upstreams) {
+    let Some(mut server) = upstreams.connect(peer).await else {
+        return;
     };
     let _ = conn.set_nodelay(true);
     let _ = server.set_nodelay(true);
@@ -188,7 +223,7 @@ mod tests {
             buf.reverse();
             s.write_all(&buf).await.unwrap();
         });
-        let proxy = ApiProxy::start(None, "127.0.0.1:0".parse().unwrap(), upstream)
+        let proxy = ApiProxy::start(None, "127.0.0.1:0".parse().unwrap(), vec![upstream])
             .await
             .unwrap();
         let mut c = TcpStream::connect(proxy.addr).await.unwrap();
@@ -204,7 +239,7 @@ mod tests {
         let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let upstream = free.local_addr().unwrap().to_string();
         drop(free);
-        let proxy = ApiProxy::start(None, "127.0.0.1:0".parse().unwrap(), upstream)
+        let proxy = ApiProxy::start(None, "127.0.0.1:0".parse().unwrap(), vec![upstream])
             .await
             .unwrap();
         let mut c = TcpStream::connect(proxy.addr).await.unwrap();
@@ -214,5 +249,38 @@ mod tests {
             .expect("closed in time")
             .unwrap_or(0);
         assert_eq!(n, 0);
+    }
+
+    /// Several API servers: a dead first one is skipped, and the next connection goes
+    /// straight to the one that answered.
+    #[tokio::test]
+    async fn a_dead_server_is_skipped() {
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let dead = free.local_addr().unwrap().to_string();
+        drop(free);
+        let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let alive = server.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = server.accept().await.unwrap();
+                s.write_all(b"up").await.unwrap();
+            }
+        });
+        assert_eq!(
+            upstreams_of(&format!("http://{dead}, http://{alive}")).unwrap(),
+            [dead.clone(), alive.clone()]
+        );
+        let proxy = ApiProxy::start(None, "127.0.0.1:0".parse().unwrap(), vec![dead, alive])
+            .await
+            .unwrap();
+        for _ in 0..2 {
+            let mut c = TcpStream::connect(proxy.addr).await.unwrap();
+            let mut got = [0u8; 2];
+            tokio::time::timeout(Duration::from_secs(10), c.read_exact(&mut got))
+                .await
+                .expect("answered in time")
+                .unwrap();
+            assert_eq!(&got, b"up");
+        }
     }
 }

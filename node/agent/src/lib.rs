@@ -120,7 +120,8 @@ pub struct AgentConfig {
     pub image_gc: skiff_image::gc::GcPolicy,
     /// How often images are garbage-collected.
     pub image_gc_period: Duration,
-    /// The API server's URL, which the passthrough for pods dials (`None`: no passthrough).
+    /// The API servers' URLs (comma separated), which the passthrough for pods dials (`None`: no
+    /// passthrough).
     pub api_server_url: Option<String>,
     /// The port of that passthrough on the node's InternalIP (0: none).
     pub api_server_proxy_port: u16,
@@ -667,8 +668,8 @@ async fn start_api_proxy(
     let ip: std::net::IpAddr = host_ip
         .parse()
         .map_err(|e| format!("node address {host_ip:?}: {e}"))?;
-    let upstream = apiproxy::upstream_of(url).map_err(|e| e.to_string())?;
-    apiproxy::ApiProxy::start(netns, SocketAddr::new(ip, port), upstream)
+    let upstreams = apiproxy::upstreams_of(url).map_err(|e| e.to_string())?;
+    apiproxy::ApiProxy::start(netns, SocketAddr::new(ip, port), upstreams)
         .await
         .map_err(|e| e.to_string())
 }

@@ -343,7 +343,7 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
         let config =
             skiff_client::ClientConfig::load(args.server.as_deref(), args.kubeconfig.as_deref())?;
         let client = skiff_client::Client::connect_lazy_with(&config)?;
-        cfg.api_server_url = Some(config.server.clone());
+        cfg.api_server_url = Some(config.endpoints().join(","));
         // Without a client certificate the agent cannot be reached as itself anyway; with
         // one, its API requires certificates of the same CA.
         cfg.client_ca_pem = config.ca_pem.clone().filter(|_| config.identity.is_some());
