@@ -131,6 +131,30 @@ async fn embedded_store_keeps_acknowledged_writes_across_kill_and_restores_snaps
         .unwrap();
     let denied = skiff_tests::fails(&denied);
     assert!(denied.contains("forbidden"), "{denied}");
+    // The same through `skiff snapshot save`, which names format and revision; a file that
+    // exists is not overwritten.
+    let saved = snapshot_dir.path().join("saved.db");
+    let path = saved.display().to_string();
+    let said = {
+        let mut skiff = server.skiff_cmd(&["snapshot", "save", &path]);
+        tokio::task::spawn_blocking(move || skiff.output().unwrap())
+            .await
+            .unwrap()
+    };
+    let said = ok(&said);
+    assert!(
+        said.starts_with("saved a skiff-embedded snapshot at revision ") && said.contains(&path),
+        "{said}"
+    );
+    assert!(std::fs::metadata(&saved).unwrap().len() > 0);
+    let again = {
+        let mut skiff = server.skiff_cmd(&["snapshot", "save", &path]);
+        tokio::task::spawn_blocking(move || skiff.output().unwrap())
+            .await
+            .unwrap()
+    };
+    let refused = skiff_tests::fails(&again);
+    assert!(refused.contains("exists"), "{refused}");
     let at_snapshot_end = count();
     wait_for(kill_at.max(at_snapshot_end + 1), "before the kill").await;
     server.kill();

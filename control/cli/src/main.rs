@@ -90,6 +90,21 @@ enum Command {
     /// Bootstrap tokens with which new nodes join (`skiff-node join`), like `kubeadm token`.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Snapshots of the cluster's store, like `k3s etcd-snapshot`.
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum SnapshotCommand {
+    /// Saves a consistent snapshot of the store, taken by the API server while the cluster
+    /// runs (needs `cluster-admin`: it holds every Secret, encrypted as at rest), to a new
+    /// file. Restore an embedded-store snapshot with `skiff-apiserver restore FILE
+    /// --data-dir DIR` (the API server stopped), an etcd one with `etcdutl snapshot restore`.
+    Save {
+        /// The file to write (it must not exist).
+        file: std::path::PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -583,6 +598,21 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Token(TokenCommand::Delete { token }) => token::delete(&client, &token)
             .await
             .map(|()| ExitCode::SUCCESS),
+        Command::Snapshot(SnapshotCommand::Save { file }) => {
+            let (format, revision) = client
+                .snapshot(&file)
+                .await
+                .with_context(|| format!("saving a snapshot to {}", file.display()))?;
+            let bytes = std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0);
+            let at = revision
+                .map(|r| format!(" at revision {r}"))
+                .unwrap_or_default();
+            println!(
+                "saved a {format} snapshot{at} to {} ({bytes} bytes)",
+                file.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Bpf(b) => {
             let (what, args) = match b {
                 BpfCommand::Services(a) => (bpf::What::Services, a),

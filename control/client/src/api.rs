@@ -258,6 +258,27 @@ impl Client {
         crate::rest::get_json(&self.config, &self.servers, path).await
     }
 
+    /// A consistent snapshot of the store, taken by the API server while it runs
+    /// (`GET /skiff/v1/snapshot`, `cluster-admin` only), streamed into the new file `dest`:
+    /// its format (`skiff-embedded` or `etcd`) and revision, when the server names it.
+    pub async fn snapshot(
+        &self,
+        dest: &std::path::Path,
+    ) -> Result<(String, Option<i64>), ClientError> {
+        let headers =
+            crate::rest::download(&self.config, &self.servers, "/skiff/v1/snapshot", dest).await?;
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(String::from)
+        };
+        Ok((
+            header("skiff-snapshot-format").unwrap_or_default(),
+            header("skiff-snapshot-revision").and_then(|r| r.parse().ok()),
+        ))
+    }
+
     /// A token of ServiceAccount `service_account` in `namespace` from the TokenRequest
     /// subresource (the REST API's `POST .../serviceaccounts/<name>/token`, which gRPC does
     /// not carry), bound to `bound_pod` (`(name, uid)`) when given: the token and its expiry

@@ -72,7 +72,7 @@ async fn request_json(
     Err(ClientError::unreachable_all(&failures))
 }
 
-/// One request to `server`.
+/// One request to `server`: its answer as JSON when it is a 2xx, else its error.
 async fn request_one(
     config: &ClientConfig,
     server: &str,
@@ -80,6 +80,106 @@ async fn request_one(
     path: &str,
     body: Option<&serde_json::Value>,
 ) -> Result<serde_json::Value, ClientError> {
+    let resp = send(config, server, method, path, body).await?;
+    let status = resp.status();
+    let bytes = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER)
+        .collect()
+        .await
+        .map_err(|e| unreachable(server, format!("reading the answer: {e}")))?
+        .to_bytes();
+    let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    if status.is_success() {
+        return Ok(json);
+    }
+    Err(status_error(status, &json))
+}
+
+/// The error an answer that is not a 2xx stands for, with the server's message.
+fn status_error(status: hyper::StatusCode, json: &serde_json::Value) -> ClientError {
+    let message = json["message"]
+        .as_str()
+        .map(String::from)
+        .unwrap_or_else(|| status.to_string());
+    match status.as_u16() {
+        401 => ClientError::Unauthorized { message },
+        403 => ClientError::Forbidden { message },
+        404 => ClientError::NotFound { message },
+        409 => ClientError::Conflict { message },
+        422 => ClientError::Invalid { message },
+        _ => ClientError::Other {
+            code: tonic::Code::Unknown,
+            message,
+        },
+    }
+}
+
+/// `GET path` from the first server that answers (in the failover's order), its body
+/// streamed into the new file `dest` (removed again if the transfer fails): the answer's
+/// headers. For answers too large to hold (a store snapshot).
+pub(crate) async fn download(
+    config: &ClientConfig,
+    servers: &Failover,
+    path: &str,
+    dest: &std::path::Path,
+) -> Result<hyper::HeaderMap, ClientError> {
+    let mut failures = Vec::new();
+    for i in servers.order() {
+        let server = servers.url(i);
+        let resp = match send(config, server, hyper::Method::GET, path, None).await {
+            Err(ClientError::Unreachable { endpoint, reason }) => {
+                servers.failed(i, &reason);
+                failures.push((endpoint, reason));
+                continue;
+            }
+            Err(e) => return Err(e),
+            Ok(r) => r,
+        };
+        servers.succeeded(i);
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        if !status.is_success() {
+            let bytes = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER)
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+            return Err(status_error(status, &json));
+        }
+        let io = |e: std::io::Error| ClientError::Other {
+            code: tonic::Code::Internal,
+            message: format!("writing {}: {e}", dest.display()),
+        };
+        let mut file = tokio::fs::File::create_new(dest).await.map_err(io)?;
+        let mut body = resp.into_body();
+        let copied: Result<(), ClientError> = async {
+            use tokio::io::AsyncWriteExt;
+            while let Some(frame) = body.frame().await {
+                let frame = frame.map_err(|e| unreachable(server, format!("reading: {e}")))?;
+                if let Ok(data) = frame.into_data() {
+                    file.write_all(&data).await.map_err(io)?;
+                }
+            }
+            file.sync_all().await.map_err(io)
+        }
+        .await;
+        if let Err(e) = copied {
+            let _ = tokio::fs::remove_file(dest).await;
+            return Err(e);
+        }
+        return Ok(headers);
+    }
+    Err(ClientError::unreachable_all(&failures))
+}
+
+/// Sends one request to `server` (TLS as `config` says, its token if any).
+async fn send(
+    config: &ClientConfig,
+    server: &str,
+    method: hyper::Method,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> Result<hyper::Response<hyper::body::Incoming>, ClientError> {
     let uri: hyper::Uri = server.parse().map_err(|e| ClientError::InvalidEndpoint {
         endpoint: server.to_string(),
         reason: format!("{e}"),
@@ -151,33 +251,8 @@ async fn request_one(
             body.map(|b| b.to_string()).unwrap_or_default(),
         )))
         .map_err(|e| unreachable(server, e.to_string()))?;
-    let resp = sender
+    sender
         .send_request(req)
         .await
-        .map_err(|e| unreachable(server, e.to_string()))?;
-    let status = resp.status();
-    let bytes = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER)
-        .collect()
-        .await
-        .map_err(|e| unreachable(server, format!("reading the answer: {e}")))?
-        .to_bytes();
-    let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
-    if status.is_success() {
-        return Ok(json);
-    }
-    let message = json["message"]
-        .as_str()
-        .map(String::from)
-        .unwrap_or_else(|| status.to_string());
-    Err(match status.as_u16() {
-        401 => ClientError::Unauthorized { message },
-        403 => ClientError::Forbidden { message },
-        404 => ClientError::NotFound { message },
-        409 => ClientError::Conflict { message },
-        422 => ClientError::Invalid { message },
-        _ => ClientError::Other {
-            code: tonic::Code::Unknown,
-            message,
-        },
-    })
+        .map_err(|e| unreachable(server, e.to_string()))
 }
