@@ -24,6 +24,21 @@ pub use skiff_store::testutil::{EtcdCluster, EtcdServer};
 pub use skiff_testkit::{eventually_within, unique};
 pub use skiff_testnet::{FABRIC_PREFIX, Fabric, Netns};
 
+/// The seed of a randomized test: `$<var>` when set (to replay a run), else the clock's
+/// nanoseconds; never 0 (xorshift generators need a non-zero state).
+pub fn seed(var: &str) -> u64 {
+    std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        })
+        | 1
+}
+
 /// The directory holding the workspace's built binaries (`target/debug`).
 pub fn bin_dir() -> PathBuf {
     // Test executables live in target/<profile>/deps/.

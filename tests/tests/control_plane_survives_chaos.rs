@@ -162,16 +162,7 @@ enum Target {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_rollout_survives_control_plane_chaos() {
-    let seed = std::env::var("SKIFF_CHAOS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
+    let seed = skiff_tests::seed("SKIFF_CHAOS_SEED");
     println!("chaos seed {seed} (SKIFF_CHAOS_SEED={seed} replays the schedule)");
     let mut rng = Rng(seed);
     let mut c = HaCluster::start(3).await;

@@ -23,18 +23,6 @@ use skiff_tests::{ApiServer, Backend, ok};
 const WRITES: usize = 10_000;
 const WRITERS: usize = 16;
 
-fn seed() -> u64 {
-    std::env::var("SKIFF_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        })
-}
-
 fn config_map(i: usize) -> ConfigMap {
     skiff_api::manifest::decode(serde_json::json!({
         "apiVersion": "v1", "kind": "ConfigMap",
@@ -61,7 +49,7 @@ async fn config_maps(server: &ApiServer) -> BTreeMap<String, i64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn embedded_store_keeps_acknowledged_writes_across_kill_and_restores_snapshots() {
-    let seed = seed();
+    let seed = skiff_tests::seed("SKIFF_TEST_SEED");
     // Kill somewhere in the middle 60 % of the writes; snapshot at half that point.
     let kill_at = WRITES / 5 + (seed % (WRITES as u64 * 3 / 5)) as usize;
     let snapshot_at = kill_at / 2;
@@ -135,25 +123,17 @@ async fn embedded_store_keeps_acknowledged_writes_across_kill_and_restores_snaps
     // exists is not overwritten.
     let saved = snapshot_dir.path().join("saved.db");
     let path = saved.display().to_string();
-    let said = {
+    let save = || {
         let mut skiff = server.skiff_cmd(&["snapshot", "save", &path]);
         tokio::task::spawn_blocking(move || skiff.output().unwrap())
-            .await
-            .unwrap()
     };
-    let said = ok(&said);
+    let said = ok(&save().await.unwrap());
     assert!(
         said.starts_with("saved a skiff-embedded snapshot at revision ") && said.contains(&path),
         "{said}"
     );
     assert!(std::fs::metadata(&saved).unwrap().len() > 0);
-    let again = {
-        let mut skiff = server.skiff_cmd(&["snapshot", "save", &path]);
-        tokio::task::spawn_blocking(move || skiff.output().unwrap())
-            .await
-            .unwrap()
-    };
-    let refused = skiff_tests::fails(&again);
+    let refused = skiff_tests::fails(&save().await.unwrap());
     assert!(refused.contains("exists"), "{refused}");
     let at_snapshot_end = count();
     wait_for(kill_at.max(at_snapshot_end + 1), "before the kill").await;

@@ -933,7 +933,7 @@ async fn supervise(plan: Plan<'_>) -> Result<()> {
                     c.name.to_string()
                 };
                 let log = plan.log_dir.join(format!("{name}.log"));
-                match spawn(plan.root, plan.bin_dir, c, plan.cfg, i, &name, &log) {
+                match spawn(&plan, c, i, &name, &log) {
                     Ok(r) => {
                         println!("started {name} (pid {}), log: {}", r.pid, log.display());
                         running.push(r);
@@ -1098,24 +1098,13 @@ async fn supervise(plan: Plan<'_>) -> Result<()> {
     }
 }
 
-#[allow(
-    clippy::too_many_arguments,
-    reason = "one call site, each argument named"
-)]
-fn spawn(
-    root: &Path,
-    bin_dir: &Path,
-    c: &Component,
-    cfg: &UpConfig,
-    instance: u16,
-    name: &str,
-    log: &Path,
-) -> Result<Running> {
+/// Starts instance `instance` of component `c` as `name`, logging to `log`.
+fn spawn(plan: &Plan<'_>, c: &Component, instance: u16, name: &str, log: &Path) -> Result<Running> {
     spawn_process(
-        root,
-        &bin_dir.join(c.bin),
+        plan.root,
+        &plan.bin_dir.join(c.bin),
         name.to_string(),
-        &(c.args)(cfg, instance),
+        &(c.args)(plan.cfg, instance),
         &[],
         log,
         false,
@@ -1793,6 +1782,14 @@ mod tests {
         };
         let mut running = vec![start("victim"), start("bystander")];
         let (victim, bystander) = (running[0].pid, running[1].pid);
+        // The first run has spoken before it is killed (else its line would be missing).
+        let log = dir.join("victim.log");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while fs::read_to_string(&log).unwrap_or_default() != "victim up\n"
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(POLL).await;
+        }
         // SIGKILL to the pid this test started (not reaped yet, so not reused).
         let killed = Command::new("kill")
             .args(["-9", &victim.to_string()])
@@ -1813,7 +1810,6 @@ mod tests {
         );
         // Both runs are in the log (a loaded machine may take a while to start `sh`).
         let deadline = Instant::now() + Duration::from_secs(20);
-        let log = dir.join("victim.log");
         while fs::read_to_string(&log).unwrap_or_default() != "victim up\nvictim up\n"
             && Instant::now() < deadline
         {

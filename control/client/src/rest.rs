@@ -43,28 +43,29 @@ pub(crate) async fn get_json(
     request_json(config, servers, hyper::Method::GET, path, None).await
 }
 
-/// Tries the servers in the failover's order (the current one first): a server that cannot
-/// be reached is marked and the next one tried; an answer, even an error, is final.
-async fn request_json(
+/// The first answer of a server, trying them in the failover's order (the current one
+/// first): a server that cannot be reached is marked and the next one tried; an answer, even
+/// an error status, is final.
+async fn first_answer(
     config: &ClientConfig,
     servers: &Failover,
     method: hyper::Method,
     path: &str,
     body: Option<&serde_json::Value>,
-) -> Result<serde_json::Value, ClientError> {
+) -> Result<(String, hyper::Response<hyper::body::Incoming>), ClientError> {
     let mut failures = Vec::new();
     for i in servers.order() {
         let server = servers.url(i);
-        match request_one(config, server, method.clone(), path, body).await {
+        match send(config, server, method.clone(), path, body).await {
             Err(ClientError::Unreachable { endpoint, reason }) => {
                 servers.failed(i, &reason);
                 failures.push((endpoint, reason));
             }
             // Not about this server: the same for all.
-            Err(e @ ClientError::InvalidEndpoint { .. }) => return Err(e),
-            answer => {
+            Err(e) => return Err(e),
+            Ok(resp) => {
                 servers.succeeded(i);
-                return answer;
+                return Ok((server.to_string(), resp));
             }
         }
     }
@@ -72,26 +73,35 @@ async fn request_json(
     Err(ClientError::unreachable_all(&failures))
 }
 
-/// One request to `server`: its answer as JSON when it is a 2xx, else its error.
-async fn request_one(
-    config: &ClientConfig,
+/// A whole (bounded) answer: its status and its body as JSON (`Null` when it is none).
+async fn read_json(
     server: &str,
-    method: hyper::Method,
-    path: &str,
-    body: Option<&serde_json::Value>,
-) -> Result<serde_json::Value, ClientError> {
-    let resp = send(config, server, method, path, body).await?;
+    resp: hyper::Response<hyper::body::Incoming>,
+) -> Result<(hyper::StatusCode, serde_json::Value), ClientError> {
     let status = resp.status();
     let bytes = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER)
         .collect()
         .await
         .map_err(|e| unreachable(server, format!("reading the answer: {e}")))?
         .to_bytes();
-    let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    Ok((status, serde_json::from_slice(&bytes).unwrap_or_default()))
+}
+
+/// `method path` with `body` as JSON: the answer's JSON when it is a 2xx, else its error.
+async fn request_json(
+    config: &ClientConfig,
+    servers: &Failover,
+    method: hyper::Method,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> Result<serde_json::Value, ClientError> {
+    let (server, resp) = first_answer(config, servers, method, path, body).await?;
+    let (status, json) = read_json(&server, resp).await?;
     if status.is_success() {
-        return Ok(json);
+        Ok(json)
+    } else {
+        Err(status_error(status, &json))
     }
-    Err(status_error(status, &json))
 }
 
 /// The error an answer that is not a 2xx stands for, with the server's message.
@@ -122,54 +132,34 @@ pub(crate) async fn download(
     path: &str,
     dest: &std::path::Path,
 ) -> Result<hyper::HeaderMap, ClientError> {
-    let mut failures = Vec::new();
-    for i in servers.order() {
-        let server = servers.url(i);
-        let resp = match send(config, server, hyper::Method::GET, path, None).await {
-            Err(ClientError::Unreachable { endpoint, reason }) => {
-                servers.failed(i, &reason);
-                failures.push((endpoint, reason));
-                continue;
-            }
-            Err(e) => return Err(e),
-            Ok(r) => r,
-        };
-        servers.succeeded(i);
-        let status = resp.status();
-        let headers = resp.headers().clone();
-        if !status.is_success() {
-            let bytes = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER)
-                .collect()
-                .await
-                .map(|b| b.to_bytes())
-                .unwrap_or_default();
-            let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
-            return Err(status_error(status, &json));
-        }
-        let io = |e: std::io::Error| ClientError::Other {
-            code: tonic::Code::Internal,
-            message: format!("writing {}: {e}", dest.display()),
-        };
-        let mut file = tokio::fs::File::create_new(dest).await.map_err(io)?;
-        let mut body = resp.into_body();
-        let copied: Result<(), ClientError> = async {
-            use tokio::io::AsyncWriteExt;
-            while let Some(frame) = body.frame().await {
-                let frame = frame.map_err(|e| unreachable(server, format!("reading: {e}")))?;
-                if let Ok(data) = frame.into_data() {
-                    file.write_all(&data).await.map_err(io)?;
-                }
-            }
-            file.sync_all().await.map_err(io)
-        }
-        .await;
-        if let Err(e) = copied {
-            let _ = tokio::fs::remove_file(dest).await;
-            return Err(e);
-        }
-        return Ok(headers);
+    let (server, resp) = first_answer(config, servers, hyper::Method::GET, path, None).await?;
+    if !resp.status().is_success() {
+        let (status, json) = read_json(&server, resp).await?;
+        return Err(status_error(status, &json));
     }
-    Err(ClientError::unreachable_all(&failures))
+    let headers = resp.headers().clone();
+    let io = |e: std::io::Error| ClientError::Other {
+        code: tonic::Code::Internal,
+        message: format!("writing {}: {e}", dest.display()),
+    };
+    let mut file = tokio::fs::File::create_new(dest).await.map_err(io)?;
+    let mut body = resp.into_body();
+    let copied: Result<(), ClientError> = async {
+        use tokio::io::AsyncWriteExt;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| unreachable(&server, format!("reading: {e}")))?;
+            if let Ok(data) = frame.into_data() {
+                file.write_all(&data).await.map_err(io)?;
+            }
+        }
+        file.sync_all().await.map_err(io)
+    }
+    .await;
+    if let Err(e) = copied {
+        let _ = tokio::fs::remove_file(dest).await;
+        return Err(e);
+    }
+    Ok(headers)
 }
 
 /// Sends one request to `server` (TLS as `config` says, its token if any).

@@ -415,18 +415,21 @@ async fn authorize(
         verb: access::verb_of(req.method()),
         subresource: access::subresource_of(req.uri().path()),
     };
-    let attrs = format!(
-        "user={}, verb={}, resource=nodes, subresource={}",
-        asked.user, asked.verb, asked.subresource
-    );
+    // (The kubelet's wording of the request, made only for a refusal.)
+    let attrs = || {
+        format!(
+            "user={}, verb={}, resource=nodes, subresource={}",
+            asked.user, asked.verb, asked.subresource
+        )
+    };
     match st.access.allowed(&st.ctx.client, &st.node, &asked).await {
         Ok(true) => next.run(req).await,
-        Ok(false) => (StatusCode::FORBIDDEN, format!("Forbidden ({attrs})\n")).into_response(),
+        Ok(false) => (StatusCode::FORBIDDEN, format!("Forbidden ({})\n", attrs())).into_response(),
         Err(reason) => {
             warn!(%reason, user = %asked.user, "agent API: the access review failed");
             (
                 StatusCode::INTERNAL_SERVER_ERROR,
-                format!("Authorization error ({attrs})\n"),
+                format!("Authorization error ({})\n", attrs()),
             )
                 .into_response()
         }
