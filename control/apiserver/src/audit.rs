@@ -41,6 +41,8 @@ pub struct AuditRecord {
     pub attributes: Option<Attributes>,
     /// `allow` or `forbid`, and the authorizer's reason.
     pub decision: Option<(&'static str, String)>,
+    /// The admission plug-in that refused the request, and its message.
+    pub admission: Option<(&'static str, String)>,
 }
 
 /// Shared by a request's layers.
@@ -56,6 +58,16 @@ pub fn note(slot: Option<&AuditSlot>, attrs: &Attributes, result: &Result<(), St
             Ok(()) => ("allow", String::new()),
             Err(m) => ("forbid", m.clone()),
         });
+    }
+}
+
+/// Records that admission plug-in `plugin` refused the request (after authorization allowed
+/// it), for its audit event.
+pub fn note_admission(slot: Option<&AuditSlot>, plugin: &'static str, message: &str) {
+    if let Some(s) = slot
+        && let Ok(mut r) = s.lock()
+    {
+        r.admission = Some((plugin, message.to_string()));
     }
 }
 
@@ -156,6 +168,11 @@ impl AuditLog {
                 annotations["authentication.k8s.io/decision"] = json!("reject");
             }
             None => {}
+        }
+        if let Some((plugin, message)) = &record.admission {
+            annotations["admission.skiff.io/decision"] = json!("forbid");
+            annotations["admission.skiff.io/plugin"] = json!(plugin);
+            annotations["admission.skiff.io/reason"] = json!(message);
         }
         ev["annotations"] = annotations;
         if self.tx.try_send(ev).is_err() {
@@ -285,6 +302,7 @@ mod tests {
                 "get", "", "secrets", "", "default", "db",
             )),
             decision: Some(("forbid", String::new())),
+            admission: None,
         };
         for _ in 0..100 {
             log.record(

@@ -35,6 +35,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+pub mod admission;
 pub mod audit;
 pub mod auth;
 mod cache;
@@ -54,6 +55,9 @@ pub mod validation;
 pub use error::{ApiError, FieldError, FieldErrorKind, REASON_KEY};
 pub use registry::{FOREGROUND_FINALIZER, ORPHAN_FINALIZER};
 
+/// The Services' clusterIP range when none is configured (the controller manager's default).
+pub const DEFAULT_SERVICE_CLUSTER_IP_RANGE: skiff_cidr::Ipv4Cidr =
+    skiff_cidr::Ipv4Cidr::from_octets([10, 96, 0, 0], 16);
 /// Default capacity of each resource type's watch-cache event buffer.
 pub const DEFAULT_WATCH_CACHE_CAPACITY: usize = 10_000;
 /// Largest request the server decodes (large lists go the other way and are not capped).
@@ -75,6 +79,8 @@ pub struct ApiServerOptions {
     /// The `kubernetes` Service in `default` and its Endpoints, kept in place while the
     /// server runs (the binary always sets it; `None` for in-process test servers).
     pub kubernetes_service: Option<kubernetes_service::KubernetesService>,
+    /// The Services' clusterIP range: admission refuses clusterIPs outside it.
+    pub service_cluster_ip_range: skiff_cidr::Ipv4Cidr,
 }
 
 /// The user the API server is to node agents (the agents' `API_SERVER_USER`).
@@ -254,6 +260,7 @@ impl Default for ApiServerOptions {
             shutdown_timeout: Duration::from_secs(5),
             security: None,
             kubernetes_service: None,
+            service_cluster_ip_range: DEFAULT_SERVICE_CLUSTER_IP_RANGE,
         }
     }
 }
@@ -449,7 +456,11 @@ pub async fn spawn(
     opts: ApiServerOptions,
 ) -> Result<ServerHandle, ApiServerError> {
     let addr = listener.local_addr().map_err(ApiServerError::Listener)?;
-    let registry = Arc::new(registry::Registry::start(store, opts.watch_cache_capacity).await?);
+    let admission = Arc::new(admission::Chain::new(admission::Config {
+        service_cluster_ip_range: Some(opts.service_cluster_ip_range),
+    }));
+    let registry =
+        Arc::new(registry::Registry::start(store, opts.watch_cache_capacity, admission).await?);
     let missing = registry.missing_kinds();
     if !missing.is_empty() {
         registry.stop();
@@ -473,6 +484,9 @@ pub async fn spawn(
         },
         None => None,
     };
+    if let Some(a) = &authorizer {
+        registry.admission().set_authorizer(Arc::clone(a));
+    }
     let (tx, rx) = oneshot::channel::<()>();
     let service = ApiServer::new(service::ApiService::new(
         Arc::clone(&registry),

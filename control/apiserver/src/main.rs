@@ -374,6 +374,7 @@ async fn main() -> Result<()> {
         watch_cache_capacity: args.watch_cache_capacity,
         security: Some(security),
         kubernetes_service: Some(kubernetes_service(&args)?),
+        service_cluster_ip_range: args.service_cluster_ip_range,
         ..ApiServerOptions::default()
     };
     let mut server = skiff_apiserver::spawn(store, listener, opts)

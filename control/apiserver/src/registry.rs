@@ -28,9 +28,10 @@ use skiff_api::{KindInfo, Resource};
 use skiff_store::{KeyValue, Store, StoreError};
 use tracing::debug;
 
+use crate::admission::{self, Chain, Operation};
 use crate::cache::{Filter, WatchCache, WatchReceiver, WatchStart};
 use crate::error::{ApiError, FieldError};
-use crate::strategy::{AdmitContext, DeleteContext, DeleteDecision, Strategy};
+use crate::strategy::{DeleteContext, DeleteDecision, Strategy};
 use crate::validation::check_object_meta;
 
 /// How often an operation that read-modify-writes an object retries on a conflict it caused
@@ -136,7 +137,7 @@ fn parse_filter<T: Resource>(
 }
 
 /// How a write is made.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct WriteOptions {
     /// Run everything (defaulting, validation, admission of the namespace, preconditions)
     /// but write nothing; return what would have been stored (`dryRun=All`).
@@ -144,6 +145,16 @@ pub struct WriteOptions {
     /// Who asks (set when the request was authenticated): kinds that record their requester
     /// take it from here ([`Strategy::stamp_requester`]).
     pub requester: Option<crate::auth::UserInfo>,
+    /// The request's audit record: an admission refusal is noted in it.
+    pub audit: Option<crate::audit::AuditSlot>,
+}
+
+impl WriteOptions {
+    /// Notes an admission refusal in the audit record and returns its error.
+    fn refused(&self, r: admission::Refusal) -> ApiError {
+        crate::audit::note_admission(self.audit.as_ref(), r.plugin, &r.error.to_string());
+        r.error
+    }
 }
 
 /// The object-safe face of a resource type's handler. Objects travel encoded.
@@ -170,7 +181,12 @@ pub trait ResourceHandler: Send + Sync {
     async fn delete(&self, req: &DeleteRequest, opts: WriteOptions) -> Result<Vec<u8>, ApiError>;
     async fn watch(&self, req: &WatchRequest) -> Result<WatchReceiver, ApiError>;
     /// The binding subresource (pods only).
-    async fn bind(&self, namespace: &str, binding: &[u8]) -> Result<Vec<u8>, ApiError>;
+    async fn bind(
+        &self,
+        namespace: &str,
+        binding: &[u8],
+        opts: WriteOptions,
+    ) -> Result<Vec<u8>, ApiError>;
     /// Store watches opened by this type's watch cache.
     fn store_watches(&self) -> u64;
     /// Stops the watch cache, ending every watcher.
@@ -181,6 +197,7 @@ pub trait ResourceHandler: Send + Sync {
 pub struct Handler<T: Strategy> {
     store: Arc<dyn Store>,
     cache: Arc<WatchCache<T>>,
+    admission: Arc<Chain>,
 }
 
 impl<T: Strategy> std::fmt::Debug for Handler<T> {
@@ -196,9 +213,37 @@ impl<T: Strategy> Handler<T> {
     pub(crate) async fn start(
         store: Arc<dyn Store>,
         cache_capacity: usize,
+        admission: Arc<Chain>,
     ) -> Result<Self, StoreError> {
         let cache = WatchCache::start(Arc::clone(&store), cache_capacity).await?;
-        Ok(Handler { store, cache })
+        Ok(Handler {
+            store,
+            cache,
+            admission,
+        })
+    }
+
+    /// An admission request for this kind.
+    #[allow(clippy::too_many_arguments)]
+    fn admission_request<'a>(
+        &'a self,
+        operation: Operation,
+        subresource: &'a str,
+        namespace: &'a str,
+        name: &'a str,
+        old: Option<&'a T>,
+        opts: &'a WriteOptions,
+    ) -> admission::Request<'a> {
+        admission::Request::new(
+            operation,
+            Self::info(),
+            subresource,
+            namespace,
+            name,
+            old.map(|o| o as &(dyn std::any::Any + Send + Sync)),
+            opts.requester.as_ref(),
+            self.store.as_ref(),
+        )
     }
 
     fn info() -> &'static KindInfo {
@@ -281,28 +326,6 @@ impl<T: Strategy> Handler<T> {
         object_key(Self::info(), namespace, name)
     }
 
-    /// Fails unless `namespace` exists and is not terminating.
-    async fn check_namespace_accepts(&self, namespace: &str) -> Result<Namespace, ApiError> {
-        let key = object_key(&Namespace::INFO, "", namespace);
-        let kv = self
-            .store
-            .get(&key)
-            .await
-            .map_err(ApiError::from_store)?
-            .ok_or_else(|| ApiError::NamespaceNotFound(namespace.to_string()))?;
-        let ns: Namespace = decode_kv(&kv)?;
-        let terminating = ns
-            .metadata
-            .as_ref()
-            .is_some_and(|m| !m.deletion_timestamp.is_empty())
-            || ns.status.as_ref().is_some_and(|s| s.phase == "Terminating");
-        if terminating {
-            Err(ApiError::NamespaceTerminating(namespace.to_string()))
-        } else {
-            Ok(ns)
-        }
-    }
-
     async fn read(&self, key: &str, name: &str) -> Result<(KeyValue, T), ApiError> {
         let kv = self
             .store
@@ -337,12 +360,6 @@ impl<T: Strategy> Handler<T> {
             m.deletion_timestamp.clear();
             m.deletion_grace_period_seconds = None;
         }
-        obj.set_type_meta();
-        obj.prepare_create();
-        if let Some(user) = &opts.requester {
-            obj.stamp_requester(user);
-        }
-        Strategy::default(&mut obj);
         let generated = obj.name().is_empty() && !obj.metadata_mut().generate_name.is_empty();
         if generated {
             let m = obj.metadata_mut();
@@ -353,12 +370,23 @@ impl<T: Strategy> Handler<T> {
         } else {
             obj.name().to_string()
         };
-        if info.namespaced {
-            obj.mutate(&AdmitContext {
-                store: self.store.as_ref(),
-            })
-            .await?;
+        obj.set_type_meta();
+        // What a client sends as status is not stored (kube-apiserver's strategies reset
+        // it), except for kinds whose creator reports it (a Node registering itself).
+        if info.has_status && T::RESET_STATUS_ON_CREATE {
+            obj.copy_status_from(&<T as Default>::default());
         }
+        obj.prepare_create();
+        if let Some(user) = &opts.requester {
+            obj.stamp_requester(user);
+        }
+        Strategy::default(&mut obj);
+        let name = obj.name().to_string();
+        let req = self.admission_request(Operation::Create, "", &namespace, &name, None, &opts);
+        self.admission
+            .mutate(&req, &mut obj)
+            .await
+            .map_err(|r| opts.refused(r))?;
         if let Some(m) = obj.metadata() {
             check_object_meta(&mut errors, m, T::NAME_RULE, generated);
         }
@@ -366,10 +394,10 @@ impl<T: Strategy> Handler<T> {
         if !errors.is_empty() {
             return Err(Self::invalid(&shown_name, errors));
         }
-        if info.namespaced {
-            let ns = self.check_namespace_accepts(&namespace).await?;
-            obj.admit(&ns)?;
-        }
+        self.admission
+            .validate(&req, &obj)
+            .await
+            .map_err(|r| opts.refused(r))?;
         if opts.dry_run {
             let key = Self::key(&namespace, obj.name());
             if self
@@ -546,6 +574,18 @@ impl<T: Strategy> Handler<T> {
         if !status_only && !obj.spec_eq(&old) {
             obj.metadata_mut().generation = old_meta.generation + 1;
         }
+        let req = self.admission_request(
+            Operation::Update,
+            subresource,
+            &namespace,
+            &name,
+            Some(&old),
+            &opts,
+        );
+        self.admission
+            .mutate(&req, &mut obj)
+            .await
+            .map_err(|r| opts.refused(r))?;
         if let Some(m) = obj.metadata() {
             check_object_meta(&mut errors, m, T::NAME_RULE, false);
             if !old_meta.deletion_timestamp.is_empty()
@@ -567,6 +607,10 @@ impl<T: Strategy> Handler<T> {
         if obj == old {
             return Ok(old);
         }
+        self.admission
+            .validate(&req, &obj)
+            .await
+            .map_err(|r| opts.refused(r))?;
         if opts.dry_run {
             return Ok(obj);
         }
@@ -683,6 +727,12 @@ impl<T: Strategy> Handler<T> {
                 store: self.store.as_ref(),
                 grace_period_seconds: grace,
             };
+            let req =
+                self.admission_request(Operation::Delete, "", namespace, name, Some(&obj), &opts);
+            self.admission
+                .validate(&req, &obj)
+                .await
+                .map_err(|r| opts.refused(r))?;
             let decision = marked.delete_decision(&ctx).await?;
             let has_finalizers = marked.metadata().is_some_and(|m| !m.finalizers.is_empty());
             if decision == DeleteDecision::Now && !has_finalizers {
@@ -747,7 +797,12 @@ impl<T: Strategy> Handler<T> {
 
     /// The binding subresource: read, let the strategy bind, validate, CAS; retried on
     /// conflicts as long as the strategy still accepts (e.g. the pod is still unbound).
-    pub async fn bind_object(&self, req_ns: &str, binding: Binding) -> Result<T, ApiError> {
+    pub async fn bind_object(
+        &self,
+        req_ns: &str,
+        binding: Binding,
+        opts: WriteOptions,
+    ) -> Result<T, ApiError> {
         let info = Self::info();
         let meta = binding.metadata.clone().unwrap_or_default();
         if meta.name.is_empty() {
@@ -793,6 +848,18 @@ impl<T: Strategy> Handler<T> {
             if !errors.is_empty() {
                 return Err(Self::invalid(name, errors));
             }
+            let req = self.admission_request(
+                Operation::Update,
+                "binding",
+                namespace,
+                name,
+                Some(&obj),
+                &opts,
+            );
+            self.admission
+                .validate(&req, &bound)
+                .await
+                .map_err(|r| opts.refused(r))?;
             match self
                 .store
                 .update(&key, encode_for_store(&bound), kv.mod_revision)
@@ -882,9 +949,17 @@ impl<T: Strategy> ResourceHandler for Handler<T> {
         self.watch_objects(req).await
     }
 
-    async fn bind(&self, namespace: &str, binding: &[u8]) -> Result<Vec<u8>, ApiError> {
+    async fn bind(
+        &self,
+        namespace: &str,
+        binding: &[u8],
+        opts: WriteOptions,
+    ) -> Result<Vec<u8>, ApiError> {
         let binding = decode_request::<Binding>(binding, "Binding")?;
-        Ok(self.bind_object(namespace, binding).await?.encode_to_vec())
+        Ok(self
+            .bind_object(namespace, binding, opts)
+            .await?
+            .encode_to_vec())
     }
 
     fn store_watches(&self) -> u64 {
@@ -901,6 +976,8 @@ pub struct Registry {
     handlers: BTreeMap<&'static str, Arc<dyn ResourceHandler>>,
     /// The store itself, for what is not per kind (snapshots).
     store: Arc<dyn Store>,
+    /// The admission chain every handler runs.
+    admission: Arc<Chain>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -916,47 +993,71 @@ impl Registry {
     pub(crate) async fn start(
         store: Arc<dyn Store>,
         cache_capacity: usize,
+        admission: Arc<Chain>,
     ) -> Result<Self, StoreError> {
+        struct Shared {
+            store: Arc<dyn Store>,
+            capacity: usize,
+            admission: Arc<Chain>,
+        }
         async fn add<T: Strategy>(
             handlers: &mut BTreeMap<&'static str, Arc<dyn ResourceHandler>>,
-            store: &Arc<dyn Store>,
-            capacity: usize,
+            shared: &Shared,
         ) -> Result<(), StoreError> {
-            let handler = Handler::<T>::start(Arc::clone(store), capacity).await?;
+            let handler = Handler::<T>::start(
+                Arc::clone(&shared.store),
+                shared.capacity,
+                Arc::clone(&shared.admission),
+            )
+            .await?;
             handlers.insert(T::INFO.plural, Arc::new(handler));
             Ok(())
         }
+        let shared = Shared {
+            store: Arc::clone(&store),
+            capacity: cache_capacity,
+            admission: Arc::clone(&admission),
+        };
         let mut handlers = BTreeMap::new();
         let h = &mut handlers;
         // The one list of typed kinds; `missing_kinds` checks it against skiff_api::kinds().
-        add::<Namespace>(h, &store, cache_capacity).await?;
-        add::<Node>(h, &store, cache_capacity).await?;
-        add::<Pod>(h, &store, cache_capacity).await?;
-        add::<Service>(h, &store, cache_capacity).await?;
-        add::<Endpoints>(h, &store, cache_capacity).await?;
-        add::<ConfigMap>(h, &store, cache_capacity).await?;
-        add::<Secret>(h, &store, cache_capacity).await?;
-        add::<ServiceAccount>(h, &store, cache_capacity).await?;
-        add::<CertificateSigningRequest>(h, &store, cache_capacity).await?;
-        add::<Event>(h, &store, cache_capacity).await?;
-        add::<ReplicaSet>(h, &store, cache_capacity).await?;
-        add::<Deployment>(h, &store, cache_capacity).await?;
-        add::<DaemonSet>(h, &store, cache_capacity).await?;
-        add::<StatefulSet>(h, &store, cache_capacity).await?;
-        add::<PodDisruptionBudget>(h, &store, cache_capacity).await?;
-        add::<Job>(h, &store, cache_capacity).await?;
-        add::<CronJob>(h, &store, cache_capacity).await?;
-        add::<HorizontalPodAutoscaler>(h, &store, cache_capacity).await?;
-        add::<NetworkPolicy>(h, &store, cache_capacity).await?;
-        add::<PersistentVolume>(h, &store, cache_capacity).await?;
-        add::<PersistentVolumeClaim>(h, &store, cache_capacity).await?;
-        add::<StorageClass>(h, &store, cache_capacity).await?;
-        add::<Lease>(h, &store, cache_capacity).await?;
-        add::<Role>(h, &store, cache_capacity).await?;
-        add::<ClusterRole>(h, &store, cache_capacity).await?;
-        add::<RoleBinding>(h, &store, cache_capacity).await?;
-        add::<ClusterRoleBinding>(h, &store, cache_capacity).await?;
-        Ok(Registry { handlers, store })
+        add::<Namespace>(h, &shared).await?;
+        add::<Node>(h, &shared).await?;
+        add::<Pod>(h, &shared).await?;
+        add::<Service>(h, &shared).await?;
+        add::<Endpoints>(h, &shared).await?;
+        add::<ConfigMap>(h, &shared).await?;
+        add::<Secret>(h, &shared).await?;
+        add::<ServiceAccount>(h, &shared).await?;
+        add::<CertificateSigningRequest>(h, &shared).await?;
+        add::<Event>(h, &shared).await?;
+        add::<ReplicaSet>(h, &shared).await?;
+        add::<Deployment>(h, &shared).await?;
+        add::<DaemonSet>(h, &shared).await?;
+        add::<StatefulSet>(h, &shared).await?;
+        add::<PodDisruptionBudget>(h, &shared).await?;
+        add::<Job>(h, &shared).await?;
+        add::<CronJob>(h, &shared).await?;
+        add::<HorizontalPodAutoscaler>(h, &shared).await?;
+        add::<NetworkPolicy>(h, &shared).await?;
+        add::<PersistentVolume>(h, &shared).await?;
+        add::<PersistentVolumeClaim>(h, &shared).await?;
+        add::<StorageClass>(h, &shared).await?;
+        add::<Lease>(h, &shared).await?;
+        add::<Role>(h, &shared).await?;
+        add::<ClusterRole>(h, &shared).await?;
+        add::<RoleBinding>(h, &shared).await?;
+        add::<ClusterRoleBinding>(h, &shared).await?;
+        Ok(Registry {
+            handlers,
+            store,
+            admission,
+        })
+    }
+
+    /// The admission chain every write of every kind passes.
+    pub fn admission(&self) -> &Chain {
+        &self.admission
     }
 
     /// Kinds in [`skiff_api::kinds`] without a handler (empty unless the list above is

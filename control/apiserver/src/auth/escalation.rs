@@ -4,8 +4,9 @@
 //! (or the `bind` verb on it). Otherwise anyone allowed to write RBAC objects could grant
 //! itself anything.
 
-use prost::Message;
-use skiff_api::api::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
+use std::any::Any;
+
+use skiff_api::api::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef};
 
 use super::UserInfo;
 use super::authz::{Attributes, Authorizer, Decision, MASTERS_GROUP};
@@ -132,14 +133,15 @@ fn may(
     ) == Decision::Allow
 }
 
-/// Checks a write of an RBAC object (`bytes`, protobuf) by `user`; `Err` is the 403
-/// message. Other kinds pass.
+/// Checks a write of an RBAC object (Role, ClusterRole, RoleBinding, ClusterRoleBinding)
+/// by `user`; `namespace` is the object's own (never the request URL's: a binding written
+/// through the all-namespaces collection still grants in its own namespace). `Err` is the
+/// 403 message. Objects of other kinds pass.
 pub fn check(
     authz: &Authorizer,
     user: &UserInfo,
-    plural: &str,
+    object: &dyn Any,
     namespace: &str,
-    bytes: &[u8],
 ) -> Result<(), String> {
     if user.groups.iter().any(|g| g == MASTERS_GROUP) {
         return Ok(());
@@ -147,60 +149,57 @@ pub fn check(
     let name_of = |m: &Option<skiff_api::api::ObjectMeta>| {
         m.as_ref().map(|m| m.name.clone()).unwrap_or_default()
     };
-    // (object name, the rules it grants, where they apply)
-    let (name, rules, scope) = match plural {
-        "roles" => {
-            let r = Role::decode(bytes).map_err(|e| e.to_string())?;
-            let name = name_of(&r.metadata);
-            if may(authz, user, "escalate", plural, namespace, &name) {
-                return Ok(());
-            }
-            (name, r.rules, namespace.to_string())
+    let binding =
+        |plural: &'static str,
+         meta: &Option<skiff_api::api::ObjectMeta>,
+         role_ref: &Option<RoleRef>| { (plural, name_of(meta), role_ref.clone()) };
+    // (resource, object name, the rules it grants, where they apply)
+    let (plural, name, rules, scope) = if let Some(r) = object.downcast_ref::<Role>() {
+        let name = name_of(&r.metadata);
+        if may(authz, user, "escalate", "roles", namespace, &name) {
+            return Ok(());
         }
-        "clusterroles" => {
-            let r = ClusterRole::decode(bytes).map_err(|e| e.to_string())?;
-            let name = name_of(&r.metadata);
-            if may(authz, user, "escalate", plural, "", &name) {
-                return Ok(());
-            }
-            // Its selectors could lend any role's rules (cluster-admin's too).
-            if r.aggregation_rule
-                .as_ref()
-                .is_some_and(|a| !a.cluster_role_selectors.is_empty())
-            {
-                return Err(format!(
-                    "{plural}.{RBAC_GROUP} {name:?} is forbidden: must have cluster-admin \
-                     privileges to use the aggregationRule"
-                ));
-            }
-            (name, r.rules, String::new())
+        ("roles", name, r.rules.clone(), namespace.to_string())
+    } else if let Some(r) = object.downcast_ref::<ClusterRole>() {
+        let plural = "clusterroles";
+        let name = name_of(&r.metadata);
+        if may(authz, user, "escalate", plural, "", &name) {
+            return Ok(());
         }
-        "rolebindings" | "clusterrolebindings" => {
-            let (meta, role_ref) = if plural == "rolebindings" {
-                let b = RoleBinding::decode(bytes).map_err(|e| e.to_string())?;
-                (b.metadata, b.role_ref)
-            } else {
-                let b = ClusterRoleBinding::decode(bytes).map_err(|e| e.to_string())?;
-                (b.metadata, b.role_ref)
-            };
-            let name = name_of(&meta);
-            let Some(r) = role_ref else { return Ok(()) };
-            let (role_resource, role_ns) = match r.kind.as_str() {
-                "Role" => ("roles", namespace),
-                _ => ("clusterroles", ""),
-            };
-            if may(authz, user, "bind", role_resource, role_ns, &r.name) {
-                return Ok(());
-            }
-            let rules = authz.role_rules(&r.kind, namespace, &r.name);
-            let scope = if plural == "rolebindings" {
-                namespace.to_string()
-            } else {
-                String::new()
-            };
-            (name, rules, scope)
+        // Its selectors could lend any role's rules (cluster-admin's too).
+        if r.aggregation_rule
+            .as_ref()
+            .is_some_and(|a| !a.cluster_role_selectors.is_empty())
+        {
+            return Err(format!(
+                "{plural}.{RBAC_GROUP} {name:?} is forbidden: must have cluster-admin \
+                 privileges to use the aggregationRule"
+            ));
         }
-        _ => return Ok(()),
+        (plural, name, r.rules.clone(), String::new())
+    } else {
+        let (plural, name, role_ref) = if let Some(b) = object.downcast_ref::<RoleBinding>() {
+            binding("rolebindings", &b.metadata, &b.role_ref)
+        } else if let Some(b) = object.downcast_ref::<ClusterRoleBinding>() {
+            binding("clusterrolebindings", &b.metadata, &b.role_ref)
+        } else {
+            return Ok(());
+        };
+        let Some(r) = role_ref else { return Ok(()) };
+        let (role_resource, role_ns) = match r.kind.as_str() {
+            "Role" => ("roles", namespace),
+            _ => ("clusterroles", ""),
+        };
+        if may(authz, user, "bind", role_resource, role_ns, &r.name) {
+            return Ok(());
+        }
+        let rules = authz.role_rules(&r.kind, namespace, &r.name);
+        let scope = if plural == "rolebindings" {
+            namespace.to_string()
+        } else {
+            String::new()
+        };
+        (plural, name, rules, scope)
     };
     let held = authz.rules_for(user, &scope);
     let missing = uncovered(&held, &rules);

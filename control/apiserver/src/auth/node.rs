@@ -346,7 +346,12 @@ mod tests {
             skiff_store::EmbeddedOptions::default(),
         )
         .unwrap();
-        (Registry::start(Arc::new(store), 64).await.unwrap(), dir)
+        (
+            Registry::start(Arc::new(store), 64, Arc::default())
+                .await
+                .unwrap(),
+            dir,
+        )
     }
 
     /// A node gets the claims its pods name and the volumes bound to them, nothing else.

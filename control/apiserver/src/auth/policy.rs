@@ -185,6 +185,34 @@ fn admin_rules() -> Vec<PolicyRule> {
     r
 }
 
+/// What the namespace controller needs to empty a terminating namespace: to list and delete
+/// every namespaced kind the API serves. Derived from the one list of kinds, so a kind added
+/// later is never left behind (a namespace would stay Terminating for ever).
+fn namespace_deleter_rules() -> Vec<PolicyRule> {
+    let mut by_group: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    for info in skiff_api::kinds().iter().map(|k| k.info()) {
+        if info.namespaced {
+            by_group.entry(info.group()).or_default().push(info.plural);
+        }
+    }
+    by_group
+        .into_iter()
+        .map(|(group, plurals)| {
+            rule(
+                &["get", "list", "watch", "delete", "deletecollection"],
+                &[group],
+                &plurals,
+            )
+        })
+        .collect()
+}
+
+/// `r` limited to the objects named `names`.
+fn named(mut r: PolicyRule, names: &[&str]) -> PolicyRule {
+    r.resource_names = names.iter().map(|n| n.to_string()).collect();
+    r
+}
+
 /// The default ClusterRoles.
 pub fn cluster_roles() -> Vec<ClusterRole> {
     let all = |v: &[&str]| rule(v, &["*"], &["*"]);
@@ -418,7 +446,23 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                         "certificatesigningrequests/status",
                     ],
                 ),
-            ],
+                // The signers it approves for and signs as (kube-controller-manager's
+                // csrapproving and csrsigning roles); the admission chain checks these.
+                named(
+                    rule(&["approve"], &[CERTIFICATES_GROUP], &["signers"]),
+                    &[skiff_api::wellknown::KUBELET_CLIENT_SIGNER],
+                ),
+                named(
+                    rule(&["sign"], &[CERTIFICATES_GROUP], &["signers"]),
+                    &[
+                        skiff_api::wellknown::KUBELET_CLIENT_SIGNER,
+                        skiff_api::wellknown::CLIENT_SIGNER,
+                    ],
+                ),
+            ]
+            .into_iter()
+            .chain(namespace_deleter_rules())
+            .collect(),
         ),
         // A joining node's bootstrap token: ask for a certificate and watch for it
         // (kubeadm's and k3s' binding of this role to system:bootstrappers).
@@ -540,6 +584,27 @@ mod tests {
         };
         let a = Attributes::resource(verb, group, resource, "", "default", "");
         r.rules.iter().any(|rule| rule_allows(rule, &a))
+    }
+
+    #[test]
+    fn the_controller_manager_may_empty_a_namespace_of_every_kind() {
+        for info in skiff_api::kinds().iter().map(|k| k.info()) {
+            if !info.namespaced {
+                continue;
+            }
+            for verb in ["list", "delete", "deletecollection"] {
+                assert!(
+                    allows(
+                        "system:kube-controller-manager",
+                        verb,
+                        info.group(),
+                        info.plural
+                    ),
+                    "{verb} {}",
+                    info.qualified()
+                );
+            }
+        }
     }
 
     #[test]

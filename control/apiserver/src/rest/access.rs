@@ -82,8 +82,13 @@ pub(crate) fn check(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<(), Box<axum::response::Response>> {
-    let (Some(authz), Some(user)) = (&rest.authorizer, user) else {
+    let Some(authz) = &rest.authorizer else {
         return Ok(());
+    };
+    // Fail closed: a server that authorizes never serves a request without a user.
+    let Some(user) = user else {
+        let (code, body) = super::status::plain(401, "Unauthorized", "Unauthorized");
+        return Err(Box::new(respond(code, &body, Format::Json, &[])));
     };
     if attrs.verb == "create" && attrs.name.is_empty() && !body.is_empty() {
         attrs.object_name = body_name(headers, body);

@@ -24,7 +24,11 @@ async fn app() -> App {
         skiff_store::EmbeddedOptions::default(),
     )
     .unwrap();
-    let registry = Arc::new(Registry::start(Arc::new(store), 1024).await.unwrap());
+    let registry = Arc::new(
+        Registry::start(Arc::new(store), 1024, Arc::default())
+            .await
+            .unwrap(),
+    );
     super::super::bootstrap(&registry, &["default".to_string()])
         .await
         .unwrap();

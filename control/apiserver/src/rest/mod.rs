@@ -443,6 +443,7 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
                 &parts.headers,
                 p,
                 query,
+                parts.extensions.get::<crate::audit::AuditSlot>().cloned(),
                 format,
                 body,
             )

@@ -47,6 +47,8 @@ pub(crate) struct Call<'a> {
     /// servers without authentication.
     pub user: Option<&'a crate::auth::UserInfo>,
     pub authorizer: Option<&'a Arc<crate::auth::authz::Authorizer>>,
+    /// The request's audit record (admission refusals are noted in it).
+    pub audit: Option<crate::audit::AuditSlot>,
     pub info: &'static KindInfo,
     pub kind: &'static dyn DynKind,
     /// The request's namespace ("" for cluster-scoped kinds and all-namespace lists).
@@ -83,8 +85,30 @@ impl Call<'_> {
     pub fn write_options(&self) -> Result<WriteOptions, ApiError> {
         Ok(WriteOptions {
             requester: self.user.cloned(),
+            audit: self.audit.clone(),
             ..dry_run(self.query.get("dryRun"))?
         })
+    }
+
+    /// Authorizes `verb` on this request's object too (a server-side apply that creates);
+    /// `Forbidden` with the authorizer's message otherwise, noted in the audit record.
+    pub fn authorize_also(&self, verb: &str) -> Result<(), ApiError> {
+        let (Some(authz), Some(user)) = (self.authorizer, self.user) else {
+            return Ok(());
+        };
+        let attrs = crate::auth::authz::Attributes::resource(
+            verb,
+            self.info.group(),
+            self.info.plural,
+            "",
+            &self.namespace,
+            &self.name,
+        );
+        let result = authz.authorize(user, &attrs);
+        if result.is_err() {
+            crate::audit::note(self.audit.as_ref(), &attrs, &result);
+        }
+        result.map_err(ApiError::Forbidden)
     }
 
     /// This request's field manager (`fieldManager`, else the User-Agent's product).
@@ -220,16 +244,9 @@ impl Call<'_> {
     }
 
     /// `value` as protobuf, with unknown fields handled per `fieldValidation`.
-    /// The object to write, encoded (every REST write goes through here, so an RBAC object
-    /// is checked for escalation here too).
     pub fn encode(&self, value: Value) -> Result<(Vec<u8>, Vec<String>), ApiError> {
         let mode = FieldValidation::parse(self.query)?;
-        let (bytes, warnings) = encode_with(self.kind, value, mode)?;
-        if let (Some(authz), Some(user)) = (self.authorizer, self.user) {
-            crate::auth::escalation::check(authz, user, self.info.plural, &self.namespace, &bytes)
-                .map_err(ApiError::Forbidden)?;
-        }
-        Ok((bytes, warnings))
+        encode_with(self.kind, value, mode)
     }
 }
 
@@ -419,9 +436,11 @@ fn dyn_kind(plural: &str) -> Option<&'static dyn DynKind> {
 
 /// Serves one resource request.
 #[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve(
     rest: &Rest,
     user: Option<&crate::auth::UserInfo>,
+    audit: Option<crate::audit::AuditSlot>,
     method: Method,
     headers: &HeaderMap,
     p: ResourcePath,
@@ -461,6 +480,7 @@ pub(crate) async fn serve(
         registry: &rest.registry,
         user,
         authorizer: rest.authorizer.as_ref(),
+        audit,
         info,
         kind,
         namespace: p.namespace.clone().unwrap_or_default(),
@@ -997,12 +1017,16 @@ async fn take_from_budget(call: &Call<'_>, dry_run: bool) -> Result<(), ApiError
 
 async fn bind(call: &Call<'_>, body: &[u8]) -> Result<Response, ApiError> {
     let mut value = parse_body(call.headers, body)?;
-    if value
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .is_none_or(str::is_empty)
-    {
-        value["metadata"]["name"] = call.name.clone().into();
+    // The name authorized is the URL's: a Binding naming another pod is refused
+    // (kube-apiserver's BindingREST).
+    match value.pointer("/metadata/name").and_then(Value::as_str) {
+        None | Some("") => value["metadata"]["name"] = call.name.clone().into(),
+        Some(n) if n != call.name => {
+            return Err(ApiError::BadRequest(
+                "name in URL does not match name in Binding object".into(),
+            ));
+        }
+        Some(_) => {}
     }
     let binding_kind = kinds().iter().copied().find(|k| k.info().kind == "Binding");
     let bytes = match binding_kind {
@@ -1013,7 +1037,9 @@ async fn bind(call: &Call<'_>, body: &[u8]) -> Result<Response, ApiError> {
             prost::Message::encode_to_vec(&b)
         }
     };
-    call.handler.bind(&call.namespace, &bytes).await?;
+    call.handler
+        .bind(&call.namespace, &bytes, call.write_options()?)
+        .await?;
     Ok(respond(
         201,
         &super::status::success(json!({"name": call.name, "kind": "pods"})),

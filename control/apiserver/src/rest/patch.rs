@@ -240,6 +240,9 @@ async fn server_side_apply(
         };
         let mut result = managed::apply(call.info.kind, current.as_ref(), &applied, writer, force)?;
         let Some(current) = current else {
+            // Applying a missing object creates it: that takes `create`, not only the
+            // `patch` the request was authorized for (kube-apiserver's check).
+            call.authorize_also("create")?;
             let (bytes, warnings) = call.encode(result)?;
             match call
                 .handler

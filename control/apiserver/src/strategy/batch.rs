@@ -9,7 +9,7 @@ use skiff_api::api::{CronJob, Job, JobSpec, LabelSelector};
 
 use super::Strategy;
 use super::pod::{default_pod_spec, validate_pod_spec};
-use crate::error::{ApiError, FieldError};
+use crate::error::FieldError;
 use crate::validation as v;
 
 /// The labels a Job's pods carry and its generated selector uses.
@@ -181,16 +181,16 @@ impl Strategy for Job {
 
     /// The generated selector and the template's labels (the name and uid are known
     /// now), as kube-apiserver's job strategy does before validating.
-    async fn mutate(&mut self, _ctx: &super::AdmitContext<'_>) -> Result<(), ApiError> {
+    fn prepare_create(&mut self) {
         let (name, uid) = match self.metadata.as_ref() {
             Some(m) => (m.name.clone(), m.uid.clone()),
-            None => return Ok(()),
+            None => return,
         };
         let Some(spec) = self.spec.as_mut() else {
-            return Ok(());
+            return;
         };
         if spec.manual_selector == Some(true) || spec.selector.is_some() {
-            return Ok(());
+            return;
         }
         let t = spec.template.get_or_insert_with(Default::default);
         let labels = &mut t.metadata.get_or_insert_with(Default::default).labels;
@@ -206,7 +206,6 @@ impl Strategy for Job {
             match_labels: [(CONTROLLER_UID.to_string(), uid)].into(),
             ..Default::default()
         });
-        Ok(())
     }
 
     fn validate(&self) -> Vec<FieldError> {
@@ -369,19 +368,11 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn defaults_and_generated_selector() {
+    #[test]
+    fn defaults_and_generated_selector() {
         let mut j = job("Never");
+        j.prepare_create();
         Strategy::default(&mut j);
-        let dir = tempfile::tempdir().unwrap();
-        let store = skiff_store::EmbeddedStore::open(
-            &dir.path().join("db"),
-            skiff_store::EmbeddedOptions::default(),
-        )
-        .unwrap();
-        j.mutate(&super::super::AdmitContext { store: &store })
-            .await
-            .unwrap();
         let spec = j.spec.as_ref().unwrap();
         assert_eq!(
             (spec.completions, spec.parallelism, spec.backoff_limit),

@@ -18,14 +18,14 @@ mod autoscaling;
 pub mod batch;
 pub mod certificates;
 mod networking;
-mod pod;
+pub(crate) mod pod;
 pub mod pod_security;
 mod pod_volumes;
 pub(crate) mod policy;
 pub mod rbac;
 mod secret;
 mod service;
-mod storage;
+pub(crate) mod storage;
 
 /// What a delete hook decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,53 +75,6 @@ impl DeleteContext<'_> {
     }
 }
 
-/// What mutating admission may read: objects of the store (a pod's ServiceAccount, the
-/// StorageClasses a new claim may default to).
-pub struct AdmitContext<'a> {
-    pub(crate) store: &'a dyn Store,
-}
-
-impl std::fmt::Debug for AdmitContext<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AdmitContext").finish_non_exhaustive()
-    }
-}
-
-impl AdmitContext<'_> {
-    /// The object `name` of kind `T` in `namespace`, if it exists.
-    pub async fn get<T: Resource>(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> Result<Option<T>, ApiError> {
-        let key = format!("{}{namespace}/{name}", key_prefix(&T::INFO));
-        match self.store.get(&key).await.map_err(ApiError::from_store)? {
-            Some(kv) => crate::registry::decode(&kv.value, kv.mod_revision).map(Some),
-            None => Ok(None),
-        }
-    }
-
-    /// Every object of kind `T` (in `namespace` for a namespaced kind; cluster-scoped kinds
-    /// ignore it), as the store has them now.
-    pub async fn list<T: Resource>(&self, namespace: &str) -> Result<Vec<T>, ApiError> {
-        let mut prefix = key_prefix(&T::INFO);
-        if T::INFO.namespaced {
-            prefix.push_str(namespace);
-            prefix.push('/');
-        }
-        let listing = self
-            .store
-            .list(&prefix, None)
-            .await
-            .map_err(ApiError::from_store)?;
-        listing
-            .items
-            .iter()
-            .map(|kv| crate::registry::decode(&kv.value, kv.mod_revision))
-            .collect()
-    }
-}
-
 /// Per-kind behaviour. Every method has a no-op default.
 ///
 /// Called by the generic handler in this order — create: [`Strategy::prepare_create`],
@@ -134,6 +87,11 @@ impl AdmitContext<'_> {
 pub trait Strategy: Resource {
     /// Which DNS rule names of this kind follow.
     const NAME_RULE: NameRule = NameRule::Subdomain;
+
+    /// Whether a create drops the status the client sent (kube-apiserver's strategies do,
+    /// so no one can create a pod that claims an IP, or a workload that claims progress);
+    /// `false` for kinds whose creator reports their status (a Node registering itself).
+    const RESET_STATUS_ON_CREATE: bool = true;
 
     /// Fills in defaults (runs on create and on every update).
     fn default(&mut self) {}
@@ -179,18 +137,6 @@ pub trait Strategy: Resource {
         _ctx: &DeleteContext<'_>,
     ) -> Result<DeleteDecision, ApiError> {
         Ok(DeleteDecision::Now)
-    }
-
-    /// Mutating admission of a new object of a namespace (the ServiceAccount admission of
-    /// pods): may read other objects; runs after defaulting, before validation.
-    async fn mutate(&mut self, _ctx: &AdmitContext<'_>) -> Result<(), ApiError> {
-        Ok(())
-    }
-
-    /// Admission of a new object in `namespace` (Pod Security for pods); runs after
-    /// validation, before the write.
-    fn admit(&self, _namespace: &Namespace) -> Result<(), ApiError> {
-        Ok(())
     }
 
     /// The binding subresource. `now` is the RFC 3339 time of the request.
@@ -283,6 +229,9 @@ fn cidr_problem(s: &str) -> Option<String> {
 }
 
 impl Strategy for Node {
+    /// An agent registers its Node with the status it observed.
+    const RESET_STATUS_ON_CREATE: bool = false;
+
     fn validate(&self) -> Vec<FieldError> {
         let mut out = Vec::new();
         let Some(spec) = &self.spec else {

@@ -382,114 +382,91 @@ fn token_volume(name: &str) -> skiff_api::api::Volume {
     }
 }
 
+/// The ServiceAccount admission: `serviceAccountName` defaults to `default`; when that
+/// ServiceAccount exists and neither it nor the pod turns `automountServiceAccountToken`
+/// off, a `kube-api-access-*` token volume is added and mounted read-only at
+/// [`SERVICE_ACCOUNT_MOUNT`] in every container that runs an image and does not mount
+/// something there already (`host` containers take no volumes). A pod naming a
+/// ServiceAccount that does not exist is refused with Kubernetes' message; unlike
+/// Kubernetes, a missing `default` is no refusal, the pod gets no token (clusters without
+/// the controller manager have none).
+pub(crate) async fn service_account_admission(
+    pod: &mut Pod,
+    req: &crate::admission::Request<'_>,
+) -> Result<(), ApiError> {
+    let namespace = pod.namespace().to_string();
+    let Some(spec) = pod.spec.as_mut() else {
+        return Ok(());
+    };
+    if spec.service_account_name.is_empty() {
+        spec.service_account_name = "default".into();
+    }
+    let sa = req
+        .get::<skiff_api::api::ServiceAccount>(&namespace, &spec.service_account_name)
+        .await?;
+    // A ServiceAccount the pod names must exist (`default` may be missing: clusters
+    // without the controller manager have none, and such pods get no token).
+    if sa.is_none() && spec.service_account_name != "default" {
+        return Err(ApiError::Forbidden(format!(
+            "pods {:?} is forbidden: error looking up service account {namespace}/{}: \
+             serviceaccount {:?} not found",
+            pod.metadata.as_ref().map(|m| m.name.as_str()).unwrap_or(""),
+            spec.service_account_name,
+            spec.service_account_name
+        )));
+    }
+    if spec.automount_service_account_token == Some(false)
+        || spec
+            .volumes
+            .iter()
+            .any(|v| v.name.starts_with(TOKEN_VOLUME_PREFIX))
+    {
+        return Ok(());
+    }
+    let wants = |c: &skiff_api::api::Container| {
+        c.image != super::pod_security::HOST_IMAGE
+            && !c
+                .volume_mounts
+                .iter()
+                .any(|m| m.mount_path == SERVICE_ACCOUNT_MOUNT)
+    };
+    if !spec
+        .containers
+        .iter()
+        .chain(&spec.init_containers)
+        .any(wants)
+    {
+        return Ok(());
+    }
+    let Some(sa) = sa else {
+        return Ok(());
+    };
+    if sa.automount_service_account_token == Some(false)
+        && spec.automount_service_account_token != Some(true)
+    {
+        return Ok(());
+    }
+    let name = format!("{TOKEN_VOLUME_PREFIX}{}", crate::registry::random_suffix());
+    spec.volumes.push(token_volume(&name));
+    for c in spec
+        .containers
+        .iter_mut()
+        .chain(spec.init_containers.iter_mut())
+    {
+        if wants(c) {
+            c.volume_mounts.push(skiff_api::api::VolumeMount {
+                name: name.clone(),
+                mount_path: SERVICE_ACCOUNT_MOUNT.into(),
+                read_only: true,
+                ..Default::default()
+            });
+        }
+    }
+    Ok(())
+}
+
 #[async_trait]
 impl Strategy for Pod {
-    /// The ServiceAccount admission: `serviceAccountName` defaults to `default`; when that
-    /// ServiceAccount exists and neither it nor the pod turns `automountServiceAccountToken`
-    /// off, a `kube-api-access-*` token volume is added and mounted read-only at
-    /// [`SERVICE_ACCOUNT_MOUNT`] in every container that runs an image and does not mount
-    /// something there already (`host` containers take no volumes). A pod naming a
-    /// ServiceAccount that does not exist is refused with Kubernetes' message; unlike
-    /// Kubernetes, a missing `default` is no refusal, the pod gets no token (clusters without
-    /// the controller manager have none).
-    async fn mutate(&mut self, ctx: &super::AdmitContext<'_>) -> Result<(), ApiError> {
-        let namespace = self.namespace().to_string();
-        let Some(spec) = self.spec.as_mut() else {
-            return Ok(());
-        };
-        if spec.service_account_name.is_empty() {
-            spec.service_account_name = "default".into();
-        }
-        let sa = ctx
-            .get::<skiff_api::api::ServiceAccount>(&namespace, &spec.service_account_name)
-            .await?;
-        // A ServiceAccount the pod names must exist (`default` may be missing: clusters
-        // without the controller manager have none, and such pods get no token).
-        if sa.is_none() && spec.service_account_name != "default" {
-            return Err(ApiError::Forbidden(format!(
-                "pods {:?} is forbidden: error looking up service account {namespace}/{}: \
-                 serviceaccount {:?} not found",
-                self.metadata
-                    .as_ref()
-                    .map(|m| m.name.as_str())
-                    .unwrap_or(""),
-                spec.service_account_name,
-                spec.service_account_name
-            )));
-        }
-        if spec.automount_service_account_token == Some(false)
-            || spec
-                .volumes
-                .iter()
-                .any(|v| v.name.starts_with(TOKEN_VOLUME_PREFIX))
-        {
-            return Ok(());
-        }
-        let wants = |c: &skiff_api::api::Container| {
-            c.image != super::pod_security::HOST_IMAGE
-                && !c
-                    .volume_mounts
-                    .iter()
-                    .any(|m| m.mount_path == SERVICE_ACCOUNT_MOUNT)
-        };
-        if !spec
-            .containers
-            .iter()
-            .chain(&spec.init_containers)
-            .any(wants)
-        {
-            return Ok(());
-        }
-        let Some(sa) = sa else {
-            return Ok(());
-        };
-        if sa.automount_service_account_token == Some(false)
-            && spec.automount_service_account_token != Some(true)
-        {
-            return Ok(());
-        }
-        let name = format!("{TOKEN_VOLUME_PREFIX}{}", crate::registry::random_suffix());
-        spec.volumes.push(token_volume(&name));
-        for c in spec
-            .containers
-            .iter_mut()
-            .chain(spec.init_containers.iter_mut())
-        {
-            if wants(c) {
-                c.volume_mounts.push(skiff_api::api::VolumeMount {
-                    name: name.clone(),
-                    mount_path: SERVICE_ACCOUNT_MOUNT.into(),
-                    read_only: true,
-                    ..Default::default()
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// Pod Security: the namespace's enforced level (and Skiff's rule for `host` images).
-    fn admit(&self, namespace: &skiff_api::api::Namespace) -> Result<(), ApiError> {
-        let labels = namespace
-            .metadata
-            .as_ref()
-            .map(|m| m.labels.clone())
-            .unwrap_or_default();
-        let level = super::pod_security::level(&labels, super::pod_security::ENFORCE_LABEL);
-        let Some(spec) = &self.spec else {
-            return Ok(());
-        };
-        match super::pod_security::verdict(level, spec) {
-            None => Ok(()),
-            Some(v) => Err(ApiError::Forbidden(format!(
-                "pods {:?} is forbidden: {v}",
-                self.metadata
-                    .as_ref()
-                    .map(|m| m.name.as_str())
-                    .unwrap_or("")
-            ))),
-        }
-    }
-
     fn default(&mut self) {
         if let Some(spec) = self.spec.as_mut() {
             default_pod_spec(spec);

@@ -6,7 +6,12 @@
 //! label is `privileged`, as kube-apiserver's default configuration has it.
 //!
 //! Skiff's own rule on top: a `host` container runs the node's own commands outside any
-//! image, so it is allowed only where the enforced level is `privileged`.
+//! image, and a directory image (`/some/dir`) makes a directory of the node the container's
+//! read-write root, so both are allowed only where the enforced level is `privileged`.
+//!
+//! Enforced on create and on every update that changes a container's image
+//! ([`significant_update`]), as kube-apiserver's PodSecurity plug-in does, by
+//! [`crate::admission`].
 //!
 //! Messages are kube-apiserver's: `violates PodSecurity "restricted:latest": <check>
 //! (<detail>), ...`.
@@ -21,6 +26,26 @@ pub const ENFORCE_LABEL: &str = "pod-security.kubernetes.io/enforce";
 pub const WARN_LABEL: &str = "pod-security.kubernetes.io/warn";
 /// The image name of a container that runs the node's own commands.
 pub const HOST_IMAGE: &str = "host";
+
+/// Whether `image` names a directory of the node as the container's root filesystem (an
+/// absolute path), which the node agent bind-mounts read-write as the root: as much of the
+/// node as a `host` container gets, so it is allowed where `host` is.
+pub fn is_directory_image(image: &str) -> bool {
+    image.starts_with('/')
+}
+
+/// Whether an update of a pod is one Pod Security evaluates, as kube-apiserver's
+/// `isSignificantPodUpdate`: any change of a container's image or of the number of
+/// containers (the only spec changes a pod update may make that affect a check; the others
+/// are refused by validation as immutable).
+pub fn significant_update(new: &PodSpec, old: &PodSpec) -> bool {
+    let images = |s: &PodSpec| -> Vec<(String, String)> {
+        containers(s)
+            .map(|c| (c.name.clone(), c.image.clone()))
+            .collect()
+    };
+    images(new) != images(old)
+}
 
 /// A Pod Security Standard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -112,6 +137,18 @@ pub fn violations(level: Level, spec: &PodSpec) -> Vec<String> {
             "host image ({} must not use image \"host\", which runs the node's own commands; it \
              needs {ENFORCE_LABEL}=privileged)",
             which(&host)
+        ));
+    }
+    // Skiff: containers whose root filesystem is a directory of the node (read-write).
+    let directory: Vec<String> = containers(spec)
+        .filter(|c| is_directory_image(&c.image))
+        .map(|c| c.name.clone())
+        .collect();
+    if !directory.is_empty() {
+        out.push(format!(
+            "node directory image ({} must not use a directory of the node as its root \
+             filesystem; it needs {ENFORCE_LABEL}=privileged)",
+            which(&directory)
         ));
     }
     // baseline
@@ -507,6 +544,27 @@ mod tests {
         };
         assert!(violations(Level::Privileged, &host).is_empty());
         assert!(violations(Level::Baseline, &host)[0].starts_with("host image (container \"sh\""));
+        let dir = PodSpec {
+            containers: vec![Container {
+                name: "root".into(),
+                image: "/var/lib".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        assert!(violations(Level::Privileged, &dir).is_empty());
+        for level in [Level::Baseline, Level::Restricted] {
+            assert!(
+                violations(level, &dir)
+                    .iter()
+                    .any(|v| v.starts_with("node directory image (container \"root\"")),
+                "{level:?}"
+            );
+        }
+        let mut changed = dir.clone();
+        assert!(!significant_update(&changed, &dir));
+        changed.containers[0].image = "host".into();
+        assert!(significant_update(&changed, &dir));
     }
 
     #[test]

@@ -19,7 +19,7 @@ use skiff_api::api::{
 };
 use skiff_api::wellknown::BETA_STORAGE_CLASS_ANNOTATION;
 
-use super::{AdmitContext, Strategy};
+use super::Strategy;
 use crate::error::{ApiError, FieldError};
 use crate::validation as v;
 
@@ -534,6 +534,31 @@ fn default_class(classes: &[StorageClass]) -> Option<&StorageClass> {
     })
 }
 
+/// The DefaultStorageClass admission: a claim that names no class (no `storageClassName`,
+/// not even "", and no beta class annotation) gets the default StorageClass, the newest when
+/// several are marked; none marked, it stays without one.
+pub(crate) async fn default_storage_class(
+    claim: &mut PersistentVolumeClaim,
+    req: &crate::admission::Request<'_>,
+) -> Result<(), ApiError> {
+    let named = annotation(claim, BETA_STORAGE_CLASS_ANNOTATION).is_some()
+        || claim
+            .spec
+            .as_ref()
+            .is_some_and(|s| s.storage_class_name.is_some());
+    if named {
+        return Ok(());
+    }
+    let classes = req.list::<StorageClass>("").await?;
+    if let Some(class) = default_class(&classes) {
+        claim
+            .spec
+            .get_or_insert_with(PersistentVolumeClaimSpec::default)
+            .storage_class_name = Some(class.name().to_string());
+    }
+    Ok(())
+}
+
 #[async_trait]
 impl Strategy for PersistentVolumeClaim {
     /// The client's status is dropped; the claim starts Pending.
@@ -543,27 +568,6 @@ impl Strategy for PersistentVolumeClaim {
 
     fn default(&mut self) {
         default_claim(self);
-    }
-
-    /// The DefaultStorageClass admission: a claim that names no class (no
-    /// `storageClassName`, not even "", and no beta class annotation) gets the default
-    /// StorageClass, the newest when several are marked; none marked, it stays without one.
-    async fn mutate(&mut self, ctx: &AdmitContext<'_>) -> Result<(), ApiError> {
-        let named = annotation(self, BETA_STORAGE_CLASS_ANNOTATION).is_some()
-            || self
-                .spec
-                .as_ref()
-                .is_some_and(|s| s.storage_class_name.is_some());
-        if named {
-            return Ok(());
-        }
-        let classes = ctx.list::<StorageClass>("").await?;
-        if let Some(class) = default_class(&classes) {
-            self.spec
-                .get_or_insert_with(PersistentVolumeClaimSpec::default)
-                .storage_class_name = Some(class.name().to_string());
-        }
-        Ok(())
     }
 
     fn validate(&self) -> Vec<FieldError> {
@@ -1274,11 +1278,22 @@ mod tests {
             skiff_store::EmbeddedOptions::default(),
         )
         .expect("store");
-        let ctx = AdmitContext { store: &store };
+        let req = crate::admission::Request::new(
+            crate::admission::Operation::Create,
+            &PersistentVolumeClaim::INFO,
+            "",
+            "default",
+            "",
+            None,
+            None,
+            &store,
+        );
         let mut pvc = claim(json!({"accessModes": ["ReadWriteOnce"],
                                    "resources": {"requests": {"storage": "1Gi"}}}));
         // No class marked: nothing changes.
-        pvc.mutate(&ctx).await.expect("admitted");
+        default_storage_class(&mut pvc, &req)
+            .await
+            .expect("admitted");
         assert_eq!(
             pvc.spec.as_ref().and_then(|s| s.storage_class_name.clone()),
             None
@@ -1292,7 +1307,9 @@ mod tests {
                 .await
                 .expect("stored");
         }
-        pvc.mutate(&ctx).await.expect("admitted");
+        default_storage_class(&mut pvc, &req)
+            .await
+            .expect("admitted");
         assert_eq!(
             pvc.spec
                 .as_ref()
@@ -1303,7 +1320,9 @@ mod tests {
         for named in [json!(""), json!("fast")] {
             let mut pvc = claim(json!({"accessModes": ["ReadWriteOnce"],
                 "storageClassName": named, "resources": {"requests": {"storage": "1Gi"}}}));
-            pvc.mutate(&ctx).await.expect("admitted");
+            default_storage_class(&mut pvc, &req)
+                .await
+                .expect("admitted");
             assert_eq!(
                 pvc.spec
                     .and_then(|s| s.storage_class_name)
@@ -1317,7 +1336,9 @@ mod tests {
             .metadata_mut()
             .annotations
             .insert(BETA_STORAGE_CLASS_ANNOTATION.into(), "gold".into());
-        annotated.mutate(&ctx).await.expect("admitted");
+        default_storage_class(&mut annotated, &req)
+            .await
+            .expect("admitted");
         assert_eq!(annotated.spec.and_then(|s| s.storage_class_name), None);
         assert_eq!(
             annotated.status.map(|s| s.phase).as_deref(),

@@ -1,0 +1,474 @@
+//! The plug-ins of [`super::Chain`], each a few lines over the kind logic it calls.
+
+use std::any::Any;
+use std::net::Ipv4Addr;
+use std::sync::{Arc, OnceLock};
+
+use async_trait::async_trait;
+use skiff_api::api::{CertificateSigningRequest, PersistentVolumeClaim, Pod, Service};
+use skiff_cidr::Ipv4Cidr;
+
+use super::{Operation, Plugin, Request};
+use crate::auth::authz::Authorizer;
+use crate::error::{ApiError, FieldError, FieldErrorKind};
+use crate::strategy::pod_security;
+
+/// Nothing new in a namespace that does not exist or is being deleted.
+pub(super) struct NamespaceLifecycle;
+
+#[async_trait]
+impl Plugin for NamespaceLifecycle {
+    fn name(&self) -> &'static str {
+        "NamespaceLifecycle"
+    }
+
+    async fn mutate(
+        &self,
+        req: &Request<'_>,
+        _object: &mut (dyn Any + Send + Sync),
+    ) -> Result<(), ApiError> {
+        if req.operation != Operation::Create || !req.info.namespaced || !req.subresource.is_empty()
+        {
+            return Ok(());
+        }
+        let ns = req
+            .namespace_object()
+            .await?
+            .ok_or_else(|| ApiError::NamespaceNotFound(req.namespace.to_string()))?;
+        let terminating = ns
+            .metadata
+            .as_ref()
+            .is_some_and(|m| !m.deletion_timestamp.is_empty())
+            || ns.status.as_ref().is_some_and(|s| s.phase == "Terminating");
+        if terminating {
+            return Err(ApiError::NamespaceTerminating(req.namespace.to_string()));
+        }
+        Ok(())
+    }
+}
+
+/// A new pod's ServiceAccount and its token volume.
+pub(super) struct ServiceAccount;
+
+#[async_trait]
+impl Plugin for ServiceAccount {
+    fn name(&self) -> &'static str {
+        "ServiceAccount"
+    }
+
+    async fn mutate(
+        &self,
+        req: &Request<'_>,
+        object: &mut (dyn Any + Send + Sync),
+    ) -> Result<(), ApiError> {
+        match object.downcast_mut::<Pod>() {
+            Some(pod) if req.operation == Operation::Create => {
+                crate::strategy::pod::service_account_admission(pod, req).await
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A new claim without a class gets the default StorageClass.
+pub(super) struct DefaultStorageClass;
+
+#[async_trait]
+impl Plugin for DefaultStorageClass {
+    fn name(&self) -> &'static str {
+        "DefaultStorageClass"
+    }
+
+    async fn mutate(
+        &self,
+        req: &Request<'_>,
+        object: &mut (dyn Any + Send + Sync),
+    ) -> Result<(), ApiError> {
+        match object.downcast_mut::<PersistentVolumeClaim>() {
+            Some(claim) if req.operation == Operation::Create => {
+                crate::strategy::storage::default_storage_class(claim, req).await
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The namespace's enforced Pod Security level, on a pod's create and on every update that
+/// changes what a check looks at (an image), as kube-apiserver's plug-in; subresources
+/// (status, binding) are not evaluated.
+pub(super) struct PodSecurity;
+
+#[async_trait]
+impl Plugin for PodSecurity {
+    fn name(&self) -> &'static str {
+        "PodSecurity"
+    }
+
+    async fn validate(
+        &self,
+        req: &Request<'_>,
+        object: &(dyn Any + Send + Sync),
+    ) -> Result<(), ApiError> {
+        let Some(pod) = object.downcast_ref::<Pod>() else {
+            return Ok(());
+        };
+        if !req.subresource.is_empty() {
+            return Ok(());
+        }
+        let Some(spec) = &pod.spec else {
+            return Ok(());
+        };
+        match req.operation {
+            Operation::Create => {}
+            Operation::Update => {
+                let old = req.old_as::<Pod>().and_then(|p| p.spec.as_ref());
+                if old.is_some_and(|old| !pod_security::significant_update(spec, old)) {
+                    return Ok(());
+                }
+            }
+            Operation::Delete => return Ok(()),
+        }
+        let labels = req
+            .namespace_object()
+            .await?
+            .and_then(|ns| ns.metadata.as_ref())
+            .map(|m| m.labels.clone())
+            .unwrap_or_default();
+        let level = pod_security::level(&labels, pod_security::ENFORCE_LABEL);
+        match pod_security::verdict(level, spec) {
+            None => Ok(()),
+            Some(v) => Err(ApiError::Forbidden(format!(
+                "pods {:?} is forbidden: {v}",
+                req.name
+            ))),
+        }
+    }
+}
+
+/// A Service's clusterIPs come from the service CIDR: kube-apiserver's allocator refuses
+/// any other address (one namespace could otherwise claim another's pod IP, a node's address
+/// or an outside one and take every pod's connections to it).
+pub(super) struct ServiceIpRange {
+    pub range: Option<Ipv4Cidr>,
+}
+
+#[async_trait]
+impl Plugin for ServiceIpRange {
+    fn name(&self) -> &'static str {
+        "ServiceIPRange"
+    }
+
+    async fn validate(
+        &self,
+        req: &Request<'_>,
+        object: &(dyn Any + Send + Sync),
+    ) -> Result<(), ApiError> {
+        let (Some(range), Some(svc)) = (self.range, object.downcast_ref::<Service>()) else {
+            return Ok(());
+        };
+        if req.operation == Operation::Delete || !req.subresource.is_empty() {
+            return Ok(());
+        }
+        let Some(spec) = &svc.spec else {
+            return Ok(());
+        };
+        let mut ips: Vec<&str> = spec.cluster_ips.iter().map(String::as_str).collect();
+        if ips.is_empty() && !spec.cluster_ip.is_empty() {
+            ips.push(&spec.cluster_ip);
+        }
+        let unchanged = req
+            .old_as::<Service>()
+            .and_then(|o| o.spec.as_ref())
+            .is_some_and(|o| o.cluster_ip == spec.cluster_ip && o.cluster_ips == spec.cluster_ips);
+        if unchanged {
+            return Ok(());
+        }
+        match outside(range, &ips) {
+            None => Ok(()),
+            Some(ip) => Err(ApiError::Invalid {
+                kind: "Service".into(),
+                name: req.name.to_string(),
+                errors: vec![FieldError {
+                    path: "spec.clusterIPs".into(),
+                    kind: FieldErrorKind::Invalid,
+                    value: Some(go_strings(&ips)),
+                    detail: format!(
+                        "failed to allocate IP {ip}: the provided IP ({ip}) is not in the valid \
+                         range. The range of valid IPs is {range}"
+                    ),
+                }],
+            }),
+        }
+    }
+}
+
+/// The first of `ips` (skipping `None`, a headless Service) outside `range`. An address
+/// that does not parse is validation's to report.
+fn outside<'a>(range: Ipv4Cidr, ips: &[&'a str]) -> Option<&'a str> {
+    ips.iter()
+        .copied()
+        .find(|ip| *ip != "None" && ip.parse::<Ipv4Addr>().is_ok_and(|a| !range.contains(a)))
+}
+
+/// `[]string{"a", "b"}`, as Go prints the value of a string list in field errors.
+fn go_strings(v: &[&str]) -> String {
+    let quoted: Vec<String> = v.iter().map(|s| format!("{s:?}")).collect();
+    format!("[]string{{{}}}", quoted.join(", "))
+}
+
+/// No new `externalIPs`: kube-apiserver's DenyServiceExternalIPs plug-in (CVE-2020-8554:
+/// an externalIP lets a namespace intercept the cluster's traffic to any address). Existing
+/// ones may stay or be removed.
+pub(super) struct DenyServiceExternalIps;
+
+#[async_trait]
+impl Plugin for DenyServiceExternalIps {
+    fn name(&self) -> &'static str {
+        "DenyServiceExternalIPs"
+    }
+
+    async fn validate(
+        &self,
+        req: &Request<'_>,
+        object: &(dyn Any + Send + Sync),
+    ) -> Result<(), ApiError> {
+        let Some(svc) = object.downcast_ref::<Service>() else {
+            return Ok(());
+        };
+        if req.operation == Operation::Delete {
+            return Ok(());
+        }
+        let new = svc
+            .spec
+            .as_ref()
+            .map(|s| &s.external_ips[..])
+            .unwrap_or(&[]);
+        let old = req
+            .old_as::<Service>()
+            .and_then(|o| o.spec.as_ref())
+            .map(|s| &s.external_ips[..])
+            .unwrap_or(&[]);
+        if new.iter().all(|ip| old.contains(ip)) {
+            return Ok(());
+        }
+        Err(ApiError::Forbidden(format!(
+            "services {:?} is forbidden: Use of external IPs is denied by admission control",
+            req.name
+        )))
+    }
+}
+
+/// RBAC's escalation prevention on every write of a Role, ClusterRole or binding, with the
+/// object's own namespace ([`crate::auth::escalation::check`]).
+pub(super) struct RbacEscalation {
+    pub authorizer: Arc<OnceLock<Arc<Authorizer>>>,
+}
+
+#[async_trait]
+impl Plugin for RbacEscalation {
+    fn name(&self) -> &'static str {
+        "RBACEscalation"
+    }
+
+    async fn validate(
+        &self,
+        req: &Request<'_>,
+        object: &(dyn Any + Send + Sync),
+    ) -> Result<(), ApiError> {
+        if req.operation == Operation::Delete
+            || req.info.group() != crate::strategy::rbac::RBAC_GROUP
+        {
+            return Ok(());
+        }
+        // Without authentication (in-process servers) there is no one to check.
+        let (Some(authz), Some(user)) = (self.authorizer.get(), req.user) else {
+            return Ok(());
+        };
+        crate::auth::escalation::check(authz, user, object, req.namespace)
+            .map_err(ApiError::Forbidden)
+    }
+}
+
+/// Whether `user` may `verb` (`approve`, `sign`) requests of `signer`: on `signers` of
+/// `certificates.k8s.io` named the signer, or `<domain>/*` (kube-apiserver's
+/// `IsAuthorizedForSignerName`).
+fn may_use_signer(
+    authz: &Authorizer,
+    user: &crate::auth::UserInfo,
+    verb: &str,
+    signer: &str,
+) -> bool {
+    use crate::auth::authz::{Attributes, Decision};
+    let allowed = |name: &str| {
+        authz.decide(
+            user,
+            &Attributes::resource(verb, CERTIFICATES_GROUP, "signers", "", "", name),
+        ) == Decision::Allow
+    };
+    allowed(signer)
+        || signer
+            .split_once('/')
+            .is_some_and(|(domain, _)| allowed(&format!("{domain}/*")))
+}
+
+const CERTIFICATES_GROUP: &str = "certificates.k8s.io";
+
+/// The signer of a request, and its name for messages.
+fn signer_of(csr: &CertificateSigningRequest) -> &str {
+    csr.spec
+        .as_ref()
+        .map(|s| s.signer_name.as_str())
+        .unwrap_or("")
+}
+
+/// Approving (or denying) a request takes `approve` on its signer: kube-apiserver's
+/// CertificateApproval plug-in. Without it, anyone allowed to update the `approval`
+/// subresource could approve a request for any identity.
+pub(super) struct CertificateApproval {
+    pub authorizer: Arc<OnceLock<Arc<Authorizer>>>,
+}
+
+#[async_trait]
+impl Plugin for CertificateApproval {
+    fn name(&self) -> &'static str {
+        "CertificateApproval"
+    }
+
+    async fn validate(
+        &self,
+        req: &Request<'_>,
+        object: &(dyn Any + Send + Sync),
+    ) -> Result<(), ApiError> {
+        let Some(csr) = object.downcast_ref::<CertificateSigningRequest>() else {
+            return Ok(());
+        };
+        if req.subresource != "approval" {
+            return Ok(());
+        }
+        let (Some(authz), Some(user)) = (self.authorizer.get(), req.user) else {
+            return Ok(());
+        };
+        let signer = signer_of(csr);
+        if may_use_signer(authz, user, "approve", signer) {
+            return Ok(());
+        }
+        Err(ApiError::Forbidden(format!(
+            "certificatesigningrequests.{CERTIFICATES_GROUP} {:?} is forbidden: user not \
+             permitted to approve requests with signerName {signer:?}",
+            req.name
+        )))
+    }
+}
+
+/// Writing a request's certificate takes `sign` on its signer: kube-apiserver's
+/// CertificateSigning plug-in.
+pub(super) struct CertificateSigning {
+    pub authorizer: Arc<OnceLock<Arc<Authorizer>>>,
+}
+
+#[async_trait]
+impl Plugin for CertificateSigning {
+    fn name(&self) -> &'static str {
+        "CertificateSigning"
+    }
+
+    async fn validate(
+        &self,
+        req: &Request<'_>,
+        object: &(dyn Any + Send + Sync),
+    ) -> Result<(), ApiError> {
+        let Some(csr) = object.downcast_ref::<CertificateSigningRequest>() else {
+            return Ok(());
+        };
+        if req.subresource != "status" {
+            return Ok(());
+        }
+        let certificate = |c: &CertificateSigningRequest| {
+            c.status
+                .as_ref()
+                .map(|s| s.certificate.clone())
+                .unwrap_or_default()
+        };
+        let old = req.old_as::<CertificateSigningRequest>().map(certificate);
+        if old.is_some_and(|o| o == certificate(csr)) {
+            return Ok(());
+        }
+        let (Some(authz), Some(user)) = (self.authorizer.get(), req.user) else {
+            return Ok(());
+        };
+        let signer = signer_of(csr);
+        if may_use_signer(authz, user, "sign", signer) {
+            return Ok(());
+        }
+        Err(ApiError::Forbidden(format!(
+            "certificatesigningrequests.{CERTIFICATES_GROUP} {:?} is forbidden: user not \
+             permitted to sign requests with signerName {signer:?}",
+            req.name
+        )))
+    }
+}
+
+/// No request of the API server's client signer for the `system:masters` group, whoever
+/// approves it: kube-apiserver's CertificateSubjectRestriction plug-in.
+pub(super) struct CertificateSubjectRestriction;
+
+#[async_trait]
+impl Plugin for CertificateSubjectRestriction {
+    fn name(&self) -> &'static str {
+        "CertificateSubjectRestriction"
+    }
+
+    async fn validate(
+        &self,
+        req: &Request<'_>,
+        object: &(dyn Any + Send + Sync),
+    ) -> Result<(), ApiError> {
+        let Some(csr) = object.downcast_ref::<CertificateSigningRequest>() else {
+            return Ok(());
+        };
+        if req.operation != Operation::Create
+            || signer_of(csr) != skiff_api::wellknown::CLIENT_SIGNER
+        {
+            return Ok(());
+        }
+        let Some(info) = csr
+            .spec
+            .as_ref()
+            .and_then(|s| std::str::from_utf8(&s.request).ok())
+            .and_then(|pem| skiff_pki::parse_request(pem).ok())
+        else {
+            return Ok(());
+        };
+        if info
+            .organizations
+            .iter()
+            .any(|o| o == crate::auth::authz::MASTERS_GROUP)
+        {
+            return Err(ApiError::Forbidden(format!(
+                "certificatesigningrequests.{CERTIFICATES_GROUP} {:?} is forbidden: use of \
+                 {} signer with system:masters group is not allowed",
+                req.name,
+                skiff_api::wellknown::CLIENT_SIGNER
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_ips_outside_the_range_are_named() {
+        let range: Ipv4Cidr = "10.96.0.0/16".parse().expect("cidr");
+        assert_eq!(outside(range, &["10.96.3.4"]), None);
+        assert_eq!(outside(range, &["None"]), None);
+        assert_eq!(
+            outside(range, &["10.96.0.1", "10.244.1.7"]),
+            Some("10.244.1.7")
+        );
+        assert_eq!(outside(range, &["192.168.100.1"]), Some("192.168.100.1"));
+        assert_eq!(go_strings(&["a", "b"]), "[]string{\"a\", \"b\"}");
+    }
+}
