@@ -42,6 +42,7 @@ mod cache;
 pub mod encryption;
 pub mod error;
 pub mod kubernetes_service;
+pub mod limits;
 pub mod registry;
 mod rest;
 /// The REST request decoders for `cargo fuzz` (feature `fuzzing`).
@@ -81,6 +82,11 @@ pub struct ApiServerOptions {
     pub kubernetes_service: Option<kubernetes_service::KubernetesService>,
     /// The Services' clusterIP range: admission refuses clusterIPs outside it.
     pub service_cluster_ip_range: skiff_cidr::Ipv4Cidr,
+    /// Inflight and watch limits (with `security` only: they count per user).
+    pub limits: limits::Limits,
+    /// How long a client may take to send a request's headers (HTTP/1; slowloris): 32 s,
+    /// kube-apiserver's `ReadHeaderTimeout`.
+    pub header_read_timeout: Duration,
 }
 
 /// The user the API server is to node agents (the agents' `API_SERVER_USER`).
@@ -261,6 +267,8 @@ impl Default for ApiServerOptions {
             security: None,
             kubernetes_service: None,
             service_cluster_ip_range: DEFAULT_SERVICE_CLUSTER_IP_RANGE,
+            limits: limits::Limits::default(),
+            header_read_timeout: Duration::from_secs(32),
         }
     }
 }
@@ -518,6 +526,11 @@ pub async fn spawn(
         authn: Arc::clone(&s.authenticator),
     });
     if let Some(s) = &opts.security {
+        // Inside authentication (it counts per user), outside everything else.
+        app = app.layer(axum::middleware::from_fn_with_state(
+            limits::Limiter::new(opts.limits),
+            limits::middleware,
+        ));
         app = app.layer(axum::middleware::from_fn_with_state(
             auth::AuthState {
                 authn: Arc::clone(&s.authenticator),
@@ -536,7 +549,13 @@ pub async fn spawn(
     let kubernetes_service = opts
         .kubernetes_service
         .map(|k| tokio::spawn(k.run(Arc::clone(&registry))));
-    let task = tokio::spawn(serve::serve(listener, app, tls, rx));
+    let task = tokio::spawn(serve::serve(
+        listener,
+        app,
+        tls,
+        opts.header_read_timeout,
+        rx,
+    ));
     info!(%addr, "API server listening");
     Ok(ServerHandle {
         addr,

@@ -94,6 +94,20 @@ struct Args {
     /// certificate.
     #[arg(long, default_value = "10.96.0.0/16", value_name = "CIDR")]
     service_cluster_ip_range: skiff_cidr::Ipv4Cidr,
+    /// Non-mutating requests in flight at once; more are answered 429 (0: no limit).
+    /// `system:masters` is exempt; watches, exec, attach and port-forward do not count.
+    #[arg(long, default_value_t = 400)]
+    max_requests_inflight: usize,
+    /// Mutating requests in flight at once; more are answered 429 (0: no limit).
+    #[arg(long, default_value_t = 200)]
+    max_mutating_requests_inflight: usize,
+    /// Watches one user may have open at once; more are answered 429 (0: no limit).
+    #[arg(long, default_value_t = 500)]
+    max_watches_per_user: usize,
+    /// Seconds a client may take to send a request's headers before its connection is
+    /// closed (slowloris).
+    #[arg(long, default_value_t = 32)]
+    request_header_timeout_seconds: u64,
     /// The address the `kubernetes` Service's Endpoints give for this server (default: the
     /// listen address; 127.0.0.1 for an unspecified one).
     #[arg(long, value_name = "IP")]
@@ -375,6 +389,12 @@ async fn main() -> Result<()> {
         security: Some(security),
         kubernetes_service: Some(kubernetes_service(&args)?),
         service_cluster_ip_range: args.service_cluster_ip_range,
+        limits: skiff_apiserver::limits::Limits {
+            max_requests_inflight: args.max_requests_inflight,
+            max_mutating_requests_inflight: args.max_mutating_requests_inflight,
+            max_watches_per_user: args.max_watches_per_user,
+        },
+        header_read_timeout: std::time::Duration::from_secs(args.request_header_timeout_seconds),
         ..ApiServerOptions::default()
     };
     let mut server = skiff_apiserver::spawn(store, listener, opts)

@@ -10,7 +10,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::Request;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
@@ -35,6 +35,7 @@ pub(crate) async fn serve(
     listener: TcpListener,
     app: Router,
     tls: Option<TlsSetup>,
+    header_read_timeout: Duration,
     shutdown: oneshot::Receiver<()>,
 ) -> std::io::Result<()> {
     let graceful = GracefulShutdown::new();
@@ -57,7 +58,12 @@ pub(crate) async fn serve(
         let tls = tls.clone();
         let watcher = graceful.watcher();
         tokio::spawn(async move {
-            let builder = Builder::new(TokioExecutor::new());
+            let mut builder = Builder::new(TokioExecutor::new());
+            // A client that trickles its request headers (slowloris) is cut off.
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_read_timeout);
             match tls {
                 None => {
                     let svc = with_peer(
