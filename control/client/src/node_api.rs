@@ -30,8 +30,9 @@
 //! publishes the certificate's SHA-256 in its Node's annotation [`SERVING_CERT_ANNOTATION`]
 //! (which only that node and cluster administrators may write); clients trust exactly that
 //! certificate and present a client certificate of the cluster CA
-//! ([`AgentEndpoint::of_node_as`]). A Node without the annotation is spoken to in plain HTTP
-//! (agents older than the annotation).
+//! ([`AgentEndpoint::of_node_as`]). A Node without the annotation is not spoken to at all:
+//! there is no plain-HTTP fallback (a node that could make the API server speak plain HTTP
+//! would get the API server's requests, and their credentials, unauthenticated).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -684,23 +685,29 @@ impl AgentEndpoint {
             .metadata
             .as_ref()
             .and_then(|m| m.annotations.get(SERVING_CERT_ANNOTATION));
-        if let Some(pinned) = pinned {
-            let config =
-                skiff_pki::tls::pinned_client_config(Some(pinned), identity).map_err(|e| {
-                    NodeApiError::Protocol {
-                        node: ep.node.clone(),
-                        reason: format!("TLS configuration: {e}"),
-                    }
-                })?;
-            ep.tls = Some(Arc::new(config));
-        }
+        let Some(pinned) = pinned else {
+            return Err(NodeApiError::Protocol {
+                node: ep.node,
+                reason: format!(
+                    "the Node publishes no serving certificate ({SERVING_CERT_ANNOTATION}); its \
+                     agent is not spoken to in plain HTTP"
+                ),
+            });
+        };
+        let config = skiff_pki::tls::pinned_client_config(Some(pinned), identity).map_err(|e| {
+            NodeApiError::Protocol {
+                node: ep.node.clone(),
+                reason: format!("TLS configuration: {e}"),
+            }
+        })?;
+        ep.tls = Some(Arc::new(config));
         Ok(ep)
     }
 
-    /// The endpoint a Node publishes: `127.0.0.1:<status.daemonEndpoints.kubeletEndpoint.Port>`
-    /// (single-machine clusters; see the module docs), in plain HTTP and without credentials
-    /// ([`AgentEndpoint::of_node_as`] for TLS).
-    pub fn of_node(node: &Node) -> Result<AgentEndpoint, NodeApiError> {
+    /// The address a Node publishes: `127.0.0.1:<status.daemonEndpoints.kubeletEndpoint.Port>`
+    /// (single-machine clusters; see the module docs), without TLS yet
+    /// ([`AgentEndpoint::of_node_as`] adds it).
+    fn of_node(node: &Node) -> Result<AgentEndpoint, NodeApiError> {
         let name = node.name().to_string();
         let port = node
             .status
@@ -1018,6 +1025,12 @@ mod tests {
         let mut bare = node(1);
         bare.status = None;
         assert!(AgentEndpoint::of_node(&bare).is_err());
+    }
+
+    #[test]
+    fn a_node_without_a_pinned_certificate_is_not_spoken_to() {
+        let e = AgentEndpoint::of_node_as(&node(10250), None).unwrap_err();
+        assert!(e.to_string().contains("not spoken to in plain HTTP"), "{e}");
     }
 
     #[tokio::test]

@@ -436,8 +436,9 @@ async fn authorize(
     }
 }
 
-/// Serves the API on `listener` until the task is aborted: TLS with client certificates when
-/// `tls` is given, else plain HTTP.
+/// Serves the API on `listener` until the task is aborted: TLS with client certificates of
+/// the cluster CA. Without `tls` (no cluster CA to check callers against) nothing is served:
+/// there is no plain-HTTP API.
 pub(crate) fn serve(
     listener: tokio::net::TcpListener,
     node: &str,
@@ -454,9 +455,11 @@ pub(crate) fn serve(
         let addr = listener.local_addr().ok();
         info!(?addr, tls = tls.is_some(), "agent API listening");
         let Some(tls) = tls else {
-            if let Err(e) = axum::serve(listener, app).await {
-                warn!(error = %e, "agent API server stopped");
-            }
+            warn!(
+                "agent API not served: the kubeconfig names no cluster CA to check callers \
+                 against (logs, exec and port-forward will not reach this node)"
+            );
+            drop(listener);
             return;
         };
         loop {

@@ -436,7 +436,6 @@ fn dyn_kind(plural: &str) -> Option<&'static dyn DynKind> {
 
 /// Serves one resource request.
 #[allow(clippy::too_many_arguments)]
-#[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve(
     rest: &Rest,
     user: Option<&crate::auth::UserInfo>,
