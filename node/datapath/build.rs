@@ -1,6 +1,7 @@
 //! Builds Skiff's eBPF programs (`ebpf/skiff-ebpf`) with aya-build and leaves one object per
 //! binary of that crate in `$OUT_DIR`: `skiff-ebpf` (per-pod accounting), `skiff-lb` (the
-//! Service load balancer) and `skiff-policy` (NetworkPolicy), which `src/bpf` embeds with `aya::include_bytes_aligned!`.
+//! Service load balancer), `skiff-policy` (NetworkPolicy) and `skiff-devices` (the pods'
+//! device allow list), which `src/` embeds with `aya::include_bytes_aligned!`.
 //!
 //! aya-build runs `rustup run nightly cargo build -Z build-std=core --target bpfel-unknown-none
 //! --release` with `-C debuginfo=2 -C link-arg=--btf` (so the object carries BTF and bpftool
@@ -16,7 +17,7 @@ use std::{env, ffi::OsString, path::PathBuf, process::Command};
 /// The eBPF crate, relative to this package, and the names of its binaries (the object files).
 const EBPF_DIR: &str = "../../ebpf/skiff-ebpf";
 const EBPF_PACKAGE: &str = "skiff-ebpf";
-const OBJECTS: [&str; 3] = ["skiff-ebpf", "skiff-lb", "skiff-policy"];
+const OBJECTS: [&str; 4] = ["skiff-ebpf", "skiff-lb", "skiff-policy", "skiff-devices"];
 /// Shared `#[repr(C)]` types; the eBPF object must be rebuilt when they change.
 const COMMON_DIR: &str = "../../ebpf/common";
 

@@ -731,12 +731,9 @@ impl Drop for Node {
         {
             std::thread::sleep(Duration::from_millis(50));
         }
-        // The agent's pinned BPF maps.
+        // The agent's pinned BPF maps and links (the pods' device links in `devices/`).
         let pins = Path::new("/sys/fs/bpf/skiff").join(&self.name);
-        for entry in std::fs::read_dir(&pins).into_iter().flatten().flatten() {
-            let _ = std::fs::remove_file(entry.path());
-        }
-        let _ = std::fs::remove_dir(&pins);
+        let _ = std::fs::remove_dir_all(&pins);
         let _ = std::fs::remove_dir("/sys/fs/bpf/skiff");
     }
 }

@@ -340,7 +340,7 @@ async fn containers_are_isolated_and_use_security_contexts_and_volumes() {
         );
     }
     let script = "cat /creds/user; echo; cat /creds/nested/pass; echo; ls /creds; \
-                  stat -c %a /creds/user; grep ' /creds ' /proc/self/mounts | cut -d' ' -f3; \
+                  stat -L -c %a /creds/user; grep ' /creds ' /proc/self/mounts | cut -d' ' -f3; \
                   ls /maybe | wc -l";
     let (ok, out, err) = c.kubectl(
         &["exec", "secrets", "--", "/bin/busybox", "sh", "-c", script],

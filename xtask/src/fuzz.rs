@@ -39,6 +39,10 @@ pub const TARGETS: &[Target] = &[
         crate_dir: "node/dns",
         name: "dns_queries",
     },
+    Target {
+        crate_dir: "node/runtime",
+        name: "volume_paths",
+    },
 ];
 
 #[derive(Debug, Clone, clap::Args)]

@@ -5,9 +5,11 @@
 //!
 //! Per-pod traffic accounting (`skiff-ebpf`) is at the top level; the Service load balancer's
 //! layouts (`skiff-lb`) are in [`lb`], the pod networking fast path's in [`podnet`],
-//! NetworkPolicy enforcement's (`skiff-policy`) in [`policy`].
+//! NetworkPolicy enforcement's (`skiff-policy`) in [`policy`], the pods' device allow list
+//! (`skiff-devices`) in [`devices`].
 #![no_std]
 
+pub mod devices;
 pub mod lb;
 pub mod podnet;
 pub mod policy;

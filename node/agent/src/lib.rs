@@ -24,6 +24,14 @@
 //! after the pod's network is set up and disconnects it through
 //! `Ctx::detach_pod_datapath` before the network is torn down. At start the endpoint map an
 //! earlier agent left is reconciled against the pod addresses still allocated.
+//!
+//! Device confinement (runc's default device allow list, `skiff_datapath::devices`): a pod
+//! worker confines every pod that has no privileged container through
+//! `Ctx::confine_pod_devices` as soon as its sandbox (the pod cgroup) exists and before any of
+//! its containers starts, and releases it through `Ctx::release_pod_devices` once the sandbox
+//! is removed. The program's links are pinned, so pods stay confined while the agent
+//! restarts. If the program cannot be loaded, pods that would need it do not start (their
+//! status says why): a pod never runs with the node's devices open to it by accident.
 
 mod access;
 pub mod api;
@@ -59,9 +67,10 @@ use skiff_client::reflector::{Event, reflector};
 use skiff_client::runtime::{CancelToken, EventRecorder, Informers};
 use skiff_client::{Client, ListParams};
 use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use skiff_datapath::Accounting;
+use skiff_datapath::devices::{DeviceConfinement, DeviceFilter};
 use skiff_datapath::lb::{LbConfig, ServiceLb, TcAttach};
 use skiff_hostnet::{NodeNetwork, NodeNetworkConfig, PodNetwork};
 use skiff_runtime::{NativeConfig, NativeRuntime, Runtime};
@@ -207,6 +216,9 @@ pub(crate) struct Ctx {
     pub proxy: Result<Arc<proxy::Proxy>, String>,
     /// NetworkPolicy enforcement, if it runs.
     pub network_policy: Option<Arc<netpol::NetworkPolicies>>,
+    /// Device confinement of unprivileged pods, or why it is unavailable (such pods then do
+    /// not start).
+    pub devices: Result<Arc<Mutex<dyn DeviceConfinement>>, String>,
     pub host_ip: Option<String>,
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
@@ -277,6 +289,50 @@ impl Ctx {
             Err(e) => warn!(device = %ifname, error = %e, "attaching the NodePort program"),
         }
         None
+    }
+
+    /// Confines pod `uid`, whose cgroup is `cgroup_dir`, to the default device allow list,
+    /// unless it is `privileged` (a privileged container gets every device, as with runc).
+    /// Called once the pod cgroup exists and before any container of the pod starts; an
+    /// error means its containers must not start.
+    pub async fn confine_pod_devices(
+        &self,
+        uid: &str,
+        cgroup_dir: &std::path::Path,
+        privileged: bool,
+    ) -> Result<(), String> {
+        if privileged {
+            return Ok(());
+        }
+        let devices = self
+            .devices
+            .as_ref()
+            .map_err(|why| format!("device confinement is unavailable: {why}"))?
+            .clone();
+        let (uid_owned, dir) = (uid.to_string(), cgroup_dir.to_path_buf());
+        let confined = tokio::task::spawn_blocking(move || {
+            let mut d = devices.lock().unwrap_or_else(|e| e.into_inner());
+            d.confine(&uid_owned, &dir).map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r);
+        match confined {
+            Ok(how) => {
+                debug!(pod_uid = %uid, ?how, "pod confined to the default devices");
+                Ok(())
+            }
+            Err(e) => Err(format!("confining the pod's device access: {e}")),
+        }
+    }
+
+    /// Releases pod `uid`'s device confinement (its cgroup is gone). Failures are logged.
+    pub fn release_pod_devices(&self, uid: &str) {
+        if let Ok(d) = &self.devices
+            && let Err(e) = d.lock().unwrap_or_else(|e| e.into_inner()).release(uid)
+        {
+            warn!(pod_uid = %uid, error = %e, "releasing the pod's device confinement");
+        }
     }
 
     /// Drops the traffic counters of cgroups that no longer exist.
@@ -493,8 +549,11 @@ pub async fn run(
         None
     };
 
+    let devices = load_device_filter(&cfg.node_name, runtime.as_ref()).await;
+
     let ctx = Arc::new(Ctx {
         network_policy: network_policy.clone(),
+        devices,
         services: informers.get::<skiff_api::api::Service>(),
         client: client.clone(),
         runtime: runtime.clone(),
@@ -712,6 +771,37 @@ async fn wait_for_pod_cidr(client: &Client, node_name: &str) -> Result<String, A
         }
     }
     Err(AgentError::NoPodCidr(node_name.to_string()))
+}
+
+/// Loads the device filter and releases the confinement an earlier agent left for pods that
+/// are gone (their pins would otherwise stay). The running pods' workers confine theirs again,
+/// taking the pinned links over.
+async fn load_device_filter(
+    node: &str,
+    runtime: &dyn Runtime,
+) -> Result<Arc<Mutex<dyn DeviceConfinement>>, String> {
+    let mut filter = match DeviceFilter::load(&skiff_datapath::node_pin_dir(node)) {
+        Ok(f) => f,
+        Err(e) => {
+            error!(error = %e, "eBPF device confinement unavailable: pods without a privileged container will not start");
+            return Err(e.to_string());
+        }
+    };
+    match (runtime.list_sandboxes().await, filter.confined()) {
+        (Ok(sandboxes), Ok(confined)) => {
+            for pod in confined {
+                if !sandboxes.iter().any(|s| s.uid == pod)
+                    && let Err(e) = filter.release(&pod)
+                {
+                    warn!(pod_uid = %pod, error = %e, "releasing a gone pod's device confinement");
+                }
+            }
+        }
+        (Err(e), _) => warn!(error = %e, "listing pods to release stale device confinement"),
+        (_, Err(e)) => warn!(error = %e, "listing confined pods"),
+    }
+    info!("eBPF device confinement loaded");
+    Ok(Arc::new(Mutex::new(filter)))
 }
 
 fn load_accounting(node: &str, cgroup_parent: &std::path::Path) -> Result<Accounting, String> {

@@ -81,6 +81,10 @@ pub async fn purge(cfg: &PurgeConfig) -> Result<(), PurgeError> {
         if let Err(e) = skiff_datapath::policy::PolicyEnforcer::remove_pins(&pins) {
             warn!(error = %e, "removing NetworkPolicy enforcement's pinned links and maps");
         }
+        // The pods' device links (`devices/<pod uid>`); their cgroups are gone by now.
+        if let Err(e) = skiff_datapath::devices::DeviceFilter::remove_pins(&pins) {
+            warn!(error = %e, "removing the pods' pinned device links");
+        }
         if let Err(e) = skiff_datapath::Accounting::remove_pins(&pins) {
             warn!(error = %e, "removing pinned maps");
         }
@@ -108,28 +112,44 @@ pub async fn purge(cfg: &PurgeConfig) -> Result<(), PurgeError> {
 mod tests {
     use super::*;
 
-    /// Real pins of all three objects (accounting, load balancer, policy): purge leaves
-    /// nothing under the node's pin directory (needs root, as the agent's kernel tests).
+    /// Real pins of all four objects (accounting, load balancer, policy, a pod's device
+    /// link): purge leaves nothing under the node's pin directory (needs root, as the agent's
+    /// kernel tests).
     #[tokio::test]
     async fn purge_removes_every_pin_of_the_node() {
         let node = format!("purge-test-{}", std::process::id());
         let pins = skiff_datapath::node_pin_dir(&node);
         // Whatever happens, the pins this test made go.
-        struct Cleanup(PathBuf);
+        struct Cleanup(PathBuf, PathBuf);
         impl Drop for Cleanup {
             fn drop(&mut self) {
-                for e in std::fs::read_dir(&self.0).into_iter().flatten().flatten() {
-                    let _ = std::fs::remove_file(e.path());
+                let devices = skiff_datapath::devices::pin_dir(&self.0);
+                for dir in [&devices, &self.0] {
+                    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                        let _ = std::fs::remove_file(e.path());
+                    }
+                    let _ = std::fs::remove_dir(dir);
                 }
-                let _ = std::fs::remove_dir(&self.0);
+                let _ = std::fs::remove_dir(&self.1);
             }
         }
-        let _cleanup = Cleanup(pins.clone());
+        let pod_cgroup = skiff_runtime::host::cgroup2_mount()
+            .expect("cgroup v2")
+            .join(format!("skiff-{node}-pod"));
+        std::fs::create_dir(&pod_cgroup).expect("pod cgroup");
+        let _cleanup = Cleanup(pins.clone(), pod_cgroup.clone());
         let acc = skiff_datapath::Accounting::load(&pins).expect("accounting");
         let lb = skiff_datapath::lb::ServiceLb::load(&pins, Default::default()).expect("lb");
         let pol = skiff_datapath::policy::PolicyEnforcer::load(&pins, Default::default())
             .expect("policy");
-        drop((acc, lb, pol));
+        let mut devices =
+            skiff_datapath::devices::DeviceFilter::load(&pins).expect("device filter");
+        {
+            use skiff_datapath::devices::DeviceConfinement as _;
+            devices.confine("pod-1", &pod_cgroup).expect("confine");
+        }
+        drop((acc, lb, pol, devices));
+        std::fs::remove_dir(&pod_cgroup).expect("remove the pod cgroup");
         assert!(std::fs::read_dir(&pins).expect("pins").next().is_some());
         let state = tempfile::tempdir().expect("tempdir");
         let cgroup_parent = skiff_runtime::host::cgroup2_mount()

@@ -8,8 +8,22 @@
 //! hostPath volumes are the node's own paths, checked against their `type`. The runtime
 //! bind-mounts these into the container ([`mounts_for`]); nothing is mounted on the node
 //! except the tmpfs of Memory and secret volumes, which [`Volumes::release_pod`] unmounts.
+//!
+//! Containers must not be able to turn a volume against the node (the kubelet's
+//! CVE-2017-1002101, CVE-2017-1002102 and CVE-2021-25741 classes):
+//!
+//! * secret, configMap, projected and downwardAPI volumes are written by the runtime's
+//!   AtomicWriter ([`skiff_runtime::volume::writer`]: timestamped directories behind a
+//!   `..data` symlink swapped atomically, every step relative to the volume's directory
+//!   descriptor, never following a symlink) and are mounted read-only into every container,
+//!   whatever its volumeMount says, as in Kubernetes;
+//! * a subPath is walked without following symlinks twice: here, to create missing
+//!   directories and refuse a bad one as CreateContainerConfigError, and by the runtime right
+//!   before it mounts, from the descriptor that walk ends on
+//!   ([`skiff_runtime::volume::subpath`] explains why the runtime, not the agent, holds that
+//!   descriptor).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::fs;
 use std::io;
@@ -21,6 +35,7 @@ use skiff_api::Resource;
 use skiff_api::api::{Container, DownwardApiVolumeFile, Pod, Secret, SecretVolumeSource, Volume};
 use skiff_api::quantity;
 use skiff_runtime::Mount;
+use skiff_runtime::volume::{FileProjection, Payload, SubPath, writer};
 
 /// Why a volume could not be set up: Kubernetes' `FailedMount` event message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -37,6 +52,9 @@ pub(crate) struct PodVolumes {
     pub paths: BTreeMap<String, PathBuf>,
     /// The generated /etc files: `(file in the container, file on the node)`.
     pub etc: Vec<(&'static str, PathBuf)>,
+    /// The volumes the AtomicWriter writes (secret, configMap, projected, downwardAPI):
+    /// mounted read-only, subPaths resolved through their `..data` link.
+    pub projected: BTreeSet<String>,
 }
 
 #[derive(Debug)]
@@ -178,6 +196,13 @@ impl Volumes {
                 None => volume(&dir, v, pod, fs_group, secrets, tokens),
             }
             .map_err(err)?;
+            if v.secret.is_some()
+                || v.config_map.is_some()
+                || v.projected.is_some()
+                || v.downward_api.is_some()
+            {
+                out.projected.insert(v.name.clone());
+            }
             out.paths.insert(v.name.clone(), path);
         }
         let etc = dir.join(".etc");
@@ -371,21 +396,34 @@ fn keyed_volume(
     fs_group: Option<u32>,
 ) -> Result<(), String> {
     let default_mode = sv.default_mode.unwrap_or(0o644) as u32 & 0o777;
-    let files = keyed_files(path, sv, secrets, default_mode)?;
+    let mut files = Payload::new();
+    keyed_files(&mut files, sv, secrets, default_mode)?;
     tmpfs(path, "mode=0755,size=4m")?;
-    write_files(path, &files, fs_group)
+    write_payload(path, &files, fs_group)
 }
 
-/// One file of a volume: where, what, which mode.
-type File<'a> = (PathBuf, std::borrow::Cow<'a, [u8]>, u32);
+/// Writes a volume's files with the AtomicWriter.
+fn write_payload(path: &Path, files: &Payload<'_>, fs_group: Option<u32>) -> Result<(), String> {
+    writer::write_payload(path, files, fs_group)
+        .map(drop)
+        .map_err(|e| format!("writing {}: {e}", path.display()))
+}
 
-/// The files of a Secret's or ConfigMap's keys (or `items`) under `path`.
+/// One file of a volume.
+fn file<'a>(data: impl Into<std::borrow::Cow<'a, [u8]>>, mode: u32) -> FileProjection<'a> {
+    FileProjection {
+        data: data.into(),
+        mode,
+    }
+}
+
+/// Adds the files of a Secret's or ConfigMap's keys (or `items`) to `files`.
 fn keyed_files<'a>(
-    path: &Path,
+    files: &mut Payload<'a>,
     sv: &KeyedVolume<'_>,
     secrets: &'a Secrets,
     default_mode: u32,
-) -> Result<Vec<File<'a>>, String> {
+) -> Result<(), String> {
     let optional = sv.optional;
     let secret = secrets
         .get(&(sv.kind, sv.name.to_string()))
@@ -393,15 +431,14 @@ fn keyed_files<'a>(
     if secret.is_none() && !optional {
         return Err(format!("{} \"{}\" not found", sv.kind.noun(), sv.name));
     }
-    let mut files: Vec<File<'a>> = Vec::new();
     let Some(secret) = secret else {
-        return Ok(files);
+        return Ok(());
     };
     if sv.items.is_empty() {
         for (k, v) in secret {
-            files.push((path.join(k), v.as_slice().into(), default_mode));
+            files.insert(k.into(), file(v.as_slice(), default_mode));
         }
-        return Ok(files);
+        return Ok(());
     }
     for item in sv.items {
         let Some(v) = secret.get(&item.key) else {
@@ -418,29 +455,8 @@ fn keyed_files<'a>(
         let rel = relative(&item.path)
             .ok_or_else(|| format!("item path {:?} must be relative without '..'", item.path))?;
         let mode = item.mode.map(|m| m as u32 & 0o777).unwrap_or(default_mode);
-        files.push((path.join(rel), v.as_slice().into(), mode));
+        files.insert(rel.into(), file(v.as_slice(), mode));
     }
-    Ok(files)
-}
-
-/// Writes `files` (rewriting only what changed) and deletes the other files under `path`
-/// (keys removed from their object lose their files).
-fn write_files(path: &Path, files: &[File<'_>], fs_group: Option<u32>) -> Result<(), String> {
-    for (file, data, mode) in files {
-        if let Some(parent) = file.parent() {
-            fs::create_dir_all(parent)
-                .map_err(|e| format!("creating {}: {e}", parent.display()))?;
-        }
-        write_if_changed(file, data, *mode)
-            .map_err(|e| format!("writing {}: {e}", file.display()))?;
-        if let Some(g) = fs_group {
-            std::os::unix::fs::chown(file, None, Some(g))
-                .map_err(|e| format!("chown {}: {e}", file.display()))?;
-        }
-    }
-    let keep: std::collections::HashSet<&Path> =
-        files.iter().map(|(f, _, _)| f.as_path()).collect();
-    remove_others(path, &keep);
     Ok(())
 }
 
@@ -482,7 +498,7 @@ fn projected_volume(
     fs_group: Option<u32>,
 ) -> Result<(), String> {
     let default_mode = p.default_mode.unwrap_or(0o644) as u32 & 0o777;
-    let mut files: Vec<File<'_>> = Vec::new();
+    let mut files = Payload::new();
     for (i, src) in p.sources.iter().enumerate() {
         let keyed = [
             src.secret
@@ -500,7 +516,7 @@ fn projected_volume(
                 default_mode: None,
                 optional: optional == Some(true),
             };
-            files.extend(keyed_files(path, &kv, secrets, default_mode)?);
+            keyed_files(&mut files, &kv, secrets, default_mode)?;
         }
         if let Some(d) = &src.downward_api {
             for item in &d.items {
@@ -512,7 +528,7 @@ fn projected_volume(
                     )
                 })?;
                 let mode = item.mode.map(|m| m as u32 & 0o777).unwrap_or(default_mode);
-                files.push((path.join(rel), value.into_bytes().into(), mode));
+                files.insert(rel.into(), file(value.into_bytes(), mode));
             }
         }
         if let Some(t) = &src.service_account_token {
@@ -525,28 +541,11 @@ fn projected_volume(
                     t.path
                 )
             })?;
-            files.push((path.join(rel), token.as_bytes().into(), default_mode));
+            files.insert(rel.into(), file(token.as_bytes(), default_mode));
         }
     }
     tmpfs(path, "mode=0755,size=4m")?;
-    write_files(path, &files, fs_group)
-}
-
-/// Deletes every file under `dir` not in `keep` (empty directories stay).
-fn remove_others(dir: &Path, keep: &std::collections::HashSet<&Path>) {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let p = e.path();
-        match e.file_type() {
-            Ok(t) if t.is_dir() => remove_others(&p, keep),
-            Ok(_) if !keep.contains(p.as_path()) => {
-                let _ = fs::remove_file(&p);
-            }
-            _ => {}
-        }
-    }
+    write_payload(path, &files, fs_group)
 }
 
 /// Sets up one volume; returns its path on the node.
@@ -604,6 +603,7 @@ fn volume(
     if let Some(d) = &v.downward_api {
         fs::create_dir_all(&path).map_err(io("creating"))?;
         let default_mode = d.default_mode.unwrap_or(0o644);
+        let mut files = Payload::new();
         for item in &d.items {
             let value = downward_value(pod, item)?;
             let rel = relative(&item.path).ok_or_else(|| {
@@ -612,14 +612,10 @@ fn volume(
                     item.path
                 )
             })?;
-            let file = path.join(rel);
-            if let Some(parent) = file.parent() {
-                fs::create_dir_all(parent).map_err(io("creating"))?;
-            }
-            let mode = item.mode.unwrap_or(default_mode);
-            write_if_changed(&file, value.as_bytes(), mode as u32 & 0o777)
-                .map_err(|e| format!("writing {}: {e}", file.display()))?;
+            let mode = item.mode.unwrap_or(default_mode) as u32 & 0o777;
+            files.insert(rel.into(), file(value.into_bytes(), mode));
         }
+        write_payload(&path, &files, fs_group)?;
         return Ok(path);
     }
     Err(
@@ -856,8 +852,9 @@ pub(crate) fn mounts_for(c: &Container, vols: &PodVolumes) -> Result<Vec<Mount>,
         let Some(base) = vols.paths.get(&m.name) else {
             return Err(format!("{field}.name: no volume {:?} in the pod", m.name));
         };
-        let source = if m.sub_path.is_empty() {
-            base.clone()
+        let projected = vols.projected.contains(&m.name);
+        let sub_path = if m.sub_path.is_empty() {
+            None
         } else {
             let rel = relative(&m.sub_path).ok_or_else(|| {
                 format!(
@@ -865,12 +862,22 @@ pub(crate) fn mounts_for(c: &Container, vols: &PodVolumes) -> Result<Vec<Mount>,
                     m.sub_path
                 )
             })?;
-            sub_path(base, rel).map_err(|e| format!("{field}.subPath: {e}"))?
+            let sub = SubPath {
+                path: rel.into(),
+                data_link: projected,
+            };
+            // Creates what is missing and refuses a symlink now, for a clear error; the
+            // runtime walks it again right before it mounts, and mounts what it checked.
+            skiff_runtime::volume::subpath::prepare(base, &sub)
+                .map_err(|e| format!("{field}.subPath: {e}"))?;
+            Some(sub)
         };
         out.push(Mount {
-            source,
+            source: base.clone(),
             destination: m.mount_path.clone().into(),
-            read_only: m.read_only,
+            // The agent rewrites these volumes: a container never writes into them.
+            read_only: m.read_only || projected,
+            sub_path,
         });
     }
     for (target, file) in &vols.etc {
@@ -879,33 +886,11 @@ pub(crate) fn mounts_for(c: &Container, vols: &PodVolumes) -> Result<Vec<Mount>,
                 source: file.clone(),
                 destination: target.into(),
                 read_only: false,
+                sub_path: None,
             });
         }
     }
     Ok(out)
-}
-
-/// `base/rel`, created as a directory when missing (as the kubelet does), refusing any
-/// symlink on the way: a container may have planted one to reach outside the volume.
-fn sub_path(base: &Path, rel: &Path) -> Result<PathBuf, String> {
-    let mut p = base.to_path_buf();
-    for c in rel.components() {
-        let Component::Normal(n) = c else { continue };
-        p.push(n);
-        match fs::symlink_metadata(&p) {
-            Ok(m) if m.file_type().is_symlink() => {
-                return Err(format!("{} is a symbolic link", p.display()));
-            }
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                fs::create_dir(&p).map_err(|e| format!("creating {}: {e}", p.display()))?;
-                fs::set_permissions(&p, fs::Permissions::from_mode(0o777))
-                    .map_err(|e| format!("chmod {}: {e}", p.display()))?;
-            }
-            Err(e) => return Err(format!("{}: {e}", p.display())),
-        }
-    }
-    Ok(p)
 }
 
 #[cfg(test)]
@@ -1124,9 +1109,24 @@ mod tests {
             ..Default::default()
         };
         let mounts = mounts_for(&c, &got).unwrap();
-        assert_eq!(mounts[0].source, scratch.join("a/b"));
+        assert_eq!(mounts[0].source, *scratch);
+        assert_eq!(
+            mounts[0].sub_path,
+            Some(SubPath {
+                path: "a/b".into(),
+                data_link: false
+            })
+        );
         assert!(scratch.join("a/b").is_dir());
         assert!(mounts[1].read_only);
+        // A downwardAPI volume is read-only whatever the volumeMount says, and its subPath
+        // goes through `..data`.
+        let mut writable = c.clone();
+        writable.volume_mounts[1].read_only = false;
+        writable.volume_mounts[1].sub_path = "meta/name".into();
+        let m = &mounts_for(&writable, &got).unwrap()[1];
+        assert!(m.read_only);
+        assert!(m.sub_path.as_ref().is_some_and(|s| s.data_link));
         let targets: Vec<_> = mounts.iter().map(|m| m.destination.clone()).collect();
         assert_eq!(
             targets,
@@ -1140,6 +1140,7 @@ mod tests {
         bad.volume_mounts[0].sub_path = "evil/x".into();
         let e = mounts_for(&bad, &got).unwrap_err();
         assert!(e.contains("subPath") && e.contains("symbolic link"), "{e}");
+        assert!(!Path::new("/etc/x").exists());
         bad.volume_mounts[0].sub_path = "../x".into();
         assert!(mounts_for(&bad, &got).unwrap_err().contains("without '..'"));
         bad.volume_mounts[0].name = "nope".into();

@@ -80,6 +80,8 @@ pub struct Worker {
     pod: Pod,
     gone: bool,
     sandbox: Option<Sandbox>,
+    /// The pod's device confinement is in place (or it needs none: privileged).
+    devices_confined: bool,
     pod_ip: Option<IpAddr>,
     tracks: BTreeMap<String, Track>,
     /// A pod-level problem shown in status.reason/message.
@@ -222,6 +224,17 @@ fn containers(pod: &Pod) -> Vec<Container> {
         .unwrap_or_default()
 }
 
+/// Whether any container of the pod (init containers included) is privileged: such a pod gets
+/// every device, as runc gives a privileged container.
+fn privileged(pod: &Pod) -> bool {
+    pod.spec.as_ref().is_some_and(|s| {
+        s.containers
+            .iter()
+            .chain(&s.init_containers)
+            .any(|c| c.security_context.as_ref().and_then(|sc| sc.privileged) == Some(true))
+    })
+}
+
 fn restart_policy(pod: &Pod) -> String {
     pod.spec
         .as_ref()
@@ -261,6 +274,7 @@ impl Worker {
             pod,
             gone,
             sandbox: None,
+            devices_confined: false,
             pod_ip: None,
             tracks,
             failure: None,
@@ -444,6 +458,17 @@ impl Worker {
                 .await
                 .map_err(|e| ("SandboxCreateFailed", e.to_string()))?;
             self.sandbox = Some(sb);
+        }
+        // Before any container starts (and again for a sandbox adopted after a restart,
+        // taking over the earlier agent's pinned confinement).
+        if !self.devices_confined
+            && let Some(cgroup_dir) = self.sandbox.as_ref().map(|s| s.cgroup_dir.clone())
+        {
+            self.ctx
+                .confine_pod_devices(&self.uid, &cgroup_dir, privileged(&self.pod))
+                .await
+                .map_err(|e| ("DeviceConfinementFailed", e))?;
+            self.devices_confined = true;
         }
         if self.pod_ip.is_none() {
             let netns = self
@@ -1347,6 +1372,8 @@ impl Worker {
                 return Err(format!("removing sandbox: {e}"));
             }
         }
+        self.ctx.release_pod_devices(&self.uid);
+        self.devices_confined = false;
         if let Ok(images) = &self.ctx.images {
             images.release_pod(&self.uid);
         }

@@ -1,9 +1,10 @@
 //! The node agent's eBPF programs: loading the object that `build.rs` compiles from
 //! `ebpf/skiff-ebpf`, pinning its maps, attaching programs to pod cgroups, reading the maps.
 //!
-//! Three objects: per-pod traffic accounting (this module), the Service load balancer
-//! ([`lb`]: socket-level translation of ClusterIP Services) and NetworkPolicy enforcement
-//! ([`policy`]).
+//! Four objects: per-pod traffic accounting (this module), the Service load balancer
+//! ([`lb`]: socket-level translation of ClusterIP Services), NetworkPolicy enforcement
+//! ([`policy`]) and the pods' device confinement ([`devices`]: runc's default device allow
+//! list, a `cgroup_device` program on every unprivileged pod's cgroup).
 //!
 //! Accounting: two `cgroup_skb` programs (ingress, egress) count
 //! packets and bytes per cgroup v2 id in per-CPU hash maps pinned under the agent's pin
@@ -19,6 +20,9 @@
 //! Byte counts are IP-level (`skb->len`: IP header onwards, no link-layer header); on egress a
 //! GSO packet is counted once with its full length.
 
+pub mod devices;
+#[cfg(test)]
+mod devices_kernel_tests;
 mod fs;
 #[cfg(test)]
 mod kernel_tests;
@@ -108,6 +112,8 @@ pub enum BpfError {
         #[source]
         source: Box<MapError>,
     },
+    #[error("{0:?} is not a valid pod uid")]
+    InvalidPod(String),
     #[error("the accounting programs are not attached to cgroup {0}")]
     NotAttached(u64),
     #[error("eBPF link of {name}: {source}")]

@@ -2,6 +2,9 @@
 //! cgroup and attach type (`BPF_OBJ_GET_INFO_BY_FD`), and replacing the program of a link in
 //! place (`BPF_LINK_UPDATE`), plus opening a pinned link (`BPF_OBJ_GET`; aya's `PinnedLink`
 //! does not lend its descriptor). Used to take over the pinned links of an earlier agent.
+//!
+//! And creating and pinning a cgroup link (`BPF_LINK_CREATE`, `BPF_OBJ_PIN`) for the
+//! `cgroup_device` program, whose aya link cannot be turned into a pinnable `FdLink`.
 
 use std::ffi::CString;
 use std::io;
@@ -10,8 +13,10 @@ use std::os::unix::ffi::OsStrExt as _;
 use std::path::Path;
 
 /// `enum bpf_cmd` values (include/uapi/linux/bpf.h).
+const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_LINK_UPDATE: libc::c_long = 29;
 
 /// `enum bpf_attach_type` values of the cgroup socket-address hooks.
@@ -25,6 +30,8 @@ pub const BPF_CGROUP_INET6_CONNECT: u32 = 11;
 pub const BPF_CGROUP_UDP6_SENDMSG: u32 = 15;
 pub const BPF_CGROUP_UDP6_RECVMSG: u32 = 20;
 pub const BPF_CGROUP_INET6_GETPEERNAME: u32 = 30;
+/// `enum bpf_attach_type` of the device cgroup hook.
+pub const BPF_CGROUP_DEVICE: u32 = 6;
 
 /// `BPF_LINK_TYPE_CGROUP`.
 const BPF_LINK_TYPE_CGROUP: u32 = 3;
@@ -47,6 +54,15 @@ struct InfoByFdAttr {
     bpf_fd: u32,
     info_len: u32,
     info: u64,
+}
+
+/// The head of the `link_create` member of `union bpf_attr` (no target-specific part).
+#[repr(C)]
+struct LinkCreateAttr {
+    prog_fd: u32,
+    target_fd: u32,
+    attach_type: u32,
+    flags: u32,
 }
 
 /// The `link_update` member of `union bpf_attr`.
@@ -112,6 +128,38 @@ pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
     let fd = bpf(BPF_OBJ_GET, &mut attr)?;
     let fd = i32::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
     // SAFETY: BPF_OBJ_GET succeeded and returned a new file descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Pins the BPF object `fd` (here: a link) at `path` on a BPF filesystem.
+pub fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+    let c_path = CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let mut attr = ObjGetAttr {
+        pathname: c_path.as_ptr() as u64,
+        bpf_fd: fd_u32(fd)?,
+        file_flags: 0,
+    };
+    bpf(BPF_OBJ_PIN, &mut attr).map(drop)
+}
+
+/// Attaches program `prog` to the cgroup `cgroup` (an open cgroup v2 directory) at hook
+/// `attach_type` with a new BPF link, returned. Cgroup links always coexist with the other
+/// programs on the cgroup and its ancestors (multi-attach), so no flags.
+pub fn cgroup_link_create(
+    prog: BorrowedFd<'_>,
+    cgroup: BorrowedFd<'_>,
+    attach_type: u32,
+) -> io::Result<OwnedFd> {
+    let mut attr = LinkCreateAttr {
+        prog_fd: fd_u32(prog)?,
+        target_fd: fd_u32(cgroup)?,
+        attach_type,
+        flags: 0,
+    };
+    let fd = bpf(BPF_LINK_CREATE, &mut attr)?;
+    let fd = i32::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: BPF_LINK_CREATE succeeded and returned a new file descriptor nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 

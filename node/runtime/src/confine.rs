@@ -3,13 +3,16 @@
 //! spec:
 //!
 //! * [`open_sources`] takes a detached copy of every bind mount's source (`open_tree`)
-//!   while the node's root is still visible;
+//!   while the node's root is still visible; a subPath is walked from its volume's
+//!   directory without following symlinks and mounted from the descriptor the walk ends on
+//!   (see [`volume::subpath`]);
 //! * [`enter_rootfs`] `pivot_root`s into the root filesystem, detaches the node's root, and
 //!   only then creates and mounts what the container sees, so that every path (and every
 //!   symlink an image carries) resolves inside the container: `proc`, a minimal `/dev` with
-//!   `pts`, `shm` and the usual device nodes, `sysfs` (read-only unless privileged), the
-//!   bind mounts (volumes, /etc/hosts, ...), the masked and read-only kernel paths, and at
-//!   last a read-only root when asked;
+//!   `pts`, `shm`, `mqueue` and the usual device nodes, `sysfs` (read-only unless
+//!   privileged), the bind mounts (volumes, /etc/hosts, ...), the masked and read-only kernel
+//!   paths, and at last a read-only root when asked. The mount options are containerd's
+//!   default spec's (see [`mount_dev`]);
 //! * [`drop_privileges`] sets the groups, the user, the capability sets, `no_new_privs` and
 //!   the seccomp filter.
 
@@ -24,6 +27,7 @@ use nix::sys::stat::{Mode, SFlag};
 use nix::unistd::{Gid, Uid};
 
 use super::sys;
+use super::volume;
 use super::{Mount, Seccomp, Security};
 
 /// A step of the confinement that failed, and why.
@@ -54,6 +58,21 @@ pub(crate) fn open_sources(mounts: &[Mount]) -> Result<Vec<Source<'_>>, ConfineE
         .iter()
         .map(|m| {
             let what = || format!("volume source {}", m.source.display());
+            if let Some(sub) = &m.sub_path {
+                // What is mounted is what the no-follow walk checked: the descriptor it
+                // ends on, not a path a container could have swapped meanwhile.
+                let fd = volume::subpath::open(&m.source, sub).map_err(|e| ConfineError {
+                    what: format!("{}: subPath {}", what(), sub.path.display()),
+                    source: io::Error::other(e.to_string()),
+                })?;
+                let st = nix::sys::stat::fstat(&fd).map_err(fail(what()))?;
+                let tree = sys::open_tree_clone_fd(fd.as_fd()).map_err(fail(what()))?;
+                return Ok(Source {
+                    mount: m,
+                    tree,
+                    is_dir: volume::kind(&st) == SFlag::S_IFDIR,
+                });
+            }
             let meta = fs::metadata(&m.source).map_err(fail(what()))?;
             let tree = sys::open_tree_clone(&m.source).map_err(fail(what()))?;
             Ok(Source {
@@ -193,7 +212,12 @@ pub(crate) fn enter_rootfs(
 }
 
 /// A tmpfs `/dev` with the standard device nodes and links, `/dev/pts` (a private devpts
-/// instance) and `/dev/shm`.
+/// instance), `/dev/shm` and `/dev/mqueue`, with containerd's default spec's options:
+/// `/dev` nosuid,strictatime,mode=755,size=65536k; `/dev/pts`
+/// nosuid,noexec,newinstance,ptmxmode=0666,mode=0620,gid=5; `/dev/shm`
+/// nosuid,nodev,noexec,mode=1777,size=65536k; `/dev/mqueue` nosuid,nodev,noexec. (`/dev`
+/// itself cannot be nodev: it holds the device nodes. Which devices a pod may open is the
+/// agent's device cgroup program's business, not the mounts'.)
 fn mount_dev() -> Result<(), ConfineError> {
     let dev = Path::new("/dev");
     mkdir_all(dev)?;
@@ -241,7 +265,7 @@ fn mount_dev() -> Result<(), ConfineError> {
         &pts,
         Some("devpts"),
         MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        Some("newinstance,ptmxmode=0666,mode=0620"),
+        Some("newinstance,ptmxmode=0666,mode=0620,gid=5"),
     )?;
     let shm = dev.join("shm");
     mkdir_all(&shm)?;
@@ -251,6 +275,16 @@ fn mount_dev() -> Result<(), ConfineError> {
         Some("tmpfs"),
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
         Some("mode=1777,size=65536k"),
+    )?;
+    // The POSIX message queues of the pod's IPC namespace (joined before this runs).
+    let mqueue = dev.join("mqueue");
+    mkdir_all(&mqueue)?;
+    mount(
+        Some("mqueue"),
+        &mqueue,
+        Some("mqueue"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None,
     )?;
     Ok(())
 }

@@ -21,6 +21,10 @@
 //!
 //! Limits are applied only where the cgroup v2 tree offers the controller; the rest are
 //! reported as not enforced ([`Runtime::limit_report`]).
+//!
+//! [`volume`] holds the filesystem code of pod volumes that containers must not turn against
+//! the node: the AtomicWriter of secret, configMap, projected and downwardAPI volumes, and
+//! the no-follow subPath walk whose descriptor the shim mounts from.
 
 mod cgroup;
 mod confine;
@@ -34,6 +38,7 @@ mod ns;
 pub mod shim;
 mod state;
 mod sys;
+pub mod volume;
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
@@ -133,6 +138,11 @@ pub struct Mount {
     /// the source) when missing.
     pub destination: PathBuf,
     pub read_only: bool,
+    /// Mount this path beneath `source` instead (a volumeMount's subPath): walked from
+    /// `source` without following a symlink right before the mount, and mounted from the
+    /// descriptor the walk ends on ([`volume::subpath`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sub_path: Option<volume::SubPath>,
 }
 
 /// A seccomp profile.

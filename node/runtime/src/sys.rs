@@ -1,6 +1,6 @@
 //! The runtime's only `unsafe` code and raw syscalls (pidfd, close_range, fork, signal
 //! dispositions, `_exit`, an interface ioctl, `pre_exec`, the new mount API's `open_tree`
-//! and `move_mount`, `no_new_privs` and installing a seccomp filter). Everything else goes
+//! (of a path or of a descriptor) and `move_mount`, `no_new_privs` and installing a seccomp filter). Everything else goes
 //! through nix's safe wrappers.
 
 use std::io;
@@ -198,6 +198,27 @@ pub(crate) fn open_tree_clone(path: &std::path::Path) -> io::Result<OwnedFd> {
     // SAFETY: `c` is a NUL-terminated string that outlives the call; the other arguments are
     // integers. The kernel returns a new descriptor or -1.
     let ret = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, c.as_ptr(), flags) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = RawFd::try_from(ret).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: the kernel just returned this descriptor; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `open_tree(2)` of what the descriptor `fd` names (`AT_EMPTY_PATH`), with
+/// `OPEN_TREE_CLONE | AT_RECURSIVE`: a detached bind mount of exactly that file or directory,
+/// whatever its path has become (a subPath resolved without following symlinks).
+pub(crate) fn open_tree_clone_fd(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let empty = c"";
+    let flags = libc::OPEN_TREE_CLONE
+        | libc::OPEN_TREE_CLOEXEC
+        | libc::AT_RECURSIVE as u32
+        | libc::AT_EMPTY_PATH as u32;
+    // SAFETY: `empty` is a NUL-terminated string that outlives the call and `fd` is open for
+    // its duration; the other arguments are integers. The kernel returns a new descriptor or
+    // -1.
+    let ret = unsafe { libc::syscall(libc::SYS_open_tree, fd.as_raw_fd(), empty.as_ptr(), flags) };
     if ret < 0 {
         return Err(io::Error::last_os_error());
     }

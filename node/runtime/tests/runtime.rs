@@ -1208,6 +1208,7 @@ fn host_tools_rootfs(dir: &Path) -> (PathBuf, Vec<Mount>) {
         source: "/usr".into(),
         destination: "/usr".into(),
         read_only: true,
+        sub_path: None,
     }];
     (root, mounts)
 }
@@ -1242,6 +1243,7 @@ async fn confinement_like_containerds_defaults() {
         source: probe.clone(),
         destination: "/probe.py".into(),
         read_only: true,
+        sub_path: None,
     };
     let report = "grep -E '^(Cap(Bnd|Eff)|NoNewPrivs|Seccomp):' /proc/self/status; \
         id -u; id -g; id -G; \
@@ -1357,11 +1359,13 @@ async fn confinement_like_containerds_defaults() {
             source: data.clone(),
             destination: "/data".into(),
             read_only: false,
+            sub_path: None,
         },
         Mount {
             source: ro.clone(),
             destination: "/ro".into(),
             read_only: true,
+            sub_path: None,
         },
     ];
     rt.start_container(&sb, &container("user", user, mounts))
@@ -1480,4 +1484,80 @@ async fn a_shared_pid_namespace_shows_every_container_of_the_pod() {
         .await
         .unwrap();
     assert!(!alive(holder.pid), "the holder is gone");
+}
+
+/// A subPath is mounted from the descriptor of a no-follow walk done by the container's
+/// process itself right before the mount: a directory of the volume is mounted, a symlink
+/// component (a container planted one, to a node directory) refuses the start and shows
+/// nothing of the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subpath_mount_never_follows_a_symlink() {
+    let h = Harness::new("subpath");
+    let rt = h.runtime();
+    let root = busybox_rootfs(h.tmp.path());
+    let sb = rt
+        .create_sandbox(&h.sandbox_spec("subpath-pod"))
+        .await
+        .unwrap();
+    let node_dir = h.tmp.path().join("node-dir");
+    std::fs::create_dir(&node_dir).unwrap();
+    std::fs::write(node_dir.join("node-secret"), "node-only\n").unwrap();
+    let vol = h.tmp.path().join("volume");
+    std::fs::create_dir_all(vol.join("real")).unwrap();
+    std::fs::write(vol.join("real/mine"), "mine\n").unwrap();
+    std::os::unix::fs::symlink(&node_dir, vol.join("evil")).unwrap();
+    std::fs::create_dir(vol.join("real/deeper")).unwrap();
+    std::os::unix::fs::symlink(&node_dir, vol.join("real/deeper/link")).unwrap();
+    let c = |name: &str, sub: &str| ContainerSpec {
+        name: name.into(),
+        image: Image::RootFs(root.clone()),
+        argv: vec![
+            "sh".into(),
+            "-c".into(),
+            "cat /vol/mine /vol/node-secret; echo done; exec sleep 1000".into(),
+        ],
+        env: vec![("PATH".into(), "/bin".into())],
+        working_dir: None,
+        limits: Limits::default(),
+        mounts: vec![Mount {
+            source: vol.clone(),
+            destination: "/vol".into(),
+            read_only: false,
+            sub_path: Some(skiff_runtime::volume::SubPath {
+                path: sub.into(),
+                data_link: false,
+            }),
+        }],
+        security: Default::default(),
+    };
+    assert!(
+        rt.start_container(&sb, &c("ok", "real"))
+            .await
+            .unwrap()
+            .is_running()
+    );
+    eventually_within("the container's output", Duration::from_secs(5), || async {
+        log_text(&rt, &sb, "ok").contains("done")
+    })
+    .await;
+    let log = log_text(&rt, &sb, "ok");
+    assert!(
+        log.contains(" stdout mine\n") && !log.contains("node-only"),
+        "{log}"
+    );
+    for (name, sub) in [("evil", "evil"), ("deep", "real/deeper/link")] {
+        match rt.start_container(&sb, &c(name, sub)).await.unwrap() {
+            ContainerState::Exited {
+                reason, message, ..
+            } => {
+                assert_eq!(reason, "StartError", "{message}");
+                assert!(message.contains("is a symbolic link"), "{message}");
+            }
+            other => panic!("{sub}: the symlink was mounted: {other:?}"),
+        }
+        assert!(!log_text(&rt, &sb, name).contains("node-only"));
+    }
+    rt.remove_sandbox(&sb, Duration::from_secs(1))
+        .await
+        .unwrap();
 }

@@ -1,6 +1,8 @@
 //! The pod worker on the fakes: a real in-process API server, the in-memory runtime
-//! (`FakeRuntime`), network (`FakeNetwork`) and data path (`FakeLb`), sharing one journal of
-//! calls. Restart back-off, probe failures and teardown order, without root or a kernel.
+//! (`FakeRuntime`), network (`FakeNetwork`), data path (`FakeLb`) and device confinement
+//! (`FakeDevices`), sharing one journal of calls. Restart back-off, probe failures, set-up and
+//! teardown order (device confinement before any container starts, privileged pods exempt),
+//! without root or a kernel.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -9,6 +11,7 @@ use skiff_api::api::{Container, ExecAction, ObjectMeta, Pod, PodSpec, Probe};
 use skiff_apiserver::ApiServerOptions;
 use skiff_client::runtime::EventRecorder;
 use skiff_client::{Client, DeleteParams, ListParams};
+use skiff_datapath::devices::fake::FakeDevices;
 use skiff_datapath::lb::LbConfig;
 use skiff_datapath::lb::fake::FakeLb;
 use skiff_hostnet::fake::FakeNetwork;
@@ -36,6 +39,11 @@ struct Bed {
 }
 
 async fn bed(backoff_initial: Duration) -> Bed {
+    bed_with_devices(backoff_initial, true).await
+}
+
+/// A bed whose device confinement works (`devices`) or could not be loaded.
+async fn bed_with_devices(backoff_initial: Duration, devices: bool) -> Bed {
     let server = TestServer::start(ApiServerOptions::default()).await;
     let client = Client::connect(&server.endpoint()).await.expect("connect");
     let journal: Journal = Arc::default();
@@ -46,6 +54,14 @@ async fn bed(backoff_initial: Duration) -> Bed {
             .with_journal(journal.clone()),
     );
     let lb = FakeLb::new(LbConfig::default()).with_journal(journal.clone());
+    let devices: Result<Arc<Mutex<dyn skiff_datapath::devices::DeviceConfinement>>, String> =
+        if devices {
+            Ok(Arc::new(Mutex::new(
+                FakeDevices::default().with_journal(journal.clone()),
+            )))
+        } else {
+            Err("the node agent was built without its eBPF programs".into())
+        };
     let state = tempfile::tempdir().expect("state dir");
     let ctx = Arc::new(Ctx {
         client: client.clone(),
@@ -54,6 +70,7 @@ async fn bed(backoff_initial: Duration) -> Bed {
         accounting: None,
         proxy: Ok(Proxy::new(lb, "node-1", Vec::new())),
         network_policy: None,
+        devices,
         host_ip: Some("192.168.100.1".into()),
         backoff_initial,
         backoff_max: backoff_initial * 8,
@@ -324,6 +341,7 @@ async fn set_up_and_torn_down_in_order() {
     let veth = skiff_hostnet::host_veth_name(uid);
     let setup = [
         format!("runtime: create sandbox {uid}"),
+        format!("devices: confine {uid}"),
         format!("net: attach {uid} {ip}"),
         format!("datapath: attach tc {veth}"),
         format!("datapath: set endpoint {ip}"),
@@ -358,6 +376,7 @@ async fn set_up_and_torn_down_in_order() {
         teardown,
         [
             format!("runtime: remove sandbox {uid}"),
+            format!("devices: release {uid}"),
             format!("datapath: remove endpoint {ip}"),
             format!("datapath: detach tc {veth}"),
             format!("net: detach {uid}"),
@@ -376,4 +395,58 @@ async fn set_up_and_torn_down_in_order() {
         "one Killing event per container: {killing:?}"
     );
     r.forward.abort();
+}
+
+fn privileged_container(name: &str) -> Container {
+    Container {
+        security_context: Some(skiff_api::api::SecurityContext {
+            privileged: Some(true),
+            ..Default::default()
+        }),
+        ..container(name)
+    }
+}
+
+/// A pod with a privileged container gets every device (no confinement); without device
+/// confinement an unprivileged pod's containers never start, and its status says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_confinement_before_start_privileged_pods_exempt() {
+    let b = bed(Duration::from_millis(100)).await;
+    let r = b
+        .start(pod(
+            "privileged",
+            vec![container("a"), privileged_container("b")],
+        ))
+        .await;
+    eventually("Running", async || {
+        let p = b.get("privileged").await?;
+        (p.status.as_ref()?.phase == "Running").then_some(())
+    })
+    .await;
+    assert!(
+        !b.journal()
+            .iter()
+            .any(|l| l.starts_with("devices: confine")),
+        "{:?}",
+        b.journal()
+    );
+    r.forward.abort();
+    r.task.abort();
+
+    let b = bed_with_devices(Duration::from_millis(100), false).await;
+    let r = b.start(pod("unconfinable", vec![container("a")])).await;
+    let reason = eventually("a pod-level failure", async || {
+        let p = b.get("unconfinable").await?;
+        Some(p.status.as_ref()?.reason.clone()).filter(|r| !r.is_empty())
+    })
+    .await;
+    assert_eq!(reason, "DeviceConfinementFailed");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !b.journal().iter().any(|l| l.starts_with("runtime: start")),
+        "a container started unconfined: {:?}",
+        b.journal()
+    );
+    r.forward.abort();
+    r.task.abort();
 }
