@@ -599,3 +599,190 @@ fn certificate_approval_needs_the_signer() {
     // The administrator (every verb on every signer) may.
     ok(&server.kubectl(&["certificate", "approve", "node-takeover"]));
 }
+
+/// A Node object named `name` with `labels` (a YAML flow map) and pod CIDR `cidr`.
+fn node_yaml(name: &str, labels: &str, cidr: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Node\nmetadata: {{name: {name}, labels: {labels}}}\n\
+         spec: {{podCIDR: {cidr}}}\n"
+    )
+}
+
+#[test]
+fn nodes_change_only_what_the_kubelet_may() {
+    let Setup { dir, server, .. } = setup();
+    let n1 = server.user_kubeconfig(dir.path(), "system:node:n1", &["system:nodes"]);
+    // A label that steers workloads (NodeRestriction's own prefix): refused at registration.
+    let o = run(
+        &server,
+        &n1,
+        &["create", "-f", "-"],
+        Some(&node_yaml(
+            "n1",
+            "{node-restriction.kubernetes.io/pci: \"true\"}",
+            "10.244.9.0/24",
+        )),
+    );
+    refused(
+        &o,
+        "nodes \"n1\" is forbidden: is not allowed to set the following labels: \
+         node-restriction.kubernetes.io/pci",
+    );
+    ok(&run(
+        &server,
+        &n1,
+        &["create", "-f", "-"],
+        Some(&node_yaml(
+            "n1",
+            "{kubernetes.io/hostname: n1, rack: r7}",
+            "10.244.9.0/24",
+        )),
+    ));
+    // Later: no role label, no taint changes (a node would steer workloads to itself).
+    refused(
+        &run(
+            &server,
+            &n1,
+            &[
+                "label",
+                "node",
+                "n1",
+                "node-role.kubernetes.io/control-plane=",
+            ],
+            None,
+        ),
+        "is not allowed to modify labels: node-role.kubernetes.io/control-plane",
+    );
+    // Nor owners, which would let the garbage collector delete it (CVE-2025-5187).
+    refused(
+        &run(
+            &server,
+            &n1,
+            &[
+                "patch",
+                "node",
+                "n1",
+                "--type=merge",
+                "-p",
+                r#"{"metadata":{"ownerReferences":[{"apiVersion":"v1","kind":"Pod","name":"gone","uid":"0000"}]}}"#,
+            ],
+            None,
+        ),
+        "node \"n1\" is not allowed to set or change its own ownerReferences",
+    );
+    ok(&server.kubectl(&["taint", "node", "n1", "dedicated=db:NoSchedule"]));
+    refused(
+        &run(
+            &server,
+            &n1,
+            &["taint", "node", "n1", "dedicated=db:NoSchedule-"],
+            None,
+        ),
+        "node \"n1\" is not allowed to modify taints",
+    );
+    // Its pods: status only, never their labels or spec.
+    ok(&server.kubectl_stdin(
+        &["create", "-f", "-"],
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: tenant}\n\
+         spec:\n  nodeName: n1\n  containers: [{name: c, image: registry.invalid/busybox:1.36}]\n",
+    ));
+    refused(
+        &run(
+            &server,
+            &n1,
+            &["label", "pod", "p", "-n", "tenant", "app=admin-console"],
+            None,
+        ),
+        "node \"n1\" can only delete pods and update their status",
+    );
+}
+
+#[test]
+fn node_pod_cidrs_do_not_overlap() {
+    let Setup { dir, server, .. } = setup();
+    ok(&server.kubectl_stdin(
+        &["create", "-f", "-"],
+        &node_yaml("n2", "{}", "10.244.2.0/24"),
+    ));
+    let n1 = server.user_kubeconfig(dir.path(), "system:node:n1", &["system:nodes"]);
+    let o = run(
+        &server,
+        &n1,
+        &["create", "-f", "-"],
+        Some(&node_yaml("n1", "{}", "10.244.2.128/25")),
+    );
+    refused(
+        &o,
+        "spec.podCIDRs: Invalid value: \"10.244.2.128/25\": overlaps the pod CIDR \
+         10.244.2.0/24 of node \"n2\"",
+    );
+    ok(&run(
+        &server,
+        &n1,
+        &["create", "-f", "-"],
+        Some(&node_yaml("n1", "{}", "10.244.1.0/24")),
+    ));
+}
+
+#[test]
+fn a_bootstrap_token_joins_only_new_nodes() {
+    let Setup { dir, server, .. } = setup();
+    ok(&server.kubectl_stdin(
+        &["create", "-f", "-"],
+        &node_yaml("victim", "{}", "10.244.3.0/24"),
+    ));
+    let out = server.skiff(&["token", "create", "--ttl", "1h"]);
+    assert!(out.status.success(), "{out:?}");
+    let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    // A kubeconfig with only the CA and the token, as a joining machine has.
+    let kubeconfig = dir.path().join("bootstrap.kubeconfig");
+    let ca = server.pki_dir.join("ca.crt");
+    let cfg = |args: &[&str]| {
+        let mut all = vec!["config", "--kubeconfig", kubeconfig.to_str().unwrap()];
+        all.extend_from_slice(args);
+        ok(&std::process::Command::new(skiff_tests::KUBECTL)
+            .args(&all)
+            .output()
+            .unwrap());
+    };
+    cfg(&[
+        "set-cluster",
+        "c",
+        "--server",
+        &server.endpoint,
+        "--certificate-authority",
+        ca.to_str().unwrap(),
+    ]);
+    cfg(&["set-credentials", "t", "--token", &token]);
+    cfg(&["set-context", "c", "--cluster", "c", "--user", "t"]);
+    cfg(&["use-context", "c"]);
+    let request = |name: &str, cn: &str| {
+        let (_key, pem) = skiff_pki::new_request(cn, &["system:nodes".to_string()]).unwrap();
+        use base64::Engine as _;
+        serde_json::json!({
+            "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+            "metadata": {"name": name},
+            "spec": {
+                "signerName": "kubernetes.io/kube-apiserver-client-kubelet",
+                "request": base64::engine::general_purpose::STANDARD.encode(pem),
+                "usages": ["digital signature", "client auth"],
+            },
+        })
+        .to_string()
+    };
+    refused(
+        &run(
+            &server,
+            &kubeconfig,
+            &["create", "-f", "-"],
+            Some(&request("take-victim", "system:node:victim")),
+        ),
+        "node \"victim\" is already registered: a bootstrap token may only join a new node",
+    );
+    ok(&run(
+        &server,
+        &kubeconfig,
+        &["create", "-f", "-"],
+        Some(&request("join-fresh", "system:node:fresh")),
+    ));
+}

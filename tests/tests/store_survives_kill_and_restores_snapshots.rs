@@ -133,6 +133,11 @@ async fn embedded_store_keeps_acknowledged_writes_across_kill_and_restores_snaps
         "{said}"
     );
     assert!(std::fs::metadata(&saved).unwrap().len() > 0);
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&saved).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o600, "the saved snapshot holds every Secret");
+    }
     let refused = skiff_tests::fails(&save().await.unwrap());
     assert!(refused.contains("exists"), "{refused}");
     let at_snapshot_end = count();

@@ -40,6 +40,10 @@ pub const TARGETS: &[Target] = &[
         name: "dns_queries",
     },
     Target {
+        crate_dir: "node/image",
+        name: "image_layers",
+    },
+    Target {
         crate_dir: "node/runtime",
         name: "volume_paths",
     },

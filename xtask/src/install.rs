@@ -61,6 +61,16 @@ pub struct InstallArgs {
     /// `etcd` service [default: the embedded store in /var/lib/skiff/data].
     #[arg(long, value_name = "URL[,URL...]")]
     pub etcd_endpoints: Option<String>,
+    /// TLS to etcd (https:// endpoints): the CA of the members' certificates, passed to the
+    /// API server as --etcd-cafile; needs --etcd-certfile and --etcd-keyfile.
+    #[arg(long, value_name = "FILE", requires_all = ["etcd_endpoints", "etcd_certfile", "etcd_keyfile"])]
+    pub etcd_cafile: Option<PathBuf>,
+    /// The client certificate the API server presents to etcd (--etcd-certfile).
+    #[arg(long, value_name = "FILE", requires_all = ["etcd_endpoints", "etcd_cafile", "etcd_keyfile"])]
+    pub etcd_certfile: Option<PathBuf>,
+    /// Its key (--etcd-keyfile; keep it 0600).
+    #[arg(long, value_name = "FILE", requires_all = ["etcd_endpoints", "etcd_cafile", "etcd_certfile"])]
+    pub etcd_keyfile: Option<PathBuf>,
     /// Address the API server listens on [default: 0.0.0.0:7443].
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
@@ -189,7 +199,8 @@ impl UnitSpec {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum StoreKind {
     Embedded,
-    Etcd(String),
+    /// Endpoints, and the CA, client certificate and key files for TLS.
+    Etcd(String, Option<[PathBuf; 3]>),
 }
 
 /// How the node agent gets its credentials.
@@ -267,8 +278,24 @@ impl Plan {
         }
         let store = match &a.etcd_endpoints {
             Some(e) => {
-                parse_urls("--etcd-endpoints", e, &["http", "https"])?;
-                StoreKind::Etcd(e.clone())
+                let urls = parse_urls("--etcd-endpoints", e, &["http", "https"])?;
+                let tls = match (&a.etcd_cafile, &a.etcd_certfile, &a.etcd_keyfile) {
+                    (Some(ca), Some(cert), Some(key)) => {
+                        for (flag, p) in [
+                            ("--etcd-cafile", ca),
+                            ("--etcd-certfile", cert),
+                            ("--etcd-keyfile", key),
+                        ] {
+                            check_unit_path(flag, p)?;
+                        }
+                        if let Some(plain) = urls.iter().find(|u| !u.starts_with("https://")) {
+                            bail!("--etcd-endpoints {plain}: with TLS files, use https://");
+                        }
+                        Some([ca.clone(), cert.clone(), key.clone()])
+                    }
+                    _ => None,
+                };
+                StoreKind::Etcd(e.clone(), tls)
             }
             None => StoreKind::Embedded,
         };
@@ -510,9 +537,14 @@ fn exec_args(plan: &Plan, unit: &UnitSpec) -> Vec<String> {
                     a.push(pair("--store", "embedded"));
                     a.push(pair("--data-dir", STORE_DIR));
                 }
-                StoreKind::Etcd(endpoints) => {
+                StoreKind::Etcd(endpoints, tls) => {
                     a.push(pair("--store", "etcd"));
                     a.push(pair("--etcd-endpoints", endpoints));
+                    if let Some([ca, cert, key]) = tls {
+                        a.push(pair("--etcd-cafile", &ca.display().to_string()));
+                        a.push(pair("--etcd-certfile", &cert.display().to_string()));
+                        a.push(pair("--etcd-keyfile", &key.display().to_string()));
+                    }
                 }
             }
             if let Some(sans) = &plan.tls_sans {
@@ -574,7 +606,7 @@ fn render_unit(plan: &Plan, unit: &UnitSpec) -> Result<String> {
     let mut pre = String::new();
     match unit.name {
         "skiff-apiserver" => {
-            if matches!(plan.store, StoreKind::Etcd(_)) {
+            if matches!(plan.store, StoreKind::Etcd(..)) {
                 // Ordering only: etcd may run on other machines, or be the distribution's
                 // `etcd` service here (started with the API server when both are enabled).
                 after.push_str(" etcd.service");
@@ -813,10 +845,11 @@ fn install(plan: &Plan) -> Result<Report> {
         (plan.bin_dir.clone(), 0o755),
         (PathBuf::from(UNIT_DIR), 0o755),
         (PathBuf::from(ENV_DIR), 0o755),
-        (PathBuf::from(DATA_DIR), 0o755),
+        // The services' state (PKI, store, encryption key, node credentials): root's only.
+        (PathBuf::from(DATA_DIR), 0o700),
     ];
     if plan.role.agent() {
-        dirs.push((PathBuf::from(NODE_DIR), 0o755));
+        dirs.push((PathBuf::from(NODE_DIR), 0o700));
     }
     for (dir, mode) in dirs {
         let path = plan.host(&dir);
@@ -1066,9 +1099,17 @@ fn mode_of(path: &Path) -> Result<u32> {
         & 0o7777)
 }
 
-/// Creates a directory (and its parents) with `mode` unless it exists.
+/// Creates a directory (and its parents) with `mode` unless it exists; an existing private
+/// one (`mode` 0700) that is open to others (an older install's 0755) is closed.
 fn ensure_dir(path: &Path, mode: u32, dry_run: bool) -> Result<Outcome> {
     if path.is_dir() {
+        if mode == 0o700 && mode_of(path)? != mode {
+            if !dry_run {
+                fs::set_permissions(path, fs::Permissions::from_mode(mode))
+                    .with_context(|| format!("setting the mode of {}", path.display()))?;
+            }
+            return Ok(Outcome::Updated);
+        }
         return Ok(Outcome::Unchanged);
     }
     if !dry_run {
@@ -1255,6 +1296,7 @@ mod tests {
             assert_eq!(s.mode(&path), 0o644, "{path}");
             assert_eq!(s.mode(&format!("{ENV_DIR}/{unit}")), 0o600, "{unit}'s env");
             assert_eq!(s.mode(&format!("/usr/local/bin/{unit}")), 0o755);
+            assert_eq!(s.mode(DATA_DIR), 0o700, "the state directory is private");
             for line in [
                 "Type=exec",
                 "Restart=always",
@@ -1362,6 +1404,7 @@ mod tests {
             "{env}"
         );
         assert_eq!(s.mode("/etc/default/skiff-node"), 0o600);
+        assert_eq!(s.mode(NODE_DIR), 0o700, "the node's credentials' directory");
         for absent in [
             "/etc/systemd/system/skiff-apiserver.service",
             "/usr/local/bin/skiff-apiserver",
@@ -1572,6 +1615,56 @@ mod tests {
             "{api}"
         );
         assert!(!api.contains("--data-dir"), "{api}");
+        // etcd with TLS and a client certificate: the files go to the API server.
+        let s = Scratch::new("etcd-tls");
+        s.install(&[
+            "--role",
+            "server",
+            "--etcd-endpoints",
+            "https://10.0.0.2:2379",
+            "--etcd-cafile",
+            "/etc/etcd/ca.crt",
+            "--etcd-certfile",
+            "/etc/etcd/client.crt",
+            "--etcd-keyfile",
+            "/etc/etcd/client.key",
+        ])
+        .unwrap();
+        let api = s.read("/etc/systemd/system/skiff-apiserver.service");
+        assert!(
+            exec_start(&api).contains(
+                "--store etcd --etcd-endpoints https://10.0.0.2:2379 --etcd-cafile \
+                 /etc/etcd/ca.crt --etcd-certfile /etc/etcd/client.crt --etcd-keyfile \
+                 /etc/etcd/client.key"
+            ),
+            "{api}"
+        );
+        let plain = s
+            .install(&[
+                "--role",
+                "server",
+                "--etcd-endpoints",
+                "http://10.0.0.2:2379",
+                "--etcd-cafile",
+                "/etc/etcd/ca.crt",
+                "--etcd-certfile",
+                "/etc/etcd/client.crt",
+                "--etcd-keyfile",
+                "/etc/etcd/client.key",
+            ])
+            .unwrap_err()
+            .to_string();
+        assert!(plain.contains("use https://"), "{plain}");
+        let partial = s
+            .install(&[
+                "--etcd-endpoints",
+                "https://10.0.0.2:2379",
+                "--etcd-cafile",
+                "/etc/etcd/ca.crt",
+            ])
+            .unwrap_err()
+            .to_string();
+        assert!(partial.contains("--etcd-certfile"), "{partial}");
     }
 
     #[test]

@@ -30,6 +30,16 @@ pub struct UpArgs {
     /// Use etcd at this URL (e.g. http://127.0.0.1:2379) instead of the embedded store.
     #[arg(long, value_name = "URL")]
     pub etcd: Option<String>,
+    /// With --etcd https://...: the CA of the etcd members' certificates (the API server's
+    /// --etcd-cafile); needs --etcd-certfile and --etcd-keyfile.
+    #[arg(long, value_name = "FILE", requires_all = ["etcd", "etcd_certfile", "etcd_keyfile"])]
+    pub etcd_cafile: Option<PathBuf>,
+    /// The client certificate the API server presents to etcd.
+    #[arg(long, value_name = "FILE", requires_all = ["etcd", "etcd_cafile", "etcd_keyfile"])]
+    pub etcd_certfile: Option<PathBuf>,
+    /// The client certificate's key.
+    #[arg(long, value_name = "FILE", requires_all = ["etcd", "etcd_cafile", "etcd_certfile"])]
+    pub etcd_keyfile: Option<PathBuf>,
     /// Address the API server listens on.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7443")]
     pub listen: SocketAddr,
@@ -45,7 +55,8 @@ pub struct UpArgs {
     #[arg(long, value_name = "PORT", default_value_t = 5000)]
     pub registry_port: u16,
     /// A highly available control plane on this machine: three etcd members (loopback
-    /// client ports 2379, 2381, 2383), three API servers (the --listen port and the next two)
+    /// client ports 2379, 2381, 2383; TLS for clients and peers with client certificates of
+    /// an etcd CA of their own in .skiff/pki/etcd), three API servers (the --listen port and the next two)
     /// over them sharing one PKI, and three schedulers and three controller managers electing
     /// leaders; every component and agent lists all three API servers and fails over.
     #[arg(long, conflicts_with_all = ["etcd", "data_dir"])]
@@ -56,6 +67,20 @@ pub struct UpArgs {
 pub const HA_REPLICAS: u16 = 3;
 /// The `--ha` etcd members' client ports (peer port: the next one).
 pub const HA_ETCD_CLIENT_PORTS: [u16; HA_REPLICAS as usize] = [2379, 2381, 2383];
+
+/// TLS to etcd: the API server's --etcd-cafile, --etcd-certfile and --etcd-keyfile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdTlsFiles {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// The `--ha` etcd members' PKI (an etcd CA of its own, made by `skiff-apiserver
+/// etcd-certs` before the members start).
+pub fn etcd_pki_dir(root: &Path) -> PathBuf {
+    root.join(".skiff").join("pki").join("etcd")
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Store {
@@ -75,6 +100,8 @@ pub struct UpConfig {
     pub registry: Option<SocketAddr>,
     /// `--ha`: three of everything in the control plane.
     pub ha: bool,
+    /// TLS to etcd (`--ha`'s own PKI, or the files given with --etcd).
+    pub etcd_tls: Option<EtcdTlsFiles>,
 }
 
 impl UpConfig {
@@ -83,7 +110,7 @@ impl UpConfig {
             _ if args.ha => Store::Etcd {
                 endpoints: HA_ETCD_CLIENT_PORTS
                     .iter()
-                    .map(|p| format!("http://127.0.0.1:{p}"))
+                    .map(|p| format!("https://127.0.0.1:{p}"))
                     .collect::<Vec<_>>()
                     .join(","),
             },
@@ -98,9 +125,34 @@ impl UpConfig {
                 },
             },
         };
+        let from_cwd = |p: &PathBuf| {
+            if p.is_absolute() {
+                p.clone()
+            } else {
+                cwd.join(p)
+            }
+        };
+        let etcd_tls = if args.ha {
+            let dir = etcd_pki_dir(root);
+            Some(EtcdTlsFiles {
+                ca: dir.join("ca.crt"),
+                cert: dir.join("apiserver-etcd-client.crt"),
+                key: dir.join("apiserver-etcd-client.key"),
+            })
+        } else {
+            match (&args.etcd_cafile, &args.etcd_certfile, &args.etcd_keyfile) {
+                (Some(ca), Some(cert), Some(key)) => Some(EtcdTlsFiles {
+                    ca: from_cwd(ca),
+                    cert: from_cwd(cert),
+                    key: from_cwd(key),
+                }),
+                _ => None,
+            }
+        };
         UpConfig {
             listen: args.listen,
             pki_dir: root.join(".skiff").join("pki"),
+            etcd_tls,
             store,
             nodes: args.nodes,
             registry: (args.registry_port != 0)
@@ -221,6 +273,15 @@ pub fn apiserver_args(cfg: &UpConfig, i: u16) -> Vec<String> {
             endpoints.clone(),
         ]),
     }
+    if let Some(t) = &cfg.etcd_tls {
+        for (flag, path) in [
+            ("--etcd-cafile", &t.ca),
+            ("--etcd-certfile", &t.cert),
+            ("--etcd-keyfile", &t.key),
+        ] {
+            a.extend([flag.to_string(), path.display().to_string()]);
+        }
+    }
     a
 }
 
@@ -288,21 +349,50 @@ pub fn etcd_args(root: &Path, member: usize) -> Vec<String> {
     let members = etcd_members(root);
     let cluster = members
         .iter()
-        .map(|(n, _, peer, _)| format!("{n}=http://127.0.0.1:{peer}"))
+        .map(|(n, _, peer, _)| format!("{n}=https://127.0.0.1:{peer}"))
         .collect::<Vec<_>>()
         .join(",");
     let (name, client, peer, dir) = &members[member];
+    let pki = etcd_pki_dir(root);
+    let (ca, cert, key) = (
+        pki.join("ca.crt").display().to_string(),
+        pki.join(format!("{name}.crt")).display().to_string(),
+        pki.join(format!("{name}.key")).display().to_string(),
+    );
     vec![
         format!("--name={name}"),
         format!("--data-dir={}", dir.display()),
-        format!("--listen-client-urls=http://127.0.0.1:{client}"),
-        format!("--advertise-client-urls=http://127.0.0.1:{client}"),
-        format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
-        format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
+        format!("--listen-client-urls=https://127.0.0.1:{client}"),
+        format!("--advertise-client-urls=https://127.0.0.1:{client}"),
+        format!("--listen-peer-urls=https://127.0.0.1:{peer}"),
+        format!("--initial-advertise-peer-urls=https://127.0.0.1:{peer}"),
         format!("--initial-cluster={cluster}"),
         "--initial-cluster-state=new".into(),
         "--initial-cluster-token=skiff-up-ha".into(),
+        // Clients and peers speak TLS and must present a certificate of the etcd CA.
+        format!("--cert-file={cert}"),
+        format!("--key-file={key}"),
+        format!("--trusted-ca-file={ca}"),
+        "--client-cert-auth".into(),
+        format!("--peer-cert-file={cert}"),
+        format!("--peer-key-file={key}"),
+        format!("--peer-trusted-ca-file={ca}"),
+        "--peer-client-cert-auth".into(),
     ]
+}
+
+/// `skiff-apiserver etcd-certs` arguments that make (once) the `--ha` etcd PKI: the etcd
+/// CA, a certificate per member, the API server's client certificate.
+pub fn etcd_certs_args(root: &Path) -> Vec<String> {
+    let mut a = vec![
+        "etcd-certs".to_string(),
+        "--dir".into(),
+        etcd_pki_dir(root).display().to_string(),
+    ];
+    for (name, _, _, _) in etcd_members(root) {
+        a.extend(["--member".into(), name]);
+    }
+    a
 }
 
 /// Most nodes `up` will start (their pod CIDRs are 10.244.1.0/24 ..= 10.244.200.0/24).
@@ -700,9 +790,12 @@ pub fn run(args: UpArgs) -> Result<()> {
         }
     }
 
+    // The cluster's state (PKI, encryption key, store, snapshots, node credentials) is only
+    // its owner's: `.skiff` and the data directory are 0700 (the API server keeps its own
+    // directories and files private too).
+    private_dir(&root.join(".skiff"))?;
     if let Store::Embedded { data_dir } = &cfg.store {
-        fs::create_dir_all(data_dir)
-            .with_context(|| format!("creating data dir {}", data_dir.display()))?;
+        private_dir(data_dir)?;
     } else if args.data_dir.is_some() {
         println!("note: --data-dir is ignored with --etcd");
     }
@@ -891,6 +984,9 @@ async fn supervise(plan: Plan<'_>) -> Result<()> {
         // --ha: the etcd members first, all of them (one alone has no quorum), then each
         // waited for.
         if plan.cfg.ha {
+            if let Err(e) = make_etcd_pki(&plan) {
+                break 'run Stop::Failed(e);
+            }
             let members = etcd_members(plan.root);
             for (i, (name, _, _, dir)) in members.iter().enumerate() {
                 let log = plan.log_dir.join(format!("{name}.log"));
@@ -1221,17 +1317,83 @@ async fn wait_port(r: &mut Running, addr: SocketAddr) -> Result<()> {
     }
 }
 
-/// Copies the admin kubeconfig to where the CLI and kubectl look (mode 0600: it holds the
-/// administrator's key).
+/// Creates `dir` (and missing parents) and sets it to mode 0700, whatever the umask.
+pub fn private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating {}", dir.display()))?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("chmod 700 {}", dir.display()))
+}
+
+/// Copies the admin kubeconfig to where the CLI and kubectl look (mode 0600 from its
+/// creation on: it holds the administrator's key): a temporary beside `to` made with
+/// `O_EXCL` and mode 0600, renamed over `to`. A missing parent is created 0700.
 fn copy_private(from: &Path, to: &Path) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    if let Some(dir) = to.parent() {
-        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
+    use std::io::Write as _;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+    let dir = match to.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating {}", dir.display()))?;
     let text = fs::read(from).with_context(|| format!("reading {}", from.display()))?;
-    fs::write(to, text).with_context(|| format!("writing {}", to.display()))?;
-    fs::set_permissions(to, fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("chmod 600 {}", to.display()))
+    let name = to.file_name().map(|n| n.to_string_lossy().into_owned());
+    let tmp = dir.join(format!(
+        ".{}.{}-{:x}",
+        name.unwrap_or_default(),
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    ));
+    let written = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| {
+            f.set_permissions(fs::Permissions::from_mode(0o600))?;
+            f.write_all(&text)?;
+            f.sync_all()
+        })
+        .and_then(|()| fs::rename(&tmp, to));
+    if written.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    written.with_context(|| format!("writing {}", to.display()))
+}
+
+/// Has the API server's binary make the `--ha` etcd PKI (once; later runs reuse it).
+fn make_etcd_pki(plan: &Plan<'_>) -> Result<()> {
+    let data = plan.root.join(".skiff").join("etcd");
+    if data.exists() && !etcd_pki_dir(plan.root).exists() {
+        bail!(
+            "{} holds etcd members an older `up --ha` started with plain HTTP; remove it (the \
+             --ha cluster's data) to start them with TLS",
+            data.display()
+        );
+    }
+    let bin = plan.bin_dir.join("skiff-apiserver");
+    let out = Command::new(&bin)
+        .args(etcd_certs_args(plan.root))
+        .output()
+        .with_context(|| format!("running {} etcd-certs", bin.display()))?;
+    if !out.status.success() {
+        bail!(
+            "making the etcd PKI failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
 }
 
 /// Has the API server's binary write a node's kubeconfig with a certificate of the cluster
@@ -1403,6 +1565,9 @@ mod tests {
             nodes: 0,
             registry_port: 5000,
             ha: false,
+            etcd_cafile: None,
+            etcd_certfile: None,
+            etcd_keyfile: None,
         }
     }
 
@@ -1417,7 +1582,7 @@ mod tests {
         assert_eq!(cfg.instances(), 3);
         let all = "https://127.0.0.1:7443,https://127.0.0.1:7444,https://127.0.0.1:7445";
         assert_eq!(cfg.server_urls(), all);
-        let etcd = "http://127.0.0.1:2379,http://127.0.0.1:2381,http://127.0.0.1:2383";
+        let etcd = "https://127.0.0.1:2379,https://127.0.0.1:2381,https://127.0.0.1:2383";
         assert_eq!(
             cfg.store,
             Store::Etcd {
@@ -1459,15 +1624,54 @@ mod tests {
         let e = etcd_args(Path::new("/repo"), 1);
         assert!(e.contains(&"--name=etcd-2".to_string()), "{e:?}");
         assert!(
-            e.contains(&"--listen-client-urls=http://127.0.0.1:2381".to_string()),
+            e.contains(&"--listen-client-urls=https://127.0.0.1:2381".to_string()),
             "{e:?}"
         );
         assert!(
             e.contains(
-                &"--initial-cluster=etcd-1=http://127.0.0.1:2380,etcd-2=http://127.0.0.1:2382,etcd-3=http://127.0.0.1:2384"
+                &"--initial-cluster=etcd-1=https://127.0.0.1:2380,etcd-2=https://127.0.0.1:2382,etcd-3=https://127.0.0.1:2384"
                     .to_string()
             ),
             "{e:?}"
+        );
+        // TLS both ways, with the etcd CA's certificates only.
+        for flag in [
+            "--cert-file=/repo/.skiff/pki/etcd/etcd-2.crt",
+            "--key-file=/repo/.skiff/pki/etcd/etcd-2.key",
+            "--trusted-ca-file=/repo/.skiff/pki/etcd/ca.crt",
+            "--client-cert-auth",
+            "--peer-cert-file=/repo/.skiff/pki/etcd/etcd-2.crt",
+            "--peer-trusted-ca-file=/repo/.skiff/pki/etcd/ca.crt",
+            "--peer-client-cert-auth",
+        ] {
+            assert!(e.contains(&flag.to_string()), "{flag}: {e:?}");
+        }
+        for (flag, file) in [
+            ("--etcd-cafile", "/repo/.skiff/pki/etcd/ca.crt"),
+            (
+                "--etcd-certfile",
+                "/repo/.skiff/pki/etcd/apiserver-etcd-client.crt",
+            ),
+            (
+                "--etcd-keyfile",
+                "/repo/.skiff/pki/etcd/apiserver-etcd-client.key",
+            ),
+        ] {
+            assert!(api.windows(2).any(|w| w == [flag, file]), "{api:?}");
+        }
+        assert_eq!(
+            etcd_certs_args(Path::new("/repo")),
+            [
+                "etcd-certs",
+                "--dir",
+                "/repo/.skiff/pki/etcd",
+                "--member",
+                "etcd-1",
+                "--member",
+                "etcd-2",
+                "--member",
+                "etcd-3"
+            ]
         );
         // Without --ha: one of each, no --server or --identity added.
         let one = UpConfig::from_args(&args(None, None), Path::new("/repo"), Path::new("/"));
@@ -1608,6 +1812,25 @@ mod tests {
                 "etcd",
                 "--etcd-endpoints",
                 "http://127.0.0.1:2379"
+            ]
+        );
+        // An etcd with TLS: the files go to the API server, relative ones from the cwd.
+        let mut a = args(Some("https://10.0.0.5:2379"), None);
+        a.etcd_cafile = Some("etcd/ca.crt".into());
+        a.etcd_certfile = Some("/abs/client.crt".into());
+        a.etcd_keyfile = Some("etcd/client.key".into());
+        let cfg = UpConfig::from_args(&a, Path::new("/repo"), Path::new("/cwd"));
+        assert_eq!(
+            apiserver_args(&cfg, 0)[6..],
+            [
+                "--etcd-endpoints",
+                "https://10.0.0.5:2379",
+                "--etcd-cafile",
+                "/cwd/etcd/ca.crt",
+                "--etcd-certfile",
+                "/abs/client.crt",
+                "--etcd-keyfile",
+                "/cwd/etcd/client.key"
             ]
         );
     }

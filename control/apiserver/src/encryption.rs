@@ -10,6 +10,13 @@
 //! It sits between the registry and the store ([`EncryptingStore`], a [`Store`]), so every
 //! read and write of the resource goes through it: nothing else sees ciphertext, and the
 //! store never sees plaintext of an encrypted resource. Keys are never logged.
+//!
+//! Without `--encryption-provider-config`, the `skiff-apiserver` binary encrypts Secrets
+//! anyway (as k3s's `--secrets-encryption` does), with the configuration
+//! [`ensure_generated`] writes once in its PKI directory ([`GENERATED_CONFIG`]: a random
+//! 256-bit aesgcm key, then `identity` so what an older start wrote in plain stays readable),
+//! mode 0600, and reuses on every later start. Servers of one cluster share that file as they
+//! share the PKI.
 
 use std::sync::Arc;
 
@@ -24,6 +31,12 @@ use skiff_store::{KeyValue, Listing, Store, StoreError, WatchEvent, WatchStream}
 pub enum EncryptionConfigError {
     #[error("cannot read the encryption configuration {path}: {source}")]
     Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot write the encryption configuration {path}: {source}")]
+    Write {
         path: String,
         #[source]
         source: std::io::Error,
@@ -320,6 +333,75 @@ impl EncryptionConfig {
     }
 }
 
+/// The file name of the configuration [`ensure_generated`] writes in the PKI directory.
+pub const GENERATED_CONFIG: &str = "encryption-config.yaml";
+
+/// The name of a key [`ensure_generated`] makes (stored values name it): this prefix and
+/// the first 4 bytes of the key's SHA-256 in hex, so a server given another cluster's
+/// store says that it lacks the key instead of failing to decrypt with a key of that name.
+const GENERATED_KEY_PREFIX: &str = "skiff-generated-";
+
+/// The default encryption at rest: `<pki_dir>/encryption-config.yaml`, written on first use
+/// (a random 256-bit aesgcm key for `secrets`, then `identity`; mode 0600 in the 0700 PKI
+/// directory) and read as it is on later starts, so the key never changes by itself. Two
+/// servers starting at once over one PKI directory end up with the same file (the second
+/// one's write does not replace the first's). Returns the file's path.
+pub fn ensure_generated(
+    pki_dir: &std::path::Path,
+) -> Result<std::path::PathBuf, EncryptionConfigError> {
+    let path = pki_dir.join(GENERATED_CONFIG);
+    let write_err = |source| EncryptionConfigError::Write {
+        path: path.display().to_string(),
+        source,
+    };
+    skiff_pki::files::private_dir(pki_dir).map_err(write_err)?;
+    if path.exists() {
+        return Ok(path);
+    }
+    let mut key = [0u8; 32];
+    SystemRandom::new().fill(&mut key).map_err(|_| {
+        write_err(std::io::Error::other(
+            "no randomness for the encryption key",
+        ))
+    })?;
+    let secret = base64::engine::general_purpose::STANDARD.encode(key);
+    let digest = ring::digest::digest(&ring::digest::SHA256, &key);
+    let name = format!(
+        "{GENERATED_KEY_PREFIX}{}",
+        digest.as_ref()[..4]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    );
+    let text = format!(
+        "# Written by skiff-apiserver on first start: encryption at rest of Secrets.\n\
+         # Keep it with the store's backups: without this key, Secrets cannot be read.\n\
+         apiVersion: apiserver.config.k8s.io/v1\n\
+         kind: EncryptionConfiguration\n\
+         resources:\n\
+         - resources: [secrets]\n  \
+           providers:\n  \
+           - aesgcm:\n      \
+               keys:\n      \
+               - name: {name}\n        \
+                 secret: {secret}\n  \
+           - identity: {{}}\n"
+    );
+    use std::io::Write as _;
+    let mut tmp = skiff_pki::files::temp_beside(&path).map_err(write_err)?;
+    tmp.write_all(text.as_bytes()).map_err(write_err)?;
+    tmp.as_file().sync_all().map_err(write_err)?;
+    match skiff_pki::files::persist_new(tmp, &path) {
+        Ok(_) => {
+            tracing::info!(path = %path.display(), "generated an encryption key for Secrets at rest");
+            Ok(path)
+        }
+        // Another server of the cluster wrote it first: use that one.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(path),
+        Err(e) => Err(write_err(e)),
+    }
+}
+
 /// A [`Store`] that encrypts the values of the configured resources on the way in and
 /// decrypts them on the way out.
 pub struct EncryptingStore {
@@ -457,6 +539,36 @@ mod tests {
             "apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n\
              - resources: [secrets]\n  providers:\n{providers}"
         )
+    }
+
+    #[test]
+    fn the_generated_configuration_is_private_made_once_and_reused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let pki = dir.path().join("pki");
+        let path = ensure_generated(&pki).unwrap();
+        let mode =
+            |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(mode(&pki), 0o700);
+        let first = std::fs::read_to_string(&path).unwrap();
+        let config = EncryptionConfig::read(&path).unwrap();
+        let t = config
+            .transformer(&crate::registry::key_prefix(&skiff_api::api::Secret::INFO))
+            .unwrap();
+        let sealed = t.write("/k", b"plain".to_vec()).unwrap();
+        assert!(sealed.starts_with(b"k8s:enc:aesgcm:v1:skiff-generated-"));
+        assert_eq!(t.read("/k", sealed).unwrap(), b"plain");
+        // Later starts reuse it; another directory gets another key.
+        assert_eq!(ensure_generated(&pki).unwrap(), path);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), first);
+        let other = ensure_generated(&dir.path().join("other")).unwrap();
+        assert_ne!(std::fs::read_to_string(other).unwrap(), first);
+        let names: Vec<_> = std::fs::read_dir(&pki)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [GENERATED_CONFIG], "no temporary left");
     }
 
     const KEY: &str = "    - aesgcm:\n        keys:\n        - name: key1\n          secret: MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\n";

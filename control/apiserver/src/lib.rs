@@ -87,6 +87,9 @@ pub struct ApiServerOptions {
     /// How long a client may take to send a request's headers (HTTP/1; slowloris): 32 s,
     /// kube-apiserver's `ReadHeaderTimeout`.
     pub header_read_timeout: Duration,
+    /// A private directory (0700) where `GET /skiff/v1/snapshot` writes a snapshot before
+    /// sending it (never the shared temporary directory); `None` refuses snapshots.
+    pub snapshot_dir: Option<std::path::PathBuf>,
 }
 
 /// The user the API server is to node agents (the agents' `API_SERVER_USER`).
@@ -269,6 +272,7 @@ impl Default for ApiServerOptions {
             service_cluster_ip_range: DEFAULT_SERVICE_CLUSTER_IP_RANGE,
             limits: limits::Limits::default(),
             header_read_timeout: Duration::from_secs(32),
+            snapshot_dir: None,
         }
     }
 }
@@ -513,6 +517,7 @@ pub async fn spawn(
         authorizer.clone(),
         sa_key,
         agent_client,
+        opts.snapshot_dir.clone(),
     )
     .route_service(
         &format!(

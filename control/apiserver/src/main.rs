@@ -4,11 +4,19 @@
 //! ```text
 //! skiff-apiserver --listen 127.0.0.1:7443 --store embedded --data-dir .skiff/data
 //! skiff-apiserver --store etcd --etcd-endpoints http://127.0.0.1:2379 --pki-dir /etc/skiff/pki
+//! skiff-apiserver --store etcd --etcd-endpoints https://127.0.0.1:2379 --etcd-cafile etcd/ca.crt \
+//!     --etcd-certfile etcd/apiserver-etcd-client.crt --etcd-keyfile etcd/apiserver-etcd-client.key
+//! skiff-apiserver etcd-certs --dir .skiff/pki/etcd --member etcd-1 --member etcd-2
 //! skiff-apiserver kubeconfig --pki-dir .skiff/pki --user alice --group dev --out alice.kubeconfig
 //! ```
 //!
 //! On first start the PKI directory is filled (CA, serving certificate, `admin.kubeconfig`
 //! and one kubeconfig per control-plane component); later starts renew what is due.
+//!
+//! Secrets are encrypted at rest: with `--encryption-provider-config FILE` as it says, else
+//! with a key generated once in the PKI directory (`encryption-config.yaml`, mode 0600; see
+//! `skiff_apiserver::encryption::ensure_generated`). The PKI and data directories are mode
+//! 0700 and every key, store and snapshot file in them 0600.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -57,6 +65,16 @@ struct Args {
     /// etcd client URLs, comma separated (with --store etcd).
     #[arg(long, value_delimiter = ',')]
     etcd_endpoints: Vec<String>,
+    /// The CA that signed the etcd members' certificates (TLS to etcd: with
+    /// --etcd-certfile and --etcd-keyfile, and https:// endpoints).
+    #[arg(long, value_name = "FILE", requires_all = ["etcd_certfile", "etcd_keyfile"])]
+    etcd_cafile: Option<PathBuf>,
+    /// The client certificate presented to etcd.
+    #[arg(long, value_name = "FILE", requires_all = ["etcd_cafile", "etcd_keyfile"])]
+    etcd_certfile: Option<PathBuf>,
+    /// The client certificate's key.
+    #[arg(long, value_name = "FILE", requires_all = ["etcd_cafile", "etcd_certfile"])]
+    etcd_keyfile: Option<PathBuf>,
     /// Events kept per resource type for watches.
     #[arg(long, default_value_t = DEFAULT_WATCH_CACHE_CAPACITY)]
     watch_cache_capacity: usize,
@@ -113,7 +131,8 @@ struct Args {
     #[arg(long, value_name = "IP")]
     advertise_address: Option<std::net::IpAddr>,
     /// Encrypt resources at rest as this EncryptionConfiguration
-    /// (apiserver.config.k8s.io/v1; providers aesgcm and identity) says.
+    /// (apiserver.config.k8s.io/v1; providers aesgcm and identity) says. Without it, Secrets
+    /// are encrypted with a key generated once in --pki-dir (encryption-config.yaml, 0600).
     #[arg(long, value_name = "FILE")]
     encryption_provider_config: Option<PathBuf>,
 }
@@ -139,6 +158,25 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Makes (once) or completes an etcd PKI of its own: a CA, a certificate per member for
+    /// clients and peers (valid for the --san names), and the API server's client
+    /// certificate (`apiserver-etcd-client.crt`/`.key`, for --etcd-certfile/--etcd-keyfile),
+    /// keys 0600 in a 0700 directory (kubeadm's `pki/etcd`).
+    EtcdCerts {
+        /// The directory (e.g. `<pki-dir>/etcd`).
+        #[arg(long)]
+        dir: PathBuf,
+        /// A member's name (repeatable): `<name>.crt` and `<name>.key`.
+        #[arg(long = "member", required = true)]
+        members: Vec<String>,
+        /// Names and addresses the members' certificates are valid for (comma separated).
+        #[arg(
+            long = "san",
+            value_delimiter = ',',
+            default_value = "127.0.0.1,localhost"
+        )]
+        sans: Vec<String>,
+    },
     /// Restores an embedded-store snapshot (from `skiff snapshot save`) as the store of
     /// --data-dir, with the API server stopped. An etcd snapshot is restored with etcd's own
     /// tools (`etcdutl snapshot restore`, or `etcdctl snapshot restore` before etcd 3.5).
@@ -158,7 +196,7 @@ enum Command {
 /// `skiff-apiserver restore`: the snapshot checked and renamed into place; an existing store
 /// is kept aside with `--force`, else refused.
 fn restore(snapshot: &std::path::Path, data_dir: &std::path::Path, force: bool) -> Result<()> {
-    std::fs::create_dir_all(data_dir)
+    skiff_pki::files::private_dir(data_dir)
         .with_context(|| format!("cannot create the data directory {}", data_dir.display()))?;
     let dest = data_dir.join(DB_FILE);
     if dest.exists() {
@@ -294,7 +332,7 @@ fn write_user_kubeconfig(
 async fn open_store(args: &Args) -> Result<Arc<dyn Store>> {
     match args.store {
         StoreKind::Embedded => {
-            std::fs::create_dir_all(&args.data_dir).with_context(|| {
+            skiff_pki::files::private_dir(&args.data_dir).with_context(|| {
                 format!(
                     "cannot create the data directory {}",
                     args.data_dir.display()
@@ -310,7 +348,14 @@ async fn open_store(args: &Args) -> Result<Arc<dyn Store>> {
             if args.etcd_endpoints.is_empty() {
                 bail!("--store etcd needs --etcd-endpoints URL[,URL]");
             }
-            let store = EtcdStore::connect(&args.etcd_endpoints)
+            let tls = match (&args.etcd_cafile, &args.etcd_certfile, &args.etcd_keyfile) {
+                (Some(ca), Some(cert), Some(key)) => Some(
+                    skiff_store::EtcdTls::read(ca, cert, key)
+                        .context("--etcd-cafile, --etcd-certfile, --etcd-keyfile")?,
+                ),
+                _ => None,
+            };
+            let store = EtcdStore::connect_with(&args.etcd_endpoints, tls.as_ref())
                 .await
                 .with_context(|| {
                     format!(
@@ -318,7 +363,7 @@ async fn open_store(args: &Args) -> Result<Arc<dyn Store>> {
                         args.etcd_endpoints.join(",")
                     )
                 })?;
-            info!(endpoints = %args.etcd_endpoints.join(","), "using etcd");
+            info!(endpoints = %args.etcd_endpoints.join(","), tls = tls.is_some(), "using etcd");
             Ok(Arc::new(store))
         }
     }
@@ -362,6 +407,18 @@ async fn main() -> Result<()> {
     {
         return write_user_kubeconfig(pki_dir, user, groups, server, out);
     }
+    if let Some(Command::EtcdCerts { dir, members, sans }) = &args.command {
+        let members: Vec<&str> = members.iter().map(String::as_str).collect();
+        let written = skiff_pki::etcd::EtcdPki::new(dir)
+            .ensure(&members, sans)
+            .with_context(|| format!("cannot make the etcd PKI in {}", dir.display()))?;
+        println!(
+            "etcd PKI in {}: {} files written",
+            dir.display(),
+            written.len()
+        );
+        return Ok(());
+    }
     if let Some(Command::Restore {
         snapshot,
         data_dir,
@@ -372,14 +429,19 @@ async fn main() -> Result<()> {
     }
     // The store first: a start that fails on its arguments writes no PKI.
     let mut store = open_store(&args).await?;
-    if let Some(path) = &args.encryption_provider_config {
-        let config = skiff_apiserver::encryption::EncryptionConfig::read(path)
-            .context("--encryption-provider-config")?;
-        tracing::info!(?config, "encrypting at rest");
-        store = Arc::new(skiff_apiserver::encryption::EncryptingStore::new(
-            store, config,
-        ));
-    }
+    let (config_path, what) = match &args.encryption_provider_config {
+        Some(path) => (path.clone(), "--encryption-provider-config"),
+        None => (
+            skiff_apiserver::encryption::ensure_generated(&args.pki_dir)
+                .context("the generated encryption configuration")?,
+            "the generated encryption configuration",
+        ),
+    };
+    let config = skiff_apiserver::encryption::EncryptionConfig::read(&config_path).context(what)?;
+    tracing::info!(?config, path = %config_path.display(), "encrypting at rest");
+    store = Arc::new(skiff_apiserver::encryption::EncryptingStore::new(
+        store, config,
+    ));
     let security = security(&args)?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -395,6 +457,12 @@ async fn main() -> Result<()> {
             max_watches_per_user: args.max_watches_per_user,
         },
         header_read_timeout: std::time::Duration::from_secs(args.request_header_timeout_seconds),
+        // Snapshots are staged in a private directory of this server's: the store's data
+        // directory, or the PKI directory with etcd.
+        snapshot_dir: Some(match args.store {
+            StoreKind::Embedded => args.data_dir.clone(),
+            StoreKind::Etcd => args.pki_dir.clone(),
+        }),
         ..ApiServerOptions::default()
     };
     let mut server = skiff_apiserver::spawn(store, listener, opts)

@@ -34,7 +34,9 @@ async fn slow_header_clients_are_cut_off_and_others_answered() {
     let mut slow = Vec::new();
     for _ in 0..50 {
         let mut s = TcpStream::connect(&addr).await.unwrap();
-        s.write_all(b"GET /version HTTP/1.1\r\nHost: x\r\nX-Slow: ").await.unwrap();
+        s.write_all(b"GET /version HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            .await
+            .unwrap();
         slow.push(s);
     }
     let started = Instant::now();

@@ -124,8 +124,8 @@ fn status_error(status: hyper::StatusCode, json: &serde_json::Value) -> ClientEr
 }
 
 /// `GET path` from the first server that answers (in the failover's order), its body
-/// streamed into the new file `dest` (removed again if the transfer fails): the answer's
-/// headers. For answers too large to hold (a store snapshot).
+/// streamed into the new file `dest` (mode 0600, written beside it and renamed, so a failed
+/// transfer leaves nothing at `dest`): the answer's headers. For answers too large to hold (a store snapshot).
 pub(crate) async fn download(
     config: &ClientConfig,
     servers: &Failover,
@@ -142,7 +142,16 @@ pub(crate) async fn download(
         code: tonic::Code::Internal,
         message: format!("writing {}: {e}", dest.display()),
     };
-    let mut file = tokio::fs::File::create_new(dest).await.map_err(io)?;
+    // A private temporary beside `dest` (random name, O_EXCL, mode 0600: a snapshot holds
+    // every Secret), renamed to `dest` once complete; `dest` must not exist.
+    if dest.exists() {
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            "the file exists (a snapshot is saved to a new file)",
+        )));
+    }
+    let tmp = skiff_pki::files::temp_beside(dest).map_err(io)?;
+    let mut file = tokio::fs::File::from_std(tmp.as_file().try_clone().map_err(io)?);
     let mut body = resp.into_body();
     let copied: Result<(), ClientError> = async {
         use tokio::io::AsyncWriteExt;
@@ -155,10 +164,9 @@ pub(crate) async fn download(
         file.sync_all().await.map_err(io)
     }
     .await;
-    if let Err(e) = copied {
-        let _ = tokio::fs::remove_file(dest).await;
-        return Err(e);
-    }
+    copied?;
+    drop(file);
+    skiff_pki::files::persist_new(tmp, dest).map_err(io)?;
     Ok(headers)
 }
 

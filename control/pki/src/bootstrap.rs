@@ -14,10 +14,9 @@
 //! missing, unreadable, not signed by the CA, within [`crate::RENEW_BEFORE`] of expiry, or (the
 //! serving one) lacks a SAN now asked for; a kubeconfig is rewritten when the server URL
 //! changed. The CA is never replaced: a missing key with an existing certificate is an error.
-//! Private keys and kubeconfigs are written mode 0600, atomically.
+//! Private keys and kubeconfigs are written mode 0600, atomically (a temporary with a random
+//! name beside the file, renamed over it); the directory is kept at mode 0700.
 
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -135,7 +134,7 @@ impl ClusterPki {
 
     /// Creates what is missing and renews what is due (see the module docs).
     pub fn ensure(&self, opts: &BootstrapOptions) -> Result<Ensured, PkiError> {
-        std::fs::create_dir_all(&self.dir).map_err(|source| PkiError::Io {
+        crate::files::private_dir(&self.dir).map_err(|source| PkiError::Io {
             action: "create",
             path: self.dir.display().to_string(),
             source,
@@ -227,7 +226,7 @@ impl ClusterPki {
 /// Whether a leaf certificate was signed by this CA (same issuer key: checked by the issuer
 /// name and a successful parse; a CA is never replaced, so a new CA means new files) and is
 /// not due for renewal.
-fn leaf_is_current(ca: &Ca, cert_pem: &str) -> bool {
+pub(crate) fn leaf_is_current(ca: &Ca, cert_pem: &str) -> bool {
     let Ok(info) = parse_pem(cert_pem, "certificate") else {
         return false;
     };
@@ -241,7 +240,7 @@ fn leaf_is_current(ca: &Ca, cert_pem: &str) -> bool {
 }
 
 /// Whether a certificate's SANs include every one of `sans`.
-fn covers(cert_pem: &str, sans: &[String]) -> bool {
+pub(crate) fn covers(cert_pem: &str, sans: &[String]) -> bool {
     parse_pem(cert_pem, "certificate")
         .map(|info| sans.iter().all(|s| info.sans.contains(s)))
         .unwrap_or(false)
@@ -256,30 +255,11 @@ fn read(path: &Path) -> Result<String, PkiError> {
 }
 
 fn write_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<(), PkiError> {
-    let io = |action: &'static str, p: &Path| {
-        let p = p.display().to_string();
-        move |source| PkiError::Io {
-            action,
-            path: p,
-            source,
-        }
-    };
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(io("create", parent))?;
-    }
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&tmp)
-        .map_err(io("create", &tmp))?;
-    f.set_permissions(std::fs::Permissions::from_mode(mode))
-        .map_err(io("chmod", &tmp))?;
-    f.write_all(bytes).map_err(io("write", &tmp))?;
-    f.sync_all().map_err(io("sync", &tmp))?;
-    std::fs::rename(&tmp, path).map_err(io("rename", path))
+    crate::files::write_with_mode(path, bytes, mode).map_err(|source| PkiError::Io {
+        action: "write",
+        path: path.display().to_string(),
+        source,
+    })
 }
 
 /// Writes a file only its owner can read (keys, kubeconfigs, tokens), atomically.
@@ -295,6 +275,7 @@ pub fn write_public(path: &Path, bytes: &[u8]) -> Result<(), PkiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     fn opts(url: &str) -> BootstrapOptions {
         BootstrapOptions {
@@ -313,6 +294,14 @@ mod tests {
         assert_eq!(mode("ca.key"), 0o600);
         assert_eq!(mode("apiserver.key"), 0o600);
         assert_eq!(mode("admin.kubeconfig"), 0o600);
+        assert_eq!(mode(""), 0o700, "the PKI directory");
+        assert_eq!(mode("service-account.key"), 0o600);
+        let left: Vec<_> = std::fs::read_dir(pki.path(""))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.') || n.contains("tmp"))
+            .collect();
+        assert!(left.is_empty(), "temporaries left: {left:?}");
         assert_eq!(mode("ca.crt"), 0o644);
         let again = pki.ensure(&opts("https://127.0.0.1:7443")).unwrap();
         assert!(again.written.is_empty(), "{:?}", again.written);

@@ -12,8 +12,11 @@
 //! - [`tls`]: rustls configurations: the API server's (client certificates requested, checked
 //!   by the authenticator so a bad one is a 401 rather than a failed handshake) and clients'.
 //!
+//! - [`files`]: private files (0600 in 0700 directories, whatever the umask; temporaries
+//!   beside their destination with random names), for every key, store and snapshot file.
+//!
 //! Certificates are made by rcgen and parsed by x509-parser; nothing here does I/O except
-//! [`bootstrap`] and [`kubeconfig`] reading and writing their files.
+//! [`bootstrap`], [`kubeconfig`] and [`files`] reading and writing their files.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -25,6 +28,8 @@ use sha2::{Digest, Sha256};
 
 pub mod bootstrap;
 pub mod discovery;
+pub mod etcd;
+pub mod files;
 pub mod kubeconfig;
 pub mod sa_token;
 pub mod tls;
@@ -82,6 +87,9 @@ pub enum Usage {
     Server,
     /// TLS client authentication (a user's certificate).
     Client,
+    /// Both (an etcd member's certificate: it serves clients and peers and connects to its
+    /// peers with the same certificate).
+    Peer,
 }
 
 /// A leaf certificate to issue.
@@ -275,10 +283,14 @@ fn leaf_params(spec: &LeafSpec) -> Result<CertificateParams, PkiError> {
         KeyUsagePurpose::DigitalSignature,
         KeyUsagePurpose::KeyEncipherment,
     ];
-    params.extended_key_usages = vec![match spec.usage {
-        Usage::Server => ExtendedKeyUsagePurpose::ServerAuth,
-        Usage::Client => ExtendedKeyUsagePurpose::ClientAuth,
-    }];
+    params.extended_key_usages = match spec.usage {
+        Usage::Server => vec![ExtendedKeyUsagePurpose::ServerAuth],
+        Usage::Client => vec![ExtendedKeyUsagePurpose::ClientAuth],
+        Usage::Peer => vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ],
+    };
     params.use_authority_key_identifier_extension = true;
     set_validity(&mut params, spec.validity);
     Ok(params)

@@ -64,7 +64,7 @@ pub fn verify_chain_for(
     let ee = webpki::EndEntityCert::try_from(&der).map_err(|e| format!("{e:?}"))?;
     let usage = match usage {
         Usage::Client => webpki::KeyUsage::client_auth(),
-        Usage::Server => webpki::KeyUsage::server_auth(),
+        Usage::Server | Usage::Peer => webpki::KeyUsage::server_auth(),
     };
     ee.verify_for_usage(
         algorithms().all,

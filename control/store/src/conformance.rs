@@ -713,6 +713,24 @@ pub async fn snapshot_during_writes<F, Fut>(
     let ((), snapshot) = futures::join!(writers.map(|_| ()), snapshotter);
     let acked = acked.into_inner().unwrap();
     assert!(snapshot.bytes > 0, "{snapshot:?}");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o600, "the snapshot file's mode");
+        // Written beside its destination and renamed: no temporary left.
+        let left: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.') || n.ends_with(".tmp"))
+            .collect();
+        assert!(
+            left.is_empty(),
+            "temporaries left beside the snapshot: {left:?}"
+        );
+        // A snapshot never replaces a file.
+        let e = store.snapshot(&path).await.unwrap_err();
+        assert!(e.to_string().contains("exists"), "{e}");
+    }
     let restored = restore(path).await;
     // The store's revision after the restore is the snapshot's (which a backend may not
     // name).

@@ -35,6 +35,13 @@
 //! Automatic compaction keeps the log to about [`EmbeddedOptions::retain_revisions`] entries,
 //! and redb reuses the pages freed by compaction and by overwritten values, so the file size
 //! follows the live data plus the retained history instead of growing with every write.
+//!
+//! # Files
+//!
+//! The database file is mode 0600 in a directory of mode 0700 (both set on open, whatever the
+//! umask, as etcd keeps its data directory); snapshots and restores are written to a
+//! temporary with a random name beside their destination (never in a shared temporary
+//! directory), mode 0600, and renamed into place ([`skiff_pki::files`]).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -47,6 +54,7 @@ use std::time::{Duration, Instant};
 use redb::{
     Database, DatabaseError, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
 };
+use skiff_pki::files;
 use tokio::sync::{broadcast, oneshot};
 use tracing::{debug, info, warn};
 
@@ -261,7 +269,19 @@ impl Drop for EmbeddedStore {
     }
 }
 
+/// Makes the store's directory private (0700) and its file 0600 (created if missing, an
+/// existing one's mode corrected), before redb opens it.
+fn make_private(path: &Path) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        files::private_dir(dir).map_err(|e| backend(&format!("creating {}", dir.display()), e))?;
+    }
+    files::open_private(path)
+        .map(drop)
+        .map_err(|e| backend(&format!("opening {}", path.display()), e))
+}
+
 fn open_database(path: &Path) -> Result<Database> {
+    make_private(path)?;
     let deadline = Instant::now() + OPEN_RETRY_FOR;
     loop {
         match Database::create(path) {
@@ -428,8 +448,14 @@ fn write_snapshot(db: &Database, dest: &Path) -> Result<Snapshot> {
     let kv = txn.open_table(KV).map_err(|e| backend("open kv", e))?;
     let meta = txn.open_table(META).map_err(|e| backend("open meta", e))?;
     let revision = meta_get(&meta, META_REVISION)?;
-    let out =
-        Database::create(dest).map_err(|e| backend(&format!("creating {}", dest.display()), e))?;
+    let tmp = files::temp_beside(dest).map_err(|e| {
+        backend(
+            &format!("creating a temporary beside {}", dest.display()),
+            e,
+        )
+    })?;
+    let out = Database::create(tmp.path())
+        .map_err(|e| backend(&format!("creating {}", tmp.path().display()), e))?;
     let w = out.begin_write().map_err(|e| backend("begin write", e))?;
     {
         let mut to = w.open_table(KV).map_err(|e| backend("open kv", e))?;
@@ -447,7 +473,10 @@ fn write_snapshot(db: &Database, dest: &Path) -> Result<Snapshot> {
     }
     w.commit().map_err(|e| backend("commit the snapshot", e))?;
     drop(out);
-    let bytes = std::fs::metadata(dest)
+    let file = files::persist_new(tmp, dest)
+        .map_err(|e| backend(&format!("renaming the snapshot to {}", dest.display()), e))?;
+    let bytes = file
+        .metadata()
         .map_err(|e| backend(&format!("reading {}", dest.display()), e))?
         .len();
     Ok(Snapshot {
@@ -469,12 +498,17 @@ pub fn restore_snapshot(snapshot: &Path, dest: &Path) -> Result<Snapshot> {
             dest.display()
         )));
     }
-    let tmp = dest.with_extension("restoring");
-    let _ = std::fs::remove_file(&tmp);
-    let copied = std::fs::copy(snapshot, &tmp)
+    let tmp = files::temp_beside(dest).map_err(|e| {
+        backend(
+            &format!("creating a temporary beside {}", dest.display()),
+            e,
+        )
+    })?;
+    let copied = std::fs::File::open(snapshot)
+        .and_then(|mut from| std::io::copy(&mut from, &mut tmp.as_file()))
         .map_err(|e| backend(&format!("copying {}", snapshot.display()), e));
     let checked = copied.and_then(|bytes| {
-        let db = Database::open(&tmp).map_err(|e| {
+        let db = Database::open(tmp.path()).map_err(|e| {
             backend(
                 &format!("{} is not an embedded-store snapshot", snapshot.display()),
                 e,
@@ -491,26 +525,18 @@ pub fn restore_snapshot(snapshot: &Path, dest: &Path) -> Result<Snapshot> {
                 "corrupt snapshot: compacted revision {compacted} above revision {revision}"
             )));
         }
-        std::fs::File::open(&tmp)
-            .and_then(|f| f.sync_all())
+        tmp.as_file()
+            .sync_all()
             .map_err(|e| backend("syncing the restored store", e))?;
         Ok(Snapshot {
             revision: Some(revision),
             format: EMBEDDED_SNAPSHOT_FORMAT,
             bytes,
         })
-    });
-    match checked {
-        Ok(s) => {
-            std::fs::rename(&tmp, dest)
-                .map_err(|e| backend(&format!("renaming into {}", dest.display()), e))?;
-            Ok(s)
-        }
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            Err(e)
-        }
-    }
+    })?;
+    files::persist_new(tmp, dest)
+        .map_err(|e| backend(&format!("renaming into {}", dest.display()), e))?;
+    Ok(checked)
 }
 
 /// Removes log entries below `revision`, in chunks so no transaction gets huge.
@@ -969,6 +995,56 @@ mod tests {
     use super::*;
     use futures::StreamExt;
     use redb::ReadableTableMetadata;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+    }
+
+    /// The store file is 0600 in a 0700 directory and a snapshot or restore is 0600, written
+    /// beside its destination (nothing in the shared temporary directory), under a permissive
+    /// (022, 000) umask; a store file and directory left open by an older version are closed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn store_and_snapshot_files_are_private_whatever_the_umask() {
+        use nix::sys::stat::{Mode, umask};
+        for m in [0o022, 0o000] {
+            let dir = tempfile::tempdir().unwrap();
+            let old = umask(Mode::from_bits_truncate(m));
+            let data = dir.path().join("state/data");
+            let path = data.join("skiff.redb");
+            let store = EmbeddedStore::open(&path, opts_no_auto()).unwrap();
+            store.create("/k", b"v".to_vec()).await.unwrap();
+            let snaps = dir.path().join("snaps");
+            std::fs::create_dir(&snaps).unwrap();
+            let snap = snaps.join("s.db");
+            store.snapshot(&snap).await.unwrap();
+            let restored = dir.path().join("state/data/restored.redb");
+            restore_snapshot(&snap, &restored).unwrap();
+            umask(old);
+            assert_eq!(mode(&data), 0o700, "umask {m:o}: the data directory");
+            assert_eq!(mode(&path), 0o600, "umask {m:o}: the store file");
+            assert_eq!(mode(&snap), 0o600, "umask {m:o}: the snapshot");
+            assert_eq!(mode(&restored), 0o600, "umask {m:o}: the restored store");
+            let names = |d: &Path| {
+                let mut v: Vec<String> = std::fs::read_dir(d)
+                    .unwrap()
+                    .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect();
+                v.sort();
+                v
+            };
+            assert_eq!(names(&snaps), ["s.db"], "no temporary beside the snapshot");
+            assert_eq!(names(&data), ["restored.redb", "skiff.redb"]);
+            drop(store);
+            // A store left world-readable (an older version, a copied file) is closed.
+            std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+            let store = EmbeddedStore::open(&path, opts_no_auto()).unwrap();
+            assert_eq!(mode(&data), 0o700);
+            assert_eq!(mode(&path), 0o600);
+            assert!(store.get("/k").await.unwrap().is_some());
+        }
+    }
 
     fn opts_no_auto() -> EmbeddedOptions {
         EmbeddedOptions {

@@ -33,6 +33,39 @@ const LIST_PAGE: i64 = 500;
 /// Largest gRPC message accepted from etcd (pages of large objects, large watch responses).
 const MAX_MESSAGE: usize = 256 * 1024 * 1024;
 
+/// TLS to etcd: the CA that signed the members' certificates and the client certificate
+/// and key presented to them (PEM). The key is never shown by `Debug`.
+#[derive(Clone)]
+pub struct EtcdTls {
+    pub ca_pem: Vec<u8>,
+    pub cert_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTls").finish_non_exhaustive()
+    }
+}
+
+impl EtcdTls {
+    /// Reads the three PEM files.
+    pub fn read(
+        ca: &std::path::Path,
+        cert: &std::path::Path,
+        key: &std::path::Path,
+    ) -> Result<Self> {
+        let read = |p: &std::path::Path| {
+            std::fs::read(p).map_err(|e| backend("TLS", format!("reading {}: {e}", p.display())))
+        };
+        Ok(EtcdTls {
+            ca_pem: read(ca)?,
+            cert_pem: read(cert)?,
+            key_pem: read(key)?,
+        })
+    }
+}
+
 /// A [`Store`] backed by an etcd v3 cluster. Cheap to clone; clones share the connection.
 #[derive(Clone)]
 pub struct EtcdStore {
@@ -161,12 +194,35 @@ impl EtcdStore {
     /// Connects to etcd at `endpoints` (URLs such as `http://127.0.0.1:2379`) and checks that
     /// it answers.
     pub async fn connect(endpoints: &[String]) -> Result<Self> {
+        Self::connect_with(endpoints, None).await
+    }
+
+    /// Like [`EtcdStore::connect`], over TLS when `tls` is given (`https://` endpoints): the
+    /// server's certificate checked against `tls`'s CA, and its client certificate presented
+    /// (kube-apiserver's `--etcd-cafile`, `--etcd-certfile`, `--etcd-keyfile`).
+    pub async fn connect_with(endpoints: &[String], tls: Option<&EtcdTls>) -> Result<Self> {
         if endpoints.is_empty() {
             return Err(StoreError::Backend("no etcd endpoints given".into()));
         }
-        let options = ConnectOptions::new()
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(5))
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(10));
+        if let Some(tls) = tls {
+            if let Some(plain) = endpoints.iter().find(|e| !e.starts_with("https://")) {
+                return Err(backend(
+                    "connect",
+                    format!("{plain}: with TLS files, every endpoint must be https://"),
+                ));
+            }
+            options = options.with_tls(
+                etcd_client::TlsOptions::new()
+                    .ca_certificate(etcd_client::Certificate::from_pem(&tls.ca_pem))
+                    .identity(etcd_client::Identity::from_pem(
+                        &tls.cert_pem,
+                        tls.key_pem.as_slice(),
+                    )),
+            );
+        }
         let client =
             tokio::time::timeout(CONNECT_TIMEOUT, Client::connect(endpoints, Some(options)))
                 .await
@@ -496,13 +552,21 @@ impl Store for EtcdStore {
     }
 
     /// etcd's own snapshot (the Maintenance API's, what `etcdctl snapshot save` gets) of the
-    /// member the client is connected to, written to `dest`; its revision is the one the
+    /// member the client is connected to, written to the new file `dest` (mode 0600); its revision is the one the
     /// first response's header names. Restore it with `etcdutl snapshot restore`.
     async fn snapshot(&self, dest: &std::path::Path) -> Result<Snapshot> {
         use tokio::io::AsyncWriteExt;
         let name = dest.display().to_string();
         let io = |e: std::io::Error| StoreError::Backend(format!("writing {name}: {e}"));
-        let mut file = tokio::fs::File::create_new(dest).await.map_err(io)?;
+        if dest.exists() {
+            return Err(StoreError::Backend(format!(
+                "{name} exists: a snapshot is written to a new file"
+            )));
+        }
+        // A private temporary beside `dest` (random name, 0600), renamed into place when
+        // complete: a failed or partial snapshot never appears at `dest`.
+        let tmp = skiff_pki::files::temp_beside(dest).map_err(io)?;
+        let mut file = tokio::fs::File::from_std(tmp.as_file().try_clone().map_err(io)?);
         let copy = async {
             let mut maintenance = self.client.maintenance_client();
             let mut stream = maintenance
@@ -528,11 +592,10 @@ impl Store for EtcdStore {
                 bytes,
             })
         };
-        let taken = copy.await;
-        if taken.is_err() {
-            let _ = tokio::fs::remove_file(dest).await;
-        }
-        taken
+        let taken = copy.await?;
+        drop(file);
+        skiff_pki::files::persist_new(tmp, dest).map_err(io)?;
+        Ok(taken)
     }
 }
 

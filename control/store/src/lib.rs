@@ -22,7 +22,7 @@ pub mod conformance;
 pub mod testutil;
 
 pub use embedded::{EmbeddedOptions, EmbeddedStore, restore_snapshot};
-pub use etcd::EtcdStore;
+pub use etcd::{EtcdStore, EtcdTls};
 
 /// A key with its value and the revisions that describe it.
 #[derive(Debug, Clone, PartialEq, Eq)]

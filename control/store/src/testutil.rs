@@ -47,6 +47,9 @@ pub struct EtcdServer {
     peer_port: u16,
     /// Its name and cluster, when a member of an [`EtcdCluster`].
     membership: Option<Membership>,
+    /// With [`EtcdServer::start_tls`]: its own etcd PKI (in its directory); clients and
+    /// peers speak TLS and must present a certificate of that CA.
+    tls: Option<skiff_pki::etcd::EtcdPki>,
     /// Dropped last (after the child is killed).
     dir: TempDir,
 }
@@ -76,8 +79,44 @@ impl EtcdServer {
     /// This blocks the calling thread for about a second; calling it at the start of an async
     /// test is fine. Fails if no `etcd` binary is on `PATH`.
     pub fn start() -> Result<Self, EtcdServerError> {
+        EtcdServer::start_inner(false)
+    }
+
+    /// Like [`EtcdServer::start`], with TLS for clients and peers and client certificates
+    /// required (`--client-cert-auth`), from an etcd CA of its own ([`skiff_pki::etcd`]):
+    /// [`EtcdServer::client_files`] names the CA and the API server's client certificate.
+    pub fn start_tls() -> Result<Self, EtcdServerError> {
+        EtcdServer::start_inner(true)
+    }
+
+    /// The CA and client certificate files to reach a TLS server with, if it is one.
+    pub fn client_files(&self) -> Option<skiff_pki::etcd::EtcdFiles> {
+        self.tls.as_ref().map(skiff_pki::etcd::EtcdPki::client)
+    }
+
+    /// The PEM material of [`EtcdServer::client_files`].
+    pub fn client_tls(&self) -> Option<crate::EtcdTls> {
+        let f = self.client_files()?;
+        Some(crate::EtcdTls::read(&f.ca, &f.cert, &f.key).unwrap())
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.tls.is_some() { "https" } else { "http" }
+    }
+
+    fn start_inner(tls: bool) -> Result<Self, EtcdServerError> {
         let binary = find_etcd()?;
         let mut server = EtcdServer::unstarted()?;
+        if tls {
+            let pki = skiff_pki::etcd::EtcdPki::new(server.dir.path().join("pki"));
+            pki.ensure(
+                &["skiff-test"],
+                &["127.0.0.1".to_string(), "localhost".to_string()],
+            )
+            .map_err(|e| EtcdServerError(format!("cannot make the etcd PKI: {e}")))?;
+            server.tls = Some(pki);
+            server.endpoint = format!("https://127.0.0.1:{}", server.client_port);
+        }
         let mut attempt = 1;
         loop {
             match server.launch(&binary) {
@@ -91,7 +130,7 @@ impl EtcdServer {
                     let (client_port, peer_port) = free_ports()?;
                     server.client_port = client_port;
                     server.peer_port = peer_port;
-                    server.endpoint = format!("http://127.0.0.1:{client_port}");
+                    server.endpoint = format!("{}://127.0.0.1:{client_port}", server.scheme());
                     attempt += 1;
                 }
                 Err(e) => return Err(e),
@@ -112,6 +151,7 @@ impl EtcdServer {
             client_port,
             peer_port,
             membership: None,
+            tls: None,
             dir,
         })
     }
@@ -193,8 +233,8 @@ impl EtcdServer {
         let log_err = log
             .try_clone()
             .map_err(|e| EtcdServerError(format!("cannot duplicate the log file: {e}")))?;
-        let client_url = format!("http://127.0.0.1:{}", self.client_port);
-        let peer_url = format!("http://127.0.0.1:{}", self.peer_port);
+        let client_url = format!("{}://127.0.0.1:{}", self.scheme(), self.client_port);
+        let peer_url = format!("{}://127.0.0.1:{}", self.scheme(), self.peer_port);
         let mut command = Command::new(binary);
         // etcd refuses to start when an ETCD_* variable shadows a flag.
         for (name, _) in std::env::vars_os() {
@@ -219,6 +259,19 @@ impl EtcdServer {
             .arg(format!("--initial-cluster-token={}", membership.token))
             .arg("--logger=zap")
             .arg("--log-outputs=stderr")
+            .args(self.tls.iter().flat_map(|pki| {
+                let m = pki.member("skiff-test");
+                [
+                    format!("--cert-file={}", m.cert.display()),
+                    format!("--key-file={}", m.key.display()),
+                    format!("--trusted-ca-file={}", m.ca.display()),
+                    "--client-cert-auth".into(),
+                    format!("--peer-cert-file={}", m.cert.display()),
+                    format!("--peer-key-file={}", m.key.display()),
+                    format!("--peer-trusted-ca-file={}", m.ca.display()),
+                    "--peer-client-cert-auth".into(),
+                ]
+            }))
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_err));
@@ -242,7 +295,14 @@ impl EtcdServer {
                     self.log_tail()
                 )));
             }
-            if healthy(address) {
+            // A TLS server's /health is behind a client certificate: its port accepting
+            // connections is enough (a lone member elects itself at once).
+            let up = if self.tls.is_some() {
+                TcpStream::connect_timeout(&address, Duration::from_millis(500)).is_ok()
+            } else {
+                healthy(address)
+            };
+            if up {
                 return Ok(());
             }
             if Instant::now() >= deadline {

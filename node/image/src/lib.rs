@@ -6,15 +6,21 @@
 //! Nothing is ever half-written: a blob is streamed into a temporary file and renamed into
 //! place only when its digest matches; a layer is unpacked into a temporary directory and
 //! renamed into place only when the whole tarball unpacked. A layer can never write outside
-//! its directory: paths with `..`, links through symlinks and device nodes are refused
-//! ([`unpack`]). OCI whiteouts become overlayfs whiteouts (a 0/0 character device) and
-//! opaque directories get `trusted.overlay.opaque`, so the kernel's overlay merges the
-//! layers exactly as the OCI spec says.
+//! its directory: every path is resolved from a directory fd without following symlinks, and
+//! paths with `..`, links through symlinks, device nodes and whiteouts of `..`, `.` or an
+//! empty name are refused ([`unpack`]; property-tested and fuzzed in the `fuzzing` module's
+//! sandbox). OCI whiteouts become overlayfs whiteouts (a 0/0 character device) and opaque
+//! directories get `trusted.overlay.opaque`, so the kernel's overlay merges the layers
+//! exactly as the OCI spec says.
 //!
 //! Garbage collection ([`gc`]) removes unused images with the kubelet's policy.
 
 pub mod auth;
 mod digest;
+/// A layer unpacked beside sentinels, for the property test and `cargo fuzz` (feature
+/// `fuzzing`).
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 pub mod gc;
 mod images;
 pub mod layout;

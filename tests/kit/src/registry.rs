@@ -347,6 +347,10 @@ pub fn hostile_gz_layer(entries: &[(&str, Option<&str>)]) -> Vec<u8> {
             }
         };
         h.set_mode(0o644);
+        // Well-formed but for the names: the unpacker's refusal is what a test sees.
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
         h.set_cksum();
         b.append(&h, data).expect("a tar entry");
     }

@@ -14,6 +14,8 @@
 //! | `NamespaceLifecycle` | nothing is created in a namespace that does not exist or is terminating |
 //! | `ServiceAccount` | pods: `serviceAccountName` defaults to `default`, the token volume is mounted |
 //! | `DefaultStorageClass` | claims without a class get the default StorageClass |
+//! | `NodeRestriction` | nodes change only their pods' status, never their own taints or labels outside the kubelet's; a bootstrap token joins only a new node |
+//! | `NodePodCIDRs` | no two Nodes' pod CIDRs overlap |
 //! | `PodSecurity` | pods: the namespace's enforced Pod Security level, on create and on every update that changes an image |
 //! | `ServiceIPRange` | Services: clusterIPs only from the service CIDR (kube-apiserver's allocator check) |
 //! | `DenyServiceExternalIPs` | Services: no new `externalIPs` (kube-apiserver's plug-in of that name) |
@@ -225,6 +227,8 @@ impl Chain {
             Box::new(plugins::NamespaceLifecycle),
             Box::new(plugins::ServiceAccount),
             Box::new(plugins::DefaultStorageClass),
+            Box::new(plugins::NodeRestriction),
+            Box::new(plugins::NodePodCidrs),
             Box::new(plugins::PodSecurity),
             Box::new(plugins::ServiceIpRange {
                 range: config.service_cluster_ip_range,

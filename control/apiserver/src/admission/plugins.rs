@@ -5,7 +5,7 @@ use std::net::Ipv4Addr;
 use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
-use skiff_api::api::{CertificateSigningRequest, PersistentVolumeClaim, Pod, Service};
+use skiff_api::api::{CertificateSigningRequest, Node, PersistentVolumeClaim, Pod, Service};
 use skiff_cidr::Ipv4Cidr;
 
 use super::{Operation, Plugin, Request};
@@ -455,6 +455,281 @@ impl Plugin for CertificateSubjectRestriction {
     }
 }
 
+/// kube-apiserver's NodeRestriction for writes by a node (`system:node:<name>`), beyond the
+/// Node authorizer (which already limits a node to its own Node and the pods bound to it):
+/// a node never creates pods or changes one's spec or metadata (only status, and deletes),
+/// never changes its own taints, and sets only the kubelet's labels in the `kubernetes.io`
+/// and `k8s.io` domains (others, `node-restriction.kubernetes.io/` above all, steer
+/// workloads). A CertificateSigningRequest from a bootstrap token for an existing node is
+/// refused: a token may join a new node, not take an existing node's identity.
+pub(super) struct NodeRestriction;
+
+/// Labels a node may set on its own Node in Kubernetes' domains (kubelet's `KubeletLabels`).
+const KUBELET_LABELS: [&str; 11] = [
+    "kubernetes.io/hostname",
+    "kubernetes.io/os",
+    "kubernetes.io/arch",
+    "beta.kubernetes.io/os",
+    "beta.kubernetes.io/arch",
+    "beta.kubernetes.io/instance-type",
+    "node.kubernetes.io/instance-type",
+    "topology.kubernetes.io/zone",
+    "topology.kubernetes.io/region",
+    "failure-domain.beta.kubernetes.io/zone",
+    "failure-domain.beta.kubernetes.io/region",
+];
+
+/// Whether a node may set label `key` on itself (kube-apiserver's `getForbiddenLabels`).
+fn node_may_set_label(key: &str) -> bool {
+    let Some((prefix, _)) = key.split_once('/') else {
+        return true;
+    };
+    if prefix == "node-restriction.kubernetes.io"
+        || prefix.ends_with(".node-restriction.kubernetes.io")
+    {
+        return false;
+    }
+    let kubernetes = |d: &str| prefix == d || prefix.ends_with(&format!(".{d}"));
+    if !kubernetes("kubernetes.io") && !kubernetes("k8s.io") {
+        return true;
+    }
+    KUBELET_LABELS.contains(&key)
+        || kubernetes("kubelet.kubernetes.io")
+        || kubernetes("node.kubernetes.io")
+}
+
+/// The labels `new` sets or changes compared to `old`, and those it removes.
+fn changed_labels<'a>(
+    new: &'a std::collections::BTreeMap<String, String>,
+    old: Option<&'a std::collections::BTreeMap<String, String>>,
+) -> Vec<&'a str> {
+    let mut out: Vec<&str> = new
+        .iter()
+        .filter(|(k, v)| old.and_then(|o| o.get(*k)) != Some(*v))
+        .map(|(k, _)| k.as_str())
+        .collect();
+    if let Some(old) = old {
+        out.extend(
+            old.keys()
+                .filter(|k| !new.contains_key(*k))
+                .map(String::as_str),
+        );
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+#[async_trait]
+impl Plugin for NodeRestriction {
+    fn name(&self) -> &'static str {
+        "NodeRestriction"
+    }
+
+    async fn validate(
+        &self,
+        req: &Request<'_>,
+        object: &(dyn Any + Send + Sync),
+    ) -> Result<(), ApiError> {
+        let Some(user) = req.user else {
+            return Ok(());
+        };
+        if let Some(csr) = object.downcast_ref::<CertificateSigningRequest>() {
+            return bootstrap_may_request(req, user, csr).await;
+        }
+        let Some(node) = crate::auth::node::node_of(user) else {
+            return Ok(());
+        };
+        let forbidden = |message: String| {
+            ApiError::Forbidden(format!(
+                "{} {:?} is forbidden: {message}",
+                req.info.qualified(),
+                req.name
+            ))
+        };
+        if object.is::<Pod>() {
+            let bound = |p: &Pod| p.spec.as_ref().is_some_and(|s| s.node_name == node);
+            return match (req.operation, req.subresource) {
+                (Operation::Update, "status") | (Operation::Delete, "") => {
+                    if req.old_as::<Pod>().is_some_and(bound) {
+                        Ok(())
+                    } else {
+                        Err(forbidden(format!(
+                            "node {node:?} can only update pod status for pods with \
+                             spec.nodeName set to itself"
+                        )))
+                    }
+                }
+                (op, _) => Err(forbidden(format!(
+                    "unexpected operation {:?}, node {node:?} can only delete pods and update \
+                     their status",
+                    format!("{op:?}").to_uppercase()
+                ))),
+            };
+        }
+        let Some(new) = object.downcast_ref::<Node>() else {
+            return Ok(());
+        };
+        if req.operation == Operation::Delete || req.subresource == "status" {
+            return Ok(());
+        }
+        let old = req.old_as::<Node>();
+        let labels_of = |n: &'_ Node| {
+            n.metadata
+                .as_ref()
+                .map(|m| m.labels.clone())
+                .unwrap_or_default()
+        };
+        let new_labels = labels_of(new);
+        let old_labels = old.map(labels_of);
+        let bad: Vec<&str> = changed_labels(&new_labels, old_labels.as_ref())
+            .into_iter()
+            .filter(|k| !node_may_set_label(k))
+            .collect();
+        if !bad.is_empty() {
+            let verb = if old.is_some() {
+                "is not allowed to modify labels"
+            } else {
+                "is not allowed to set the following labels"
+            };
+            return Err(forbidden(format!("{verb}: {}", bad.join(", "))));
+        }
+        // A Node owned by another object is deleted with it by the garbage collector: a node
+        // must not set owners on itself (CVE-2025-5187).
+        let owners = |n: &Node| {
+            n.metadata
+                .as_ref()
+                .map(|m| m.owner_references.clone())
+                .unwrap_or_default()
+        };
+        if owners(new) != old.map(owners).unwrap_or_default() {
+            return Err(forbidden(format!(
+                "node {node:?} is not allowed to set or change its own ownerReferences"
+            )));
+        }
+        if let Some(old) = old {
+            let taints = |n: &Node| {
+                n.spec
+                    .as_ref()
+                    .map(|s| s.taints.clone())
+                    .unwrap_or_default()
+            };
+            if taints(new) != taints(old) {
+                return Err(forbidden(format!(
+                    "node {node:?} is not allowed to modify taints"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A bootstrap token (`system:bootstrappers`) may ask for a node client certificate only
+/// for a node that does not exist yet.
+async fn bootstrap_may_request(
+    req: &Request<'_>,
+    user: &crate::auth::UserInfo,
+    csr: &CertificateSigningRequest,
+) -> Result<(), ApiError> {
+    let bootstrapper = user
+        .groups
+        .iter()
+        .any(|g| g == crate::auth::bootstrap::BOOTSTRAP_GROUP);
+    if req.operation != Operation::Create || !bootstrapper {
+        return Ok(());
+    }
+    let Some(info) = csr
+        .spec
+        .as_ref()
+        .and_then(|s| std::str::from_utf8(&s.request).ok())
+        .and_then(|pem| skiff_pki::parse_request(pem).ok())
+    else {
+        return Ok(());
+    };
+    let Some(name) = info
+        .common_name
+        .strip_prefix(crate::auth::node::NODE_USER_PREFIX)
+    else {
+        return Ok(());
+    };
+    if req.get::<Node>("", name).await?.is_some() {
+        return Err(ApiError::Forbidden(format!(
+            "certificatesigningrequests.{CERTIFICATES_GROUP} {:?} is forbidden: node {name:?} \
+             is already registered: a bootstrap token may only join a new node",
+            req.name
+        )));
+    }
+    Ok(())
+}
+
+/// No two Nodes' pod CIDRs overlap: a node that registered another's range would take the
+/// pod traffic routed to it (every node routes a Node's podCIDR to that node).
+pub(super) struct NodePodCidrs;
+
+#[async_trait]
+impl Plugin for NodePodCidrs {
+    fn name(&self) -> &'static str {
+        "NodePodCIDRs"
+    }
+
+    async fn validate(
+        &self,
+        req: &Request<'_>,
+        object: &(dyn Any + Send + Sync),
+    ) -> Result<(), ApiError> {
+        let Some(node) = object.downcast_ref::<Node>() else {
+            return Ok(());
+        };
+        if req.operation == Operation::Delete || req.subresource == "status" {
+            return Ok(());
+        }
+        let cidrs = |n: &Node| -> Vec<String> {
+            let Some(s) = &n.spec else { return Vec::new() };
+            let mut v = s.pod_cidrs.clone();
+            if v.is_empty() && !s.pod_cidr.is_empty() {
+                v.push(s.pod_cidr.clone());
+            }
+            v
+        };
+        let mine = cidrs(node);
+        if mine.is_empty() || req.old_as::<Node>().is_some_and(|o| cidrs(o) == mine) {
+            return Ok(());
+        }
+        let parse = |s: &str| skiff_cidr::Cidr::parse_lenient(s).ok();
+        for other in req.list::<Node>("").await? {
+            if other.metadata.as_ref().is_some_and(|m| m.name == req.name) {
+                continue;
+            }
+            for a in &mine {
+                for b in cidrs(&other) {
+                    let (Some(x), Some(y)) = (parse(a), parse(&b)) else {
+                        continue;
+                    };
+                    if x.contains(y.network()) || y.contains(x.network()) {
+                        return Err(ApiError::Invalid {
+                            kind: "Node".into(),
+                            name: req.name.to_string(),
+                            errors: vec![FieldError::invalid(
+                                "spec.podCIDRs",
+                                a,
+                                format!(
+                                    "overlaps the pod CIDR {b} of node {:?}",
+                                    other
+                                        .metadata
+                                        .as_ref()
+                                        .map(|m| m.name.as_str())
+                                        .unwrap_or("")
+                                ),
+                            )],
+                        });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -470,5 +745,34 @@ mod tests {
         );
         assert_eq!(outside(range, &["192.168.100.1"]), Some("192.168.100.1"));
         assert_eq!(go_strings(&["a", "b"]), "[]string{\"a\", \"b\"}");
+    }
+
+    #[test]
+    fn nodes_set_only_the_kubelets_labels_in_kubernetes_domains() {
+        for ok in [
+            "zone",
+            "example.com/rack",
+            "kubernetes.io/hostname",
+            "topology.kubernetes.io/zone",
+            "kubelet.kubernetes.io/x",
+            "node.kubernetes.io/exclude-from-external-load-balancers",
+            "skiff.io/agent",
+        ] {
+            assert!(node_may_set_label(ok), "{ok}");
+        }
+        for bad in [
+            "node-restriction.kubernetes.io/secure",
+            "node-role.kubernetes.io/control-plane",
+            "kubernetes.io/role",
+            "foo.k8s.io/bar",
+        ] {
+            assert!(!node_may_set_label(bad), "{bad}");
+        }
+        let old: std::collections::BTreeMap<String, String> =
+            [("a".into(), "1".into()), ("b".into(), "2".into())].into();
+        let new: std::collections::BTreeMap<String, String> =
+            [("a".into(), "1".into()), ("c".into(), "3".into())].into();
+        assert_eq!(changed_labels(&new, Some(&old)), vec!["b", "c"]);
+        assert_eq!(changed_labels(&new, None), vec!["a", "c"]);
     }
 }

@@ -33,7 +33,7 @@ async fn app() -> App {
         .await
         .unwrap();
     App {
-        router: super::router(registry, None, None, None),
+        router: super::router(registry, None, None, None, None),
         _dir: dir,
     }
 }

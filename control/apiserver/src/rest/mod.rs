@@ -77,6 +77,8 @@ pub(crate) struct Rest {
     pub agent_client: Option<Arc<skiff_pki::Identity>>,
     /// The metrics API's samples of the agents' counters.
     pub metrics: Arc<metrics::Sampler>,
+    /// Where snapshots are written before they are sent (`None`: refused).
+    pub snapshot_dir: Option<std::path::PathBuf>,
 }
 
 /// The REST API as an axum router: one fallback handler for every path.
@@ -85,6 +87,7 @@ pub(crate) fn router(
     authorizer: Option<Arc<crate::auth::authz::Authorizer>>,
     sa_key: Option<Arc<skiff_pki::sa_token::SigningKey>>,
     agent_client: Option<Arc<skiff_pki::Identity>>,
+    snapshot_dir: Option<std::path::PathBuf>,
 ) -> axum::Router {
     axum::Router::new().fallback(dispatch).with_state(Rest {
         registry,
@@ -92,6 +95,7 @@ pub(crate) fn router(
         sa_key,
         agent_client,
         metrics: Arc::default(),
+        snapshot_dir,
     })
 }
 
@@ -439,11 +443,11 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
             objects::serve(
                 &rest,
                 user.as_ref(),
+                parts.extensions.get::<crate::audit::AuditSlot>().cloned(),
                 parts.method,
                 &parts.headers,
                 p,
                 query,
-                parts.extensions.get::<crate::audit::AuditSlot>().cloned(),
                 format,
                 body,
             )

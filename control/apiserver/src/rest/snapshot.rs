@@ -6,11 +6,12 @@
 //! `/skiff/v1/snapshot`): the default policy gives it to `cluster-admin` only, since a
 //! snapshot holds every Secret (encrypted as they are at rest).
 //!
-//! The snapshot is written to a temporary file first (the store's snapshot is a file) and
-//! removed once sent or when the client goes away.
+//! The snapshot is written first to a file of its own in the server's snapshot directory
+//! ([`crate::ApiServerOptions::snapshot_dir`], private: mode 0700, the store's data directory
+//! or the PKI directory; never the shared temporary directory), mode 0600 with a random name
+//! made with `O_EXCL`, and removed once sent or when the client goes away.
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::{Path, PathBuf};
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -32,13 +33,16 @@ impl Drop for TempFile {
     }
 }
 
-fn temp_path() -> PathBuf {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    std::env::temp_dir().join(format!(
-        "skiff-snapshot-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ))
+/// A new, unused path for a snapshot in `dir` (made private first): a random name reserved
+/// with `O_EXCL` and mode 0600 then removed again, since a store writes a snapshot only to a
+/// file that does not exist yet. The directory is the server's own (0700), so nobody else
+/// can take the name in between.
+fn temp_path(dir: &Path) -> std::io::Result<TempFile> {
+    skiff_pki::files::private_dir(dir)?;
+    let reserved = skiff_pki::files::temp_beside(&dir.join("snapshot"))?;
+    let path = reserved.path().to_path_buf();
+    drop(reserved);
+    Ok(TempFile(path))
 }
 
 fn failure(message: &str) -> Response {
@@ -47,7 +51,16 @@ fn failure(message: &str) -> Response {
 }
 
 pub(super) async fn serve(rest: &Rest) -> Response {
-    let guard = TempFile(temp_path());
+    let Some(dir) = &rest.snapshot_dir else {
+        return failure("this server has no snapshot directory");
+    };
+    let guard = match temp_path(dir) {
+        Ok(g) => g,
+        Err(e) => {
+            warn!(error = %e, dir = %dir.display(), "snapshot failed");
+            return failure(&format!("preparing the snapshot file: {e}"));
+        }
+    };
     let snapshot = match rest.registry.snapshot(&guard.0).await {
         Ok(s) => s,
         Err(e) => {
@@ -85,4 +98,30 @@ pub(super) async fn serve(rest: &Rest) -> Response {
         headers.insert("skiff-snapshot-revision", HeaderValue::from(r));
     }
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn snapshot_temporaries_are_random_in_the_private_directory() {
+        let base = tempfile::tempdir().unwrap();
+        let dir = base.path().join("data");
+        let a = temp_path(&dir).unwrap();
+        let b = temp_path(&dir).unwrap();
+        assert_ne!(a.0, b.0);
+        assert_eq!(a.0.parent(), Some(dir.as_path()));
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o700);
+        std::fs::write(&a.0, b"x").unwrap();
+        drop(a);
+        drop(b);
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            0,
+            "removed when dropped"
+        );
+    }
 }
