@@ -130,9 +130,15 @@ fn fuzz_one(root: &Path, target: &Target, seconds: u64) -> Result<()> {
     let max_time = format!("-max_total_time={seconds}");
     let corpus_arg = corpus.to_string_lossy().into_owned();
     let seeds_arg = seeds.to_string_lossy().into_owned();
+    // One target directory for every fuzz crate: their common dependencies (tokio, serde,
+    // prost, ...) are built with ASan once, not once per crate.
+    let target_dir = root.join("target").join("fuzz");
+    let target_dir_arg = target_dir.to_string_lossy().into_owned();
     let mut cmd = util::nightly_cargo(&[
         "fuzz",
         "run",
+        "--target-dir",
+        &target_dir_arg,
         target.name,
         &corpus_arg,
         &seeds_arg,
