@@ -62,7 +62,7 @@ pub const DEFAULT_SERVICE_CLUSTER_IP_RANGE: skiff_cidr::Ipv4Cidr =
 /// Default capacity of each resource type's watch-cache event buffer.
 pub const DEFAULT_WATCH_CACHE_CAPACITY: usize = 10_000;
 /// Largest request the server decodes (large lists go the other way and are not capped).
-const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
+pub(crate) const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
 
 /// How the server runs.
 #[derive(Debug, Clone)]

@@ -138,16 +138,16 @@ async fn concurrent_node_port_services_get_distinct_ports() {
 async fn user_chosen_values_are_kept_and_duplicates_reported() {
     let c = cluster().await;
     // Six host addresses; the user takes one, the allocator must not hand it out.
-    let _manager = allocator_only(&c.client, "10.100.0.0/29", "30000-30009");
+    let _manager = allocator_only(&c.client, "10.96.100.0/29", "30000-30009");
     let api = c.client.namespaced::<Service>("default");
     let mut mine = service("mine", "NodePort", &[80]);
     if let Some(s) = mine.spec.as_mut() {
-        s.cluster_ip = "10.100.0.1".into();
+        s.cluster_ip = "10.96.100.1".into();
         s.ports[0].node_port = 30000;
     }
     api.create(&mine).await.expect("create");
     let sp = spec(&allocated(&c.client, "mine").await);
-    assert_eq!(sp.cluster_ip, "10.100.0.1");
+    assert_eq!(sp.cluster_ip, "10.96.100.1");
     assert_eq!(sp.ports[0].node_port, 30000);
 
     let names: Vec<String> = (0..5).map(|i| format!("auto-{i}")).collect();
@@ -159,7 +159,7 @@ async fn user_chosen_values_are_kept_and_duplicates_reported() {
     let mut ips = BTreeSet::new();
     for n in &names {
         let sp = spec(&allocated(&c.client, n).await);
-        assert_ne!(sp.cluster_ip, "10.100.0.1");
+        assert_ne!(sp.cluster_ip, "10.96.100.1");
         assert_ne!(sp.ports[0].node_port, 30000);
         assert!(ips.insert(sp.cluster_ip));
     }
@@ -167,19 +167,19 @@ async fn user_chosen_values_are_kept_and_duplicates_reported() {
     // A later Service with the same values is told, and keeps them.
     let mut copy = service("copy", "NodePort", &[80]);
     if let Some(s) = copy.spec.as_mut() {
-        s.cluster_ip = "10.100.0.1".into();
+        s.cluster_ip = "10.96.100.1".into();
         s.ports[0].node_port = 30000;
     }
     api.create(&copy).await.expect("create");
     let e = wait_for_event(&c.client, "default", "copy", "ClusterIPAlreadyAllocated").await;
     assert_eq!(e.r#type, "Warning");
-    assert!(e.message.contains("10.100.0.1"), "{}", e.message);
+    assert!(e.message.contains("10.96.100.1"), "{}", e.message);
     assert!(e.message.contains("default/mine"), "{}", e.message);
     wait_for_event(&c.client, "default", "copy", "PortAlreadyAllocated").await;
     let sp = spec(&get(&c.client, "copy").await);
     assert_eq!(
         (sp.cluster_ip.as_str(), sp.ports[0].node_port),
-        ("10.100.0.1", 30000)
+        ("10.96.100.1", 30000)
     );
     // The first holder is not blamed.
     let events = c
@@ -199,7 +199,7 @@ async fn user_chosen_values_are_kept_and_duplicates_reported() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_full_range_waits_for_a_deleted_service() {
     let c = cluster().await;
-    let _manager = allocator_only(&c.client, "10.100.0.0/29", "30000-32767");
+    let _manager = allocator_only(&c.client, "10.96.100.0/29", "30000-32767");
     let api = c.client.namespaced::<Service>("default");
     // /29: six host addresses (.1 to .6), never .0 or .7.
     let names: Vec<String> = (0..6).map(|i| format!("s-{i}")).collect();
@@ -213,7 +213,7 @@ async fn a_full_range_waits_for_a_deleted_service() {
     for n in &names {
         ips.insert(spec(&allocated(&c.client, n).await).cluster_ip);
     }
-    let want: BTreeSet<String> = (1..=6).map(|i| format!("10.100.0.{i}")).collect();
+    let want: BTreeSet<String> = (1..=6).map(|i| format!("10.96.100.{i}")).collect();
     assert_eq!(ips, want);
 
     api.create(&service("waiting", "ClusterIP", &[80]))
@@ -221,7 +221,7 @@ async fn a_full_range_waits_for_a_deleted_service() {
         .expect("create");
     let e = wait_for_event(&c.client, "default", "waiting", "ClusterIPAllocationFailed").await;
     assert_eq!(e.r#type, "Warning");
-    assert!(e.message.contains("10.100.0.0/29"), "{}", e.message);
+    assert!(e.message.contains("10.96.100.0/29"), "{}", e.message);
     assert!(spec(&get(&c.client, "waiting").await).cluster_ip.is_empty());
 
     // Deleting a Service frees its IP, and the waiting one gets it.
@@ -236,7 +236,7 @@ async fn a_full_range_waits_for_a_deleted_service() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_full_node_port_range_allocates_nothing_until_ports_are_freed() {
     let c = cluster().await;
-    let _manager = allocator_only(&c.client, "10.100.0.0/24", "30000-30002");
+    let _manager = allocator_only(&c.client, "10.96.100.0/24", "30000-30002");
     let api = c.client.namespaced::<Service>("default");
     api.create(&service("first", "NodePort", &[80, 81]))
         .await

@@ -493,13 +493,26 @@ fn aggregated(doc: Value) -> Response {
 }
 
 /// Reads the request body, refusing one over [`MAX_BODY_BYTES`] with 413.
+/// How long a client may take to send a request body (kube-apiserver's default request
+/// timeout): a body sent slowly would otherwise hold an inflight slot for ever.
+const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 async fn read_body(body: Body) -> Result<Bytes, Box<Response>> {
-    match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
-        Ok(b) => Ok(b),
-        Err(_) => Err(Box::new(plain_failure(
+    read_body_within(body, BODY_TIMEOUT).await
+}
+
+async fn read_body_within(body: Body, limit: std::time::Duration) -> Result<Bytes, Box<Response>> {
+    match tokio::time::timeout(limit, axum::body::to_bytes(body, MAX_BODY_BYTES)).await {
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(_)) => Err(Box::new(plain_failure(
             413,
             "RequestEntityTooLarge",
             &format!("Request entity too large: limit is {MAX_BODY_BYTES}"),
+        ))),
+        Err(_) => Err(Box::new(plain_failure(
+            408,
+            "Timeout",
+            &format!("the request body was not sent within {} s", limit.as_secs()),
         ))),
     }
 }
@@ -512,6 +525,22 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(header::ACCEPT, HeaderValue::from_str(v).unwrap());
         negotiate(&h)
+    }
+
+    #[tokio::test]
+    async fn a_body_sent_too_slowly_is_refused() {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
+        let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+        tx.send(Ok(Bytes::from_static(b"{\"kind\":")))
+            .await
+            .unwrap();
+        let started = std::time::Instant::now();
+        let resp = read_body_within(body, std::time::Duration::from_millis(200))
+            .await
+            .unwrap_err();
+        assert_eq!(resp.status(), 408);
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
+        drop(tx);
     }
 
     #[test]

@@ -55,9 +55,7 @@ pub(crate) fn apply(
         PatchType::Json => {
             let p: json_patch::Patch = serde_json::from_value(patch.clone())
                 .map_err(|e| ApiError::BadRequest(format!("the JSON patch is invalid: {e}")))?;
-            json_patch::patch(&mut doc, &p).map_err(|e| {
-                ApiError::UnprocessablePatch(format!("the JSON patch cannot be applied: {e}"))
-            })?;
+            apply_json_patch(&mut doc, p)?;
         }
         PatchType::Merge => {
             if !patch.is_object() {
@@ -79,6 +77,43 @@ pub(crate) fn apply(
         }
     }
     Ok(doc)
+}
+
+/// Most operations one JSON patch may have (kube-apiserver's limit).
+const MAX_JSON_PATCH_OPERATIONS: usize = 10_000;
+/// Most bytes a JSON patch's `copy` operations may copy in all: without a bound, a few
+/// dozen copies of a path into itself double the object each time (CVE-2019-1002100).
+const MAX_COPIED_BYTES: usize = crate::MAX_REQUEST_BYTES;
+
+/// Applies a JSON patch operation by operation, refusing one with too many operations or
+/// whose copies add up to more than [`MAX_COPIED_BYTES`].
+fn apply_json_patch(doc: &mut Value, p: json_patch::Patch) -> Result<(), ApiError> {
+    if p.0.len() > MAX_JSON_PATCH_OPERATIONS {
+        return Err(ApiError::BadRequest(format!(
+            "The allowed maximum operations in a JSON patch is {MAX_JSON_PATCH_OPERATIONS}, \
+             got {}",
+            p.0.len()
+        )));
+    }
+    let cannot =
+        |e: String| ApiError::UnprocessablePatch(format!("the JSON patch cannot be applied: {e}"));
+    let mut copied = 0usize;
+    for op in p.0 {
+        if let json_patch::PatchOperation::Copy(c) = &op {
+            let size = doc
+                .pointer(&c.from.to_string())
+                .map(|v| serde_json::to_vec(v).map(|b| b.len()).unwrap_or(usize::MAX))
+                .unwrap_or(0);
+            copied = copied.saturating_add(size);
+            if copied > MAX_COPIED_BYTES {
+                return Err(cannot(format!(
+                    "its copy operations would copy more than {MAX_COPIED_BYTES} bytes"
+                )));
+            }
+        }
+        json_patch::patch(doc, &json_patch::Patch(vec![op])).map_err(|e| cannot(e.to_string()))?;
+    }
+    Ok(())
 }
 
 fn rv_of(v: &Value) -> Option<String> {
@@ -417,6 +452,19 @@ mod tests {
         .unwrap_err();
         assert_eq!(failed.http().0, 422);
         assert!(apply("Deployment", &orig, &json!({"op": 1}), PatchType::Json).is_err());
+        // Copies of a path into itself double it each time: refused past the bound.
+        let mut bomb =
+            vec![json!({"op": "add", "path": "/data", "value": {"a": ["x".repeat(1000)]}})];
+        for _ in 0..40 {
+            bomb.push(json!({"op": "copy", "from": "/data/a", "path": "/data/a/-"}));
+        }
+        let e = apply("ConfigMap", &json!({}), &json!(bomb), PatchType::Json).unwrap_err();
+        assert!(e.to_string().contains("would copy more than"), "{e}");
+        let many: Vec<Value> = (0..10_001)
+            .map(|_| json!({"op": "test", "path": "", "value": {}}))
+            .collect();
+        let e = apply("ConfigMap", &json!({}), &json!(many), PatchType::Json).unwrap_err();
+        assert!(e.to_string().contains("maximum operations"), "{e}");
         assert!(apply("Deployment", &orig, &json!([1]), PatchType::Merge).is_err());
     }
 
