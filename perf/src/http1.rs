@@ -53,6 +53,20 @@ impl Tls {
     }
 }
 
+impl Tls {
+    /// The TLS handshake on `tcp`, for clients that write raw bytes (the slowloris of the
+    /// `auth` suite).
+    pub async fn handshake(
+        &self,
+        tcp: tokio::net::TcpStream,
+    ) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+        self.connector
+            .connect(self.name.clone(), tcp)
+            .await
+            .context("TLS handshake")
+    }
+}
+
 trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
 

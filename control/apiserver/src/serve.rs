@@ -66,15 +66,22 @@ pub(crate) async fn serve(
                 .header_read_timeout(header_read_timeout);
             match tls {
                 None => {
+                    let first = Arc::new(tokio::sync::Notify::new());
                     let svc = with_peer(
                         app,
                         PeerIdentity {
                             remote: Some(peer),
                             cert: None,
                         },
+                        Arc::clone(&first),
                     );
                     let conn = builder.serve_connection_with_upgrades(TokioIo::new(tcp), svc);
-                    let _ = watcher.watch(conn.into_owned()).await;
+                    until_first_request(
+                        watcher.watch(conn.into_owned()),
+                        &first,
+                        header_read_timeout,
+                    )
+                    .await;
                 }
                 Some(tls) => {
                     let stream =
@@ -100,9 +107,15 @@ pub(crate) async fn serve(
                             .filter(|c| !c.is_empty())
                             .map(|chain| tls.authn.identify_certificate(chain)),
                     };
-                    let svc = with_peer(app, identity);
+                    let first = Arc::new(tokio::sync::Notify::new());
+                    let svc = with_peer(app, identity, Arc::clone(&first));
                     let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
-                    let _ = watcher.watch(conn.into_owned()).await;
+                    until_first_request(
+                        watcher.watch(conn.into_owned()),
+                        &first,
+                        header_read_timeout,
+                    )
+                    .await;
                 }
             }
         });
@@ -112,15 +125,41 @@ pub(crate) async fn serve(
     Ok(())
 }
 
+/// Serves a connection, dropping it when no request has arrived within `limit`: hyper's
+/// header timeout starts only once it has told HTTP/1 from HTTP/2, so a client that sends
+/// nothing, or trickles the HTTP/2 preface, would otherwise hold its connection for ever.
+async fn until_first_request<F: std::future::Future>(
+    conn: F,
+    first: &tokio::sync::Notify,
+    limit: Duration,
+) {
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = &mut conn => return,
+        _ = first.notified() => {}
+        _ = tokio::time::sleep(limit) => {
+            debug!("no request within the header timeout: connection closed");
+            return;
+        }
+    }
+    let _ = conn.await;
+}
+
 /// The router with the connection's identity put into each request.
 #[derive(Clone)]
 struct WithPeer {
     app: Router,
     identity: PeerIdentity,
+    /// Told when the connection's first request arrives.
+    first: Arc<tokio::sync::Notify>,
 }
 
-fn with_peer(app: Router, identity: PeerIdentity) -> WithPeer {
-    WithPeer { app, identity }
+fn with_peer(app: Router, identity: PeerIdentity, first: Arc<tokio::sync::Notify>) -> WithPeer {
+    WithPeer {
+        app,
+        identity,
+        first,
+    }
 }
 
 impl hyper::service::Service<Request<Incoming>> for WithPeer {
@@ -130,6 +169,7 @@ impl hyper::service::Service<Request<Incoming>> for WithPeer {
 
     fn call(&self, mut req: Request<Incoming>) -> Self::Future {
         req.extensions_mut().insert(self.identity.clone());
+        self.first.notify_one();
         // A Router is always ready (axum's own server calls it the same way).
         tower::Service::call(&mut self.app.clone(), req)
     }

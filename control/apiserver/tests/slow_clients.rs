@@ -1,5 +1,6 @@
-//! A client that trickles its request headers (slowloris) is cut off after the header
-//! timeout, while other clients keep being answered.
+//! A client that trickles its request headers (slowloris), or sends no request at all (not
+//! even a whole HTTP/2 preface), is cut off after the header timeout, while other clients
+//! keep being answered.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -39,6 +40,16 @@ async fn slow_header_clients_are_cut_off_and_others_answered() {
             .unwrap();
         slow.push(s);
     }
+    // And some that send nothing at all, or half of HTTP/2's preface: they never become a
+    // request, so only a deadline on the first request closes them.
+    let mut silent = Vec::new();
+    for greeting in [&b""[..], &b"PRI * HTTP/2.0\r\n"[..]] {
+        for _ in 0..10 {
+            let mut s = TcpStream::connect(&addr).await.unwrap();
+            s.write_all(greeting).await.unwrap();
+            silent.push(s);
+        }
+    }
     let started = Instant::now();
     // Others are answered meanwhile.
     for _ in 0..5 {
@@ -74,5 +85,14 @@ async fn slow_header_clients_are_cut_off_and_others_answered() {
             }
         }
     }
-    assert!(started.elapsed() < Duration::from_secs(10));
+    // The silent ones, which send nothing more, are closed too.
+    for s in &mut silent {
+        let mut buf = [0u8; 256];
+        let closed = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await;
+        assert!(
+            matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+            "a client that sent no request is still connected after 10 s"
+        );
+    }
+    assert!(started.elapsed() < Duration::from_secs(12));
 }
