@@ -428,6 +428,79 @@ async fn ensure<T: Resource>(
     Ok(())
 }
 
+/// The annotation with which an operator keeps a default ClusterRole as it is.
+const AUTOUPDATE_ANNOTATION: &str = "rbac.authorization.kubernetes.io/autoupdate";
+
+/// kube-apiserver's default-role reconciliation: a default ClusterRole that already exists
+/// keeps what an operator added and gets the rules this server's default has and it lacks
+/// (unless annotated `rbac.authorization.kubernetes.io/autoupdate: "false"`), so a cluster
+/// started by an older server never leaves a component without a permission it now needs
+/// (the controller manager's signers, say, which admission checks). Roles filled by
+/// aggregation are the aggregation controller's.
+async fn reconcile_default_roles(registry: &registry::Registry) -> Result<(), ApiServerError> {
+    use prost::Message as _;
+    use skiff_api::api::ClusterRole;
+    let failed = |object: String, source: ApiError| ApiServerError::Bootstrap { object, source };
+    let handler = registry
+        .handler(ClusterRole::INFO.plural)
+        .map_err(|e| failed(ClusterRole::INFO.plural.into(), e))?;
+    for want in auth::policy::cluster_roles() {
+        if want.aggregation_rule.is_some() {
+            continue;
+        }
+        let name = want
+            .metadata
+            .as_ref()
+            .map(|m| m.name.clone())
+            .unwrap_or_default();
+        for _ in 0..5 {
+            let bytes = match handler.get("", &name).await {
+                Ok(b) => b,
+                Err(ApiError::NotFound { .. }) => break,
+                Err(e) => return Err(failed(format!("ClusterRole {name:?}"), e)),
+            };
+            let mut have = ClusterRole::decode(bytes.as_slice()).map_err(|e| {
+                failed(
+                    format!("ClusterRole {name:?}"),
+                    ApiError::Internal(e.to_string()),
+                )
+            })?;
+            let kept = have
+                .metadata
+                .as_ref()
+                .and_then(|m| m.annotations.get(AUTOUPDATE_ANNOTATION))
+                .is_some_and(|v| v == "false");
+            let missing: Vec<_> = want
+                .rules
+                .iter()
+                .filter(|r| !have.rules.contains(r))
+                .cloned()
+                .collect();
+            if kept || missing.is_empty() {
+                break;
+            }
+            have.rules.extend(missing);
+            match handler
+                .update(
+                    "",
+                    &have.encode_to_vec(),
+                    "",
+                    registry::WriteOptions::default(),
+                )
+                .await
+            {
+                Ok(_) => {
+                    info!(%name, "default ClusterRole given its missing rules");
+                    break;
+                }
+                Err(ApiError::Conflict(_)) => continue,
+                Err(e) => return Err(failed(format!("ClusterRole {name:?}"), e)),
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Creates the bootstrap namespaces and the default RBAC policy that do not exist yet.
 async fn bootstrap(
     registry: &registry::Registry,
@@ -445,6 +518,7 @@ async fn bootstrap(
         .collect();
     ensure(registry, namespaces).await?;
     ensure(registry, auth::policy::cluster_roles()).await?;
+    reconcile_default_roles(registry).await?;
     ensure(registry, auth::policy::cluster_role_bindings()).await
 }
 
