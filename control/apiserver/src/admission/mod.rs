@@ -237,10 +237,16 @@ impl Chain {
             Box::new(plugins::RbacEscalation {
                 authorizer: Arc::clone(&authorizer),
             }),
-            Box::new(plugins::CertificateApproval {
+            Box::new(plugins::SignerPermission {
+                name: "CertificateApproval",
+                subresource: "approval",
+                verb: "approve",
                 authorizer: Arc::clone(&authorizer),
             }),
-            Box::new(plugins::CertificateSigning {
+            Box::new(plugins::SignerPermission {
+                name: "CertificateSigning",
+                subresource: "status",
+                verb: "sign",
                 authorizer: Arc::clone(&authorizer),
             }),
             Box::new(plugins::CertificateSubjectRestriction),

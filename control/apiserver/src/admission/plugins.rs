@@ -321,17 +321,22 @@ fn signer_of(csr: &CertificateSigningRequest) -> &str {
         .unwrap_or("")
 }
 
-/// Approving (or denying) a request takes `approve` on its signer: kube-apiserver's
-/// CertificateApproval plug-in. Without it, anyone allowed to update the `approval`
-/// subresource could approve a request for any identity.
-pub(super) struct CertificateApproval {
+/// A write through a CertificateSigningRequest subresource takes a verb on the request's
+/// signer: approving or denying (`approval`) takes `approve`, writing the certificate
+/// (`status`, when it changes) takes `sign` — kube-apiserver's CertificateApproval and
+/// CertificateSigning plug-ins. Without them, anyone allowed to update the subresource could
+/// approve, or issue, a certificate for any identity.
+pub(super) struct SignerPermission {
+    pub name: &'static str,
+    pub subresource: &'static str,
+    pub verb: &'static str,
     pub authorizer: Arc<OnceLock<Arc<Authorizer>>>,
 }
 
 #[async_trait]
-impl Plugin for CertificateApproval {
+impl Plugin for SignerPermission {
     fn name(&self) -> &'static str {
-        "CertificateApproval"
+        self.name
     }
 
     async fn validate(
@@ -342,68 +347,32 @@ impl Plugin for CertificateApproval {
         let Some(csr) = object.downcast_ref::<CertificateSigningRequest>() else {
             return Ok(());
         };
-        if req.subresource != "approval" {
+        if req.subresource != self.subresource {
             return Ok(());
+        }
+        if self.subresource == "status" {
+            let certificate = |c: &CertificateSigningRequest| {
+                c.status
+                    .as_ref()
+                    .map(|s| s.certificate.clone())
+                    .unwrap_or_default()
+            };
+            let old = req.old_as::<CertificateSigningRequest>().map(certificate);
+            if old.is_some_and(|o| o == certificate(csr)) {
+                return Ok(());
+            }
         }
         let (Some(authz), Some(user)) = (self.authorizer.get(), req.user) else {
             return Ok(());
         };
         let signer = signer_of(csr);
-        if may_use_signer(authz, user, "approve", signer) {
+        if may_use_signer(authz, user, self.verb, signer) {
             return Ok(());
         }
         Err(ApiError::Forbidden(format!(
             "certificatesigningrequests.{CERTIFICATES_GROUP} {:?} is forbidden: user not \
-             permitted to approve requests with signerName {signer:?}",
-            req.name
-        )))
-    }
-}
-
-/// Writing a request's certificate takes `sign` on its signer: kube-apiserver's
-/// CertificateSigning plug-in.
-pub(super) struct CertificateSigning {
-    pub authorizer: Arc<OnceLock<Arc<Authorizer>>>,
-}
-
-#[async_trait]
-impl Plugin for CertificateSigning {
-    fn name(&self) -> &'static str {
-        "CertificateSigning"
-    }
-
-    async fn validate(
-        &self,
-        req: &Request<'_>,
-        object: &(dyn Any + Send + Sync),
-    ) -> Result<(), ApiError> {
-        let Some(csr) = object.downcast_ref::<CertificateSigningRequest>() else {
-            return Ok(());
-        };
-        if req.subresource != "status" {
-            return Ok(());
-        }
-        let certificate = |c: &CertificateSigningRequest| {
-            c.status
-                .as_ref()
-                .map(|s| s.certificate.clone())
-                .unwrap_or_default()
-        };
-        let old = req.old_as::<CertificateSigningRequest>().map(certificate);
-        if old.is_some_and(|o| o == certificate(csr)) {
-            return Ok(());
-        }
-        let (Some(authz), Some(user)) = (self.authorizer.get(), req.user) else {
-            return Ok(());
-        };
-        let signer = signer_of(csr);
-        if may_use_signer(authz, user, "sign", signer) {
-            return Ok(());
-        }
-        Err(ApiError::Forbidden(format!(
-            "certificatesigningrequests.{CERTIFICATES_GROUP} {:?} is forbidden: user not \
-             permitted to sign requests with signerName {signer:?}",
-            req.name
+             permitted to {} requests with signerName {signer:?}",
+            req.name, self.verb
         )))
     }
 }
