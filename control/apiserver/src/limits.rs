@@ -199,15 +199,7 @@ pub(crate) async fn middleware(
             let Some(permit) = limiter.watch(&name) else {
                 return too_many(grpc);
             };
-            let resp = next.run(req).await;
-            let (parts, body) = resp.into_parts();
-            Response::from_parts(
-                parts,
-                Body::new(Guarded {
-                    inner: body,
-                    _permit: Permit::Watch(permit),
-                }),
-            )
+            holding(next.run(req).await, Permit::Watch(permit))
         }
         class => {
             let sem = if class == Class::Mutating {
@@ -218,16 +210,8 @@ pub(crate) async fn middleware(
             let Ok(permit) = Arc::clone(sem).try_acquire_owned() else {
                 return too_many(grpc);
             };
-            let resp = next.run(req).await;
             // Held until the response body is sent (a large list is still work).
-            let (parts, body) = resp.into_parts();
-            Response::from_parts(
-                parts,
-                Body::new(Guarded {
-                    inner: body,
-                    _permit: Permit::Inflight(permit),
-                }),
-            )
+            holding(next.run(req).await, Permit::Inflight(permit))
         }
     }
 }
@@ -236,6 +220,18 @@ pub(crate) async fn middleware(
 enum Permit {
     Watch(#[allow(dead_code, reason = "held for its Drop")] WatchPermit),
     Inflight(#[allow(dead_code, reason = "held for its Drop")] OwnedSemaphorePermit),
+}
+
+/// `resp` with its body holding `permit` until the body ends (or is dropped).
+fn holding(resp: Response, permit: Permit) -> Response {
+    let (parts, body) = resp.into_parts();
+    Response::from_parts(
+        parts,
+        Body::new(Guarded {
+            inner: body,
+            _permit: permit,
+        }),
+    )
 }
 
 /// A response body that holds a permit until it ends (or is dropped).
