@@ -13,6 +13,8 @@ mod fuzz;
 mod install;
 #[cfg(test)]
 mod layers;
+#[cfg(test)]
+mod modules;
 mod setup;
 mod tiers;
 mod up;

@@ -10,16 +10,16 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use crate::auth::UserInfo;
-use crate::auth::authz::Attributes;
+use crate::request::AuditRecord;
+use crate::request::UserInfo;
 
 /// Events waiting to be written before new ones are dropped.
 const QUEUE: usize = 8192;
@@ -32,43 +32,6 @@ pub struct AuditOptions {
     pub max_bytes: u64,
     /// Rotated files kept.
     pub max_backups: usize,
-}
-
-/// What the request handlers learn about a request, for its audit event: filled by the
-/// authorization step, read when the response is done.
-#[derive(Debug, Default)]
-pub struct AuditRecord {
-    pub attributes: Option<Attributes>,
-    /// `allow` or `forbid`, and the authorizer's reason.
-    pub decision: Option<(&'static str, String)>,
-    /// The admission plug-in that refused the request, and its message.
-    pub admission: Option<(&'static str, String)>,
-}
-
-/// Shared by a request's layers.
-pub type AuditSlot = Arc<Mutex<AuditRecord>>;
-
-/// Records a request's attributes and the authorization decision for its audit event.
-pub fn note(slot: Option<&AuditSlot>, attrs: &Attributes, result: &Result<(), String>) {
-    if let Some(s) = slot
-        && let Ok(mut r) = s.lock()
-    {
-        r.attributes = Some(attrs.clone());
-        r.decision = Some(match result {
-            Ok(()) => ("allow", String::new()),
-            Err(m) => ("forbid", m.clone()),
-        });
-    }
-}
-
-/// Records that admission plug-in `plugin` refused the request (after authorization allowed
-/// it), for its audit event.
-pub fn note_admission(slot: Option<&AuditSlot>, plugin: &'static str, message: &str) {
-    if let Some(s) = slot
-        && let Ok(mut r) = s.lock()
-    {
-        r.admission = Some((plugin, message.to_string()));
-    }
 }
 
 /// The sending half: cheap to clone.
@@ -280,6 +243,7 @@ async fn write_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::request::Attributes;
 
     #[tokio::test]
     async fn events_are_json_lines_and_the_file_stays_bounded() {

@@ -38,7 +38,7 @@ use tonic::Status;
 use tracing::{debug, error, info, warn};
 
 use crate::error::ApiError;
-use crate::registry::{decode, key_prefix};
+use crate::stored::{decode, key_prefix};
 
 /// Events a watcher copies out of the buffer per lock acquisition.
 const BATCH: usize = 256;

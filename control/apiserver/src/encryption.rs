@@ -319,7 +319,7 @@ impl EncryptionConfig {
                             &format!("{name:?} is not a resource Skiff serves"),
                         )
                     })?;
-                rules.push((crate::registry::key_prefix(info), Arc::clone(&t)));
+                rules.push((crate::stored::key_prefix(info), Arc::clone(&t)));
             }
         }
         Ok(EncryptionConfig { rules })
@@ -554,7 +554,7 @@ mod tests {
         let first = std::fs::read_to_string(&path).unwrap();
         let config = EncryptionConfig::read(&path).unwrap();
         let t = config
-            .transformer(&crate::registry::key_prefix(&skiff_api::api::Secret::INFO))
+            .transformer(&crate::stored::key_prefix(&skiff_api::api::Secret::INFO))
             .unwrap();
         let sealed = t.write("/k", b"plain".to_vec()).unwrap();
         assert!(sealed.starts_with(b"k8s:enc:aesgcm:v1:skiff-generated-"));
@@ -585,11 +585,11 @@ mod tests {
         let store = EncryptingStore::new(Arc::clone(&inner), cfg);
         let secret_key = format!(
             "{}default/s",
-            crate::registry::key_prefix(&skiff_api::api::Secret::INFO)
+            crate::stored::key_prefix(&skiff_api::api::Secret::INFO)
         );
         let cm_key = format!(
             "{}default/c",
-            crate::registry::key_prefix(&skiff_api::api::ConfigMap::INFO)
+            crate::stored::key_prefix(&skiff_api::api::ConfigMap::INFO)
         );
         store
             .create(&secret_key, b"top-secret".to_vec())
@@ -614,7 +614,7 @@ mod tests {
         );
         let listed = store
             .list(
-                &crate::registry::key_prefix(&skiff_api::api::Secret::INFO),
+                &crate::stored::key_prefix(&skiff_api::api::Secret::INFO),
                 None,
             )
             .await
@@ -623,7 +623,7 @@ mod tests {
         // A value written before encryption is read through the identity provider.
         let old_key = format!(
             "{}default/old",
-            crate::registry::key_prefix(&skiff_api::api::Secret::INFO)
+            crate::stored::key_prefix(&skiff_api::api::Secret::INFO)
         );
         inner
             .create(&old_key, b"from-before".to_vec())
@@ -636,7 +636,7 @@ mod tests {
         // A ciphertext moved to another key does not decrypt (the key is authenticated).
         let moved = format!(
             "{}default/moved",
-            crate::registry::key_prefix(&skiff_api::api::Secret::INFO)
+            crate::stored::key_prefix(&skiff_api::api::Secret::INFO)
         );
         inner.create(&moved, raw).await.unwrap();
         let e = store.get(&moved).await.unwrap_err().to_string();

@@ -1,13 +1,30 @@
 //! Skiff's API server: Kubernetes-style semantics for every resource type over one generic
-//! code path, stored in a [`skiff_store::Store`] and served over gRPC (`skiff.rpc.Api`).
+//! code path, stored in a [`skiff_store::Store`] and served over gRPC (`skiff.rpc.Api`) and
+//! the Kubernetes REST API on one port.
 //!
-//! - [`registry`]: `Handler<T>` implements create/get/list/update/delete/watch/bind once for
-//!   every type; the registry maps plural names to handlers.
-//! - [`strategy`]: per-kind defaulting, validation and delete/bind hooks.
-//! - `cache`: one watch cache per type (a single store watch each) serving every client
-//!   watch.
-//! - [`error`]: [`ApiError`] and its one mapping onto gRPC statuses.
-//! - [`validation`]: DNS names, label keys/values, object metadata.
+//! A request's way through: `pipeline` (authentication, audit, impersonation, limits, then
+//! the front end's authorization) → a front end (`rest` or `service`) → [`registry`]
+//! (`Handler<T>` implements every verb once for every type) → [`admission`] (the one ordered
+//! list of plug-ins) → [`strategy`] (per-kind defaulting and validation) → `stored` (the
+//! store's keys and encoding); `cache` serves every watch from one store watch per type;
+//! `status` writes every answer.
+//!
+//! The modules are layered, lowest first; a module uses only its own layer and those below,
+//! and no two modules use each other (checked by `cargo test -p xtask modules`):
+//!
+//! <!-- module-layers: checked by `cargo test -p xtask modules` -->
+//! ```text
+//! error, request                        # leaf types: errors; who asks, for what, audit record
+//! validation, stored, status, audit     # names and metadata; store layout; answers; audit log
+//! strategy                              # per-kind rules
+//! cache, encryption, admission::interface  # watch cache; at-rest transformer; what admission is
+//! registry                              # every verb once for every kind
+//! auth                                  # authenticators, authorizers (RBAC, Node), escalation
+//! admission                             # the plug-ins and their order
+//! limits, pipeline                      # the handler chain
+//! rest, service, kubernetes_service, serve  # front ends, the `kubernetes` Service, the listener
+//! crate                                 # composition: `spawn`
+//! ```
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -44,12 +61,16 @@ pub mod error;
 pub mod kubernetes_service;
 pub mod limits;
 pub mod registry;
+pub mod request;
 mod rest;
+mod stored;
 /// The REST request decoders for `cargo fuzz` (feature `fuzzing`).
 #[cfg(feature = "fuzzing")]
 pub use rest::fuzzing;
+mod pipeline;
 mod serve;
 mod service;
+mod status;
 pub mod strategy;
 pub mod validation;
 
@@ -61,8 +82,6 @@ pub const DEFAULT_SERVICE_CLUSTER_IP_RANGE: skiff_cidr::Ipv4Cidr =
     skiff_cidr::Ipv4Cidr::from_octets([10, 96, 0, 0], 16);
 /// Default capacity of each resource type's watch-cache event buffer.
 pub const DEFAULT_WATCH_CACHE_CAPACITY: usize = 10_000;
-/// Largest request the server decodes (large lists go the other way and are not capped).
-pub(crate) const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
 
 /// How the server runs.
 #[derive(Debug, Clone)]
@@ -545,8 +564,9 @@ pub async fn spawn(
     let admission = Arc::new(admission::Chain::new(admission::Config {
         service_cluster_ip_range: Some(opts.service_cluster_ip_range),
     }));
-    let registry =
-        Arc::new(registry::Registry::start(store, opts.watch_cache_capacity, admission).await?);
+    let registry = Arc::new(
+        registry::Registry::start(store, opts.watch_cache_capacity, admission.clone()).await?,
+    );
     let missing = registry.missing_kinds();
     if !missing.is_empty() {
         registry.stop();
@@ -571,14 +591,14 @@ pub async fn spawn(
         None => None,
     };
     if let Some(a) = &authorizer {
-        registry.admission().set_authorizer(Arc::clone(a));
+        admission.set_authorizer(Arc::clone(a));
     }
     let (tx, rx) = oneshot::channel::<()>();
     let service = ApiServer::new(service::ApiService::new(
         Arc::clone(&registry),
         authorizer.clone(),
     ))
-    .max_decoding_message_size(MAX_REQUEST_BYTES);
+    .max_decoding_message_size(limits::MAX_REQUEST_BYTES);
     // One port for both APIs: gRPC (`skiff.rpc.Api`, HTTP/2) for Skiff's own components and
     // the Kubernetes REST API (HTTP/1.1 or HTTP/2) for kubectl and client libraries.
     let sa_key = opts
@@ -605,20 +625,16 @@ pub async fn spawn(
         authn: Arc::clone(&s.authenticator),
     });
     if let Some(s) = &opts.security {
-        // Inside authentication (it counts per user), outside everything else.
-        app = app.layer(axum::middleware::from_fn_with_state(
-            limits::Limiter::new(opts.limits),
-            limits::middleware,
-        ));
-        app = app.layer(axum::middleware::from_fn_with_state(
-            auth::AuthState {
+        app = pipeline::handler_chain(
+            app,
+            pipeline::Steps {
                 authn: Arc::clone(&s.authenticator),
                 authz: authorizer.clone(),
                 audit: s.audit.clone(),
                 throttle: Arc::default(),
+                limits: opts.limits,
             },
-            auth::middleware,
-        ));
+        );
     }
     let renewal = opts
         .security

@@ -112,11 +112,12 @@ struct Args {
     /// certificate.
     #[arg(long, default_value = "10.96.0.0/16", value_name = "CIDR")]
     service_cluster_ip_range: skiff_cidr::Ipv4Cidr,
-    /// Non-mutating requests in flight at once; more are answered 429 (0: no limit).
+    /// Non-mutating requests in flight at once; more wait in their user's queue (users take
+    /// turns; up to 50 waiting per user, up to 15 s), then are answered 429 (0: no limit).
     /// `system:masters` is exempt; watches, exec, attach and port-forward do not count.
     #[arg(long, default_value_t = 400)]
     max_requests_inflight: usize,
-    /// Mutating requests in flight at once; more are answered 429 (0: no limit).
+    /// Mutating requests in flight at once; more wait as non-mutating ones do (0: no limit).
     #[arg(long, default_value_t = 200)]
     max_mutating_requests_inflight: usize,
     /// Watches one user may have open at once; more are answered 429 (0: no limit).
@@ -455,6 +456,7 @@ async fn main() -> Result<()> {
             max_requests_inflight: args.max_requests_inflight,
             max_mutating_requests_inflight: args.max_mutating_requests_inflight,
             max_watches_per_user: args.max_watches_per_user,
+            ..skiff_apiserver::limits::Limits::default()
         },
         header_read_timeout: std::time::Duration::from_secs(args.request_header_timeout_seconds),
         // Snapshots are staged in a private directory of this server's: the store's data

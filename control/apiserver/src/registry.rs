@@ -13,9 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use chrono::{SecondsFormat, Utc};
 use prost::Message;
-use rand::Rng;
 use skiff_api::api::{
     Binding, CertificateSigningRequest, ClusterRole, ClusterRoleBinding, ConfigMap, CronJob,
     DaemonSet, Deployment, Endpoints, Event, HorizontalPodAutoscaler, Job, Lease, Namespace,
@@ -28,10 +26,13 @@ use skiff_api::{KindInfo, Resource};
 use skiff_store::{KeyValue, Store, StoreError};
 use tracing::debug;
 
-use crate::admission::{self, Chain, Operation};
+use crate::admission::interface::{self as admission, Admit, Operation};
 use crate::cache::{Filter, WatchCache, WatchReceiver, WatchStart};
 use crate::error::{ApiError, FieldError};
-use crate::strategy::{DeleteContext, DeleteDecision, Strategy};
+use crate::stored::{decode_kv, encode_for_store, key_prefix, object_key, with_revision};
+use crate::strategy::{
+    DeleteContext, DeleteDecision, Strategy, now_rfc3339, random_suffix, rfc3339_in,
+};
 use crate::validation::check_object_meta;
 
 /// How often an operation that read-modify-writes an object retries on a conflict it caused
@@ -39,65 +40,8 @@ use crate::validation::check_object_meta;
 const RETRIES: usize = 5;
 /// How many random suffixes `generateName` tries.
 const GENERATE_ATTEMPTS: usize = 8;
-/// Kubernetes' alphabet for generated names (no vowels, no confusable characters).
-const NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 
 pub use skiff_api::{FOREGROUND_FINALIZER, ORPHAN_FINALIZER};
-
-/// `/registry/<plural>/`.
-pub(crate) fn key_prefix(info: &KindInfo) -> String {
-    format!("/registry/{}/", info.plural)
-}
-
-fn object_key(info: &KindInfo, namespace: &str, name: &str) -> String {
-    if info.namespaced {
-        format!("{}{namespace}/{name}", key_prefix(info))
-    } else {
-        format!("{}{name}", key_prefix(info))
-    }
-}
-
-/// Decodes a stored object, setting its type meta and its resourceVersion from `revision`.
-pub(crate) fn decode<T: Resource>(bytes: &[u8], revision: i64) -> Result<T, ApiError> {
-    let mut obj = T::decode(bytes)
-        .map_err(|e| ApiError::Internal(format!("cannot decode a stored {}: {e}", T::INFO.kind)))?;
-    obj.set_type_meta();
-    obj.metadata_mut().resource_version = revision.to_string();
-    Ok(obj)
-}
-
-fn decode_kv<T: Resource>(kv: &KeyValue) -> Result<T, ApiError> {
-    decode(&kv.value, kv.mod_revision)
-}
-
-/// The stored encoding: type meta set, resourceVersion cleared.
-fn encode_for_store<T: Resource>(obj: &T) -> Vec<u8> {
-    let mut o = obj.clone();
-    o.set_type_meta();
-    o.metadata_mut().resource_version.clear();
-    o.encode_to_vec()
-}
-
-fn with_revision<T: Resource>(mut obj: T, revision: i64) -> T {
-    obj.metadata_mut().resource_version = revision.to_string();
-    obj
-}
-
-/// RFC 3339 UTC with seconds precision, e.g. `2024-05-01T12:00:00Z`.
-pub(crate) fn now_rfc3339() -> String {
-    Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true)
-}
-
-fn rfc3339_in(seconds: i64) -> String {
-    (Utc::now() + chrono::Duration::seconds(seconds)).to_rfc3339_opts(SecondsFormat::Secs, true)
-}
-
-pub(crate) fn random_suffix() -> String {
-    let mut rng = rand::rng();
-    (0..5)
-        .map(|_| char::from(NAME_ALPHABET[rng.random_range(0..NAME_ALPHABET.len())]))
-        .collect()
-}
 
 fn decode_request<T: Message + Default>(bytes: &[u8], kind: &str) -> Result<T, ApiError> {
     T::decode(bytes)
@@ -144,15 +88,15 @@ pub struct WriteOptions {
     pub dry_run: bool,
     /// Who asks (set when the request was authenticated): kinds that record their requester
     /// take it from here ([`Strategy::stamp_requester`]).
-    pub requester: Option<crate::auth::UserInfo>,
+    pub requester: Option<crate::request::UserInfo>,
     /// The request's audit record: an admission refusal is noted in it.
-    pub audit: Option<crate::audit::AuditSlot>,
+    pub audit: Option<crate::request::AuditSlot>,
 }
 
 impl WriteOptions {
     /// Notes an admission refusal in the audit record and returns its error.
     fn refused(&self, r: admission::Refusal) -> ApiError {
-        crate::audit::note_admission(self.audit.as_ref(), r.plugin, &r.error.to_string());
+        crate::request::note_admission(self.audit.as_ref(), r.plugin, &r.error.to_string());
         r.error
     }
 }
@@ -197,7 +141,7 @@ pub trait ResourceHandler: Send + Sync {
 pub struct Handler<T: Strategy> {
     store: Arc<dyn Store>,
     cache: Arc<WatchCache<T>>,
-    admission: Arc<Chain>,
+    admission: Arc<dyn Admit>,
 }
 
 impl<T: Strategy> std::fmt::Debug for Handler<T> {
@@ -213,7 +157,7 @@ impl<T: Strategy> Handler<T> {
     pub(crate) async fn start(
         store: Arc<dyn Store>,
         cache_capacity: usize,
-        admission: Arc<Chain>,
+        admission: Arc<dyn Admit>,
     ) -> Result<Self, StoreError> {
         let cache = WatchCache::start(Arc::clone(&store), cache_capacity).await?;
         Ok(Handler {
@@ -976,8 +920,6 @@ pub struct Registry {
     handlers: BTreeMap<&'static str, Arc<dyn ResourceHandler>>,
     /// The store itself, for what is not per kind (snapshots).
     store: Arc<dyn Store>,
-    /// The admission chain every handler runs.
-    admission: Arc<Chain>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -993,12 +935,12 @@ impl Registry {
     pub(crate) async fn start(
         store: Arc<dyn Store>,
         cache_capacity: usize,
-        admission: Arc<Chain>,
+        admission: Arc<dyn Admit>,
     ) -> Result<Self, StoreError> {
         struct Shared {
             store: Arc<dyn Store>,
             capacity: usize,
-            admission: Arc<Chain>,
+            admission: Arc<dyn Admit>,
         }
         async fn add<T: Strategy>(
             handlers: &mut BTreeMap<&'static str, Arc<dyn ResourceHandler>>,
@@ -1016,7 +958,7 @@ impl Registry {
         let shared = Shared {
             store: Arc::clone(&store),
             capacity: cache_capacity,
-            admission: Arc::clone(&admission),
+            admission,
         };
         let mut handlers = BTreeMap::new();
         let h = &mut handlers;
@@ -1048,16 +990,7 @@ impl Registry {
         add::<ClusterRole>(h, &shared).await?;
         add::<RoleBinding>(h, &shared).await?;
         add::<ClusterRoleBinding>(h, &shared).await?;
-        Ok(Registry {
-            handlers,
-            store,
-            admission,
-        })
-    }
-
-    /// The admission chain every write of every kind passes.
-    pub fn admission(&self) -> &Chain {
-        &self.admission
+        Ok(Registry { handlers, store })
     }
 
     /// Kinds in [`skiff_api::kinds`] without a handler (empty unless the list above is
@@ -1129,7 +1062,10 @@ mod tests {
     fn generated_suffixes() {
         let s = random_suffix();
         assert_eq!(s.len(), 5);
-        assert!(s.bytes().all(|c| NAME_ALPHABET.contains(&c)));
+        assert!(
+            s.bytes()
+                .all(|c| crate::strategy::NAME_ALPHABET.contains(&c))
+        );
     }
 
     #[test]

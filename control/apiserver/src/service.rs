@@ -15,10 +15,11 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::{debug, warn};
 
-use crate::auth::UserInfo;
-use crate::auth::authz::{Attributes, Authorizer};
+use crate::auth::authz::Authorizer;
 use crate::error::ApiError;
 use crate::registry::{Registry, WriteOptions};
+use crate::request::Attributes;
+use crate::request::UserInfo;
 
 /// Implements `skiff.rpc.Api` over a [`Registry`].
 pub(crate) struct ApiService {
@@ -64,45 +65,33 @@ impl ApiService {
     /// Authorizes a call as the REST API would the same request; `PERMISSION_DENIED` with
     /// kube-apiserver's message otherwise.
     fn authorize<R>(&self, request: &Request<R>, call: Call<'_>) -> Result<(), Status> {
-        let Some(authz) = &self.authorizer else {
+        if self.authorizer.is_none() {
             return Ok(());
-        };
-        // Fail closed: a server that authorizes never serves a call without a user.
-        let Some(user) = request.extensions().get::<UserInfo>() else {
-            return Err(Status::unauthenticated("Unauthorized"));
-        };
+        }
         let group = self
             .registry
             .handler(call.resource)
             .map(|h| h.info().group().to_string())
             .unwrap_or_default();
-        let mut name = call.name;
-        if name.is_empty()
-            && matches!(call.verb, "list" | "watch")
-            && let Ok(f) = skiff_api::selector::FieldSelector::parse(call.field_selector)
-            && let Some(n) = f.equality("metadata.name")
-        {
-            name = n.to_string();
-        }
         let mut a = Attributes::resource(
             call.verb,
             &group,
             call.resource,
             call.subresource,
             call.namespace,
-            &name,
-        );
-        a.field_selector = call.field_selector.to_string();
+            &call.name,
+        )
+        .selecting(call.field_selector);
         a.object_name = call.object_name;
-        let result = authz.authorize(user, &a);
-        crate::audit::note(
-            request.extensions().get::<crate::audit::AuditSlot>(),
+        crate::pipeline::authorize(
+            self.authorizer.as_deref(),
+            request.extensions().get::<UserInfo>(),
+            request.extensions().get::<crate::request::AuditSlot>(),
             &a,
-            &result,
-        );
-        result.map_err(|m| {
-            debug!(user = %user.name, verb = call.verb, resource = call.resource, "forbidden");
-            Status::permission_denied(m)
+        )
+        .map_err(|d| match d {
+            crate::pipeline::Denied::Unauthenticated => Status::unauthenticated("Unauthorized"),
+            crate::pipeline::Denied::Forbidden(m) => Status::permission_denied(m),
         })
     }
 }
@@ -114,7 +103,7 @@ fn write_options<R>(request: &Request<R>) -> WriteOptions {
         requester: request.extensions().get::<UserInfo>().cloned(),
         audit: request
             .extensions()
-            .get::<crate::audit::AuditSlot>()
+            .get::<crate::request::AuditSlot>()
             .cloned(),
         ..WriteOptions::default()
     }

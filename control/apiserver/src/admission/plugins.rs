@@ -11,6 +11,7 @@ use skiff_cidr::Ipv4Cidr;
 use super::{Operation, Plugin, Request};
 use crate::auth::authz::Authorizer;
 use crate::error::{ApiError, FieldError, FieldErrorKind};
+use crate::request::{Attributes, Decision};
 use crate::strategy::pod_security;
 
 /// Nothing new in a namespace that does not exist or is being deleted.
@@ -63,7 +64,11 @@ impl Plugin for ServiceAccount {
     ) -> Result<(), ApiError> {
         match object.downcast_mut::<Pod>() {
             Some(pod) if req.operation == Operation::Create => {
-                crate::strategy::pod::service_account_admission(pod, req).await
+                crate::strategy::pod::service_account_admission(pod, async |namespace, name| {
+                    req.get::<skiff_api::api::ServiceAccount>(&namespace, &name)
+                        .await
+                })
+                .await
             }
             _ => Ok(()),
         }
@@ -86,7 +91,10 @@ impl Plugin for DefaultStorageClass {
     ) -> Result<(), ApiError> {
         match object.downcast_mut::<PersistentVolumeClaim>() {
             Some(claim) if req.operation == Operation::Create => {
-                crate::strategy::storage::default_storage_class(claim, req).await
+                crate::strategy::storage::default_storage_class(claim, async || {
+                    req.list::<skiff_api::api::StorageClass>("").await
+                })
+                .await
             }
             _ => Ok(()),
         }
@@ -294,11 +302,10 @@ impl Plugin for RbacEscalation {
 /// `IsAuthorizedForSignerName`).
 fn may_use_signer(
     authz: &Authorizer,
-    user: &crate::auth::UserInfo,
+    user: &crate::request::UserInfo,
     verb: &str,
     signer: &str,
 ) -> bool {
-    use crate::auth::authz::{Attributes, Decision};
     let allowed = |name: &str| {
         authz.decide(
             user,
@@ -411,7 +418,7 @@ impl Plugin for CertificateSubjectRestriction {
         if info
             .organizations
             .iter()
-            .any(|o| o == crate::auth::authz::MASTERS_GROUP)
+            .any(|o| o == crate::request::MASTERS_GROUP)
         {
             return Err(ApiError::Forbidden(format!(
                 "certificatesigningrequests.{CERTIFICATES_GROUP} {:?} is forbidden: use of \
@@ -506,7 +513,7 @@ impl Plugin for NodeRestriction {
         if let Some(csr) = object.downcast_ref::<CertificateSigningRequest>() {
             return bootstrap_may_request(req, user, csr).await;
         }
-        let Some(node) = crate::auth::node::node_of(user) else {
+        let Some(node) = crate::request::node_of(user) else {
             return Ok(());
         };
         let forbidden = |message: String| {
@@ -597,13 +604,13 @@ impl Plugin for NodeRestriction {
 /// for a node that does not exist yet.
 async fn bootstrap_may_request(
     req: &Request<'_>,
-    user: &crate::auth::UserInfo,
+    user: &crate::request::UserInfo,
     csr: &CertificateSigningRequest,
 ) -> Result<(), ApiError> {
     let bootstrapper = user
         .groups
         .iter()
-        .any(|g| g == crate::auth::bootstrap::BOOTSTRAP_GROUP);
+        .any(|g| g == crate::request::BOOTSTRAP_GROUP);
     if req.operation != Operation::Create || !bootstrapper {
         return Ok(());
     }
@@ -617,7 +624,7 @@ async fn bootstrap_may_request(
     };
     let Some(name) = info
         .common_name
-        .strip_prefix(crate::auth::node::NODE_USER_PREFIX)
+        .strip_prefix(crate::request::NODE_USER_PREFIX)
     else {
         return Ok(());
     };

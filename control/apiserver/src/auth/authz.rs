@@ -16,84 +16,11 @@ use skiff_api::api::{
 };
 use skiff_api::selector::Selector;
 
-use super::UserInfo;
 use super::mirror::Mirror;
 use crate::error::ApiError;
 use crate::registry::Registry;
-
-/// The group whose members may do anything.
-pub const MASTERS_GROUP: &str = "system:masters";
-
-/// What a request asks to do, as kube-apiserver's `authorizer.Attributes`.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Attributes {
-    pub verb: String,
-    pub namespace: String,
-    pub api_group: String,
-    pub resource: String,
-    pub subresource: String,
-    pub name: String,
-    /// A non-resource request (`/healthz`, `/apis`): its path. `None` for resources.
-    pub path: Option<String>,
-    /// A list or watch's field selector (the Node authorizer reads `spec.nodeName`).
-    pub field_selector: String,
-    /// The name in a create's body (RBAC never sees it, as in Kubernetes; NodeRestriction
-    /// checks it).
-    pub object_name: String,
-}
-
-impl Attributes {
-    /// A resource request.
-    pub fn resource(
-        verb: &str,
-        api_group: &str,
-        resource: &str,
-        subresource: &str,
-        namespace: &str,
-        name: &str,
-    ) -> Attributes {
-        Attributes {
-            verb: verb.into(),
-            namespace: namespace.into(),
-            api_group: api_group.into(),
-            resource: resource.into(),
-            subresource: subresource.into(),
-            name: name.into(),
-            path: None,
-            field_selector: String::new(),
-            object_name: String::new(),
-        }
-    }
-
-    /// A non-resource request.
-    pub fn non_resource(verb: &str, path: &str) -> Attributes {
-        Attributes {
-            verb: verb.into(),
-            path: Some(path.into()),
-            ..Attributes::default()
-        }
-    }
-
-    /// `pods/exec` for a subresource request, else the resource.
-    pub fn full_resource(&self) -> String {
-        if self.subresource.is_empty() {
-            self.resource.clone()
-        } else {
-            format!("{}/{}", self.resource, self.subresource)
-        }
-    }
-}
-
-/// One authorizer's answer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
-    Allow,
-    /// Refused, with the reason kube-apiserver appends to its message (may be empty).
-    Deny(String),
-    /// Refused with this whole message (NodeRestriction's admission errors).
-    Refuse(String),
-    NoOpinion,
-}
+use crate::request::UserInfo;
+use crate::request::{Attributes, Decision, MASTERS_GROUP};
 
 /// kube-apiserver's 403 message (`apiserver/pkg/endpoints/handlers/responsewriters`):
 /// `pods "web" is forbidden: User "alice" cannot get resource "pods" in API group "" in the
@@ -230,9 +157,11 @@ impl Authorizer {
             .is_some_and(|sa| uid_of(&sa.metadata) == user.uid);
         let pod_ok = match (
             user.extra
-                .get(super::EXTRA_POD_NAME)
+                .get(crate::request::EXTRA_POD_NAME)
                 .and_then(|v| v.first()),
-            user.extra.get(super::EXTRA_POD_UID).and_then(|v| v.first()),
+            user.extra
+                .get(crate::request::EXTRA_POD_UID)
+                .and_then(|v| v.first()),
         ) {
             (Some(pod), Some(uid)) => self
                 .pods
@@ -258,7 +187,12 @@ impl Authorizer {
         if user.groups.iter().any(|g| g == MASTERS_GROUP) {
             return Decision::Allow;
         }
-        match super::node::decide(self, user, a) {
+        let graph = super::node::Graph {
+            pods: &self.pods,
+            persistent_volumes: &self.persistent_volumes,
+            rbac: &|u, a| self.rbac_allows(u, a),
+        };
+        match super::node::decide(&graph, user, a) {
             Decision::NoOpinion => {}
             d => return d,
         }

@@ -11,13 +11,12 @@ use chrono::{DateTime, Utc};
 use skiff_api::api::Secret;
 use subtle::ConstantTimeEq;
 
-use super::UserInfo;
 use super::mirror::Mirror;
 use crate::error::ApiError;
 use crate::registry::Registry;
+use crate::request::UserInfo;
 
-/// The group of every bootstrap token.
-pub const BOOTSTRAP_GROUP: &str = "system:bootstrappers";
+use crate::request::BOOTSTRAP_GROUP;
 use skiff_api::wellknown::{
     BOOTSTRAP_TOKEN_NAMESPACE as NAMESPACE, BOOTSTRAP_TOKEN_PREFIX as NAME_PREFIX,
     BOOTSTRAP_TOKEN_SECRET_TYPE as SECRET_TYPE,

@@ -8,8 +8,9 @@ use std::any::Any;
 
 use skiff_api::api::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef};
 
-use super::UserInfo;
-use super::authz::{Attributes, Authorizer, Decision, MASTERS_GROUP};
+use super::authz::Authorizer;
+use crate::request::UserInfo;
+use crate::request::{Attributes, Decision, MASTERS_GROUP};
 use crate::strategy::rbac::RBAC_GROUP;
 
 /// One verb on one resource (or URL) and name: the unit a rule is broken down into.

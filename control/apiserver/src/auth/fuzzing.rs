@@ -75,7 +75,7 @@ pub fn decode_credentials(data: &[u8]) {
                     h.append(name, v);
                 }
             }
-            let _ = impersonate(None, super::UserInfo::default(), &h);
+            let _ = impersonate(None, crate::request::UserInfo::default(), &h);
         }
     }
 }

@@ -32,63 +32,15 @@ mod tokens;
 
 use std::sync::Arc;
 
-use axum::body::Body;
-use axum::extract::{Request, State};
+use crate::request::{EXTRA_POD_NAME, EXTRA_POD_UID, SERVICE_ACCOUNTS_GROUP, UserInfo};
 use axum::http::{HeaderMap, header};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use rustls::pki_types::CertificateDer;
 use skiff_pki::Usage;
-use tracing::debug;
 
 pub use tokens::{TokenFile, TokenFileError};
 
-/// The group every authenticated user is in.
-pub const AUTHENTICATED_GROUP: &str = "system:authenticated";
-/// The anonymous user and its group.
-pub const ANONYMOUS_USER: &str = "system:anonymous";
-pub const UNAUTHENTICATED_GROUP: &str = "system:unauthenticated";
 /// Paths anyone may read without credentials.
 pub const ANONYMOUS_PATHS: &[&str] = &["/healthz", "/livez", "/readyz", "/version", "/version/"];
-
-/// An authenticated user, as Kubernetes' `user.Info`.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct UserInfo {
-    pub name: String,
-    pub uid: String,
-    pub groups: Vec<String>,
-    /// Kubernetes' `user.Info` extra: a bound ServiceAccount token's pod
-    /// (`authentication.kubernetes.io/pod-name`, `.../pod-uid`).
-    pub extra: std::collections::BTreeMap<String, Vec<String>>,
-}
-
-/// The extra keys of a token bound to a pod.
-pub const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";
-pub const EXTRA_POD_UID: &str = "authentication.kubernetes.io/pod-uid";
-/// The groups of every ServiceAccount.
-pub const SERVICE_ACCOUNTS_GROUP: &str = "system:serviceaccounts";
-
-impl UserInfo {
-    fn authenticated(name: String, uid: String, mut groups: Vec<String>) -> UserInfo {
-        if !groups.iter().any(|g| g == AUTHENTICATED_GROUP) {
-            groups.push(AUTHENTICATED_GROUP.to_string());
-        }
-        UserInfo {
-            name,
-            uid,
-            groups,
-            extra: Default::default(),
-        }
-    }
-
-    fn anonymous() -> UserInfo {
-        UserInfo {
-            name: ANONYMOUS_USER.into(),
-            groups: vec![UNAUTHENTICATED_GROUP.into()],
-            ..UserInfo::default()
-        }
-    }
-}
 
 /// What a connection's TLS handshake established, attached to each of its requests by the
 /// server loop.
@@ -227,31 +179,6 @@ fn service_account_user(
     Ok(user)
 }
 
-/// kube-apiserver's answer to a request it cannot authenticate: a `Status` with code 401
-/// for REST, `UNAUTHENTICATED` for gRPC.
-pub fn unauthorized(grpc: bool) -> Response {
-    refused(grpc, 401, "Unauthorized")
-}
-
-/// Whether a request is a gRPC call.
-pub fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/grpc"))
-}
-
-/// What the middleware needs: the authenticators, and the authorizer for impersonation.
-#[derive(Debug, Clone)]
-pub struct AuthState {
-    pub authn: Arc<Authenticator>,
-    pub authz: Option<Arc<authz::Authorizer>>,
-    /// Every request's event goes here when set.
-    pub audit: Option<crate::audit::AuditLog>,
-    /// Slows down failed authentications per source address.
-    pub throttle: Arc<throttle::FailureThrottle>,
-}
-
 const IMPERSONATE_USER: &str = "impersonate-user";
 const IMPERSONATE_GROUP: &str = "impersonate-group";
 const IMPERSONATE_UID: &str = "impersonate-uid";
@@ -304,7 +231,7 @@ pub fn impersonate(
         .strip_prefix("system:serviceaccount:")
         .and_then(|r| r.split_once(':'))
     {
-        Some((ns, sa)) => checks.push(authz::Attributes::resource(
+        Some((ns, sa)) => checks.push(crate::request::Attributes::resource(
             "impersonate",
             "",
             "serviceaccounts",
@@ -312,7 +239,7 @@ pub fn impersonate(
             ns,
             sa,
         )),
-        None => checks.push(authz::Attributes::resource(
+        None => checks.push(crate::request::Attributes::resource(
             "impersonate",
             "",
             "users",
@@ -326,7 +253,7 @@ pub fn impersonate(
         .map(|g| ("", "groups", g))
         .chain(uids.iter().map(|u| ("authentication.k8s.io", "uids", u)));
     for (group, resource, name) in extra {
-        checks.push(authz::Attributes::resource(
+        checks.push(crate::request::Attributes::resource(
             "impersonate",
             group,
             resource,
@@ -361,112 +288,10 @@ pub fn impersonate(
     ))
 }
 
-/// The middleware: authenticates (then applies impersonation), and hands the request on
-/// with its [`UserInfo`] in the extensions, or answers 401 (403 for a refused
-/// impersonation).
-pub async fn middleware(State(state): State<AuthState>, mut req: Request, next: Next) -> Response {
-    let started = std::time::Instant::now();
-    let received = chrono::Utc::now();
-    let grpc = is_grpc(req.headers());
-    let slot = crate::audit::AuditSlot::default();
-    req.extensions_mut().insert(std::sync::Arc::clone(&slot));
-    let method = req.method().to_string();
-    let uri = req.uri().to_string();
-    let remote = req
-        .extensions()
-        .get::<PeerIdentity>()
-        .and_then(|p| p.remote);
-    let agent = req
-        .headers()
-        .get(header::USER_AGENT)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string();
-    let result = state
-        .authn
-        .authenticate(
-            req.extensions().get::<PeerIdentity>(),
-            req.headers(),
-            req.uri().path(),
-        )
-        .and_then(|u| match &state.authz {
-            Some(a) if !a.token_subject_alive(&u) => Err(AuthError::Revoked),
-            _ => Ok(u),
-        });
-    let mut impersonator = None;
-    let (user, resp) = match result {
-        Err(e) => {
-            debug!(path = %req.uri().path(), reason = %e, "authentication failed");
-            let delay = state
-                .throttle
-                .failed(remote.map(|r| r.ip()), std::time::Instant::now());
-            if !delay.is_zero() {
-                tokio::time::sleep(delay).await;
-            }
-            (None, unauthorized(grpc))
-        }
-        Ok(authenticated) => {
-            match impersonate(state.authz.as_deref(), authenticated.clone(), req.headers()) {
-                Ok(user) => {
-                    if user != authenticated {
-                        impersonator = Some(authenticated);
-                    }
-                    req.extensions_mut().insert(user.clone());
-                    (Some(user), next.run(req).await)
-                }
-                Err(e) => (Some(authenticated), refused(grpc, e.code, &e.message)),
-            }
-        }
-    };
-    if let Some(audit) = &state.audit {
-        // gRPC answers errors in a trailers-only response: its code is the grpc-status.
-        let code = match resp
-            .headers()
-            .get("grpc-status")
-            .and_then(|v| v.to_str().ok())
-        {
-            Some("16") => 401,
-            Some("7") => 403,
-            _ => resp.status().as_u16(),
-        };
-        let record = slot
-            .lock()
-            .map(|mut r| std::mem::take(&mut *r))
-            .unwrap_or_default();
-        audit.record(
-            &method,
-            &uri,
-            user.as_ref(),
-            impersonator.as_ref(),
-            remote,
-            &agent,
-            &record,
-            code,
-            received,
-            started.elapsed(),
-        );
-    }
-    resp
-}
-
-/// A refusal as kube-apiserver answers it: a `Status` for REST (the REST API's one Status
-/// builder), the matching gRPC code.
-fn refused(grpc: bool, code: u16, message: &str) -> Response {
-    let (reason, status) = match code {
-        400 => ("BadRequest", tonic::Status::invalid_argument(message)),
-        401 => ("Unauthorized", tonic::Status::unauthenticated(message)),
-        _ => ("Forbidden", tonic::Status::permission_denied(message)),
-    };
-    if grpc {
-        return status.into_http::<Body>().into_response();
-    }
-    let (code, body) = crate::rest::status_plain(code, reason, message);
-    crate::rest::respond_json(code, &body)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::request::{ANONYMOUS_USER, AUTHENTICATED_GROUP};
     use skiff_pki::{Ca, LeafSpec};
 
     fn der(pem: &str) -> CertificateDer<'static> {

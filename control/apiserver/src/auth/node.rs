@@ -26,18 +26,22 @@
 use skiff_api::api::Pod;
 use skiff_api::selector::FieldSelector;
 
-use super::UserInfo;
-use super::authz::{Attributes, Authorizer, Decision};
+use super::mirror::Mirror;
+use crate::request::UserInfo;
+use crate::request::{Attributes, Decision, node_of};
 
-/// The nodes' group.
-pub const NODES_GROUP: &str = "system:nodes";
-/// Prefix of a node's user name.
-pub const NODE_USER_PREFIX: &str = "system:node:";
+/// What the Node authorizer reads: the pods and volumes the server mirrors, and RBAC's answer
+/// where it defers to RBAC (as kube-apiserver's chain does after a "no opinion").
+pub struct Graph<'a> {
+    pub pods: &'a Mirror<Pod>,
+    pub persistent_volumes: &'a Mirror<skiff_api::api::PersistentVolume>,
+    pub rbac: &'a (dyn Fn(&UserInfo, &Attributes) -> bool + Sync),
+}
 
-/// The node a user is, if it is one.
-pub fn node_of(user: &UserInfo) -> Option<&str> {
-    let name = user.name.strip_prefix(NODE_USER_PREFIX)?;
-    (!name.is_empty() && user.groups.iter().any(|g| g == NODES_GROUP)).then_some(name)
+impl std::fmt::Debug for Graph<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Graph").finish_non_exhaustive()
+    }
 }
 
 fn no_relationship(node: &str) -> Decision {
@@ -130,7 +134,7 @@ pub fn service_account_of(spec: &skiff_api::api::PodSpec) -> &str {
 /// Allows when a pod bound to `node` in the request's namespace names the object (`names`:
 /// what a pod names of that resource), else "no relationship".
 fn own_pods_name(
-    authz: &Authorizer,
+    authz: &Graph<'_>,
     node: &str,
     a: &Attributes,
     names: impl Fn(&Pod) -> Vec<String>,
@@ -153,7 +157,7 @@ fn own_pods_name(
 }
 
 /// Whether a pod bound to `node` in `namespace` names the claim `claim`.
-fn own_pods_claim(authz: &Authorizer, node: &str, namespace: &str, claim: &str) -> bool {
+fn own_pods_claim(authz: &Graph<'_>, node: &str, namespace: &str, claim: &str) -> bool {
     !authz
         .pods
         .filter(|p| {
@@ -168,7 +172,7 @@ fn own_pods_claim(authz: &Authorizer, node: &str, namespace: &str, claim: &str) 
 
 /// A get of a claim or a volume: allowed when a pod bound to `node` uses it (a volume: is
 /// bound to a claim such a pod names), else as RBAC allows, else "no relationship".
-fn own_pods_storage(authz: &Authorizer, user: &UserInfo, node: &str, a: &Attributes) -> Decision {
+fn own_pods_storage(authz: &Graph<'_>, user: &UserInfo, node: &str, a: &Attributes) -> Decision {
     let related = a.subresource.is_empty()
         && match a.resource.as_str() {
             "persistentvolumeclaims" => own_pods_claim(authz, node, &a.namespace, &a.name),
@@ -178,7 +182,7 @@ fn own_pods_storage(authz: &Authorizer, user: &UserInfo, node: &str, a: &Attribu
                 .and_then(|pv| pv.spec.as_ref().and_then(|s| s.claim_ref.clone()))
                 .is_some_and(|r| own_pods_claim(authz, node, &r.namespace, &r.name)),
         };
-    if related || authz.rbac_allows(user, a) {
+    if related || (authz.rbac)(user, a) {
         Decision::Allow
     } else {
         no_relationship(node)
@@ -190,7 +194,7 @@ fn bound_to(pod: &Pod, node: &str) -> bool {
 }
 
 /// The Node authorizer's decision.
-pub fn decide(authz: &Authorizer, user: &UserInfo, a: &Attributes) -> Decision {
+pub fn decide(authz: &Graph<'_>, user: &UserInfo, a: &Attributes) -> Decision {
     let Some(node) = node_of(user) else {
         return Decision::NoOpinion;
     };
@@ -240,7 +244,7 @@ pub fn decide(authz: &Authorizer, user: &UserInfo, a: &Attributes) -> Decision {
                 // whose addresses and labels NetworkPolicy enforcement needs
                 // (`system:skiff:network-policy-agent`); without that binding, the Node
                 // authorizer's reason is the answer.
-                if own || authz.rbac_allows(user, a) {
+                if own || (authz.rbac)(user, a) {
                     Decision::Allow
                 } else {
                     Decision::Deny(format!(
@@ -297,6 +301,7 @@ pub fn decide(authz: &Authorizer, user: &UserInfo, a: &Attributes) -> Decision {
 
 #[cfg(test)]
 mod tests {
+    use crate::request::NODES_GROUP;
     use std::sync::Arc;
 
     use serde_json::json;
@@ -347,9 +352,13 @@ mod tests {
         )
         .unwrap();
         (
-            Registry::start(Arc::new(store), 64, Arc::default())
-                .await
-                .unwrap(),
+            Registry::start(
+                Arc::new(store),
+                64,
+                Arc::new(crate::admission::Chain::default()),
+            )
+            .await
+            .unwrap(),
             dir,
         )
     }
@@ -374,7 +383,15 @@ mod tests {
                      "hostPath": {"path": "/srv"}}}),
         )
         .await;
-        let authz = Authorizer::start(&registry).await.unwrap();
+        let full = crate::auth::authz::Authorizer::start(&registry)
+            .await
+            .unwrap();
+        let rbac = |u: &UserInfo, a: &Attributes| full.rbac_allows(u, a);
+        let authz = Graph {
+            pods: &full.pods,
+            persistent_volumes: &full.persistent_volumes,
+            rbac: &rbac,
+        };
         let n1 = UserInfo {
             name: "system:node:n1".into(),
             groups: vec![NODES_GROUP.into(), "system:authenticated".into()],
@@ -428,7 +445,15 @@ mod tests {
     #[tokio::test]
     async fn nodes_read_node_objects_not_other_agents() {
         let (registry, _dir) = registry().await;
-        let authz = Authorizer::start(&registry).await.unwrap();
+        let full = crate::auth::authz::Authorizer::start(&registry)
+            .await
+            .unwrap();
+        let rbac = |u: &UserInfo, a: &Attributes| full.rbac_allows(u, a);
+        let authz = Graph {
+            pods: &full.pods,
+            persistent_volumes: &full.persistent_volumes,
+            rbac: &rbac,
+        };
         let n1 = UserInfo {
             name: "system:node:n1".into(),
             groups: vec![NODES_GROUP.into(), "system:authenticated".into()],

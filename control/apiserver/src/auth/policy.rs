@@ -8,7 +8,7 @@
 
 use skiff_api::api::{ClusterRole, ClusterRoleBinding, ObjectMeta, PolicyRule, RoleRef, Subject};
 
-use super::UNAUTHENTICATED_GROUP;
+use crate::request::UNAUTHENTICATED_GROUP;
 use crate::strategy::rbac::RBAC_GROUP;
 
 /// Read verbs.
@@ -521,30 +521,30 @@ pub fn cluster_role_bindings() -> Vec<ClusterRoleBinding> {
         binding(
             "cluster-admin",
             "cluster-admin",
-            &[("Group", super::authz::MASTERS_GROUP)],
+            &[("Group", crate::request::MASTERS_GROUP)],
         ),
         binding(
             "system:basic-user",
             "system:basic-user",
-            &[("Group", super::AUTHENTICATED_GROUP)],
+            &[("Group", crate::request::AUTHENTICATED_GROUP)],
         ),
         binding(
             "system:discovery",
             "system:discovery",
-            &[("Group", super::AUTHENTICATED_GROUP)],
+            &[("Group", crate::request::AUTHENTICATED_GROUP)],
         ),
         binding(
             "system:public-info-viewer",
             "system:public-info-viewer",
             &[
-                ("Group", super::AUTHENTICATED_GROUP),
+                ("Group", crate::request::AUTHENTICATED_GROUP),
                 ("Group", UNAUTHENTICATED_GROUP),
             ],
         ),
         binding(
             "system:service-account-issuer-discovery",
             "system:service-account-issuer-discovery",
-            &[("Group", super::SERVICE_ACCOUNTS_GROUP)],
+            &[("Group", crate::request::SERVICE_ACCOUNTS_GROUP)],
         ),
         binding(
             "system:kube-scheduler",
@@ -559,12 +559,12 @@ pub fn cluster_role_bindings() -> Vec<ClusterRoleBinding> {
         binding(
             "system:node-bootstrapper",
             "system:node-bootstrapper",
-            &[("Group", super::bootstrap::BOOTSTRAP_GROUP)],
+            &[("Group", crate::request::BOOTSTRAP_GROUP)],
         ),
         binding(
             NETWORK_POLICY_AGENT,
             NETWORK_POLICY_AGENT,
-            &[("Group", super::node::NODES_GROUP)],
+            &[("Group", crate::request::NODES_GROUP)],
         ),
     ]
 }
@@ -572,7 +572,8 @@ pub fn cluster_role_bindings() -> Vec<ClusterRoleBinding> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::authz::{Attributes, rule_allows};
+    use crate::auth::authz::rule_allows;
+    use crate::request::Attributes;
 
     fn allows(role: &str, verb: &str, group: &str, resource: &str) -> bool {
         let roles = cluster_roles();

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use sha2::{Digest, Sha256};
 
-use super::UserInfo;
+use crate::request::UserInfo;
 
 /// Why a token file was refused.
 #[derive(Debug, thiserror::Error)]

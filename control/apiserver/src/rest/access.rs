@@ -11,10 +11,13 @@
 use axum::http::{HeaderMap, Method};
 use serde_json::{Value, json};
 
+use super::context::Rest;
 use super::path::{ResourcePath, Target};
-use super::{Format, Query, Rest, respond};
-use crate::auth::UserInfo;
-use crate::auth::authz::{Attributes, Decision};
+use super::query::Query;
+use crate::pipeline::{Denied, authorize};
+use crate::request::{Attributes, Decision};
+use crate::request::{AuditSlot, UserInfo};
+use crate::status::{Format, respond};
 
 /// The attributes of a REST request.
 pub(crate) fn attributes(
@@ -52,15 +55,6 @@ fn resource_attributes(method: &Method, p: &ResourcePath, query: &Query) -> Attr
             _ => "unknown",
         }
     };
-    let field_selector = query.get("fieldSelector").unwrap_or("").to_string();
-    let mut name = p.name.clone().unwrap_or_default();
-    if name.is_empty()
-        && matches!(verb, "list" | "watch")
-        && let Ok(f) = skiff_api::selector::FieldSelector::parse(&field_selector)
-        && let Some(n) = f.equality("metadata.name")
-    {
-        name = n.to_string();
-    }
     // A namespace's own requests are in that namespace (kube-apiserver's rule), so a
     // RoleBinding can let a user read the namespace it grants.
     let namespace = match (&p.namespace, p.resource.as_str(), &p.name) {
@@ -68,48 +62,46 @@ fn resource_attributes(method: &Method, p: &ResourcePath, query: &Query) -> Attr
         (None, "namespaces", Some(n)) => n.clone(),
         _ => String::new(),
     };
-    let mut a = Attributes::resource(verb, &p.group, &p.resource, sub, &namespace, &name);
-    a.field_selector = field_selector;
-    a
+    let name = p.name.clone().unwrap_or_default();
+    Attributes::resource(verb, &p.group, &p.resource, sub, &namespace, &name)
+        .selecting(query.get("fieldSelector").unwrap_or(""))
 }
 
-/// Checks a request; `Err` is the 403 answer.
+/// Authorizes a request ([`crate::pipeline::authorize`]); `Err` is the 401 or 403 answer.
 pub(crate) fn check(
     rest: &Rest,
-    slot: Option<&crate::audit::AuditSlot>,
+    slot: Option<&AuditSlot>,
     user: Option<&UserInfo>,
     attrs: &mut Attributes,
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<(), Box<axum::response::Response>> {
-    let Some(authz) = &rest.authorizer else {
-        return Ok(());
-    };
-    // Fail closed: a server that authorizes never serves a request without a user.
-    let Some(user) = user else {
-        let (code, body) = super::status::plain(401, "Unauthorized", "Unauthorized");
-        return Err(Box::new(respond(code, &body, Format::Json, &[])));
-    };
-    if attrs.verb == "create" && attrs.name.is_empty() && !body.is_empty() {
+    if rest.authorizer.is_some()
+        && attrs.verb == "create"
+        && attrs.name.is_empty()
+        && !body.is_empty()
+    {
         attrs.object_name = body_name(headers, body);
     }
-    let result = authz.authorize(user, attrs);
-    crate::audit::note(slot, attrs, &result);
-    result.map_err(|message| {
-        let (code, body) = super::status::plain(403, "Forbidden", &message);
-        let mut body = body;
-        if attrs.path.is_none() {
-            body["details"] =
-                json!({"name": attrs.name, "group": attrs.api_group, "kind": attrs.resource});
-        }
-        Box::new(respond(code, &body, Format::Json, &[]))
-    })
+    let denied = match authorize(rest.authorizer.as_deref(), user, slot, attrs) {
+        Ok(()) => return Ok(()),
+        Err(d) => d,
+    };
+    let (code, mut body) = match denied {
+        Denied::Unauthenticated => crate::status::plain(401, "Unauthorized", "Unauthorized"),
+        Denied::Forbidden(message) => crate::status::plain(403, "Forbidden", &message),
+    };
+    if code == 403 && attrs.path.is_none() {
+        body["details"] =
+            json!({"name": attrs.name, "group": attrs.api_group, "kind": attrs.resource});
+    }
+    Err(Box::new(respond(code, &body, Format::Json, &[])))
 }
 
 /// `metadata.name` of a JSON, YAML or protobuf body ("" when it has none or does not
 /// parse: the handler then refuses the body itself).
 fn body_name(headers: &HeaderMap, body: &[u8]) -> String {
-    super::objects::parse_body(headers, body)
+    super::call::parse_body(headers, body)
         .ok()
         .and_then(|v| v["metadata"]["name"].as_str().map(String::from))
         .unwrap_or_default()
@@ -147,7 +139,7 @@ fn whoami(p: &ResourcePath, user: Option<&UserInfo>) -> axum::response::Response
 }
 
 fn bad_request(message: &str) -> axum::response::Response {
-    let (code, body) = super::status::plain(400, "BadRequest", message);
+    let (code, body) = crate::status::plain(400, "BadRequest", message);
     respond(code, &body, Format::Json, &[])
 }
 
@@ -162,7 +154,7 @@ pub(crate) fn review(
     body: &[u8],
 ) -> axum::response::Response {
     if *method != Method::POST {
-        let (code, body) = super::status::plain(
+        let (code, body) = crate::status::plain(
             405,
             "MethodNotAllowed",
             &format!(
@@ -175,7 +167,7 @@ pub(crate) fn review(
     if p.group == "authentication.k8s.io" {
         return whoami(p, user);
     }
-    let mut review: Value = match super::objects::parse_body(headers, body) {
+    let mut review: Value = match super::call::parse_body(headers, body) {
         Ok(v) => v,
         Err(e) => return bad_request(&e.to_string()),
     };
@@ -184,7 +176,7 @@ pub(crate) fn review(
         "selfsubjectaccessreviews" => match user {
             Some(u) => u.clone(),
             None => UserInfo {
-                name: super::super::auth::ANONYMOUS_USER.into(),
+                name: crate::request::ANONYMOUS_USER.into(),
                 ..UserInfo::default()
             },
         },
@@ -199,7 +191,7 @@ pub(crate) fn review(
                 })
                 .unwrap_or_default();
             if name.is_empty() && groups.is_empty() {
-                let (code, body) = super::status::plain(
+                let (code, body) = crate::status::plain(
                     422,
                     "Invalid",
                     &format!(

@@ -7,6 +7,10 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 use skiff_api::KindInfo;
 
+/// The Kubernetes version Skiff speaks (kubectl compares it with its own).
+pub const KUBERNETES_MAJOR: &str = "1";
+pub const KUBERNETES_MINOR: &str = "32";
+
 /// Verbs of every resource (one generic handler serves them all).
 pub const VERBS: [&str; 8] = [
     "create",

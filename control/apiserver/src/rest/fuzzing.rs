@@ -10,11 +10,12 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use serde_json::{Value, json};
 use skiff_api::kinds;
 
-use super::objects::{
-    FieldValidation, decode_continue, dry_run, encode_with, parse_body, validate_list_options,
-};
+use super::call::{FieldValidation, dry_run, encode_with, parse_body};
+use super::objects::{decode_continue, validate_list_options};
 use super::patch::{PatchType, apply};
-use super::{Query, managed, negotiate, path};
+use super::query::Query;
+use super::{managed, path};
+use crate::status::negotiate;
 
 /// Runs one decoder, chosen by the first byte, on the rest of `data`.
 pub fn decode_request(data: &[u8]) {

@@ -25,9 +25,13 @@ async fn app() -> App {
     )
     .unwrap();
     let registry = Arc::new(
-        Registry::start(Arc::new(store), 1024, Arc::default())
-            .await
-            .unwrap(),
+        Registry::start(
+            Arc::new(store),
+            1024,
+            Arc::new(crate::admission::Chain::default()),
+        )
+        .await
+        .unwrap(),
     );
     super::super::bootstrap(&registry, &["default".to_string()])
         .await

@@ -18,7 +18,7 @@ use skiff_api::{KindInfo, Resource as _};
 use skiff_client::node_api::{AgentEndpoint, StatsSummary};
 
 use super::path::ResourcePath;
-use super::{Query, Rest};
+use super::query::Query;
 use crate::error::ApiError;
 
 pub const GROUP: &str = "metrics.k8s.io";
@@ -52,6 +52,14 @@ struct Sample {
     summary: StatsSummary,
 }
 
+/// What the metrics API reads: the registry (nodes, pods), the agents (their counters, with
+/// the API server's client certificate) and the last samples.
+pub(crate) struct Sources<'a> {
+    pub registry: &'a crate::registry::Registry,
+    pub agent_client: Option<&'a skiff_pki::Identity>,
+    pub metrics: &'a Sampler,
+}
+
 /// The last two samples of every node.
 #[derive(Default)]
 pub(crate) struct Sampler {
@@ -64,8 +72,8 @@ impl std::fmt::Debug for Sampler {
     }
 }
 
-async fn fetch(rest: &Rest, node: &Node) -> Option<StatsSummary> {
-    let ep = AgentEndpoint::of_node_as(node, rest.agent_client.as_deref()).ok()?;
+async fn fetch(rest: &Sources<'_>, node: &Node) -> Option<StatsSummary> {
+    let ep = AgentEndpoint::of_node_as(node, rest.agent_client).ok()?;
     match tokio::time::timeout(AGENT_TIMEOUT, ep.stats_summary()).await {
         Ok(Ok(s)) => Some(s),
         Ok(Err(e)) => {
@@ -78,7 +86,11 @@ async fn fetch(rest: &Rest, node: &Node) -> Option<StatsSummary> {
 
 impl Sampler {
     /// A window (earlier, later summary) for `node`, fetching as needed.
-    async fn window(&self, rest: &Rest, node: &Node) -> Option<(StatsSummary, StatsSummary)> {
+    async fn window(
+        &self,
+        rest: &Sources<'_>,
+        node: &Node,
+    ) -> Option<(StatsSummary, StatsSummary)> {
         let name = node.name().to_string();
         let (fresh, usable) = {
             let map = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
@@ -151,7 +163,7 @@ fn usage(cpu: String, mem: u64) -> Value {
 }
 
 async fn list_decoded<T: skiff_api::Resource>(
-    rest: &Rest,
+    rest: &Sources<'_>,
     namespace: &str,
     labels: &str,
 ) -> Result<Vec<T>, ApiError> {
@@ -186,7 +198,11 @@ fn meta_of<T: skiff_api::Resource>(o: &T, now: &str) -> Value {
 }
 
 /// `GET /apis/metrics.k8s.io/v1beta1/...`: NodeMetrics or PodMetrics, one or a list.
-pub(crate) async fn serve(rest: &Rest, p: &ResourcePath, query: &Query) -> Result<Value, ApiError> {
+pub(crate) async fn serve(
+    rest: &Sources<'_>,
+    p: &ResourcePath,
+    query: &Query,
+) -> Result<Value, ApiError> {
     let labels = query.get("labelSelector").unwrap_or("");
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let nodes =

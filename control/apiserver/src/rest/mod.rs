@@ -30,6 +30,8 @@
 //!   `cluster-admin` holds.
 
 mod access;
+mod call;
+mod context;
 mod discovery;
 mod managed;
 mod metrics;
@@ -39,9 +41,9 @@ mod openapi;
 mod patch;
 mod path;
 mod portforward;
+mod query;
 mod snapshot;
 mod spdy;
-mod status;
 mod table;
 mod tokens;
 mod watch;
@@ -50,36 +52,20 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::http::{Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use skiff_api::KindInfo;
 
 use crate::registry::Registry;
+use crate::status::{Format, fail, negotiate, plain_failure, respond};
+use context::Rest;
+use discovery::{KUBERNETES_MAJOR, KUBERNETES_MINOR};
 use path::Target;
+use query::Query;
 
 /// Largest request body accepted (kube-apiserver's limit).
 pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
-
-/// The Kubernetes version Skiff speaks (kubectl compares it with its own).
-pub const KUBERNETES_MAJOR: &str = "1";
-pub const KUBERNETES_MINOR: &str = "32";
-
-/// What every REST request shares.
-#[derive(Debug, Clone)]
-pub(crate) struct Rest {
-    pub registry: Arc<Registry>,
-    /// `None`: every request is allowed (in-process servers without authentication).
-    pub authorizer: Option<Arc<crate::auth::authz::Authorizer>>,
-    /// Signs ServiceAccount tokens (TokenRequest) and is published as the JWKS.
-    pub sa_key: Option<Arc<skiff_pki::sa_token::SigningKey>>,
-    /// The client certificate presented to node agents.
-    pub agent_client: Option<Arc<skiff_pki::Identity>>,
-    /// The metrics API's samples of the agents' counters.
-    pub metrics: Arc<metrics::Sampler>,
-    /// Where snapshots are written before they are sent (`None`: refused).
-    pub snapshot_dir: Option<std::path::PathBuf>,
-}
 
 /// The REST API as an axum router: one fallback handler for every path.
 pub(crate) fn router(
@@ -97,149 +83,6 @@ pub(crate) fn router(
         metrics: Arc::default(),
         snapshot_dir,
     })
-}
-
-/// The query parameters of a request, in order.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Query(Vec<(String, String)>);
-
-impl Query {
-    pub(crate) fn parse(raw: Option<&str>) -> Query {
-        Query(serde_urlencoded::from_str(raw.unwrap_or("")).unwrap_or_default())
-    }
-
-    pub fn get(&self, key: &str) -> Option<&str> {
-        self.0
-            .iter()
-            .rev()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// Every value of a repeated parameter (`command=a&command=b`), in order.
-    pub fn all(&self, key: &str) -> Vec<&str> {
-        self.0
-            .iter()
-            .filter(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-            .collect()
-    }
-
-    pub fn flag(&self, key: &str) -> bool {
-        matches!(self.get(key), Some("true" | "1" | ""))
-    }
-}
-
-/// How the client wants the answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Format {
-    Json,
-    Yaml,
-    Table,
-    /// Only the metadata (`as=PartialObjectMetadata` for one object, `as=PartialObjectMetadataList`
-    /// for a list; `meta.k8s.io` `v1` or `v1beta1`), as kube-rs' `get_metadata`,
-    /// `list_metadata` and `metadata_watcher` and client-go's metadata client ask.
-    Metadata {
-        list: bool,
-        v1beta1: bool,
-    },
-    /// Aggregated discovery (`apidiscovery.k8s.io/v2`).
-    AggregatedDiscovery,
-    /// Every representation the Accept header names is a conversion Skiff does not serve
-    /// (`as=<something else>`): 406, as kube-apiserver answers.
-    NotAcceptable,
-}
-
-/// The first representation the Accept header asks for that Skiff serves. A clause asking
-/// for a conversion (`as=...`) that Skiff does not serve is skipped, as kube-apiserver does;
-/// when every clause was such a conversion, the answer is [`Format::NotAcceptable`]. Other
-/// media types (protobuf) get JSON.
-pub(crate) fn negotiate(headers: &HeaderMap) -> Format {
-    let accept = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    let mut refused_conversion = false;
-    for part in accept.split(',') {
-        let params: Vec<&str> = part.split(';').map(str::trim).collect();
-        let media = params.first().copied().unwrap_or("");
-        let has = |p: &str| params.iter().any(|x| x.replace(' ', "") == p);
-        if media == "application/json" || media == "*/*" || media.is_empty() {
-            let conversion = params
-                .iter()
-                .find_map(|x| x.replace(' ', "").strip_prefix("as=").map(str::to_string));
-            let meta_v1 = has("g=meta.k8s.io") && has("v=v1");
-            let meta_v1beta1 = has("g=meta.k8s.io") && has("v=v1beta1");
-            match conversion.as_deref() {
-                None => return Format::Json,
-                Some("Table") if meta_v1 || meta_v1beta1 => return Format::Table,
-                Some("PartialObjectMetadata" | "PartialObjectMetadataList")
-                    if meta_v1 || meta_v1beta1 =>
-                {
-                    return Format::Metadata {
-                        list: conversion.as_deref() == Some("PartialObjectMetadataList"),
-                        v1beta1: meta_v1beta1,
-                    };
-                }
-                Some("APIGroupDiscoveryList") if has("g=apidiscovery.k8s.io") && has("v=v2") => {
-                    return Format::AggregatedDiscovery;
-                }
-                Some(_) => refused_conversion = true,
-            }
-            continue;
-        }
-        if media == "application/yaml" {
-            return Format::Yaml;
-        }
-    }
-    if refused_conversion {
-        Format::NotAcceptable
-    } else {
-        Format::Json
-    }
-}
-
-pub(crate) use status::plain as status_plain;
-
-/// A JSON answer (for callers outside the REST module: the authentication middleware).
-pub(crate) fn respond_json(code: u16, body: &Value) -> Response {
-    respond(code, body, Format::Json, &[])
-}
-
-/// A JSON (or YAML) answer.
-pub(crate) fn respond(code: u16, body: &Value, format: Format, warnings: &[String]) -> Response {
-    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let (content_type, text) = match format {
-        Format::Yaml => (
-            "application/yaml",
-            yaml_serde::to_string(body).unwrap_or_default(),
-        ),
-        _ => ("application/json", body.to_string()),
-    };
-    let mut resp = (status, [(header::CONTENT_TYPE, content_type)], text).into_response();
-    for w in warnings {
-        // RFC 7234 warning, as kube-apiserver sends them: 299 - "text".
-        let value = format!("299 - \"{}\"", w.replace('"', "\\\""));
-        if let Ok(v) = HeaderValue::from_str(&value) {
-            resp.headers_mut().append(header::WARNING, v);
-        }
-    }
-    resp
-}
-
-/// A `Status` failure as the answer.
-pub(crate) fn fail(
-    err: &crate::ApiError,
-    subject: &status::Subject<'_>,
-    format: Format,
-) -> Response {
-    let (code, body) = status::failure(err, subject);
-    respond(code, &body, format, &[])
-}
-
-fn plain_failure(code: u16, reason: &str, message: &str) -> Response {
-    let (code, body) = status::plain(code, reason, message);
-    respond(code, &body, Format::Json, &[])
 }
 
 /// `kubectl version`'s server half.
@@ -295,7 +138,7 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
     let format = negotiate(&parts.headers);
     let target = path::parse(parts.uri.path());
     let get = parts.method == Method::GET;
-    let user = parts.extensions.get::<crate::auth::UserInfo>().cloned();
+    let user = parts.extensions.get::<crate::request::UserInfo>().cloned();
     let mut attrs = access::attributes(&parts.method, &target, &query, parts.uri.path());
     // Requests with a body are checked once it is read (a create's name is in it).
     let has_body = matches!(&target, Target::Resource(p)
@@ -303,7 +146,7 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
     if !has_body
         && let Err(resp) = access::check(
             &rest,
-            parts.extensions.get::<crate::audit::AuditSlot>(),
+            parts.extensions.get::<crate::request::AuditSlot>(),
             user.as_ref(),
             &mut attrs,
             &parts.headers,
@@ -389,7 +232,7 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
             };
             if let Err(resp) = access::check(
                 &rest,
-                parts.extensions.get::<crate::audit::AuditSlot>(),
+                parts.extensions.get::<crate::request::AuditSlot>(),
                 user.as_ref(),
                 &mut attrs,
                 &parts.headers,
@@ -398,11 +241,23 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
                 return *resp;
             }
             if p.group == metrics::GROUP {
-                return match (&parts.method, metrics::serve(&rest, &p, &query).await) {
+                return match (
+                    &parts.method,
+                    metrics::serve(
+                        &metrics::Sources {
+                            registry: &rest.registry,
+                            agent_client: rest.agent_client.as_deref(),
+                            metrics: &rest.metrics,
+                        },
+                        &p,
+                        &query,
+                    )
+                    .await,
+                ) {
                     (&Method::GET, Ok(doc)) => respond(200, &doc, Format::Json, &[]),
                     (&Method::GET, Err(e)) => fail(
                         &e,
-                        &status::Subject {
+                        &crate::status::Subject {
                             resource: &p.resource,
                             group: metrics::GROUP,
                             name: p.name.as_deref().unwrap_or(""),
@@ -443,7 +298,7 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
             objects::serve(
                 &rest,
                 user.as_ref(),
-                parts.extensions.get::<crate::audit::AuditSlot>().cloned(),
+                parts.extensions.get::<crate::request::AuditSlot>().cloned(),
                 parts.method,
                 &parts.headers,
                 p,
@@ -520,6 +375,7 @@ async fn read_body_within(body: Body, limit: std::time::Duration) -> Result<Byte
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::{HeaderMap, HeaderValue};
 
     fn accept(v: &str) -> Format {
         let mut h = HeaderMap::new();

@@ -22,10 +22,12 @@ use skiff_api::Resource;
 use skiff_api::api::{Node, Pod};
 use skiff_client::node_api::{AgentEndpoint, LogOptions, NodeApiError};
 
-use super::objects::Call;
+use super::call::Call;
+use super::context::Rest;
 use super::path::ResourcePath;
-use super::{Format, Query, Rest, plain_failure};
+use super::query::Query;
 use crate::ApiError;
+use crate::status::{Format, plain_failure};
 use skiff_client::node_api::ExecRequest;
 
 /// `GET /api/v1/namespaces/<ns>/pods/<name>/log`.
@@ -96,7 +98,7 @@ fn log_options(call: &Call<'_>) -> Result<LogOptions, ApiError> {
 pub(crate) fn pod_failure(e: &ApiError, name: &str) -> Response {
     super::fail(
         e,
-        &super::status::Subject {
+        &crate::status::Subject {
             resource: "pods",
             group: "",
             name,

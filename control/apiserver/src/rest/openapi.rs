@@ -430,7 +430,7 @@ pub fn document(infos: &[&'static KindInfo], group: &str, version: &str) -> Opti
     }
     Some(json!({
         "openapi": "3.0.0",
-        "info": {"title": "Kubernetes", "version": format!("v{}.{}.0", super::KUBERNETES_MAJOR, super::KUBERNETES_MINOR)},
+        "info": {"title": "Kubernetes", "version": format!("v{}.{}.0", super::discovery::KUBERNETES_MAJOR, super::discovery::KUBERNETES_MINOR)},
         "paths": paths,
         "components": {"schemas": schemas},
     }))
@@ -451,8 +451,8 @@ pub fn v2_document(protobuf: bool) -> (Vec<u8>, &'static str) {
     use prost::encoding::{WireType, encode_key, encode_varint};
     let version = format!(
         "v{}.{}.0",
-        crate::rest::KUBERNETES_MAJOR,
-        crate::rest::KUBERNETES_MINOR
+        crate::rest::discovery::KUBERNETES_MAJOR,
+        crate::rest::discovery::KUBERNETES_MINOR
     );
     if !protobuf {
         let doc = json!({

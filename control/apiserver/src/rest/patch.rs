@@ -9,10 +9,11 @@ use axum::http::{Method, header};
 use axum::response::Response;
 use serde_json::{Value, json};
 
-use super::objects::{Call, parse_body};
-use super::{managed, respond};
+use super::call::{Call, parse_body};
+use super::managed;
 use crate::error::ApiError;
 use crate::registry::WriteOptions;
+use crate::status::respond;
 
 /// How many times a patch is recomputed on a newer version after a conflict.
 const RETRIES: usize = 5;
@@ -83,7 +84,7 @@ pub(crate) fn apply(
 const MAX_JSON_PATCH_OPERATIONS: usize = 10_000;
 /// Most bytes a JSON patch's `copy` operations may copy in all: without a bound, a few
 /// dozen copies of a path into itself double the object each time (CVE-2019-1002100).
-const MAX_COPIED_BYTES: usize = crate::MAX_REQUEST_BYTES;
+const MAX_COPIED_BYTES: usize = crate::limits::MAX_REQUEST_BYTES;
 
 /// Applies a JSON patch operation by operation, refusing one with too many operations or
 /// whose copies add up to more than [`MAX_COPIED_BYTES`].
@@ -262,7 +263,7 @@ async fn server_side_apply(
     }
     let pinned = rv_of(&applied);
     for _ in 0..RETRIES {
-        let time = crate::registry::now_rfc3339();
+        let time = crate::strategy::now_rfc3339();
         let writer = managed::Writer {
             manager: &manager,
             api_version: call.info.api_version,

@@ -25,10 +25,13 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::mpsc;
 use tracing::debug;
 
+use super::context::Rest;
+use super::node_proxy;
 use super::path::ResourcePath;
+use super::query::Query;
 use super::spdy::{self, Frame};
-use super::{Query, Rest, node_proxy, plain_failure};
 use crate::ApiError;
+use crate::status::plain_failure;
 
 /// The WebSocket subprotocol kubectl asks for.
 const PROTOCOL: &str = "SPDY/3.1+portforward.k8s.io";

@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use tokio::io::AsyncReadExt;
 use tracing::{info, warn};
 
-use super::Rest;
+use super::context::Rest;
 
 /// Bytes read per chunk sent.
 const CHUNK: usize = 256 * 1024;
@@ -46,7 +46,7 @@ fn temp_path(dir: &Path) -> std::io::Result<TempFile> {
 }
 
 fn failure(message: &str) -> Response {
-    let (code, body) = super::status::plain(500, "InternalError", message);
+    let (code, body) = crate::status::plain(500, "InternalError", message);
     super::respond(code, &body, super::Format::Json, &[])
 }
 

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use skiff_api::KindInfo;
 use skiff_api::columns;
 
-use super::Query;
+use super::query::Query;
 
 /// A Table of `objects` of kind `info`.
 pub fn of(info: &KindInfo, objects: &[Value], _namespace: &str, query: &Query) -> Value {
@@ -97,7 +97,7 @@ mod tests {
             &Pod::INFO,
             &[json!({})],
             "",
-            &super::Query::parse(Some("includeObject=None")),
+            &Query::parse(Some("includeObject=None")),
         );
         assert!(none["rows"][0].get("object").is_none());
     }

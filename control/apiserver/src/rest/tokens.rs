@@ -13,9 +13,10 @@ use serde_json::{Value, json};
 use skiff_api::api::{Pod, ServiceAccount};
 use skiff_pki::sa_token::{Claims, ISSUER, KubernetesClaim, Ref};
 
+use super::context::Rest;
 use super::path::ResourcePath;
-use super::{Format, Rest, respond};
 use crate::error::ApiError;
+use crate::status::{Format, respond};
 
 /// Default lifetime of a requested token (kube-apiserver: 1 hour).
 const DEFAULT_EXPIRATION: i64 = 3600;
@@ -27,7 +28,7 @@ const MAX_EXPIRATION: i64 = 48 * 3600;
 
 fn fail(e: &ApiError) -> Response {
     let (code, reason) = e.http();
-    let (code, body) = super::status::plain(code, reason, &e.to_string());
+    let (code, body) = crate::status::plain(code, reason, &e.to_string());
     respond(code, &body, Format::Json, &[])
 }
 
@@ -43,13 +44,13 @@ fn invalid(name: &str, field: &str, value: &Value, detail: &str) -> ApiError {
 pub(crate) async fn token_request(
     rest: &Rest,
     p: &ResourcePath,
-    user: Option<&crate::auth::UserInfo>,
+    user: Option<&crate::request::UserInfo>,
     method: &Method,
     headers: &HeaderMap,
     body: &[u8],
 ) -> Response {
     if *method != Method::POST {
-        let (code, body) = super::status::plain(
+        let (code, body) = crate::status::plain(
             405,
             "MethodNotAllowed",
             "the server does not allow this method on the requested resource (serviceaccounts/token)",
@@ -65,7 +66,7 @@ pub(crate) async fn token_request(
 async fn issue(
     rest: &Rest,
     p: &ResourcePath,
-    user: Option<&crate::auth::UserInfo>,
+    user: Option<&crate::request::UserInfo>,
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<Value, ApiError> {
@@ -77,7 +78,7 @@ async fn issue(
     let req = if body.is_empty() {
         json!({})
     } else {
-        super::objects::parse_body(headers, body)?
+        super::call::parse_body(headers, body)?
     };
     let spec = &req["spec"];
     let audiences: Vec<String> = match spec["audiences"].as_array() {
@@ -146,7 +147,7 @@ async fn issue(
     };
     // NodeRestriction: a node asks only for tokens bound to a pod bound to it that runs as
     // this ServiceAccount.
-    if let Some(node) = user.and_then(crate::auth::node::node_of) {
+    if let Some(node) = user.and_then(crate::request::node_of) {
         let allowed = match &pod {
             Some(r) => {
                 let bytes = rest.registry.handler("pods")?.get(&ns, &r.name).await?;
@@ -208,7 +209,7 @@ async fn issue(
 /// `/.well-known/openid-configuration`.
 pub(crate) fn openid_configuration(rest: &Rest, host: &str) -> Response {
     if rest.sa_key.is_none() {
-        let (code, body) = super::status::plain(
+        let (code, body) = crate::status::plain(
             404,
             "NotFound",
             "the server could not find the requested resource",
@@ -230,7 +231,7 @@ pub(crate) fn jwks(rest: &Rest) -> Response {
     match &rest.sa_key {
         Some(k) => respond(200, &k.jwks(), Format::Json, &[]),
         None => {
-            let (code, body) = super::status::plain(
+            let (code, body) = crate::status::plain(
                 404,
                 "NotFound",
                 "the server could not find the requested resource",

@@ -20,9 +20,11 @@ use serde_json::{Value, json};
 use skiff_api::rpc::{ListRequest, WatchRequest};
 use tokio::sync::mpsc;
 
-use super::objects::{Call, partial_metadata};
-use super::{Format, Query, status};
+use super::call::{Call, partial_metadata};
+use super::query::Query;
 use crate::error::{ApiError, FieldError};
+use crate::status;
+use crate::status::Format;
 
 /// The annotation of the bookmark that ends a streaming list's initial events.
 pub(crate) const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";

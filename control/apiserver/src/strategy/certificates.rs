@@ -9,8 +9,8 @@ use skiff_api::api::{
 };
 
 use super::Strategy;
-use crate::auth::UserInfo;
 use crate::error::FieldError;
+use crate::request::UserInfo;
 
 /// Kubernetes' key usages (certificates.k8s.io/v1 KeyUsage).
 const USAGES: [&str; 21] = [

@@ -10,7 +10,10 @@ use skiff_api::api::{Binding, Endpoints, Event, Lease, Namespace, NamespaceStatu
 use skiff_store::Store;
 
 use crate::error::{ApiError, FieldError};
-use crate::registry::key_prefix;
+use chrono::{SecondsFormat, Utc};
+use rand::Rng;
+
+use crate::stored::key_prefix;
 use crate::validation::{self as v, NameRule};
 
 mod apps;
@@ -102,7 +105,7 @@ pub trait Strategy: Resource {
     /// Records who creates the object, for kinds that carry their requester (a
     /// CertificateSigningRequest's username and groups); runs after
     /// [`Strategy::prepare_create`] when the request was authenticated.
-    fn stamp_requester(&mut self, _user: &crate::auth::UserInfo) {}
+    fn stamp_requester(&mut self, _user: &crate::request::UserInfo) {}
 
     /// A write through a subresource other than `status` (a CertificateSigningRequest's
     /// `approval`): copies from `new` into `self` (the stored object) what that subresource
@@ -395,6 +398,27 @@ impl Strategy for Event {
         }
         out
     }
+}
+
+/// Kubernetes' alphabet for generated names (no vowels, no confusable characters).
+pub(crate) const NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+
+/// RFC 3339 UTC with seconds precision, e.g. `2024-05-01T12:00:00Z`.
+pub(crate) fn now_rfc3339() -> String {
+    Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+/// RFC 3339 UTC `seconds` from now.
+pub(crate) fn rfc3339_in(seconds: i64) -> String {
+    (Utc::now() + chrono::Duration::seconds(seconds)).to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+/// Five characters for `generateName` and generated volume names.
+pub(crate) fn random_suffix() -> String {
+    let mut rng = rand::rng();
+    (0..5)
+        .map(|_| char::from(NAME_ALPHABET[rng.random_range(0..NAME_ALPHABET.len())]))
+        .collect()
 }
 
 #[cfg(test)]

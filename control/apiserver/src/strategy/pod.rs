@@ -390,9 +390,13 @@ fn token_volume(name: &str) -> skiff_api::api::Volume {
 /// ServiceAccount that does not exist is refused with Kubernetes' message; unlike
 /// Kubernetes, a missing `default` is no refusal, the pod gets no token (clusters without
 /// the controller manager have none).
+/// `service_account` reads a ServiceAccount (namespace, name) as the store has it now.
 pub(crate) async fn service_account_admission(
     pod: &mut Pod,
-    req: &crate::admission::Request<'_>,
+    service_account: impl AsyncFnOnce(
+        String,
+        String,
+    ) -> Result<Option<skiff_api::api::ServiceAccount>, ApiError>,
 ) -> Result<(), ApiError> {
     let namespace = pod.namespace().to_string();
     let Some(spec) = pod.spec.as_mut() else {
@@ -401,9 +405,7 @@ pub(crate) async fn service_account_admission(
     if spec.service_account_name.is_empty() {
         spec.service_account_name = "default".into();
     }
-    let sa = req
-        .get::<skiff_api::api::ServiceAccount>(&namespace, &spec.service_account_name)
-        .await?;
+    let sa = service_account(namespace.clone(), spec.service_account_name.clone()).await?;
     // A ServiceAccount the pod names must exist (`default` may be missing: clusters
     // without the controller manager have none, and such pods get no token).
     if sa.is_none() && spec.service_account_name != "default" {
@@ -446,7 +448,7 @@ pub(crate) async fn service_account_admission(
     {
         return Ok(());
     }
-    let name = format!("{TOKEN_VOLUME_PREFIX}{}", crate::registry::random_suffix());
+    let name = format!("{TOKEN_VOLUME_PREFIX}{}", super::random_suffix());
     spec.volumes.push(token_volume(&name));
     for c in spec
         .containers

@@ -202,7 +202,7 @@ impl Strategy for PersistentVolume {
     fn prepare_create(&mut self) {
         self.status = Some(PersistentVolumeStatus {
             phase: PENDING.into(),
-            last_phase_transition_time: Some(crate::registry::now_rfc3339()),
+            last_phase_transition_time: Some(super::now_rfc3339()),
             ..Default::default()
         });
     }
@@ -220,7 +220,7 @@ impl Strategy for PersistentVolume {
                 status.last_phase_transition_time = before.last_phase_transition_time;
             }
         } else if time.is_none() || time == before.last_phase_transition_time {
-            status.last_phase_transition_time = Some(crate::registry::now_rfc3339());
+            status.last_phase_transition_time = Some(super::now_rfc3339());
         }
     }
 
@@ -537,9 +537,10 @@ fn default_class(classes: &[StorageClass]) -> Option<&StorageClass> {
 /// The DefaultStorageClass admission: a claim that names no class (no `storageClassName`,
 /// not even "", and no beta class annotation) gets the default StorageClass, the newest when
 /// several are marked; none marked, it stays without one.
+/// `classes` lists the StorageClasses as the store has them now (only called when needed).
 pub(crate) async fn default_storage_class(
     claim: &mut PersistentVolumeClaim,
-    req: &crate::admission::Request<'_>,
+    classes: impl AsyncFnOnce() -> Result<Vec<StorageClass>, ApiError>,
 ) -> Result<(), ApiError> {
     let named = annotation(claim, BETA_STORAGE_CLASS_ANNOTATION).is_some()
         || claim
@@ -549,7 +550,7 @@ pub(crate) async fn default_storage_class(
     if named {
         return Ok(());
     }
-    let classes = req.list::<StorageClass>("").await?;
+    let classes = classes().await?;
     if let Some(class) = default_class(&classes) {
         claim
             .spec
@@ -1291,7 +1292,7 @@ mod tests {
         let mut pvc = claim(json!({"accessModes": ["ReadWriteOnce"],
                                    "resources": {"requests": {"storage": "1Gi"}}}));
         // No class marked: nothing changes.
-        default_storage_class(&mut pvc, &req)
+        default_storage_class(&mut pvc, async || req.list::<StorageClass>("").await)
             .await
             .expect("admitted");
         assert_eq!(
@@ -1307,7 +1308,7 @@ mod tests {
                 .await
                 .expect("stored");
         }
-        default_storage_class(&mut pvc, &req)
+        default_storage_class(&mut pvc, async || req.list::<StorageClass>("").await)
             .await
             .expect("admitted");
         assert_eq!(
@@ -1320,7 +1321,7 @@ mod tests {
         for named in [json!(""), json!("fast")] {
             let mut pvc = claim(json!({"accessModes": ["ReadWriteOnce"],
                 "storageClassName": named, "resources": {"requests": {"storage": "1Gi"}}}));
-            default_storage_class(&mut pvc, &req)
+            default_storage_class(&mut pvc, async || req.list::<StorageClass>("").await)
                 .await
                 .expect("admitted");
             assert_eq!(
@@ -1336,7 +1337,7 @@ mod tests {
             .metadata_mut()
             .annotations
             .insert(BETA_STORAGE_CLASS_ANNOTATION.into(), "gold".into());
-        default_storage_class(&mut annotated, &req)
+        default_storage_class(&mut annotated, async || req.list::<StorageClass>("").await)
             .await
             .expect("admitted");
         assert_eq!(annotated.spec.and_then(|s| s.storage_class_name), None);

@@ -1,6 +1,12 @@
-//! Errors as Kubernetes writes them: a `Status` object with the HTTP code, the reason
-//! (`NotFound`, `Invalid`, ...) and, for invalid objects, one cause per bad field.
+//! Every answer the HTTP front end writes: errors as Kubernetes writes them (a `Status`
+//! object with the HTTP code, the reason (`NotFound`, `Invalid`, ...) and, for invalid
+//! objects, one cause per bad field), the representation the client asked for ([`Format`],
+//! [`negotiate`]: JSON, YAML, Table, metadata only), and the response itself ([`respond`],
+//! with kube-apiserver's `Warning` headers). The authentication middleware, the request
+//! limits, the REST API and the access reviews all answer through here.
 
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use crate::error::ApiError;
@@ -118,6 +124,122 @@ pub fn success(details: Value) -> Value {
         "status": "Success",
         "details": details,
     })
+}
+
+/// How the client wants the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Format {
+    Json,
+    Yaml,
+    Table,
+    /// Only the metadata (`as=PartialObjectMetadata` for one object, `as=PartialObjectMetadataList`
+    /// for a list; `meta.k8s.io` `v1` or `v1beta1`), as kube-rs' `get_metadata`,
+    /// `list_metadata` and `metadata_watcher` and client-go's metadata client ask.
+    Metadata {
+        list: bool,
+        v1beta1: bool,
+    },
+    /// Aggregated discovery (`apidiscovery.k8s.io/v2`).
+    AggregatedDiscovery,
+    /// Every representation the Accept header names is a conversion Skiff does not serve
+    /// (`as=<something else>`): 406, as kube-apiserver answers.
+    NotAcceptable,
+}
+
+impl Format {
+    /// Errors are JSON or YAML `Status` objects, never Tables.
+    pub(crate) fn errors(self) -> Format {
+        match self {
+            Format::Yaml => Format::Yaml,
+            _ => Format::Json,
+        }
+    }
+}
+
+/// The first representation the Accept header asks for that Skiff serves. A clause asking
+/// for a conversion (`as=...`) that Skiff does not serve is skipped, as kube-apiserver does;
+/// when every clause was such a conversion, the answer is [`Format::NotAcceptable`]. Other
+/// media types (protobuf) get JSON.
+pub(crate) fn negotiate(headers: &HeaderMap) -> Format {
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let mut refused_conversion = false;
+    for part in accept.split(',') {
+        let params: Vec<&str> = part.split(';').map(str::trim).collect();
+        let media = params.first().copied().unwrap_or("");
+        let has = |p: &str| params.iter().any(|x| x.replace(' ', "") == p);
+        if media == "application/json" || media == "*/*" || media.is_empty() {
+            let conversion = params
+                .iter()
+                .find_map(|x| x.replace(' ', "").strip_prefix("as=").map(str::to_string));
+            let meta_v1 = has("g=meta.k8s.io") && has("v=v1");
+            let meta_v1beta1 = has("g=meta.k8s.io") && has("v=v1beta1");
+            match conversion.as_deref() {
+                None => return Format::Json,
+                Some("Table") if meta_v1 || meta_v1beta1 => return Format::Table,
+                Some("PartialObjectMetadata" | "PartialObjectMetadataList")
+                    if meta_v1 || meta_v1beta1 =>
+                {
+                    return Format::Metadata {
+                        list: conversion.as_deref() == Some("PartialObjectMetadataList"),
+                        v1beta1: meta_v1beta1,
+                    };
+                }
+                Some("APIGroupDiscoveryList") if has("g=apidiscovery.k8s.io") && has("v=v2") => {
+                    return Format::AggregatedDiscovery;
+                }
+                Some(_) => refused_conversion = true,
+            }
+            continue;
+        }
+        if media == "application/yaml" {
+            return Format::Yaml;
+        }
+    }
+    if refused_conversion {
+        Format::NotAcceptable
+    } else {
+        Format::Json
+    }
+}
+
+/// A JSON answer.
+pub(crate) fn respond_json(code: u16, body: &Value) -> Response {
+    respond(code, body, Format::Json, &[])
+}
+
+/// A JSON (or YAML) answer.
+pub(crate) fn respond(code: u16, body: &Value, format: Format, warnings: &[String]) -> Response {
+    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let (content_type, text) = match format {
+        Format::Yaml => (
+            "application/yaml",
+            yaml_serde::to_string(body).unwrap_or_default(),
+        ),
+        _ => ("application/json", body.to_string()),
+    };
+    let mut resp = (status, [(header::CONTENT_TYPE, content_type)], text).into_response();
+    for w in warnings {
+        // RFC 7234 warning, as kube-apiserver sends them: 299 - "text".
+        let value = format!("299 - \"{}\"", w.replace('"', "\\\""));
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            resp.headers_mut().append(header::WARNING, v);
+        }
+    }
+    resp
+}
+
+/// A `Status` failure as the answer.
+pub(crate) fn fail(err: &crate::ApiError, subject: &Subject<'_>, format: Format) -> Response {
+    let (code, body) = failure(err, subject);
+    respond(code, &body, format, &[])
+}
+
+pub(crate) fn plain_failure(code: u16, reason: &str, message: &str) -> Response {
+    let (code, body) = plain(code, reason, message);
+    respond(code, &body, Format::Json, &[])
 }
 
 #[cfg(test)]

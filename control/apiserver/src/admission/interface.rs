@@ -1,0 +1,184 @@
+//! What the registry sees of admission: the [`Request`] a plug-in reviews (one write:
+//! its operation, kind, subresource, namespace, name, old object and requester, with reads
+//! of the store for what a plug-in must look up), the [`Plugin`] trait, and [`Admit`], the
+//! chain as the registry runs it. The plug-ins and their order live above, in
+//! [`super::Chain`]; the registry depends only on this module.
+
+use std::any::Any;
+
+use async_trait::async_trait;
+use skiff_api::api::Namespace;
+use skiff_api::{KindInfo, Resource};
+use skiff_store::Store;
+
+use crate::error::ApiError;
+use crate::request::UserInfo;
+
+/// What a write does to its object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Create,
+    Update,
+    Delete,
+}
+
+/// One write, as the plug-ins see it.
+pub struct Request<'a> {
+    pub operation: Operation,
+    pub info: &'static KindInfo,
+    /// "" for the object itself; `status`, `approval`, `binding`, ...
+    pub subresource: &'a str,
+    /// The object's namespace (never the URL's: they agree or the request was refused).
+    pub namespace: &'a str,
+    pub name: &'a str,
+    /// The stored object an update or delete replaces.
+    pub old: Option<&'a (dyn Any + Send + Sync)>,
+    /// Who asks; `None` only on in-process servers without authentication.
+    pub user: Option<&'a UserInfo>,
+    store: &'a dyn Store,
+    namespace_object: tokio::sync::OnceCell<Option<Namespace>>,
+}
+
+impl std::fmt::Debug for Request<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request")
+            .field("operation", &self.operation)
+            .field("resource", &self.info.plural)
+            .field("subresource", &self.subresource)
+            .field("namespace", &self.namespace)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Request<'a> {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        operation: Operation,
+        info: &'static KindInfo,
+        subresource: &'a str,
+        namespace: &'a str,
+        name: &'a str,
+        old: Option<&'a (dyn Any + Send + Sync)>,
+        user: Option<&'a UserInfo>,
+        store: &'a dyn Store,
+    ) -> Self {
+        Request {
+            operation,
+            info,
+            subresource,
+            namespace,
+            name,
+            old,
+            user,
+            store,
+            namespace_object: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// The old object as `T` (an update's or delete's stored object).
+    pub fn old_as<T: 'static>(&self) -> Option<&T> {
+        self.old.and_then(|o| o.downcast_ref::<T>())
+    }
+
+    /// The request's Namespace object (read once per request; `None` when it does not exist
+    /// or the kind is cluster-scoped).
+    pub async fn namespace_object(&self) -> Result<Option<&Namespace>, ApiError> {
+        if !self.info.namespaced {
+            return Ok(None);
+        }
+        let ns = self
+            .namespace_object
+            .get_or_try_init(|| self.get::<Namespace>("", self.namespace))
+            .await?;
+        Ok(ns.as_ref())
+    }
+
+    /// The object `name` of kind `T` in `namespace`, as the store has it now.
+    pub async fn get<T: Resource>(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<T>, ApiError> {
+        let key = if T::INFO.namespaced {
+            format!("{}{namespace}/{name}", crate::stored::key_prefix(&T::INFO))
+        } else {
+            format!("{}{name}", crate::stored::key_prefix(&T::INFO))
+        };
+        match self.store.get(&key).await.map_err(ApiError::from_store)? {
+            Some(kv) => crate::stored::decode(&kv.value, kv.mod_revision).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Every object of kind `T` (in `namespace` for a namespaced kind), as the store has
+    /// them now.
+    pub async fn list<T: Resource>(&self, namespace: &str) -> Result<Vec<T>, ApiError> {
+        let mut prefix = crate::stored::key_prefix(&T::INFO);
+        if T::INFO.namespaced {
+            prefix.push_str(namespace);
+            prefix.push('/');
+        }
+        let listing = self
+            .store
+            .list(&prefix, None)
+            .await
+            .map_err(ApiError::from_store)?;
+        listing
+            .items
+            .iter()
+            .map(|kv| crate::stored::decode(&kv.value, kv.mod_revision))
+            .collect()
+    }
+}
+
+/// An admission plug-in. Both phases default to "no opinion".
+#[async_trait]
+pub trait Plugin: Send + Sync {
+    /// kube-apiserver's name for it (`PodSecurity`), for audit records and logs.
+    fn name(&self) -> &'static str;
+
+    /// The mutating phase: may change the object before the kind validates it.
+    async fn mutate(
+        &self,
+        _req: &Request<'_>,
+        _object: &mut (dyn Any + Send + Sync),
+    ) -> Result<(), ApiError> {
+        Ok(())
+    }
+
+    /// The validating phase: refuses or lets the (validated) object through.
+    async fn validate(
+        &self,
+        _req: &Request<'_>,
+        _object: &(dyn Any + Send + Sync),
+    ) -> Result<(), ApiError> {
+        Ok(())
+    }
+}
+
+/// A refusal, and the plug-in that refused (for the audit record).
+#[derive(Debug)]
+pub struct Refusal {
+    pub plugin: &'static str,
+    pub error: ApiError,
+}
+
+/// The whole chain as the registry runs it: every plug-in's mutating phase, then (after the
+/// kind's validation) every plug-in's validating phase; the first refusal ends the write.
+#[async_trait]
+pub trait Admit: Send + Sync + std::fmt::Debug {
+    /// The mutating phase of every plug-in, in order.
+    async fn mutate(
+        &self,
+        req: &Request<'_>,
+        object: &mut (dyn Any + Send + Sync),
+    ) -> Result<(), Refusal>;
+
+    /// The validating phase of every plug-in, in order.
+    async fn validate(
+        &self,
+        req: &Request<'_>,
+        object: &(dyn Any + Send + Sync),
+    ) -> Result<(), Refusal>;
+}

@@ -1,0 +1,50 @@
+//! How objects sit in the store: one key per object under `/registry/<plural>/`
+//! (`<namespace>/<name>` or `<name>`), the value the object's protobuf encoding with its type
+//! meta set and its resourceVersion cleared (the store's revision is the resourceVersion).
+//!
+//! The registry, the watch cache, admission's lookups and encryption at rest all read and
+//! write through these few functions, so the layout is written once.
+
+use skiff_api::{KindInfo, Resource};
+use skiff_store::KeyValue;
+
+use crate::error::ApiError;
+
+/// `/registry/<plural>/`.
+pub fn key_prefix(info: &KindInfo) -> String {
+    format!("/registry/{}/", info.plural)
+}
+
+pub(crate) fn object_key(info: &KindInfo, namespace: &str, name: &str) -> String {
+    if info.namespaced {
+        format!("{}{namespace}/{name}", key_prefix(info))
+    } else {
+        format!("{}{name}", key_prefix(info))
+    }
+}
+
+/// Decodes a stored object, setting its type meta and its resourceVersion from `revision`.
+pub(crate) fn decode<T: Resource>(bytes: &[u8], revision: i64) -> Result<T, ApiError> {
+    let mut obj = T::decode(bytes)
+        .map_err(|e| ApiError::Internal(format!("cannot decode a stored {}: {e}", T::INFO.kind)))?;
+    obj.set_type_meta();
+    obj.metadata_mut().resource_version = revision.to_string();
+    Ok(obj)
+}
+
+pub(crate) fn decode_kv<T: Resource>(kv: &KeyValue) -> Result<T, ApiError> {
+    decode(&kv.value, kv.mod_revision)
+}
+
+/// The stored encoding: type meta set, resourceVersion cleared.
+pub(crate) fn encode_for_store<T: Resource>(obj: &T) -> Vec<u8> {
+    let mut o = obj.clone();
+    o.set_type_meta();
+    o.metadata_mut().resource_version.clear();
+    o.encode_to_vec()
+}
+
+pub(crate) fn with_revision<T: Resource>(mut obj: T, revision: i64) -> T {
+    obj.metadata_mut().resource_version = revision.to_string();
+    obj
+}
