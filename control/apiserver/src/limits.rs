@@ -429,11 +429,13 @@ mod tests {
     /// Waits until `n` requests wait in `pool`.
     async fn waiting(pool: &FairPool, n: usize) {
         for _ in 0..200 {
-            let q = pool.queues.lock().expect("lock");
-            if q.waiting.values().map(|w| w.len()).sum::<usize>() == n {
+            let now = {
+                let q = pool.queues.lock().expect("lock");
+                q.waiting.values().map(|w| w.len()).sum::<usize>()
+            };
+            if now == n {
                 return;
             }
-            drop(q);
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         panic!("{n} requests never waited");
