@@ -431,7 +431,7 @@ mod tests {
         for _ in 0..200 {
             let now = {
                 let q = pool.queues.lock().expect("lock");
-                q.waiting.values().map(|w| w.len()).sum::<usize>()
+                q.waiting.values().flatten().filter(|tx| !tx.is_closed()).count()
             };
             if now == n {
                 return;
