@@ -16,7 +16,8 @@
 //!    timeout ([`SLOW_HEADER_TIMEOUT`]), while (a) [`SLOW_CLIENTS`] connections finish TLS
 //!    and then trickle request header bytes, never ending the headers (each reconnects when
 //!    the server closes it), and (b) another user floods reads over [`FLOOD_CONNECTIONS`]
-//!    connections, many more than the limit, so most are answered 429.
+//!    connections, many more than the limit, so most wait in the flooder's own queue (the
+//!    server's fair queuing) or are answered 429.
 //!
 //! Each side: warm-up creates, then N pod creates through the typed gRPC client with 16 in
 //! flight; creates/s and per-call latency. Targets (M2-C): "on" at most 10% fewer creates/s
@@ -883,7 +884,8 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
         ),
         format!(
             "Target: under {slow_clients} slowloris connections and a read flood beyond \
-             --max-requests-inflight ({FLOOD_INFLIGHT_LIMIT}), the well-behaved client keeps at \
+             --max-requests-inflight ({FLOOD_INFLIGHT_LIMIT}; requests beyond it wait in their \
+             user's queue, users take turns), the well-behaved client keeps at \
              least 90% of its creates/s. Measured: {dos_share:.1}% of the no-attack creates/s \
              ({}), p99 {dos_p99:.2}x the no-attack p99 (slowloris alone: {:.1}% and \
              {:.2}x; the flood alone: {:.1}% and {:.2}x, {} of its {} requests answered 429). \
