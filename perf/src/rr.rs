@@ -33,11 +33,11 @@ const MAX_CONNECTIONS: usize = 100_000;
 )]
 pub struct HelperArgs {
     #[command(subcommand)]
-    pub role: Role,
+    pub role: RrRole,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Role {
+pub enum RrRole {
     /// Answers every byte received with one byte, on every connection, until it has lived
     /// `--lifetime-secs`.
     Server {
@@ -120,11 +120,11 @@ pub fn helper_main(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result
         std::iter::once(std::ffi::OsString::from("skiff-bench __rr")).chain(args),
     )?;
     match parsed.role {
-        Role::Server {
+        RrRole::Server {
             listen,
             lifetime_secs,
         } => serve(listen, Duration::from_secs(lifetime_secs)),
-        Role::Client {
+        RrRole::Client {
             connect,
             seconds,
             max_samples,
@@ -278,7 +278,7 @@ mod tests {
         .unwrap();
         assert!(matches!(
             a.role,
-            Role::Client { seconds, max_samples: 1000, .. } if seconds == 1.5
+            RrRole::Client { seconds, max_samples: 1000, .. } if seconds == 1.5
         ));
         assert!(HelperArgs::try_parse_from(["x", "client", "--seconds", "1"]).is_err());
         let err =

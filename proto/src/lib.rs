@@ -18,6 +18,21 @@
 //!   `skiff get`), and kubectl-style ages.
 //! - [`taints`]: taint/toleration matching (shared by the scheduler and the node lifecycle
 //!   controller).
+//!
+//! - [`names`]: Kubernetes' rules and messages for names, label keys and values (the API
+//!   server's validation uses them too); [`nodeaffinity`]: the one node selector matcher (the
+//!   scheduler and the DaemonSet controller); `schedule` (feature `schedule`): CronJob
+//!   schedules, parsed the same way by the API server and the CronJob controller.
+//! - [`k8s_wire`]: Kubernetes' protobuf encoding (what kubectl's typed commands send) read into
+//!   the JSON the REST API decodes, through a table generated from Kubernetes' `.proto` files
+//!   (`proto/k8s/`) by `cargo xtask codegen` (regenerate it, never edit it).
+//!
+//! One Rust type is both the wire format and the manifest format: `build.rs` derives serde on
+//! the resource messages (camelCase, `deny_unknown_fields`, Kubernetes spellings such as
+//! `podCIDR`; IntOrString and Quantity helpers in `serde_util`).
+//!
+//! This crate does no I/O, knows nothing about storage, and holds no per-kind copy of generic
+//! logic.
 
 pub mod api {
     #![allow(clippy::all)]

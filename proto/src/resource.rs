@@ -1,5 +1,11 @@
 //! The generic view of a resource type, used by the API server's single registry and by
 //! every client.
+//!
+//! [`Resource`] gives every kind its static [`KindInfo`] (apiVersion, kind, plural, short
+//! names, scope, status subresource), metadata access, the split between spec and status, and
+//! the fields a field selector may name; one macro implements it for every kind.
+//! [`DynKind`], [`kinds`] and [`find_kind`] are for code that picks a kind by name at run
+//! time.
 
 use std::marker::PhantomData;
 

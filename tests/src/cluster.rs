@@ -8,7 +8,8 @@ use skiff_api::api::Node as ApiNode;
 use skiff_client::{Client, ListParams};
 
 use crate::{
-    ApiServer, Backend, Component, EtcdServer, Fabric, Node, eventually_within, ok, unique,
+    ApiServer, Backend, Component, Election, EtcdServer, Fabric, Node, eventually_within, ok,
+    unique,
 };
 
 const T: Duration = Duration::from_secs(90);
@@ -44,11 +45,8 @@ impl Cluster {
         let server = ApiServer::start(Backend::Etcd(etcd.endpoint.clone()));
         let client = server.client().await;
         let id = unique();
-        let scheduler = Component::start(
-            &server,
-            "skiff-scheduler",
-            &["--lease-duration", LEASE_SECONDS, "--identity", "sched-1"],
-        );
+        let scheduler =
+            Component::start_elected(&server, "skiff-scheduler", elected("sched-1"), &[]);
         let manager = start_manager(&server, "cm-1");
         let mut c = Cluster {
             scheduler,
@@ -171,11 +169,16 @@ pub fn tail(log: &str) -> String {
 }
 
 pub fn start_manager(server: &ApiServer, identity: &str) -> Component {
-    Component::start(
-        server,
-        "skiff-controller-manager",
-        &["--lease-duration", LEASE_SECONDS, "--identity", identity],
-    )
+    Component::start_elected(server, "skiff-controller-manager", elected(identity), &[])
+}
+
+/// Leader election with the short [`LEASE_SECONDS`], as `identity`.
+pub fn elected(identity: &str) -> Election {
+    Election {
+        server: None,
+        lease_duration: LEASE_SECONDS.parse().ok(),
+        identity: Some(identity.into()),
+    }
 }
 
 pub fn node_condition(n: &ApiNode, ty: &str) -> String {

@@ -7,7 +7,7 @@ use skiff_api::api::Lease;
 use skiff_client::Client;
 
 use crate::cluster::{LEASE_SECONDS, tail};
-use crate::{ApiServer, Backend, Component, EtcdCluster, Fabric, Node, unique};
+use crate::{ApiServer, Backend, Component, Election, EtcdCluster, Fabric, Node, unique};
 
 /// The whole HA cluster. Dropped in field order: nodes and components before the servers,
 /// the servers before etcd.
@@ -44,18 +44,12 @@ impl HaCluster {
             .await
             .expect("a client of both servers");
         let component = |binary: &str, identity: &str| {
-            Component::start(
-                &servers[0],
-                binary,
-                &[
-                    "--server",
-                    &list,
-                    "--lease-duration",
-                    LEASE_SECONDS,
-                    "--identity",
-                    identity,
-                ],
-            )
+            let election = Election {
+                server: Some(list.clone()),
+                lease_duration: LEASE_SECONDS.parse().ok(),
+                identity: Some(identity.into()),
+            };
+            Component::start_elected(&servers[0], binary, election, &[])
         };
         let schedulers = vec![
             component("skiff-scheduler", "sched-1"),
@@ -69,14 +63,7 @@ impl HaCluster {
         let id = unique();
         let nodes = (0..nodes)
             .map(|i| {
-                Node::start_on_with(
-                    &servers[0],
-                    &format!("e2e-{id}-n{i}"),
-                    "",
-                    &[],
-                    Some(&fabric),
-                    &["--server", &list],
-                )
+                Node::start_failing_over(&servers[0], &format!("e2e-{id}-n{i}"), &fabric, &list)
             })
             .collect();
         let c = HaCluster {

@@ -2,12 +2,23 @@
 //! binary (embedded store or a real etcd) on a free loopback port and runs the real `skiff`
 //! CLI against it. Processes are killed by pid when the harness is dropped, also when a test
 //! fails.
+//!
+//! The end-to-end tests, one file per capability in `tests/tests/`, drive these real
+//! processes: nodes run in network namespaces of their own (`skiff_testnet::Netns`) and
+//! cgroups on one `Fabric`, all removed on drop; [`cluster`] is a whole cluster on real etcd,
+//! [`ha`] a highly available one (for `api_servers_fail_over.rs` and
+//! `control_plane_survives_chaos.rs`, with seeded kills during a rollout), [`rollout`] the
+//! `Sampler` that checks a rollout at every revision. Control-plane binaries run as
+//! `Component`s that can be started, killed with SIGKILL and restarted. Crate-level end-to-end
+//! tests sit with their crate (`control/apiserver/tests/`, `node/image/tests/`,
+//! `node/agent/tests/`).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
     reason = "test support: a failed setup step is the calling test's failure"
 )]
 
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -20,6 +31,11 @@ pub mod ha;
 pub mod rollout;
 
 pub use skiff_client::{Client, ClientConfig};
+pub use skiff_flags::Election;
+use skiff_flags::{
+    ApiServerFlags, ApiStore, ControllerManagerFlags, NodeFlags, NodeMode, SchedulerFlags,
+    SigningCa,
+};
 pub use skiff_store::testutil::{EtcdCluster, EtcdServer};
 pub use skiff_testkit::{eventually_within, unique};
 pub use skiff_testnet::{FABRIC_PREFIX, Fabric, Netns};
@@ -136,26 +152,26 @@ impl ApiServer {
         let port = free_port();
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
         let pki_dir = pki.map_or_else(|| dir.path().join("pki"), Path::to_path_buf);
-        let mut args: Vec<std::ffi::OsString> = vec![
-            "--listen".into(),
-            addr.to_string().into(),
-            "--pki-dir".into(),
-            pki_dir.clone().into(),
-        ];
-        match &backend {
-            Backend::Embedded => {
-                args.extend(["--store".into(), "embedded".into(), "--data-dir".into()]);
-                args.push(dir.path().join("data").into());
-            }
-            Backend::EmbeddedIn(data) => {
-                args.extend(["--store".into(), "embedded".into(), "--data-dir".into()]);
-                args.push(data.clone().into());
-            }
-            Backend::Etcd(endpoint) => {
-                args.extend(["--store", "etcd", "--etcd-endpoints", endpoint].map(Into::into));
-            }
+        let store = match &backend {
+            Backend::Embedded => ApiStore::Embedded {
+                data_dir: dir.path().join("data"),
+            },
+            Backend::EmbeddedIn(data) => ApiStore::Embedded {
+                data_dir: data.clone(),
+            },
+            Backend::Etcd(endpoints) => ApiStore::Etcd {
+                endpoints: endpoints.clone(),
+                tls: None,
+            },
+        };
+        let args = ApiServerFlags {
+            listen: addr,
+            pki_dir: pki_dir.clone(),
+            store,
+            tls_sans: None,
+            extra: extra.iter().map(Into::into).collect(),
         }
-        args.extend(extra.iter().map(Into::into));
+        .args();
         let child = spawn_apiserver(&args, dir.path());
         let server = ApiServer {
             child,
@@ -473,6 +489,8 @@ pub struct Node {
     labels: String,
     /// The node's kubeconfig (`system:node:<name>` in `system:nodes`).
     pub kubeconfig: PathBuf,
+    /// API servers the agent fails over between (`--server`; else its kubeconfig's).
+    pub servers: Option<String>,
     /// Extra arguments of `skiff-node run`.
     pub agent_args: Vec<String>,
     /// `Some((server, token, CA hash))`: the agent is started with `skiff-node join` and
@@ -524,6 +542,29 @@ impl Node {
         fabric: Option<&Fabric>,
         agent_args: &[&str],
     ) -> Node {
+        Node::launch(server, name, pod_cidr, labels, fabric, None, agent_args)
+    }
+
+    /// A node on `fabric` whose agent fails over between the API servers `servers` (URLs,
+    /// comma separated), with a certificate of `server`'s CA and no pod CIDR of its own.
+    pub fn start_failing_over(
+        server: &ApiServer,
+        name: &str,
+        fabric: &Fabric,
+        servers: &str,
+    ) -> Node {
+        Node::launch(server, name, "", &[], Some(fabric), Some(servers), &[])
+    }
+
+    fn launch(
+        server: &ApiServer,
+        name: &str,
+        pod_cidr: &str,
+        labels: &[(&str, &str)],
+        fabric: Option<&Fabric>,
+        servers: Option<&str>,
+        agent_args: &[&str],
+    ) -> Node {
         let id = unique();
         let ns = Netns::create(&format!("skiff-e2e-{id}")).expect("creating the node's netns");
         let netns = ns.name().to_string();
@@ -548,6 +589,7 @@ impl Node {
                 .collect::<Vec<_>>()
                 .join(","),
             kubeconfig,
+            servers: servers.map(String::from),
             agent_args: agent_args.iter().map(|a| a.to_string()).collect(),
             join: None,
             agent: None,
@@ -574,6 +616,7 @@ impl Node {
             pod_cidr: pod_cidr.to_string(),
             labels: String::new(),
             kubeconfig,
+            servers: None,
             agent_args: Vec::new(),
             join: Some((server.endpoint.clone(), token.to_string(), hash.to_string())),
             agent: None,
@@ -594,33 +637,38 @@ impl Node {
             .append(true)
             .open(self.state_dir.path().join("agent.log"))
             .expect("agent log");
-        let mut cmd = Command::new(binary("skiff-node"));
-        match &self.join {
+        let mode = match &self.join {
             // The token goes by environment, as an operator keeps it out of `ps`.
-            Some((server, token, hash)) => cmd
-                .args(["join", "--server", server, "--ca-cert-hash", hash])
-                .args(["--join-timeout", "60s"])
-                .env("SKIFF_JOIN_TOKEN", token),
-            None => cmd.arg("run"),
+            Some((server, _, hash)) => NodeMode::Join {
+                server: server.clone(),
+                ca_cert_hash: hash.clone(),
+                join_timeout: Some(Duration::from_secs(60)),
+            },
+            None => NodeMode::Run {
+                server: self.servers.clone(),
+            },
         };
-        cmd.arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(["--node-name", &self.name])
-            .arg("--state-dir")
-            .arg(self.state_dir.path().join("state"))
-            .arg("--node-netns")
-            .arg(self.netns_path());
-        if !self.pod_cidr.is_empty() {
-            cmd.args(["--pod-cidr", &self.pod_cidr]);
-        }
-        if !self.labels.is_empty() {
-            cmd.args(["--node-labels", &self.labels]);
+        let flags = NodeFlags {
+            node_netns: Some(self.netns_path()),
+            pod_cidr: Some(self.pod_cidr.clone()).filter(|c| !c.is_empty()),
+            node_labels: Some(self.labels.clone()).filter(|l| !l.is_empty()),
+            cgroup_parent: Some(self.cgroup_parent.clone()),
+            backoff: Some(Duration::from_secs(1)),
+            lease_duration: Some(Duration::from_secs(8)),
+            extra: self.agent_args.iter().map(Into::into).collect(),
+            ..NodeFlags::new(
+                mode,
+                self.kubeconfig.clone(),
+                self.name.clone(),
+                self.state_dir.path().join("state"),
+            )
+        };
+        let mut cmd = Command::new(binary("skiff-node"));
+        if let Some((_, token, _)) = &self.join {
+            cmd.env("SKIFF_JOIN_TOKEN", token);
         }
         let child = cmd
-            .arg("--cgroup-parent")
-            .arg(&self.cgroup_parent)
-            .args(["--backoff", "1s", "--lease-duration", "8s"])
-            .args(&self.agent_args)
+            .args(flags.args())
             .env("RUST_LOG", "info,skiff_node=debug")
             .env("SKIFF_CONFIG", "/nonexistent")
             .stdout(Stdio::null())
@@ -743,44 +791,61 @@ impl Drop for Node {
 #[derive(Debug)]
 pub struct Component {
     pub binary: String,
-    args: Vec<String>,
+    args: Vec<OsString>,
+    /// Its name in leader election, if it was given one.
+    identity: Option<String>,
     child: Option<Child>,
     dir: tempfile::TempDir,
     starts: u32,
 }
 
 impl Component {
-    /// Starts `binary --kubeconfig <its kubeconfig> ARGS`: the kubeconfig the server wrote
-    /// for `skiff-scheduler` and `skiff-controller-manager`, the administrator's for others.
-    pub fn start(server: &ApiServer, binary: &str, args: &[&str]) -> Component {
-        let kubeconfig = match binary {
-            "skiff-scheduler" => server.component_kubeconfig("scheduler"),
-            "skiff-controller-manager" => server.component_kubeconfig("controller-manager"),
-            _ => server.kubeconfig.clone(),
-        };
-        let mut all = vec!["--kubeconfig".to_string(), kubeconfig.display().to_string()];
-        if binary == "skiff-controller-manager" {
+    /// Starts `skiff-scheduler` or `skiff-controller-manager` with the kubeconfig the server
+    /// wrote for it (the controller manager also with the cluster CA) and the test's own
+    /// flags `extra`.
+    pub fn start(server: &ApiServer, binary: &str, extra: &[&str]) -> Component {
+        Component::start_elected(server, binary, Election::default(), extra)
+    }
+
+    /// Like [`Component::start`], with the API servers to fail over between and leader
+    /// election settings.
+    pub fn start_elected(
+        server: &ApiServer,
+        binary: &str,
+        election: Election,
+        extra: &[&str],
+    ) -> Component {
+        let identity = election.identity.clone();
+        let extra: Vec<OsString> = extra.iter().map(Into::into).collect();
+        let args = match binary {
+            "skiff-scheduler" => SchedulerFlags {
+                kubeconfig: server.component_kubeconfig("scheduler"),
+                election,
+                extra,
+            }
+            .args(),
             // As k3s runs it: approved certificate requests are signed with the cluster CA.
-            let pki = |f: &str| server.pki_dir.join(f).display().to_string();
-            all.extend([
-                "--cluster-signing-cert-file".to_string(),
-                pki("ca.crt"),
-                "--cluster-signing-key-file".to_string(),
-                pki("ca.key"),
+            "skiff-controller-manager" => ControllerManagerFlags {
+                kubeconfig: server.component_kubeconfig("controller-manager"),
+                signing: Some(SigningCa {
+                    cert: server.pki_dir.join("ca.crt"),
+                    key: server.pki_dir.join("ca.key"),
+                }),
                 // The default StorageClass' volumes: beside the server's files, removed with
                 // them.
-                "--local-path-root".to_string(),
-                server
-                    .pki_dir
-                    .with_file_name("local-path")
-                    .display()
-                    .to_string(),
-            ]);
-        }
-        all.extend(args.iter().map(|a| a.to_string()));
+                local_path_root: Some(server.pki_dir.with_file_name("local-path")),
+                election,
+                extra,
+            }
+            .args(),
+            other => {
+                panic!("Component runs skiff-scheduler or skiff-controller-manager, not {other}")
+            }
+        };
         let mut c = Component {
             binary: binary.to_string(),
-            args: all,
+            args,
+            identity,
             child: None,
             dir: tempfile::tempdir().expect("tempdir"),
             starts: 0,
@@ -810,10 +875,9 @@ impl Component {
         self.child.as_ref().map(Child::id)
     }
 
-    /// Its `--identity` (its name in leader election), if it was given one.
+    /// Its name in leader election, if [`Component::start_elected`] gave it one.
     pub fn identity(&self) -> Option<&str> {
-        let at = self.args.iter().position(|a| a == "--identity")?;
-        self.args.get(at + 1).map(String::as_str)
+        self.identity.as_deref()
     }
 
     /// SIGKILLs the process (`kill -9`: no clean-up, leases are left to expire).

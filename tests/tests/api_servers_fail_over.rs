@@ -1,4 +1,4 @@
-//! High availability (M2-F): two API servers over a real 3-member etcd cluster (real etcd
+//! High availability: two API servers over a real 3-member etcd cluster (real etcd
 //! processes on loopback). A client that lists both servers goes on when one is killed with
 //! SIGKILL, and a watch (the client's reflector, what agents and controller informers run)
 //! opened before the kill sees every change exactly once, in order, across it and an etcd

@@ -1,4 +1,4 @@
-//! Chaos (M2-F): a highly available cluster (3 etcd members, 2 API servers, 2 schedulers and
+//! Chaos: a highly available cluster (3 etcd members, 2 API servers, 2 schedulers and
 //! 2 controller managers electing leaders, 3 real nodes) rolls out a Deployment of 30
 //! replicas while a client in a namespace outside the cluster sends requests to its NodePort
 //! Service without pause, and the test kills with SIGKILL, in random order at random times,

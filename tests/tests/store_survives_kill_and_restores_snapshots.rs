@@ -1,4 +1,4 @@
-//! Store safety (M2-F): the embedded store's API server killed with SIGKILL in the middle of
+//! Store safety: the embedded store's API server killed with SIGKILL in the middle of
 //! 10,000 writes keeps every write it acknowledged and opens again; a snapshot taken while
 //! the writes ran (`GET /skiff/v1/snapshot`, fetched with real kubectl's `get --raw`)
 //! restores with `skiff-apiserver restore` to a consistent cluster: exactly the writes up to

@@ -38,7 +38,7 @@ pub struct BenchArgs {
 /// `cargo build [--release] -p … --bins` (debug for `--quick`).
 pub fn build_command(root: &Path, quick: bool) -> Command {
     let mut cmd = Command::new("cargo");
-    cmd.current_dir(root).arg("build");
+    cmd.current_dir(root).args(["build", "--locked"]);
     if !quick {
         cmd.arg("--release");
     }
@@ -52,7 +52,7 @@ pub fn build_command(root: &Path, quick: bool) -> Command {
 /// `cargo run [--release] -p skiff-perf --bin skiff-bench -- …` (debug for `--quick`).
 pub fn run_command(root: &Path, args: &BenchArgs) -> Command {
     let mut cmd = Command::new("cargo");
-    cmd.current_dir(root).arg("run");
+    cmd.current_dir(root).args(["run", "--locked"]);
     if !args.quick {
         cmd.arg("--release");
     }
@@ -95,6 +95,7 @@ mod tests {
             a,
             [
                 "build",
+                "--locked",
                 "--release",
                 "-p",
                 "skiff-apiserver",

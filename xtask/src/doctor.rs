@@ -10,6 +10,13 @@
 //! Checks that need root (loading and attaching a BPF program, creating a cgroup) are skipped
 //! with a `skip` line when not running as root; everything that needs them (`up`'s agents,
 //! the kernel tests) needs root anyway.
+//!
+//! Among the checks: protoc compiles a file importing `google/protobuf/descriptor.proto`; the
+//! nightly toolchain with rust-src and bpf-linker links a tiny BPF object (no registry crate);
+//! bpftool loads it and attaches it to a fresh child of the cgroup v2 mount (pinned in a
+//! private bpffs, everything removed again); etcd starts on free loopback ports and answers
+//! `/health`; the target directory's disk has [`DISK_NEEDED_GIB`] free. Unit tests prove that
+//! every apt package and cargo tool `setup` installs is used by some check.
 
 use std::fmt;
 use std::io::{Read, Write};
@@ -1210,7 +1217,7 @@ mod tests {
         );
     }
 
-    /// Acceptance (M2-0 item 2): protoc without the well-known types next to it is reported in
+    /// Protoc without the well-known types next to it is reported in
     /// one line naming what is missing and the package that fixes it. A copy of the real
     /// protoc in a directory of its own looks for its include files beside itself, finds
     /// none, and is in exactly the state `protobuf-compiler` without `libprotobuf-dev` leaves.

@@ -2,9 +2,12 @@
 //! inputs each executed. The `fuzz` test tier runs it for [`TIER_SECONDS`] per target, so
 //! every CI run fuzzes the REST decoders a little further from the checked-in seeds.
 //!
-//! A target lives in a crate's `fuzz/` directory (its own nightly workspace); libFuzzer
-//! writes the inputs it finds to `fuzz/corpus/<target>` (not checked in) and a crashing
-//! input to `fuzz/artifacts/<target>`, whose path it prints; the tier then fails.
+//! Every target lives in one crate, `tests/fuzz/` (its own nightly workspace, so its
+//! dependencies are built with the sanitizer once for all targets); its lock file follows the
+//! workspace's and is checked before a run (`cargo fetch --locked`), so a run never rewrites
+//! it. Seeds are checked in under `tests/fuzz/seeds/<target>`; libFuzzer writes the inputs it
+//! finds to `tests/fuzz/corpus/<target>` (not checked in) and a crashing input to
+//! `tests/fuzz/artifacts/<target>`, whose path it prints; the tier then fails.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -18,35 +21,19 @@ use crate::util;
 /// Seconds per target in the test tier.
 pub const TIER_SECONDS: u64 = 60;
 
-/// A fuzz target: the crate directory holding `fuzz/`, and the target's name.
-#[derive(Debug, Clone, Copy)]
-pub struct Target {
-    pub crate_dir: &'static str,
-    pub name: &'static str,
-}
+/// The fuzz crate, from the repository root.
+pub const FUZZ_DIR: &str = "tests/fuzz";
 
-/// Every fuzz target of the workspace.
-pub const TARGETS: &[Target] = &[
-    Target {
-        crate_dir: "control/apiserver",
-        name: "rest_decoders",
-    },
-    Target {
-        crate_dir: "control/apiserver",
-        name: "auth_parsers",
-    },
-    Target {
-        crate_dir: "node/dns",
-        name: "dns_queries",
-    },
-    Target {
-        crate_dir: "node/image",
-        name: "image_layers",
-    },
-    Target {
-        crate_dir: "node/runtime",
-        name: "volume_paths",
-    },
+/// Every fuzz target (a `[[bin]]` of the fuzz crate) and what it exercises.
+pub const TARGETS: &[(&str, &str)] = &[
+    ("rest_decoders", "the API server's REST request decoders"),
+    (
+        "auth_parsers",
+        "the API server's credential and kubeconfig parsers",
+    ),
+    ("dns_queries", "the cluster DNS server's query path"),
+    ("image_layers", "the image store's layer unpacker"),
+    ("volume_paths", "the agent's volume writer"),
 ];
 
 #[derive(Debug, Clone, clap::Args)]
@@ -97,15 +84,15 @@ pub fn parse_stats(output: &str) -> Stats {
 }
 
 pub fn run(args: &FuzzArgs) -> Result<()> {
-    let targets: Vec<&Target> = match &args.target {
-        None => TARGETS.iter().collect(),
-        Some(name) => match TARGETS.iter().find(|t| t.name == name) {
-            Some(t) => vec![t],
+    let targets: Vec<&str> = match &args.target {
+        None => TARGETS.iter().map(|(t, _)| *t).collect(),
+        Some(name) => match TARGETS.iter().find(|(t, _)| t == name) {
+            Some((t, _)) => vec![*t],
             None => bail!(
                 "unknown fuzz target {name:?}; the targets are: {}",
                 TARGETS
                     .iter()
-                    .map(|t| t.name)
+                    .map(|(t, _)| *t)
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
@@ -115,23 +102,40 @@ pub fn run(args: &FuzzArgs) -> Result<()> {
         bail!("--seconds must be at least 1");
     }
     let root = util::repo_root();
+    check_lock(&root.join(FUZZ_DIR))?;
     for target in targets {
         fuzz_one(&root, target, args.seconds)?;
     }
     Ok(())
 }
 
-fn fuzz_one(root: &Path, target: &Target, seconds: u64) -> Result<()> {
-    let crate_dir = root.join(target.crate_dir);
-    let fuzz_dir = crate_dir.join("fuzz");
-    let corpus = fuzz_dir.join("corpus").join(target.name);
-    let seeds = fuzz_dir.join("seeds").join(target.name);
+/// Fails when the fuzz crate's lock file is not current (a run would rewrite it): the
+/// committed lock file is the one every run builds with.
+fn check_lock(fuzz_dir: &Path) -> Result<()> {
+    let status = util::nightly_cargo(&["fetch", "--locked", "--quiet"])
+        .current_dir(fuzz_dir)
+        .env("PATH", util::path_with_cargo_bin()?)
+        .status()
+        .context("running `cargo +nightly fetch --locked` for the fuzz crate")?;
+    if !status.success() {
+        bail!(
+            "{}/Cargo.lock is not current: update it (`cargo +nightly update --workspace` in \
+             {}) and commit it",
+            FUZZ_DIR,
+            FUZZ_DIR
+        );
+    }
+    Ok(())
+}
+
+fn fuzz_one(root: &Path, target: &str, seconds: u64) -> Result<()> {
+    let fuzz_dir = root.join(FUZZ_DIR);
+    let corpus = fuzz_dir.join("corpus").join(target);
+    let seeds = fuzz_dir.join("seeds").join(target);
     std::fs::create_dir_all(&corpus).with_context(|| format!("creating {}", corpus.display()))?;
     let max_time = format!("-max_total_time={seconds}");
     let corpus_arg = corpus.to_string_lossy().into_owned();
     let seeds_arg = seeds.to_string_lossy().into_owned();
-    // One target directory for every fuzz crate: their common dependencies (tokio, serde,
-    // prost, ...) are built with ASan once, not once per crate.
     let target_dir = root.join("target").join("fuzz");
     let target_dir_arg = target_dir.to_string_lossy().into_owned();
     let mut cmd = util::nightly_cargo(&[
@@ -139,21 +143,21 @@ fn fuzz_one(root: &Path, target: &Target, seconds: u64) -> Result<()> {
         "run",
         "--target-dir",
         &target_dir_arg,
-        target.name,
+        target,
         &corpus_arg,
         &seeds_arg,
         "--",
         &max_time,
         "-print_final_stats=1",
     ]);
-    cmd.current_dir(&crate_dir)
+    cmd.current_dir(&fuzz_dir)
         .env("PATH", util::path_with_cargo_bin()?)
         .stdout(Stdio::inherit())
         .stderr(Stdio::piped());
     println!(
         "fuzz {}: building (nightly, release with ASan; a few minutes the first time), then \
          {seconds} s of inputs",
-        target.name
+        target
     );
     let started = Instant::now();
     let mut child = cmd
@@ -178,26 +182,25 @@ fn fuzz_one(root: &Path, target: &Target, seconds: u64) -> Result<()> {
     if !status.success() {
         bail!(
             "fuzz {}: failed ({status}) after {}; a crashing input is under {} (the output \
-             above names it; rerun it with `cargo +nightly fuzz run {} <file>` in {})",
-            target.name,
+             above names it; rerun it with `cargo +nightly fuzz run {} <file>` in {FUZZ_DIR})",
+            target,
             util::fmt_duration(started.elapsed()),
-            fuzz_dir.join("artifacts").join(target.name).display(),
-            target.name,
-            target.crate_dir
+            fuzz_dir.join("artifacts").join(target).display(),
+            target,
         );
     }
     let Some(executions) = stats.executions else {
         bail!(
             "fuzz {}: cargo fuzz succeeded but printed no execution count (no libFuzzer \
              statistics in its output)",
-            target.name
+            target
         );
     };
     let secs = stats.seconds.unwrap_or(seconds).max(1);
     println!(
         "fuzz {}: {executions} executions in {secs} s ({}/s), {} new corpus inputs, peak RSS \
          {} MB, no crash",
-        target.name,
+        target,
         executions / secs,
         stats.new_units.map_or("?".into(), |n| n.to_string()),
         stats.peak_rss_mb.map_or("?".into(), |n| n.to_string()),
@@ -231,21 +234,24 @@ mod tests {
     }
 
     #[test]
-    fn every_target_has_its_fuzz_crate_and_seeds() {
-        let root = util::repo_root();
-        for t in TARGETS {
-            let fuzz = root.join(t.crate_dir).join("fuzz");
-            let manifest = std::fs::read_to_string(fuzz.join("Cargo.toml")).unwrap_or_default();
+    fn every_target_is_a_bin_of_the_fuzz_crate_with_seeds() {
+        let fuzz = util::repo_root().join(FUZZ_DIR);
+        let manifest = std::fs::read_to_string(fuzz.join("Cargo.toml")).unwrap_or_default();
+        for (name, _) in TARGETS {
             assert!(
-                manifest.contains(&format!("name = \"{}\"", t.name)),
-                "{} names no [[bin]] {}",
-                fuzz.display(),
-                t.name
+                manifest.contains(&format!("name = \"{name}\"")),
+                "{} names no [[bin]] {name}",
+                fuzz.display()
             );
-            let seeds = std::fs::read_dir(fuzz.join("seeds").join(t.name))
+            let seeds = std::fs::read_dir(fuzz.join("seeds").join(name))
                 .map(|d| d.count())
                 .unwrap_or(0);
-            assert!(seeds > 0, "{} has no seeds", t.name);
+            assert!(seeds > 0, "{name} has no seeds");
         }
+        assert_eq!(
+            manifest.matches("[[bin]]").count(),
+            TARGETS.len(),
+            "every [[bin]] of the fuzz crate is a target `cargo xtask fuzz` runs"
+        );
     }
 }

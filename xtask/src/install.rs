@@ -10,6 +10,7 @@
 //! nothing. `--uninstall` stops, disables and removes the units and binaries and keeps the
 //! data (`/var/lib/skiff`) and the environment files unless `--purge`.
 
+use std::ffi::OsString;
 use std::fs;
 use std::io::{self, Write};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -19,6 +20,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use skiff_flags::{
+    ApiServerFlags, ApiStore, ControllerManagerFlags, Election, EtcdClientTls, KubeconfigFlags,
+    NodeFlags, NodeMode, NodePurgeFlags, SchedulerFlags, SigningCa,
+};
 
 use crate::util;
 
@@ -523,83 +528,81 @@ fn check_node_name(n: &str) -> Result<()> {
     Ok(())
 }
 
+/// ExecStart's arguments of a unit, built by `skiff_flags` (where each binary's flags are
+/// spelled).
+fn unit_flags(plan: &Plan, unit: &UnitSpec) -> Vec<OsString> {
+    let pki = Path::new(PKI_DIR);
+    // Every server, for the clients that fail over between them (`join` takes one).
+    let servers = (!plan.servers.is_empty()).then(|| plan.servers.join(","));
+    let election = Election {
+        server: servers.clone(),
+        ..Election::default()
+    };
+    match unit.name {
+        "skiff-apiserver" => ApiServerFlags {
+            listen: plan.listen,
+            pki_dir: pki.into(),
+            store: match &plan.store {
+                StoreKind::Embedded => ApiStore::Embedded {
+                    data_dir: STORE_DIR.into(),
+                },
+                StoreKind::Etcd(endpoints, tls) => ApiStore::Etcd {
+                    endpoints: endpoints.clone(),
+                    tls: tls
+                        .clone()
+                        .map(|[ca, cert, key]| EtcdClientTls { ca, cert, key }),
+                },
+            },
+            tls_sans: plan.tls_sans.clone(),
+            extra: Vec::new(),
+        }
+        .args(),
+        "skiff-scheduler" => SchedulerFlags {
+            kubeconfig: pki.join("scheduler.kubeconfig"),
+            election,
+            extra: Vec::new(),
+        }
+        .args(),
+        "skiff-controller-manager" => ControllerManagerFlags {
+            kubeconfig: pki.join("controller-manager.kubeconfig"),
+            signing: Some(SigningCa {
+                cert: pki.join("ca.crt"),
+                key: pki.join("ca.key"),
+            }),
+            local_path_root: Some(LOCAL_PATH_DIR.into()),
+            election,
+            extra: Vec::new(),
+        }
+        .args(),
+        _ => {
+            let mode = match &plan.node_auth {
+                // `join` takes one URL; the token is in the environment file.
+                Some(NodeAuth::Join { ca_cert_hash, .. }) => NodeMode::Join {
+                    server: plan.servers.first().cloned().unwrap_or_default(),
+                    ca_cert_hash: ca_cert_hash.clone(),
+                    join_timeout: None,
+                },
+                _ => NodeMode::Run { server: servers },
+            };
+            NodeFlags::new(
+                mode,
+                plan.node_kubeconfig().into(),
+                plan.node_name.clone(),
+                NODE_DIR.into(),
+            )
+            .args()
+        }
+    }
+}
+
 /// ExecStart's arguments of a unit: the subcommand and flag/value pairs, one per line.
 fn exec_args(plan: &Plan, unit: &UnitSpec) -> Vec<String> {
-    let pair = |flag: &str, value: &str| format!("{flag} {value}");
-    let servers = plan.servers.join(",");
-    let mut a: Vec<String> = Vec::new();
-    match unit.name {
-        "skiff-apiserver" => {
-            a.push(pair("--listen", &plan.listen.to_string()));
-            a.push(pair("--pki-dir", PKI_DIR));
-            match &plan.store {
-                StoreKind::Embedded => {
-                    a.push(pair("--store", "embedded"));
-                    a.push(pair("--data-dir", STORE_DIR));
-                }
-                StoreKind::Etcd(endpoints, tls) => {
-                    a.push(pair("--store", "etcd"));
-                    a.push(pair("--etcd-endpoints", endpoints));
-                    if let Some([ca, cert, key]) = tls {
-                        a.push(pair("--etcd-cafile", &ca.display().to_string()));
-                        a.push(pair("--etcd-certfile", &cert.display().to_string()));
-                        a.push(pair("--etcd-keyfile", &key.display().to_string()));
-                    }
-                }
-            }
-            if let Some(sans) = &plan.tls_sans {
-                a.push(pair("--tls-san", sans));
-            }
-        }
-        "skiff-scheduler" => {
-            a.push(pair(
-                "--kubeconfig",
-                &format!("{PKI_DIR}/scheduler.kubeconfig"),
-            ));
-        }
-        "skiff-controller-manager" => {
-            a.push(pair(
-                "--kubeconfig",
-                &format!("{PKI_DIR}/controller-manager.kubeconfig"),
-            ));
-            a.push(pair(
-                "--cluster-signing-cert-file",
-                &format!("{PKI_DIR}/ca.crt"),
-            ));
-            a.push(pair(
-                "--cluster-signing-key-file",
-                &format!("{PKI_DIR}/ca.key"),
-            ));
-            a.push(pair("--local-path-root", LOCAL_PATH_DIR));
-        }
-        _ => {
-            if let Some(NodeAuth::Join { ca_cert_hash, .. }) = &plan.node_auth {
-                // `join` takes one URL; the token is in the environment file.
-                a.push("join".into());
-                let first = plan.servers.first().cloned().unwrap_or_default();
-                a.push(pair("--server", &first));
-                a.push(pair("--ca-cert-hash", ca_cert_hash));
-            } else {
-                a.push("run".into());
-            }
-            a.push(pair("--kubeconfig", &plan.node_kubeconfig()));
-            a.push(pair("--node-name", &plan.node_name));
-            a.push(pair("--state-dir", NODE_DIR));
-        }
-    }
-    let joins = matches!(plan.node_auth, Some(NodeAuth::Join { .. })) && !unit.server;
-    if unit.name != "skiff-apiserver" && !servers.is_empty() && !joins {
-        a.push(pair("--server", &servers));
-    }
-    a
+    skiff_flags::grouped(&unit_flags(plan, unit))
 }
 
 /// A unit's text: its template with the plan's values.
 fn render_unit(plan: &Plan, unit: &UnitSpec) -> Result<String> {
-    let args: String = exec_args(plan, unit)
-        .iter()
-        .map(|a| format!(" \\\n    {a}"))
-        .collect();
+    let args = continued(&exec_args(plan, unit));
     let bin_dir = plan.bin_dir.display().to_string();
     let mut after = String::new();
     let mut wants = String::new();
@@ -622,12 +625,20 @@ fn render_unit(plan: &Plan, unit: &UnitSpec) -> Result<String> {
                 .first()
                 .cloned()
                 .unwrap_or_else(|| plan.local_url());
+            let kubeconfig = KubeconfigFlags {
+                pki_dir: PKI_DIR.into(),
+                user: format!("system:node:{}", plan.node_name),
+                groups: vec!["system:nodes".into()],
+                server,
+                out: plan.node_kubeconfig().into(),
+            };
+            // The subcommand on the first line, as ExecStart's binary.
+            let lines = skiff_flags::grouped(&kubeconfig.args());
+            let (sub, rest) = lines.split_first().unzip();
             pre = format!(
-                "ExecStartPre={bin_dir}/skiff-apiserver kubeconfig \\\n    --pki-dir {PKI_DIR} \\\n    \
-                 --user system:node:{node} \\\n    --group system:nodes \\\n    --server {server} \\\n    \
-                 --out {kubeconfig}",
-                node = plan.node_name,
-                kubeconfig = plan.node_kubeconfig(),
+                "ExecStartPre={bin_dir}/skiff-apiserver {}{}",
+                sub.map_or("", String::as_str),
+                continued(rest.unwrap_or_default())
             );
         }
         _ => {}
@@ -643,6 +654,11 @@ fn render_unit(plan: &Plan, unit: &UnitSpec) -> Result<String> {
         ],
     )
     .with_context(|| format!("rendering deploy/systemd/{}", unit.file_name()))
+}
+
+/// Lines of a command, each after a ` \\` continuation.
+fn continued(lines: &[String]) -> String {
+    lines.iter().map(|l| format!(" \\\n    {l}")).collect()
 }
 
 /// Replaces `@NAME@` by its value; a line holding only a placeholder whose value is empty is
@@ -1013,14 +1029,18 @@ fn uninstall(plan: &Plan, purge: bool) -> Result<Report> {
         );
     }
     if purge && plan.role.agent() && plan.host(&node_bin).exists() {
-        before.push(Step::Run(vec![
-            node_bin.display().to_string(),
-            "purge".into(),
-            "--node-name".into(),
-            plan.node_name.clone(),
-            "--state-dir".into(),
-            NODE_DIR.into(),
-        ]));
+        let purge = NodePurgeFlags {
+            node_name: plan.node_name.clone(),
+            state_dir: NODE_DIR.into(),
+        };
+        let mut argv = vec![node_bin.display().to_string()];
+        argv.extend(
+            purge
+                .args()
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned()),
+        );
+        before.push(Step::Run(argv));
     }
     run_steps(plan, &before, &mut report)?;
     for unit in &units {
@@ -1199,13 +1219,14 @@ mod tests {
     const TOKEN: &str = "abcdef.0123456789abcdef";
 
     #[derive(Debug, Parser)]
-    struct Cli {
+    struct TestCli {
         #[command(flatten)]
         args: InstallArgs,
     }
 
     fn parse(args: &[&str]) -> Result<InstallArgs, clap::Error> {
-        Cli::try_parse_from(std::iter::once("install").chain(args.iter().copied())).map(|c| c.args)
+        TestCli::try_parse_from(std::iter::once("install").chain(args.iter().copied()))
+            .map(|c| c.args)
     }
 
     /// A directory of its own, removed on drop, with stand-in executables in `bin/`.
@@ -1873,15 +1894,14 @@ mod tests {
         assert!(render("mail me@example.org @ home\n", &[]).is_ok());
     }
 
-    /// `systemd-analyze verify` on every rendered unit, where systemd-analyze exists. It
+    /// `systemd-analyze verify` on every rendered unit (Debian package `systemd`). It
     /// checks that ExecStart's binary exists and is executable, so the units name `--bin-dir`
     /// = the scratch `bin/` of stand-ins (the copies below `--root` would be at
     /// `<root>/<bin-dir>`, a path the units do not name). It needs no running systemd.
     #[test]
     fn systemd_analyze_verifies_the_units() {
         let Some(analyze) = util::which("systemd-analyze") else {
-            eprintln!("skipped: no systemd-analyze on this machine");
-            return;
+            panic!("no systemd-analyze on this machine: apt-get install systemd");
         };
         for (tag, extra) in [
             (

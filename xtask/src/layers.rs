@@ -141,7 +141,7 @@ mod tests {
         serde_json::from_slice(&out.stdout).expect("cargo metadata prints JSON")
     }
 
-    /// M2-R acceptance 1: the crate graph has no cycle and matches ARCHITECTURE.md.
+    /// The crate graph has no cycle and matches ARCHITECTURE.md.
     #[test]
     fn crate_graph_matches_architecture_md_and_has_no_cycle() {
         let md = std::fs::read_to_string(crate::util::repo_root().join("ARCHITECTURE.md"))

@@ -6,8 +6,12 @@
 //! - `up`:    build and run a local control plane until Ctrl-C.
 //! - `bench`: build in release and run the benchmarks (`perf/`), baseline and Skiff side by side.
 //! - `install`: install the binaries and their systemd units on a machine (`deploy/systemd/`).
+//! - `codegen`: regenerate `proto/src/k8s_wire/table.rs` from the vendored `proto/k8s/` files.
 
 mod bench;
+mod codegen;
+#[cfg(test)]
+mod docs;
 mod doctor;
 mod fuzz;
 mod install;
@@ -15,6 +19,8 @@ mod install;
 mod layers;
 #[cfg(test)]
 mod modules;
+#[cfg(test)]
+mod readme;
 mod setup;
 mod tiers;
 mod up;
@@ -68,6 +74,9 @@ enum Cmd {
     Fuzz(fuzz::FuzzArgs),
     /// Install the binaries and their systemd units on this machine (or --uninstall them).
     Install(install::InstallArgs),
+    /// Regenerate proto/src/k8s_wire/table.rs from the vendored Kubernetes .proto files
+    /// (proto/k8s/).
+    Codegen,
 }
 
 fn main() -> ExitCode {
@@ -90,6 +99,7 @@ fn run(command: Cmd) -> Result<()> {
         Cmd::Bench(args) => bench::run(args),
         Cmd::Fuzz(args) => fuzz::run(&args),
         Cmd::Install(args) => install::run(&args),
+        Cmd::Codegen => codegen::run(),
     }
 }
 

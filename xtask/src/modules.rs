@@ -18,7 +18,7 @@ use anyhow::{Context, Result, bail};
 use syn::visit::Visit;
 
 /// Module path (`"crate"` for the root, `"auth::authz"` below it) → the modules it uses.
-pub type Graph = BTreeMap<String, BTreeSet<String>>;
+pub type ModuleGraph = BTreeMap<String, BTreeSet<String>>;
 
 /// One parsed module file.
 struct ModFile {
@@ -29,11 +29,11 @@ struct ModFile {
 }
 
 /// The crate's module graph from its `src/lib.rs`.
-pub fn module_graph(src: &Path) -> Result<Graph> {
+pub fn module_graph(src: &Path) -> Result<ModuleGraph> {
     let mut files = BTreeMap::new();
     load(&src.join("lib.rs"), Vec::new(), &mut files)?;
     let modules: BTreeSet<Vec<String>> = files.keys().cloned().collect();
-    let mut graph = Graph::new();
+    let mut graph = ModuleGraph::new();
     for (module, file) in &files {
         let from = name(module);
         let entry = graph.entry(from.clone()).or_default();
@@ -331,7 +331,7 @@ fn layer_of(module: &str, layers: &[Vec<String>]) -> Option<usize> {
 }
 
 /// Every edge that runs up the layers, and every module without a layer, as messages.
-pub fn violations(graph: &Graph, layers: &[Vec<String>]) -> Vec<String> {
+pub fn violations(graph: &ModuleGraph, layers: &[Vec<String>]) -> Vec<String> {
     let mut out = Vec::new();
     let listed: BTreeSet<&String> = layers.iter().flatten().collect();
     for m in listed {
@@ -360,9 +360,9 @@ pub fn violations(graph: &Graph, layers: &[Vec<String>]) -> Vec<String> {
 }
 
 /// The graph's strongly connected components with more than one module (Tarjan).
-pub fn cycles(graph: &Graph) -> Vec<Vec<String>> {
+pub fn cycles(graph: &ModuleGraph) -> Vec<Vec<String>> {
     struct State<'a> {
-        graph: &'a Graph,
+        graph: &'a ModuleGraph,
         index: BTreeMap<&'a str, usize>,
         low: BTreeMap<&'a str, usize>,
         stack: Vec<&'a str>,
@@ -461,8 +461,8 @@ mod tests {
         }
     }
 
-    fn graph_of(edges: &[(&str, &str)]) -> Graph {
-        let mut g = Graph::new();
+    fn graph_of(edges: &[(&str, &str)]) -> ModuleGraph {
+        let mut g = ModuleGraph::new();
         for (a, b) in edges {
             g.entry(a.to_string()).or_default().insert(b.to_string());
             g.entry(b.to_string()).or_default();

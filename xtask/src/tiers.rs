@@ -7,6 +7,16 @@
 //! To add a tier (for example benchmarks), append to [`TIERS`]; use
 //! [`Quick::Args`] to run it differently under `--quick`, or
 //! [`Quick::Skip`] to leave it out of quick runs.
+//!
+//! The tiers: fmt, clippy with the workspace lints, `ebpf-fmt` and `ebpf-clippy` (the nightly
+//! rustfmt and clippy on `ebpf/skiff-ebpf` for the BPF target, through `util::nightly_cargo`,
+//! the one place that strips the stable cargo's environment), the workspace tests under
+//! nextest, doctests, `fuzz` (each cargo-fuzz target for a bounded time) and `bench --quick`.
+//!
+//! Every cargo command builds `--locked` (the committed lock files are the ones tested), and
+//! a run fails when it leaves the working tree different from how it found it (`git status`
+//! before and after): a test that writes into the repository, or a lock file a build
+//! rewrote, is caught here rather than on the next machine.
 
 use std::fmt::Write as _;
 use std::process::Command;
@@ -63,6 +73,7 @@ pub const TIERS: &[Tier] = &[
         program: "cargo",
         args: &[
             "clippy",
+            "--locked",
             "--workspace",
             "--all-targets",
             "--",
@@ -88,6 +99,7 @@ pub const TIERS: &[Tier] = &[
         program: "cargo",
         args: &[
             "clippy",
+            "--locked",
             "--target",
             "bpfel-unknown-none",
             "-Z",
@@ -105,7 +117,14 @@ pub const TIERS: &[Tier] = &[
     Tier {
         name: "test",
         program: "cargo",
-        args: &["nextest", "run", "--workspace", "--profile", "ci"],
+        args: &[
+            "nextest",
+            "run",
+            "--locked",
+            "--workspace",
+            "--profile",
+            "ci",
+        ],
         quick: Quick::Same,
         dir: "",
         nightly: false,
@@ -114,7 +133,7 @@ pub const TIERS: &[Tier] = &[
     Tier {
         name: "doctest",
         program: "cargo",
-        args: &["test", "--workspace", "--doc"],
+        args: &["test", "--locked", "--workspace", "--doc"],
         quick: Quick::Same,
         dir: "",
         nightly: false,
@@ -226,6 +245,9 @@ pub fn run(quick: bool) -> Result<()> {
         results.push((name, Outcome::Pass(elapsed)));
     }
 
+    // The tree as the run found it; `None` outside a git checkout (nothing to compare).
+    let tree_before = tree_status(&root);
+    let tree_before = (!tree_before.is_empty() || git_available(&root)).then_some(tree_before);
     let mut failed: Option<&str> = None;
     for tier in &planned {
         let Some(argv) = &tier.argv else {
@@ -265,6 +287,23 @@ pub fn run(quick: bool) -> Result<()> {
         }
     }
 
+    if failed.is_none()
+        && let Some(before) = &tree_before
+    {
+        let start = Instant::now();
+        match tree_changes(before, &tree_status(&root)) {
+            None => results.push(("clean-tree", Outcome::Pass(start.elapsed()))),
+            Some(changed) => {
+                println!(
+                    "FAILED: clean-tree: the run changed the working tree:\n{changed}\n(a test or \
+                     build wrote into the repository; `git status` shows it)"
+                );
+                results.push(("clean-tree", Outcome::Fail(start.elapsed())));
+                failed = Some("clean-tree");
+            }
+        }
+    }
+
     print!("{}", summary(&results));
     match failed {
         Some(name) => bail!("tier {name} failed"),
@@ -275,9 +314,59 @@ pub fn run(quick: bool) -> Result<()> {
     }
 }
 
+/// `git status --porcelain` lines (untracked files included, ignored ones not).
+fn tree_status(root: &std::path::Path) -> Vec<String> {
+    Command::new("git")
+        .args(["status", "--porcelain", "--untracked-files=all"])
+        .current_dir(root)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn git_available(root: &std::path::Path) -> bool {
+    Command::new("git")
+        .args(["rev-parse", "--is-inside-work-tree"])
+        .current_dir(root)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// The status lines that are new after the run, or `None` when there are none.
+fn tree_changes(before: &[String], after: &[String]) -> Option<String> {
+    let new: Vec<&str> = after
+        .iter()
+        .filter(|l| !before.contains(l))
+        .map(String::as_str)
+        .collect();
+    (!new.is_empty()).then(|| new.join("\n"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_that_changes_the_tree_is_reported() {
+        let before = vec![" M README.md".to_string()];
+        assert_eq!(tree_changes(&before, &before), None);
+        let after = vec![
+            " M README.md".to_string(),
+            " M tests/fuzz/Cargo.lock".to_string(),
+            "?? stray.txt".to_string(),
+        ];
+        assert_eq!(
+            tree_changes(&before, &after).as_deref(),
+            Some(" M tests/fuzz/Cargo.lock\n?? stray.txt")
+        );
+    }
 
     #[test]
     fn default_tiers_in_order() {
@@ -306,6 +395,7 @@ mod tests {
                 &[
                     "cargo",
                     "clippy",
+                    "--locked",
                     "--workspace",
                     "--all-targets",
                     "--",
@@ -325,11 +415,21 @@ mod tests {
         assert!(!full[4].nightly && full[4].dir.is_empty());
         assert_eq!(
             full[4].argv.as_deref(),
-            Some(&["cargo", "nextest", "run", "--workspace", "--profile", "ci"][..])
+            Some(
+                &[
+                    "cargo",
+                    "nextest",
+                    "run",
+                    "--locked",
+                    "--workspace",
+                    "--profile",
+                    "ci"
+                ][..]
+            )
         );
         assert_eq!(
             full[5].argv.as_deref(),
-            Some(&["cargo", "test", "--workspace", "--doc"][..])
+            Some(&["cargo", "test", "--locked", "--workspace", "--doc"][..])
         );
         assert_eq!(
             full[6].argv.as_deref(),

@@ -1,4 +1,4 @@
-//! M2-0: a hanging test fails fast and the report names it.
+//! A hanging test fails fast and the report names it.
 //!
 //! Runs `deliberate_hang.rs` with `XTASK_DELIBERATE_HANG=1` under cargo-nextest's `hang-check`
 //! profile (.config/nextest.toml: the same slow-timeout mechanism as the default profile, with
@@ -31,6 +31,8 @@ fn a_hanging_test_is_terminated_and_named() {
             "--workspace",
             "-E",
             "package(xtask) & binary(deliberate_hang)",
+            "--run-ignored",
+            "only",
             "--no-tests=fail",
         ])
         .env("XTASK_DELIBERATE_HANG", "1");

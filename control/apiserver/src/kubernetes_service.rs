@@ -10,7 +10,13 @@
 //! and _PORT come from it.
 //!
 //! With several API servers each adds its own address and keeps the others'; removing the
-//! address of a server that is gone needs kube-apiserver's lease reconciler, not built yet.
+//! address of a server that is gone needs kube-apiserver's lease reconciler, which Skiff
+//! does not have.
+//!
+//! The Service's clusterIP is also a SAN of the serving certificate; the Endpoints' address is
+//! `--advertise-address` (default the listen address). The same pass creates
+//! `kube-system/kube-dns` (the range's tenth address, port 53 UDP and TCP, no selector) when
+//! it is missing, for the node agents' cluster DNS.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;

@@ -26,6 +26,20 @@
 //! crate                                 # composition: `spawn`
 //! ```
 //!
+//! The `skiff-apiserver` binary serves only TLS (`serve`'s accept loop; in-process servers
+//! of tests and benchmarks may serve plain HTTP through it, with
+//! [`ApiServerOptions::security`] unset). On first start it fills `--pki-dir`
+//! ([`Security::bootstrap`], shared with the auth benchmark), renews due leaves on every start
+//! and, while it runs ([`Renewal`], every `--cert-check-seconds`), swaps a renewed serving
+//! certificate in for new handshakes. The serving chain includes the CA certificate, so that
+//! `skiff-node join` can pin the CA by hash. The server talks to node agents as
+//! `system:kube-apiserver`, with a client certificate made at start and kept in memory
+//! ([`Security::agent_client`]).
+//!
+//! This crate is the only one that touches the Store. It runs no control loop (that is the
+//! controllers' job), serves nothing but the public API, and uses `skiff-client` only to
+//! reach node agents.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;

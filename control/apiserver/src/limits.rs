@@ -431,7 +431,11 @@ mod tests {
         for _ in 0..200 {
             let now = {
                 let q = pool.queues.lock().expect("lock");
-                q.waiting.values().flatten().filter(|tx| !tx.is_closed()).count()
+                q.waiting
+                    .values()
+                    .flatten()
+                    .filter(|tx| !tx.is_closed())
+                    .count()
             };
             if now == n {
                 return;

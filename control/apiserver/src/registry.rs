@@ -2,7 +2,11 @@
 //! [`ResourceHandler`] trait, keyed by plural name.
 //!
 //! Every operation (create, get, list, update, delete, watch, bind) is implemented once in
-//! `Handler<T>`; per-kind behaviour comes from the kind's [`Strategy`].
+//! `Handler<T>`; per-kind behaviour comes from the kind's [`Strategy`]: create
+//! (generateName, uid, timestamps, generation), get, list with selectors, update with
+//! optimistic concurrency (a compare-and-swap on the store revision), the status
+//! subresource, graceful delete and finalizers, `pods/binding`, and watch (from the watch
+//! cache). Every write runs the admission chain between defaulting and the store.
 //!
 //! Storage layout: `/registry/<plural>/<namespace>/<name>` for namespaced kinds and
 //! `/registry/<plural>/<name>` for cluster-scoped ones; values are the protobuf encoding of

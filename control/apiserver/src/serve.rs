@@ -3,6 +3,9 @@
 //! WebSocket, or HTTP/2 for gRPC and REST) with the connection's [`PeerIdentity`] in every
 //! request's extensions. Handshakes run in the connection's own task, bounded in time, so a
 //! slow or hostile client never holds up others.
+//!
+//! A client that trickles its request headers is cut off after
+//! `--request-header-timeout-seconds`.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -43,8 +43,8 @@ fn name_in(object: &[u8]) -> String {
         .unwrap_or_default()
 }
 
-/// What a call asks for, before the group is looked up.
-struct Call<'a> {
+/// What a gRPC call asks for, before the group is looked up.
+struct GrpcCall<'a> {
     verb: &'a str,
     resource: &'a str,
     subresource: &'a str,
@@ -64,7 +64,7 @@ impl ApiService {
 
     /// Authorizes a call as the REST API would the same request; `PERMISSION_DENIED` with
     /// kube-apiserver's message otherwise.
-    fn authorize<R>(&self, request: &Request<R>, call: Call<'_>) -> Result<(), Status> {
+    fn authorize<R>(&self, request: &Request<R>, call: GrpcCall<'_>) -> Result<(), Status> {
         if self.authorizer.is_none() {
             return Ok(());
         }
@@ -137,7 +137,7 @@ impl Api for ApiService {
     ) -> Result<Response<ObjectResponse>, Status> {
         self.authorize(
             &request,
-            Call {
+            GrpcCall {
                 verb: "create",
                 resource: &request.get_ref().resource,
                 subresource: "",
@@ -161,7 +161,7 @@ impl Api for ApiService {
         let g = request.get_ref();
         self.authorize(
             &request,
-            Call {
+            GrpcCall {
                 verb: "get",
                 resource: &g.resource,
                 subresource: "",
@@ -184,7 +184,7 @@ impl Api for ApiService {
         let l = request.get_ref();
         self.authorize(
             &request,
-            Call {
+            GrpcCall {
                 verb: "list",
                 resource: &l.resource,
                 subresource: "",
@@ -206,7 +206,7 @@ impl Api for ApiService {
         let u = request.get_ref();
         self.authorize(
             &request,
-            Call {
+            GrpcCall {
                 verb: "update",
                 resource: &u.resource,
                 subresource: &u.subresource,
@@ -235,7 +235,7 @@ impl Api for ApiService {
         let d = request.get_ref();
         self.authorize(
             &request,
-            Call {
+            GrpcCall {
                 verb: "delete",
                 resource: &d.resource,
                 subresource: "",
@@ -264,7 +264,7 @@ impl Api for ApiService {
         let w = request.get_ref();
         self.authorize(
             &request,
-            Call {
+            GrpcCall {
                 verb: "watch",
                 resource: &w.resource,
                 subresource: "",
@@ -295,7 +295,7 @@ impl Api for ApiService {
             .unwrap_or_default();
         self.authorize(
             &request,
-            Call {
+            GrpcCall {
                 verb: "create",
                 resource: Pod::INFO.plural,
                 subresource: "binding",

@@ -5,9 +5,13 @@
 //! (`Error::Api` with code and reason); `kube::runtime::watcher` and a small
 //! `kube::runtime::Controller` run against the real watch.
 //!
-//! Skiff has no ConfigMaps: Leases (`coordination.k8s.io/v1`, a plain namespaced object
-//! without status) take their place as the simple kind; Deployments are the typed kind with
-//! a strategic-merge container list.
+//! The watcher is checked with list-watch and streaming lists, and delivers every change
+//! exactly once, in order, from one of two API servers over one etcd while the other stops
+//! and etcd compacts. Status and scale subresources, metadata-only calls, deletecollection
+//! and discovery are covered too.
+//!
+//! Leases (`coordination.k8s.io/v1`, a plain namespaced object without status) are the
+//! simple kind; Deployments are the typed kind with a strategic-merge container list.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,

@@ -27,7 +27,7 @@ pub enum What {
 pub struct BpfOpts {
     pub what: What,
     pub node: Option<String>,
-    pub output: Option<top::Output>,
+    pub output: Option<top::JsonOutput>,
 }
 
 /// `cilium bpf lb list`-style rows: one per backend, the frontend only on its first row.
@@ -233,7 +233,7 @@ pub async fn run(client: &Client, opts: &BpfOpts) -> Result<ExitCode> {
 async fn show<T: BpfDump>(
     client: &Client,
     nodes: &[Node],
-    output: Option<top::Output>,
+    output: Option<top::JsonOutput>,
     render: fn(&[T]) -> Vec<String>,
 ) -> Result<ExitCode> {
     let mut failed = false;
@@ -253,7 +253,7 @@ async fn show<T: BpfDump>(
         }
     }
     let lines = match output {
-        Some(top::Output::Json) => vec![serde_json::to_string_pretty(&dumps)?],
+        Some(top::JsonOutput::Json) => vec![serde_json::to_string_pretty(&dumps)?],
         None => render(&dumps),
     };
     for l in lines {

@@ -17,9 +17,9 @@ use crate::table;
 use crate::{print_out, server_message};
 use skiff_api::columns::{self, name_of, namespace_of, str_at};
 
-/// `-o` formats.
+/// `-o` formats of `get`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Output {
+pub enum GetOutput {
     /// The table with more columns.
     Wide,
     Yaml,
@@ -33,7 +33,7 @@ pub struct GetOpts {
     pub targets: Vec<Target>,
     pub label_selector: String,
     pub field_selector: String,
-    pub output: Option<Output>,
+    pub output: Option<GetOutput>,
     pub watch: bool,
     pub show_labels: bool,
     pub namespace: String,
@@ -177,7 +177,7 @@ pub async fn run(client: &Client, opts: &GetOpts) -> Result<ExitCode> {
     let any_names = opts.targets.iter().any(|t| !t.names.is_empty());
     let total: usize = fetched.iter().map(|f| f.items.len()).sum();
     match opts.output {
-        Some(Output::Yaml) | Some(Output::Json) => {
+        Some(GetOutput::Yaml) | Some(GetOutput::Json) => {
             let single = opts.targets.len() == 1 && opts.targets[0].names.len() == 1;
             let mut all: Vec<Value> = fetched.into_iter().flat_map(|f| f.items).collect();
             let v = if single && all.len() == 1 {
@@ -187,21 +187,21 @@ pub async fn run(client: &Client, opts: &GetOpts) -> Result<ExitCode> {
             } else {
                 output::list(all)
             };
-            let text = if opts.output == Some(Output::Yaml) {
+            let text = if opts.output == Some(GetOutput::Yaml) {
                 output::to_yaml(&v)?
             } else {
                 output::to_json(&v)?
             };
             print_out(text.trim_end())?;
         }
-        Some(Output::Name) => {
+        Some(GetOutput::Name) => {
             for f in &fetched {
                 for o in &f.items {
                     print_out(&format!("{}/{}", kind_ref(f.kind.info()), name_of(o)))?;
                 }
             }
         }
-        None | Some(Output::Wide) => {
+        None | Some(GetOutput::Wide) => {
             let multi = opts.targets.len() > 1;
             let mut blocks = Vec::new();
             for f in fetched.iter().filter(|f| !f.items.is_empty()) {
@@ -230,7 +230,7 @@ fn exit(failed: bool) -> ExitCode {
 fn layout_for(opts: &GetOpts, kind: &'static dyn DynKind, multi: bool) -> Layout {
     Layout {
         kind: kind.info().kind,
-        wide: opts.output == Some(Output::Wide),
+        wide: opts.output == Some(GetOutput::Wide),
         namespace_column: opts.all_namespaces && kind.info().namespaced,
         show_labels: opts.show_labels,
         name_prefix: multi.then(|| format!("{}/", kind_ref(kind.info()))),
@@ -243,7 +243,7 @@ struct WatchPrinter {
     layout: Layout,
     /// `deployment.apps` for `-o name`.
     kind_ref: String,
-    output: Option<Output>,
+    output: Option<GetOutput>,
     widths: Option<Vec<usize>>,
 }
 
@@ -254,22 +254,22 @@ impl WatchPrinter {
         }
         let now = Utc::now();
         match self.output {
-            Some(Output::Yaml) => {
+            Some(GetOutput::Yaml) => {
                 for o in objs {
                     print_out(&format!("---\n{}", output::to_yaml(o)?.trim_end()))?;
                 }
             }
-            Some(Output::Json) => {
+            Some(GetOutput::Json) => {
                 for o in objs {
                     print_out(output::to_json(o)?.trim_end())?;
                 }
             }
-            Some(Output::Name) => {
+            Some(GetOutput::Name) => {
                 for o in objs {
                     print_out(&format!("{}/{}", self.kind_ref, name_of(o)))?;
                 }
             }
-            None | Some(Output::Wide) => {
+            None | Some(GetOutput::Wide) => {
                 let rows: Vec<Vec<String>> = objs.iter().map(|o| self.layout.row(o, now)).collect();
                 let widths = match &mut self.widths {
                     Some(w) => {

@@ -133,7 +133,7 @@ pub fn render(rows: &[ImageRow]) -> Vec<String> {
 pub async fn run(
     client: &Client,
     node: Option<&str>,
-    output: Option<top::Output>,
+    output: Option<top::JsonOutput>,
 ) -> Result<ExitCode> {
     let nodes = crate::bpf::nodes(client, node).await?;
     let pods = client
@@ -147,7 +147,7 @@ pub async fn run(
     }
     let rows: Vec<ImageRow> = by_node.into_values().flatten().collect();
     let lines = match output {
-        Some(top::Output::Json) => vec![serde_json::to_string_pretty(&rows)?],
+        Some(top::JsonOutput::Json) => vec![serde_json::to_string_pretty(&rows)?],
         None if rows.is_empty() => vec!["No images found.".to_string()],
         None => render(&rows),
     };

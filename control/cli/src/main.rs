@@ -1,4 +1,14 @@
 //! `skiff`: the command line of a Skiff cluster, in the style of kubectl.
+//!
+//! Commands: `apply` (every document of every file checked before anything is sent; a
+//! client-side three-way merge through the `skiff.io/last-applied-configuration` annotation,
+//! lists merged by position), `get` (tables, `-o wide|yaml|json|name`, `-w`), `describe`,
+//! `delete`, `create namespace`, `api-resources`, `scale` (compare-and-swap on
+//! `spec.replicas`, retried on conflict; `--current-replicas` checked on every read),
+//! `rollout`, `token`, `images`, and, read from the node agents (found through the API;
+//! cluster state still comes only from the API server): `logs`, `top pods`, `observe` and
+//! `bpf`. Pure formatting functions are unit-tested; the commands are tested against a real
+//! API server (`control/cli/tests/`).
 
 mod apply;
 mod bpf;
@@ -159,7 +169,7 @@ struct ImagesArgs {
     node: Option<String>,
     /// Output format (default: a table).
     #[arg(short = 'o', long, value_enum)]
-    output: Option<top::Output>,
+    output: Option<top::JsonOutput>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -197,7 +207,7 @@ struct ObserveArgs {
     node: Option<String>,
     /// Output format (default: a table; json: one JSON object per line).
     #[arg(short = 'o', long, value_enum)]
-    output: Option<top::Output>,
+    output: Option<top::JsonOutput>,
 }
 
 #[derive(Debug, Args)]
@@ -207,7 +217,7 @@ struct BpfArgs {
     node: Option<String>,
     /// Output format (default: a table).
     #[arg(short = 'o', long, value_enum)]
-    output: Option<top::Output>,
+    output: Option<top::JsonOutput>,
 }
 
 #[derive(Debug, Args)]
@@ -324,7 +334,7 @@ enum TopCommand {
     Pods {
         /// Output format (default: a table).
         #[arg(short = 'o', long, value_enum)]
-        output: Option<top::Output>,
+        output: Option<top::JsonOutput>,
     },
 }
 
@@ -353,7 +363,7 @@ struct GetArgs {
     field_selector: String,
     /// Output format.
     #[arg(short = 'o', long, value_enum)]
-    output: Option<get::Output>,
+    output: Option<get::GetOutput>,
     /// After listing, watch for changes (until Ctrl-C).
     #[arg(short = 'w', long)]
     watch: bool,
@@ -864,7 +874,7 @@ mod tests {
         assert!(matches!(
             c.command,
             Command::Top(TopCommand::Pods {
-                output: Some(top::Output::Json)
+                output: Some(top::JsonOutput::Json)
             })
         ));
     }

@@ -18,7 +18,7 @@ use crate::{bpf, print_out, top};
 pub struct ObserveOpts {
     pub query: FlowQuery,
     pub node: Option<String>,
-    pub output: Option<top::Output>,
+    pub output: Option<top::JsonOutput>,
 }
 
 /// The table's columns.
@@ -112,7 +112,7 @@ pub async fn run(client: &Client, opts: &ObserveOpts) -> Result<ExitCode> {
                     continue;
                 }
                 match opts.output {
-                    Some(top::Output::Json) => print_out(&text)?,
+                    Some(top::JsonOutput::Json) => print_out(&text)?,
                     None => print_out(&line(&record))?,
                 }
             }

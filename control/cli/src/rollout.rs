@@ -11,11 +11,12 @@ use chrono::{SecondsFormat, Utc};
 use futures::StreamExt;
 use skiff_api::Resource;
 use skiff_api::api::{Deployment, ReplicaSet};
+use skiff_api::wellknown::{
+    CHANGE_CAUSE, NOT_COPIED_ANNOTATIONS, POD_TEMPLATE_HASH, revision_of, templates_equal,
+};
+use skiff_client::controller::controller_of;
 use skiff_client::reflector::{Event, reflector};
-use skiff_client::runtime::controller_of;
 use skiff_client::{Client, ListParams};
-use skiff_controllers::deployment::{CHANGE_CAUSE, NOT_COPIED_ANNOTATIONS, revision_of};
-use skiff_controllers::util::{POD_TEMPLATE_HASH, templates_equal};
 
 use crate::resources::{object_ref, parse_targets};
 use crate::update::{self, retry_on_conflict};
@@ -486,7 +487,7 @@ mod tests {
     use skiff_api::api::{
         Condition, DeploymentSpec, DeploymentStatus, ObjectMeta, PodTemplateSpec, ReplicaSetSpec,
     };
-    use skiff_controllers::deployment::REVISION;
+    use skiff_api::wellknown::REVISION;
 
     fn deployment(generation: i64, replicas: i32, status: DeploymentStatus) -> Deployment {
         Deployment {

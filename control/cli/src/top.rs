@@ -22,15 +22,16 @@ use crate::{output, print_out, table};
 /// Time between the two CPU samples.
 pub const SAMPLE_WINDOW: Duration = Duration::from_secs(1);
 
+/// `-o` of the commands that print a table by default (`top`, `bpf`, `images`, `observe`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Output {
+pub enum JsonOutput {
     Json,
 }
 
 pub struct TopOpts {
     pub namespace: String,
     pub all_namespaces: bool,
-    pub output: Option<Output>,
+    pub output: Option<JsonOutput>,
 }
 
 /// One row of `top pods`, and its JSON form.
@@ -186,7 +187,7 @@ pub async fn run(client: &Client, opts: &TopOpts) -> Result<ExitCode> {
     }
     rows.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     match opts.output {
-        Some(Output::Json) => {
+        Some(JsonOutput::Json) => {
             let v = serde_json::to_value(&rows)?;
             print_out(output::to_json(&v)?.trim_end())?;
         }

@@ -15,12 +15,11 @@ use std::time::Duration;
 
 use skiff_api::Resource;
 use skiff_api::api::{Container, Deployment, ObjectMeta, Pod, PodSpec, ReplicaSet};
+use skiff_api::wellknown::{CHANGE_CAUSE, REVISION, templates_equal};
 use skiff_apiserver::ApiServerOptions;
-use skiff_client::runtime::CancelToken;
+use skiff_client::controller::CancelToken;
 use skiff_client::{Client, ListParams};
-use skiff_controllers::deployment::{CHANGE_CAUSE, REVISION};
 use skiff_controllers::manager::{self, ManagerConfig};
-use skiff_controllers::util::templates_equal;
 use skiff_testkit::kubelet::FakeKubelet;
 use skiff_testkit::{WAIT, eventually_blocking};
 

@@ -43,10 +43,10 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// The API servers and which one is in use. Cheap to clone; clones share the state.
 #[derive(Clone)]
 pub(crate) struct Failover {
-    shared: Arc<Shared>,
+    shared: Arc<ServerSet>,
 }
 
-struct Shared {
+struct ServerSet {
     servers: Vec<Server>,
     rotation: Mutex<Rotation>,
 }
@@ -76,7 +76,7 @@ impl Failover {
     pub(crate) fn new(servers: Vec<(String, Channel)>) -> Failover {
         let n = servers.len();
         Failover {
-            shared: Arc::new(Shared {
+            shared: Arc::new(ServerSet {
                 servers: servers
                     .into_iter()
                     .map(|(url, channel)| Server {
@@ -126,11 +126,11 @@ impl Failover {
         }
         let marked = self.rotation().failed(i, Instant::now());
         match marked {
-            Some(Backoff { delay, first: true }) => tracing::warn!(
+            Some(ServerBackoff { delay, first: true }) => tracing::warn!(
                 server = self.url(i), error = %error, retry_in = ?delay,
                 "API server unreachable; failing over to the next one"
             ),
-            Some(Backoff {
+            Some(ServerBackoff {
                 delay,
                 first: false,
             }) => tracing::debug!(
@@ -279,7 +279,7 @@ struct Health {
 
 /// A back-off a failure started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Backoff {
+struct ServerBackoff {
     delay: Duration,
     /// The server was healthy before.
     first: bool,
@@ -334,7 +334,7 @@ impl Rotation {
 
     /// Server `i` failed: the back-off it starts, or `None` when it is in one already (other
     /// requests that failed in the same outage).
-    fn failed(&mut self, i: usize, now: Instant) -> Option<Backoff> {
+    fn failed(&mut self, i: usize, now: Instant) -> Option<ServerBackoff> {
         if !self.usable(i, now) {
             return None;
         }
@@ -343,7 +343,7 @@ impl Rotation {
         // 2^5 s is past the cap already.
         let delay = (FIRST_BACKOFF * (1 << (h.failures - 1).min(5))).min(MAX_BACKOFF);
         h.until = Some(now + delay);
-        Some(Backoff {
+        Some(ServerBackoff {
             delay,
             first: h.failures == 1,
         })
@@ -372,7 +372,7 @@ mod tests {
         assert_eq!(r.pick(t0), 0, "the current server stays while healthy");
         assert_eq!(
             r.failed(0, t0),
-            Some(Backoff {
+            Some(ServerBackoff {
                 delay: S,
                 first: true
             })

@@ -23,18 +23,27 @@
 //! - [`node_lease`]: node heartbeats as Leases in `kube-node-lease`.
 //! - [`reflector`]: list + watch (resumed from its revision after a failure) + relist when
 //!   expired, the one way components observe the cluster.
-//! - [`node_api`]: the node agents' read-only HTTP API (container logs, stats), found through
+//! - [`node_api`]: the node agents' HTTP API (logs, stats, exec, BPF maps), found through
 //!   the API server ([`node_api::AgentEndpoint`]).
+//! - [`controller`]: what every controller and the scheduler are built from: level-triggered
+//!   reconcilers over reflectors (informers, work queue, reconcile loop, leader election,
+//!   events), modelled on kube-rs' `runtime`; [`controller::terminated`] is the one way
+//!   components wait for SIGTERM or SIGINT.
+//! - `rest`: the few REST calls gRPC does not carry (TokenRequest for projected token
+//!   volumes, the metrics API, snapshot downloads streamed to a file).
+//!
+//! The client reaches only the API server, and the node agents' API for logs, stats, exec,
+//! port forwarding and BPF maps; never the Store.
 
 pub mod api;
 pub mod config;
+pub mod controller;
 pub mod error;
 mod failover;
 pub mod node_api;
 pub mod node_lease;
 pub mod reflector;
 mod rest;
-pub mod runtime;
 
 pub use api::{
     Api, Client, DeleteParams, DynamicApi, ListParams, ObjectList, Preconditions,

@@ -1,4 +1,5 @@
-//! The node agent's HTTP API: container logs, resource stats, and exec.
+//! The node agent's HTTP API: container logs, resource stats, exec, port forwarding, the
+//! data path's maps and flow records.
 //!
 //! Every node agent (`skiff-node run`) serves, on loopback by default:
 //!
@@ -14,6 +15,11 @@
 //!   `GET /bpf/pods`: the pod fast path's endpoints and counters ([`BpfPods`]);
 //!   `GET /bpf/conntrack`: the NodePort conntrack map ([`BpfConntrack`]). All through
 //!   [`AgentEndpoint::bpf`].
+//! - `POST /portforward/{namespace}/{pod}/{port}` with `Upgrade: skiff-portforward`: a byte
+//!   tunnel to `localhost:<port>` inside the pod's network namespace
+//!   ([`AgentEndpoint::port_forward`]; a refused port is a 502 before the upgrade).
+//! - `GET /flows`: the node's flow records as JSON lines ([`FlowQuery`] filters;
+//!   `follow=true` streams), what `skiff observe` merges.
 //! - `GET /metrics`: the same numbers for Prometheus (OpenMetrics text format;
 //!   scraped, not read by this client).
 //!
@@ -24,7 +30,7 @@
 //! The address used is `127.0.0.1:<port>`: the agent listens on loopback, so this reaches it
 //! only from the machine it runs on, which is what single-machine clusters need. A
 //! multi-machine cluster needs agents that listen on the node's InternalIP and a client that
-//! dials that address instead (not implemented yet).
+//! dials that address instead (not built).
 //!
 //! The agent speaks TLS with a self-signed certificate it keeps in its state directory and
 //! publishes the certificate's SHA-256 in its Node's annotation [`SERVING_CERT_ANNOTATION`]

@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use skiff_api::api::{Lease, LeaseSpec, ObjectMeta};
 
-use crate::runtime::time;
+use crate::controller::time;
 use crate::{Client, ClientError};
 
 /// Where node Leases live (one per node, named after it).

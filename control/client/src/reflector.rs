@@ -30,16 +30,16 @@ pub enum Event<T> {
 
 /// Back-off between failed attempts: 100 ms doubling to 30 s.
 #[derive(Debug, Clone)]
-struct Backoff {
+struct RetryBackoff {
     next: Duration,
 }
 
-impl Backoff {
+impl RetryBackoff {
     const FIRST: Duration = Duration::from_millis(100);
     const MAX: Duration = Duration::from_secs(30);
 
     fn new() -> Self {
-        Backoff { next: Self::FIRST }
+        RetryBackoff { next: Self::FIRST }
     }
 
     fn reset(&mut self) {
@@ -76,7 +76,7 @@ impl<T> fmt::Debug for Phase<T> {
 /// timeout), else the error. Only an expired revision lists again; after any other error the
 /// watch resumes from `rv` once the back-off has passed (the list it would take instead
 /// would emit [`Event::Restarted`] for nothing).
-fn after_watch<T>(end: Option<&ClientError>, rv: String, backoff: &mut Backoff) -> Phase<T> {
+fn after_watch<T>(end: Option<&ClientError>, rv: String, backoff: &mut RetryBackoff) -> Phase<T> {
     match end {
         None => Phase::Watch(rv),
         Some(ClientError::Expired { .. }) => Phase::List,
@@ -84,20 +84,20 @@ fn after_watch<T>(end: Option<&ClientError>, rv: String, backoff: &mut Backoff) 
     }
 }
 
-struct State<T> {
+struct ReflectorState<T> {
     api: Api<T>,
     lp: ListParams,
     phase: Phase<T>,
-    backoff: Backoff,
+    backoff: RetryBackoff,
 }
 
 /// Observes the objects `api` and `lp` select, forever.
 pub fn reflector<T: Resource>(api: Api<T>, lp: ListParams) -> impl Stream<Item = Event<T>> {
-    let state = State {
+    let state = ReflectorState {
         api,
         lp,
         phase: Phase::List,
-        backoff: Backoff::new(),
+        backoff: RetryBackoff::new(),
     };
     futures::stream::unfold(state, |mut s| async move {
         loop {
@@ -271,7 +271,7 @@ mod tests {
 
     #[test]
     fn backoff_doubles_and_caps() {
-        let mut b = Backoff::new();
+        let mut b = RetryBackoff::new();
         let steps: Vec<_> = (0..12).map(|_| b.step()).collect();
         assert_eq!(steps[0], Duration::from_millis(100));
         assert_eq!(steps[1], Duration::from_millis(200));
@@ -287,7 +287,7 @@ mod tests {
 
     #[test]
     fn a_failed_watch_resumes_from_its_revision_without_relisting() {
-        let mut b = Backoff::new();
+        let mut b = RetryBackoff::new();
         let unreachable = ClientError::Unreachable {
             endpoint: "http://a:1".into(),
             reason: "connection refused".into(),
@@ -317,7 +317,7 @@ mod tests {
             code: tonic::Code::Unavailable,
             message: "the API server is shutting down".into(),
         };
-        let mut b = Backoff::new();
+        let mut b = RetryBackoff::new();
         b.step();
         assert_eq!(
             trace(&after_watch::<Pod>(
@@ -331,7 +331,7 @@ mod tests {
 
     #[test]
     fn only_an_expired_watch_relists() {
-        let mut b = Backoff::new();
+        let mut b = RetryBackoff::new();
         let expired = ClientError::Expired {
             message: "too old resource version: 3 (10)".into(),
         };

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use skiff_api::Resource;
 use skiff_client::Client;
-use skiff_client::runtime::{
+use skiff_client::controller::{
     Action, CancelToken, Change, Controller, EventRecorder, EventType, Informer, Informers,
     ObjectKey, Reconciler, Subscription, WorkQueue,
 };
@@ -46,11 +46,11 @@ struct Entry {
     /// What that state holds.
     observed: BTreeSet<Claim>,
     /// Values handed out by us that the informer does not show yet.
-    pending: Option<Pending>,
+    pending: Option<PendingWrite>,
 }
 
 #[derive(Debug)]
-struct Pending {
+struct PendingWrite {
     /// resourceVersion of our write; `u64::MAX` while it is in flight.
     revision: u64,
     claims: BTreeSet<Claim>,
@@ -238,7 +238,7 @@ impl<T: Resource> Ledger<T> {
             .entry((pool, value))
             .or_default()
             .insert(key.clone());
-        let pending = self.entry(key).pending.get_or_insert_with(|| Pending {
+        let pending = self.entry(key).pending.get_or_insert_with(|| PendingWrite {
             revision: u64::MAX,
             claims: BTreeSet::new(),
         });
@@ -305,16 +305,16 @@ impl<T: Resource> Ledger<T> {
 
 /// What an allocator decided for one object.
 #[derive(Debug)]
-pub struct Plan<T> {
+pub struct Allocation<T> {
     /// The object with its new values, to write with an update (`None`: nothing to write).
     pub update: Option<T>,
     /// Events about the object: type, reason, message.
     pub events: Vec<(EventType, &'static str, String)>,
 }
 
-impl<T> Default for Plan<T> {
+impl<T> Default for Allocation<T> {
     fn default() -> Self {
-        Plan {
+        Allocation {
             update: None,
             events: Vec::new(),
         }
@@ -344,7 +344,7 @@ pub trait Policy: Send + Sync + 'static {
         ledger: &mut Ledger<Self::Object>,
         key: &ObjectKey,
         obj: &Self::Object,
-    ) -> Plan<Self::Object>;
+    ) -> Allocation<Self::Object>;
 }
 
 /// The reconciler of an allocator: one [`Ledger`] behind a lock, a [`Policy`].

@@ -15,7 +15,7 @@ use skiff_api::api::{
     CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestStatus,
 };
 use skiff_client::Client;
-use skiff_client::runtime::{
+use skiff_client::controller::{
     Action, CancelToken, Controller, Informer, Informers, ObjectKey, Reconciler,
 };
 use skiff_pki::{Ca, LeafSpec, RequestInfo, Usage};

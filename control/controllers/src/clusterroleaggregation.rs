@@ -5,7 +5,8 @@
 //! wakes every aggregated ClusterRole whose selectors match its old or new labels.
 //!
 //! Selectors are read as the API server's authorizer reads them when it lends aggregated
-//! rules: an empty or invalid selector matches nothing.
+//! rules: an empty or invalid selector matches nothing. The manager holds `escalate` on
+//! ClusterRoles, as Kubernetes grants its aggregation controller.
 
 use std::sync::Arc;
 
@@ -13,7 +14,7 @@ use skiff_api::Resource;
 use skiff_api::api::{ClusterRole, PolicyRule};
 use skiff_api::selector::Selector;
 use skiff_client::Client;
-use skiff_client::runtime::{
+use skiff_client::controller::{
     Action, CancelToken, Controller, Informer, Informers, ObjectKey, Reconciler,
 };
 

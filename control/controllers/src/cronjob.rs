@@ -20,7 +20,7 @@ use chrono::{DateTime, Utc};
 use skiff_api::Resource;
 use skiff_api::api::{CronJob, CronJobStatus, Job, ObjectMeta, ObjectReference};
 use skiff_api::schedule::Schedule;
-use skiff_client::runtime::{
+use skiff_client::controller::{
     Action, CancelToken, Controller, EventRecorder, EventType, Informer, Informers, ObjectKey,
     Reconciler, controller_of,
 };
@@ -42,7 +42,7 @@ pub fn job_name(cj: &CronJob, t: DateTime<Utc>) -> String {
 
 /// What one reconcile does.
 #[derive(Debug, Default, Clone, PartialEq)]
-pub struct Plan {
+pub struct CronJobPlan {
     /// The scheduled time to create a Job for.
     pub create: Option<DateTime<Utc>>,
     /// Jobs to delete (Replace, history), by name.
@@ -74,9 +74,14 @@ fn finished_time(j: &Job) -> String {
 }
 
 /// The planner (pure): the CronJob, the Jobs it owns, its parsed schedule, at `now`.
-pub fn plan(cj: &CronJob, jobs: &[Arc<Job>], schedule: &Schedule, now: DateTime<Utc>) -> Plan {
+pub fn plan(
+    cj: &CronJob,
+    jobs: &[Arc<Job>],
+    schedule: &Schedule,
+    now: DateTime<Utc>,
+) -> CronJobPlan {
     let spec = cj.spec.clone().unwrap_or_default();
-    let mut out = Plan {
+    let mut out = CronJobPlan {
         status: cj.status.clone().unwrap_or_default(),
         ..Default::default()
     };

@@ -31,7 +31,7 @@ use skiff_api::api::{
     Affinity, DaemonSet, DaemonSetStatus, Node, NodeAffinity, NodeSelector,
     NodeSelectorRequirement, NodeSelectorTerm, ObjectMeta, Pod, PodSpec, Toleration,
 };
-use skiff_client::runtime::{
+use skiff_client::controller::{
     Action, CancelToken, Controller, EventRecorder, Informer, Informers, ObjectKey, Reconciler,
 };
 
@@ -187,7 +187,7 @@ pub struct NodeState {
 
 /// What one reconcile does: nodes to create a pod on, pods to delete.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Plan {
+pub struct DaemonSetPlan {
     pub create: Vec<String>,
     pub delete: Vec<String>,
 }
@@ -219,8 +219,8 @@ pub fn plan(
     update: Update,
     min_ready_seconds: i32,
     now: DateTime<Utc>,
-) -> Plan {
-    let mut out = Plan::default();
+) -> DaemonSetPlan {
+    let mut out = DaemonSetPlan::default();
     let available = |p: &Pod| is_pod_available(p, min_ready_seconds, now);
     let surge_allowed = matches!(update, Update::Rolling { surge, .. } if surge > 0);
     for n in nodes {
@@ -522,7 +522,7 @@ impl Reconciler for DaemonSetController {
                 }
             };
             let plan = plan(&nodes, &hash, update, spec.min_ready_seconds, now);
-            if plan != Plan::default() {
+            if plan != DaemonSetPlan::default() {
                 tracing::debug!(daemonset = %key, create = ?plan.create, delete = ?plan.delete, "daemon pods");
                 let create: Vec<Pod> = plan
                     .create
@@ -711,7 +711,7 @@ mod tests {
                 .any(|t| t.key == "node.kubernetes.io/unreachable")
         );
         assert_eq!(
-            skiff_client::runtime::controller_of(&p).map(|o| o.uid.as_str()),
+            skiff_client::controller::controller_of(&p).map(|o| o.uid.as_str()),
             Some("u1")
         );
     }
@@ -799,7 +799,7 @@ mod tests {
         let mut next = nodes.clone();
         next[0].pods.push(pod("new0", "v2", None));
         let p = plan(&next, "v2", update, 0, Utc::now());
-        assert_eq!(p, Plan::default(), "waits for the new pod");
+        assert_eq!(p, DaemonSetPlan::default(), "waits for the new pod");
         next[0].pods[1] = pod("new0", "v2", Some(1));
         let p = plan(&next, "v2", update, 0, Utc::now());
         assert_eq!(p.delete, ["old0"]);

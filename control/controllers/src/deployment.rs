@@ -18,7 +18,10 @@
 //!
 //! ReplicaSets carry `deployment.kubernetes.io/revision` (the newest gets the highest; a
 //! rollback to an old template re-numbers that ReplicaSet); old ReplicaSets scaled to 0 beyond
-//! `revisionHistoryLimit` are deleted once a rollout is complete.
+//! `revisionHistoryLimit` are deleted once a rollout is complete. The Deployment's annotations
+//! (e.g. `kubernetes.io/change-cause`) are copied to its new ReplicaSet, except
+//! [`NOT_COPIED_ANNOTATIONS`]; scaling is reported as `ScalingReplicaSet` events. The revision
+//! and annotation rules live in [`skiff_api::wellknown`], which `skiff rollout` uses too.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -31,39 +34,22 @@ use skiff_api::api::{
     ReplicaSetSpec,
 };
 use skiff_api::selector::Selector;
-use skiff_client::runtime::{
+use skiff_client::controller::{
     Action, CancelToken, Controller, EventRecorder, EventType, Informer, Informers, ObjectKey,
     Reconciler, controller_of,
 };
 use skiff_client::{Client, DeleteParams};
 
+use skiff_api::wellknown::{
+    DESIRED_REPLICAS, MAX_REPLICAS, NOT_COPIED_ANNOTATIONS, POD_TEMPLATE_HASH, REVISION,
+    revision_of, templates_equal,
+};
+
 use crate::util::{
-    self, POD_TEMPLATE_HASH, annotation, controller_ref, format_time, is_terminating, labels,
-    parse_time, pod_template_hash, resolve_fenceposts, templates_equal, workload_selector,
+    self, annotation, controller_ref, format_time, is_terminating, labels, parse_time,
+    pod_template_hash, resolve_fenceposts, workload_selector,
 };
 use crate::{Context, Error};
-
-/// The revision of a ReplicaSet (and of its Deployment: the revision of the new one).
-pub const REVISION: &str = "deployment.kubernetes.io/revision";
-/// The Deployment's `replicas` when the controller last scaled a ReplicaSet.
-pub const DESIRED_REPLICAS: &str = "deployment.kubernetes.io/desired-replicas";
-/// `replicas + maxSurge` when the controller last scaled a ReplicaSet.
-pub const MAX_REPLICAS: &str = "deployment.kubernetes.io/max-replicas";
-/// Why the template was changed (set by the user); copied to the ReplicaSet of that template,
-/// where `skiff rollout history` reads it.
-pub const CHANGE_CAUSE: &str = "kubernetes.io/change-cause";
-/// Annotations that belong to one object and are not copied between a Deployment and its
-/// ReplicaSets (neither by the controller nor by a rollback), as Kubernetes'
-/// `annotationsToSkip`, plus Skiff's own last-applied annotation.
-pub const NOT_COPIED_ANNOTATIONS: &[&str] = &[
-    REVISION,
-    DESIRED_REPLICAS,
-    MAX_REPLICAS,
-    "deployment.kubernetes.io/revision-history",
-    "deprecated.deployment.rollback.to",
-    "kubectl.kubernetes.io/last-applied-configuration",
-    "skiff.io/last-applied-configuration",
-];
 
 /// Copies `d`'s annotations (except [`NOT_COPIED_ANNOTATIONS`]) onto `rs`, as the
 /// Kubernetes controller does for the new ReplicaSet; returns whether `rs` changed.
@@ -110,12 +96,6 @@ fn available_lower_bound(rs: &ReplicaSet) -> i32 {
         .unwrap_or(0)
         .min(rs_replicas(rs))
         .max(0)
-}
-
-pub fn revision_of<T: Resource>(o: &T) -> i64 {
-    annotation(o, REVISION)
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(0)
 }
 
 fn d_replicas(d: &Deployment) -> i32 {
@@ -1085,6 +1065,7 @@ impl Reconciler for DeploymentController {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use skiff_api::wellknown::CHANGE_CAUSE;
 
     fn with_annotations<T: Resource + Default>(pairs: &[(&str, &str)]) -> T {
         let mut o = T::default();

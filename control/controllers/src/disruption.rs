@@ -4,8 +4,10 @@
 //! For a budget: the pods its selector picks in its namespace (an empty selector picks them
 //! all, as in policy/v1); `expectedPods` is their number for an integer `minAvailable`, else
 //! the scale of their controllers (a Deployment's replicas for its ReplicaSets' pods, a
-//! ReplicaSet's or StatefulSet's replicas, a DaemonSet's desired count); `desiredHealthy` is `minAvailable` (a
-//! percentage rounded up) or expected minus `maxUnavailable` (rounded up);
+//! ReplicaSet's or StatefulSet's replicas, a DaemonSet's desired count; an orphan or an
+//! unknown controller is `CalculateExpectedPodCountFailed`, nothing allowed); `desiredHealthy`
+//! is `minAvailable` (a percentage rounded up) or expected minus `maxUnavailable` (rounded
+//! up);
 //! `currentHealthy` counts the ready pods not being deleted and not just evicted
 //! (`disruptedPods`, kept until the pod is seen going, at most 2 minutes);
 //! `disruptionsAllowed` is the difference, never negative, with the `DisruptionAllowed`
@@ -23,7 +25,7 @@ use skiff_api::api::{
 };
 use skiff_api::selector::Selector;
 use skiff_client::Client;
-use skiff_client::runtime::{
+use skiff_client::controller::{
     Action, CancelToken, Controller, EventRecorder, EventType, Informer, Informers, ObjectKey,
     Reconciler, controller_of,
 };

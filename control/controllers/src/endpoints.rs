@@ -29,7 +29,7 @@ use skiff_api::api::{
     Service, ServicePort,
 };
 use skiff_api::selector::{Requirement, Selector};
-use skiff_client::runtime::{
+use skiff_client::controller::{
     Action, CancelToken, Controller, EventRecorder, EventType, Informer, Informers, ObjectKey,
     Reconciler, controller_of,
 };

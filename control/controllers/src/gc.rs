@@ -4,7 +4,8 @@
 //! The object graph is the shared informers of every kind that can own or be owned
 //! ([`GraphKind`], one generic implementation instantiated per kind); an owner's dependents
 //! are the objects whose ownerReferences name its uid (the informers' `ownerRef` index). One
-//! [`Collector<T>`] per kind runs on the shared runtime; its key is an object of that kind:
+//! [`Collector<T>`] per kind runs as a controller over the shared informers; its key is an
+//! object of that kind:
 //!
 //! - **Dependents** (objects with ownerReferences, not being deleted): each owner is
 //!   *solid* (exists with the referenced uid), *waiting* (exists, being deleted in the
@@ -39,7 +40,7 @@ use skiff_api::api::{
     Service, StatefulSet,
 };
 use skiff_api::{FOREGROUND_FINALIZER, KindInfo, ORPHAN_FINALIZER, Resource};
-use skiff_client::runtime::{
+use skiff_client::controller::{
     Action, CancelToken, Controller, EventRecorder, EventType, Informer, Informers, ObjectKey,
     Reconciler,
 };

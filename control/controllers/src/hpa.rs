@@ -13,8 +13,11 @@
 //! or Percent per period, measured from the count at the start of the period as the scale
 //! events of this controller tell it; `selectPolicy` Max, Min or Disabled; Kubernetes'
 //! defaults: up by max(4 pods, 100%) per 15 s, down by 100% per 15 s) and kept within
-//! min/maxReplicas. Not built: Pods / Object / External metrics, the special handling of
-//! unready and unmeasured pods.
+//! min/maxReplicas (the `ScalingLimited` condition says which bound). Then the target's
+//! `spec.replicas` is updated, with a `SuccessfulRescale` event and the status's current
+//! metrics and conditions. Scale events are kept in memory: a new leader starts with none, as
+//! kube-controller-manager does. Not built: Pods / Object / External metrics, the special
+//! handling of unready and unmeasured pods.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -29,7 +32,7 @@ use skiff_api::api::{
 };
 use skiff_api::selector::Selector;
 use skiff_client::Client;
-use skiff_client::runtime::{
+use skiff_client::controller::{
     Action, CancelToken, Controller, EventRecorder, EventType, Informer, Informers, ObjectKey,
     Reconciler,
 };

@@ -31,7 +31,7 @@ use skiff_api::Resource;
 use skiff_api::api::{
     Condition, EnvVar, EnvVarSource, Job, JobStatus, ObjectFieldSelector, ObjectMeta, Pod,
 };
-use skiff_client::runtime::{
+use skiff_client::controller::{
     Action, CancelToken, Controller, EventRecorder, EventType, Informer, Informers, ObjectKey,
     Reconciler,
 };
@@ -152,7 +152,7 @@ fn finished_at(p: &Pod) -> Option<DateTime<Utc>> {
 
 /// What one reconcile does.
 #[derive(Debug, Default, Clone, PartialEq)]
-pub struct Plan {
+pub struct JobPlan {
     /// Pods to create: `None` for a NonIndexed pod, `Some(i)` for index `i`.
     pub create: Vec<Option<i32>>,
     /// Pods to delete, by name.
@@ -192,10 +192,10 @@ pub fn is_finished(job: &Job) -> bool {
 }
 
 /// The planner (pure): the Job's pods (owned, every phase) at `now`.
-pub fn plan(job: &Job, pods: &[Arc<Pod>], now: DateTime<Utc>) -> Plan {
+pub fn plan(job: &Job, pods: &[Arc<Pod>], now: DateTime<Utc>) -> JobPlan {
     let spec = job.spec.clone().unwrap_or_default();
     let mut status = job.status.clone().unwrap_or_default();
-    let mut out = Plan::default();
+    let mut out = JobPlan::default();
     let indexed = spec.completion_mode.as_deref() == Some("Indexed");
     let suspended = spec.suspend == Some(true);
     let live: Vec<&Arc<Pod>> = pods.iter().filter(|p| !is_terminating(&***p)).collect();

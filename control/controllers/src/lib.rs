@@ -1,6 +1,5 @@
-//! The Skiff controller manager's controllers, all built on the one controller runtime of
-//! [`skiff_client::runtime`] (shared informers, work queue, reconcile loop, leader election,
-//! events).
+//! The Skiff controller manager's controllers, all built on [`skiff_client::controller`]
+//! (shared informers, work queue, reconcile loop, leader election, events).
 //!
 //! - [`replicaset`]: keeps `spec.replicas` pods of each ReplicaSet (creates from the
 //!   template, deletes the excess, adopts orphans, releases pods it no longer selects) and
@@ -43,11 +42,21 @@
 //!   pods that do not tolerate a NoExecute taint (or only for `tolerationSeconds`).
 //! - [`clusterroleaggregation`]: fills the `rules` of every ClusterRole with an
 //!   `aggregationRule` with the rules of the ClusterRoles its selectors match.
-//! - [`manager`]: runs the enabled controllers in one process, under leader election.
+//! - [`serviceaccount`], [`rootca`], [`certificates`], [`volumes`]: a `default`
+//!   ServiceAccount and the `kube-root-ca.crt` ConfigMap in every namespace; approving and
+//!   signing CertificateSigningRequests; binding PersistentVolumeClaims, with a local-path
+//!   provisioner.
+//! - [`manager`]: runs the enabled controllers in one process (`--controllers`), under
+//!   leader election through a Lease (`--leader-elect`, default on).
 //!
 //! Controllers read only from informers and write only through the API server; every
 //! decision is recomputed from the current state (level-triggered), so a controller can be
 //! restarted, or lose its leadership, at any point.
+//!
+//! No controller talks to anything but the API server, keeps its own copy of controller logic,
+//! writes `Ready=True` or other node status the agent owns, allocates inside the API server
+//! (which only validates, keeps allocated values on update and refuses a changed clusterIP),
+//! deletes on the cache's word alone, or touches a namespace that is not terminating.
 
 pub mod allocator;
 pub mod certificates;
@@ -74,7 +83,7 @@ pub mod statefulset;
 pub mod util;
 pub mod volumes;
 
-use skiff_client::runtime::EventRecorder;
+use skiff_client::controller::EventRecorder;
 use skiff_client::{Client, ClientError};
 
 /// Why a reconcile failed (the key is retried with back-off).

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{ArgAction, Parser};
-use skiff_client::runtime::{CancelToken, LeaderElectionConfig};
+use skiff_client::controller::{CancelToken, LeaderElectionConfig};
 use skiff_client::{Client, ClientConfig};
 use skiff_controllers::manager::{self, COMPONENT, ManagerConfig, parse_controllers};
 use skiff_controllers::nodelifecycle::NodeLifecycleConfig;
@@ -162,7 +162,7 @@ async fn run(args: Args) -> Result<()> {
     tokio::spawn({
         let shutdown = shutdown.clone();
         async move {
-            if let Err(e) = skiff_client::runtime::terminated().await {
+            if let Err(e) = skiff_client::controller::terminated().await {
                 tracing::error!(error = %e, "cannot watch for SIGTERM/SIGINT");
             }
             tracing::info!("shutting down");

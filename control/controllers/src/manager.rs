@@ -7,7 +7,7 @@ use std::str::FromStr;
 
 use futures::future::join_all;
 use skiff_client::Client;
-use skiff_client::runtime::{
+use skiff_client::controller::{
     CancelToken, EventRecorder, Informers, LeaderElectionConfig, LeaderElectionError, LeaderElector,
 };
 

@@ -21,7 +21,7 @@ use std::time::Duration;
 use chrono::Utc;
 use skiff_api::Resource;
 use skiff_api::api::{Condition, Namespace, ObjectMeta};
-use skiff_client::runtime::{
+use skiff_client::controller::{
     Action, CancelToken, Controller, EventRecorder, EventType, Informer, Informers, ObjectKey,
     Reconciler,
 };

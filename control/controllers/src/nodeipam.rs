@@ -11,9 +11,9 @@
 use std::collections::BTreeSet;
 
 use skiff_api::api::Node;
-use skiff_client::runtime::{CancelToken, EventRecorder, EventType, Informers, ObjectKey};
+use skiff_client::controller::{CancelToken, EventRecorder, EventType, Informers, ObjectKey};
 
-use crate::allocator::{Allocator, Claim, Ledger, Plan, Policy};
+use crate::allocator::{Allocation, Allocator, Claim, Ledger, Policy};
 use crate::ranges::{CidrBlocks, Ipv4Cidr, RangeAllocator};
 
 const BLOCKS: usize = 0;
@@ -44,8 +44,8 @@ impl Policy for PodCidrs {
             .collect()
     }
 
-    fn plan(&self, ledger: &mut Ledger<Node>, key: &ObjectKey, node: &Node) -> Plan<Node> {
-        let mut plan = Plan::default();
+    fn plan(&self, ledger: &mut Ledger<Node>, key: &ObjectKey, node: &Node) -> Allocation<Node> {
+        let mut plan = Allocation::default();
         let has_cidr = node
             .spec
             .as_ref()
@@ -96,7 +96,7 @@ pub async fn run(
 mod tests {
     use super::*;
     use skiff_api::api::{NodeSpec, ObjectMeta};
-    use skiff_client::runtime::Change;
+    use skiff_client::controller::Change;
     use std::sync::Arc;
 
     fn node(name: &str, cidr: &str) -> Node {
@@ -118,7 +118,7 @@ mod tests {
         }
     }
 
-    fn plan(l: &mut Ledger<Node>, p: PodCidrs, n: &Node) -> Plan<Node> {
+    fn plan(l: &mut Ledger<Node>, p: PodCidrs, n: &Node) -> Allocation<Node> {
         l.apply(&Change::Added(Arc::new(n.clone())), &mut BTreeSet::new());
         p.plan(l, &ObjectKey::of(n), n)
     }
@@ -138,7 +138,7 @@ mod tests {
                 .update
                 .is_none()
         );
-        let cidr = |pl: Plan<Node>| {
+        let cidr = |pl: Allocation<Node>| {
             pl.update
                 .and_then(|n| n.spec)
                 .map(|s| (s.pod_cidr, s.pod_cidrs))

@@ -42,7 +42,7 @@ use skiff_api::api::{Condition, Lease, Node, NodeStatus, Pod, Taint};
 use skiff_api::taints::{
     self, NO_EXECUTE, NO_SCHEDULE, TAINT_NOT_READY, TAINT_UNREACHABLE, Tolerance,
 };
-use skiff_client::runtime::{
+use skiff_client::controller::{
     Action, CancelToken, Controller, EventRecorder, EventType, Informer, Informers, ObjectKey,
     Reconciler,
 };
@@ -128,7 +128,7 @@ impl NodeLifecycleConfig {
 
 /// What the controller remembers about one node (lost on restart, by design).
 #[derive(Debug)]
-struct NodeState {
+struct ObservedNode {
     /// The lease `renewTime` and `Ready` `lastHeartbeatTime` last seen.
     renew_time: Option<String>,
     heartbeat: Option<String>,
@@ -280,7 +280,7 @@ pub struct NodeLifecycleController {
     nodes: Informer<Node>,
     leases: Informer<Lease>,
     pods: Informer<Pod>,
-    state: Mutex<HashMap<String, NodeState>>,
+    state: Mutex<HashMap<String, ObservedNode>>,
 }
 
 impl std::fmt::Debug for NodeLifecycleController {
@@ -358,9 +358,9 @@ impl NodeLifecycleController {
             .await;
     }
 
-    fn with_state<R>(&self, node: &str, f: impl FnOnce(&mut NodeState) -> R) -> R {
+    fn with_state<R>(&self, node: &str, f: impl FnOnce(&mut ObservedNode) -> R) -> R {
         let mut map = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let state = map.entry(node.to_string()).or_insert_with(|| NodeState {
+        let state = map.entry(node.to_string()).or_insert_with(|| ObservedNode {
             renew_time: None,
             heartbeat: None,
             observed_at: Instant::now(),

@@ -11,7 +11,7 @@ use std::time::Duration;
 use skiff_api::Resource;
 use skiff_api::api::{LabelSelector, Pod};
 use skiff_api::selector::Selector;
-use skiff_client::runtime::{EventRecorder, EventType, Informer, ObjectKey, controller_of};
+use skiff_client::controller::{EventRecorder, EventType, Informer, ObjectKey, controller_of};
 use skiff_client::{Client, DeleteParams};
 use tokio::time::Instant;
 
@@ -22,7 +22,7 @@ use crate::{Context, Error};
 const EXPECTATIONS_TIMEOUT: Duration = Duration::from_secs(120);
 
 #[derive(Debug)]
-struct Pending {
+struct KeyExpectations {
     /// Pods created, by name, with the resourceVersion the create returned.
     creates: HashMap<String, u64>,
     /// Pods deleted, by name.
@@ -33,13 +33,13 @@ struct Pending {
 /// The creates and deletes each owner (ReplicaSet, DaemonSet) is waiting to see in the pod informer.
 #[derive(Debug, Default)]
 pub struct Expectations {
-    pending: Mutex<HashMap<ObjectKey, Pending>>,
+    pending: Mutex<HashMap<ObjectKey, KeyExpectations>>,
 }
 
 impl Expectations {
-    fn with<R>(&self, key: &ObjectKey, f: impl FnOnce(&mut Pending) -> R) -> R {
+    fn with<R>(&self, key: &ObjectKey, f: impl FnOnce(&mut KeyExpectations) -> R) -> R {
         let mut map = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        let p = map.entry(key.clone()).or_insert_with(|| Pending {
+        let p = map.entry(key.clone()).or_insert_with(|| KeyExpectations {
             creates: HashMap::new(),
             deletes: HashSet::new(),
             since: Instant::now(),

@@ -17,7 +17,7 @@ use chrono::Utc;
 use futures::future::join_all;
 use skiff_api::Resource;
 use skiff_api::api::{Condition, ObjectMeta, Pod, ReplicaSet, ReplicaSetStatus};
-use skiff_client::runtime::{
+use skiff_client::controller::{
     Action, CancelToken, Controller, EventRecorder, Informer, Informers, ObjectKey, Reconciler,
 };
 

@@ -1,8 +1,8 @@
 //! The root CA publisher (kube-controller-manager's `root-ca-cert-publisher`): every namespace
 //! that is not terminating has a ConfigMap `kube-root-ca.crt` whose `ca.crt` is the cluster
-//! CA, so pods can verify the API server (the ServiceAccount token volume projects it). A
-//! changed or deleted one is put back. Keyed by Namespace; a change of such a ConfigMap wakes
-//! its namespace.
+//! CA (`--root-ca-file`, else the CA of the manager's kubeconfig), so pods can verify the API
+//! server (the ServiceAccount token volume projects it). A changed or deleted one is put back.
+//! Keyed by Namespace; a change of such a ConfigMap wakes its namespace.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use std::sync::Arc;
 use skiff_api::Resource;
 use skiff_api::api::{ConfigMap, Namespace, ObjectMeta};
 use skiff_client::Client;
-use skiff_client::runtime::{
+use skiff_client::controller::{
     Action, CancelToken, Controller, Informer, Informers, ObjectKey, Reconciler,
 };
 

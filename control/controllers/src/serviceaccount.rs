@@ -7,7 +7,7 @@ use std::sync::Arc;
 use skiff_api::Resource;
 use skiff_api::api::{Namespace, ObjectMeta, ServiceAccount};
 use skiff_client::Client;
-use skiff_client::runtime::{
+use skiff_client::controller::{
     Action, CancelToken, Controller, Informer, Informers, ObjectKey, Reconciler,
 };
 

@@ -21,9 +21,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::net::Ipv4Addr;
 
 use skiff_api::api::Service;
-use skiff_client::runtime::{CancelToken, EventRecorder, EventType, Informers, ObjectKey};
+use skiff_client::controller::{CancelToken, EventRecorder, EventType, Informers, ObjectKey};
 
-use crate::allocator::{Allocator, Claim, Ledger, Plan, Policy};
+use crate::allocator::{Allocation, Allocator, Claim, Ledger, Policy};
 use crate::ranges::{CidrError, Ipv4Cidr, PortRange, RangeAllocator, RangeError};
 
 const IPS: usize = 0;
@@ -83,8 +83,13 @@ impl Policy for ServiceRanges {
         ip.into_iter().chain(ports).collect()
     }
 
-    fn plan(&self, ledger: &mut Ledger<Service>, key: &ObjectKey, svc: &Service) -> Plan<Service> {
-        let mut plan = Plan::default();
+    fn plan(
+        &self,
+        ledger: &mut Ledger<Service>,
+        key: &ObjectKey,
+        svc: &Service,
+    ) -> Allocation<Service> {
+        let mut plan = Allocation::default();
         for claim in self.claims(svc) {
             if let Some(other) = ledger.earlier_holder(key, claim) {
                 plan.events.push(match claim {
@@ -202,7 +207,7 @@ pub async fn run(
 mod tests {
     use super::*;
     use skiff_api::api::{ObjectMeta, ServicePort, ServiceSpec};
-    use skiff_client::runtime::Change;
+    use skiff_client::controller::Change;
     use std::sync::Arc;
 
     fn ranges() -> ServiceRanges {
@@ -251,13 +256,13 @@ mod tests {
         }
     }
 
-    fn plan(l: &mut Ledger<Service>, s: &Service) -> Plan<Service> {
+    fn plan(l: &mut Ledger<Service>, s: &Service) -> Allocation<Service> {
         let mut requeue = BTreeSet::new();
         l.apply(&Change::Added(Arc::new(s.clone())), &mut requeue);
         ranges().plan(l, &ObjectKey::of(s), s)
     }
 
-    fn spec(p: &Plan<Service>) -> ServiceSpec {
+    fn spec(p: &Allocation<Service>) -> ServiceSpec {
         p.update
             .as_ref()
             .and_then(|s| s.spec.clone())

@@ -12,10 +12,18 @@
 //!   update revision and at or above `partition` is deleted (and recreated on it by the
 //!   create step), at most `maxUnavailable` (default 1) at a time. `OnDelete`: pods take
 //!   the new template only when deleted. A failed pod is deleted and recreated.
+//! - `volumeClaimTemplates`: before a pod is made, its claims `<template>-<set>-<ordinal>`
+//!   ([`claims_for`]: the template's spec, its labels plus the selector's, no owner) are
+//!   created when missing, and the pod gets a `persistentVolumeClaim` volume of each
+//!   template's name. Claims are kept when pods or the set go (the retention policy's Delete
+//!   is not built).
 //! - Pods are claimed, created and deleted through the shared [`PodControl`].
+//! - [`status_of`]: replicas, ready, available, current and updated counts and revisions
+//!   (current becomes the update revision once all pods are on it).
 //!
-//! Not built: volumeClaimTemplates (PersistentVolumeClaims are not served yet),
-//! ControllerRevisions (rollout history/undo).
+//! The API server lets only replicas, ordinals, template, updateStrategy and minReadySeconds
+//! change, and serves `scale` for StatefulSets. Not built: ControllerRevisions (rollout
+//! history and undo).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -23,7 +31,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use skiff_api::Resource;
 use skiff_api::api::{ObjectMeta, Pod, StatefulSet, StatefulSetStatus};
-use skiff_client::runtime::{
+use skiff_client::controller::{
     Action, CancelToken, Controller, EventRecorder, Informer, Informers, ObjectKey, Reconciler,
 };
 
@@ -162,7 +170,7 @@ fn on_revision(p: &Pod, rev: &str) -> bool {
 
 /// What one reconcile does.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Plan {
+pub struct StatefulSetPlan {
     /// Ordinals to create.
     pub create: Vec<i32>,
     /// Pods to delete, by name.
@@ -170,13 +178,13 @@ pub struct Plan {
 }
 
 /// The planner (pure): Kubernetes' StatefulSet update for `set`'s pods by ordinal.
-pub fn plan(set: &StatefulSet, pods: &BTreeMap<i32, Arc<Pod>>, revision: &str) -> Plan {
+pub fn plan(set: &StatefulSet, pods: &BTreeMap<i32, Arc<Pod>>, revision: &str) -> StatefulSetPlan {
     let spec = set.spec.clone().unwrap_or_default();
     let start = spec.ordinals.as_ref().map(|o| o.start).unwrap_or(0);
     let replicas = spec.replicas.unwrap_or(1).max(0);
     let end = start + replicas;
     let ordered = spec.pod_management_policy != "Parallel";
-    let mut out = Plan::default();
+    let mut out = StatefulSetPlan::default();
     // Failed pods go first (recreated on a later pass).
     for p in pods.values() {
         if phase(p) == "Failed" && !is_terminating(&**p) {
@@ -497,7 +505,7 @@ mod tests {
         let one: BTreeMap<_, _> = [pod(0, "r1", false)].into();
         assert_eq!(
             plan(&s, &one, "r1"),
-            Plan::default(),
+            StatefulSetPlan::default(),
             "waits for db-0 to be ready"
         );
         let one: BTreeMap<_, _> = [pod(0, "r1", true)].into();
@@ -532,14 +540,14 @@ mod tests {
         // db-2 recreated on r2 but not ready: wait.
         let pods2: BTreeMap<_, _> =
             [pod(0, "r1", true), pod(1, "r1", true), pod(2, "r2", false)].into();
-        assert_eq!(plan(&s, &pods2, "r2"), Plan::default());
+        assert_eq!(plan(&s, &pods2, "r2"), StatefulSetPlan::default());
         let pods3: BTreeMap<_, _> =
             [pod(0, "r1", true), pod(1, "r1", true), pod(2, "r2", true)].into();
         assert_eq!(plan(&s, &pods3, "r2").delete, ["db-1"]);
         // The partition keeps db-0 on the old revision.
         let pods4: BTreeMap<_, _> =
             [pod(0, "r1", true), pod(1, "r2", true), pod(2, "r2", true)].into();
-        assert_eq!(plan(&s, &pods4, "r2"), Plan::default());
+        assert_eq!(plan(&s, &pods4, "r2"), StatefulSetPlan::default());
         let st = status_of(&s, &pods4, "r2", Utc::now());
         assert_eq!(
             (st.updated_replicas, st.ready_replicas, st.replicas),

@@ -9,9 +9,7 @@ use prost::Message;
 use skiff_api::Resource;
 use skiff_api::api::{Condition, LabelSelector, OwnerReference, Pod, PodTemplateSpec};
 use skiff_api::selector::Selector;
-
-/// The label that ties a Deployment's ReplicaSets and their pods to one template.
-pub const POD_TEMPLATE_HASH: &str = "pod-template-hash";
+use skiff_api::wellknown::POD_TEMPLATE_HASH;
 
 static EMPTY: BTreeMap<String, String> = BTreeMap::new();
 
@@ -199,17 +197,6 @@ pub fn pod_template_hash(template: &PodTemplateSpec, collision_count: Option<i32
         .collect()
 }
 
-/// Whether two templates are the same apart from the `pod-template-hash` label.
-pub fn templates_equal(a: Option<&PodTemplateSpec>, b: Option<&PodTemplateSpec>) -> bool {
-    let strip = |t: Option<&PodTemplateSpec>| {
-        let mut t = t.cloned().unwrap_or_default();
-        let m = t.metadata.get_or_insert_with(Default::default);
-        m.labels.remove(POD_TEMPLATE_HASH);
-        t
-    };
-    strip(a) == strip(b)
-}
-
 /// Resolves an IntOrString (`"3"`, `"25%"`) against `total`: percentages round up or down.
 pub fn scaled_value(value: Option<&str>, total: i32, round_up: bool) -> Result<i32, String> {
     let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else {
@@ -252,6 +239,7 @@ pub fn resolve_fenceposts(
 mod tests {
     use super::*;
     use skiff_api::api::{ObjectMeta, PodStatus};
+    use skiff_api::wellknown::templates_equal;
 
     #[test]
     fn int_or_percent() {

@@ -18,7 +18,9 @@
 //! - A claim that is gone releases its volumes: Delete removes the volume, Retain marks it
 //!   Released.
 //!
-//! At start the manager makes the default StorageClass `local-path` when no class exists.
+//! At start the manager makes the default StorageClass `local-path` (under `--local-path-root`)
+//! when no class exists, as k3s ships one. Not built: removing a deleted volume's directory
+//! from its node, the pvc-protection finalizer, volume expansion.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -31,7 +33,7 @@ use skiff_api::api::{
 };
 use skiff_api::selector::Selector;
 use skiff_client::Client;
-use skiff_client::runtime::{
+use skiff_client::controller::{
     Action, CancelToken, Controller, EventRecorder, EventType, Informer, Informers, ObjectKey,
     Reconciler,
 };

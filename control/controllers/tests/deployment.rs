@@ -18,10 +18,9 @@ use skiff_api::Resource;
 use skiff_api::api::{
     Deployment, DeploymentSpec, DeploymentStrategy, Event, Pod, ReplicaSet, RollingUpdateDeployment,
 };
+use skiff_api::wellknown::{POD_TEMPLATE_HASH, REVISION};
 use skiff_client::reflector::{Store, reflect, reflector};
 use skiff_client::{Client, ListParams};
-use skiff_controllers::deployment::REVISION;
-use skiff_controllers::util::POD_TEMPLATE_HASH;
 
 fn deployment(name: &str, replicas: i32, strategy: DeploymentStrategy) -> Deployment {
     Deployment {

@@ -17,7 +17,7 @@ use skiff_api::api::{
     Deployment, DeploymentSpec, Endpoints, ObjectMeta, OwnerReference, Pod, ReplicaSet,
 };
 use skiff_api::{FOREGROUND_FINALIZER, Resource};
-use skiff_client::runtime::{Informer, ObjectKey};
+use skiff_client::controller::{Informer, ObjectKey};
 use skiff_client::{Client, DeleteParams, ListParams, PropagationPolicy, WatchEvent};
 use skiff_controllers::gc::{OwnerState, owner_state};
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use skiff_api::Resource;
 use skiff_api::api::{Event, Lease, Pod, ReplicaSet, ReplicaSetSpec};
-use skiff_client::runtime::LeaderElectionConfig;
+use skiff_client::controller::LeaderElectionConfig;
 use skiff_client::{Client, DeleteParams, ListParams};
 
 const LEASE: &str = "skiff-controller-manager";

@@ -10,13 +10,21 @@
 //! - [`kubeconfig`]: the kubeconfig file format, read and written (kubectl's, so one file
 //!   serves `kubectl` and every Skiff component).
 //! - [`tls`]: rustls configurations: the API server's (client certificates requested, checked
-//!   by the authenticator so a bad one is a 401 rather than a failed handshake) and clients'.
-//!
+//!   by the authenticator so a bad one is a 401 rather than a failed handshake), clients',
+//!   and the serving certificate swapped in for new handshakes when it is renewed.
+//! - Certificate requests: [`new_request`] (a key and a PEM CSR), [`parse_request`]
+//!   (signature checked; CN, O, SANs), [`Ca::sign_request`] (the signer's subject, usage and
+//!   validity, never the request's).
+//! - [`discovery`]: the CA of a presented chain taken only when its hash is the pinned one
+//!   (`skiff-node join --ca-cert-hash`); [`sa_token`]: ServiceAccount tokens; [`etcd`]: the
+//!   etcd PKI.
 //! - [`files`]: private files (0600 in 0700 directories, whatever the umask; temporaries
 //!   beside their destination with random names), for every key, store and snapshot file.
 //!
 //! Certificates are made by rcgen and parsed by x509-parser; nothing here does I/O except
-//! [`bootstrap`], [`kubeconfig`] and [`files`] reading and writing their files.
+//! [`bootstrap`], [`kubeconfig`] and [`files`] reading and writing their files. The crate
+//! knows nothing of the API's types and does no network I/O (the join's handshake is the
+//! agent's).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -21,6 +21,15 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! Filters: NodeUnschedulable, NodeName, NodeReady, TaintToleration, NodeSelector,
+//! NodeAffinity, NodeResourcesFit, InterPodAffinity and [`volumes::VolumeBinding`]; weighted
+//! scores: LeastAllocated, BalancedAllocation, SelectorSpread, PreferNoSchedule taints,
+//! preferred node affinity. On large clusters only enough feasible nodes are looked for
+//! (Kubernetes' `percentageOfNodesToScore`). Leader election: see the binary's docs
+//! (`control/scheduler/src/main.rs`).
+//!
+//! The scheduler never moves a bound pod and ignores pods of another `schedulerName`.
 
 pub mod affinity;
 pub mod cache;

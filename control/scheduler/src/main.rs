@@ -1,12 +1,12 @@
 //! `skiff-scheduler`: the scheduler process. Several replicas can run: with `--leader-elect`
-//! (the default) only the holder of the `skiff-scheduler` Lease schedules, through the shared
-//! runtime's `LeaderElector`, as the controller manager does.
+//! (the default) only the holder of the `skiff-scheduler` Lease schedules, through
+//! `skiff_client::controller::LeaderElector`, as the controller manager does.
 
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use skiff_client::runtime::{CancelToken, LeaderElectionConfig, LeaderElector};
+use skiff_client::controller::{CancelToken, LeaderElectionConfig, LeaderElector};
 use skiff_scheduler::{DEFAULT_SCHEDULER_NAME, Scheduler, SchedulerConfig, watch_cluster};
 
 #[derive(Parser, Debug)]
@@ -99,7 +99,7 @@ async fn main() -> anyhow::Result<()> {
     let on_signal = {
         let shutdown = shutdown.clone();
         async move {
-            match skiff_client::runtime::terminated().await {
+            match skiff_client::controller::terminated().await {
                 Ok(signal) => tracing::info!(signal, "exiting"),
                 Err(e) => tracing::error!(error = %e, "cannot watch for SIGTERM/SIGINT; exiting"),
             }

@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use crate::cache::{Cache, NodeChange, PodInfo, Snapshot};
 use crate::framework::{Algorithm, Profile};
 use crate::queue::{BackoffPolicy, ClusterChange, QueueCounts, SchedulingQueue};
-use skiff_client::runtime::{EventRecorder, EventType};
+use skiff_client::controller::{EventRecorder, EventType};
 
 /// The scheduler name pods get by default.
 pub const DEFAULT_SCHEDULER_NAME: &str = "default-scheduler";
@@ -203,7 +203,7 @@ impl Scheduler {
     /// A scheduler with the default plugins, volume binding included (it reads
     /// PersistentVolumeClaims, PersistentVolumes and StorageClasses through informers).
     pub fn new(client: Client, config: SchedulerConfig) -> Scheduler {
-        let informers = skiff_client::runtime::Informers::new(client.clone());
+        let informers = skiff_client::controller::Informers::new(client.clone());
         let volumes = crate::volumes::VolumeBinding::new(&informers);
         let mut profile = Profile::default();
         profile.filters.push(Box::new(volumes.clone()));

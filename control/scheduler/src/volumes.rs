@@ -9,7 +9,7 @@
 use skiff_api::Resource;
 use skiff_api::api::{PersistentVolume, PersistentVolumeClaim, Pod, StorageClass};
 use skiff_client::Client;
-use skiff_client::runtime::{Informer, Informers, ObjectKey};
+use skiff_client::controller::{Informer, Informers, ObjectKey};
 
 use crate::cache::{NodeInfo, Snapshot};
 use crate::framework::{FilterPlugin, PodContext, Unfit};

@@ -7,6 +7,21 @@
 //!
 //! Only the API server uses this crate. Values are opaque bytes (the API server stores
 //! protobuf-encoded objects under `/registry/<resource>/<namespace>/<name>`).
+//!
+//! Backends: [`EtcdStore`] (etcd-client) and [`EmbeddedStore`] (redb, with a change log for
+//! watches and historical lists, compacted automatically so the file stays bounded). A write
+//! is acknowledged only once it is durable: after redb's durable commit, or etcd's quorum.
+//! [`Store::snapshot`] writes one revision's whole state to a new file while writes go on: the
+//! embedded store copies a read transaction into a new redb file, which [`restore_snapshot`]
+//! checks and renames into place; etcd streams its Maintenance snapshot (restored with etcd's
+//! own tools).
+//!
+//! `conformance` (feature `conformance`) is one suite run against both backends, snapshots
+//! taken mid-write included; `testutil` (feature `testutil`) starts real etcd servers on
+//! loopback (`EtcdServer`, and `EtcdCluster` with members that can be killed and restarted).
+//!
+//! This crate knows nothing of resources or protobuf; its only Skiff dependency is
+//! `skiff_pki::files`, for private files.
 
 use std::pin::Pin;
 

@@ -247,31 +247,25 @@ impl EtcdServer {
             initial_cluster: format!("skiff-test={peer_url}"),
             token: format!("skiff-test-{}", self.peer_port),
         });
-        command
-            .arg(format!("--name={}", membership.name))
-            .arg(format!("--data-dir={}", self.data_dir().display()))
-            .arg(format!("--listen-client-urls={client_url}"))
-            .arg(format!("--advertise-client-urls={client_url}"))
-            .arg(format!("--listen-peer-urls={peer_url}"))
-            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
-            .arg(format!("--initial-cluster={}", membership.initial_cluster))
-            .arg("--initial-cluster-state=new")
-            .arg(format!("--initial-cluster-token={}", membership.token))
-            .arg("--logger=zap")
-            .arg("--log-outputs=stderr")
-            .args(self.tls.iter().flat_map(|pki| {
+        let flags = skiff_flags::EtcdFlags {
+            name: membership.name,
+            data_dir: self.data_dir(),
+            client_url,
+            peer_url,
+            initial_cluster: membership.initial_cluster,
+            initial_cluster_token: membership.token,
+            tls: self.tls.as_ref().map(|pki| {
                 let m = pki.member("skiff-test");
-                [
-                    format!("--cert-file={}", m.cert.display()),
-                    format!("--key-file={}", m.key.display()),
-                    format!("--trusted-ca-file={}", m.ca.display()),
-                    "--client-cert-auth".into(),
-                    format!("--peer-cert-file={}", m.cert.display()),
-                    format!("--peer-key-file={}", m.key.display()),
-                    format!("--peer-trusted-ca-file={}", m.ca.display()),
-                    "--peer-client-cert-auth".into(),
-                ]
-            }))
+                skiff_flags::EtcdMemberTls {
+                    cert: m.cert,
+                    key: m.key,
+                    ca: m.ca,
+                }
+            }),
+            log_to_stderr: true,
+        };
+        command
+            .args(flags.args())
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_err));

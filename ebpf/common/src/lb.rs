@@ -1,6 +1,6 @@
 //! Socket-level load balancing for Services ("socket LB", as Cilium's kube-proxy replacement):
 //! the map layouts shared by the `cgroup_sock_addr` programs of `skiff-lb` and the agent's
-//! loader (`node/src/bpf/lb`).
+//! loader (`node/datapath/src/lb/`).
 //!
 //! A *frontend* is one ServicePort of a Service: (virtual IP, port, protocol). The agent gives
 //! every frontend a service id and every (frontend, backend address) pair a backend id of its

@@ -6,7 +6,8 @@
 //! Per-pod traffic accounting (`skiff-ebpf`) is at the top level; the Service load balancer's
 //! layouts (`skiff-lb`) are in [`lb`], the pod networking fast path's in [`podnet`],
 //! NetworkPolicy enforcement's (`skiff-policy`) in [`policy`], the pods' device allow list
-//! (`skiff-devices`) in [`devices`].
+//! (`skiff-devices`) in [`devices`] (a pure function, unit-tested on the host). The crate is
+//! `#![no_std]` and depends on nothing.
 #![no_std]
 
 pub mod devices;

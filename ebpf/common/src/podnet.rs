@@ -1,6 +1,6 @@
 //! Pod networking fast path (the tc program `skiff_np_ingress` of the `skiff-lb` object, on
 //! the ingress of every pod host veth and of the node's uplink): the map layouts shared with
-//! the agent (`node/src/bpf/lb`).
+//! the agent (`node/datapath/src/lb/`).
 //!
 //! - [`POD_ENDPOINTS_MAP`]: [`PodEndpointKey`] (pod address) → [`PodEndpoint`] (host veth
 //!   ifindex, pod and host veth MACs), one entry per local pod, written by the agent when it
@@ -8,7 +8,7 @@
 //! - [`FP_COUNTERS_MAP`]: one per-CPU [`FastPathCounters`] (index 0) that the program adds to.
 //!
 //! Addresses are 16 bytes with a family (as in [`crate::lb`]), so IPv6 fits the same map; the
-//! program handles IPv4 only today.
+//! program handles IPv4 only.
 
 use crate::lb::{AF_INET, LbAddr, v4_addr};
 

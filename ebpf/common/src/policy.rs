@@ -1,6 +1,6 @@
 //! NetworkPolicy enforcement (the `skiff-policy` object: two `cgroup_skb` programs, ingress
 //! and egress, on the node's pod cgroup parent): the map layouts shared with the agent
-//! (`node/datapath/src/policy`).
+//! (`node/datapath/src/policy.rs`).
 //!
 //! Peers are *identities*, not addresses: every pod gets the identity of its (namespace,
 //! label set), shared by all pods with the same labels in the same namespace (the agent

@@ -1,10 +1,17 @@
-//! Skiff's eBPF programs, built for `bpfel-unknown-none` by `node/build.rs` (aya-build, nightly
-//! toolchain, `-Z build-std=core`) and embedded in the node agent.
+//! Skiff's eBPF programs, built for `bpfel-unknown-none` by `node/datapath/build.rs`
+//! (aya-build, nightly toolchain, `-Z build-std=core`) and embedded in `skiff-datapath`. A Cargo
+//! workspace of its own (aya-ebpf 0.2.1, aya-log-ebpf 0.2.0), excluded from the stable one.
+//! Four objects: this one (accounting), `skiff-lb` (`src/lb/`), `skiff-policy`
+//! (`src/policy/`) and `skiff-devices` (`src/devices/`). Every program stays small and
+//! bounds-checked; logic userspace can do stays in userspace. Licensed "Dual MIT/GPL" for the
+//! kernel's GPL-compatibility check.
 //!
 //! Per-pod traffic accounting: two `cgroup_skb` programs (ingress and egress) count the packets
 //! and bytes of every socket buffer that passes through the cgroup they are attached to, keyed
 //! by the cgroup v2 id of the socket's cgroup (`bpf_skb_cgroup_id`, i.e. the inode number of
-//! the cgroup directory). They never drop anything: both always return 1 ("allow").
+//! the cgroup directory), in the per-CPU hash maps `POD_INGRESS` and `POD_EGRESS` (BTF-typed,
+//! so `bpftool map dump pinned` shows `packets` and `bytes`). They never drop anything: both
+//! always return 1 ("allow").
 #![no_std]
 #![no_main]
 

@@ -13,6 +13,11 @@
 //! at connect time, as the agent's own client does.
 //!
 //! Written by hand: a bounded accept loop and `copy_bidirectional` are all it needs.
+//!
+//! The port defaults to [`crate::DEFAULT_API_SERVER_PROXY_PORT`] (0 turns the passthrough
+//! off); at most 1024 connections are carried at once; the connections are dialled from the
+//! agent's own namespace. The proxy routes the `kubernetes` Service here
+//! (`Proxy::route_locally`) instead of to its Endpoints.
 
 use std::net::SocketAddr;
 use std::path::Path;

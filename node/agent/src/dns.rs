@@ -2,6 +2,11 @@
 //! network namespace (UDP and TCP), answering from the agent's Service and Endpoints
 //! informers. The Service load balancer sends the `kube-system/kube-dns` Service here, as it
 //! sends `kubernetes` to the API server passthrough.
+//!
+//! Other names are forwarded to `--dns-upstream` (default the nameservers of the node's
+//! /etc/resolv.conf); the port is `--dns-port`; the Service is routed with
+//! `Proxy::route_locally`. Pods' resolv.conf is written by `volumes::resolv_conf` from their
+//! dnsPolicy and dnsConfig, `--cluster-dns` and `--cluster-domain`.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -10,7 +15,7 @@ use std::time::Duration;
 
 use hickory_server::Server;
 use skiff_api::api::{Endpoints, Service};
-use skiff_client::runtime::{Informer, ObjectKey};
+use skiff_client::controller::{Informer, ObjectKey};
 pub use skiff_dns::{ClusterView, Handler, upstream_from_resolv_conf};
 use tracing::{info, warn};
 

@@ -7,6 +7,9 @@
 //! (KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT, how in-cluster clients find the
 //! API server) unless the pod's namespace has its own `kubernetes` Service and links are on.
 //! Pure; these come first, so the container's `envFrom` and `env` override them.
+//!
+//! Built from the agent's Service informer; a container waits up to 30 s for its first list,
+//! then fails with the kubelet's message.
 
 use std::collections::BTreeMap;
 

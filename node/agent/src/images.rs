@@ -5,6 +5,15 @@
 //! layers with a writable upper directory, at `<state>/rootfs/<pod uid>/<container>`, which
 //! the runtime then uses like any root directory. The mounts of a pod are undone when it is
 //! torn down (and by `skiff-node purge`).
+//!
+//! A pull ends with the layers unpacked, as containerd's does, so an image that cannot be
+//! unpacked is an ErrImagePull and is not recorded. Credentials are the pod's
+//! `imagePullSecrets`, read through the API when a pull is due, then the node's
+//! `config.json`. Images are pulled when a container starts, never while it runs; the upper
+//! directory is fresh for every run; the worker combines the image's configuration with the
+//! spec (`skiff_image::process`) and waits with ErrImagePull/ImagePullBackOff on failures.
+//! Every pull posts the node status at once, whose `status.images` lists the store's images by
+//! tag and digest.
 
 use std::path::{Path, PathBuf};
 

@@ -10,6 +10,13 @@
 //!    certificate is there (or the request is denied, fails, or the time runs out);
 //! 4. a kubeconfig with the certificate and key is written (mode 0600) and the agent runs
 //!    with it. A node that restarts with a current certificate skips 2 and 3.
+//!
+//! The token is never logged or put in an error. Renewal ([`renew_when_due`], run beside the
+//! agent): every `--cert-check-interval` the kubeconfig's client certificate is checked; within
+//! [`skiff_pki::RENEW_BEFORE`] of expiry the same request goes out as the node itself (the
+//! Node authorizer lets nodes create and watch requests; the approver approves a node renewing
+//! itself), the kubeconfig is rewritten, and the agent shuts down as on SIGTERM (pods keep
+//! running) and execs its own command line again, adopting its pods.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};

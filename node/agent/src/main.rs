@@ -288,15 +288,14 @@ fn hostname() -> String {
         .unwrap_or_else(|_| "node".into())
 }
 
-fn run_agent(args: RunArgs) -> anyhow::Result<()> {
-    init_tracing();
-    let node = args.node_name.unwrap_or_else(hostname);
+/// The agent's configuration from its command line.
+fn agent_config(args: &RunArgs, node: &str) -> anyhow::Result<skiff_node::AgentConfig> {
     let shim = std::env::current_exe().context("locating the skiff-node binary for the shim")?;
-    let state_dir = state_dir_of(&args.state_dir, &node);
-    let mut cfg = skiff_node::AgentConfig::new(&node, state_dir, shim);
-    cfg.node_netns = args.node_netns;
-    cfg.plain_http_registries = args.plain_http_registries;
-    cfg.registry_config = args.registry_config;
+    let state_dir = state_dir_of(&args.state_dir, node);
+    let mut cfg = skiff_node::AgentConfig::new(node, state_dir, shim);
+    cfg.node_netns = args.node_netns.clone();
+    cfg.plain_http_registries = args.plain_http_registries.clone();
+    cfg.registry_config = args.registry_config.clone();
     if args.image_gc_low_threshold >= args.image_gc_high_threshold {
         anyhow::bail!(
             "--image-gc-low-threshold ({}) must be lower than --image-gc-high-threshold ({})",
@@ -310,9 +309,9 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
         max_unused_age: (!args.image_maximum_gc_age.is_zero()).then_some(args.image_maximum_gc_age),
     };
     cfg.image_gc_period = args.image_gc_period;
-    cfg.pod_cidr = args.pod_cidr;
-    cfg.node_labels = args.node_labels;
-    cfg.cgroup_parent = args.cgroup_parent;
+    cfg.pod_cidr = args.pod_cidr.clone();
+    cfg.node_labels = args.node_labels.clone();
+    cfg.cgroup_parent = args.cgroup_parent.clone();
     cfg.lease_duration = args.lease_duration;
     cfg.lease_renew = args.lease_duration / 4;
     cfg.backoff_initial = args.backoff;
@@ -338,6 +337,13 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
     cfg.cluster_domain = args.cluster_domain.trim_matches('.').to_string();
     cfg.dns_port = args.dns_port;
     cfg.dns_upstream = (!args.dns_upstream.is_empty()).then(|| args.dns_upstream.clone());
+    Ok(cfg)
+}
+
+fn run_agent(args: RunArgs) -> anyhow::Result<()> {
+    init_tracing();
+    let node = args.node_name.clone().unwrap_or_else(hostname);
+    let mut cfg = agent_config(&args, &node)?;
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     let renewed = rt.block_on(async move {
         let config =
@@ -369,7 +375,7 @@ fn run_agent(args: RunArgs) -> anyhow::Result<()> {
                 }
             };
             tokio::select! {
-                r = skiff_client::runtime::terminated() => if let Err(e) = r {
+                r = skiff_client::controller::terminated() => if let Err(e) = r {
                     tracing::error!(error = %e, "cannot watch for SIGTERM/SIGINT; stopping");
                 },
                 () = renewal => {

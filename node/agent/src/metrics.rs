@@ -132,47 +132,7 @@ impl Collector for Scrape {
             "Pods this agent runs that have a sandbox.",
             [(Labels::new(), to_i64(self.pods_running as u64))],
         )?;
-        // Absent when the traffic accounting is not loaded.
-        let pods: Vec<_> = self
-            .summary
-            .pods
-            .iter()
-            .filter_map(|p| {
-                let n = p.network?;
-                Some((labels(["namespace", "pod"], [&p.namespace, &p.name]), n))
-            })
-            .collect();
-        if !pods.is_empty() {
-            for (name, help, pick) in [
-                (
-                    "skiff_pod_network_receive_bytes",
-                    "Bytes received by the pod's containers (eBPF cgroup accounting).",
-                    (|n| n.rx_bytes) as fn(&skiff_client::node_api::NetworkStats) -> u64,
-                ),
-                (
-                    "skiff_pod_network_receive_packets",
-                    "Packets received by the pod's containers (eBPF cgroup accounting).",
-                    |n| n.rx_packets,
-                ),
-                (
-                    "skiff_pod_network_transmit_bytes",
-                    "Bytes sent by the pod's containers (eBPF cgroup accounting).",
-                    |n| n.tx_bytes,
-                ),
-                (
-                    "skiff_pod_network_transmit_packets",
-                    "Packets sent by the pod's containers (eBPF cgroup accounting).",
-                    |n| n.tx_packets,
-                ),
-            ] {
-                counters(
-                    e,
-                    name,
-                    help,
-                    pods.iter().map(|(l, n)| (l.clone(), pick(n))),
-                )?;
-            }
-        }
+        encode_pod_traffic(e, &self.summary)?;
         gauges(
             e,
             "skiff_lb_up",
@@ -183,20 +143,7 @@ impl Collector for Scrape {
             encode_lb(e, lb)?;
         }
         if let Some(fp) = &self.fast_path {
-            counters(
-                e,
-                "skiff_fastpath_packets",
-                "Packets of the eBPF pod networking fast path: delivered into a local pod \
-                 (redirect_peer), forwarded to the FIB's next hop (redirect_neigh), handed to \
-                 the node's stack (pass), or handed to it after a failed FIB lookup (fib_fail).",
-                [
-                    ("redirect_peer", fp.redirect_peer),
-                    ("redirect_neigh", fp.redirect_neigh),
-                    ("pass", fp.pass),
-                    ("fib_fail", fp.fib_fail),
-                ]
-                .map(|(action, n)| (labels(["action"], [action]), n)),
-            )?;
+            encode_fast_path(e, fp)?;
         }
         gauges(
             e,
@@ -205,38 +152,111 @@ impl Collector for Scrape {
             [(Labels::new(), i64::from(self.policy.is_some()))],
         )?;
         if let Some(verdicts) = &self.policy {
-            let series = |pick: fn(&crate::netpol::VerdictCount) -> u64| {
-                let v: Vec<(Labels, u64)> = verdicts
-                    .iter()
-                    .map(|c| {
-                        (
-                            labels(
-                                ["direction", "reason", "policy"],
-                                [c.direction, c.reason, &c.policy],
-                            ),
-                            pick(c),
-                        )
-                    })
-                    .collect();
-                v
-            };
-            counters(
-                e,
-                "skiff_policy_packets",
-                "Packets of local pods by NetworkPolicy verdict: direction, reason \
-                 (allowed-by-rule, allowed-unisolated, allowed-established, denied) and the \
-                 policy that allowed them or, for drops, isolates the pod.",
-                series(|c| c.packets),
-            )?;
-            counters(
-                e,
-                "skiff_policy_bytes",
-                "Bytes of local pods by NetworkPolicy verdict (labels as skiff_policy_packets).",
-                series(|c| c.bytes),
-            )?;
+            encode_policy(e, verdicts)?;
         }
         Ok(())
     }
+}
+
+/// The pods' traffic (absent when the traffic accounting is not loaded).
+fn encode_pod_traffic(e: &mut DescriptorEncoder, summary: &StatsSummary) -> fmt::Result {
+    // Absent when the traffic accounting is not loaded.
+    let pods: Vec<_> = summary
+        .pods
+        .iter()
+        .filter_map(|p| {
+            let n = p.network?;
+            Some((labels(["namespace", "pod"], [&p.namespace, &p.name]), n))
+        })
+        .collect();
+    if !pods.is_empty() {
+        for (name, help, pick) in [
+            (
+                "skiff_pod_network_receive_bytes",
+                "Bytes received by the pod's containers (eBPF cgroup accounting).",
+                (|n| n.rx_bytes) as fn(&skiff_client::node_api::NetworkStats) -> u64,
+            ),
+            (
+                "skiff_pod_network_receive_packets",
+                "Packets received by the pod's containers (eBPF cgroup accounting).",
+                |n| n.rx_packets,
+            ),
+            (
+                "skiff_pod_network_transmit_bytes",
+                "Bytes sent by the pod's containers (eBPF cgroup accounting).",
+                |n| n.tx_bytes,
+            ),
+            (
+                "skiff_pod_network_transmit_packets",
+                "Packets sent by the pod's containers (eBPF cgroup accounting).",
+                |n| n.tx_packets,
+            ),
+        ] {
+            counters(
+                e,
+                name,
+                help,
+                pods.iter().map(|(l, n)| (l.clone(), pick(n))),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// The pod fast path's counters.
+fn encode_fast_path(e: &mut DescriptorEncoder, fp: &FastPathCounters) -> fmt::Result {
+    counters(
+        e,
+        "skiff_fastpath_packets",
+        "Packets of the eBPF pod networking fast path: delivered into a local pod \
+         (redirect_peer), forwarded to the FIB's next hop (redirect_neigh), handed to \
+         the node's stack (pass), or handed to it after a failed FIB lookup (fib_fail).",
+        [
+            ("redirect_peer", fp.redirect_peer),
+            ("redirect_neigh", fp.redirect_neigh),
+            ("pass", fp.pass),
+            ("fib_fail", fp.fib_fail),
+        ]
+        .map(|(action, n)| (labels(["action"], [action]), n)),
+    )?;
+    Ok(())
+}
+
+/// NetworkPolicy verdict counters.
+fn encode_policy(
+    e: &mut DescriptorEncoder,
+    verdicts: &[crate::netpol::VerdictCount],
+) -> fmt::Result {
+    let series = |pick: fn(&crate::netpol::VerdictCount) -> u64| {
+        let v: Vec<(Labels, u64)> = verdicts
+            .iter()
+            .map(|c| {
+                (
+                    labels(
+                        ["direction", "reason", "policy"],
+                        [c.direction, c.reason, &c.policy],
+                    ),
+                    pick(c),
+                )
+            })
+            .collect();
+        v
+    };
+    counters(
+        e,
+        "skiff_policy_packets",
+        "Packets of local pods by NetworkPolicy verdict: direction, reason \
+         (allowed-by-rule, allowed-unisolated, allowed-established, denied) and the \
+         policy that allowed them or, for drops, isolates the pod.",
+        series(|c| c.packets),
+    )?;
+    counters(
+        e,
+        "skiff_policy_bytes",
+        "Bytes of local pods by NetworkPolicy verdict (labels as skiff_policy_packets).",
+        series(|c| c.bytes),
+    )?;
+    Ok(())
 }
 
 fn encode_lb(e: &mut DescriptorEncoder, lb: &BpfServices) -> fmt::Result {
@@ -410,11 +430,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn agent_metrics_with_lb_and_accounting() {
-        let mut latency = Histogram::default();
-        latency.observe(Duration::from_micros(300));
-        let text = render(Scrape {
+    /// A scrape with every part running: traffic, the LB, the fast path and policies.
+    fn full_scrape(latency: &Histogram) -> Scrape {
+        Scrape {
             summary: summary(Some(NetworkStats {
                 rx_bytes: 100,
                 rx_packets: 2,
@@ -422,7 +440,7 @@ mod tests {
                 tx_packets: 4,
             })),
             pods_running: 1,
-            lb: Some(lb_report(&latency)),
+            lb: Some(lb_report(latency)),
             fast_path: Some(FastPathCounters {
                 redirect_peer: 5,
                 redirect_neigh: 3,
@@ -445,7 +463,14 @@ mod tests {
                     bytes: 1000,
                 },
             ]),
-        });
+        }
+    }
+
+    #[test]
+    fn agent_metrics_with_lb_and_accounting() {
+        let mut latency = Histogram::default();
+        latency.observe(Duration::from_micros(300));
+        let text = render(full_scrape(&latency));
         for line in [
             "skiff_policy_up 1",
             "skiff_policy_packets_total{direction=\"ingress\",reason=\"denied\",policy=\"x/deny-all\"} 3",
@@ -479,6 +504,12 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
         }
+        assert_well_formed(&text);
+    }
+
+    /// Every family has exactly one HELP and one TYPE; the latency histogram's buckets
+    /// ascend and end with +Inf.
+    fn assert_well_formed(text: &str) {
         // Every family has exactly one HELP and one TYPE, before its samples.
         let types: Vec<&str> = text
             .lines()

@@ -1,15 +1,27 @@
 //! The agent's Node object and Lease: registration, capacity, addresses, conditions, and the
 //! heartbeat the node lifecycle controller watches.
+//!
+//! The Node is registered with its capacity, addresses, `--node-labels`, `Ready` and
+//! `ResourceLimitsEnforced` (naming the cgroup controllers the host lacks); the Lease in
+//! `kube-node-lease` is renewed from registration on. The pod CIDR comes from `spec.podCIDR`
+//! (set by the node IPAM controller; the agent watches its Node until it is, unless
+//! `--pod-cidr` was given). The node status is posted every `--status-interval`, at once when
+//! the Node shows `Ready=Unknown` (the node lifecycle controller's mark while the agent was
+//! unreachable), and after every image pull (`status.images`).
 
 use std::collections::BTreeMap;
-use std::time::SystemTime;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
+use futures::StreamExt;
+use skiff_api::Resource;
 use skiff_api::api::{
     Condition, DaemonEndpoint, Node, NodeAddress, NodeDaemonEndpoints, NodeSpec, NodeStatus,
     NodeSystemInfo, ObjectMeta,
 };
-use skiff_client::{Client, ClientError};
-use tracing::info;
+use skiff_client::reflector::{Event, reflector};
+use skiff_client::{Client, ClientError, ListParams};
+use tracing::{info, warn};
 
 use super::status::rfc3339;
 use skiff_runtime::host::HostReport;
@@ -340,6 +352,93 @@ pub async fn heartbeat(client: &Client, facts: &NodeFacts) -> Result<(), ClientE
         }
     }
     Ok(())
+}
+
+/// Waits, watching the Node, until the node IPAM controller has set `spec.podCIDR` (the
+/// agent was started without `--pod-cidr` and the Node had none).
+pub(crate) async fn wait_for_pod_cidr(
+    client: &Client,
+    node_name: &str,
+) -> Result<String, crate::AgentError> {
+    info!(node = %node_name, "no --pod-cidr and no spec.podCIDR yet: waiting for the node IPAM controller to assign one");
+    let lp = ListParams::default().fields(&format!("metadata.name={node_name}"));
+    let events = reflector(client.cluster::<skiff_api::api::Node>(), lp);
+    tokio::pin!(events);
+    let mut last_note = tokio::time::Instant::now();
+    while let Some(ev) = events.next().await {
+        let nodes = match ev {
+            Event::Restarted(v) => v,
+            Event::Applied(n) => vec![n],
+            Event::Deleted(_) => continue,
+        };
+        if let Some(cidr) = nodes
+            .iter()
+            .filter(|n| n.name() == node_name)
+            .filter_map(|n| n.spec.as_ref())
+            .map(|s| s.pod_cidr.clone())
+            .find(|c| !c.is_empty())
+        {
+            return Ok(cidr);
+        }
+        if last_note.elapsed() >= Duration::from_secs(30) {
+            info!(node = %node_name, "still waiting for spec.podCIDR (is the controller manager's nodeipam controller running?)");
+            last_note = tokio::time::Instant::now();
+        }
+    }
+    Err(crate::AgentError::NoPodCidr(node_name.to_string()))
+}
+
+pub(crate) async fn lease_loop(client: Client, cfg: crate::AgentConfig) {
+    let mut tick = tokio::time::interval(cfg.lease_renew);
+    loop {
+        tick.tick().await;
+        if let Err(e) =
+            skiff_client::node_lease::renew(&client, &cfg.node_name, cfg.lease_duration).await
+        {
+            warn!(error = %e, "renewing the node lease");
+        }
+    }
+}
+
+/// Posts the node status every `every`, after every image pull (`status.images`), and at
+/// once (at most once a second) when the Node's Ready condition is Unknown while this agent
+/// runs: the node lifecycle controller set it so during a partition, and the agent is back.
+pub(crate) async fn heartbeat_loop(
+    client: Client,
+    facts: NodeFacts,
+    every: Duration,
+    image_changes: Arc<tokio::sync::Notify>,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    let lp = ListParams::default().fields(&format!("metadata.name={}", facts.name));
+    let events = reflector(client.cluster::<skiff_api::api::Node>(), lp);
+    tokio::pin!(events);
+    let mut last_post = tokio::time::Instant::now();
+    loop {
+        let due = tokio::select! {
+            _ = tick.tick() => true,
+            () = image_changes.notified() => true,
+            ev = events.next() => {
+                let nodes = match ev {
+                    Some(Event::Restarted(v)) => v,
+                    Some(Event::Applied(n)) => vec![n],
+                    Some(Event::Deleted(_)) | None => Vec::new(),
+                };
+                let not_ready = nodes.iter().any(|n| ready_status(n) == "Unknown");
+                if not_ready && last_post.elapsed() < Duration::from_secs(1) {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                not_ready
+            }
+        };
+        if due {
+            if let Err(e) = heartbeat(&client, &facts).await {
+                warn!(error = %e, "updating node status");
+            }
+            last_post = tokio::time::Instant::now();
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,8 +1,8 @@
 //! Container probes: exec, tcpSocket and httpGet, with Kubernetes' timing and thresholds.
 //!
 //! Network probes connect to the pod's IP from inside the pod's network namespace (a
-//! short-lived thread enters it; see `net::run_in_netns`), so they work whatever namespace
-//! the agent itself runs in.
+//! short-lived thread enters it; see `skiff_hostnet::run_in_netns`), so they work whatever
+//! namespace the agent itself runs in.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};

@@ -2,6 +2,10 @@
 //! the runtime's own teardown, the shims, the node's cgroup parent, its pinned BPF maps and
 //! its state directory. Used when a local cluster (`cargo xtask up`) stops, so nothing is left
 //! on the machine; a node agent never does this on its own.
+//!
+//! The pins are the load balancer's, NetworkPolicy enforcement's, device confinement's and
+//! accounting's (a kernel test checks that none is left); memory volumes and image root
+//! filesystems are unmounted before the state directory goes.
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -3,6 +3,9 @@
 //! other nodes by their own addresses (no NAT, no encapsulation: the nodes share an L2
 //! segment). A [`Reconciler`] on the shared controller runtime, keyed by Node: level-triggered,
 //! a Node that goes (or loses its CIDR or address) loses its route.
+//!
+//! Direct routing was chosen over VXLAN: no encapsulation and no MTU loss, at the price of
+//! needing the nodes on one segment.
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
@@ -10,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use skiff_api::api::Node;
-use skiff_client::runtime::{
+use skiff_client::controller::{
     Action, CancelToken, Controller, Informer, Informers, ObjectKey, Reconciler,
 };
 use tracing::{info, warn};

@@ -22,6 +22,17 @@
 //!   before it mounts, from the descriptor that walk ends on
 //!   ([`skiff_runtime::volume::subpath`] explains why the runtime, not the agent, holds that
 //!   descriptor).
+//!
+//! Set up before a pod's containers start: emptyDir with fsGroup ownership and setgid,
+//! hostPath with the kubelet's type checks, downwardAPI files rewritten when the pod's labels
+//! change, secret and configMap volumes with the object's keys as files (one path for both,
+//! `KeyedKind`, read through the API at every reconcile), projected volumes with the files of
+//! all their sources, ServiceAccount tokens among them (the pod worker asks for each with a
+//! TokenRequest bound to the pod and asks again once 80% of its lifetime has passed). A
+//! `persistentVolumeClaim` volume is the directory of the claim's bound volume (`hostPath`,
+//! created when its type says so, or `local`), read from the API; until the claim is Bound
+//! the pod waits with FailedMount. A failure is a FailedMount event with the kubelet's
+//! message. [`resolv_conf`] writes the kubelet's resolv.conf from dnsPolicy and dnsConfig.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -998,43 +1009,7 @@ mod tests {
             cluster_dns: None,
         };
         fs::write(&vols.resolv_conf, "nameserver 192.0.2.53\n").unwrap();
-        let mut p = pod(vec![
-            Volume {
-                name: "scratch".into(),
-                empty_dir: Some(EmptyDirVolumeSource::default()),
-                ..Default::default()
-            },
-            Volume {
-                name: "info".into(),
-                downward_api: Some(DownwardApiVolumeSource {
-                    items: vec![
-                        field("labels", "metadata.labels"),
-                        field("meta/name", "metadata.name"),
-                        field("app", "metadata.labels['app']"),
-                        DownwardApiVolumeFile {
-                            path: "mem".into(),
-                            resource_field_ref: Some(ResourceFieldSelector {
-                                container_name: "c".into(),
-                                resource: "limits.memory".into(),
-                                divisor: Some("1Mi".into()),
-                            }),
-                            ..Default::default()
-                        },
-                        DownwardApiVolumeFile {
-                            path: "cpu".into(),
-                            resource_field_ref: Some(ResourceFieldSelector {
-                                container_name: "c".into(),
-                                resource: "requests.cpu".into(),
-                                divisor: Some("1m".into()),
-                            }),
-                            ..Default::default()
-                        },
-                    ],
-                    default_mode: None,
-                }),
-                ..Default::default()
-            },
-        ]);
+        let mut p = pod(scratch_and_info_volumes());
         let got = vols
             .ensure(
                 "u-1",
@@ -1089,7 +1064,12 @@ mod tests {
             "nameserver 192.0.2.53\n"
         );
 
-        // Mounts: subPath made inside the volume; a symlink planted there is refused.
+        assert_mounts(&got);
+    }
+
+    /// Mounts: subPath made inside the volume; a symlink planted there is refused.
+    fn assert_mounts(got: &PodVolumes) {
+        let scratch = &got.paths["scratch"];
         let c = Container {
             name: "c".into(),
             volume_mounts: vec![
@@ -1108,7 +1088,7 @@ mod tests {
             ],
             ..Default::default()
         };
-        let mounts = mounts_for(&c, &got).unwrap();
+        let mounts = mounts_for(&c, got).unwrap();
         assert_eq!(mounts[0].source, *scratch);
         assert_eq!(
             mounts[0].sub_path,
@@ -1124,7 +1104,7 @@ mod tests {
         let mut writable = c.clone();
         writable.volume_mounts[1].read_only = false;
         writable.volume_mounts[1].sub_path = "meta/name".into();
-        let m = &mounts_for(&writable, &got).unwrap()[1];
+        let m = &mounts_for(&writable, got).unwrap()[1];
         assert!(m.read_only);
         assert!(m.sub_path.as_ref().is_some_and(|s| s.data_link));
         let targets: Vec<_> = mounts.iter().map(|m| m.destination.clone()).collect();
@@ -1138,17 +1118,58 @@ mod tests {
         std::os::unix::fs::symlink("/etc", scratch.join("evil")).unwrap();
         let mut bad = c.clone();
         bad.volume_mounts[0].sub_path = "evil/x".into();
-        let e = mounts_for(&bad, &got).unwrap_err();
+        let e = mounts_for(&bad, got).unwrap_err();
         assert!(e.contains("subPath") && e.contains("symbolic link"), "{e}");
         assert!(!Path::new("/etc/x").exists());
         bad.volume_mounts[0].sub_path = "../x".into();
-        assert!(mounts_for(&bad, &got).unwrap_err().contains("without '..'"));
+        assert!(mounts_for(&bad, got).unwrap_err().contains("without '..'"));
         bad.volume_mounts[0].name = "nope".into();
         assert!(
-            mounts_for(&bad, &got)
+            mounts_for(&bad, got)
                 .unwrap_err()
                 .contains("no volume \"nope\"")
         );
+    }
+
+    /// An emptyDir `scratch` and a downwardAPI volume `info` of labels, name and resources.
+    fn scratch_and_info_volumes() -> Vec<Volume> {
+        vec![
+            Volume {
+                name: "scratch".into(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Default::default()
+            },
+            Volume {
+                name: "info".into(),
+                downward_api: Some(DownwardApiVolumeSource {
+                    items: vec![
+                        field("labels", "metadata.labels"),
+                        field("meta/name", "metadata.name"),
+                        field("app", "metadata.labels['app']"),
+                        DownwardApiVolumeFile {
+                            path: "mem".into(),
+                            resource_field_ref: Some(ResourceFieldSelector {
+                                container_name: "c".into(),
+                                resource: "limits.memory".into(),
+                                divisor: Some("1Mi".into()),
+                            }),
+                            ..Default::default()
+                        },
+                        DownwardApiVolumeFile {
+                            path: "cpu".into(),
+                            resource_field_ref: Some(ResourceFieldSelector {
+                                container_name: "c".into(),
+                                resource: "requests.cpu".into(),
+                                divisor: Some("1m".into()),
+                            }),
+                            ..Default::default()
+                        },
+                    ],
+                    default_mode: None,
+                }),
+                ..Default::default()
+            },
+        ]
     }
 
     #[test]

@@ -10,23 +10,69 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use skiff_api::api::{
-    Container, ContainerStateTerminated, PersistentVolume, PersistentVolumeClaim, Pod, PodStatus,
-    Secret,
-};
+mod failure;
+mod inputs;
+
+use skiff_api::api::{Container, ContainerStateTerminated, Pod, PodStatus, Service};
 use skiff_api::{Resource, quantity};
-use skiff_client::runtime::EventType;
-use skiff_client::{ClientError, DeleteParams, Preconditions};
+use skiff_client::controller::{EventRecorder, EventType, Informer};
+use skiff_client::{Client, ClientError, DeleteParams, Preconditions};
 use skiff_image::auth::RegistryAuths;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use super::Ctx;
+use super::api::PodRegistry;
+use super::images::ImageService;
+use super::pod_datapath::PodDatapath;
 use super::probe::{self, Tracker};
 use super::security::{self, ImageUser};
 use super::status::{self, ContainerView, PodFacts};
 use super::volumes::{self, PodVolumes};
-use skiff_runtime::{ContainerSpec, ContainerState, Image, Limits, Sandbox, SandboxSpec};
+use failure::{PodFailure, StartError};
+use inputs::{InputError, Resolver, TokenCache};
+use skiff_runtime::{ContainerSpec, ContainerState, Image, Limits, Runtime, Sandbox, SandboxSpec};
+
+/// What the pod workers share: the API, the runtime and the node's layers a pod uses.
+pub(crate) struct Ctx {
+    pub client: Client,
+    pub runtime: Arc<dyn Runtime>,
+    /// The pod network, the eBPF data path, device confinement and traffic counters.
+    pub datapath: PodDatapath,
+    pub host_ip: Option<String>,
+    pub backoff: Backoff,
+    /// The pods this agent runs, as their workers publish them (for the HTTP API and image
+    /// garbage collection).
+    pub pods: PodRegistry,
+    /// Events about pods (Started, Killing, BackOff, Unhealthy, Failed).
+    pub recorder: EventRecorder,
+    /// Images and container root filesystems made from them, or why the store could not be
+    /// opened (containers of registry images then wait with that reason).
+    pub images: Result<Arc<ImageService>, String>,
+    /// The pods' volumes and generated /etc files.
+    pub volumes: volumes::Volumes,
+    /// Every Service, for the containers' service environment variables.
+    pub services: Informer<Service>,
+}
+
+/// Crash-loop and image-pull back-off: the first delay, doubling up to `max`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Backoff {
+    pub initial: Duration,
+    pub max: Duration,
+}
+
+/// The resolver of a pod's inputs (a function of the fields, so a caller can borrow the
+/// worker's token cache mutably next to it).
+fn resolver<'a>(ctx: &'a Ctx, pod: &'a Pod, uid: &'a str, pod_ip: Option<IpAddr>) -> Resolver<'a> {
+    Resolver {
+        client: &ctx.client,
+        services: &ctx.services,
+        pod,
+        uid,
+        pod_ip,
+        host_ip: ctx.host_ip.as_deref(),
+    }
+}
 
 /// What the agent tells a worker.
 #[derive(Debug)]
@@ -45,8 +91,6 @@ const RESYNC: Duration = Duration::from_secs(30);
 const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(600);
 /// Retry delay after an infrastructure failure (sandbox, network, status write).
 const RETRY: Duration = Duration::from_secs(2);
-/// How long a container start waits for the agent's first list of Services.
-const SERVICES_SYNC_WAIT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Default)]
 struct Track {
@@ -74,6 +118,43 @@ struct Track {
     image_id: String,
 }
 
+/// A container's startup, liveness and readiness probes.
+type Probes = (
+    Option<probe::Spec>,
+    Option<probe::Spec>,
+    Option<probe::Spec>,
+);
+
+impl Track {
+    /// A new run (or one adopted after an agent restart) of pid `pid`: fresh probe state.
+    fn new_run(&mut self, pid: u32, started_at: SystemTime, probes: Probes, now: Instant) {
+        let age = SystemTime::now()
+            .duration_since(started_at)
+            .unwrap_or_default();
+        let started = now.checked_sub(age).unwrap_or(now);
+        self.pid = Some(pid);
+        self.startup = probes.0.map(|s| Tracker::new(s, started));
+        self.liveness = probes.1.map(|s| Tracker::new(s, started));
+        self.readiness = probes.2.map(|s| Tracker::new(s, started));
+        self.started = self.startup.is_none();
+        self.ready = self.started && self.readiness.is_none();
+        if age > BACKOFF_RESET_AFTER {
+            self.backoff = None;
+        }
+    }
+
+    /// After a crash: the first restarts at once; later ones back off, doubling.
+    fn schedule_restart(&mut self, backoff: Backoff, now: Instant) {
+        let delay = self.backoff.unwrap_or(Duration::ZERO);
+        self.restart_at = Some(now + delay);
+        self.backoff = Some(if delay.is_zero() {
+            backoff.initial
+        } else {
+            (delay * 2).min(backoff.max)
+        });
+    }
+}
+
 pub struct Worker {
     ctx: Arc<Ctx>,
     uid: String,
@@ -85,16 +166,15 @@ pub struct Worker {
     pod_ip: Option<IpAddr>,
     tracks: BTreeMap<String, Track>,
     /// A pod-level problem shown in status.reason/message.
-    failure: Option<(&'static str, String)>,
+    failure: Option<PodFailure>,
     /// The pod's volumes and generated /etc files, as last set up.
     volumes: Option<PodVolumes>,
     /// The last volume failure reported in a FailedMount event (reported once).
     mount_failure: Option<String>,
     start_time: Option<SystemTime>,
     written: Option<PodStatus>,
-    /// ServiceAccount tokens of projected volumes, by (volume, source), with the Unix time
-    /// after which they are asked for again (80% of their lifetime, as the kubelet does).
-    tokens: BTreeMap<(String, usize), (String, i64)>,
+    /// ServiceAccount tokens of projected volumes.
+    tokens: TokenCache,
 }
 
 fn grace_of(pod: &Pod) -> Duration {
@@ -281,7 +361,7 @@ impl Worker {
             volumes: None,
             mount_failure: None,
             start_time,
-            tokens: BTreeMap::new(),
+            tokens: TokenCache::new(),
         }
     }
 
@@ -368,7 +448,7 @@ impl Worker {
         self.publish();
 
         if let Err(e) = self.ensure_sandbox_and_network().await {
-            warn!(pod = %self.name(), error = %e.1, "pod infrastructure");
+            warn!(pod = %self.name(), error = %e, "pod infrastructure");
             self.failure = Some(e);
             self.write_status().await;
             return Some(now + RETRY);
@@ -377,9 +457,10 @@ impl Worker {
             return Some(now + RETRY);
         };
         self.start_time.get_or_insert_with(SystemTime::now);
-        let secrets = self.volume_secrets().await;
-        let tokens = self.volume_tokens().await;
-        let claims = self.volume_claims().await;
+        let inputs = resolver(&self.ctx, &self.pod, &self.uid, self.pod_ip);
+        let secrets = inputs.volume_secrets().await;
+        let tokens = inputs.volume_tokens(&mut self.tokens).await;
+        let claims = inputs.volume_claims().await;
         let ensured = secrets.and_then(|secrets| {
             let tokens = tokens?;
             self.ctx.volumes.ensure(
@@ -403,7 +484,7 @@ impl Worker {
                     self.event(EventType::Warning, "FailedMount", &msg).await;
                     self.mount_failure = Some(msg.clone());
                 }
-                self.failure = Some(("FailedMount", msg));
+                self.failure = Some(InputError::FailedMount(msg).into());
                 self.write_status().await;
                 return Some(now + RETRY);
             }
@@ -418,7 +499,7 @@ impl Worker {
             if let Some((reason, msg)) = &self.tracks.get(&c.name).and_then(|t| t.waiting.clone())
                 && reason.starts_with("CreateContainer")
             {
-                bad_spec = Some(("CreateContainerConfigError", msg.clone()));
+                bad_spec = Some(InputError::CreateContainerConfigError(msg.clone()).into());
             }
         }
         self.failure = bad_spec;
@@ -428,7 +509,7 @@ impl Worker {
         Some(next)
     }
 
-    async fn ensure_sandbox_and_network(&mut self) -> Result<(), (&'static str, String)> {
+    async fn ensure_sandbox_and_network(&mut self) -> Result<(), PodFailure> {
         if self.sandbox.is_none() {
             let spec = SandboxSpec {
                 uid: self.uid.clone(),
@@ -456,7 +537,7 @@ impl Worker {
                 .runtime
                 .create_sandbox(&spec)
                 .await
-                .map_err(|e| ("SandboxCreateFailed", e.to_string()))?;
+                .map_err(|e| PodFailure::SandboxCreateFailed(e.to_string()))?;
             self.sandbox = Some(sb);
         }
         // Before any container starts (and again for a sandbox adopted after a restart,
@@ -465,9 +546,10 @@ impl Worker {
             && let Some(cgroup_dir) = self.sandbox.as_ref().map(|s| s.cgroup_dir.clone())
         {
             self.ctx
-                .confine_pod_devices(&self.uid, &cgroup_dir, privileged(&self.pod))
+                .datapath
+                .confine_devices(&self.uid, &cgroup_dir, privileged(&self.pod))
                 .await
-                .map_err(|e| ("DeviceConfinementFailed", e))?;
+                .map_err(PodFailure::DeviceConfinementFailed)?;
             self.devices_confined = true;
         }
         if self.pod_ip.is_none() {
@@ -478,12 +560,13 @@ impl Worker {
                 .unwrap_or_default();
             let att = self
                 .ctx
+                .datapath
                 .net
                 .attach_pod(&self.uid, &netns)
                 .await
-                .map_err(|e| ("NetworkSetupFailed", e.to_string()))?;
+                .map_err(|e| PodFailure::NetworkSetupFailed(e.to_string()))?;
             info!(pod = %self.name(), ip = %att.pod_ip, "pod network ready");
-            self.ctx.attach_pod_datapath(&self.uid, &att).await;
+            self.ctx.datapath.attach_pod(&self.uid, &att).await;
             self.pod_ip = Some(att.pod_ip);
         }
         Ok(())
@@ -497,28 +580,11 @@ impl Worker {
         policy: &str,
         now: Instant,
     ) -> Option<Instant> {
-        // A registry image is resolved (pulled, mounted) only when the container starts.
-        let spec = if from_registry(c) {
-            None
-        } else {
-            let spec = match self.env_of(c).await {
-                Ok(env) => container_spec(&self.pod, c, self.volumes.as_ref(), env),
-                Err(m) => Err(m),
-            };
-            match spec {
-                Ok(s) => Some(s),
-                Err(msg) => {
-                    self.tracks.entry(c.name.clone()).or_default().waiting =
-                        Some(("CreateContainerConfigError".into(), msg));
-                    return None;
-                }
-            }
-        };
-        let probes = match self.probe_specs(c) {
-            Ok(p) => p,
-            Err(msg) => {
+        let (spec, probes) = match self.container_inputs(c).await {
+            Ok(inputs) => inputs,
+            Err(e) => {
                 self.tracks.entry(c.name.clone()).or_default().waiting =
-                    Some(("CreateContainerConfigError".into(), msg));
+                    Some((e.reason().into(), e.to_string()));
                 return None;
             }
         };
@@ -529,9 +595,6 @@ impl Worker {
                 return Some(now + RETRY);
             }
         };
-        let (initial, max) = (self.ctx.backoff_initial, self.ctx.backoff_max);
-        let pod_name = self.name();
-        let track = self.tracks.entry(c.name.clone()).or_default();
         match state {
             None => self.start_container(sandbox, c, spec.as_ref(), now).await,
             Some(ContainerState::Running {
@@ -539,81 +602,102 @@ impl Worker {
                 started_at,
                 cgroup_id,
             }) => {
+                let track = self.tracks.entry(c.name.clone()).or_default();
                 track.waiting = None;
                 track.cgroup_id = Some(cgroup_id);
                 if track.pid != Some(pid) {
-                    // A new run (or one adopted after an agent restart): fresh probe state.
-                    let age = SystemTime::now()
-                        .duration_since(started_at)
-                        .unwrap_or_default();
-                    let started = now.checked_sub(age).unwrap_or(now);
-                    track.pid = Some(pid);
-                    track.startup = probes.0.map(|s| Tracker::new(s, started));
-                    track.liveness = probes.1.map(|s| Tracker::new(s, started));
-                    track.readiness = probes.2.map(|s| Tracker::new(s, started));
-                    track.started = track.startup.is_none();
-                    track.ready = track.started && track.readiness.is_none();
-                    if age > BACKOFF_RESET_AFTER {
-                        track.backoff = None;
-                    }
+                    track.new_run(pid, started_at, probes, now);
                 }
                 self.run_probes(sandbox, &c.name, now).await
             }
-            Some(ContainerState::Exited {
-                exit_code,
-                finished_at,
-                ref reason,
-                ..
-            }) => {
-                track.pid = None;
-                track.ready = false;
-                track.started = false;
-                if track.handled_exit != Some(finished_at) {
-                    track.handled_exit = Some(finished_at);
-                    if let Some(ContainerState::Exited { .. }) = &state {
-                        track.last_terminated = state.as_ref().and_then(status::terminated);
-                    }
-                    info!(pod = %pod_name, container = %c.name, exit_code, reason = %reason, "container exited");
-                    if status::should_restart(policy, exit_code) {
-                        // The first crash restarts at once; later ones back off, doubling.
-                        let delay = track.backoff.unwrap_or(Duration::ZERO);
-                        track.restart_at = Some(now + delay);
-                        track.backoff = Some(if delay.is_zero() {
-                            initial
-                        } else {
-                            (delay * 2).min(max)
-                        });
-                    }
-                }
-                if !status::should_restart(policy, exit_code) {
-                    track.waiting = None;
-                    return None;
-                }
-                let at = track.restart_at.unwrap_or(now);
-                if now >= at {
-                    track.waiting = None;
-                    self.start_container(sandbox, c, spec.as_ref(), now).await
-                } else {
-                    let wait = at - now;
-                    let entering =
-                        !matches!(&track.waiting, Some((r, _)) if r == "CrashLoopBackOff");
-                    track.waiting = Some((
-                        "CrashLoopBackOff".into(),
-                        format!(
-                            "back-off {}s restarting failed container={} pod={}",
-                            wait.as_secs().max(1),
-                            c.name,
-                            pod_name
-                        ),
-                    ));
-                    if entering {
-                        let msg = format!("Back-off restarting failed container {}", c.name);
-                        self.event(EventType::Warning, "BackOff", &msg).await;
-                    }
-                    Some(at)
-                }
+            Some(exited @ ContainerState::Exited { .. }) => {
+                self.exited(sandbox, c, spec.as_ref(), &exited, policy, now)
+                    .await
             }
         }
+    }
+
+    /// What a container of the pod is started from: its runtime spec (`None` for a registry
+    /// image, resolved only when it starts) and its probes.
+    async fn container_inputs(
+        &self,
+        c: &Container,
+    ) -> Result<(Option<ContainerSpec>, Probes), InputError> {
+        // A registry image is resolved (pulled, mounted) only when the container starts.
+        let spec = if from_registry(c) {
+            None
+        } else {
+            let env = self.inputs().env(c).await?;
+            Some(
+                container_spec(&self.pod, c, self.volumes.as_ref(), env)
+                    .map_err(InputError::CreateContainerConfigError)?,
+            )
+        };
+        let probes = self
+            .probe_specs(c)
+            .map_err(InputError::CreateContainerConfigError)?;
+        Ok((spec, probes))
+    }
+
+    /// Converges a container that exited: accounts for the exit once, then restarts it as
+    /// the restart policy says, backing off after repeated crashes.
+    async fn exited(
+        &mut self,
+        sandbox: &Sandbox,
+        c: &Container,
+        spec: Option<&ContainerSpec>,
+        state: &ContainerState,
+        policy: &str,
+        now: Instant,
+    ) -> Option<Instant> {
+        let ContainerState::Exited {
+            exit_code,
+            finished_at,
+            ref reason,
+            ..
+        } = *state
+        else {
+            return None;
+        };
+        let (backoff, pod_name) = (self.ctx.backoff, self.name());
+        let restart = status::should_restart(policy, exit_code);
+        let track = self.tracks.entry(c.name.clone()).or_default();
+        track.pid = None;
+        track.ready = false;
+        track.started = false;
+        if track.handled_exit != Some(finished_at) {
+            track.handled_exit = Some(finished_at);
+            track.last_terminated = status::terminated(state);
+            info!(pod = %pod_name, container = %c.name, exit_code, reason = %reason, "container exited");
+            if restart {
+                track.schedule_restart(backoff, now);
+            }
+        }
+        if !restart {
+            track.waiting = None;
+            return None;
+        }
+        let at = track.restart_at.unwrap_or(now);
+        if now >= at {
+            track.waiting = None;
+            return self.start_container(sandbox, c, spec, now).await;
+        }
+        let wait = at - now;
+        let entering = !matches!(&track.waiting, Some((r, _)) if r == "CrashLoopBackOff");
+        track.waiting = Some((
+            "CrashLoopBackOff".into(),
+            format!(
+                "back-off {}s restarting failed container={} pod={}",
+                wait.as_secs().max(1),
+                c.name,
+                pod_name
+            ),
+        ));
+        if entering {
+            let msg = format!("Back-off restarting failed container {}", c.name);
+            self.event(EventType::Warning, "BackOff", &msg).await;
+        }
+        Some(at)
     }
 
     /// Starts container `c`: with its `spec`, or, for a registry image, once the image is
@@ -629,84 +713,91 @@ impl Worker {
         if let Some(spec) = spec {
             return self.start(sandbox, spec, now).await;
         }
-        match self.image_spec(c).await {
+        let e = match self.image_spec(c).await {
             Ok(spec) => {
                 let track = self.tracks.entry(c.name.clone()).or_default();
                 track.pull_backoff = None;
-                self.start(sandbox, &spec, now).await
+                return self.start(sandbox, &spec, now).await;
             }
-            Err((reason, msg)) => {
-                let (initial, max) = (self.ctx.backoff_initial, self.ctx.backoff_max);
-                let track = self.tracks.entry(c.name.clone()).or_default();
-                let delay = track.pull_backoff.unwrap_or(initial);
-                track.pull_backoff = Some((delay * 2).min(max));
-                let pulling = matches!(reason, "ErrImagePull" | "ImagePullBackOff");
-                let again = pulling
-                    && matches!(&track.waiting, Some((r, _)) if r == "ErrImagePull" || r == "ImagePullBackOff");
-                track.waiting = Some(if again {
-                    (
-                        "ImagePullBackOff".into(),
-                        format!("Back-off pulling image \"{}\": {msg}", c.image),
-                    )
-                } else {
-                    (reason.to_string(), msg.clone())
-                });
-                if again {
-                    let m = format!("Back-off pulling image \"{}\"", c.image);
-                    self.event(EventType::Normal, "BackOff", &m).await;
-                } else {
-                    let m = format!("Failed to pull image \"{}\": {msg}", c.image);
-                    self.event(EventType::Warning, "Failed", &m).await;
-                }
-                Some(now + delay)
-            }
+            Err(e) => e,
+        };
+        let backoff = self.ctx.backoff;
+        let track = self.tracks.entry(c.name.clone()).or_default();
+        let delay = track.pull_backoff.unwrap_or(backoff.initial);
+        track.pull_backoff = Some((delay * 2).min(backoff.max));
+        let again = e.is_pull()
+            && matches!(&track.waiting, Some((r, _)) if r == "ErrImagePull" || r == "ImagePullBackOff");
+        track.waiting = Some(if again {
+            (
+                "ImagePullBackOff".into(),
+                format!("Back-off pulling image \"{}\": {e}", c.image),
+            )
+        } else {
+            (e.reason().to_string(), e.to_string())
+        });
+        if again {
+            let m = format!("Back-off pulling image \"{}\"", c.image);
+            self.event(EventType::Normal, "BackOff", &m).await;
+        } else {
+            let m = format!("Failed to pull image \"{}\": {e}", c.image);
+            self.event(EventType::Warning, "Failed", &m).await;
         }
+        Some(now + delay)
+    }
+
+    /// The image of container `c` present on the node: pulled (with the pod's pull secrets
+    /// and Pulling/Pulled events) when `policy` says so.
+    async fn ensure_image(
+        &self,
+        images: &ImageService,
+        c: &Container,
+        policy: &skiff_image::process::PullPolicy,
+    ) -> Result<skiff_image::Image, StartError> {
+        let present = images.present(&c.image).map_err(StartError::ErrImagePull)?;
+        let pull = policy
+            .should_pull(present.is_some(), &c.image)
+            .map_err(StartError::ErrImageNeverPull)?;
+        if !pull && let Some(image) = present {
+            return Ok(image);
+        }
+        let pod_auths = self.pull_secrets().await;
+        let m = format!("Pulling image \"{}\"", c.image);
+        self.event(EventType::Normal, "Pulling", &m).await;
+        let started = Instant::now();
+        let image = images
+            .pull(&c.image, pod_auths)
+            .await
+            .map_err(|(reason, message)| StartError::Pull { reason, message })?;
+        let m = format!(
+            "Successfully pulled image \"{}\" in {:.3}s. Image size: {} bytes.",
+            c.image,
+            started.elapsed().as_secs_f64(),
+            image.size
+        );
+        self.event(EventType::Normal, "Pulled", &m).await;
+        Ok(image)
     }
 
     /// The runtime spec of a registry-image container: the image present (pulled when the
     /// policy says so, with Pulling/Pulled events), its root filesystem mounted, and the
     /// image's Entrypoint/Cmd/Env/WorkingDir combined with the spec's as Kubernetes does.
-    async fn image_spec(&mut self, c: &Container) -> Result<ContainerSpec, (&'static str, String)> {
+    async fn image_spec(&mut self, c: &Container) -> Result<ContainerSpec, StartError> {
         use skiff_image::process::{ContainerProcess, PullPolicy, process};
         let field = format!("containers[{}]", c.name);
         let images = self
             .ctx
             .images
             .clone()
-            .map_err(|e| ("ErrImagePull", format!("the node's image store: {e}")))?;
+            .map_err(|e| StartError::ErrImagePull(format!("the node's image store: {e}")))?;
         let policy = PullPolicy::of(&c.image_pull_policy, &c.image)
-            .map_err(|m| ("CreateContainerConfigError", format!("{field}.{m}")))?;
-        let env = self
-            .env_of(c)
-            .await
-            .map_err(|m| ("CreateContainerConfigError", m))?;
+            .map_err(|m| InputError::CreateContainerConfigError(format!("{field}.{m}")))?;
+        let env = self.inputs().env(c).await?;
         // Garbage collection waits until the image is pulled and mounted.
         let _using = images.using().await;
-        let present = images.present(&c.image).map_err(|m| ("ErrImagePull", m))?;
-        let pull = policy
-            .should_pull(present.is_some(), &c.image)
-            .map_err(|m| ("ErrImageNeverPull", m))?;
-        let image = match (pull, present) {
-            (false, Some(image)) => image,
-            _ => {
-                let pod_auths = self.pull_secrets().await;
-                let m = format!("Pulling image \"{}\"", c.image);
-                self.event(EventType::Normal, "Pulling", &m).await;
-                let started = Instant::now();
-                let image = images.pull(&c.image, pod_auths).await?;
-                let m = format!(
-                    "Successfully pulled image \"{}\" in {:.3}s. Image size: {} bytes.",
-                    c.image,
-                    started.elapsed().as_secs_f64(),
-                    image.size
-                );
-                self.event(EventType::Normal, "Pulled", &m).await;
-                image
-            }
-        };
+        let image = self.ensure_image(&images, c, &policy).await?;
         let rootfs = images
             .rootfs(&self.uid, &c.name, &image)
-            .map_err(|m| ("CreateContainerError", m))?;
+            .map_err(StartError::CreateContainerError)?;
         self.tracks.entry(c.name.clone()).or_default().image_id =
             format!("{}@{}", repository_of(&c.image), image.manifest);
         let p = process(
@@ -719,13 +810,10 @@ impl Worker {
             },
         )
         .ok_or_else(|| {
-            (
-                "CreateContainerError",
-                format!(
-                    "{field}: no command specified: the image has no Entrypoint or Cmd and the \
-                     container no command"
-                ),
-            )
+            StartError::CreateContainerError(format!(
+                "{field}: no command specified: the image has no Entrypoint or Cmd and the \
+                 container no command"
+            ))
         })?;
         let mut spec = ContainerSpec {
             name: c.name.clone(),
@@ -744,342 +832,20 @@ impl Worker {
             p.user.as_deref(),
             self.volumes.as_ref(),
         )
-        .map_err(|m| ("CreateContainerConfigError", m))?;
+        .map_err(InputError::CreateContainerConfigError)?;
         Ok(spec)
     }
 
-    /// A Secret of the pod's namespace; `None` when it does not exist.
-    async fn secret(&self, name: &str) -> Result<Option<Secret>, String> {
-        match self
-            .ctx
-            .client
-            .namespaced::<Secret>(self.pod.namespace())
-            .get(name)
-            .await
-        {
-            Ok(s) => Ok(Some(s)),
-            Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(format!("reading secret \"{name}\": {e}")),
-        }
+    /// The pod's inputs, read through the API.
+    fn inputs(&self) -> Resolver<'_> {
+        resolver(&self.ctx, &self.pod, &self.uid, self.pod_ip)
     }
 
-    /// The keys of a Secret or ConfigMap of the pod's namespace; `None` when it does not
-    /// exist.
-    async fn keyed(
-        &self,
-        kind: volumes::KeyedKind,
-        name: &str,
-    ) -> Result<Option<volumes::KeyedData>, String> {
-        match kind {
-            volumes::KeyedKind::Secret => Ok(self.secret(name).await?.map(volumes::secret_data)),
-            volumes::KeyedKind::ConfigMap => match self
-                .ctx
-                .client
-                .namespaced::<skiff_api::api::ConfigMap>(self.pod.namespace())
-                .get(name)
-                .await
-            {
-                Ok(c) => Ok(Some(volumes::config_map_data(c))),
-                Err(e) if e.is_not_found() => Ok(None),
-                Err(e) => Err(format!("reading configmap \"{name}\": {e}")),
-            },
-        }
-    }
-
-    /// A container's environment as Kubernetes builds it: every key of its `envFrom`
-    /// Secrets (with their prefix), then its `env` (values, the pod's fields, resources,
-    /// Secret keys), a later name replacing an earlier one. `Err` is the
-    /// CreateContainerConfigError message (never a value).
-    async fn env_of(&self, c: &Container) -> Result<Vec<(String, String)>, String> {
-        // The Services first ([`crate::envvars`]), from the agent's informer once it has
-        // listed them (the kubelet refuses to guess as well).
-        if tokio::time::timeout(SERVICES_SYNC_WAIT, self.ctx.services.wait_synced())
-            .await
-            .is_err()
-        {
-            return Err(
-                "services have not yet been read at least once, cannot construct envvars".into(),
-            );
-        }
-        let links = self
-            .pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.enable_service_links)
-            .unwrap_or(true);
-        let services = self.ctx.services.list();
-        let mut env: Vec<(String, String)> = crate::envvars::service_env(
-            self.pod.namespace(),
-            links,
-            services.iter().map(|s| s.as_ref()),
-        );
-        let set = |env: &mut Vec<(String, String)>, k: String, v: String| match env
-            .iter_mut()
-            .find(|(n, _)| *n == k)
-        {
-            Some(slot) => slot.1 = v,
-            None => env.push((k, v)),
-        };
-        for f in &c.env_from {
-            let (kind, name, optional) = match (&f.secret_ref, &f.config_map_ref) {
-                (Some(r), _) => (volumes::KeyedKind::Secret, &r.name, r.optional),
-                (None, Some(r)) => (volumes::KeyedKind::ConfigMap, &r.name, r.optional),
-                (None, None) => continue,
-            };
-            match self.keyed(kind, name).await? {
-                Some(data) => {
-                    for (k, v) in &data {
-                        set(
-                            &mut env,
-                            format!("{}{k}", f.prefix),
-                            String::from_utf8_lossy(v).into_owned(),
-                        );
-                    }
-                }
-                None if optional == Some(true) => {}
-                None => return Err(format!("{} \"{name}\" not found", kind.noun())),
-            }
-        }
-        for e in &c.env {
-            let Some(from) = &e.value_from else {
-                set(&mut env, e.name.clone(), e.value.clone());
-                continue;
-            };
-            let value = if let Some(f) = &from.field_ref {
-                volumes::pod_field(
-                    &self.pod,
-                    &f.field_path,
-                    self.pod_ip,
-                    self.ctx.host_ip.as_deref(),
-                )
-                .ok_or_else(|| format!("fieldRef {:?} is not supported", f.field_path))?
-            } else if let Some(r) = &from.resource_field_ref {
-                let container = if r.container_name.is_empty() {
-                    c.name.as_str()
-                } else {
-                    r.container_name.as_str()
-                };
-                volumes::resource_value(&self.pod, container, &r.resource, r.divisor.as_deref())?
-            } else if let Some((kind, name, key, optional)) = from
-                .secret_key_ref
-                .as_ref()
-                .map(|k| (volumes::KeyedKind::Secret, &k.name, &k.key, k.optional))
-                .or_else(|| {
-                    from.config_map_key_ref
-                        .as_ref()
-                        .map(|k| (volumes::KeyedKind::ConfigMap, &k.name, &k.key, k.optional))
-                })
-            {
-                let optional = optional == Some(true);
-                match self.keyed(kind, name).await? {
-                    Some(data) => match data.get(key) {
-                        Some(v) => String::from_utf8_lossy(v).into_owned(),
-                        None if optional => continue,
-                        None => {
-                            let what = match kind {
-                                volumes::KeyedKind::Secret => "Secret",
-                                volumes::KeyedKind::ConfigMap => "ConfigMap",
-                            };
-                            return Err(format!(
-                                "couldn't find key {key} in {what} {}/{name}",
-                                self.pod.namespace(),
-                            ));
-                        }
-                    },
-                    None if optional => continue,
-                    None => return Err(format!("{} \"{name}\" not found", kind.noun())),
-                }
-            } else {
-                continue;
-            };
-            set(&mut env, e.name.clone(), value);
-        }
-        Ok(env)
-    }
-
-    /// The ServiceAccount tokens of the pod's projected volumes: kept while fresh, asked for
-    /// (TokenRequest, bound to this pod) when missing or past 80% of their lifetime.
-    async fn volume_tokens(&mut self) -> Result<volumes::Tokens, volumes::VolumeError> {
-        let now = chrono::Utc::now().timestamp();
-        let spec = self.pod.spec.clone().unwrap_or_default();
-        let sa = if spec.service_account_name.is_empty() {
-            "default".to_string()
-        } else {
-            spec.service_account_name.clone()
-        };
-        let uid = self.uid.clone();
-        let mut out = volumes::Tokens::new();
-        for v in &spec.volumes {
-            for (i, src) in v
-                .projected
-                .iter()
-                .flat_map(|p| p.sources.iter())
-                .enumerate()
-            {
-                let Some(t) = &src.service_account_token else {
-                    continue;
-                };
-                let key = (v.name.clone(), i);
-                if let Some((token, refresh)) = self.tokens.get(&key)
-                    && *refresh > now
-                {
-                    out.insert(key, token.clone());
-                    continue;
-                }
-                let audiences: Vec<String> = if t.audience.is_empty() {
-                    Vec::new()
-                } else {
-                    vec![t.audience.clone()]
-                };
-                let lifetime = t.expiration_seconds.unwrap_or(3600);
-                let (token, expires) = self
-                    .ctx
-                    .client
-                    .request_token(
-                        self.pod.namespace(),
-                        &sa,
-                        &audiences,
-                        Some(lifetime),
-                        Some((self.pod.name(), &uid)),
-                    )
-                    .await
-                    .map_err(|e| volumes::VolumeError {
-                        volume: v.name.clone(),
-                        message: format!("requesting a token of serviceaccount \"{sa}\": {e}"),
-                    })?;
-                let expires = if expires > now {
-                    expires
-                } else {
-                    now + lifetime
-                };
-                let refresh = now + (expires - now) * 8 / 10;
-                self.tokens.insert(key.clone(), (token.clone(), refresh));
-                out.insert(key, token);
-            }
-        }
-        Ok(out)
-    }
-
-    /// The volumes bound to the claims the pod's volumes name, from the API: the claim must be
-    /// Bound, its PersistentVolume a hostPath or local volume (the node agent's local-path
-    /// provisioner makes hostPath ones).
-    async fn volume_claims(&self) -> volumes::Claims {
-        let mut out = volumes::Claims::new();
-        let ns = self.pod.namespace().to_string();
-        for name in self.pod.claim_names() {
-            let claims = self.ctx.client.namespaced::<PersistentVolumeClaim>(&ns);
-            let got = match claims.get_opt(&name).await {
-                Err(e) => Err(format!("reading persistentvolumeclaim {name:?}: {e}")),
-                Ok(None) => Err(format!("persistentvolumeclaim {name:?} not found")),
-                Ok(Some(c)) => {
-                    let volume = c
-                        .spec
-                        .as_ref()
-                        .map(|s| s.volume_name.clone())
-                        .unwrap_or_default();
-                    let bound = c.status.as_ref().is_some_and(|s| s.phase == "Bound");
-                    if volume.is_empty() || !bound {
-                        Err(format!("persistentvolumeclaim {name:?} is not bound yet"))
-                    } else {
-                        match self
-                            .ctx
-                            .client
-                            .cluster::<PersistentVolume>()
-                            .get_opt(&volume)
-                            .await
-                        {
-                            Err(e) => Err(format!("reading persistentvolume {volume:?}: {e}")),
-                            Ok(None) => Err(format!(
-                                "persistentvolume {volume:?} of claim {name:?} not found"
-                            )),
-                            Ok(Some(pv)) => {
-                                let spec = pv.spec.unwrap_or_default();
-                                if let Some(h) = spec.host_path {
-                                    Ok(volumes::ClaimVolume {
-                                        path: h.path,
-                                        ty: h.r#type.unwrap_or_else(|| "DirectoryOrCreate".into()),
-                                    })
-                                } else if let Some(l) = spec.local {
-                                    Ok(volumes::ClaimVolume {
-                                        path: l.path,
-                                        ty: "Directory".into(),
-                                    })
-                                } else {
-                                    Err(format!(
-                                        "persistentvolume {volume:?} is neither hostPath nor \
-                                         local: this node cannot attach it"
-                                    ))
-                                }
-                            }
-                        }
-                    }
-                }
-            };
-            out.insert(name, got);
-        }
-        out
-    }
-
-    /// The Secrets and ConfigMaps the pod's volumes name, from the API (`None`: not found).
-    async fn volume_secrets(&self) -> Result<volumes::Secrets, volumes::VolumeError> {
-        let mut out = volumes::Secrets::new();
-        for (kind, name) in volumes::secret_names(&self.pod) {
-            let got = self
-                .keyed(kind, &name)
-                .await
-                .map_err(|message| volumes::VolumeError {
-                    volume: name.clone(),
-                    message,
-                })?;
-            out.insert((kind, name), got);
-        }
-        Ok(out)
-    }
-
-    /// The registry credentials of the pod's `imagePullSecrets` (dockerconfigjson or
-    /// dockercfg Secrets of its namespace). Secrets that cannot be read are left out with a
-    /// warning event, as the kubelet does; their contents never reach a log or an event.
+    /// The registry credentials of the pod's `imagePullSecrets`. Secrets that cannot be read
+    /// are left out with a warning event, as the kubelet does; their contents never reach a
+    /// log or an event.
     async fn pull_secrets(&self) -> RegistryAuths {
-        let names: Vec<String> = self
-            .pod
-            .spec
-            .iter()
-            .flat_map(|s| s.image_pull_secrets.iter().map(|r| r.name.clone()))
-            .collect();
-        let mut auths = RegistryAuths::default();
-        let mut missing = Vec::new();
-        for name in names {
-            let parsed = match self.secret(&name).await {
-                Ok(None) => Err("not found".to_string()),
-                Ok(Some(secret)) => {
-                    let (key, wrap) = match secret.r#type.as_str() {
-                        "kubernetes.io/dockercfg" => (".dockercfg", true),
-                        _ => (".dockerconfigjson", false),
-                    };
-                    match secret.data.get(key) {
-                        Some(bytes) if wrap => {
-                            let inner: Result<serde_json::Value, _> = serde_json::from_slice(bytes);
-                            match inner {
-                                Ok(v) => RegistryAuths::parse(
-                                    serde_json::json!({"auths": v}).to_string().as_bytes(),
-                                ),
-                                Err(_) => Err("not JSON".to_string()),
-                            }
-                        }
-                        Some(bytes) => RegistryAuths::parse(bytes),
-                        None => Err(format!("it has no {key} key")),
-                    }
-                }
-                Err(e) => Err(e),
-            };
-            match parsed {
-                Ok(a) => auths = auths.or(&a),
-                Err(why) => {
-                    warn!(pod = %self.name(), secret = %name, reason = %why, "image pull secret unusable");
-                    missing.push(name);
-                }
-            }
-        }
+        let (auths, missing) = self.inputs().pull_secrets().await;
         if !missing.is_empty() {
             let m = format!(
                 "Unable to retrieve some image pull secrets ({}); attempting to pull the image may not succeed.",
@@ -1111,8 +877,8 @@ impl Worker {
                 (Some(now), (EventType::Normal, "Started", msg))
             }
             Err(e) => {
-                let delay = track.backoff.unwrap_or(self.ctx.backoff_initial);
-                track.backoff = Some((delay * 2).min(self.ctx.backoff_max));
+                let delay = track.backoff.unwrap_or(self.ctx.backoff.initial);
+                track.backoff = Some((delay * 2).min(self.ctx.backoff.max));
                 track.waiting = Some(("CreateContainerError".into(), e.to_string()));
                 let msg = format!("Error: starting container {}: {e}", spec.name);
                 (Some(now + delay), (EventType::Warning, "Failed", msg))
@@ -1131,18 +897,7 @@ impl Worker {
             .await;
     }
 
-    #[allow(clippy::type_complexity)]
-    fn probe_specs(
-        &self,
-        c: &Container,
-    ) -> Result<
-        (
-            Option<probe::Spec>,
-            Option<probe::Spec>,
-            Option<probe::Spec>,
-        ),
-        String,
-    > {
+    fn probe_specs(&self, c: &Container) -> Result<Probes, String> {
         let one = |p: &Option<skiff_api::api::Probe>, what: &str| {
             p.as_ref()
                 .map(|p| probe::Spec::from_api(c, p, &format!("containers[{}].{what}", c.name)))
@@ -1305,7 +1060,7 @@ impl Worker {
             pod_ip: self.pod_ip.map(|ip| ip.to_string()),
             host_ip: self.ctx.host_ip.clone(),
             start_time: self.start_time,
-            failure: self.failure.clone(),
+            failure: self.failure.as_ref().map(|f| (f.reason(), f.to_string())),
             limits_not_enforced: self.limits_not_enforced(),
             now: SystemTime::now(),
         };
@@ -1372,20 +1127,21 @@ impl Worker {
                 return Err(format!("removing sandbox: {e}"));
             }
         }
-        self.ctx.release_pod_devices(&self.uid);
+        self.ctx.datapath.release_devices(&self.uid);
         self.devices_confined = false;
         if let Ok(images) = &self.ctx.images {
             images.release_pod(&self.uid);
         }
         self.ctx.volumes.release_pod(&self.uid);
-        self.ctx.detach_pod_datapath(&self.uid);
+        self.ctx.datapath.detach_pod(&self.uid);
         self.ctx
+            .datapath
             .net
             .detach_pod(&self.uid)
             .await
             .map_err(|e| format!("detaching network: {e}"))?;
         let ids: Vec<u64> = self.tracks.values().filter_map(|t| t.cgroup_id).collect();
-        self.ctx.forget_counters(&ids);
+        self.ctx.datapath.forget_counters(&ids);
         if !self.gone {
             let api = self.ctx.client.namespaced::<Pod>(self.pod.namespace());
             let dp = DeleteParams {

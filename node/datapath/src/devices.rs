@@ -180,11 +180,10 @@ impl DeviceConfinement for DeviceFilter {
 pub mod fake {
     use std::collections::BTreeMap;
     use std::path::{Path, PathBuf};
-    use std::sync::{Arc, Mutex};
 
     use super::{BpfError, DeviceConfinement, TcAttach};
 
-    pub type Journal = Arc<Mutex<Vec<String>>>;
+    pub use crate::lb::fake::Journal;
 
     #[derive(Debug, Default)]
     pub struct FakeDevices {

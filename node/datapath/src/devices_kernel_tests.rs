@@ -53,17 +53,17 @@ step("open disk", lambda: read(os.path.join(d, "disk"), 512))
 print(json.dumps(out), flush=True)
 "#;
 
-struct Fixture {
+struct DevicesFixture {
     cgroup: PathBuf,
     node_pins: PathBuf,
     nodes: tempfile::TempDir,
 }
 
-impl Fixture {
+impl DevicesFixture {
     fn new() -> Self {
         let suffix = unique_name();
         let root = skiff_runtime::host::cgroup2_mount().expect("cgroup v2 must be mounted");
-        let fx = Fixture {
+        let fx = DevicesFixture {
             cgroup: root.join(format!("skiff-devtest-{suffix}")),
             node_pins: node_pin_dir(&format!("devtest-{suffix}")),
             nodes: tempfile::tempdir().expect("tempdir"),
@@ -98,7 +98,7 @@ impl Fixture {
     }
 }
 
-impl Drop for Fixture {
+impl Drop for DevicesFixture {
     fn drop(&mut self) {
         for dir in [self.pod().join("ctr"), self.pod(), self.cgroup.clone()] {
             for _ in 0..100 {
@@ -126,7 +126,7 @@ const EPERM: i32 = libc::EPERM;
 /// `DeviceFilter` on the same pins) keeps the pod confined throughout.
 #[test]
 fn device_filter_denies_block_devices_and_allows_the_default_list() {
-    let fx = Fixture::new();
+    let fx = DevicesFixture::new();
 
     let open = fx.probe();
     assert_eq!(open["read /dev/null"], 0, "{open:?}");

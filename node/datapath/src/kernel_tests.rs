@@ -55,7 +55,7 @@ sys.exit(0 if got == want else 1)
 "#;
 
 /// A cgroup, a network namespace and a pin directory of one test; removed on drop.
-struct Fixture {
+struct LbKernelFixture {
     name: String,
     cgroup: PathBuf,
     cgroup_created: bool,
@@ -66,7 +66,7 @@ struct Fixture {
     children: Vec<Child>,
 }
 
-impl Fixture {
+impl LbKernelFixture {
     fn new() -> Self {
         // SAFETY: geteuid has no preconditions and cannot fail.
         let euid = unsafe { libc::geteuid() };
@@ -74,7 +74,7 @@ impl Fixture {
         let suffix = unique_name();
         let name = format!("skiff-test-{suffix}");
         let root = skiff_runtime::host::cgroup2_mount().expect("cgroup v2 must be mounted");
-        let mut fx = Fixture {
+        let mut fx = LbKernelFixture {
             cgroup: root.join(&name),
             cgroup_created: false,
             children_cgroups: Vec::new(),
@@ -112,7 +112,7 @@ impl Fixture {
         self.transfer_in(&cgroup, send, reply);
     }
 
-    /// [`Fixture::transfer`] with the client in `cgroup` (the test cgroup or a child of it).
+    /// [`LbKernelFixture::transfer`] with the client in `cgroup` (the test cgroup or a child of it).
     fn transfer_in(&mut self, cgroup: &Path, send: usize, reply: usize) {
         let mut server = self
             .nsenter()
@@ -167,7 +167,7 @@ impl Fixture {
     }
 }
 
-impl Drop for Fixture {
+impl Drop for LbKernelFixture {
     fn drop(&mut self) {
         for child in &mut self.children {
             let _ = child.kill();
@@ -220,7 +220,7 @@ fn assert_close(what: &str, measured: u64, payload: usize) {
 fn counts_a_pods_tcp_traffic_per_direction() {
     const SEND: usize = 1_000_000;
     const REPLY: usize = 500_000;
-    let mut fx = Fixture::new();
+    let mut fx = LbKernelFixture::new();
     let mut acct = Accounting::load(&fx.pin_dir).expect("load");
     assert!(is_bpffs(Path::new(BPFFS_ROOT)).unwrap());
     assert!(fx.pin_dir.join(POD_INGRESS_MAP).exists());
@@ -263,7 +263,7 @@ fn counts_a_pods_tcp_traffic_per_direction() {
 fn attached_to_a_parent_counts_descendants_under_their_own_id() {
     const SEND: usize = 300_000;
     const REPLY: usize = 200_000;
-    let mut fx = Fixture::new();
+    let mut fx = LbKernelFixture::new();
     let mut acct = Accounting::load(&fx.pin_dir).expect("load");
     let parent_id = acct.attach(&fx.cgroup).expect("attach to the parent");
     let pod = fx.child_cgroup("pod-x");
@@ -286,7 +286,7 @@ fn attached_to_a_parent_counts_descendants_under_their_own_id() {
 
 #[test]
 fn bpftool_shows_named_fields() {
-    let mut fx = Fixture::new();
+    let mut fx = LbKernelFixture::new();
     let mut acct = Accounting::load(&fx.pin_dir).expect("load");
     let id = acct.attach(&fx.cgroup).expect("attach");
     fx.transfer(10_000, 10_000);
@@ -329,7 +329,7 @@ fn bpftool_shows_named_fields() {
 
 #[test]
 fn pinned_counters_survive_a_reload() {
-    let mut fx = Fixture::new();
+    let mut fx = LbKernelFixture::new();
     let mut acct = Accounting::load_with_capacity(&fx.pin_dir, 16).expect("load");
     let id = acct.attach(&fx.cgroup).expect("attach");
     fx.transfer(20_000, 0);
@@ -344,7 +344,7 @@ fn pinned_counters_survive_a_reload() {
 
 #[test]
 fn attach_refuses_a_directory_that_is_no_cgroup() {
-    let fx = Fixture::new();
+    let fx = LbKernelFixture::new();
     let mut acct = Accounting::load(&fx.pin_dir).expect("load");
     let dir = tempfile::tempdir().unwrap();
     assert!(matches!(

@@ -19,6 +19,19 @@
 //! no processes). `kernel_tests` checks both.
 //! Byte counts are IP-level (`skb->len`: IP header onwards, no link-layer header); on egress a
 //! GSO packet is counted once with its full length.
+//!
+//! This is the one crate that talks to the kernel's BPF side and the only one whose build needs
+//! the nightly toolchain and bpf-linker (`build.rs` builds `ebpf/skiff-ebpf` with aya-build,
+//! naming what is missing; `AYA_BUILD_SKIP=1` builds without the objects). The agent programs
+//! it through narrow interfaces: [`lb::LbDatapath`] (implemented by [`lb::ServiceLb`]),
+//! [`policy::PolicyDatapath`] and [`devices::DeviceConfinement`]; feature `testing` adds the
+//! fakes (`lb::fake::FakeLb`: the same mirror and planner, recording planned writes instead of
+//! making them; `devices::fake::FakeDevices`) and `testing`, the kernel-test fixtures shared
+//! with the agent's kernel tests. Every pin lives under `/sys/fs/bpf/skiff/<node>/` and is
+//! reused across agent restarts.
+//!
+//! The crate knows nothing of the API's types, never touches netfilter, and translates no
+//! packet that is not to a frontend or of a recorded flow.
 
 pub mod devices;
 #[cfg(test)]
@@ -173,13 +186,13 @@ pub fn cgroup_id(cgroup_dir: &Path) -> Result<u64, BpfError> {
 /// which does not depend on aya, so it gets its `Pod` impl through this wrapper.
 #[repr(transparent)]
 #[derive(Clone, Copy)]
-struct Counters(TrafficCounters);
+struct AyaTrafficCounters(TrafficCounters);
 
 // SAFETY: `TrafficCounters` is `#[repr(C)]`, two `u64`s with no padding, and every bit pattern is
-// a valid value; `Counters` is a transparent wrapper around it.
-unsafe impl aya::Pod for Counters {}
+// a valid value; `AyaTrafficCounters` is a transparent wrapper around it.
+unsafe impl aya::Pod for AyaTrafficCounters {}
 
-type CounterMap = PerCpuHashMap<MapData, u64, Counters>;
+type CounterMap = PerCpuHashMap<MapData, u64, AyaTrafficCounters>;
 
 /// The two links that attach the accounting programs to one cgroup.
 struct Attachment {

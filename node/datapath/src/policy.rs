@@ -10,6 +10,13 @@
 //! that use them, removals last, so a change never denies for a moment what both the old and
 //! the new tables allow. The mirror is read back from the pinned maps at load, so a restarted
 //! agent writes only what changed.
+//!
+//! A failed write re-reads the maps, so the next plan starts from the truth. [`rule_keys`] and
+//! [`port_blocks`] turn a port range into the fewest aligned prefix blocks. `start_flows`
+//! hands every `POL_FLOWS` record to a sink on a thread of its own, through the one poll(2)
+//! loop of the agent's BPF ring buffers (`lb::debug::Reader::poll`, which the LB's debug
+//! records use too). The pinned links are made or taken over by the one pin-or-take-over path
+//! both objects use (`lb::bpf::pinned_cgroup_link`).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -259,7 +266,7 @@ type CidrsMap = LpmTrie<MapData, [u8; 4], u32>;
 type RulesMap = LpmTrie<MapData, P<PolRuleKey>, u32>;
 type HostPortsMap = HashMap<MapData, P<PolHostPortKey>, P<PolHostPort>>;
 type CtMap = HashMap<MapData, P<PolCtKey>, P<PolCtEntry>>;
-type CountersMap = PerCpuHashMap<MapData, P<PolCounterKey>, P<PolCounters>>;
+type PolCountersMap = PerCpuHashMap<MapData, P<PolCounterKey>, P<PolCounters>>;
 
 /// Address as the programs see it (network order in memory).
 fn be(ip: Ipv4Addr) -> u32 {
@@ -281,7 +288,7 @@ pub struct PolicyEnforcer {
     rules: RulesMap,
     host_ports: HostPortsMap,
     ct: CtMap,
-    counters: CountersMap,
+    counters: PolCountersMap,
     tables: PolicyTables,
     pin_dir: PathBuf,
 }
@@ -353,7 +360,7 @@ impl PolicyEnforcer {
             rules: take_map(&mut ebpf, POL_RULES_MAP, RulesMap::try_from)?,
             host_ports: take_map(&mut ebpf, POL_HOST_PORTS_MAP, HostPortsMap::try_from)?,
             ct: take_map(&mut ebpf, POL_CT_MAP, CtMap::try_from)?,
-            counters: take_map(&mut ebpf, POL_COUNTERS_MAP, CountersMap::try_from)?,
+            counters: take_map(&mut ebpf, POL_COUNTERS_MAP, PolCountersMap::try_from)?,
             ebpf,
             tables: PolicyTables::default(),
             pin_dir: pin_dir.to_path_buf(),

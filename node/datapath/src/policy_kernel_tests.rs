@@ -69,7 +69,7 @@ for line in sys.stdin:
         print("fail", flush=True)
 "#;
 
-struct Fixture {
+struct PolicyFixture {
     name: String,
     cgroup: PathBuf,
     pin_dir: PathBuf,
@@ -80,12 +80,12 @@ struct Fixture {
     )>,
 }
 
-impl Fixture {
+impl PolicyFixture {
     fn new() -> Self {
         let suffix = unique_name();
         let name = format!("skiff-poltest-{suffix}");
         let root = skiff_runtime::host::cgroup2_mount().expect("cgroup v2 must be mounted");
-        let fx = Fixture {
+        let fx = PolicyFixture {
             cgroup: root.join(&name),
             pin_dir: node_pin_dir(&format!("poltest-{suffix}")),
             children: Vec::new(),
@@ -150,7 +150,7 @@ impl Fixture {
     }
 }
 
-impl Drop for Fixture {
+impl Drop for PolicyFixture {
     fn drop(&mut self) {
         self.client = None;
         for child in &mut self.children {
@@ -226,7 +226,7 @@ fn denied(p: &PolicyEnforcer, dir: u8) -> u64 {
 /// established connections, and the drop counters, on one pair of "pods".
 #[test]
 fn policy_programs_enforce_rules_by_identity_and_keep_established_flows() {
-    let mut fx = Fixture::new();
+    let mut fx = PolicyFixture::new();
     let mut p = PolicyEnforcer::load(&fx.pin_dir, PolicyConfig::default()).expect("load");
     p.attach(&fx.cgroup).expect("attach");
     let (tx, flows) = std::sync::mpsc::channel();

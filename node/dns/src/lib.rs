@@ -18,7 +18,7 @@
 //!
 //! The node agent serves [`Handler`] on the node's address (UDP and TCP) over its informers
 //! ([`ClusterView`]); this crate knows neither the agent nor the network. Fuzzed by
-//! `fuzz/fuzz_targets/dns_queries.rs` (feature `fuzzing`: [`fuzzing::answer_bytes`]).
+//! `tests/fuzz/fuzz_targets/dns_queries.rs` (feature `fuzzing`: `fuzzing::answer_bytes`).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;

@@ -24,10 +24,19 @@
 //! other node ([`NodeNetwork::set_peer_route`], driven by the agent's `routes` controller), so
 //! nodes on one L2 segment route pod traffic directly, unencapsulated and untranslated.
 //!
-//! The eBPF fast path (`bpf::lb`, programmed by `agent::proxy`) bypasses the node's IP stack
-//! for pod traffic: it delivers straight into a pod through [`PodAttachment::host_ifindex`]
-//! with [`PodAttachment::host_mac`] / [`PodAttachment::pod_mac`]; the routes above stay, for
-//! what it hands to the stack and for when it is not loaded.
+//! The eBPF fast path (`skiff_datapath::lb`, programmed by the agent's `proxy`) bypasses the
+//! node's IP stack for pod traffic: it delivers straight into a pod through
+//! [`PodAttachment::host_ifindex`] with [`PodAttachment::host_mac`] /
+//! [`PodAttachment::pod_mac`]; the routes above stay, for what it hands to the stack and for
+//! when it is not loaded.
+//!
+//! IPAM allocates pod addresses from the node's [`PodCidr`] (at most a /30), one file per
+//! address claimed with a hard link, so allocation is atomic and survives restarts.
+//! [`PodNetwork`] is the narrow interface the agent uses (attach, detach, addresses);
+//! [`NodeNetwork`] implements it, and feature `fake` gives `fake::FakeNetwork` (addresses from a
+//! CIDR, no kernel). [`connect_in`], [`listen_in`] and [`bind_udp_in`] open sockets inside a
+//! namespace (port forwarding into a pod; the agent's API server passthrough and DNS server on
+//! the node). The crate knows nothing of the API's types or the data path.
 
 mod cidr;
 mod error;

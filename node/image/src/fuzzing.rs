@@ -1,5 +1,5 @@
 //! A layer unpacked beside sentinels, for the unpacker's property test and `cargo fuzz`
-//! (feature `fuzzing`; `fuzz/fuzz_targets/image_layers.rs`).
+//! (feature `fuzzing`; `tests/fuzz/fuzz_targets/image_layers.rs`).
 //!
 //! [`Sandbox`] is a temporary directory laid out like the node's layer store: sentinel files,
 //! a directory, a symlink and another unpacked layer beside the directory the layer is

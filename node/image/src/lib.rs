@@ -14,6 +14,12 @@
 //! exactly as the OCI spec says.
 //!
 //! Garbage collection ([`gc`]) removes unused images with the kubelet's policy.
+//!
+//! [`process`] holds Kubernetes' rules for what a container of an image runs; [`auth`] reads
+//! registry credentials from a Docker `config.json`; [`ImageStore`] puts the two stores under
+//! one root with the names pulled into them, and `skiff-node image pull|ls|rm` is its command
+//! line. Manifest and configuration types are `oci-spec`'s. The store knows nothing of the
+//! API's types, pods or the runtime, and writes nothing outside its root.
 
 pub mod auth;
 mod digest;

@@ -499,11 +499,11 @@ mod tests {
     use super::*;
 
     /// A tarball builder that writes names as they are (even `..`), as a hostile layer would.
-    struct Layer(tar::Builder<Vec<u8>>);
+    struct TarLayer(tar::Builder<Vec<u8>>);
 
-    impl Layer {
+    impl TarLayer {
         fn new() -> Self {
-            Layer(tar::Builder::new(Vec::new()))
+            TarLayer(tar::Builder::new(Vec::new()))
         }
 
         fn entry(
@@ -632,7 +632,7 @@ mod tests {
     fn files_links_whiteouts_and_opaque_directories() {
         root();
         let dir = tempfile::tempdir().unwrap();
-        let layer = Layer::new()
+        let layer = TarLayer::new()
             .dir("./etc/")
             .file("./etc/motd", "hello\n")
             .entry(
@@ -679,30 +679,33 @@ mod tests {
         let outside = tempfile::tempdir().unwrap();
         let target = outside.path().to_string_lossy().into_owned();
         let cases: Vec<(&str, Vec<u8>)> = vec![
-            ("dot-dot", Layer::new().file("a/../../escape", "x").bytes()),
+            (
+                "dot-dot",
+                TarLayer::new().file("a/../../escape", "x").bytes(),
+            ),
             (
                 "absolute symlink then a file through it",
-                Layer::new()
+                TarLayer::new()
                     .entry(tar::EntryType::Symlink, "link", &target, b"")
                     .file("link/escape", "x")
                     .bytes(),
             ),
             (
                 "relative symlink then a directory through it",
-                Layer::new()
+                TarLayer::new()
                     .entry(tar::EntryType::Symlink, "up", "../../../../../../..", b"")
                     .dir("up/tmp/")
                     .bytes(),
             ),
             (
                 "hard link out",
-                Layer::new()
+                TarLayer::new()
                     .entry(tar::EntryType::Link, "passwd", "../../../etc/passwd", b"")
                     .bytes(),
             ),
             (
                 "device node",
-                Layer::new()
+                TarLayer::new()
                     .entry(tar::EntryType::Block, "dev/sda", "", b"")
                     .bytes(),
             ),
@@ -726,39 +729,39 @@ mod tests {
     fn bad_whiteouts_are_refused_by_name_and_touch_nothing() {
         root();
         let cases: Vec<(&str, Vec<u8>)> = vec![
-            (".wh...", Layer::new().file(".wh...", "").bytes()),
+            (".wh...", TarLayer::new().file(".wh...", "").bytes()),
             (
                 "a/.wh...",
-                Layer::new().dir("a/").file("a/.wh...", "").bytes(),
+                TarLayer::new().dir("a/").file("a/.wh...", "").bytes(),
             ),
-            (".wh.", Layer::new().file("./.wh.", "").bytes()),
+            (".wh.", TarLayer::new().file("./.wh.", "").bytes()),
             (
                 "a/.wh..",
-                Layer::new().dir("a/").file("a/.wh..", "").bytes(),
+                TarLayer::new().dir("a/").file("a/.wh..", "").bytes(),
             ),
             (
                 ".wh..wh..opq",
-                Layer::new().file(".wh..wh..opq", "").bytes(),
+                TarLayer::new().file(".wh..wh..opq", "").bytes(),
             ),
             (
                 "a/.wh..wh.plnk",
-                Layer::new().file("a/.wh..wh.plnk", "").bytes(),
+                TarLayer::new().file("a/.wh..wh.plnk", "").bytes(),
             ),
-            ("a/.wh.b", Layer::new().dir("a/.wh.b/").bytes()),
+            ("a/.wh.b", TarLayer::new().dir("a/.wh.b/").bytes()),
             (
                 "a/.wh..wh..opq",
-                Layer::new().dir("a/.wh..wh..opq/").bytes(),
+                TarLayer::new().dir("a/.wh..wh..opq/").bytes(),
             ),
             (
                 ".wh.x/child",
-                Layer::new()
+                TarLayer::new()
                     .file(".wh.x", "")
                     .file(".wh.x/child", "")
                     .bytes(),
             ),
             (
                 ".wh..wh..opq/child",
-                Layer::new().file(".wh..wh..opq/child", "").bytes(),
+                TarLayer::new().file(".wh..wh..opq/child", "").bytes(),
             ),
         ];
         for (entry, bytes) in cases {
@@ -789,13 +792,13 @@ mod tests {
             blobs.put(&d, &mut &bytes[..], bytes.len() as u64).unwrap();
             d
         };
-        let good = store(&Layer::new().file("etc/motd", "hi").gzip());
+        let good = store(&TarLayer::new().file("etc/motd", "hi").gzip());
         let good_dir = layers
             .unpack(&blobs, &good, Compression::Gzip, None)
             .unwrap();
         for hostile in [
-            Layer::new().file("a", "x").file(".wh...", "").gzip(),
-            Layer::new()
+            TarLayer::new().file("a", "x").file(".wh...", "").gzip(),
+            TarLayer::new()
                 .file("a", "x")
                 .entry(tar::EntryType::Symlink, "l", "..", b"")
                 .file("l/escape", "x")
@@ -829,12 +832,13 @@ mod tests {
         }
     }
 
-    /// The fuzz target's seeds (`fuzz/seeds/image_layers`), unpacked beside the sandbox's
+    /// The fuzz target's seeds (`tests/fuzz/seeds/image_layers`), unpacked beside the sandbox's
     /// sentinels on every test run.
     #[test]
     fn fuzz_seeds_unpack_or_are_refused_and_touch_nothing_outside() {
         root();
-        let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/image_layers");
+        let seeds =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fuzz/seeds/image_layers");
         let mut seen = 0;
         for e in fs::read_dir(&seeds).unwrap() {
             let path = e.unwrap().path();
@@ -858,7 +862,7 @@ mod tests {
 
     #[test]
     fn truncated_and_corrupt_layers_are_errors() {
-        let good = Layer::new().file("a", &"x".repeat(10_000)).gzip();
+        let good = TarLayer::new().file("a", &"x".repeat(10_000)).gzip();
         for cut in [10, good.len() / 2, good.len() - 9] {
             let dir = tempfile::tempdir().unwrap();
             let err = unpack(&good[..cut], Compression::Gzip, dir.path()).unwrap_err();
@@ -979,7 +983,7 @@ mod tests {
                 root();
                 let sandbox = Sandbox::new();
                 let outside = sandbox.outside().to_string_lossy().into_owned();
-                let mut layer = Layer::new();
+                let mut layer = TarLayer::new();
                 for (kind, name, target, pax) in &ops {
                     let link = match kind {
                         tar::EntryType::Symlink | tar::EntryType::Link => {

@@ -25,6 +25,23 @@
 //! [`volume`] holds the filesystem code of pod volumes that containers must not turn against
 //! the node: the AtomicWriter of secret, configMap, projected and downwardAPI volumes, and
 //! the no-follow subPath walk whose descriptor the shim mounts from.
+//!
+//! A sandbox with `share_pid_namespace` starts `skiff-node shim --pause` in the pod's leaf
+//! cgroup `pid_ns`: it unshares a PID namespace and forks its PID 1, which reaps orphans and
+//! exits on SIGTERM; containers are forked into it and the pod's teardown stops it with the
+//! rest of the cgroup. Containers are confined by the shim ([`Security`]:
+//! `Security::default()` confines nothing, a `host` container; [`Security::restricted`] is
+//! containerd's unprivileged default, with the RuntimeDefault seccomp filter refusing with
+//! EPERM what Docker's and containerd's default profiles refuse).
+//!
+//! [`host`] finds the cgroup v2 mount and reports missing controllers (`skiff-node
+//! check-host`); [`mountinfo`] is the one parser of the mount table; [`remove_cgroup_tree`] is
+//! the one way a cgroup tree is removed (runtime, purge, tests, benchmarks). The shim also
+//! ships as the `skiff-shim` binary. Feature `fake`: `fake::FakeRuntime`, an in-memory
+//! [`Runtime`] recording its calls in a shared journal.
+//!
+//! The runtime knows nothing of the API's types, loads no BPF and configures no network beyond
+//! creating the pod's namespace with its loopback up.
 
 mod cgroup;
 mod confine;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 /// One mount of the table.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mount {
+pub struct MountEntry {
     /// Where it is mounted (octal escapes such as `\040` decoded).
     pub mount_point: PathBuf,
     /// The file system type, e.g. `cgroup2`, `bpf`, `overlay`.
@@ -19,12 +19,12 @@ pub struct Mount {
 pub const PATH: &str = "/proc/self/mountinfo";
 
 /// Parses the text of a mountinfo file; malformed lines are skipped.
-pub fn parse(text: &str) -> Vec<Mount> {
+pub fn parse(text: &str) -> Vec<MountEntry> {
     text.lines().filter_map(parse_line).collect()
 }
 
 /// Reads and parses this process's mount table.
-pub fn read() -> std::io::Result<Vec<Mount>> {
+pub fn read() -> std::io::Result<Vec<MountEntry>> {
     std::fs::read_to_string(PATH).map(|t| parse(&t))
 }
 
@@ -39,14 +39,14 @@ pub fn under(dir: &std::path::Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(points)
 }
 
-fn parse_line(line: &str) -> Option<Mount> {
+fn parse_line(line: &str) -> Option<MountEntry> {
     // id parent major:minor root mountpoint options [optional...] - fstype source superopts
     let (left, right) = line.split_once(" - ")?;
     let mount_point = left.split_whitespace().nth(4)?;
     let mut right = right.split_whitespace();
     let fstype = right.next()?;
     let source = right.next().unwrap_or_default();
-    Some(Mount {
+    Some(MountEntry {
         mount_point: PathBuf::from(unescape_octal(mount_point)),
         fstype: fstype.to_string(),
         source: unescape_octal(source),

@@ -944,7 +944,7 @@ mod tests {
     use clap::Parser;
 
     #[derive(Parser)]
-    struct Cli {
+    struct TestCli {
         #[command(subcommand)]
         cmd: Cmd,
     }
@@ -969,7 +969,7 @@ mod tests {
         };
         let mut line: Vec<OsString> = vec!["skiff-node".into()];
         line.extend(args.to_args());
-        let Cmd::Shim(back) = Cli::try_parse_from(line).unwrap().cmd;
+        let Cmd::Shim(back) = TestCli::try_parse_from(line).unwrap().cmd;
         assert_eq!(back.to_args(), args.to_args());
         assert_eq!(back.argv, args.argv);
     }

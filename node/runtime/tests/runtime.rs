@@ -1095,7 +1095,9 @@ async fn agent_process_for_kill_test() {
         std::env::var(AGENT_STATE_ENV),
         std::env::var(AGENT_CGROUP_ENV),
     ) else {
-        return;
+        panic!(
+            "run only by containers_survive_an_agent_kill_9, which sets {AGENT_STATE_ENV} and {AGENT_CGROUP_ENV}"
+        );
     };
     let rt = NativeRuntime::new(NativeConfig::new(
         state_dir.into(),

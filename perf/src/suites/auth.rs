@@ -4,7 +4,7 @@
 //! One run, three sides measured the same way, one after the other, each on a fresh etcd and
 //! a fresh API server in this process (`skiff_apiserver::spawn`, the code the binary runs):
 //!
-//! 1. **off**: plain HTTP, no authentication, no authorization (Skiff before M2-C);
+//! 1. **off**: plain HTTP, no authentication, no authorization;
 //! 2. **on**: TLS, a client certificate, and RBAC evaluated for a user bound to `edit` in the
 //!    namespace (not `system:masters`, which skips RBAC);
 //! 3. **on + failed logins**: as 2, while other connections send requests with a wrong
@@ -20,9 +20,9 @@
 //!    server's fair queuing) or are answered 429.
 //!
 //! Each side: warm-up creates, then N pod creates through the typed gRPC client with 16 in
-//! flight; creates/s and per-call latency. Targets (M2-C): "on" at most 10% fewer creates/s
+//! flight; creates/s and per-call latency. Targets: "on" at most 10% fewer creates/s
 //! and 10% more p99 than "off"; the storm at most 10% slower than "on"; under slowloris and
-//! the flood the well-behaved client keeps at least 90% of its creates/s (M3).
+//! the flood the well-behaved client keeps at least 90% of its creates/s.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -85,7 +85,7 @@ pub fn run(opts: &Options) -> LocalBoxFuture<'_, Result<SuiteReport>> {
 
 /// What one side measured.
 #[derive(Debug, Clone)]
-struct Side {
+struct AuthSide {
     calls: Vec<Duration>,
     wall: Duration,
     /// Failed logins answered (401) while the creates ran, and in all.
@@ -136,7 +136,7 @@ struct FloodStats {
 }
 
 /// A server of one side, with the client whose creates are measured.
-struct Running {
+struct RunningServer {
     _etcd: EtcdServer,
     server: Option<skiff_apiserver::ServerHandle>,
     pods: Api<Pod>,
@@ -148,7 +148,7 @@ struct Running {
     _dir: tempfile::TempDir,
 }
 
-impl Drop for Running {
+impl Drop for RunningServer {
     fn drop(&mut self) {
         // Dropping the handle stops the server at once.
         self.server.take();
@@ -166,7 +166,7 @@ enum Mode {
     Limited,
 }
 
-async fn start(mode: Mode) -> Result<Running> {
+async fn start(mode: Mode) -> Result<RunningServer> {
     let secure = mode != Mode::Off;
     let etcd = EtcdServer::start().map_err(|e| anyhow::anyhow!("starting etcd: {}", e.0))?;
     let store = skiff_store::EtcdStore::connect(&etcd.endpoints())
@@ -258,7 +258,7 @@ async fn start(mode: Mode) -> Result<Running> {
         let client = Client::connect(&format!("http://{addr}")).await?;
         (client.namespaced::<Pod>(NAMESPACE), None, None)
     };
-    Ok(Running {
+    Ok(RunningServer {
         _etcd: etcd,
         server: Some(server),
         pods,
@@ -545,7 +545,7 @@ struct Attacks {
     flood: bool,
 }
 
-async fn measure_side(mode: Mode, attacks: Attacks, creates: usize, tag: &str) -> Result<Side> {
+async fn measure_side(mode: Mode, attacks: Attacks, creates: usize, tag: &str) -> Result<AuthSide> {
     let failed_logins = attacks.failed_logins;
     let r = start(mode).await?;
     let run_id = skiff_tests::unique();
@@ -662,7 +662,7 @@ async fn measure_side(mode: Mode, attacks: Attacks, creates: usize, tag: &str) -
         .iter()
         .filter(|t| (first..=last).contains(*t))
         .count();
-    Ok(Side {
+    Ok(AuthSide {
         calls: times.iter().map(|(s, e)| *e - *s).collect(),
         wall: last.saturating_duration_since(first),
         storm_during,
@@ -752,7 +752,7 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
          {CREATE_CONCURRENCY} in flight after {WARMUP} warm-up creates; pods/s over first call \
          start → last response"
     );
-    let series_of = |name: &str, role, s: &Side, group: &str, how: &str| -> Result<Series> {
+    let series_of = |name: &str, role, s: &AuthSide, group: &str, how: &str| -> Result<Series> {
         Ok(Series::new(
             name,
             role,
@@ -835,8 +835,8 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
             &format!("{on_how}; default limits"),
         )?,
     ];
-    let rate = |s: &Side| s.calls.len() as f64 / s.wall.as_secs_f64().max(1e-9);
-    let p99 = |s: &Side| {
+    let rate = |s: &AuthSide| s.calls.len() as f64 / s.wall.as_secs_f64().max(1e-9);
+    let p99 = |s: &AuthSide| {
         crate::stats::Summary::of(&s.calls)
             .map(|x| x.p99)
             .unwrap_or(0.0)

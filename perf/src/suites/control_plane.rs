@@ -67,27 +67,27 @@ pub fn run(opts: &Options) -> LocalBoxFuture<'_, Result<SuiteReport>> {
 
 /// The sizes of one run.
 #[derive(Debug, Clone, Copy)]
-struct Sizes {
+struct ControlPlaneSizes {
     creates: usize,
     fanout_creates: usize,
     watchers: usize,
 }
 
-impl Sizes {
-    fn of(opts: &Options) -> Result<Sizes> {
+impl ControlPlaneSizes {
+    fn of(opts: &Options) -> Result<ControlPlaneSizes> {
         let creates = opts.pods.unwrap_or(if opts.quick {
             QUICK_CREATES
         } else {
             DEFAULT_CREATES
         });
         let sizes = if opts.quick {
-            Sizes {
+            ControlPlaneSizes {
                 creates,
                 fanout_creates: QUICK_FANOUT_CREATES,
                 watchers: QUICK_WATCHERS,
             }
         } else {
-            Sizes {
+            ControlPlaneSizes {
                 creates,
                 fanout_creates: DEFAULT_FANOUT_CREATES,
                 watchers: DEFAULT_WATCHERS,
@@ -227,7 +227,7 @@ pub(crate) fn bench_pod(name: &str, run_id: &str, batch: &str) -> Result<Pod> {
 
 /// What one side measured.
 #[derive(Debug, Clone)]
-struct Side {
+struct ControlPlaneSide {
     /// Create call durations, in create order.
     create_calls: Vec<Duration>,
     /// First create call start → last create call end.
@@ -247,7 +247,7 @@ struct Side {
     rss_bytes: u64,
 }
 
-impl Side {
+impl ControlPlaneSide {
     fn create_throughput(&self) -> f64 {
         self.create_calls.len() as f64 / self.create_wall.as_secs_f64().max(f64::EPSILON)
     }
@@ -283,7 +283,12 @@ async fn watched_creates(
 }
 
 /// Measures one side; `pids` are its server processes (for their CPU time).
-async fn measure_side(target: &Target, tag: &str, sizes: Sizes, pids: &[u32]) -> Result<Side> {
+async fn measure_side(
+    target: &Target,
+    tag: &str,
+    sizes: ControlPlaneSizes,
+    pids: &[u32],
+) -> Result<ControlPlaneSide> {
     let cpu0 = procfs::cpu_of(pids)?;
     info!(
         side = tag,
@@ -323,7 +328,7 @@ async fn measure_side(target: &Target, tag: &str, sizes: Sizes, pids: &[u32]) ->
         .iter()
         .map(|p| procfs::usage(*p).map(|u| u.rss_bytes))
         .sum::<Result<u64>>()?;
-    Ok(Side {
+    Ok(ControlPlaneSide {
         create_calls,
         create_wall,
         one_watcher,
@@ -350,7 +355,7 @@ async fn api_target(server: &ApiServer, run_id: &str) -> Result<Target> {
 
 async fn measure(opts: &Options) -> Result<SuiteReport> {
     let bin_dir = host::check_binaries(&["skiff-apiserver"])?;
-    let sizes = Sizes::of(opts)?;
+    let sizes = ControlPlaneSizes::of(opts)?;
     let runs = opts
         .runs
         .unwrap_or(if opts.quick { QUICK_RUNS } else { DEFAULT_RUNS });
@@ -359,7 +364,7 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
     }
     let started_at = chrono::Utc::now();
     let mut env = host::environment();
-    let mut all: [Vec<Side>; 3] = Default::default();
+    let mut all: [Vec<ControlPlaneSide>; 3] = Default::default();
     let mut value_bytes = 0;
     for r in 0..runs {
         info!(run = r + 1, runs, "control-plane run");
@@ -375,16 +380,16 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
 }
 
 /// The run with the median create throughput (the lower middle one of an even count).
-fn median_run(runs: &[Side]) -> Option<&Side> {
-    crate::stats::median_by(runs, Side::create_throughput)
+fn median_run(runs: &[ControlPlaneSide]) -> Option<&ControlPlaneSide> {
+    crate::stats::median_by(runs, ControlPlaneSide::create_throughput)
 }
 
 /// One run of the three sides, each on fresh servers; also the size of the stored pod.
 async fn measure_once(
     bin_dir: &std::path::Path,
-    sizes: Sizes,
+    sizes: ControlPlaneSizes,
     env: &mut crate::report::Environment,
-) -> Result<([Side; 3], usize)> {
+) -> Result<([ControlPlaneSide; 3], usize)> {
     let run_id = skiff_tests::unique();
 
     // 1. The API server on etcd.
@@ -461,9 +466,9 @@ fn report(
     opts: &Options,
     started_at: chrono::DateTime<chrono::Utc>,
     env: crate::report::Environment,
-    sizes: Sizes,
+    sizes: ControlPlaneSizes,
     value_bytes: usize,
-    all: &[Vec<Side>; 3],
+    all: &[Vec<ControlPlaneSide>; 3],
 ) -> Result<SuiteReport> {
     let [on_etcd, raw, embedded] = [0, 1, 2].map(|i| median_run(&all[i]));
     let (Some(on_etcd), Some(raw), Some(embedded)) = (on_etcd, raw, embedded) else {
@@ -472,19 +477,28 @@ fn report(
     let runs = all[0].len();
     let w = sizes.watchers;
     let (n, m) = (sizes.creates, sizes.fanout_creates);
-    let create = |name: &str, role, measures: &str, s: &Side, group: &str| -> Result<Series> {
-        Ok(
-            Series::new(name, role, measures, &s.create_calls, Some(s.create_wall))?
-                .with_throughput(s.create_calls.len(), s.create_wall)
-                .in_group(group),
-        )
-    };
-    let one = |name: &str, role, measures: &str, s: &Side, group: &str| -> Result<Series> {
-        Ok(Series::new(name, role, measures, &s.one_watcher, Some(s.one_wall))?.in_group(group))
-    };
-    let many = |name: &str, role, measures: &str, s: &Side, group: &str| -> Result<Series> {
-        Ok(Series::new(name, role, measures, &s.fanout_last, Some(s.fanout_wall))?.in_group(group))
-    };
+    let create =
+        |name: &str, role, measures: &str, s: &ControlPlaneSide, group: &str| -> Result<Series> {
+            Ok(
+                Series::new(name, role, measures, &s.create_calls, Some(s.create_wall))?
+                    .with_throughput(s.create_calls.len(), s.create_wall)
+                    .in_group(group),
+            )
+        };
+    let one =
+        |name: &str, role, measures: &str, s: &ControlPlaneSide, group: &str| -> Result<Series> {
+            Ok(
+                Series::new(name, role, measures, &s.one_watcher, Some(s.one_wall))?
+                    .in_group(group),
+            )
+        };
+    let many =
+        |name: &str, role, measures: &str, s: &ControlPlaneSide, group: &str| -> Result<Series> {
+            Ok(
+                Series::new(name, role, measures, &s.fanout_last, Some(s.fanout_wall))?
+                    .in_group(group),
+            )
+        };
     let api_create = format!(
         "Pod create call through skiff-client (just before the gRPC call → its response, the \
          pod stored), {n} creates with {CREATE_CONCURRENCY} in flight; pods/s over first call \
@@ -702,8 +716,8 @@ fn report(
 mod tests {
     use super::*;
 
-    fn side(creates: usize) -> Side {
-        Side {
+    fn side(creates: usize) -> ControlPlaneSide {
+        ControlPlaneSide {
             create_calls: vec![Duration::from_millis(1); creates],
             create_wall: Duration::from_secs(1),
             one_watcher: vec![Duration::from_millis(1)],
@@ -726,19 +740,19 @@ mod tests {
 
     #[test]
     fn sizes_default_and_quick() {
-        let full = Sizes::of(&Options::default()).unwrap();
+        let full = ControlPlaneSizes::of(&Options::default()).unwrap();
         assert_eq!(
             (full.creates, full.fanout_creates, full.watchers),
             (2000, 500, 1000)
         );
-        let quick = Sizes::of(&Options {
+        let quick = ControlPlaneSizes::of(&Options {
             quick: true,
             ..Default::default()
         })
         .unwrap();
         assert_eq!((quick.creates, quick.watchers), (50, 10));
         assert!(
-            Sizes::of(&Options {
+            ControlPlaneSizes::of(&Options {
                 pods: Some(0),
                 ..Default::default()
             })

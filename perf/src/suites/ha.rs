@@ -94,7 +94,7 @@ impl Setup {
 
 /// The processes of one setup. Dropping it kills them by pid, the API servers first (fields
 /// drop in order), and removes their directories.
-struct Cluster {
+struct HaCluster {
     servers: Vec<ApiServer>,
     /// Running until dropped, after the API servers.
     _etcd: EtcdCluster,
@@ -102,11 +102,11 @@ struct Cluster {
     pids: Vec<u32>,
 }
 
-impl Cluster {
+impl HaCluster {
     /// Starts `size` etcd members, healthy, then `size` API servers over all of them: the
     /// first makes the PKI, the others start with it. Checks every API server runs a binary
     /// from `bin_dir`, and records the executables in `env`.
-    fn start(size: usize, bin_dir: &Path, env: &mut Environment) -> Result<Cluster> {
+    fn start(size: usize, bin_dir: &Path, env: &mut Environment) -> Result<HaCluster> {
         let etcd = EtcdCluster::start(size)
             .map_err(|e| anyhow!("starting {size} etcd member(s): {}", e.0))?;
         let backend = || Backend::Etcd(etcd.endpoints().join(","));
@@ -129,7 +129,7 @@ impl Cluster {
             }
             pids.push(pid);
         }
-        Ok(Cluster {
+        Ok(HaCluster {
             servers,
             _etcd: etcd,
             pids,
@@ -148,7 +148,7 @@ impl Cluster {
 
 /// One setup's measurement in one round.
 #[derive(Debug, Clone)]
-struct Run {
+struct HaRun {
     setup: Setup,
     round: usize,
     /// Create call durations, in create order.
@@ -163,7 +163,7 @@ struct Run {
     startup: Duration,
 }
 
-impl Run {
+impl HaRun {
     fn rate(&self) -> f64 {
         self.calls.len() as f64 / self.wall.as_secs_f64().max(1e-9)
     }
@@ -185,7 +185,7 @@ async fn measure_setup(
     creates: usize,
     bin_dir: &Path,
     env: &mut Environment,
-) -> Result<Run> {
+) -> Result<HaRun> {
     let size = setup.size();
     info!(
         suite = NAME,
@@ -194,7 +194,7 @@ async fn measure_setup(
         "starting {size} etcd member(s) and {size} API server(s)"
     );
     let t0 = Instant::now();
-    let cluster = Cluster::start(size, bin_dir, env)?;
+    let cluster = HaCluster::start(size, bin_dir, env)?;
     let startup = t0.elapsed();
     let mut workers: Vec<Api<Pod>> = Vec::with_capacity(CREATE_CONCURRENCY);
     for w in 0..CREATE_CONCURRENCY {
@@ -257,7 +257,7 @@ async fn measure_setup(
     drop(cluster);
     let first = times.first().map(|t| t.0).context("no creates")?;
     let last = times.iter().map(|t| t.1).max().context("no creates")?;
-    Ok(Run {
+    Ok(HaRun {
         setup,
         round,
         calls: times.iter().map(|(s, e)| *e - *s).collect(),
@@ -324,9 +324,9 @@ fn spread(workers: usize, servers: usize) -> String {
 }
 
 /// The reported round of `setup`: the one with the median creates/s.
-fn median_run(all: &[Run], setup: Setup) -> Result<Run> {
-    let runs: Vec<Run> = all.iter().filter(|r| r.setup == setup).cloned().collect();
-    crate::stats::median_by(&runs, Run::rate)
+fn median_run(all: &[HaRun], setup: Setup) -> Result<HaRun> {
+    let runs: Vec<HaRun> = all.iter().filter(|r| r.setup == setup).cloned().collect();
+    crate::stats::median_by(&runs, HaRun::rate)
         .cloned()
         .with_context(|| format!("no {} runs", setup.tag()))
 }
@@ -337,7 +337,7 @@ fn report(
     env: Environment,
     creates: usize,
     runs: usize,
-    all: &[Run],
+    all: &[HaRun],
 ) -> Result<SuiteReport> {
     let single = median_run(all, Setup::Single)?;
     let ha = median_run(all, Setup::Replicated)?;
@@ -351,7 +351,7 @@ fn report(
          response; the median of {runs} round(s) by pods/s"
     );
     let group = format!("{HA_SIZE}×{HA_SIZE} vs 1×1");
-    let series_of = |r: &Run, role: Role, how: &str| -> Result<Series> {
+    let series_of = |r: &HaRun, role: Role, how: &str| -> Result<Series> {
         Ok(Series::new(
             &r.setup.series_name(),
             role,
@@ -456,7 +456,7 @@ fn report(
         ),
     ];
 
-    let round_json = |r: &Run| {
+    let round_json = |r: &HaRun| {
         let s = r.summary();
         json!({
             "setup": r.setup.tag(),
@@ -508,8 +508,8 @@ fn report(
 mod tests {
     use super::*;
 
-    fn run(setup: Setup, round: usize, wall_ms: u64) -> Run {
-        Run {
+    fn run(setup: Setup, round: usize, wall_ms: u64) -> HaRun {
+        HaRun {
             setup,
             round,
             calls: vec![Duration::from_millis(2), Duration::from_millis(4)],

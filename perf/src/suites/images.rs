@@ -43,7 +43,7 @@ const DELETE_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// Sizes of one run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Sizes {
+struct ImageSizes {
     /// MB of data per layer of the big image.
     layer_mb: usize,
     /// Cold pulls per tool.
@@ -54,16 +54,16 @@ struct Sizes {
     share_pods: usize,
 }
 
-fn sizes(opts: &Options) -> Sizes {
+fn sizes(opts: &Options) -> ImageSizes {
     if opts.quick {
-        Sizes {
+        ImageSizes {
             layer_mb: 1,
             pulls: 1,
             starts: 3,
             share_pods: opts.pods.unwrap_or(5),
         }
     } else {
-        Sizes {
+        ImageSizes {
             layer_mb: 10,
             pulls: opts.runs.unwrap_or(5),
             starts: 20,

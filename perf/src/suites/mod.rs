@@ -1,5 +1,13 @@
 //! The benchmark suites. To add one, write a module with a `run` function and append it to
 //! [`SUITES`].
+//!
+//! `skiff-bench` runs the suites of [`SUITES`] in the order of the report's five sections
+//! (service load balancing, LB programming, pod networking, pods and images, control plane)
+//! and, when all ran, writes `<date>-report.md` linking the suite reports in `perf/results/`.
+//! Every process a suite starts is a guard killed by pid on drop; every namespace, cgroup,
+//! rule and pin it makes is removed by a guard, also on error; nothing is created in the root
+//! network namespace. No test asserts on a benchmark's numbers: `cargo xtask test` runs
+//! `bench --quick` only to check that every suite works.
 
 use futures::future::LocalBoxFuture;
 

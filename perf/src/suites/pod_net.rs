@@ -63,7 +63,7 @@ const FIRST_CONNECT_TIMEOUT: Duration = Duration::from_secs(45);
 
 /// How long each measurement runs, and how many rounds.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct Sizes {
+struct PodNetSizes {
     /// Whole seconds (iperf3's `-t`).
     stream_s: u32,
     rr_s: f64,
@@ -72,12 +72,12 @@ struct Sizes {
 
 /// Many short rounds rather than a few long ones: on a shared machine the load drifts, and
 /// interleaving the implementations finely spreads that drift over all of them.
-const FULL: Sizes = Sizes {
+const FULL: PodNetSizes = PodNetSizes {
     stream_s: 2,
     rr_s: 2.0,
     rounds: 6,
 };
-const QUICK: Sizes = Sizes {
+const QUICK: PodNetSizes = PodNetSizes {
     stream_s: 1,
     rr_s: 1.0,
     rounds: 1,

@@ -94,7 +94,7 @@ pub fn run(opts: &Options) -> LocalBoxFuture<'_, Result<SuiteReport>> {
 
 /// The sizes of one run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Sizes {
+struct RestSizes {
     creates: usize,
     list_objects: usize,
     lists: usize,
@@ -103,10 +103,10 @@ struct Sizes {
     writes: usize,
 }
 
-impl Sizes {
-    fn of(opts: &Options) -> Result<Sizes> {
+impl RestSizes {
+    fn of(opts: &Options) -> Result<RestSizes> {
         let q = opts.quick;
-        let sizes = Sizes {
+        let sizes = RestSizes {
             creates: opts
                 .pods
                 .unwrap_or(if q { QUICK_CREATES } else { DEFAULT_CREATES }),
@@ -202,7 +202,7 @@ struct Fanout {
 
 /// What one run measured.
 #[derive(Debug, Clone)]
-struct Run {
+struct RestRun {
     /// The front end that created first.
     first: Front,
     rest: Creates,
@@ -524,7 +524,7 @@ async fn list_phase(
     kv: &etcd_client::Client,
     ns: &str,
     run_id: &str,
-    sizes: Sizes,
+    sizes: RestSizes,
 ) -> Result<Lists> {
     let n = sizes.list_objects;
     let payload = payload();
@@ -627,7 +627,7 @@ async fn fanout_phase(
     front: Front,
     ns: &str,
     run_id: &str,
-    sizes: Sizes,
+    sizes: RestSizes,
 ) -> Result<Fanout> {
     let server = ApiServer::start(Backend::Etcd(etcd.endpoint.clone()));
     let (pid, _) = host::apiserver_pid(&server, bin_dir)?;
@@ -695,7 +695,7 @@ async fn fanout_phase(
 
 async fn measure(opts: &Options) -> Result<SuiteReport> {
     let bin_dir = host::check_binaries(&["skiff-apiserver"])?;
-    let sizes = Sizes::of(opts)?;
+    let sizes = RestSizes::of(opts)?;
     let runs = opts
         .runs
         .unwrap_or(if opts.quick { QUICK_RUNS } else { DEFAULT_RUNS });
@@ -743,10 +743,10 @@ async fn measure_once(
     etcd: &EtcdServer,
     etcd_pid: u32,
     bin_dir: &std::path::Path,
-    sizes: Sizes,
+    sizes: RestSizes,
     r: usize,
     env: &mut crate::report::Environment,
-) -> Result<(Run, Bytesizes)> {
+) -> Result<(RestRun, Bytesizes)> {
     let run_id = skiff_tests::unique();
     let ns = |tag: &str| format!("perf-{run_id}-{tag}");
     let server = ApiServer::start(Backend::Etcd(etcd.endpoint.clone()));
@@ -828,7 +828,7 @@ async fn measure_once(
         watched.insert(front.name(), f);
     }
     Ok((
-        Run {
+        RestRun {
             first: order[0],
             rest: take(&mut created, Front::Rest)?,
             grpc: take(&mut created, Front::Grpc)?,
@@ -849,12 +849,12 @@ fn take<T>(m: &mut BTreeMap<&str, T>, front: Front) -> Result<T> {
 
 /// The run with the median create throughput on one path (the lower middle one of an even
 /// count).
-fn median_creates(runs: &[Run], path: fn(&Run) -> &Creates) -> Option<&Creates> {
+fn median_creates(runs: &[RestRun], path: fn(&RestRun) -> &Creates) -> Option<&Creates> {
     crate::stats::median_by(runs, |r| path(r).throughput()).map(path)
 }
 
 /// Every run's samples of one kind, in run order.
-fn pooled<T>(runs: &[Run], part: impl Fn(&Run) -> &[T]) -> Vec<T>
+fn pooled<T>(runs: &[RestRun], part: impl Fn(&RestRun) -> &[T]) -> Vec<T>
 where
     T: Clone,
 {
@@ -892,9 +892,9 @@ fn report(
     opts: &Options,
     started_at: chrono::DateTime<chrono::Utc>,
     env: crate::report::Environment,
-    sizes: Sizes,
+    sizes: RestSizes,
     bytes: Bytesizes,
-    runs: &[Run],
+    runs: &[RestRun],
 ) -> Result<SuiteReport> {
     let (Some(rest), Some(grpc), Some(etcd)) = (
         median_creates(runs, |r| &r.rest),
@@ -903,7 +903,7 @@ fn report(
     ) else {
         bail!("no runs");
     };
-    let Sizes {
+    let RestSizes {
         creates: n,
         list_objects: l,
         page,
@@ -927,7 +927,7 @@ fn report(
             Series::new(name, role, measures, &samples, Some(wall))?.in_group(&g_list),
         )
     };
-    let watch = |name: &str, role, measures: &str, part: fn(&Run) -> &Fanout| {
+    let watch = |name: &str, role, measures: &str, part: fn(&RestRun) -> &Fanout| {
         let samples = pooled(runs, |r| &part(r).last);
         let wall = runs.iter().map(|r| part(r).wall).sum();
         Ok::<_, anyhow::Error>(
@@ -1085,8 +1085,11 @@ fn report(
         .collect();
     notes.push(format!("Creates, every run: {}.", per_run.join("; ")));
     for (name, part) in [
-        ("REST", (|r: &Run| &r.rest_watch) as fn(&Run) -> &Fanout),
-        ("gRPC", |r: &Run| &r.grpc_watch),
+        (
+            "REST",
+            (|r: &RestRun| &r.rest_watch) as fn(&RestRun) -> &Fanout,
+        ),
+        ("gRPC", |r: &RestRun| &r.grpc_watch),
     ] {
         let pairs = pooled(runs, |r| &part(r).pairs);
         let kib_per_watcher = median_of(runs.iter().map(|r| {
@@ -1205,12 +1208,12 @@ mod tests {
 
     #[test]
     fn sizes_default_and_quick() {
-        let full = Sizes::of(&Options::default()).unwrap();
+        let full = RestSizes::of(&Options::default()).unwrap();
         assert_eq!(
             (full.creates, full.list_objects, full.watchers, full.writes),
             (2000, 1000, 1000, 50)
         );
-        let quick = Sizes::of(&Options {
+        let quick = RestSizes::of(&Options {
             quick: true,
             ..Default::default()
         })
@@ -1218,7 +1221,7 @@ mod tests {
         assert_eq!((quick.creates, quick.watchers), (50, 10));
         assert!(quick.page < quick.list_objects, "quick lists page too");
         assert!(
-            Sizes::of(&Options {
+            RestSizes::of(&Options {
                 pods: Some(0),
                 ..Default::default()
             })

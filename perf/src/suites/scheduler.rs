@@ -145,7 +145,7 @@ impl Round {
 }
 
 /// The cluster every round runs on.
-struct Cluster {
+struct SchedulerCluster {
     endpoint: String,
     /// The administrator's client configuration (the baseline binder's).
     config: skiff_client::ClientConfig,
@@ -410,7 +410,7 @@ async fn measure_nodes(
         bail!("{ready} of {n_nodes} hollow nodes are Ready");
     }
 
-    let cluster = Cluster {
+    let cluster = SchedulerCluster {
         endpoint: server.endpoint.clone(),
         config: server.client_config(),
         scheduler_kubeconfig: server.component_kubeconfig("scheduler"),
@@ -586,7 +586,7 @@ enum Running {
 /// One round: start the binder, warm up, measure, stop the binder. Returns the scheduler's
 /// executable for the report in Skiff rounds.
 async fn run_round(
-    c: &Cluster,
+    c: &SchedulerCluster,
     binder: Binder,
     run: usize,
     n_pods: usize,
@@ -634,7 +634,7 @@ async fn run_round(
 
 /// Creates `count` pods of batch `batch`, waits until all are seen bound, deletes them and
 /// waits until they are seen gone.
-async fn bind_batch(c: &Cluster, batch: &str, count: usize) -> Result<Round> {
+async fn bind_batch(c: &SchedulerCluster, batch: &str, count: usize) -> Result<Round> {
     let watch = PodWatch::start(c.pods.clone(), &format!("{BATCH_LABEL}={batch}"), bound).await?;
     let objects: Vec<(String, Pod)> = (0..count)
         .map(|i| {
@@ -735,7 +735,7 @@ struct SchedulerProcess {
 }
 
 impl SchedulerProcess {
-    fn start(c: &Cluster, batch: &str) -> Result<SchedulerProcess> {
+    fn start(c: &SchedulerCluster, batch: &str) -> Result<SchedulerProcess> {
         let identity = format!("skiff-perf-{batch}");
         let log = c.logs.path().join(format!("{identity}.log"));
         let log_file =

@@ -12,6 +12,10 @@
 //! The one exception is [`Cidr::parse_lenient`], for fields where Kubernetes 1.32 accepts
 //! any CIDR its sloppy parser reads (NetworkPolicy `ipBlock`s), so Skiff accepts the same
 //! objects; it still gives the canonical network.
+//!
+//! [`Cidr`] holds either family, [`Ipv4Cidr`] adds the n-th address and host addresses;
+//! `strictly_contains` is NetworkPolicy's `except` ⊂ `cidr` rule. The crate depends on nothing
+//! but std and thiserror.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};

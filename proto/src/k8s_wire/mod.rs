@@ -5,9 +5,10 @@
 //!
 //! The envelope is the four bytes `k8s\0` and a `runtime.Unknown`: its `typeMeta` (apiVersion
 //! and kind), and `raw`, the object as a message of its Go type's `generated.proto`. The
-//! field numbers and types of those messages come from Kubernetes' .proto files through a
-//! generated table (`table.rs`, made by `proto/tools/gen_k8s_wire.py`). The types with a JSON
-//! form of their own are converted as Kubernetes does: `Time` to RFC 3339 (`null` when
+//! field numbers and types of those messages come from Kubernetes' .proto files, vendored in
+//! `proto/k8s/`, through a generated table (`table.rs`, made by `cargo xtask codegen`; a kind
+//! added to [`root_message`] needs its message in the generator's `ROOTS` too). The types with
+//! a JSON form of their own are converted as Kubernetes does: `Time` to RFC 3339 (`null` when
 //! zero), `IntOrString` to a number or a string, `Quantity` to its string, `FieldsV1` and
 //! `RawExtension` to the JSON they carry.
 //!

@@ -13,6 +13,11 @@
 //! The end-to-end harness that drives the real binaries lives in `tests/` (`skiff-tests`),
 //! and the test network (namespaces, the fabric) in `skiff-testnet`, which `cargo xtask up`
 //! uses too.
+//!
+//! Its feature `api` (default) holds everything that needs the API; without it only the waits
+//! and the registry remain, which is how skiff-runtime's tests use it without building the
+//! control plane. It is only ever a dev-dependency (or the bench's), never a normal dependency
+//! of a product crate.
 
 #[cfg(feature = "api")]
 pub mod build;

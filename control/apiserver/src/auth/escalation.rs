@@ -3,6 +3,12 @@
 //! `escalate` verb on it), and may bind a role only if it holds the role's permissions there
 //! (or the `bind` verb on it). Otherwise anyone allowed to write RBAC objects could grant
 //! itself anything.
+//!
+//! Checked on every write of an RBAC object by the admission plug-in `RBACEscalation`, in the
+//! object's own namespace, with kube-apiserver's "attempting to grant RBAC permissions not
+//! currently held" message. A ClusterRole with an `aggregationRule` needs `escalate` ("must
+//! have cluster-admin privileges to use the aggregationRule"), since its selectors could lend
+//! any role's rules.
 
 use std::any::Any;
 

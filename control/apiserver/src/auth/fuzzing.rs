@@ -1,4 +1,4 @@
-//! The credential parsers on arbitrary input, for `cargo fuzz` (`control/apiserver/fuzz`,
+//! The credential parsers on arbitrary input, for `cargo fuzz` (`tests/fuzz`,
 //! target `auth_parsers`) and a unit test: the static token file, DER and PEM certificates,
 //! a client certificate chain checked against a CA, `Authorization` and impersonation
 //! headers, kubeconfigs, bootstrap tokens and certificate signing requests. None may panic whatever the bytes; a refusal is an error value.
@@ -108,7 +108,7 @@ mod tests {
         ];
         for e in std::fs::read_dir(concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/fuzz/seeds/auth_parsers"
+            "/../../tests/fuzz/seeds/auth_parsers"
         ))
         .into_iter()
         .flatten()

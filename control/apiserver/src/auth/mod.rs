@@ -17,6 +17,13 @@
 //! `kubectl --as` sends): the authenticated user must be allowed the `impersonate` verb on
 //! each (`users`, `groups`, `serviceaccounts` in the core group, `uids` in
 //! `authentication.k8s.io`); the request then runs as the impersonated user.
+//!
+//! Also: ServiceAccount tokens (ES256 JWTs of `skiff_pki::sa_token`: signature, issuer,
+//! audience and expiry checked here, then the pipeline checks against the authorizers' mirrors
+//! that the ServiceAccount and a bound pod still exist with the token's uids, else 401);
+//! bootstrap tokens ([`bootstrap`]). Failed authentications are delayed per source address
+//! ([`throttle`]). The user ([`crate::request::UserInfo`]) rides in the request's extensions.
+//! Both authorizers read in-memory mirrors (`mirror`) of the registry, relisted on "too old".
 
 pub mod authz;
 pub mod bootstrap;

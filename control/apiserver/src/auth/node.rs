@@ -10,8 +10,12 @@
 //!   with the field selector `spec.nodeName=<node>`, or as RBAC allows (the default policy
 //!   binds `system:skiff:network-policy-agent` to every node: NetworkPolicy enforcement needs
 //!   every pod's address and labels); never create.
-//! - Secrets: get only those a pod bound to it names (volumes, env, envFrom,
-//!   imagePullSecrets); never list or watch.
+//! - Secrets and ConfigMaps: get only those a pod bound to it names (volumes, projected
+//!   sources, env, envFrom, imagePullSecrets); never list or watch.
+//! - ServiceAccount tokens: create only for the ServiceAccounts its pods run as, and (the
+//!   NodeRestriction check in the TokenRequest handler) only bound to such a pod.
+//! - SubjectAccessReviews: create (its agent asks who may use its API). Not
+//!   `nodes/<subresource>`: one node does not use another's agent API.
 //! - PersistentVolumeClaims: get only those a pod bound to it names
 //!   (`volumes[].persistentVolumeClaim.claimName`); PersistentVolumes: get only those bound
 //!   (`spec.claimRef`) to such a claim. Other reads of them, and other nodes' claims and

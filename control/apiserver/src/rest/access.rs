@@ -7,6 +7,9 @@
 //! `deletecollection`), a list whose field selector names one object carries that name,
 //! and exec, attach and port-forward are `create` on their subresource (Kubernetes 1.35's
 //! rule: the WebSocket GET is no longer enough).
+//!
+//! It also answers LocalSubjectAccessReview and SelfSubjectReview (`kubectl auth whoami`).
+//! A refusal is a 403 `Status` with kube-apiserver's message.
 
 use axum::http::{HeaderMap, Method};
 use serde_json::{Value, json};

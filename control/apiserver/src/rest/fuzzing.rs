@@ -1,5 +1,5 @@
 //! The REST API's request decoders on arbitrary input, for `cargo fuzz`
-//! (`control/apiserver/fuzz`, target `rest_decoders`) and a unit test: paths, query
+//! (`tests/fuzz`, target `rest_decoders`) and a unit test: paths, query
 //! parameters (selectors, continue tokens, dryRun, fieldValidation, list and watch options),
 //! Accept headers, bodies in JSON, YAML and Kubernetes protobuf strictly decoded as each kind,
 //! the three patch types applied to a live object, server-side apply onto an object two
@@ -172,7 +172,7 @@ mod tests {
         }
         for pb in std::fs::read_dir(concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/fuzz/seeds/rest_decoders"
+            "/../../tests/fuzz/seeds/rest_decoders"
         ))
         .into_iter()
         .flatten()

@@ -6,6 +6,9 @@
 //! its second sample), memory the later sample's working set. Served for `get` and `list`
 //! only (with label selectors), under the same authentication and authorization as every
 //! resource (RBAC on `pods`/`nodes` of `metrics.k8s.io`).
+//!
+//! Its two kinds are added to discovery only (they are not registry kinds: their plurals are
+//! the core ones); `view` reads them.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

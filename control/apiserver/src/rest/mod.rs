@@ -28,6 +28,18 @@
 //! - `GET /skiff/v1/snapshot`: a consistent snapshot of the store ([`snapshot`]), for
 //!   `skiff snapshot save` (or `kubectl get --raw`); a non-resource URL only
 //!   `cluster-admin` holds.
+//!
+//! Also: `/openapi/v2` as an empty document (gnostic protobuf or JSON, all kubectl needs to
+//! validate a `kind: List` item by item); field managers and server-side apply (`managed`);
+//! `pods/eviction`, a delete after the PodDisruptionBudget check
+//! (`crate::strategy::policy::eviction_decision`); TokenRequest and the issuer's OIDC
+//! documents (`tokens`); the access reviews (`access`).
+//!
+//! Tested in process by `http_tests` (HTTP semantics against kube-apiserver's answers), by
+//! kube-rs in `control/apiserver/tests/kube_rs_client.rs`, and on arbitrary bytes by
+//! `fuzzing` (feature `fuzzing`), the cargo-fuzz target in `tests/fuzz` run by
+//! `cargo xtask fuzz [--seconds N]` (the `fuzz` test tier runs it for 60 s); its seeds also
+//! run as a unit test.
 
 mod access;
 mod call;

@@ -1,6 +1,8 @@
 //! Pod subresources served by the pod's node agent (found as the kubelet's is: the Node's
 //! `status.daemonEndpoints.kubeletEndpoint.Port`), with Kubernetes' query parameters and
-//! errors. The agent API's client is `skiff_client::node_api`, the one the CLI uses.
+//! errors. The agent API's client is `skiff_client::node_api`, the one the CLI uses; it is
+//! the only reason this crate links the client. The server speaks to agents as
+//! `system:kube-apiserver`, only over TLS pinned to the certificate the Node publishes.
 //!
 //! - `pods/<name>/log`: proxied to the agent's log stream.
 //! - `pods/<name>/exec`: a WebSocket in Kubernetes' channel protocol (`v5.channel.k8s.io`,

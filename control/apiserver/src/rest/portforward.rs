@@ -64,13 +64,13 @@ pub(crate) async fn serve(rest: &Rest, mut parts: Parts, p: ResourcePath, _q: Qu
 
 /// The pod to forward to and its node's agent.
 #[derive(Debug, Clone)]
-struct Target {
+struct ForwardTarget {
     agent: AgentEndpoint,
     namespace: String,
     pod: String,
 }
 
-async fn target(rest: &Rest, namespace: &str, name: &str) -> Result<Target, ApiError> {
+async fn target(rest: &Rest, namespace: &str, name: &str) -> Result<ForwardTarget, ApiError> {
     let pods = rest.registry.handler(Pod::INFO.plural)?;
     let pod = Pod::decode(pods.get(namespace, name).await?.as_slice())
         .map_err(|e| ApiError::Internal(format!("decoding pod {name}: {e}")))?;
@@ -83,7 +83,7 @@ async fn target(rest: &Rest, namespace: &str, name: &str) -> Result<Target, ApiE
     let agent = node_proxy::node_agent(rest, &pod)
         .await?
         .map_err(|e| ApiError::Internal(e.to_string()))?;
-    Ok(Target {
+    Ok(ForwardTarget {
         agent,
         namespace: namespace.to_string(),
         pod: name.to_string(),
@@ -91,12 +91,12 @@ async fn target(rest: &Rest, namespace: &str, name: &str) -> Result<Target, ApiE
 }
 
 /// Runs one SPDY session until the client goes away.
-async fn session(socket: WebSocket, t: Target) {
+async fn session(socket: WebSocket, t: ForwardTarget) {
     let (mut sink, mut source) = socket.split();
     let (out, mut frames) = mpsc::channel::<Frame>(64);
     // One writer owns the compression context, so header blocks go out in order.
     let writer = tokio::spawn(async move {
-        let mut w = match spdy::Writer::new() {
+        let mut w = match spdy::FrameWriter::new() {
             Ok(w) => w,
             Err(e) => {
                 debug!(error = %e, "port forward: SPDY writer");
@@ -221,7 +221,7 @@ struct Streams {
 
 /// Carries one connection between its data stream and the pod's port.
 async fn forward(
-    t: Target,
+    t: ForwardTarget,
     port: u16,
     streams: Streams,
     mut from_client: mpsc::Receiver<Option<Bytes>>,

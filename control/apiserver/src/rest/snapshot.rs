@@ -10,6 +10,10 @@
 //! ([`crate::ApiServerOptions::snapshot_dir`], private: mode 0700, the store's data directory
 //! or the PKI directory; never the shared temporary directory), mode 0600 with a random name
 //! made with `O_EXCL`, and removed once sent or when the client goes away.
+//!
+//! `skiff-apiserver restore SNAPSHOT --data-dir DIR [--force]` puts an embedded snapshot in
+//! place with the server stopped (an existing store is refused, or kept aside with
+//! `--force`).
 
 use std::path::{Path, PathBuf};
 

@@ -367,23 +367,23 @@ fn parse_header_block(raw: &[u8]) -> Result<Headers, SpdyError> {
 }
 
 /// Writes frames (owning the compressor of this direction's header blocks).
-pub(crate) struct Writer {
+pub(crate) struct FrameWriter {
     deflate: Compress,
 }
 
-impl std::fmt::Debug for Writer {
+impl std::fmt::Debug for FrameWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Writer").finish_non_exhaustive()
+        f.debug_struct("FrameWriter").finish_non_exhaustive()
     }
 }
 
-impl Writer {
+impl FrameWriter {
     pub(crate) fn new() -> Result<Self, SpdyError> {
         let mut deflate = Compress::new(Compression::default(), true);
         deflate
             .set_dictionary(&dictionary())
             .map_err(|e| SpdyError::Zlib(e.to_string()))?;
-        Ok(Writer { deflate })
+        Ok(FrameWriter { deflate })
     }
 
     /// The bytes of `frame`.
@@ -510,7 +510,7 @@ mod tests {
 
     #[test]
     fn frames_round_trip_through_one_compression_context() {
-        let mut w = Writer::new().unwrap();
+        let mut w = FrameWriter::new().unwrap();
         let mut r = Reader::new();
         let frames = [
             Frame::SynStream {

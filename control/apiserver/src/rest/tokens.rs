@@ -5,6 +5,9 @@
 //!
 //! A token names the ServiceAccount's uid and, when bound (`boundObjectRef` of a Pod), the
 //! pod's; the authenticator refuses it once either is gone or replaced.
+//!
+//! Tokens are ES256 JWTs signed with `<pki>/service-account.key` (`skiff_pki::sa_token`),
+//! valid from 10 minutes to 48 hours (1 hour by default), for the audiences asked for.
 
 use axum::http::{HeaderMap, Method};
 use axum::response::Response;

@@ -1,5 +1,5 @@
-//! ReplicaSets, Deployments and DaemonSets: replicas, selector/template agreement, rollout strategy, and
-//! the immutable selector.
+//! ReplicaSets, Deployments, DaemonSets and StatefulSets: replicas, selector/template
+//! agreement, rollout strategy, and the immutable selector.
 
 use skiff_api::api::{
     DaemonSet, DaemonSetUpdateStrategy, Deployment, DeploymentStrategy, LabelSelector,

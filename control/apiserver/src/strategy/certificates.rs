@@ -3,6 +3,12 @@
 //! spec is immutable; conditions change only through the `approval` subresource (Approved,
 //! Denied) and the `status` subresource (Failed, the certificate); an Approved or Denied
 //! condition is never taken back.
+//!
+//! The registry passes the authenticated requester in `WriteOptions::requester` and
+//! `Strategy::stamp_requester` writes it into `spec.username`, `uid` and `groups` on create,
+//! whatever the client sent; the generic update path takes the `approval` subresource through
+//! `Strategy::copy_subresource_from` (only the conditions change). Approved and Denied never
+//! coexist; a certificate is written only after approval.
 
 use skiff_api::api::{
     CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestStatus,

@@ -1,5 +1,11 @@
 //! Pods: defaulting and validation of pod specs (shared with the templates of ReplicaSets and
 //! Deployments), the immutability of a pod's spec, graceful deletion and binding.
+//!
+//! The ServiceAccount admission (`service_account_admission`, the chain's `ServiceAccount`
+//! plug-in, before validation) defaults `serviceAccountName`, refuses a named ServiceAccount
+//! that does not exist (a missing `default` only means no token) and, when the account exists
+//! and automounting is not off, adds the `kube-api-access-*` projected volume and its mount to
+//! every container with an image.
 
 use std::collections::BTreeSet;
 

@@ -2,6 +2,12 @@
 //! both), a well-formed selector (empty selects every pod of the namespace, as in policy/v1),
 //! the unhealthy pod eviction policy. The spec may change (policy/v1); the status is the
 //! disruption controller's.
+//!
+//! [`eviction_decision`] is what `pods/eviction` asks first: a pod covered by a budget that
+//! allows no disruption, or that the disruption controller has not processed yet, is refused
+//! with kube-apiserver's 429 and cause; otherwise the budget's status is written first (one
+//! disruption fewer, the pod recorded in `disruptedPods`, the read resourceVersion as
+//! precondition), then the pod is deleted with the Eviction's options.
 
 use skiff_api::api::{Pod, PodDisruptionBudget};
 use skiff_api::selector::Selector;

@@ -1,6 +1,9 @@
 //! Secrets: `stringData` merged into `data` on every write (never stored), `type` defaulted
 //! to `Opaque`, Kubernetes' key, size and per-type checks, and `immutable`. No message ever
 //! shows a value: where Kubernetes would show one it says `<secret contents redacted>`.
+//!
+//! ConfigMaps are here too: the same key rule and 1 MiB limit over `data` and `binaryData`
+//! together, a key in only one of them, and `immutable`.
 
 use skiff_api::api::{ConfigMap, Secret};
 

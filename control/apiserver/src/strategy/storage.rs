@@ -7,6 +7,21 @@
 //!
 //! Skiff models two volume sources, `hostPath` and `local`; the claim validation is shared
 //! with StatefulSets' `volumeClaimTemplates` ([`validate_claim_spec`]).
+//!
+//! Defaults: a volume's reclaim policy Retain and volumeMode Filesystem, a claim's volumeMode
+//! Filesystem, phase Pending from creation (with a volume's `lastPhaseTransitionTime`, kept by
+//! `Strategy::prepare_status_update` on status writes), a class's reclaim policy Delete and
+//! binding mode Immediate. Validation covers the `hostPath` and `local` sources, node
+//! affinities through `validation::check_node_selector`, and the update rules: a claim's spec
+//! is fixed but for one `volumeName`, a class where there was none, and a bound claim's storage
+//! request; a volume's source, volumeMode and node affinity are fixed; a class's provisioner,
+//! parameters, reclaim policy and binding mode are fixed. The go-cmp diff kube-apiserver
+//! appends to "immutable" messages is approximated.
+//!
+//! DefaultStorageClass (`default_storage_class`, run by the admission plug-in of that name,
+//! reading StorageClasses through the admission request): a claim without
+//! `storageClassName` gets the newest class annotated
+//! `storageclass.kubernetes.io/is-default-class: "true"`; `""` means no class and stays.
 
 use std::collections::BTreeMap;
 

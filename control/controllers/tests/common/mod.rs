@@ -13,7 +13,7 @@ use std::time::Duration;
 use skiff_api::Resource;
 use skiff_api::api::Pod;
 use skiff_apiserver::ApiServerOptions;
-use skiff_client::runtime::{CancelToken, LeaderElectionConfig};
+use skiff_client::controller::{CancelToken, LeaderElectionConfig};
 use skiff_client::{Client, ListParams};
 use skiff_controllers::manager::{self, ManagerConfig};
 use skiff_testkit::kubelet::FakeKubelet;

@@ -1,7 +1,7 @@
 //! Skiff's socket-level Service load balancer (the `skiff-lb` object): eight
 //! `cgroup_sock_addr` programs (four per address family) the agent attaches to the node's pod
 //! cgroup parent, so they run for the sockets of every pod, whatever network namespace the pod
-//! is in. Built like `skiff-ebpf` by `node/build.rs`; the map layouts are in
+//! is in. Built like `skiff-ebpf` by `node/datapath/build.rs`; the map layouts are in
 //! `skiff_common::lb`.
 //!
 //! - `connect4`/`connect6` (TCP, connected UDP): a destination that is a frontend in
@@ -24,7 +24,9 @@
 //!   ([`podnet`]).
 //!
 //! Programs only read maps the agent writes, except `LB_REVNAT`/`LB_AFFINITY`/`NP_CT` (LRU)
-//! and the per-CPU counters. Every loop is bounded.
+//! and the per-CPU counters. Every loop is bounded. aya-log records are emitted only when the
+//! loader set the read-only global `DEBUG` (`--bpf-debug`); otherwise the verifier removes the
+//! logging code.
 //!
 //! This file holds what the three share: the maps, backend selection and the packet layout.
 #![no_std]

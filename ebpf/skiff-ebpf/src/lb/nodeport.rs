@@ -3,6 +3,25 @@
 //! Cluster) or not (Local), both directions recorded in `NP_CT`, replies translated back and
 //! everything sent through `bpf_fib_lookup` + `bpf_redirect_neigh`. Packets that are not
 //! NodePort traffic go on to the pod networking fast path ([`super::podnet`]).
+//!
+//! The agent programs one frontend `<node IP>:<nodePort>` with `LB_FLAG_NODEPORT` per
+//! ServicePort with a `nodePort` (NodePort and LoadBalancer Services), in the same
+//! `LB_SERVICES`/`LB_SLOTS`/`LB_BACKENDS` maps, so pods dialling it are balanced by the socket
+//! programs too. A first packet to such a frontend takes entry `np_flow_hash(5-tuple) % m` of
+//! the service's table in `LB_MAGLEV` (service id → `LbMaglev`, a hash map whose value holds
+//! up to 16381 backend ids: one `BPF_MAP_UPDATE_ELEM` replaces a whole table atomically, and
+//! aya needs no inner-map support, unlike an array of maps), or a random slot when the table
+//! is missing or names a backend already removed. With SNAT the client's port is kept as the
+//! NAT port unless another flow holds it towards that backend (then a random port of
+//! 61000-65535, claimed atomically, at most 8 tries). externalTrafficPolicy `Local`
+//! (`LB_FLAG_LOCAL`): the frontend has only this node's ready endpoints and the program only
+//! DNATs; the reply entry, keyed backend → client, rewrites the source back to the frontend on
+//! the pod's host veth. Translated packets never reach the node's stack (no RST, no martian
+//! drop).
+//!
+//! IPv4 only, option-less unfragmented headers only; no TCP state tracking (entries age out
+//! by LRU only). Reads `LB_MAGLEV` for a new flow; writes only `NP_CT` and the counters. Never
+//! translates a packet that is not to a NodePort frontend or of a recorded flow.
 
 use super::podnet::fast_path;
 use super::*;

@@ -2,6 +2,20 @@
 //! is handed into its namespace with `bpf_redirect_peer`; a frame from a local pod to
 //! anything else is routed with `bpf_fib_lookup` and sent with `bpf_redirect_neigh`.
 //! Everything else goes to the node's stack unchanged.
+//!
+//! `POD_ENDPOINTS` (pod address → host veth ifindex, pod `eth0` MAC, host veth MAC; written
+//! only by the agent) names the local pods. An IPv4 unicast frame addressed to the host whose
+//! destination is a local pod, from a pod's veth or the uplink, gets its TTL decremented and
+//! its MACs rewritten (source the pod's host veth, destination its `eth0`) before
+//! `bpf_redirect_peer`. A frame from a local pod (its source is a pod whose host veth is the
+//! ingress device) to anything else is routed with `bpf_fib_lookup` (TTL decremented,
+//! checksum fixed): cross-node traffic leaves through the uplink at once and the other node's
+//! program delivers it. Non-IPv4 (ARP), frames for other hosts, broadcast and multicast, a
+//! TTL that would expire, node addresses and unrouted destinations pass to the stack (counted
+//! as `pass`); failed lookups (unreachable routes, fragmentation needed) too, counted as
+//! `fib_fail`, and the stack then answers as forwarding would. `FP_COUNTERS` (per CPU) also
+//! counts `redirect_peer` and `redirect_neigh`. The program rewrites nothing but MACs, TTL
+//! and the checksum, and never takes a packet the stack must see.
 
 use super::*;
 

@@ -13,8 +13,15 @@
 //! policy change leaves established connections alone. Every verdict is counted in
 //! `POL_COUNTERS` by (policy, reason, direction).
 //!
-//! IPv4 only (other packets pass). Bounded: at most five map lookups and one insert per
-//! packet, no loops.
+//! `POL_RULES` is an LPM trie keyed endpoint | direction | identity | protocol | port
+//! (big-endian), so "any port" and `endPort` ranges are prefixes. Egress to a node port in
+//! `POL_HOST_PORTS` (the agent's cluster DNS) is judged as the identity and port it stands
+//! for. The first packet of every flow a pod starts or accepts, and every dropped packet, also
+//! goes to the `POL_FLOWS` ring buffer as a `PolFlowEvent` (addresses, ports, protocol,
+//! direction, reason, policy, the socket's cookie, bytes).
+//!
+//! IPv4 only (other packets pass). Bounded: at most five map lookups, one insert and one ring
+//! record per new flow, no loops. Writes only `POL_CT`, the counters and the ring.
 #![no_std]
 #![no_main]
 

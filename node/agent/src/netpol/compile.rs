@@ -190,9 +190,44 @@ fn selector(s: Option<&LabelSelector>) -> Option<Selector> {
 
 /// One compilation. Identities of `ids` are kept for the next one.
 pub fn compile(input: &Inputs<'_>, ids: &mut Identities) -> Compiled {
-    // Namespaces' labels, with the name label implied.
-    let mut ns_labels: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
-    for ns in input.namespaces {
+    let ns_labels = namespace_labels(input.namespaces);
+    let mut out = Compiled::default();
+    let (members, label_ids) = label_identities(input, ids, &mut out);
+    let cidr_ids = cidr_identities(input.policies, ids);
+    out.tables.cidrs = cidr_ids.clone();
+
+    let mut by_id: BTreeMap<u32, Vec<&Pod>> = BTreeMap::new();
+    for (key, pods) in &members {
+        by_id.insert(label_ids[key], pods.clone());
+    }
+    let ctx = Ctx {
+        label_ids: &label_ids,
+        cidr_ids: &cidr_ids,
+        ns_labels: &ns_labels,
+        by_id: &by_id,
+    };
+
+    // Policies in (namespace, name) order: the first isolating one is blamed for drops.
+    let mut policies: Vec<&NetworkPolicy> = input.policies.iter().map(|p| p.as_ref()).collect();
+    policies.sort_by_key(|p| meta(p));
+
+    for pod in input.pods {
+        let on_node = pod.spec.as_ref().is_some_and(|s| s.node_name == input.node);
+        let Some(ip) = pod_ip(pod).filter(|_| on_node) else {
+            continue;
+        };
+        let ep = endpoint(&ctx, &policies, pod, ip, &mut out);
+        out.tables.endpoints.insert(ip, ep);
+    }
+    out
+}
+
+/// Namespaces' labels, with the name label implied.
+fn namespace_labels(
+    namespaces: &[std::sync::Arc<Namespace>],
+) -> BTreeMap<String, BTreeMap<String, String>> {
+    let mut ns_labels = BTreeMap::new();
+    for ns in namespaces {
         let Some(m) = ns.metadata.as_ref() else {
             continue;
         };
@@ -202,10 +237,21 @@ pub fn compile(input: &Inputs<'_>, ids: &mut Identities) -> Compiled {
             .or_insert_with(|| m.name.clone());
         ns_labels.insert(m.name.clone(), labels);
     }
+    ns_labels
+}
 
-    // Every identity: the pods', and those the node's host services stand for.
+/// The pods of each label set.
+type Members<'a> = BTreeMap<LabelKey, Vec<&'a Pod>>;
+
+/// Every identity: the pods' (their addresses go into the ipcache), and those the node's
+/// host services stand for (their ports go into the host port table). Returns the members
+/// of each label set and its identity.
+fn label_identities<'a>(
+    input: &Inputs<'a>,
+    ids: &mut Identities,
+    out: &mut Compiled,
+) -> (Members<'a>, BTreeMap<LabelKey, u32>) {
     let mut members: BTreeMap<LabelKey, Vec<&Pod>> = BTreeMap::new();
-    let mut out = Compiled::default();
     for pod in input.pods {
         let Some(ip) = pod_ip(pod) else { continue };
         let key = (namespace_of(pod).to_string(), labels_of(pod));
@@ -234,10 +280,16 @@ pub fn compile(input: &Inputs<'_>, ids: &mut Identities) -> Compiled {
             },
         );
     }
+    (members, label_ids)
+}
 
-    // Every ipBlock prefix (IPv4; pods have IPv4 addresses) is a CIDR identity.
+/// Every ipBlock prefix (IPv4; pods have IPv4 addresses) is a CIDR identity.
+fn cidr_identities(
+    policies: &[std::sync::Arc<NetworkPolicy>],
+    ids: &mut Identities,
+) -> BTreeMap<(Ipv4Addr, u8), u32> {
     let mut prefixes: BTreeSet<(Ipv4Addr, u8)> = BTreeSet::new();
-    for p in input.policies {
+    for p in policies {
         for peer in all_peers(p) {
             if let Some(b) = &peer.ip_block {
                 let named = std::iter::once(&b.cidr).chain(b.except.iter());
@@ -246,100 +298,98 @@ pub fn compile(input: &Inputs<'_>, ids: &mut Identities) -> Compiled {
         }
     }
     ids.cidrs.retain(&prefixes);
-    let cidr_ids: BTreeMap<(Ipv4Addr, u8), u32> =
-        prefixes.iter().map(|p| (*p, ids.cidrs.get(p))).collect();
-    out.tables.cidrs = cidr_ids.clone();
+    prefixes.iter().map(|p| (*p, ids.cidrs.get(p))).collect()
+}
 
-    let mut by_id: BTreeMap<u32, Vec<&Pod>> = BTreeMap::new();
-    for (key, pods) in &members {
-        by_id.insert(label_ids[key], pods.clone());
-    }
-    let ctx = Ctx {
-        label_ids: &label_ids,
-        cidr_ids: &cidr_ids,
-        ns_labels: &ns_labels,
-        by_id: &by_id,
+/// The endpoint entry of local pod `pod` (address `ip`), with the rules of the policies
+/// (sorted) that select it added to `out`.
+fn endpoint(
+    ctx: &Ctx<'_>,
+    policies: &[&NetworkPolicy],
+    pod: &Pod,
+    ip: Ipv4Addr,
+    out: &mut Compiled,
+) -> PolEndpoint {
+    let ns = namespace_of(pod);
+    let labels = labels_of(pod);
+    let mut ep = PolEndpoint {
+        id: u32::from(ip),
+        flags: 0,
+        ingress_policy: 0,
+        egress_policy: 0,
     };
-
-    // Policies in (namespace, name) order: the first isolating one is blamed for drops.
-    let mut policies: Vec<&NetworkPolicy> = input.policies.iter().map(|p| p.as_ref()).collect();
-    policies.sort_by_key(|p| meta(p));
-
-    for pod in input.pods {
-        let on_node = pod.spec.as_ref().is_some_and(|s| s.node_name == input.node);
-        let Some(ip) = pod_ip(pod).filter(|_| on_node) else {
+    for policy in policies.iter().filter(|p| meta(p).0 == ns) {
+        let Some(spec) = policy.spec.as_ref() else {
             continue;
         };
-        let ns = namespace_of(pod);
-        let labels = labels_of(pod);
-        let mut ep = PolEndpoint {
-            id: u32::from(ip),
-            flags: 0,
-            ingress_policy: 0,
-            egress_policy: 0,
+        let selected = match &spec.pod_selector {
+            None => true,
+            Some(s) => selector(Some(s)).is_some_and(|s| s.matches(&labels)),
         };
-        for policy in policies.iter().filter(|p| meta(p).0 == ns) {
-            let Some(spec) = policy.spec.as_ref() else {
-                continue;
-            };
-            let selected = match &spec.pod_selector {
-                None => true,
-                Some(s) => selector(Some(s)).is_some_and(|s| s.matches(&labels)),
-            };
-            if !selected {
-                continue;
+        if !selected {
+            continue;
+        }
+        let (pns, pname) = meta(policy);
+        let idx = policy_index(&pns, &pname);
+        out.policies.insert(idx, format!("{pns}/{pname}"));
+        let (ingress, egress) = policy_types(spec);
+        if ingress {
+            if ep.flags & EP_INGRESS_ISOLATED == 0 {
+                ep.ingress_policy = idx;
             }
-            let (pns, pname) = meta(policy);
-            let idx = policy_index(&pns, &pname);
-            out.policies.insert(idx, format!("{pns}/{pname}"));
-            let (ingress, egress) = policy_types(spec);
-            if ingress {
-                if ep.flags & EP_INGRESS_ISOLATED == 0 {
-                    ep.ingress_policy = idx;
-                }
-                ep.flags |= EP_INGRESS_ISOLATED;
-                for rule in &spec.ingress {
-                    let peers = ctx.peers(ns, &rule.from);
-                    for port in port_specs(&rule.ports) {
-                        // Named ports: the selected pod's own.
-                        let resolved = port.resolve(std::slice::from_ref(&pod.as_ref()));
-                        for id in peers.iter() {
-                            add_rules(&mut out.tables, ep.id, DIR_INGRESS, id, &resolved, idx);
-                        }
-                    }
-                }
-            }
-            if egress {
-                if ep.flags & EP_EGRESS_ISOLATED == 0 {
-                    ep.egress_policy = idx;
-                }
-                ep.flags |= EP_EGRESS_ISOLATED;
-                for rule in &spec.egress {
-                    let peers = ctx.peers(ns, &rule.to);
-                    for port in port_specs(&rule.ports) {
-                        for id in peers.iter() {
-                            // Named ports: the peer pods' (none for ipBlocks and "anyone"
-                            // but the pods of the cluster).
-                            let resolved = match (&port, id) {
-                                (PortSpec::Named { .. }, ID_ANY) => {
-                                    let all: Vec<&Pod> =
-                                        by_id.values().flatten().copied().collect();
-                                    port.resolve(&all)
-                                }
-                                (PortSpec::Named { .. }, _) => {
-                                    port.resolve(by_id.get(&id).map(Vec::as_slice).unwrap_or(&[]))
-                                }
-                                _ => port.resolve(&[]),
-                            };
-                            add_rules(&mut out.tables, ep.id, DIR_EGRESS, id, &resolved, idx);
-                        }
+            ep.flags |= EP_INGRESS_ISOLATED;
+            for rule in &spec.ingress {
+                let peers = ctx.peers(ns, &rule.from);
+                for port in port_specs(&rule.ports) {
+                    // Named ports: the selected pod's own.
+                    let resolved = port.resolve(std::slice::from_ref(&pod));
+                    for id in peers.iter() {
+                        add_rules(&mut out.tables, ep.id, DIR_INGRESS, id, &resolved, idx);
                     }
                 }
             }
         }
-        out.tables.endpoints.insert(ip, ep);
+        if egress {
+            if ep.flags & EP_EGRESS_ISOLATED == 0 {
+                ep.egress_policy = idx;
+            }
+            ep.flags |= EP_EGRESS_ISOLATED;
+            for rule in &spec.egress {
+                egress_rules(ctx, ns, &rule.to, &rule.ports, ep.id, idx, &mut out.tables);
+            }
+        }
     }
-    out
+    ep
+}
+
+/// The rules of one egress rule of policy `idx` for endpoint `ep_id`.
+fn egress_rules(
+    ctx: &Ctx<'_>,
+    ns: &str,
+    to: &[NetworkPolicyPeer],
+    ports: &[NetworkPolicyPort],
+    ep_id: u32,
+    idx: u32,
+    tables: &mut PolicyTables,
+) {
+    let peers = ctx.peers(ns, to);
+    for port in port_specs(ports) {
+        for id in peers.iter() {
+            // Named ports: the peer pods' (none for ipBlocks and "anyone" but the pods of
+            // the cluster).
+            let resolved = match (&port, id) {
+                (PortSpec::Named { .. }, ID_ANY) => {
+                    let all: Vec<&Pod> = ctx.by_id.values().flatten().copied().collect();
+                    port.resolve(&all)
+                }
+                (PortSpec::Named { .. }, _) => {
+                    port.resolve(ctx.by_id.get(&id).map(Vec::as_slice).unwrap_or(&[]))
+                }
+                _ => port.resolve(&[]),
+            };
+            add_rules(tables, ep_id, DIR_EGRESS, id, &resolved, idx);
+        }
+    }
 }
 
 /// What rules look peers up in.

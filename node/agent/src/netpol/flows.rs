@@ -2,6 +2,9 @@
 //! every flow a pod starts or accepts, every dropped packet), named (pods, the node, the
 //! Service a socket-balanced flow was sent to, the policy) and kept in a bounded log that
 //! `GET /flows` serves and follows (`skiff observe`).
+//!
+//! The reader thread hands records over through a bounded queue (dropped when full); the last
+//! [`KEPT`] named records are kept and fed to followers.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr};

@@ -4,6 +4,15 @@
 //! reconciler on the shared controller runtime; every change recompiles the whole set, which
 //! keeps the result independent of the order changes arrive in (level-triggered), and the
 //! datapath's planner writes only what differs.
+//!
+//! The informers are cluster-wide, which the default policy's
+//! `system:skiff:network-policy-agent` ClusterRole (bound to `system:nodes`) allows;
+//! `--no-network-policy` detaches enforcement. Identity numbers are kept across compilations
+//! and seeded from the pinned maps after a restart; policy indexes are a stable hash of
+//! `namespace/name`. The cluster DNS on the node's address stands for kube-dns' pods
+//! (`kube-system`, `k8s-app=kube-dns`, port 53), so DNS egress rules written for CoreDNS
+//! apply. `/metrics` has `skiff_policy_up` and `skiff_policy_packets`/`_bytes` by direction,
+//! reason (allowed by a rule, unisolated, established; denied) and policy.
 
 pub mod compile;
 pub mod flows;
@@ -15,7 +24,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 use skiff_api::api::{Namespace, NetworkPolicy, Pod};
-use skiff_client::runtime::{
+use skiff_client::controller::{
     Action, CancelToken, Controller, Informer, Informers, ObjectKey, Reconciler,
 };
 use skiff_datapath::BpfError;

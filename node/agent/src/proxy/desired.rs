@@ -57,20 +57,7 @@ pub fn desired_on(
     let Some(spec) = svc.and_then(|s| s.spec.as_ref()) else {
         return Vec::new();
     };
-    let mut ips: Vec<IpAddr> = Vec::new();
-    let listed = if spec.cluster_ips.is_empty() {
-        std::slice::from_ref(&spec.cluster_ip)
-    } else {
-        spec.cluster_ips.as_slice()
-    };
-    for ip in listed {
-        // "" (not allocated yet), "None" (headless) and anything unparsable: no frontend.
-        if let Ok(ip) = ip.parse::<IpAddr>()
-            && !ips.contains(&ip)
-        {
-            ips.push(ip);
-        }
-    }
+    let ips = cluster_ips(spec);
     let params = ServiceParams {
         affinity_timeout_s: (spec.session_affinity == "ClientIP").then(|| {
             spec.session_affinity_config
@@ -99,41 +86,7 @@ pub fn desired_on(
         if port == 0 {
             continue;
         }
-        let mut backends = Vec::new();
-        let mut local_backends = Vec::new();
-        for subset in eps.map(|e| e.subsets.as_slice()).unwrap_or_default() {
-            // Endpoints ports match ServicePorts by name (and protocol).
-            let Some(target) = subset.ports.iter().find(|p| {
-                p.name == sp.name
-                    && (if p.protocol.is_empty() {
-                        protocol == Protocol::Tcp
-                    } else {
-                        Protocol::parse(&p.protocol) == Some(protocol)
-                    })
-            }) else {
-                continue;
-            };
-            let Ok(target_port) = u16::try_from(target.port) else {
-                continue;
-            };
-            if target_port == 0 {
-                continue;
-            }
-            for a in &subset.addresses {
-                if let Ok(ip) = a.ip.parse::<IpAddr>() {
-                    let b = BackendAddr {
-                        ip,
-                        port: target_port,
-                    };
-                    if !backends.contains(&b) {
-                        backends.push(b);
-                    }
-                    if a.node_name.as_deref() == Some(node) && !local_backends.contains(&b) {
-                        local_backends.push(b);
-                    }
-                }
-            }
-        }
+        let (backends, local_backends) = backends_of(eps, &sp.name, protocol, node);
         for ip in &ips {
             out.push(DesiredPort {
                 frontend: Frontend {
@@ -177,6 +130,70 @@ pub fn desired_on(
         }
     }
     out
+}
+
+/// The Service's cluster IPs, once each: `""` (not allocated yet), `"None"` (headless) and
+/// anything unparsable get no frontend.
+fn cluster_ips(spec: &skiff_api::api::ServiceSpec) -> Vec<IpAddr> {
+    let mut ips: Vec<IpAddr> = Vec::new();
+    let listed = if spec.cluster_ips.is_empty() {
+        std::slice::from_ref(&spec.cluster_ip)
+    } else {
+        spec.cluster_ips.as_slice()
+    };
+    for ip in listed {
+        if let Ok(ip) = ip.parse::<IpAddr>()
+            && !ips.contains(&ip)
+        {
+            ips.push(ip);
+        }
+    }
+    ips
+}
+
+/// The ready backends of the ServicePort named `port_name` (Endpoints ports match
+/// ServicePorts by name and protocol), and those of them on node `node`.
+fn backends_of(
+    eps: Option<&Endpoints>,
+    port_name: &str,
+    protocol: Protocol,
+    node: &str,
+) -> (Vec<BackendAddr>, Vec<BackendAddr>) {
+    let mut backends = Vec::new();
+    let mut local_backends = Vec::new();
+    for subset in eps.map(|e| e.subsets.as_slice()).unwrap_or_default() {
+        let Some(target) = subset.ports.iter().find(|p| {
+            p.name == port_name
+                && (if p.protocol.is_empty() {
+                    protocol == Protocol::Tcp
+                } else {
+                    Protocol::parse(&p.protocol) == Some(protocol)
+                })
+        }) else {
+            continue;
+        };
+        let Ok(target_port) = u16::try_from(target.port) else {
+            continue;
+        };
+        if target_port == 0 {
+            continue;
+        }
+        for a in &subset.addresses {
+            if let Ok(ip) = a.ip.parse::<IpAddr>() {
+                let b = BackendAddr {
+                    ip,
+                    port: target_port,
+                };
+                if !backends.contains(&b) {
+                    backends.push(b);
+                }
+                if a.node_name.as_deref() == Some(node) && !local_backends.contains(&b) {
+                    local_backends.push(b);
+                }
+            }
+        }
+    }
+    (backends, local_backends)
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use skiff_api::api::{
     ServiceSpec,
 };
 use skiff_apiserver::ApiServerOptions;
-use skiff_client::runtime::{CancelToken, Informers};
+use skiff_client::controller::{CancelToken, Informers};
 use skiff_client::{Client, DeleteParams};
 use skiff_datapath::lb::fake::FakeLb;
 use skiff_datapath::lb::{LbConfig, Op};
@@ -164,19 +164,7 @@ async fn reconciler_writes_exactly_the_difference() {
         "{writes:?}"
     );
 
-    // An update that changes nothing the data path uses writes nothing.
-    let mut same = services.get("web").await.expect("get");
-    same.metadata
-        .get_or_insert_with(Default::default)
-        .annotations
-        .insert("note".into(), "unrelated".into());
-    services.update(&same).await.expect("annotate");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        log.lock().map(|l| l.is_empty()).unwrap_or(false),
-        "no write for an unrelated change: {:?}",
-        log.lock().map(|l| l.iter().map(show).collect::<Vec<_>>())
-    );
+    an_unrelated_change_writes_nothing(&services, &log).await;
 
     // One backend goes: the count drops first (no new connection picks it), then its slot
     // and entries go.
@@ -195,7 +183,43 @@ async fn reconciler_writes_exactly_the_difference() {
         "{writes:?}"
     );
 
-    // A NodePort Service gets its clusterIP frontend and one per node address.
+    nodeport_gets_a_frontend_per_node_address(&client, &log, &proxy).await;
+
+    // Deleting a Service removes its frontend first, then what only it used.
+    services
+        .delete("web", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let writes = take_writes(&log, 4).await;
+    assert_eq!(
+        writes,
+        [
+            "delete-service 10.96.0.10:80/TCP",
+            "delete-slot 1/0",
+            "delete-backend 1",
+            "delete-counters 1",
+        ],
+        "{writes:?}"
+    );
+    assert!(proxy.writes() >= 23, "writes counted: {}", proxy.writes());
+    assert!(proxy.latency().count >= 4, "latency observed per reconcile");
+
+    stop.cancel();
+    tokio::time::timeout(WAIT, task)
+        .await
+        .expect("the proxy stops")
+        .expect("the proxy task");
+}
+
+/// A NodePort Service gets its clusterIP frontend and one per node address, owned by it in
+/// the report.
+async fn nodeport_gets_a_frontend_per_node_address(
+    client: &Client,
+    log: &Arc<Mutex<Vec<Op>>>,
+    proxy: &Proxy,
+) {
+    let services = client.namespaced::<Service>("default");
+    let eps = client.namespaced::<Endpoints>("default");
     eps.create(&endpoints("np", &["10.244.1.7"]))
         .await
         .expect("create np endpoints");
@@ -204,7 +228,7 @@ async fn reconciler_writes_exactly_the_difference() {
         .create(&service("np", "10.96.0.20", Some(30080)))
         .await
         .expect("create nodeport");
-    let writes = take_writes(&log, 10).await;
+    let writes = take_writes(log, 10).await;
     for frontend in ["10.96.0.20:80/TCP", "192.168.100.1:30080/TCP"] {
         assert!(
             writes
@@ -236,29 +260,23 @@ async fn reconciler_writes_exactly_the_difference() {
             ),
         ]
     );
+}
 
-    // Deleting a Service removes its frontend first, then what only it used.
-    services
-        .delete("web", &DeleteParams::default())
-        .await
-        .expect("delete");
-    let writes = take_writes(&log, 4).await;
-    assert_eq!(
-        writes,
-        [
-            "delete-service 10.96.0.10:80/TCP",
-            "delete-slot 1/0",
-            "delete-backend 1",
-            "delete-counters 1",
-        ],
-        "{writes:?}"
+/// An update that changes nothing the data path uses writes nothing.
+async fn an_unrelated_change_writes_nothing(
+    services: &skiff_client::Api<Service>,
+    log: &Arc<Mutex<Vec<Op>>>,
+) {
+    let mut same = services.get("web").await.expect("get");
+    same.metadata
+        .get_or_insert_with(Default::default)
+        .annotations
+        .insert("note".into(), "unrelated".into());
+    services.update(&same).await.expect("annotate");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        log.lock().map(|l| l.is_empty()).unwrap_or(false),
+        "no write for an unrelated change: {:?}",
+        log.lock().map(|l| l.iter().map(show).collect::<Vec<_>>())
     );
-    assert!(proxy.writes() >= 23, "writes counted: {}", proxy.writes());
-    assert!(proxy.latency().count >= 4, "latency observed per reconcile");
-
-    stop.cancel();
-    tokio::time::timeout(WAIT, task)
-        .await
-        .expect("the proxy stops")
-        .expect("the proxy task");
 }

@@ -1,8 +1,9 @@
 //! The Service load balancer's controller end to end: a real in-process API server, the real
 //! programs on a test cgroup, a client in its own network namespace, backends in another (the
-//! fixture and its safety rules are those of `bpf::lb_kernel_tests`). Needs root.
+//! fixture and its safety rules are `skiff_datapath::testing`'s). Needs root.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use skiff_api::api::{
@@ -10,7 +11,7 @@ use skiff_api::api::{
     ServiceSpec,
 };
 use skiff_apiserver::ApiServerOptions;
-use skiff_client::runtime::{CancelToken, Informers};
+use skiff_client::controller::{CancelToken, Informers};
 use skiff_client::{Client, DeleteParams};
 use skiff_testkit::server::TestServer;
 use skiff_testkit::{WAIT, eventually};
@@ -181,7 +182,68 @@ async fn programs_services_and_endpoints_incrementally_and_across_restarts() {
     })
     .await;
 
-    // The report carries the owner and the documented JSON shape.
+    assert_report_shapes(&p, &vip);
+
+    assert_http_reports(&p).await;
+
+    // Traffic goes to the ready backends only.
+    let (seen, _) = tokio::task::block_in_place(|| fx.connects(40));
+    assert_eq!(
+        seen.keys().cloned().collect::<BTreeSet<_>>(),
+        names(&["b1", "b2"])
+    );
+    let udp = tokio::task::block_in_place(|| fx.client(&["udp", &vip, &UDP_PORT.to_string()]));
+    assert_eq!(udp["unconnected"]["from"], format!("{vip}:{UDP_PORT}"));
+
+    assert_metrics_match_backends(&p).await;
+
+    let second = replace_b1_with_b3(&mut fx, &p, &endpoints, &first).await;
+
+    let gone = create_service_without_backends(&mut fx, &p, &services).await;
+
+    // Restart: the old proxy goes (its programs stay attached), the Service goes meanwhile.
+    let (mut held, held_on) = tokio::task::block_in_place(|| fx.hold());
+    run.stop().await;
+    drop(p);
+    services
+        .delete("gone", &DeleteParams::default())
+        .await
+        .unwrap();
+    let run = start(&fx, &client);
+    let p = run.proxy.clone();
+    eventually("gone removed after the restart", || async {
+        programmed(&p, &gone).is_none().then_some(())
+    })
+    .await;
+    let restarted = programmed(&p, &tcp_frontend()).expect("web:80 still programmed");
+    assert_eq!(restarted, second, "same backends and ids after the restart");
+    // Let the controller reconcile everything once; nothing but the removal was written.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(p.writes(), 1, "only the DeleteService of the gone frontend");
+    let (echo, peer) = tokio::task::block_in_place(|| held.echo("hello"));
+    assert_eq!(
+        echo, "hello",
+        "connection to {held_on} survived the restart"
+    );
+    assert_eq!(peer, format!("{vip}:{TCP_PORT}"));
+
+    // Deleting the Service removes both frontends.
+    services
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("web removed", || async {
+        let r = p.services_report("n").unwrap();
+        r.services.is_empty().then_some(())
+    })
+    .await;
+    let unroutable = tokio::task::block_in_place(|| fx.client(&["refused", &vip, "80"]));
+    assert_eq!(unroutable["errno"], libc::ENETUNREACH);
+    run.stop().await;
+}
+
+/// The report carries the owner and the documented JSON shape.
+fn assert_report_shapes(p: &Proxy, vip: &str) {
     let report = serde_json::to_value(p.services_report("node-x").unwrap()).unwrap();
     assert_eq!(report["node"], "node-x");
     let http = report["services"]
@@ -234,8 +296,10 @@ async fn programs_services_and_endpoints_incrementally_and_across_restarts() {
     ] {
         assert!(list[0].get(key).is_some(), "no {key} in {backends}");
     }
+}
 
-    // The same through the agent's HTTP API, and a 503 where the LB does not run.
+/// The same through the agent's HTTP API, and a 503 where the LB does not run.
+async fn assert_http_reports(p: &Arc<Proxy>) {
     let (status, body) = http_get(Ok(p.clone()), "/bpf/services").await;
     assert_eq!(status, 200, "{body}");
     let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
@@ -247,17 +311,10 @@ async fn programs_services_and_endpoints_incrementally_and_across_restarts() {
     let (status, body) = http_get(Err("disabled (--no-service-lb)".into()), "/bpf/services").await;
     assert_eq!(status, 503);
     assert!(body.contains("disabled (--no-service-lb)"), "{body}");
+}
 
-    // Traffic goes to the ready backends only.
-    let (seen, _) = tokio::task::block_in_place(|| fx.connects(40));
-    assert_eq!(
-        seen.keys().cloned().collect::<BTreeSet<_>>(),
-        names(&["b1", "b2"])
-    );
-    let udp = tokio::task::block_in_place(|| fx.client(&["udp", &vip, &UDP_PORT.to_string()]));
-    assert_eq!(udp["unconnected"]["from"], format!("{vip}:{UDP_PORT}"));
-
-    // /metrics shows the same per-backend counters as /bpf/backends.
+/// /metrics shows the same per-backend counters as /bpf/backends.
+async fn assert_metrics_match_backends(p: &Arc<Proxy>) {
     let (_, body) = http_get(Ok(p.clone()), "/bpf/backends").await;
     let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
     let (status, metrics) = http_get(Ok(p.clone()), "/metrics").await;
@@ -279,20 +336,27 @@ async fn programs_services_and_endpoints_incrementally_and_across_restarts() {
     let (status, metrics) = http_get(Err("disabled".into()), "/metrics").await;
     assert_eq!(status, 200, "{metrics}");
     assert!(metrics.lines().any(|l| l == "skiff_lb_up 0"), "{metrics}");
+}
 
-    // b1 goes, b3 becomes ready: only those entries change.
+/// b1 goes, b3 becomes ready: only those entries change. Returns web:80's backends.
+async fn replace_b1_with_b3(
+    fx: &mut LbFixture,
+    p: &Proxy,
+    endpoints: &skiff_client::Api<Endpoints>,
+    first: &BTreeMap<String, u32>,
+) -> BTreeMap<String, u32> {
     let writes = p.writes();
     let mut eps = endpoints.get("web").await.unwrap();
     eps.subsets = web_endpoints(&[2, 3], &[]).subsets;
     endpoints.update(&eps).await.expect("update endpoints");
     let second = eventually("web:80 moved to b2, b3", || async {
-        programmed(&p, &tcp_frontend())
+        programmed(p, &tcp_frontend())
             .filter(|b| b.keys().cloned().collect::<BTreeSet<_>>() == names(&["b2", "b3"]))
     })
     .await;
     assert_eq!(second["b2"], first["b2"], "b2 kept its backend id");
     eventually("both ports reprogrammed", || async {
-        programmed(&p, &udp_frontend())
+        programmed(p, &udp_frontend())
             .filter(|b| b.contains_key("b3"))
             .map(|_| ())
     })
@@ -312,8 +376,16 @@ async fn programs_services_and_endpoints_incrementally_and_across_restarts() {
     );
     let (seen, _) = tokio::task::block_in_place(|| fx.connects(30));
     assert!(!seen.contains_key("b1"), "{seen:?}");
+    second
+}
 
-    // A second Service that will be deleted while the agent is away.
+/// A second Service, without backends (connections refused), that will be deleted while the
+/// agent is away. Returns its frontend.
+async fn create_service_without_backends(
+    fx: &mut LbFixture,
+    p: &Proxy,
+    services: &skiff_client::Api<Service>,
+) -> Frontend {
     services
         .create(&service("gone", "10.96.0.20", &[("", 80, "TCP")]))
         .await
@@ -324,49 +396,10 @@ async fn programs_services_and_endpoints_incrementally_and_across_restarts() {
         protocol: skiff_datapath::lb::Protocol::Tcp,
     };
     eventually("gone programmed (no backends)", || async {
-        programmed(&p, &gone)
+        programmed(p, &gone)
     })
     .await;
     let refused = tokio::task::block_in_place(|| fx.client(&["refused", "10.96.0.20", "80"]));
     assert_eq!(refused["errno"], libc::ECONNREFUSED);
-
-    // Restart: the old proxy goes (its programs stay attached), the Service goes meanwhile.
-    let (mut held, held_on) = tokio::task::block_in_place(|| fx.hold());
-    run.stop().await;
-    drop(p);
-    services
-        .delete("gone", &DeleteParams::default())
-        .await
-        .unwrap();
-    let run = start(&fx, &client);
-    let p = run.proxy.clone();
-    eventually("gone removed after the restart", || async {
-        programmed(&p, &gone).is_none().then_some(())
-    })
-    .await;
-    let restarted = programmed(&p, &tcp_frontend()).expect("web:80 still programmed");
-    assert_eq!(restarted, second, "same backends and ids after the restart");
-    // Let the controller reconcile everything once; nothing but the removal was written.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(p.writes(), 1, "only the DeleteService of the gone frontend");
-    let (echo, peer) = tokio::task::block_in_place(|| held.echo("hello"));
-    assert_eq!(
-        echo, "hello",
-        "connection to {held_on} survived the restart"
-    );
-    assert_eq!(peer, format!("{vip}:{TCP_PORT}"));
-
-    // Deleting the Service removes both frontends.
-    services
-        .delete("web", &DeleteParams::default())
-        .await
-        .unwrap();
-    eventually("web removed", || async {
-        let r = p.services_report("n").unwrap();
-        r.services.is_empty().then_some(())
-    })
-    .await;
-    let unroutable = tokio::task::block_in_place(|| fx.client(&["refused", &vip, "80"]));
-    assert_eq!(unroutable["errno"], libc::ENETUNREACH);
-    run.stop().await;
+    gone
 }

@@ -92,8 +92,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use skiff_api::api::{Endpoints, Service};
+use skiff_client::controller::{CancelToken, Controller, Informer, Informers, ObjectKey};
 use skiff_client::node_api::LatencyHistogram;
-use skiff_client::runtime::{CancelToken, Controller, Informer, Informers, ObjectKey};
 use skiff_datapath::BpfError;
 use skiff_datapath::lb::{
     BackendAddr, FastPathCounters, Frontend, LbDatapath, PodEndpoint, Protocol, TcAttach,

@@ -310,51 +310,7 @@ async fn pods_on_one_node_talk_past_a_forward_drop_through_redirect_peer() {
     );
     assert_eq!(after.fib_fail, before.fib_fail, "{after:?}");
 
-    // The agent API shows the same: `/bpf/pods` joins the endpoints with the pods, `/metrics`
-    // has the counters, `/bpf/conntrack` answers (no NodePort flow here).
-    let pods = crate::api::PodRegistry::default();
-    for (p, name) in [(&a, "client"), (&b, "server")] {
-        pods.publish(crate::api::PodInfo {
-            uid: p.uid.clone(),
-            namespace: "default".into(),
-            name: name.into(),
-            ..Default::default()
-        });
-    }
-    let sources = crate::api::Sources {
-        node: "node-x".into(),
-        pods,
-        accounting: None,
-        proxy: Ok(proxy.clone()),
-        network_policy: None,
-    };
-    let app = crate::api::bpf_router(sources.clone()).merge(crate::api::metrics_router(sources));
-    let get = |path: &'static str| crate::api::test_http::get(app.clone(), path);
-    let (status, _, body) = get("/bpf/pods").await;
-    assert_eq!(status, 200, "{body}");
-    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
-    let redirect_peer = proxy.fast_path_counters().expect("counters").redirect_peer;
-    assert_eq!(
-        v["fastPath"]["redirectPeer"].as_u64(),
-        Some(redirect_peer),
-        "{v}"
-    );
-    let server = v["pods"]
-        .as_array()
-        .and_then(|p| p.iter().find(|p| p["ip"] == b.ip().to_string()))
-        .unwrap_or_else(|| panic!("no server in {v}"));
-    assert_eq!(server["name"], "server", "{v}");
-    assert_eq!(
-        server["ifindex"].as_u64(),
-        Some(u64::from(b.att.host_ifindex))
-    );
-    let (status, _, body) = get("/metrics").await;
-    assert_eq!(status, 200, "{body}");
-    let line = format!("skiff_fastpath_packets_total{{action=\"redirect_peer\"}} {redirect_peer}");
-    assert!(body.lines().any(|l| l == line), "no {line:?} in\n{body}");
-    let (status, _, body) = get("/bpf/conntrack").await;
-    assert_eq!(status, 200, "{body}");
-    assert!(body.contains("\"entries\": []"), "{body}");
+    assert_api_shows_the_fast_path(&proxy, &a, &b).await;
 
     // An agent restart: the pinned endpoint map is kept; reconciling it against the pods
     // that still exist (b's address is no longer allocated) removes only b's entry.
@@ -400,6 +356,55 @@ async fn pods_on_one_node_talk_past_a_forward_drop_through_redirect_peer() {
         last.is_err(),
         "without the program the DROP applies: {last:?}"
     );
+}
+
+/// The agent API shows the same: `/bpf/pods` joins the endpoints with the pods (`a` the
+/// client, `b` the server), `/metrics` has the counters, `/bpf/conntrack` answers (no
+/// NodePort flow here).
+async fn assert_api_shows_the_fast_path(proxy: &Arc<Proxy>, a: &TestPod, b: &TestPod) {
+    let pods = crate::api::PodRegistry::default();
+    for (p, name) in [(a, "client"), (b, "server")] {
+        pods.publish(crate::api::PodInfo {
+            uid: p.uid.clone(),
+            namespace: "default".into(),
+            name: name.into(),
+            ..Default::default()
+        });
+    }
+    let sources = crate::api::Sources {
+        node: "node-x".into(),
+        pods,
+        accounting: None,
+        proxy: Ok(proxy.clone()),
+        network_policy: None,
+    };
+    let app = crate::api::bpf_router(sources.clone()).merge(crate::api::metrics_router(sources));
+    let get = |path: &'static str| crate::api::test_http::get(app.clone(), path);
+    let (status, _, body) = get("/bpf/pods").await;
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let redirect_peer = proxy.fast_path_counters().expect("counters").redirect_peer;
+    assert_eq!(
+        v["fastPath"]["redirectPeer"].as_u64(),
+        Some(redirect_peer),
+        "{v}"
+    );
+    let server = v["pods"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["ip"] == b.ip().to_string()))
+        .unwrap_or_else(|| panic!("no server in {v}"));
+    assert_eq!(server["name"], "server", "{v}");
+    assert_eq!(
+        server["ifindex"].as_u64(),
+        Some(u64::from(b.att.host_ifindex))
+    );
+    let (status, _, body) = get("/metrics").await;
+    assert_eq!(status, 200, "{body}");
+    let line = format!("skiff_fastpath_packets_total{{action=\"redirect_peer\"}} {redirect_peer}");
+    assert!(body.lines().any(|l| l == line), "no {line:?} in\n{body}");
+    let (status, _, body) = get("/bpf/conntrack").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"entries\": []"), "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use skiff_api::api::{Endpoints, Service};
-use skiff_client::runtime::{Action, Informer, ObjectKey, Reconciler};
+use skiff_client::controller::{Action, Informer, ObjectKey, Reconciler};
 use skiff_datapath::BpfError;
 use skiff_datapath::lb::Frontend;
 use tracing::{debug, warn};

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use skiff_api::api::{Container, ExecAction, ObjectMeta, Pod, PodSpec, Probe};
 use skiff_apiserver::ApiServerOptions;
-use skiff_client::runtime::EventRecorder;
+use skiff_client::controller::EventRecorder;
 use skiff_client::{Client, DeleteParams, ListParams};
 use skiff_datapath::devices::fake::FakeDevices;
 use skiff_datapath::lb::LbConfig;
@@ -21,10 +21,11 @@ use skiff_testkit::server::TestServer;
 use skiff_testkit::{WAIT, eventually};
 use tokio::sync::mpsc;
 
-use super::{Msg, Worker};
+use super::{Backoff, Ctx, Msg, Worker};
+use crate::EVENT_COMPONENT;
 use crate::api::PodRegistry;
+use crate::pod_datapath::PodDatapath;
 use crate::proxy::Proxy;
-use crate::{Ctx, EVENT_COMPONENT};
 
 type Journal = Arc<Mutex<Vec<String>>>;
 
@@ -66,19 +67,22 @@ async fn bed_with_devices(backoff_initial: Duration, devices: bool) -> Bed {
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         runtime: runtime.clone(),
-        net,
-        accounting: None,
-        proxy: Ok(Proxy::new(lb, "node-1", Vec::new())),
-        network_policy: None,
-        devices,
+        datapath: PodDatapath {
+            net,
+            proxy: Ok(Proxy::new(lb, "node-1", Vec::new())),
+            devices,
+            accounting: None,
+        },
         host_ip: Some("192.168.100.1".into()),
-        backoff_initial,
-        backoff_max: backoff_initial * 8,
+        backoff: Backoff {
+            initial: backoff_initial,
+            max: backoff_initial * 8,
+        },
         pods: PodRegistry::default(),
         recorder: EventRecorder::new(client.clone(), EVENT_COMPONENT, "node-1"),
         images: Err("no image store in these tests".into()),
         volumes: super::volumes::Volumes::new(state.path()),
-        services: skiff_client::runtime::Informers::new(client.clone())
+        services: skiff_client::controller::Informers::new(client.clone())
             .get::<skiff_api::api::Service>(),
     });
     Bed {

@@ -1,7 +1,7 @@
 //! Filesystem code for pod volumes that must not be turned against the node by what a
 //! container can put into a volume (Kubernetes' CVE-2017-1002101, CVE-2017-1002102 and
 //! CVE-2021-25741 classes): pure file-descriptor work, no mounts, no pod types, so that it is
-//! unit-tested here and fuzzed (`fuzz/`, target `volume_paths`) without the agent.
+//! unit-tested here and fuzzed (`tests/fuzz`, target `volume_paths`) without the agent.
 //!
 //! * [`writer`]: the kubelet's AtomicWriter for secret, configMap, projected and downwardAPI
 //!   volumes: every update goes into a new `..<timestamp>` directory, a `..data` symlink to
