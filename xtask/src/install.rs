@@ -222,7 +222,7 @@ enum NodeAuth {
 
 /// The validated flags.
 #[derive(Debug, Clone)]
-struct Plan {
+struct InstallPlan {
     role: Role,
     servers: Vec<String>,
     store: StoreKind,
@@ -238,8 +238,8 @@ struct Plan {
     start: bool,
 }
 
-impl Plan {
-    fn from_args(a: &InstallArgs) -> Result<Plan> {
+impl InstallPlan {
+    fn from_args(a: &InstallArgs) -> Result<InstallPlan> {
         let role = a.role;
         check_unit_path("--bin-dir", &a.bin_dir)?;
         let servers = match &a.server {
@@ -321,7 +321,7 @@ impl Plan {
             None => util::repo_root().join("target").join("release"),
         };
         let on_real_root = a.root == Path::new("/");
-        Ok(Plan {
+        Ok(InstallPlan {
             role,
             servers,
             store,
@@ -530,7 +530,7 @@ fn check_node_name(n: &str) -> Result<()> {
 
 /// ExecStart's arguments of a unit, built by `skiff_flags` (where each binary's flags are
 /// spelled).
-fn unit_flags(plan: &Plan, unit: &UnitSpec) -> Vec<OsString> {
+fn unit_flags(plan: &InstallPlan, unit: &UnitSpec) -> Vec<OsString> {
     let pki = Path::new(PKI_DIR);
     // Every server, for the clients that fail over between them (`join` takes one).
     let servers = (!plan.servers.is_empty()).then(|| plan.servers.join(","));
@@ -596,12 +596,12 @@ fn unit_flags(plan: &Plan, unit: &UnitSpec) -> Vec<OsString> {
 }
 
 /// ExecStart's arguments of a unit: the subcommand and flag/value pairs, one per line.
-fn exec_args(plan: &Plan, unit: &UnitSpec) -> Vec<String> {
+fn exec_args(plan: &InstallPlan, unit: &UnitSpec) -> Vec<String> {
     skiff_flags::grouped(&unit_flags(plan, unit))
 }
 
 /// A unit's text: its template with the plan's values.
-fn render_unit(plan: &Plan, unit: &UnitSpec) -> Result<String> {
+fn render_unit(plan: &InstallPlan, unit: &UnitSpec) -> Result<String> {
     let args = continued(&exec_args(plan, unit));
     let bin_dir = plan.bin_dir.display().to_string();
     let mut after = String::new();
@@ -704,7 +704,7 @@ fn leftover_placeholder(s: &str) -> Option<&str> {
 
 /// The lines `install` manages in a unit's environment file, as `(key, value)`; `None`
 /// removes the key.
-fn managed_env(plan: &Plan, unit: &UnitSpec) -> Vec<(&'static str, Option<String>)> {
+fn managed_env(plan: &InstallPlan, unit: &UnitSpec) -> Vec<(&'static str, Option<String>)> {
     if unit.server {
         return Vec::new();
     }
@@ -736,7 +736,7 @@ fn merge_env(existing: Option<&str>, template: &str, managed: &[(&str, Option<St
 
 /// What happened (or, with --dry-run, would happen) to one path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum InstallOutcome {
     Created,
     Updated,
     Unchanged,
@@ -747,22 +747,25 @@ pub enum Outcome {
     Kept,
 }
 
-impl Outcome {
+impl InstallOutcome {
     fn changed(self) -> bool {
-        matches!(self, Outcome::Created | Outcome::Updated | Outcome::Removed)
+        matches!(
+            self,
+            InstallOutcome::Created | InstallOutcome::Updated | InstallOutcome::Removed
+        )
     }
 
     fn word(self, dry_run: bool) -> &'static str {
         match (self, dry_run) {
-            (Outcome::Created, false) => "created",
-            (Outcome::Created, true) => "would create",
-            (Outcome::Updated, false) => "updated",
-            (Outcome::Updated, true) => "would update",
-            (Outcome::Removed, false) => "removed",
-            (Outcome::Removed, true) => "would remove",
-            (Outcome::Unchanged, _) => "unchanged",
-            (Outcome::Absent, _) => "absent",
-            (Outcome::Kept, _) => "kept",
+            (InstallOutcome::Created, false) => "created",
+            (InstallOutcome::Created, true) => "would create",
+            (InstallOutcome::Updated, false) => "updated",
+            (InstallOutcome::Updated, true) => "would update",
+            (InstallOutcome::Removed, false) => "removed",
+            (InstallOutcome::Removed, true) => "would remove",
+            (InstallOutcome::Unchanged, _) => "unchanged",
+            (InstallOutcome::Absent, _) => "absent",
+            (InstallOutcome::Kept, _) => "kept",
         }
     }
 }
@@ -791,17 +794,17 @@ impl Step {
 /// What a run did: one entry per path, the commands run (or that would run).
 #[derive(Debug, Default)]
 pub struct Report {
-    pub files: Vec<(PathBuf, Outcome)>,
+    pub files: Vec<(PathBuf, InstallOutcome)>,
     pub commands: Vec<String>,
 }
 
 impl Report {
-    fn note(&mut self, plan: &Plan, path: PathBuf, outcome: Outcome) {
+    fn note(&mut self, plan: &InstallPlan, path: PathBuf, outcome: InstallOutcome) {
         println!("{:<12} {}", outcome.word(plan.dry_run), path.display());
         self.files.push((path, outcome));
     }
 
-    fn outcome(&self, path: &Path) -> Option<Outcome> {
+    fn outcome(&self, path: &Path) -> Option<InstallOutcome> {
         self.files.iter().find(|(p, _)| p == path).map(|(_, o)| *o)
     }
 }
@@ -829,7 +832,7 @@ pub fn run(args: &InstallArgs) -> Result<()> {
 
 /// Installs or uninstalls as the flags say.
 pub fn execute(args: &InstallArgs) -> Result<Report> {
-    let plan = Plan::from_args(args)?;
+    let plan = InstallPlan::from_args(args)?;
     if plan.root == Path::new("/") && !plan.dry_run && !util::is_root() {
         bail!("installing into / needs root: run it as root (or pass --dry-run or --root DIR)");
     }
@@ -840,7 +843,7 @@ pub fn execute(args: &InstallArgs) -> Result<Report> {
     }
 }
 
-fn install(plan: &Plan) -> Result<Report> {
+fn install(plan: &InstallPlan) -> Result<Report> {
     let mut report = Report::default();
     for bin in plan.binaries() {
         let src = plan.from.join(bin);
@@ -906,7 +909,7 @@ fn install(plan: &Plan) -> Result<Report> {
         report.note(plan, env_path, e);
 
         let bin = plan.host(plan.bin_dir.join(unit.name));
-        let b = report.outcome(&bin).unwrap_or(Outcome::Unchanged);
+        let b = report.outcome(&bin).unwrap_or(InstallOutcome::Unchanged);
         changed_units.push((unit.file_name(), u.changed() || e.changed() || b.changed()));
     }
     let steps = start_steps(plan, &changed_units);
@@ -917,7 +920,7 @@ fn install(plan: &Plan) -> Result<Report> {
 /// After the files: reload systemd, then start each unit, or restart it when its unit,
 /// environment file or binary changed. On a `--role all` machine the node agent waits for
 /// the CA the API server makes on its first start.
-fn start_steps(plan: &Plan, units: &[(String, bool)]) -> Vec<Step> {
+fn start_steps(plan: &InstallPlan, units: &[(String, bool)]) -> Vec<Step> {
     let mut steps = vec![Step::run(&["systemctl", "daemon-reload"])];
     let (server, node): (Vec<_>, Vec<_>) =
         units.iter().partition(|(n, _)| n != "skiff-node.service");
@@ -963,7 +966,7 @@ fn start_steps(plan: &Plan, units: &[(String, bool)]) -> Vec<Step> {
 }
 
 /// Runs the steps; with --dry-run, --no-start or a --root other than `/` only prints them.
-fn run_steps(plan: &Plan, steps: &[Step], report: &mut Report) -> Result<()> {
+fn run_steps(plan: &InstallPlan, steps: &[Step], report: &mut Report) -> Result<()> {
     for step in steps {
         let shown = step.describe();
         report.commands.push(shown.clone());
@@ -1002,7 +1005,7 @@ fn run_steps(plan: &Plan, steps: &[Step], report: &mut Report) -> Result<()> {
     Ok(())
 }
 
-fn uninstall(plan: &Plan, purge: bool) -> Result<Report> {
+fn uninstall(plan: &InstallPlan, purge: bool) -> Result<Report> {
     let mut report = Report::default();
     let units = plan.units();
     // Stop the node agent before the API server it may depend on.
@@ -1058,9 +1061,9 @@ fn uninstall(plan: &Plan, purge: bool) -> Result<Report> {
         let outcome = if purge {
             remove_path(&path, plan.dry_run)?
         } else if path.exists() {
-            Outcome::Kept
+            InstallOutcome::Kept
         } else {
-            Outcome::Absent
+            InstallOutcome::Absent
         };
         report.note(plan, path, outcome);
     }
@@ -1074,9 +1077,9 @@ fn uninstall(plan: &Plan, purge: bool) -> Result<Report> {
         let outcome = if purge {
             remove_path(&path, plan.dry_run)?
         } else if path.exists() {
-            Outcome::Kept
+            InstallOutcome::Kept
         } else {
-            Outcome::Absent
+            InstallOutcome::Absent
         };
         report.note(plan, path, outcome);
     }
@@ -1121,46 +1124,46 @@ fn mode_of(path: &Path) -> Result<u32> {
 
 /// Creates a directory (and its parents) with `mode` unless it exists; an existing private
 /// one (`mode` 0700) that is open to others (an older install's 0755) is closed.
-fn ensure_dir(path: &Path, mode: u32, dry_run: bool) -> Result<Outcome> {
+fn ensure_dir(path: &Path, mode: u32, dry_run: bool) -> Result<InstallOutcome> {
     if path.is_dir() {
         if mode == 0o700 && mode_of(path)? != mode {
             if !dry_run {
                 fs::set_permissions(path, fs::Permissions::from_mode(mode))
                     .with_context(|| format!("setting the mode of {}", path.display()))?;
             }
-            return Ok(Outcome::Updated);
+            return Ok(InstallOutcome::Updated);
         }
-        return Ok(Outcome::Unchanged);
+        return Ok(InstallOutcome::Unchanged);
     }
     if !dry_run {
         fs::create_dir_all(path).with_context(|| format!("creating {}", path.display()))?;
         fs::set_permissions(path, fs::Permissions::from_mode(mode))
             .with_context(|| format!("setting the mode of {}", path.display()))?;
     }
-    Ok(Outcome::Created)
+    Ok(InstallOutcome::Created)
 }
 
 /// What writing `content` with `mode` to `path` would do.
-fn compare(path: &Path, content: &[u8], mode: u32) -> Result<Outcome> {
+fn compare(path: &Path, content: &[u8], mode: u32) -> Result<InstallOutcome> {
     match fs::read(path) {
-        Ok(old) if old == content && mode_of(path)? == mode => Ok(Outcome::Unchanged),
-        Ok(_) => Ok(Outcome::Updated),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Outcome::Created),
+        Ok(old) if old == content && mode_of(path)? == mode => Ok(InstallOutcome::Unchanged),
+        Ok(_) => Ok(InstallOutcome::Updated),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(InstallOutcome::Created),
         Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
     }
 }
 
 /// Writes `content` to `path` with `mode` unless it already holds exactly that.
-fn put_file(path: &Path, content: &[u8], mode: u32, dry_run: bool) -> Result<Outcome> {
+fn put_file(path: &Path, content: &[u8], mode: u32, dry_run: bool) -> Result<InstallOutcome> {
     let outcome = compare(path, content, mode)?;
-    if outcome != Outcome::Unchanged && !dry_run {
+    if outcome != InstallOutcome::Unchanged && !dry_run {
         write_atomic(path, content, mode)?;
     }
     Ok(outcome)
 }
 
 /// Copies `src` to `dst` with `mode` unless `dst` already holds the same bytes.
-fn put_copy(src: &Path, dst: &Path, mode: u32, dry_run: bool) -> Result<Outcome> {
+fn put_copy(src: &Path, dst: &Path, mode: u32, dry_run: bool) -> Result<InstallOutcome> {
     let content = fs::read(src).with_context(|| format!("reading {}", src.display()))?;
     put_file(dst, &content, mode, dry_run)
 }
@@ -1193,10 +1196,10 @@ fn write_atomic(path: &Path, content: &[u8], mode: u32) -> Result<()> {
 }
 
 /// Removes a file or a directory tree.
-fn remove_path(path: &Path, dry_run: bool) -> Result<Outcome> {
+fn remove_path(path: &Path, dry_run: bool) -> Result<InstallOutcome> {
     let meta = match fs::symlink_metadata(path) {
         Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Outcome::Absent),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(InstallOutcome::Absent),
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
     if !dry_run {
@@ -1207,7 +1210,7 @@ fn remove_path(path: &Path, dry_run: bool) -> Result<Outcome> {
         }
         .with_context(|| format!("removing {}", path.display()))?;
     }
-    Ok(Outcome::Removed)
+    Ok(InstallOutcome::Removed)
 }
 
 #[cfg(test)]
@@ -1484,11 +1487,16 @@ mod tests {
     fn a_second_install_changes_nothing() {
         let s = Scratch::new("twice");
         let first = s.install(&[]).unwrap();
-        assert!(first.files.iter().all(|(_, o)| *o == Outcome::Created));
+        assert!(
+            first
+                .files
+                .iter()
+                .all(|(_, o)| *o == InstallOutcome::Created)
+        );
         let second = s.install(&[]).unwrap();
         assert_eq!(second.files.len(), first.files.len());
         for (path, outcome) in &second.files {
-            assert_eq!(*outcome, Outcome::Unchanged, "{}", path.display());
+            assert_eq!(*outcome, InstallOutcome::Unchanged, "{}", path.display());
         }
         // Unchanged units are started, not restarted.
         assert!(
@@ -1511,11 +1519,11 @@ mod tests {
         let changed: Vec<_> = third
             .files
             .iter()
-            .filter(|(_, o)| *o != Outcome::Unchanged)
+            .filter(|(_, o)| *o != InstallOutcome::Unchanged)
             .collect();
         assert_eq!(changed.len(), 1, "{changed:?}");
         assert!(changed[0].0.ends_with("skiff-apiserver.service"));
-        assert_eq!(changed[0].1, Outcome::Updated);
+        assert_eq!(changed[0].1, InstallOutcome::Updated);
         assert!(
             third
                 .commands
@@ -1574,7 +1582,12 @@ mod tests {
         assert_eq!(a.mode("/var/lib/skiff/node/kubeconfig"), 0o600);
         // Installed again without credentials: the kubeconfig is there, nothing changes.
         let again = a.install(&["--role", "agent", "--server", list]).unwrap();
-        assert!(again.files.iter().all(|(_, o)| *o == Outcome::Unchanged));
+        assert!(
+            again
+                .files
+                .iter()
+                .all(|(_, o)| *o == InstallOutcome::Unchanged)
+        );
     }
 
     #[test]
@@ -1783,7 +1796,12 @@ mod tests {
         let s = Scratch::new("dry");
         let report = s.install(&["--dry-run"]).unwrap();
         assert!(!report.files.is_empty());
-        assert!(report.files.iter().all(|(_, o)| *o == Outcome::Created));
+        assert!(
+            report
+                .files
+                .iter()
+                .all(|(_, o)| *o == InstallOutcome::Created)
+        );
         assert!(
             !s.root().exists(),
             "a dry run created {}",
@@ -1791,7 +1809,12 @@ mod tests {
         );
         s.install(&[]).unwrap();
         let report = s.install(&["--dry-run", "--uninstall", "--purge"]).unwrap();
-        assert!(report.files.iter().any(|(_, o)| *o == Outcome::Removed));
+        assert!(
+            report
+                .files
+                .iter()
+                .any(|(_, o)| *o == InstallOutcome::Removed)
+        );
         assert!(s.exists("/etc/systemd/system/skiff-node.service"));
     }
 
@@ -1829,7 +1852,7 @@ mod tests {
             again
                 .files
                 .iter()
-                .all(|(_, o)| matches!(o, Outcome::Absent | Outcome::Kept))
+                .all(|(_, o)| matches!(o, InstallOutcome::Absent | InstallOutcome::Kept))
         );
 
         s.install(&["--uninstall", "--purge"]).unwrap();

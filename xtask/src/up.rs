@@ -147,7 +147,7 @@ pub fn run(args: UpArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("starting tokio runtime")?;
-    rt.block_on(supervise(Plan {
+    rt.block_on(supervise(StartPlan {
         root: &root,
         cfg: &cfg,
         components: &components,
@@ -221,7 +221,7 @@ fn build(root: &Path, components: &[&Component], nodes: bool, bin_dir: &Path) ->
 }
 
 /// What `supervise` starts, with where.
-struct Plan<'a> {
+struct StartPlan<'a> {
     root: &'a Path,
     cfg: &'a UpConfig,
     components: &'a [&'a Component],
@@ -264,7 +264,7 @@ impl Started {
     }
 }
 
-async fn supervise(plan: Plan<'_>) -> Result<()> {
+async fn supervise(plan: StartPlan<'_>) -> Result<()> {
     let mut signals = Signals::new()?;
     let mut started = Started::default();
     let stop = match start_cluster(&plan, &mut started, &mut signals).await {
@@ -296,7 +296,7 @@ async fn supervise(plan: Plan<'_>) -> Result<()> {
 /// Starts everything in order, each waited for when something after it needs it, and
 /// writes the administrator's configs.
 async fn start_cluster(
-    plan: &Plan<'_>,
+    plan: &StartPlan<'_>,
     started: &mut Started,
     signals: &mut Signals,
 ) -> Result<(), Stop> {
@@ -345,7 +345,7 @@ async fn ready(r: &mut Running, addr: SocketAddr, signals: &mut Signals) -> Resu
 /// --ha: the etcd members (with their PKI), all of them before any is waited for (one alone
 /// has no quorum).
 async fn start_etcd(
-    plan: &Plan<'_>,
+    plan: &StartPlan<'_>,
     started: &mut Started,
     signals: &mut Signals,
 ) -> Result<(), Stop> {
@@ -378,7 +378,7 @@ async fn start_etcd(
 
 /// The control plane, each instance of each component; API servers are waited for.
 async fn start_components(
-    plan: &Plan<'_>,
+    plan: &StartPlan<'_>,
     started: &mut Started,
     signals: &mut Signals,
 ) -> Result<(), Stop> {
@@ -415,7 +415,7 @@ async fn start_components(
 
 /// The local registry on `addr`, waited for.
 async fn start_registry(
-    plan: &Plan<'_>,
+    plan: &StartPlan<'_>,
     addr: SocketAddr,
     started: &mut Started,
     signals: &mut Signals,
@@ -441,7 +441,7 @@ async fn start_registry(
 /// The fabric and the node agents, each in its namespace. With the controller manager (it
 /// signs the nodes' certificate requests) the nodes join with a bootstrap token; without it
 /// (or with --ha: `skiff-node join` takes one server) they get kubeconfigs written for them.
-fn start_nodes(plan: &Plan<'_>, started: &mut Started) -> Result<(), Stop> {
+fn start_nodes(plan: &StartPlan<'_>, started: &mut Started) -> Result<(), Stop> {
     if plan.nodes.is_empty() {
         return Ok(());
     }
@@ -491,7 +491,7 @@ fn start_nodes(plan: &Plan<'_>, started: &mut Started) -> Result<(), Stop> {
     Ok(())
 }
 
-fn print_banner(plan: &Plan<'_>) {
+fn print_banner(plan: &StartPlan<'_>) {
     let url = plan.cfg.server_urls();
     println!();
     println!("Skiff control plane is up");

@@ -397,13 +397,7 @@ impl Accounting {
 }
 
 fn program<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut CgroupSkb, BpfError> {
-    ebpf.program_mut(name)
-        .ok_or(BpfError::Missing {
-            kind: "program",
-            name,
-        })?
-        .try_into()
-        .map_err(BpfError::program(name))
+    lb::bpf::program(ebpf, name)
 }
 
 fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<CounterMap, BpfError> {

@@ -200,7 +200,7 @@ pub fn compile(input: &Inputs<'_>, ids: &mut Identities) -> Compiled {
     for (key, pods) in &members {
         by_id.insert(label_ids[key], pods.clone());
     }
-    let ctx = Ctx {
+    let ctx = CompileCtx {
         label_ids: &label_ids,
         cidr_ids: &cidr_ids,
         ns_labels: &ns_labels,
@@ -304,7 +304,7 @@ fn cidr_identities(
 /// The endpoint entry of local pod `pod` (address `ip`), with the rules of the policies
 /// (sorted) that select it added to `out`.
 fn endpoint(
-    ctx: &Ctx<'_>,
+    ctx: &CompileCtx<'_>,
     policies: &[&NetworkPolicy],
     pod: &Pod,
     ip: Ipv4Addr,
@@ -364,7 +364,7 @@ fn endpoint(
 
 /// The rules of one egress rule of policy `idx` for endpoint `ep_id`.
 fn egress_rules(
-    ctx: &Ctx<'_>,
+    ctx: &CompileCtx<'_>,
     ns: &str,
     to: &[NetworkPolicyPeer],
     ports: &[NetworkPolicyPort],
@@ -393,7 +393,7 @@ fn egress_rules(
 }
 
 /// What rules look peers up in.
-struct Ctx<'a> {
+struct CompileCtx<'a> {
     label_ids: &'a BTreeMap<LabelKey, u32>,
     cidr_ids: &'a BTreeMap<(Ipv4Addr, u8), u32>,
     ns_labels: &'a BTreeMap<String, BTreeMap<String, String>>,
@@ -415,7 +415,7 @@ impl Peers {
     }
 }
 
-impl Ctx<'_> {
+impl CompileCtx<'_> {
     fn ns_labels(&self, ns: &str) -> BTreeMap<String, String> {
         self.ns_labels
             .get(ns)

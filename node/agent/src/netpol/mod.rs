@@ -36,7 +36,7 @@ use tracing::{debug, info, warn};
 
 pub use compile::{HostService, Identities, LabelKey};
 
-struct Inner {
+struct PolicyState {
     datapath: Box<dyn PolicyDatapath>,
     ids: Identities,
     /// Policy index → `namespace/name`, of the last compilation and every earlier one (an
@@ -49,7 +49,7 @@ struct Inner {
 
 /// The agent's NetworkPolicy enforcement.
 pub struct NetworkPolicies {
-    inner: Mutex<Inner>,
+    inner: Mutex<PolicyState>,
     /// Flow records (`GET /flows`) and what names their addresses.
     pub flows: flows::FlowLog,
     names: Mutex<flows::Names>,
@@ -102,7 +102,7 @@ impl NetworkPolicies {
         host_services: Vec<HostService>,
     ) -> Arc<Self> {
         Arc::new(NetworkPolicies {
-            inner: Mutex::new(Inner {
+            inner: Mutex::new(PolicyState {
                 datapath,
                 ids: Identities::default(),
                 names: BTreeMap::new(),
@@ -122,7 +122,7 @@ impl NetworkPolicies {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PolicyState> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 

@@ -122,13 +122,13 @@ async fn http_get(proxy: Result<std::sync::Arc<Proxy>, String>, path: &str) -> (
     (status, body)
 }
 
-struct Running {
+struct RunningProxy {
     proxy: std::sync::Arc<Proxy>,
     stop: CancelToken,
     task: tokio::task::JoinHandle<()>,
 }
 
-fn start(fx: &LbFixture, client: &Client) -> Running {
+fn start(fx: &LbFixture, client: &Client) -> RunningProxy {
     let proxy = Proxy::new(fx.load_attached(), "node-1", Vec::new());
     let stop = CancelToken::new();
     let task = tokio::spawn(
@@ -136,10 +136,10 @@ fn start(fx: &LbFixture, client: &Client) -> Running {
             .clone()
             .run(Informers::new(client.clone()), stop.clone()),
     );
-    Running { proxy, stop, task }
+    RunningProxy { proxy, stop, task }
 }
 
-impl Running {
+impl RunningProxy {
     async fn stop(self) {
         self.stop.cancel();
         tokio::time::timeout(WAIT, self.task)

@@ -113,7 +113,7 @@ struct Owner {
     port_name: String,
 }
 
-struct Inner {
+struct ProxyState {
     lb: Box<dyn LbDatapath>,
     /// This node's name (externalTrafficPolicy Local: its own backends) and addresses
     /// (NodePort frontends are programmed for each).
@@ -132,7 +132,7 @@ struct Inner {
 /// The node's Service load balancing: the data path ([`LbDatapath`]: the loaded
 /// `ServiceLb`, or a fake in tests) and who owns which frontend.
 pub struct Proxy {
-    inner: Mutex<Inner>,
+    inner: Mutex<ProxyState>,
     /// When a change to a Service (or its Endpoints) was first seen, until reconciled.
     seen: Arc<Mutex<HashMap<ObjectKey, Instant>>>,
 }
@@ -147,7 +147,7 @@ impl Proxy {
     /// A proxy programming `lb` on node `node_name`, with NodePort frontends on `node_ips`.
     pub fn new(lb: impl LbDatapath + 'static, node_name: &str, node_ips: Vec<IpAddr>) -> Arc<Self> {
         Arc::new(Proxy {
-            inner: Mutex::new(Inner {
+            inner: Mutex::new(ProxyState {
                 lb: Box::new(lb),
                 node_name: node_name.to_string(),
                 node_ips,
@@ -167,7 +167,7 @@ impl Proxy {
         self.lock().local.insert(service, addr);
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+    fn lock(&self) -> MutexGuard<'_, ProxyState> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -362,7 +362,7 @@ impl Proxy {
     /// rest. Returns (owned, removed).
     fn adopt(&self, services: &Informer<Service>) -> Result<(usize, usize), BpfError> {
         let mut inner = self.lock();
-        let Inner {
+        let ProxyState {
             lb,
             owners,
             node_name,

@@ -12,7 +12,7 @@ use skiff_datapath::lb::Frontend;
 use tracing::{debug, warn};
 
 use super::desired::{DesiredPort, desired_on, to_local};
-use super::{Inner, Owner, Proxy};
+use super::{Owner, Proxy, ProxyState};
 
 /// How often a Service whose frontend another Service holds is looked at again.
 const CONFLICT_RETRY: Duration = Duration::from_secs(30);
@@ -66,7 +66,7 @@ impl Reconciler for ServiceReconciler {
         let mut writes = 0;
         let mut action = Action::Done;
         let result = (|| {
-            let Inner { lb, owners, .. } = &mut *inner;
+            let ProxyState { lb, owners, .. } = &mut *inner;
             let stale: Vec<Frontend> = owners
                 .iter()
                 .filter(|(f, o)| o.key == *key && !want.iter().any(|d| d.frontend == **f))

@@ -122,7 +122,7 @@ fn pod(name: &str, containers: Vec<Container>) -> Pod {
 
 /// A running worker for a pod created in the API; its exits are forwarded as the agent's
 /// pod loop does.
-struct Running {
+struct RunningWorker {
     uid: String,
     tx: mpsc::UnboundedSender<Msg>,
     task: tokio::task::JoinHandle<()>,
@@ -130,7 +130,7 @@ struct Running {
 }
 
 impl Bed {
-    async fn start(&self, p: Pod) -> Running {
+    async fn start(&self, p: Pod) -> RunningWorker {
         let created = self
             .client
             .namespaced::<Pod>("default")
@@ -154,7 +154,7 @@ impl Bed {
                 }
             }
         });
-        Running {
+        RunningWorker {
             uid,
             tx,
             task,
