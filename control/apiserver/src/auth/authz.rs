@@ -187,11 +187,8 @@ impl Authorizer {
         if user.groups.iter().any(|g| g == MASTERS_GROUP) {
             return Decision::Allow;
         }
-        let graph = super::node::Graph {
-            pods: &self.pods,
-            persistent_volumes: &self.persistent_volumes,
-            rbac: &|u, a| self.rbac_allows(u, a),
-        };
+        let rbac = |u: &UserInfo, a: &Attributes| self.rbac_allows(u, a);
+        let graph = self.node_graph(&rbac);
         match super::node::decide(&graph, user, a) {
             Decision::NoOpinion => {}
             d => return d,
@@ -276,6 +273,19 @@ impl Authorizer {
             }
         }
         rules
+    }
+
+    /// What the Node authorizer reads of this authorizer: its pod and volume mirrors, and
+    /// `rbac` where it defers to RBAC.
+    pub(crate) fn node_graph<'a>(
+        &'a self,
+        rbac: &'a (dyn Fn(&UserInfo, &Attributes) -> bool + Sync),
+    ) -> super::node::Graph<'a> {
+        super::node::Graph {
+            pods: &self.pods,
+            persistent_volumes: &self.persistent_volumes,
+            rbac,
+        }
     }
 
     pub(crate) fn rbac_allows(&self, user: &UserInfo, a: &Attributes) -> bool {

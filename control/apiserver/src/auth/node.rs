@@ -391,11 +391,7 @@ mod tests {
             .await
             .unwrap();
         let rbac = |u: &UserInfo, a: &Attributes| full.rbac_allows(u, a);
-        let authz = Graph {
-            pods: &full.pods,
-            persistent_volumes: &full.persistent_volumes,
-            rbac: &rbac,
-        };
+        let authz = full.node_graph(&rbac);
         let n1 = UserInfo {
             name: "system:node:n1".into(),
             groups: vec![NODES_GROUP.into(), "system:authenticated".into()],
@@ -453,11 +449,7 @@ mod tests {
             .await
             .unwrap();
         let rbac = |u: &UserInfo, a: &Attributes| full.rbac_allows(u, a);
-        let authz = Graph {
-            pods: &full.pods,
-            persistent_volumes: &full.persistent_volumes,
-            rbac: &rbac,
-        };
+        let authz = full.node_graph(&rbac);
         let n1 = UserInfo {
             name: "system:node:n1".into(),
             groups: vec![NODES_GROUP.into(), "system:authenticated".into()],
