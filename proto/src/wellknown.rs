@@ -5,6 +5,9 @@
 
 /// The signer of nodes' client certificates.
 pub const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
+/// The signer of nodes' serving certificates (the agent's HTTPS API: logs, exec,
+/// port-forward, stats), for the node's own addresses.
+pub const KUBELET_SERVING_SIGNER: &str = "kubernetes.io/kubelet-serving";
 /// The signer of other client certificates of the API server.
 pub const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client";
 

@@ -28,7 +28,10 @@ use std::time::{Duration, Instant};
 
 pub mod cluster;
 pub mod ha;
+pub mod machines;
 pub mod rollout;
+
+pub use machines::{MACHINE_API_PORT, Machine, OnMachine, on_machine};
 
 pub use skiff_client::{Client, ClientConfig};
 pub use skiff_flags::Election;
@@ -121,6 +124,8 @@ pub struct ApiServer {
     child: Child,
     /// How it was started (for [`ApiServer::restart`]).
     args: Vec<std::ffi::OsString>,
+    /// The machine it runs on, when not the test's own ([`ApiServer::start_on`]).
+    pub machine: Option<OnMachine>,
     /// `https://127.0.0.1:<port>`.
     pub endpoint: String,
     pub addr: SocketAddr,
@@ -138,19 +143,34 @@ impl ApiServer {
 
     /// Like [`ApiServer::start`], with extra `skiff-apiserver` arguments.
     pub fn start_with(backend: Backend, extra: &[&str]) -> ApiServer {
-        ApiServer::launch(backend, extra, None)
+        ApiServer::launch(backend, extra, None, None)
     }
 
     /// Another API server of the same cluster: over `backend` (the same store) with this
     /// one's PKI (CA, serving certificate, keys), on its own port.
     pub fn start_beside(&self, backend: Backend) -> ApiServer {
-        ApiServer::launch(backend, &[], Some(&self.pki_dir))
+        ApiServer::launch(backend, &[], Some(&self.pki_dir), None)
     }
 
-    fn launch(backend: Backend, extra: &[&str], pki: Option<&Path>) -> ApiServer {
+    /// An API server running on `machine` (inside its network namespace), listening on the
+    /// machine's address. The test reaches it through a [`skiff_testnet::Forwarder`] from a
+    /// loopback port of its own: [`ApiServer::endpoint`] and the administrator's kubeconfig
+    /// name that port; [`OnMachine::endpoint`] is the address other machines use.
+    pub fn start_on(machine: &Machine, backend: Backend, extra: &[&str]) -> ApiServer {
+        ApiServer::launch(backend, extra, None, Some(machine))
+    }
+
+    fn launch(
+        backend: Backend,
+        extra: &[&str],
+        pki: Option<&Path>,
+        machine: Option<&Machine>,
+    ) -> ApiServer {
         let dir = tempfile::tempdir().expect("tempdir");
-        let port = free_port();
-        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let addr: SocketAddr = match machine {
+            Some(m) => SocketAddr::new(m.ip, MACHINE_API_PORT),
+            None => ([127, 0, 0, 1], free_port()).into(),
+        };
         let pki_dir = pki.map_or_else(|| dir.path().join("pki"), Path::to_path_buf);
         let store = match &backend {
             Backend::Embedded => ApiStore::Embedded {
@@ -172,18 +192,26 @@ impl ApiServer {
             extra: extra.iter().map(Into::into).collect(),
         }
         .args();
-        let child = spawn_apiserver(&args, dir.path());
-        let server = ApiServer {
+        let on = machine.map(|m| OnMachine {
+            netns: m.netns.path(),
+            endpoint: format!("https://{addr}"),
+            forward: skiff_testnet::Forwarder::start(&m.netns.path(), addr)
+                .expect("forwarding a loopback port to the API server's machine"),
+        });
+        let child = spawn_apiserver(&args, dir.path(), on.as_ref());
+        let local = on.as_ref().map_or(addr, |o| o.forward.local());
+        let mut server = ApiServer {
             child,
             args,
-            endpoint: format!("https://{addr}"),
-            addr,
+            machine: on,
+            endpoint: format!("https://{local}"),
+            addr: local,
             kubeconfig: pki_dir.join("admin.kubeconfig"),
             pki_dir,
             _dir: dir,
         };
         let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(addr).is_err() || !server.kubeconfig.exists() {
+        while !server.kubeconfig.exists() || !server.listening() {
             assert!(
                 Instant::now() < deadline,
                 "skiff-apiserver did not listen on {addr} within 30 s; log:\n{}",
@@ -191,7 +219,48 @@ impl ApiServer {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+        if server.machine.is_some() {
+            // The server's own kubeconfig names its machine's address; the test's names the
+            // forwarded port.
+            let forwarded = server._dir.path().join("admin-forwarded.kubeconfig");
+            let pki = skiff_pki::ClusterPki::new(&server.pki_dir);
+            let ca = pki.load_ca().expect("the cluster CA");
+            pki.write_kubeconfig(
+                &ca,
+                &forwarded,
+                &server.endpoint,
+                "system:admin",
+                &["system:masters"],
+            )
+            .expect("writing the forwarded administrator's kubeconfig");
+            server.kubeconfig = forwarded;
+        }
         server
+    }
+
+    /// Whether it accepts connections (on its machine, when it runs on one).
+    fn listening(&self) -> bool {
+        match &self.machine {
+            None => TcpStream::connect(self.addr).is_ok(),
+            Some(m) => {
+                let target = m.forward.target();
+                Command::new("ss")
+                    .args(["-N", &m.netns_name(), "-Htln"])
+                    .output()
+                    .is_ok_and(|o| {
+                        String::from_utf8_lossy(&o.stdout)
+                            .split_whitespace()
+                            .any(|w| w == target.to_string())
+                    })
+            }
+        }
+    }
+
+    /// The URL other machines reach it at: its machine's address, or its loopback one.
+    pub fn cluster_endpoint(&self) -> &str {
+        self.machine
+            .as_ref()
+            .map_or(self.endpoint.as_str(), |m| m.endpoint.as_str())
     }
 
     pub fn log(&self) -> String {
@@ -208,9 +277,9 @@ impl ApiServer {
     /// and waits until it listens.
     pub fn restart(&mut self) {
         self.kill();
-        self.child = spawn_apiserver(&self.args, self._dir.path());
+        self.child = spawn_apiserver(&self.args, self._dir.path(), self.machine.as_ref());
         let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(self.addr).is_err() {
+        while !self.listening() {
             assert!(
                 Instant::now() < deadline,
                 "skiff-apiserver did not listen again within 30 s; log:\n{}",
@@ -235,6 +304,16 @@ impl ApiServer {
     /// Writes a kubeconfig for `user` in `groups` with a certificate of the cluster CA
     /// (`skiff-apiserver kubeconfig`'s library call) and returns its path.
     pub fn user_kubeconfig(&self, dir: &Path, user: &str, groups: &[&str]) -> PathBuf {
+        self.kubeconfig_at(dir, user, groups, &self.endpoint)
+    }
+
+    /// Like [`ApiServer::user_kubeconfig`], for a client on another machine: the server's
+    /// [`ApiServer::cluster_endpoint`].
+    pub fn machine_kubeconfig(&self, dir: &Path, user: &str, groups: &[&str]) -> PathBuf {
+        self.kubeconfig_at(dir, user, groups, self.cluster_endpoint())
+    }
+
+    fn kubeconfig_at(&self, dir: &Path, user: &str, groups: &[&str], endpoint: &str) -> PathBuf {
         let pki = skiff_pki::ClusterPki::new(&self.pki_dir);
         let ca = pki.load_ca().expect("the cluster CA");
         let safe: String = user
@@ -242,7 +321,7 @@ impl ApiServer {
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
             .collect();
         let path = dir.join(format!("{safe}.kubeconfig"));
-        pki.write_kubeconfig(&ca, &path, &self.endpoint, user, groups)
+        pki.write_kubeconfig(&ca, &path, endpoint, user, groups)
             .expect("writing a user kubeconfig");
         path
     }
@@ -275,7 +354,7 @@ impl ApiServer {
 }
 
 /// Runs `cmd` with `stdin` fed to it and waits for it.
-fn run_with_stdin(mut cmd: Command, stdin: &str) -> Output {
+pub fn run_with_stdin(mut cmd: Command, stdin: &str) -> Output {
     use std::io::Write;
     let mut child = cmd
         .stdin(Stdio::piped())
@@ -329,13 +408,13 @@ impl ApiServer {
     }
 }
 
-fn spawn_apiserver(args: &[std::ffi::OsString], dir: &Path) -> Child {
+fn spawn_apiserver(args: &[std::ffi::OsString], dir: &Path, on: Option<&OnMachine>) -> Child {
     let log = std::fs::File::options()
         .create(true)
         .append(true)
         .open(dir.join("apiserver.log"))
         .expect("log file");
-    Command::new(binary("skiff-apiserver"))
+    on_machine(on.map(|o| o.netns.as_path()), binary("skiff-apiserver"))
         .args(args)
         .stdout(Stdio::null())
         .stderr(log)
@@ -499,6 +578,9 @@ pub struct Node {
     agent: Option<Child>,
     /// The node's address on the fabric, if it is on one.
     pub node_ip: Option<String>,
+    /// The node is a machine of its own: the agent runs inside the node's namespace (not
+    /// beside the API server with `--node-netns`) and serves its API on the node's address.
+    pub own_machine: bool,
     /// Deleted after everything in it (a field drops after `Drop::drop` has run).
     _ns: Netns,
 }
@@ -542,7 +624,22 @@ impl Node {
         fabric: Option<&Fabric>,
         agent_args: &[&str],
     ) -> Node {
-        Node::launch(server, name, pod_cidr, labels, fabric, None, agent_args)
+        Node::launch(
+            server, name, pod_cidr, labels, fabric, None, agent_args, false,
+        )
+    }
+
+    /// A node that is a machine of its own on `fabric` (the API server on another machine,
+    /// [`ApiServer::start_on`]): its agent runs inside the node's namespace, reaches the API
+    /// server at its machine's address and serves its API on the node's, with a certificate
+    /// of the cluster CA. Its pod CIDR comes from the controller manager's node IPAM.
+    pub fn start_machine(
+        server: &ApiServer,
+        name: &str,
+        fabric: &Fabric,
+        agent_args: &[&str],
+    ) -> Node {
+        Node::launch(server, name, "", &[], Some(fabric), None, agent_args, true)
     }
 
     /// A node on `fabric` whose agent fails over between the API servers `servers` (URLs,
@@ -553,9 +650,22 @@ impl Node {
         fabric: &Fabric,
         servers: &str,
     ) -> Node {
-        Node::launch(server, name, "", &[], Some(fabric), Some(servers), &[])
+        Node::launch(
+            server,
+            name,
+            "",
+            &[],
+            Some(fabric),
+            Some(servers),
+            &[],
+            false,
+        )
     }
 
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the one constructor every public start_* names its choices for"
+    )]
     fn launch(
         server: &ApiServer,
         name: &str,
@@ -564,6 +674,7 @@ impl Node {
         fabric: Option<&Fabric>,
         servers: Option<&str>,
         agent_args: &[&str],
+        own_machine: bool,
     ) -> Node {
         let id = unique();
         let ns = Netns::create(&format!("skiff-e2e-{id}")).expect("creating the node's netns");
@@ -571,11 +682,12 @@ impl Node {
         let node_ip = fabric.map(|f| f.attach(&netns).expect("attaching the node to the fabric"));
         let root = cgroup2_root();
         let state_dir = tempfile::tempdir().expect("tempdir");
-        let kubeconfig = server.user_kubeconfig(
-            state_dir.path(),
-            &format!("system:node:{name}"),
-            &["system:nodes"],
-        );
+        let (user, groups) = (format!("system:node:{name}"), ["system:nodes"]);
+        let kubeconfig = if own_machine {
+            server.machine_kubeconfig(state_dir.path(), &user, &groups)
+        } else {
+            server.user_kubeconfig(state_dir.path(), &user, &groups)
+        };
         let mut node = Node {
             name: name.to_string(),
             netns,
@@ -594,6 +706,7 @@ impl Node {
             join: None,
             agent: None,
             node_ip,
+            own_machine,
         };
         node.start_agent();
         node
@@ -621,6 +734,7 @@ impl Node {
             join: Some((server.endpoint.clone(), token.to_string(), hash.to_string())),
             agent: None,
             node_ip: None,
+            own_machine: false,
         };
         node.start_agent();
         node
@@ -648,8 +762,14 @@ impl Node {
                 server: self.servers.clone(),
             },
         };
+        // On a machine of its own the agent is inside the node's namespace, with the default
+        // API address (the node's) and port; otherwise it runs on the API server's machine,
+        // its API on loopback.
+        let own = self.own_machine;
         let flags = NodeFlags {
-            node_netns: Some(self.netns_path()),
+            node_netns: (!own).then(|| self.netns_path()),
+            address: (!own).then_some(std::net::Ipv4Addr::LOCALHOST.into()),
+            port: (!own).then_some(0),
             pod_cidr: Some(self.pod_cidr.clone()).filter(|c| !c.is_empty()),
             node_labels: Some(self.labels.clone()).filter(|l| !l.is_empty()),
             cgroup_parent: Some(self.cgroup_parent.clone()),
@@ -663,7 +783,10 @@ impl Node {
                 self.state_dir.path().join("state"),
             )
         };
-        let mut cmd = Command::new(binary("skiff-node"));
+        let mut cmd = on_machine(
+            own.then(|| self.netns_path()).as_deref(),
+            binary("skiff-node"),
+        );
         if let Some((_, token, _)) = &self.join {
             cmd.env("SKIFF_JOIN_TOKEN", token);
         }
@@ -792,6 +915,8 @@ impl Drop for Node {
 pub struct Component {
     pub binary: String,
     args: Vec<OsString>,
+    /// The network namespace of the machine it runs on (its API server's).
+    machine: Option<PathBuf>,
     /// Its name in leader election, if it was given one.
     identity: Option<String>,
     child: Option<Child>,
@@ -845,6 +970,7 @@ impl Component {
         let mut c = Component {
             binary: binary.to_string(),
             args,
+            machine: server.machine.as_ref().map(|m| m.netns.clone()),
             identity,
             child: None,
             dir: tempfile::tempdir().expect("tempdir"),
@@ -860,7 +986,7 @@ impl Component {
         self.starts += 1;
         let log = std::fs::File::create(self.dir.path().join(format!("{}.log", self.starts)))
             .expect("log file");
-        let child = Command::new(binary(&self.binary))
+        let child = on_machine(self.machine.as_deref(), binary(&self.binary))
             .args(&self.args)
             .env("RUST_LOG", "info")
             .env("SKIFF_CONFIG", "/nonexistent")

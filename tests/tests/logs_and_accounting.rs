@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use skiff_api::api::{Node as ApiNode, Pod};
 use skiff_client::Api;
-use skiff_client::node_api::{AgentEndpoint, LogOptions, PodStats, StatsSummary};
+use skiff_client::node_api::{AgentAccess, AgentEndpoint, LogOptions, PodStats, StatsSummary};
 use skiff_tests::{ApiServer, Backend, Node, Streaming, eventually_within, fails, ok};
 
 const T: Duration = Duration::from_secs(30);
@@ -86,7 +86,7 @@ async fn logs_top_and_traffic_accounting() {
             .get(&node_name)
             .await
             .map_err(|e| e.to_string())?;
-        AgentEndpoint::of_node_as(&n, client.identity())
+        AgentEndpoint::of_node_as(&n, &AgentAccess::of_client(&client))
             .map_err(|e| format!("{e}; log:\n{}", node.agent_log()))
     })
     .await;
@@ -412,7 +412,7 @@ async fn agent_api_is_tls_with_client_certificates(
         skiff_client::node_api::SERVING_CERT_ANNOTATION.into(),
         format!("sha256:{}", "0".repeat(64)),
     );
-    let e = AgentEndpoint::of_node_as(&wrong_pin, client.identity())
+    let e = AgentEndpoint::of_node_as(&wrong_pin, &AgentAccess::of_client(client))
         .unwrap()
         .stats_summary()
         .await
@@ -426,7 +426,7 @@ async fn agent_api_is_tls_with_client_certificates(
         other => panic!("{other}"),
     };
     // No client certificate: 401.
-    let anonymous = AgentEndpoint::of_node_as(&n, None).unwrap();
+    let anonymous = AgentEndpoint::of_node_as(&n, &AgentAccess::default()).unwrap();
     let (code, _) = status(anonymous.stats_summary().await.unwrap_err());
     assert_eq!(code, 401);
     // A certificate of another CA: 401.
@@ -438,7 +438,7 @@ async fn agent_api_is_tls_with_client_certificates(
         ))
         .unwrap();
     let (code, _) = status(
-        AgentEndpoint::of_node_as(&n, Some(&stranger))
+        AgentEndpoint::of_node_as(&n, &as_user(&stranger))
             .unwrap()
             .stats_summary()
             .await
@@ -456,7 +456,7 @@ async fn agent_api_is_tls_with_client_certificates(
         ))
         .unwrap();
     let (code, message) = status(
-        AgentEndpoint::of_node_as(&n, Some(&other_node))
+        AgentEndpoint::of_node_as(&n, &as_user(&other_node))
             .unwrap()
             .stats_summary()
             .await
@@ -476,7 +476,7 @@ async fn agent_api_is_tls_with_client_certificates(
             .unwrap()
     };
     let (code, message) = status(
-        AgentEndpoint::of_node_as(&n, Some(&user("nobody")))
+        AgentEndpoint::of_node_as(&n, &as_user(&user("nobody")))
             .unwrap()
             .stats_summary()
             .await
@@ -506,7 +506,7 @@ async fn agent_api_is_tls_with_client_certificates(
         .unwrap();
     client.cluster().create(&role).await.unwrap();
     client.cluster().create(&binding).await.unwrap();
-    let reader = AgentEndpoint::of_node_as(&n, Some(&user("stats-reader"))).unwrap();
+    let reader = AgentEndpoint::of_node_as(&n, &as_user(&user("stats-reader"))).unwrap();
     // The API server's RBAC mirror follows the new binding within moments.
     eventually_within("the bound user reads the agent's stats", T, || async {
         reader.stats_summary().await.map_err(|e| e.to_string())
@@ -543,4 +543,12 @@ fn chrono_like_rfc3339(ts: &str) -> bool {
         && b[13] == b':'
         && ts.ends_with('Z')
         && b[..4].iter().all(u8::is_ascii_digit)
+}
+
+/// Speaking to agents with `identity`'s client certificate.
+fn as_user(identity: &skiff_pki::Identity) -> AgentAccess<'_> {
+    AgentAccess {
+        identity: Some(identity),
+        ..AgentAccess::default()
+    }
 }

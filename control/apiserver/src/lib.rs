@@ -78,6 +78,7 @@ pub mod registry;
 pub mod request;
 mod rest;
 mod stored;
+pub use rest::AgentClient;
 /// The REST request decoders for `cargo fuzz` (feature `fuzzing`).
 #[cfg(feature = "fuzzing")]
 pub use rest::fuzzing;
@@ -137,9 +138,8 @@ pub struct Security {
     pub audit: Option<audit::AuditLog>,
     /// Renews the PKI's due certificates while the server runs.
     pub renewal: Option<Renewal>,
-    /// The client certificate the server presents to node agents (logs, exec,
-    /// port-forward): `system:kube-apiserver`, made at start, never written to disk.
-    pub agent_client: Option<Arc<skiff_pki::Identity>>,
+    /// How the server speaks to node agents (logs, exec, port-forward, metrics).
+    pub agent_client: Option<AgentClient>,
 }
 
 /// Certificate renewal while the server runs: every `every`, the PKI is checked as at start
@@ -268,7 +268,11 @@ impl Security {
             .issue(&skiff_pki::LeafSpec::client(AGENT_CLIENT_USER, &[]))
             .map_err(pki_err)?;
         Ok(Security {
-            agent_client: Some(Arc::new(agent_client)),
+            agent_client: Some(AgentClient {
+                identity: Arc::new(agent_client),
+                ca_pem: ensured.ca.cert_pem().into(),
+                preferred_address_types: Arc::from(Vec::new()),
+            }),
             tls: Arc::new(tls),
             authenticator: Arc::new(auth::Authenticator {
                 client_ca_pem: Some(ensured.ca.cert_pem().to_string()),

@@ -112,6 +112,16 @@ struct Args {
     /// certificate.
     #[arg(long, default_value = "10.96.0.0/16", value_name = "CIDR")]
     service_cluster_ip_range: skiff_cidr::Ipv4Cidr,
+    /// The Node address types dialled to reach a node's agent (logs, exec, port-forward,
+    /// metrics), in order; the first whose value is an IP address is used. Its serving
+    /// certificate is verified against the cluster CA.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "InternalIP,ExternalIP,Hostname",
+        value_parser = address_type
+    )]
+    kubelet_preferred_address_types: Vec<String>,
     /// Non-mutating requests in flight at once; more wait in their user's queue (users take
     /// turns; up to 50 waiting per user, up to 15 s), then are answered 429 (0: no limit).
     /// `system:masters` is exempt; watches, exec, attach and port-forward do not count.
@@ -246,6 +256,25 @@ fn url_of(listen: SocketAddr) -> String {
 }
 
 /// Creates or renews the PKI and builds the TLS configuration and authenticators.
+/// `--kubelet-preferred-address-types`: a Node address type Kubernetes defines.
+fn address_type(s: &str) -> Result<String, String> {
+    const TYPES: [&str; 5] = [
+        "Hostname",
+        "InternalDNS",
+        "InternalIP",
+        "ExternalDNS",
+        "ExternalIP",
+    ];
+    if TYPES.contains(&s) {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "unsupported address type {s:?}: one of {}",
+            TYPES.join(", ")
+        ))
+    }
+}
+
 fn security(args: &Args) -> Result<Security> {
     let mut sans = bootstrap::default_sans();
     if !args.listen.ip().is_unspecified() {
@@ -276,7 +305,7 @@ fn security(args: &Args) -> Result<Security> {
             max_bytes: args.audit_log_maxsize.max(1) * 1024 * 1024,
             max_backups: args.audit_log_maxbackup,
         });
-    Ok(Security::bootstrap(&SecurityOptions {
+    let mut security = Security::bootstrap(&SecurityOptions {
         pki_dir: args.pki_dir.clone(),
         server_url,
         sans,
@@ -285,7 +314,11 @@ fn security(args: &Args) -> Result<Security> {
         renew_every: Some(std::time::Duration::from_secs(
             args.cert_check_seconds.max(1),
         )),
-    })?)
+    })?;
+    if let Some(agents) = &mut security.agent_client {
+        agents.preferred_address_types = Arc::from(args.kubelet_preferred_address_types.clone());
+    }
+    Ok(security)
 }
 
 /// The `kubernetes` Service the flags describe.

@@ -240,7 +240,10 @@ async fn show<T: BpfDump>(
     let mut dumps = Vec::new();
     for n in nodes {
         let result: Result<T, NodeApiError> = async {
-            let agent = AgentEndpoint::of_node_as(n, client.identity())?;
+            let agent = AgentEndpoint::of_node_as(
+                n,
+                &skiff_client::node_api::AgentAccess::of_client(client),
+            )?;
             agent.bpf::<T>().await
         }
         .await;

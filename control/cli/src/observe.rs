@@ -83,7 +83,10 @@ pub async fn run(client: &Client, opts: &ObserveOpts) -> Result<ExitCode> {
     for n in &nodes {
         let name = n.name().to_string();
         let opened = async {
-            let agent = AgentEndpoint::of_node_as(n, client.identity())?;
+            let agent = AgentEndpoint::of_node_as(
+                n,
+                &skiff_client::node_api::AgentAccess::of_client(client),
+            )?;
             agent.flows(&opts.query).await
         }
         .await;

@@ -252,6 +252,12 @@ impl Client {
         self.config.identity.as_ref()
     }
 
+    /// The CA(s) this client verifies API servers against (PEM), if any: the cluster CA,
+    /// which also signs node agents' serving certificates.
+    pub fn ca_pem(&self) -> Option<&str> {
+        self.config.ca_pem.as_deref()
+    }
+
     /// `GET path` of the Kubernetes REST API as JSON (what the gRPC API does not carry: the
     /// metrics API).
     pub async fn get_json(&self, path: &str) -> Result<serde_json::Value, ClientError> {

@@ -27,18 +27,20 @@
 //! (as the kubelet does). Cluster state still comes only from the API server: a pod's agent
 //! is found through the pod's `spec.nodeName` and that Node's status ([`AgentEndpoint`]).
 //!
-//! The address used is `127.0.0.1:<port>`: the agent listens on loopback, so this reaches it
-//! only from the machine it runs on, which is what single-machine clusters need. A
-//! multi-machine cluster needs agents that listen on the node's InternalIP and a client that
-//! dials that address instead (not built).
+//! Which address is dialled: the Node's first address of the caller's preferred types
+//! ([`AgentAccess::preferred_address_types`], the API server's
+//! `--kubelet-preferred-address-types`; default [`DEFAULT_PREFERRED_ADDRESS_TYPES`]) whose
+//! value is an IP address. The agent serves there a certificate of the cluster CA for the
+//! node's addresses, which the caller verifies against the CA and the dialled address (no
+//! pin, no plain-HTTP fallback: a node that could make the API server speak plain HTTP would
+//! get the API server's requests, and their credentials, unauthenticated), and it requires a
+//! client certificate of the cluster CA ([`AgentAccess::identity`]).
 //!
-//! The agent speaks TLS with a self-signed certificate it keeps in its state directory and
-//! publishes the certificate's SHA-256 in its Node's annotation [`SERVING_CERT_ANNOTATION`]
-//! (which only that node and cluster administrators may write); clients trust exactly that
-//! certificate and present a client certificate of the cluster CA
-//! ([`AgentEndpoint::of_node_as`]). A Node without the annotation is not spoken to at all:
-//! there is no plain-HTTP fallback (a node that could make the API server speak plain HTTP
-//! would get the API server's requests, and their credentials, unauthenticated).
+//! An agent on the API server's own machine may instead listen on loopback with a
+//! self-signed certificate whose SHA-256 its Node publishes in the annotation
+//! [`SERVING_CERT_ANNOTATION`]; such a Node is dialled at `127.0.0.1:<port>` and only that
+//! certificate is trusted. A Node with neither an address nor the annotation is not spoken
+//! to at all.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -679,41 +681,64 @@ fn segment(s: &str) -> String {
     out
 }
 
-impl AgentEndpoint {
-    /// The endpoint a Node publishes, spoken to as `identity` (a client certificate of the
-    /// cluster CA; see the module docs).
-    pub fn of_node_as(
-        node: &Node,
-        identity: Option<&skiff_pki::Identity>,
-    ) -> Result<AgentEndpoint, NodeApiError> {
-        let mut ep = AgentEndpoint::of_node(node)?;
-        let pinned = node
-            .metadata
-            .as_ref()
-            .and_then(|m| m.annotations.get(SERVING_CERT_ANNOTATION));
-        let Some(pinned) = pinned else {
-            return Err(NodeApiError::Protocol {
-                node: ep.node,
-                reason: format!(
-                    "the Node publishes no serving certificate ({SERVING_CERT_ANNOTATION}); its \
-                     agent is not spoken to in plain HTTP"
-                ),
-            });
-        };
-        let config = skiff_pki::tls::pinned_client_config(Some(pinned), identity).map_err(|e| {
-            NodeApiError::Protocol {
-                node: ep.node.clone(),
-                reason: format!("TLS configuration: {e}"),
-            }
-        })?;
-        ep.tls = Some(Arc::new(config));
-        Ok(ep)
+/// The Node address types dialled, in order, when the caller names none (kubeadm's
+/// `--kubelet-preferred-address-types`).
+pub const DEFAULT_PREFERRED_ADDRESS_TYPES: &[&str] = &["InternalIP", "ExternalIP", "Hostname"];
+
+/// How a caller speaks to node agents.
+#[derive(Clone, Copy, Default)]
+pub struct AgentAccess<'a> {
+    /// The cluster CA, which signs the agents' serving certificates.
+    pub ca_pem: Option<&'a str>,
+    /// The client certificate presented (one of the cluster CA).
+    pub identity: Option<&'a skiff_pki::Identity>,
+    /// Node address types in the order they are tried (`None`:
+    /// [`DEFAULT_PREFERRED_ADDRESS_TYPES`]).
+    pub preferred_address_types: Option<&'a [String]>,
+}
+
+impl std::fmt::Debug for AgentAccess<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentAccess")
+            .field("ca", &self.ca_pem.is_some())
+            .field("client_certificate", &self.identity.is_some())
+            .field("preferred_address_types", &self.preferred_address_types)
+            .finish()
+    }
+}
+
+impl<'a> AgentAccess<'a> {
+    /// What `client` connects with: its CA and client certificate.
+    pub fn of_client(client: &'a Client) -> AgentAccess<'a> {
+        AgentAccess {
+            ca_pem: client.ca_pem(),
+            identity: client.identity(),
+            preferred_address_types: None,
+        }
     }
 
-    /// The address a Node publishes: `127.0.0.1:<status.daemonEndpoints.kubeletEndpoint.Port>`
-    /// (single-machine clusters; see the module docs), without TLS yet
-    /// ([`AgentEndpoint::of_node_as`] adds it).
-    fn of_node(node: &Node) -> Result<AgentEndpoint, NodeApiError> {
+    /// The node's address to dial: the first of the preferred types that is an IP address.
+    fn address_of(&self, node: &Node) -> Option<std::net::IpAddr> {
+        let addresses = node.status.as_ref().map(|s| s.addresses.as_slice())?;
+        let pick = |ty: &str| {
+            addresses
+                .iter()
+                .filter(|a| a.r#type == ty)
+                .find_map(|a| a.address.parse().ok())
+        };
+        match self.preferred_address_types {
+            Some(types) => types.iter().find_map(|t| pick(t)),
+            None => DEFAULT_PREFERRED_ADDRESS_TYPES.iter().find_map(|t| pick(t)),
+        }
+    }
+}
+
+impl AgentEndpoint {
+    /// The endpoint a Node publishes, spoken to as `access` says (see the module docs).
+    pub fn of_node_as(
+        node: &Node,
+        access: &AgentAccess<'_>,
+    ) -> Result<AgentEndpoint, NodeApiError> {
         let name = node.name().to_string();
         let port = node
             .status
@@ -724,10 +749,44 @@ impl AgentEndpoint {
             .and_then(|p| u16::try_from(p).ok())
             .filter(|p| *p != 0)
             .ok_or_else(|| NodeApiError::NoEndpoint { node: name.clone() })?;
+        let tls_err = |e: skiff_pki::PkiError| NodeApiError::Protocol {
+            node: name.clone(),
+            reason: format!("TLS configuration: {e}"),
+        };
+        let pinned = node
+            .metadata
+            .as_ref()
+            .and_then(|m| m.annotations.get(SERVING_CERT_ANNOTATION));
+        let (addr, config) = if let Some(pinned) = pinned {
+            let config = skiff_pki::tls::pinned_client_config(Some(pinned), access.identity)
+                .map_err(tls_err)?;
+            (SocketAddr::from((Ipv4Addr::LOCALHOST, port)), config)
+        } else {
+            let ip = access
+                .address_of(node)
+                .ok_or_else(|| NodeApiError::Protocol {
+                    node: name.clone(),
+                    reason: format!(
+                        "the Node publishes no IP address of the types {} to reach its agent at",
+                        access
+                            .preferred_address_types
+                            .map(|t| t.join(", "))
+                            .unwrap_or_else(|| DEFAULT_PREFERRED_ADDRESS_TYPES.join(", "))
+                    ),
+                })?;
+            let ca = access.ca_pem.ok_or_else(|| NodeApiError::Protocol {
+                node: name.clone(),
+                reason: "no cluster CA to verify the agent's serving certificate against; its \
+                         agent is not spoken to without one"
+                    .into(),
+            })?;
+            let config = skiff_pki::tls::client_config(ca, access.identity).map_err(tls_err)?;
+            (SocketAddr::new(ip, port), config)
+        };
         Ok(AgentEndpoint {
             node: name,
-            addr: (Ipv4Addr::LOCALHOST, port).into(),
-            tls: None,
+            addr,
+            tls: Some(Arc::new(config)),
         })
     }
 
@@ -735,7 +794,7 @@ impl AgentEndpoint {
     /// certificate `client` connects with.
     pub async fn for_node(client: &Client, node: &str) -> Result<AgentEndpoint, NodeApiError> {
         let node = client.cluster::<Node>().get(node).await?;
-        AgentEndpoint::of_node_as(&node, client.identity())
+        AgentEndpoint::of_node_as(&node, &AgentAccess::of_client(client))
     }
 
     /// The agent of the node `pod` is bound to.
@@ -1019,24 +1078,83 @@ mod tests {
         }
     }
 
+    fn with_addresses(mut n: Node, addresses: &[(&str, &str)]) -> Node {
+        n.status.get_or_insert_with(Default::default).addresses = addresses
+            .iter()
+            .map(|(t, a)| skiff_api::api::NodeAddress {
+                r#type: (*t).into(),
+                address: (*a).into(),
+            })
+            .collect();
+        n
+    }
+
+    fn ca() -> skiff_pki::Ca {
+        skiff_pki::Ca::generate("cluster").unwrap()
+    }
+
     #[test]
-    fn endpoint_of_a_node_is_its_published_port_on_loopback() {
-        let ep = AgentEndpoint::of_node(&node(10250)).unwrap();
-        assert_eq!(ep.addr, "127.0.0.1:10250".parse().unwrap());
+    fn the_agent_is_dialled_at_the_first_preferred_address_that_is_an_ip() {
+        let ca = ca();
+        let access = AgentAccess {
+            ca_pem: Some(ca.cert_pem()),
+            ..Default::default()
+        };
+        let n = with_addresses(
+            node(10250),
+            &[
+                ("Hostname", "n1"),
+                ("ExternalIP", "203.0.113.9"),
+                ("InternalIP", "192.168.100.3"),
+            ],
+        );
+        let ep = AgentEndpoint::of_node_as(&n, &access).unwrap();
+        assert_eq!(ep.addr, "192.168.100.3:10250".parse().unwrap());
         assert_eq!(ep.node, "n1");
+        let types = vec!["ExternalIP".to_string(), "InternalIP".to_string()];
+        let external = AgentAccess {
+            preferred_address_types: Some(&types),
+            ..access
+        };
+        let ep = AgentEndpoint::of_node_as(&n, &external).unwrap();
+        assert_eq!(ep.addr, "203.0.113.9:10250".parse().unwrap());
+        // A hostname that is not an IP is never dialled; nothing else: refused, named.
+        let only_name = with_addresses(node(10250), &[("Hostname", "n1")]);
+        let e = AgentEndpoint::of_node_as(&only_name, &access).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("no IP address of the types InternalIP, ExternalIP, Hostname"),
+            "{e}"
+        );
         for bad in [0, -1, 70000] {
-            let e = AgentEndpoint::of_node(&node(bad)).unwrap_err();
+            let e = AgentEndpoint::of_node_as(
+                &with_addresses(node(bad), &[("InternalIP", "10.0.0.1")]),
+                &access,
+            )
+            .unwrap_err();
             assert!(matches!(e, NodeApiError::NoEndpoint { .. }), "{e}");
         }
         let mut bare = node(1);
         bare.status = None;
-        assert!(AgentEndpoint::of_node(&bare).is_err());
+        assert!(AgentEndpoint::of_node_as(&bare, &access).is_err());
     }
 
     #[test]
-    fn a_node_without_a_pinned_certificate_is_not_spoken_to() {
-        let e = AgentEndpoint::of_node_as(&node(10250), None).unwrap_err();
-        assert!(e.to_string().contains("not spoken to in plain HTTP"), "{e}");
+    fn an_agent_is_not_spoken_to_without_a_ca_to_verify_it() {
+        let n = with_addresses(node(10250), &[("InternalIP", "192.168.100.3")]);
+        let e = AgentEndpoint::of_node_as(&n, &AgentAccess::default()).unwrap_err();
+        assert!(e.to_string().contains("no cluster CA"), "{e}");
+    }
+
+    #[test]
+    fn a_pinned_node_is_dialled_on_loopback() {
+        let mut n = with_addresses(node(10250), &[("InternalIP", "192.168.100.3")]);
+        n.metadata
+            .get_or_insert_with(Default::default)
+            .annotations
+            .insert(SERVING_CERT_ANNOTATION.into(), "sha256:00".into());
+        let ep = AgentEndpoint::of_node_as(&n, &AgentAccess::default()).unwrap();
+        assert_eq!(ep.addr, "127.0.0.1:10250".parse().unwrap());
     }
 
     #[tokio::test]

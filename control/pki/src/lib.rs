@@ -12,7 +12,8 @@
 //! - [`tls`]: rustls configurations: the API server's (client certificates requested, checked
 //!   by the authenticator so a bad one is a 401 rather than a failed handshake), clients',
 //!   and the serving certificate swapped in for new handshakes when it is renewed.
-//! - Certificate requests: [`new_request`] (a key and a PEM CSR), [`parse_request`]
+//! - Certificate requests: [`new_request`] (a key and a PEM CSR), [`new_server_request`]
+//!   (the same with SANs, for a serving certificate), [`parse_request`]
 //!   (signature checked; CN, O, SANs), [`Ca::sign_request`] (the signer's subject, usage and
 //!   validity, never the request's).
 //! - [`discovery`]: the CA of a presented chain taken only when its hash is the pinned one
@@ -403,8 +404,30 @@ pub fn new_request(
     common_name: &str,
     organizations: &[String],
 ) -> Result<(String, String), PkiError> {
+    request(CertificateParams::default(), common_name, organizations)
+}
+
+/// A new key and a certificate signing request for a serving certificate: `common_name` in
+/// `organizations` with the subject alternative names `sans` (an IP address written as such
+/// becomes an IP SAN, anything else a DNS name): `(key PEM, request PEM)`. A node agent's
+/// request to the `kubernetes.io/kubelet-serving` signer.
+pub fn new_server_request(
+    common_name: &str,
+    organizations: &[String],
+    sans: &[String],
+) -> Result<(String, String), PkiError> {
+    let params = CertificateParams::new(sans.to_vec()).map_err(generate_err("the SAN list"))?;
+    request(params, common_name, organizations)
+}
+
+/// A new key and a certificate signing request of `params` with the subject `common_name`
+/// in `organizations`.
+fn request(
+    mut params: CertificateParams,
+    common_name: &str,
+    organizations: &[String],
+) -> Result<(String, String), PkiError> {
     let key = KeyPair::generate().map_err(generate_err("a key"))?;
-    let mut params = CertificateParams::default();
     params.distinguished_name = subject(common_name, organizations)?;
     let csr = params
         .serialize_request(&key)
@@ -577,6 +600,46 @@ mod tests {
             base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &der)
         );
         assert!(parse_request(&tampered).is_err());
+    }
+
+    #[test]
+    fn server_requests_carry_ip_and_dns_sans_into_the_certificate() {
+        let ca = Ca::generate("skiff-ca").unwrap();
+        let groups = vec!["system:nodes".to_string()];
+        let sans = vec![
+            "192.168.100.3".to_string(),
+            "n1".to_string(),
+            "fd00::3".to_string(),
+        ];
+        let (_, req) = new_server_request("system:node:n1", &groups, &sans).unwrap();
+        let info = parse_request(&req).unwrap();
+        assert_eq!(info.common_name, "system:node:n1");
+        assert_eq!(info.organizations, groups);
+        assert_eq!(info.sans, sans);
+        assert!(!info.is_ca);
+        // IP-looking SANs are IP SANs: a verifier accepts the certificate for the address.
+        let cert = ca
+            .sign_request(&req, &LeafSpec::server("system:node:n1", &info.sans))
+            .unwrap();
+        assert_eq!(parse_pem(&cert, "leaf").unwrap().sans, sans);
+        let der = pem_certificates(&cert, "leaf").unwrap().remove(0);
+        let ee = rustls::pki_types::CertificateDer::from(der);
+        let ee = webpki::EndEntityCert::try_from(&ee).unwrap();
+        for (name, ok) in [
+            ("192.168.100.3", true),
+            ("n1", true),
+            ("192.168.100.4", false),
+        ] {
+            let name = rustls::pki_types::ServerName::try_from(name).unwrap();
+            assert_eq!(
+                ee.verify_is_valid_for_subject_name(&name).is_ok(),
+                ok,
+                "{name:?}"
+            );
+        }
+        // Without SANs it is a plain request.
+        let (_, plain) = new_server_request("x", &[], &[]).unwrap();
+        assert!(parse_request(&plain).unwrap().sans.is_empty());
     }
 
     #[test]

@@ -260,6 +260,11 @@ pub struct NodeFlags {
     pub state_dir: PathBuf,
     /// The network namespace holding the node's own network (`/run/netns/NAME`).
     pub node_netns: Option<PathBuf>,
+    /// Where the agent API listens (`None`: the node's InternalIP); loopback for agents that
+    /// share the API server's machine.
+    pub address: Option<std::net::IpAddr>,
+    /// The agent API's port (`None`: 10250; 0: a free one).
+    pub port: Option<u16>,
     pub pod_cidr: Option<String>,
     /// `k=v,k2=v2`.
     pub node_labels: Option<String>,
@@ -278,6 +283,8 @@ impl NodeFlags {
             node_name,
             state_dir,
             node_netns: None,
+            address: None,
+            port: None,
             pod_cidr: None,
             node_labels: None,
             cgroup_parent: None,
@@ -308,6 +315,8 @@ impl NodeFlags {
             .pair("--node-name", &self.node_name)
             .pair("--state-dir", &self.state_dir)
             .opt("--node-netns", self.node_netns.as_ref())
+            .opt("--address", self.address.map(|a| a.to_string()))
+            .opt("--port", self.port.map(|p| p.to_string()))
             .opt("--pod-cidr", self.pod_cidr.as_ref())
             .opt("--node-labels", self.node_labels.as_ref())
             .opt("--cgroup-parent", self.cgroup_parent.as_ref())

@@ -283,6 +283,8 @@ fn node_as_install_up_and_the_harness_start_it() {
     let up = NodeFlags {
         mode: NodeMode::Run { server: None },
         node_netns: Some("/run/netns/skiff-up-node-1".into()),
+        address: Some([127, 0, 0, 1].into()),
+        port: Some(0),
         pod_cidr: Some("10.244.1.0/24".into()),
         ..NodeFlags::new(
             NodeMode::Run { server: None },
@@ -295,7 +297,7 @@ fn node_as_install_up_and_the_harness_start_it() {
         display(&up.args()),
         "run --kubeconfig /repo/.skiff/nodes/node-1/kubeconfig --node-name node-1 \
          --state-dir /repo/.skiff/nodes/node-1 --node-netns /run/netns/skiff-up-node-1 \
-         --pod-cidr 10.244.1.0/24"
+         --address 127.0.0.1 --port 0 --pod-cidr 10.244.1.0/24"
     );
     // The harness: a join with a timeout, its cgroup, short back-off and lease, extras.
     let harness = NodeFlags {
@@ -316,7 +318,7 @@ fn node_as_install_up_and_the_harness_start_it() {
         "join --server https://127.0.0.1:4000 --ca-cert-hash sha256:cd --join-timeout 60s \
          --kubeconfig /repo/.skiff/nodes/node-1/kubeconfig --node-name node-1 \
          --state-dir /repo/.skiff/nodes/node-1 --node-netns /run/netns/skiff-up-node-1 \
-         --pod-cidr 10.244.1.0/24 --node-labels zone=a \
+         --address 127.0.0.1 --port 0 --pod-cidr 10.244.1.0/24 --node-labels zone=a \
          --cgroup-parent /sys/fs/cgroup/unified/skiff-e2e-1 --backoff 1s \
          --lease-duration 8500ms --cert-check-interval 1s"
     );

@@ -26,7 +26,7 @@ use skiff_api::api::{CertificateSigningRequest, CertificateSigningRequestSpec, O
 use skiff_client::{Client, ClientConfig, ClientError, ListParams, WatchEvent};
 use skiff_pki::{Identity, Kubeconfig, PkiError};
 
-use skiff_api::wellknown::KUBELET_CLIENT_SIGNER;
+use skiff_api::wellknown::{KUBELET_CLIENT_SIGNER, KUBELET_SERVING_SIGNER};
 const NODES_GROUP: &str = "system:nodes";
 
 /// What `join` needs.
@@ -220,23 +220,46 @@ pub async fn join(opts: &JoinOptions) -> Result<Joined, JoinError> {
     let client = Client::connect_with(&config)
         .await
         .map_err(api_err("connecting to the API server"))?;
-    let (identity, name) = request_certificate(&client, &opts.node_name, opts.timeout).await?;
+    let (identity, name) =
+        request_certificate(&client, &opts.node_name, NodeCert::Client, opts.timeout).await?;
     Kubeconfig::single("skiff", &opts.server, &ca_pem, &user, Some(&identity), None)
         .write(&opts.kubeconfig)?;
     tracing::info!(kubeconfig = %opts.kubeconfig.display(), "wrote the node's kubeconfig");
     Ok(Joined::Issued { request: name })
 }
 
+/// Which certificate a node asks the cluster CA for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum NodeCert<'a> {
+    /// Its client certificate (signer `kubernetes.io/kube-apiserver-client-kubelet`).
+    Client,
+    /// Its API's serving certificate for these addresses (signer
+    /// `kubernetes.io/kubelet-serving`).
+    Serving { sans: &'a [String] },
+}
+
 /// A new key and a certificate for `system:node:<node>` in `system:nodes` through a
 /// CertificateSigningRequest sent by `client` (the bootstrap token's, or the node's own when
-/// it renews), waited for up to `timeout`: the identity and the request's name.
-async fn request_certificate(
+/// it renews or asks for a serving certificate), waited for up to `timeout`: the identity and
+/// the request's name.
+pub(crate) async fn request_certificate(
     client: &Client,
     node: &str,
+    kind: NodeCert<'_>,
     timeout: Duration,
 ) -> Result<(Identity, String), JoinError> {
     let user = format!("system:node:{node}");
-    let (key_pem, request_pem) = skiff_pki::new_request(&user, &[NODES_GROUP.to_string()])?;
+    let groups = [NODES_GROUP.to_string()];
+    let (key_pem, request_pem, signer, usage, what) = match kind {
+        NodeCert::Client => {
+            let (key, req) = skiff_pki::new_request(&user, &groups)?;
+            (key, req, KUBELET_CLIENT_SIGNER, "client auth", "a client")
+        }
+        NodeCert::Serving { sans } => {
+            let (key, req) = skiff_pki::new_server_request(&user, &groups, sans)?;
+            (key, req, KUBELET_SERVING_SIGNER, "server auth", "a serving")
+        }
+    };
     let api = client.cluster::<CertificateSigningRequest>();
     let csr = CertificateSigningRequest {
         metadata: Some(ObjectMeta {
@@ -245,11 +268,11 @@ async fn request_certificate(
         }),
         spec: Some(CertificateSigningRequestSpec {
             request: request_pem.into_bytes(),
-            signer_name: KUBELET_CLIENT_SIGNER.into(),
+            signer_name: signer.into(),
             usages: vec![
                 "digital signature".into(),
                 "key encipherment".into(),
-                "client auth".into(),
+                usage.into(),
             ],
             ..Default::default()
         }),
@@ -261,7 +284,7 @@ async fn request_certificate(
         .map_err(api_err("creating the CertificateSigningRequest"))?;
     let meta = created.metadata.clone().unwrap_or_default();
     let name = meta.name.clone();
-    tracing::info!(request = %name, node, "asked for a client certificate");
+    tracing::info!(request = %name, node, "asked for {what} certificate");
     let cert_pem = tokio::time::timeout(
         timeout,
         wait_for_certificate(&api, &name, &meta.resource_version),
@@ -299,7 +322,7 @@ pub async fn renew(
 ) -> Result<String, JoinError> {
     let config = skiff_pki::kubeconfig::load(path)?;
     let ca_pem = config.ca_pem.clone().unwrap_or_default();
-    let (identity, name) = request_certificate(client, node, timeout).await?;
+    let (identity, name) = request_certificate(client, node, NodeCert::Client, timeout).await?;
     Kubeconfig::single(
         "skiff",
         &config.server,
@@ -338,7 +361,7 @@ pub async fn renew_when_due(client: &Client, path: &Path, node: &str, every: Dur
 }
 
 /// How long a renewal waits for its certificate.
-const RENEW_TIMEOUT: Duration = Duration::from_secs(300);
+pub(crate) const RENEW_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// What the request says now: its certificate, a refusal, or nothing yet.
 fn outcome(r: &CertificateSigningRequest) -> Option<Result<String, JoinError>> {

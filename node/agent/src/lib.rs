@@ -81,7 +81,7 @@ mod usage;
 mod volumes;
 mod worker;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -135,8 +135,13 @@ pub struct AgentConfig {
     /// Sizes of its maps (`--lb-max-services`, `--lb-max-backends`).
     pub lb: LbConfig,
     pub max_pods: u32,
-    /// Where the agent's HTTP API listens (port 0: a free one, published in the Node).
-    pub api_listen: SocketAddr,
+    /// Where the agent's HTTP API listens (`None`: the node's InternalIP). On a loopback
+    /// address (a cluster on one machine) it serves a self-signed certificate its Node pins;
+    /// on any other, a certificate of the cluster CA for the node's addresses
+    /// (`api::serving`).
+    pub api_address: Option<IpAddr>,
+    /// Its port (0: a free one); published in the Node either way.
+    pub api_port: u16,
     /// The cluster CA (PEM, from the kubeconfig): with it the API speaks only TLS and
     /// requires client certificates of this CA; without it (tests' plain-HTTP servers) plain
     /// HTTP.
@@ -167,6 +172,8 @@ pub struct AgentConfig {
     pub dns_upstream: Option<Vec<SocketAddr>>,
 }
 
+/// The default port of the agent's HTTP API (the kubelet's).
+pub const DEFAULT_API_PORT: u16 = 10250;
 /// The default port of the node's passthrough to the API server (k3s' agent balancer's).
 pub const DEFAULT_API_SERVER_PROXY_PORT: u16 = 6444;
 /// The default port of the node's DNS server (pods reach it as kube-dns:53 through the load
@@ -193,7 +200,8 @@ impl AgentConfig {
             network_policy: true,
             lb: LbConfig::default(),
             max_pods: 110,
-            api_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            api_address: Some(IpAddr::from([127, 0, 0, 1])),
+            api_port: 0,
             client_ca_pem: None,
             plain_http_registries: Vec::new(),
             registry_config: None,
@@ -223,6 +231,10 @@ pub enum AgentError {
     ApiListen(#[from] api::ListenError),
     #[error("the agent API's TLS certificate: {0}")]
     ApiTls(#[source] skiff_pki::PkiError),
+    #[error(
+        "no --address for the agent API and the node has no global IPv4 address to serve it on"
+    )]
+    NoApiAddress,
     #[error("the watch of node {0} ended while waiting for its spec.podCIDR")]
     NoPodCidr(String),
 }
@@ -238,8 +250,9 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), AgentError> {
     let host = start::start_runtime(&cfg)?;
-    let api_listener = start::bind_api(&cfg).await?;
-    let mut node = start::start_node(&cfg, &client, &host, &api_listener).await?;
+    let node_ip = start::node_address(&cfg).await;
+    let api_listener = start::bind_api(&cfg, node_ip).await?;
+    let mut node = start::start_node(&cfg, &client, &host, &api_listener, node_ip).await?;
     let net = start::start_network(&cfg, &node.pod_cidr).await?;
     node.facts.internal_ip = net.host_ip.clone();
     let service_lb = start::start_service_lb(&cfg, &host.cgroup_parent, &net);
@@ -279,7 +292,7 @@ pub async fn run(
             network_policy: network_policy.running().cloned(),
         },
     };
-    let api_server = start::Task(api::serve(api_listener.listener, api_ctx, api_listener.tls));
+    let api_server = start::serve_api(&client, api_listener, api_ctx);
     let controllers = start::start_controllers(
         &cfg,
         &informers,

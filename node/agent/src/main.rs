@@ -167,10 +167,18 @@ struct RunArgs {
     /// e.g. RUST_LOG=info,skiff_lb=debug). Off by default: then it costs the data path nothing.
     #[arg(long)]
     bpf_debug: bool,
-    /// Where the agent's read-only HTTP API (logs, stats) listens; port 0 picks a free one.
-    /// The port is published in the Node's status.daemonEndpoints.kubeletEndpoint.Port.
-    #[arg(long, default_value = "127.0.0.1:0")]
-    api_listen: std::net::SocketAddr,
+    /// The address the agent's HTTP API (logs, exec, port-forward, stats) listens on
+    /// (default: the node's InternalIP, the first global IPv4 address of its network
+    /// namespace). There it serves a certificate of the cluster CA for the node's addresses,
+    /// asked for through a CertificateSigningRequest (signer kubernetes.io/kubelet-serving).
+    /// A loopback address is for a cluster on one machine: the certificate is then
+    /// self-signed and the Node pins it.
+    #[arg(long)]
+    address: Option<std::net::IpAddr>,
+    /// The port of that API (0 picks a free one); published in the Node's
+    /// status.daemonEndpoints.kubeletEndpoint.Port.
+    #[arg(long, default_value_t = skiff_node::DEFAULT_API_PORT)]
+    port: u16,
     /// The port on the node's InternalIP (in its network namespace) where the agent carries
     /// pods' connections to the API server; the `kubernetes` Service (10.96.0.1:443) is
     /// sent there. 0 turns it off (pods then use the Service's Endpoints as they are).
@@ -323,7 +331,8 @@ fn agent_config(args: &RunArgs, node: &str) -> anyhow::Result<skiff_node::AgentC
     cfg.lb.max_backends = args.lb_max_backends;
     cfg.lb.maglev_table_size = args.lb_maglev_table_size;
     cfg.lb.debug = args.bpf_debug;
-    cfg.api_listen = args.api_listen;
+    cfg.api_address = args.address;
+    cfg.api_port = args.port;
     cfg.api_server_proxy_port = args.apiserver_proxy_port;
     cfg.cluster_dns = if args.cluster_dns.is_empty() {
         None

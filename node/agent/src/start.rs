@@ -7,6 +7,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use skiff_client::Client;
 use skiff_client::controller::{CancelToken, Informers, ObjectKey};
@@ -174,24 +175,102 @@ pub(crate) fn start_runtime(cfg: &AgentConfig) -> Result<Host, AgentError> {
 pub(crate) struct ApiListener {
     pub listener: tokio::net::TcpListener,
     pub port: u16,
-    pub tls: Option<api::AgentTls>,
+    pub tls: ApiTls,
 }
 
-pub(crate) async fn bind_api(cfg: &AgentConfig) -> Result<ApiListener, AgentError> {
-    let listener = api::bind(cfg.api_listen).await?;
+/// How the agent API speaks TLS.
+pub(crate) enum ApiTls {
+    /// No cluster CA to check callers against: nothing is served.
+    None,
+    /// On loopback (a cluster on one machine): a self-signed certificate the Node pins.
+    Pinned(api::AgentTls),
+    /// A certificate of the cluster CA for the node's addresses, asked for once the Node
+    /// (with those addresses) is registered.
+    ClusterCa(api::ServingSpec),
+}
+
+/// The node's InternalIP: the first global IPv4 address of its network namespace.
+pub(crate) async fn node_address(cfg: &AgentConfig) -> Option<Ipv4Addr> {
+    match skiff_hostnet::node_address(cfg.node_netns.as_deref()).await {
+        Ok(ip) => ip,
+        Err(e) => {
+            warn!(error = %e, "reading the node's addresses");
+            None
+        }
+    }
+}
+
+pub(crate) async fn bind_api(
+    cfg: &AgentConfig,
+    node_ip: Option<Ipv4Addr>,
+) -> Result<ApiListener, AgentError> {
+    let address = cfg
+        .api_address
+        .or(node_ip.map(IpAddr::V4))
+        .ok_or(AgentError::NoApiAddress)?;
+    let listener = api::bind(SocketAddr::new(address, cfg.api_port)).await?;
     let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
     let tls = match &cfg.client_ca_pem {
-        Some(ca) => Some(
+        None => ApiTls::None,
+        Some(ca) if address.is_loopback() => ApiTls::Pinned(
             api::AgentTls::load_or_create(&cfg.state_dir.join("pki"), &cfg.node_name, ca)
                 .map_err(AgentError::ApiTls)?,
         ),
-        None => None,
+        Some(ca) => ApiTls::ClusterCa(api::ServingSpec {
+            dir: cfg.state_dir.join("pki"),
+            node: cfg.node_name.clone(),
+            // The addresses the Node publishes (node::NodeFacts::status), which the
+            // approver checks the request against.
+            sans: node_ip
+                .iter()
+                .map(ToString::to_string)
+                .chain([cfg.node_name.clone()])
+                .collect(),
+            ca_pem: ca.as_str().into(),
+        }),
     };
     Ok(ApiListener {
         listener,
         port,
         tls,
     })
+}
+
+/// How often the API's serving certificate is checked for renewal.
+const SERVING_CERT_CHECK: Duration = Duration::from_secs(600);
+/// How long to wait between requests for a serving certificate that was not issued.
+const SERVING_CERT_RETRY: Duration = Duration::from_secs(5);
+
+/// Serves the agent API. With a certificate of the cluster CA to get, the listener starts
+/// serving once it is issued (the pods do not wait for it), and it is renewed in the
+/// background.
+pub(crate) fn serve_api(client: &Client, api: ApiListener, ctx: api::ApiCtx) -> Task {
+    match api.tls {
+        ApiTls::None => Task(api::serve(api.listener, ctx, None)),
+        ApiTls::Pinned(tls) => Task(api::serve(api.listener, ctx, Some(tls))),
+        ApiTls::ClusterCa(spec) => {
+            let client = client.clone();
+            Task::spawn(async move {
+                let id = spec.obtain(&client, SERVING_CERT_RETRY).await;
+                let tls = match api::AgentTls::serving(&id, &spec.ca_pem) {
+                    Ok(tls) => tls,
+                    Err(e) => {
+                        warn!(error = %e, "the agent API's serving certificate is unusable; not serving");
+                        return;
+                    }
+                };
+                // Aborting this task drops both, which aborts them.
+                let _renew = Task::spawn(api::renew_when_due(
+                    spec,
+                    client,
+                    tls.serving_cert(),
+                    SERVING_CERT_CHECK,
+                ));
+                let _server = Task(api::serve(api.listener, ctx, Some(tls)));
+                std::future::pending::<()>().await;
+            })
+        }
+    }
 }
 
 /// The registered Node: what its status is made from, its Lease renewal and its pod CIDR.
@@ -208,17 +287,23 @@ pub(crate) async fn start_node(
     client: &Client,
     host: &Host,
     api: &ApiListener,
+    node_ip: Option<Ipv4Addr>,
 ) -> Result<Registered, AgentError> {
     let facts = node::NodeFacts {
         name: cfg.node_name.clone(),
         pod_cidr_flag: cfg.pod_cidr.clone(),
         labels: cfg.node_labels.clone(),
         host: host.report.clone(),
-        internal_ip: None,
+        // Published from the first status on: the serving certificate's request is approved
+        // only for the Node's own addresses.
+        internal_ip: node_ip.map(|ip| ip.to_string()),
         max_pods: cfg.max_pods,
         service_lb: None,
         api_port: api.port,
-        serving_cert_hash: api.tls.as_ref().map(|t| t.cert_hash.clone()),
+        serving_cert_hash: match &api.tls {
+            ApiTls::Pinned(tls) => tls.cert_hash.clone(),
+            _ => None,
+        },
         images: skiff_image::ImageStore::open(&images::store_root(&cfg.state_dir)).ok(),
     };
     let image_changes = Arc::new(tokio::sync::Notify::new());

@@ -463,6 +463,17 @@ where
     netns::Netns::new(path).run_scoped(f)
 }
 
+/// The first global IPv4 address of the namespace `netns` (`None`: the caller's own), before
+/// any [`NodeNetwork`] exists: the address the agent serves its API on and publishes as its
+/// Node's InternalIP. Must be called on a tokio runtime.
+pub async fn node_address(netns: Option<&Path>) -> Result<Option<Ipv4Addr>, NetError> {
+    let rt = tokio::runtime::Handle::try_current().map_err(|_| NetError::NoRuntime)?;
+    Rtnl::connect(&Netns::new(netns), &rt)
+        .await?
+        .first_global_ipv4()
+        .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,6 +9,9 @@
 
 use std::process::Command;
 use std::sync::Mutex;
+
+mod forward;
+pub use forward::Forwarder;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 /// The fabric's subnet (it exists inside the fabric's namespaces only).
@@ -72,6 +75,18 @@ impl Netns {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// A command that runs `program` inside this namespace (`nsenter --net=<path> --
+    /// program`: only the network namespace changes; mounts, cgroups and the BPF file system
+    /// stay the caller's, as on a machine of its own). nsenter execs the program, so the
+    /// child's pid is the program's.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net={}", self.path().display()))
+            .arg("--")
+            .arg(program);
+        cmd
     }
 
     /// `/run/netns/<name>`, what `--node-netns` and `nsenter --net=` take.

@@ -381,6 +381,9 @@ pub fn node_args(cfg: &UpConfig, node: &NodePlan, how: &NodeCredentials) -> Vec<
     };
     NodeFlags {
         node_netns: Some(Path::new("/run/netns").join(&node.netns)),
+        // The agent runs on the API server's machine (the host), so its API is on loopback.
+        address: Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        port: Some(0),
         pod_cidr: Some(node.pod_cidr.clone()),
         ..NodeFlags::new(
             mode,

@@ -431,8 +431,8 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                     &[RBAC_GROUP],
                     &["clusterroles"],
                 ),
-                // The certificatesigningrequest controller approves nodes' client
-                // certificates and signs approved requests with the cluster CA.
+                // The certificatesigningrequest controller approves nodes' client and
+                // serving certificates and signs approved requests with the cluster CA.
                 rule(
                     &["get", "list", "watch", "delete"],
                     &[CERTIFICATES_GROUP],
@@ -450,12 +450,16 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                 // csrapproving and csrsigning roles); the admission chain checks these.
                 named(
                     rule(&["approve"], &[CERTIFICATES_GROUP], &["signers"]),
-                    &[skiff_api::wellknown::KUBELET_CLIENT_SIGNER],
+                    &[
+                        skiff_api::wellknown::KUBELET_CLIENT_SIGNER,
+                        skiff_api::wellknown::KUBELET_SERVING_SIGNER,
+                    ],
                 ),
                 named(
                     rule(&["sign"], &[CERTIFICATES_GROUP], &["signers"]),
                     &[
                         skiff_api::wellknown::KUBELET_CLIENT_SIGNER,
+                        skiff_api::wellknown::KUBELET_SERVING_SIGNER,
                         skiff_api::wellknown::CLIENT_SIGNER,
                     ],
                 ),
@@ -703,5 +707,30 @@ mod tests {
         }
         assert!(!allows(cm, "update", RBAC_GROUP, "clusterrolebindings"));
         assert!(!allows(cm, "impersonate", "", "users"));
+    }
+
+    #[test]
+    fn the_controller_manager_approves_and_signs_as_the_node_signers() {
+        use skiff_api::wellknown::{CLIENT_SIGNER, KUBELET_CLIENT_SIGNER, KUBELET_SERVING_SIGNER};
+        let roles = cluster_roles();
+        let Some(cm) = roles.iter().find(|r| {
+            r.metadata
+                .as_ref()
+                .is_some_and(|m| m.name == "system:kube-controller-manager")
+        }) else {
+            panic!("no controller manager role");
+        };
+        let may = |verb: &str, signer: &str| {
+            let a = Attributes::resource(verb, CERTIFICATES_GROUP, "signers", "", "", signer);
+            cm.rules.iter().any(|rule| rule_allows(rule, &a))
+        };
+        for signer in [KUBELET_CLIENT_SIGNER, KUBELET_SERVING_SIGNER] {
+            assert!(may("approve", signer), "{signer}");
+            assert!(may("sign", signer), "{signer}");
+        }
+        assert!(!may("approve", CLIENT_SIGNER) && may("sign", CLIENT_SIGNER));
+        for signer in ["kubernetes.io/legacy-unknown", "example.com/serving"] {
+            assert!(!may("approve", signer) && !may("sign", signer), "{signer}");
+        }
     }
 }

@@ -13,8 +13,8 @@ pub(crate) struct Rest {
     pub authorizer: Option<Arc<crate::auth::authz::Authorizer>>,
     /// Signs ServiceAccount tokens (TokenRequest) and is published as the JWKS.
     pub sa_key: Option<Arc<skiff_pki::sa_token::SigningKey>>,
-    /// The client certificate presented to node agents.
-    pub agent_client: Option<Arc<skiff_pki::Identity>>,
+    /// How node agents are spoken to.
+    pub agent_client: Option<super::agent_client::AgentClient>,
     /// The metrics API's samples of the agents' counters.
     pub metrics: Arc<super::metrics::Sampler>,
     /// Where snapshots are written before they are sent (`None`: refused).

@@ -59,7 +59,7 @@ struct Sample {
 /// the API server's client certificate) and the last samples.
 pub(crate) struct Sources<'a> {
     pub registry: &'a crate::registry::Registry,
-    pub agent_client: Option<&'a skiff_pki::Identity>,
+    pub agent_client: Option<&'a super::agent_client::AgentClient>,
     pub metrics: &'a Sampler,
 }
 
@@ -76,7 +76,11 @@ impl std::fmt::Debug for Sampler {
 }
 
 async fn fetch(rest: &Sources<'_>, node: &Node) -> Option<StatsSummary> {
-    let ep = AgentEndpoint::of_node_as(node, rest.agent_client).ok()?;
+    let access = rest
+        .agent_client
+        .map(super::agent_client::AgentClient::access)
+        .unwrap_or_default();
+    let ep = AgentEndpoint::of_node_as(node, &access).ok()?;
     match tokio::time::timeout(AGENT_TIMEOUT, ep.stats_summary()).await {
         Ok(Ok(s)) => Some(s),
         Ok(Err(e)) => {

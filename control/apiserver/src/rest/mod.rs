@@ -42,6 +42,7 @@
 //! run as a unit test.
 
 mod access;
+mod agent_client;
 mod call;
 mod context;
 mod discovery;
@@ -71,6 +72,7 @@ use skiff_api::KindInfo;
 
 use crate::registry::Registry;
 use crate::status::{Format, fail, negotiate, plain_failure, respond};
+pub use agent_client::AgentClient;
 use context::Rest;
 use discovery::{KUBERNETES_MAJOR, KUBERNETES_MINOR};
 use path::Target;
@@ -84,7 +86,7 @@ pub(crate) fn router(
     registry: Arc<Registry>,
     authorizer: Option<Arc<crate::auth::authz::Authorizer>>,
     sa_key: Option<Arc<skiff_pki::sa_token::SigningKey>>,
-    agent_client: Option<Arc<skiff_pki::Identity>>,
+    agent_client: Option<AgentClient>,
     snapshot_dir: Option<std::path::PathBuf>,
 ) -> axum::Router {
     axum::Router::new().fallback(dispatch).with_state(Rest {
@@ -258,7 +260,7 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
                     metrics::serve(
                         &metrics::Sources {
                             registry: &rest.registry,
-                            agent_client: rest.agent_client.as_deref(),
+                            agent_client: rest.agent_client.as_ref(),
                             metrics: &rest.metrics,
                         },
                         &p,

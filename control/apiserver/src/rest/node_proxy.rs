@@ -129,10 +129,12 @@ pub(crate) async fn node_agent(
     let nodes = rest.registry.handler(Node::INFO.plural)?;
     let node = Node::decode(nodes.get("", &node_name).await?.as_slice())
         .map_err(|e| ApiError::Internal(format!("decoding node {node_name}: {e}")))?;
-    Ok(AgentEndpoint::of_node_as(
-        &node,
-        rest.agent_client.as_deref(),
-    ))
+    let access = rest
+        .agent_client
+        .as_ref()
+        .map(super::agent_client::AgentClient::access)
+        .unwrap_or_default();
+    Ok(AgentEndpoint::of_node_as(&node, &access))
 }
 
 fn agent_error(e: &NodeApiError, pod: &Pod, container: &str) -> ApiError {

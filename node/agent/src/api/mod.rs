@@ -1,4 +1,4 @@
-//! The agent's small HTTP API, served on loopback by default (`--api-listen`), its
+//! The agent's small HTTP API, served on the node's address (`--address`, `--port`), its
 //! port published in the Node's `status.daemonEndpoints.kubeletEndpoint.Port`:
 //!
 //! - `GET /logs/{namespace}/{pod}/{container}?tail=N&follow=true&timestamps=true`: the
@@ -35,10 +35,12 @@
 //!
 //!   A failure to read the LB maps fails the scrape (500), as it fails `/bpf/services`.
 //!
-//! With the cluster CA (from the agent's kubeconfig) it speaks only TLS, with a self-signed
-//! certificate kept in `<state>/pki` (made anew near expiry) whose SHA-256 the Node publishes in the annotation
-//! `skiff.io/agent-serving-cert-sha256` (clients trust exactly that certificate), and it
-//! requires a client certificate of the cluster CA: none, or one that does not verify, is a
+//! With the cluster CA (from the agent's kubeconfig) it speaks only TLS: on the node's
+//! address with a certificate of the cluster CA for the node's addresses ([`serving`]), which
+//! callers verify against the CA; on loopback (a cluster on one machine) with a self-signed
+//! certificate kept in `<state>/pki` (made anew near expiry) whose SHA-256 the Node publishes
+//! in the annotation `skiff.io/agent-serving-cert-sha256` (clients trust exactly that
+//! certificate). It requires a client certificate of the cluster CA: none, or one that does not verify, is a
 //! 401. The API server (`system:kube-apiserver`) and `system:masters` pass; other callers
 //! pass when the API server allows them `<verb>` on `nodes/<subresource>` (`log` for
 //! `/logs`, `stats`, `metrics`, `proxy` for the rest) of this node by a SubjectAccessReview
@@ -52,6 +54,7 @@
 mod authz;
 mod pods;
 mod routes;
+mod serving;
 mod stats;
 mod tls;
 
@@ -65,6 +68,7 @@ use tracing::{debug, info, warn};
 
 pub use authz::API_SERVER_USER;
 pub use pods::{PodInfo, PodRegistry};
+pub(crate) use serving::{ServingSpec, renew_when_due};
 pub(crate) use stats::Sources;
 #[cfg(test)]
 pub(crate) use stats::{bpf_router, metrics_router};

@@ -1,18 +1,21 @@
-//! The agent API's TLS: a self-signed serving certificate kept in `<state>/pki` (made anew
-//! near expiry, its hash published in the Node) and client certificates of the cluster CA.
+//! The agent API's TLS: its serving certificate (one of the cluster CA, [`super::serving`];
+//! or, on loopback, a self-signed one kept in `<state>/pki`, made anew near expiry, its hash
+//! published in the Node) and client certificates of the cluster CA.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-/// The agent API's TLS: its self-signed serving certificate and the CA client certificates
-/// must chain to.
+/// The agent API's TLS: its serving certificate and the CA client certificates must chain to.
 #[derive(Clone)]
 pub struct AgentTls {
     pub(super) acceptor: tokio_rustls::TlsAcceptor,
     pub(super) client_ca_pem: Arc<str>,
-    /// `sha256:<hex>` of the serving certificate (published in the Node).
-    pub cert_hash: String,
+    /// `sha256:<hex>` of a self-signed serving certificate (published in the Node for
+    /// clients to pin); `None` for one of the cluster CA.
+    pub cert_hash: Option<String>,
+    /// What is served; replaced on renewal.
+    pub(super) serving: Arc<skiff_pki::tls::ServingCert>,
 }
 
 impl std::fmt::Debug for AgentTls {
@@ -63,25 +66,37 @@ impl AgentTls {
                 id
             }
         };
-        AgentTls::with(&serving, client_ca_pem)
-    }
-
-    fn with(
-        serving: &skiff_pki::Identity,
-        client_ca_pem: &str,
-    ) -> Result<AgentTls, skiff_pki::PkiError> {
         let der = skiff_pki::pem_certificates(&serving.cert_pem, "the agent's certificate")?
             .into_iter()
             .next()
             .ok_or_else(|| skiff_pki::PkiError::Tls("no certificate made".into()))?;
-        let mut config = skiff_pki::tls::server_config(serving, Some(client_ca_pem))?;
+        let mut tls = AgentTls::serving(&serving, client_ca_pem)?;
+        tls.cert_hash = Some(skiff_pki::cert_hash(&der));
+        Ok(tls)
+    }
+
+    /// TLS serving `serving` (a certificate of the cluster CA: nothing is pinned), replaced
+    /// through [`AgentTls::replace`].
+    pub fn serving(
+        serving: &skiff_pki::Identity,
+        client_ca_pem: &str,
+    ) -> Result<AgentTls, skiff_pki::PkiError> {
+        let cert = skiff_pki::tls::ServingCert::new(serving)?;
+        let mut config =
+            skiff_pki::tls::server_config_with(Arc::clone(&cert), Some(client_ca_pem))?;
         // The agent serves HTTP/1.1 only (port-forward is an HTTP/1.1 upgrade).
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(AgentTls {
             acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
             client_ca_pem: client_ca_pem.into(),
-            cert_hash: skiff_pki::cert_hash(&der),
+            cert_hash: None,
+            serving: cert,
         })
+    }
+
+    /// What is served, for renewal to replace.
+    pub fn serving_cert(&self) -> Arc<skiff_pki::tls::ServingCert> {
+        Arc::clone(&self.serving)
     }
 }
 

@@ -1,0 +1,257 @@
+//! A cluster whose machines share nothing but a network: the control plane on a `control`
+//! machine, each node agent on its node's machine, kubectl on a `laptop` outside the cluster,
+//! each its own network namespace with its own loopback (`skiff_tests::machines`). The agents
+//! serve their API on the node's address with a certificate of the cluster CA (asked for
+//! through a `kubernetes.io/kubelet-serving` CertificateSigningRequest, approved only for
+//! the node's own addresses), and the API server dials those addresses and verifies those
+//! certificates: `kubectl logs`, `exec` and `port-forward` from the laptop reach pods on
+//! every node, no agent listens on loopback, and a stranger at a node's address without such
+//! a certificate gets no request. (Which requests the controller manager approves:
+//! `node_serving_certificates.rs`.)
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "an end-to-end test: a failed step is the test's failure"
+)]
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use rustls::pki_types::pem::PemObject as _;
+
+use skiff_api::api::{CertificateSigningRequest, Node as ApiNode};
+use skiff_client::ListParams;
+use skiff_tests::machines::{MachineCluster, ss};
+use skiff_tests::{Streaming, eventually_within, run_with_stdin};
+
+const T: Duration = Duration::from_secs(60);
+const SERVING_SIGNER: &str = "kubernetes.io/kubelet-serving";
+
+fn pod(name: &str, node: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  nodeName: {node}
+  containers:
+  - name: app
+    image: host
+    command: ["/usr/bin/python3", "-c", "print('hello from {name}', flush=True); import http.server as h; h.HTTPServer(('0.0.0.0', 8080), h.SimpleHTTPRequestHandler).serve_forever()"]
+    readinessProbe:
+      tcpSocket: {{port: 8080}}
+      periodSeconds: 1
+"#
+    )
+}
+
+fn ok(out: std::process::Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn issued_for(csrs: &[CertificateSigningRequest], node: &str) -> bool {
+    csrs.iter().any(|r| {
+        let spec = r.spec.as_ref();
+        spec.is_some_and(|s| {
+            s.signer_name == SERVING_SIGNER && s.username == format!("system:node:{node}")
+        }) && r
+            .status
+            .as_ref()
+            .is_some_and(|st| !st.certificate.is_empty())
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn machines_share_only_a_network() {
+    let mut c = MachineCluster::start(2).await;
+    let csrs = c.client.cluster::<CertificateSigningRequest>();
+
+    // Every agent got a serving certificate through a CSR, serves on its node's address and
+    // on nothing else, and its Node pins nothing.
+    for n in &c.nodes {
+        let ip = n
+            .node_ip
+            .clone()
+            .expect("a node machine has a fabric address");
+        let listening = format!("{ip}:10250");
+        eventually_within("the agent serves on its node's address", T, || async {
+            let sockets = ss(&n.netns, &["-Htln"]);
+            if sockets.split_whitespace().any(|w| w == listening) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "listening:\n{sockets}\nagent log:\n{}",
+                    skiff_tests::cluster::tail(&n.agent_log())
+                ))
+            }
+        })
+        .await;
+        let sockets = ss(&n.netns, &["-Htln"]);
+        for loopback in ["127.0.0.1:10250", "0.0.0.0:10250", "*:10250", "[::]:10250"] {
+            assert!(
+                !sockets.split_whitespace().any(|w| w == loopback),
+                "the agent API must not listen on {loopback}:\n{sockets}"
+            );
+        }
+        let node = c.client.cluster::<ApiNode>().get(&n.name).await.unwrap();
+        let annotations = node.metadata.unwrap().annotations;
+        assert!(
+            !annotations.contains_key(skiff_client::node_api::SERVING_CERT_ANNOTATION),
+            "no certificate is pinned: {annotations:?}"
+        );
+        eventually_within("a serving certificate is issued to the node", T, || async {
+            let all = csrs
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items;
+            issued_for(&all, &n.name)
+                .then_some(())
+                .ok_or_else(|| format!("{all:?}\n{}", skiff_tests::cluster::tail(&c.manager.log())))
+        })
+        .await;
+    }
+
+    // A pod on each node: logs, exec and port-forward from the laptop.
+    for (i, n) in c.nodes.iter().enumerate() {
+        let name = format!("web-{i}");
+        let out = run_with_stdin(c.kubectl_cmd(&["apply", "-f", "-"]), &pod(&name, &n.name));
+        ok(out, "kubectl apply");
+        ok(
+            c.kubectl(&[
+                "wait",
+                "--for=condition=Ready",
+                &format!("pod/{name}"),
+                "--timeout=60s",
+            ]),
+            "kubectl wait",
+        );
+        let logs = ok(c.kubectl(&["logs", &name]), "kubectl logs");
+        assert!(logs.contains(&format!("hello from {name}")), "{logs}");
+        let exec = ok(
+            c.kubectl(&["exec", &name, "--", "busybox", "echo", "exec-ok"]),
+            "kubectl exec",
+        );
+        assert_eq!(exec.trim(), "exec-ok");
+
+        let forward =
+            Streaming::spawn(c.kubectl_cmd(&["port-forward", &format!("pod/{name}"), ":8080"]));
+        let line = forward
+            .wait_for(&["Forwarding from 127.0.0.1:", "-> 8080"], T)
+            .expect("kubectl port-forward listening on the laptop");
+        let port: u16 = line
+            .split("127.0.0.1:")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|p| p.parse().ok())
+            .unwrap();
+        // kubectl listens on the laptop's loopback: reach it from there.
+        let into_laptop =
+            skiff_testnet::Forwarder::start(&c.laptop.netns.path(), ([127, 0, 0, 1], port).into())
+                .unwrap();
+        let local = into_laptop.local();
+        let control = c.control.netns.name().to_string();
+        let ip = n.node_ip.clone().unwrap();
+        let (answer, established) = tokio::task::spawn_blocking(move || {
+            let mut conn = std::net::TcpStream::connect(local)?;
+            conn.set_read_timeout(Some(Duration::from_secs(20)))?;
+            conn.write_all(b"GET / HTTP/1.0\r\n")?;
+            // While the tunnel is open, the API server holds a connection to the agent.
+            let wanted = format!("{ip}:10250");
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            let mut established = ss(&control, &["-Htn", "state", "established"]);
+            while !established.contains(&wanted) && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+                established = ss(&control, &["-Htn", "state", "established"]);
+            }
+            conn.write_all(b"\r\n")?;
+            let mut answer = String::new();
+            conn.read_to_string(&mut answer)?;
+            Ok::<_, std::io::Error>((answer, established))
+        })
+        .await
+        .unwrap()
+        .expect("a round trip through the port-forward");
+        assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");
+        // The API server dials the agent at the node's address, never at a loopback one.
+        let ip = n.node_ip.clone().unwrap();
+        assert!(
+            established.contains(&format!("{ip}:10250")),
+            "the API server dials the agent at {ip}:10250:\n{established}"
+        );
+        assert!(
+            !established.contains("127.0.0.1:10250"),
+            "nothing dials an agent on loopback:\n{established}"
+        );
+        drop(forward);
+    }
+
+    // Whoever takes over a node's address without a certificate of the cluster CA for it
+    // (here: the agent is gone and a stranger serves a self-signed certificate for the
+    // address) gets no request from the API server: the handshake fails, nothing is sent.
+    let ip = c.nodes[1].node_ip.clone().unwrap();
+    c.nodes[1].kill_agent();
+    let rogue = rogue_agent(&c.nodes[1].netns_path(), &ip);
+    let out = c.kubectl(&["logs", "web-1"]);
+    assert!(
+        !out.status.success(),
+        "logs through a stranger's certificate must fail"
+    );
+    let received = rogue.join().unwrap();
+    assert!(
+        received.is_empty(),
+        "the API server sent a request to a server it could not verify: {}",
+        String::from_utf8_lossy(&received)
+    );
+}
+
+/// A TLS server on `ip:10250` inside the namespace at `netns` with a self-signed
+/// certificate for `ip`: returns what its first client sent after the handshake (nothing
+/// when the handshake fails).
+fn rogue_agent(netns: &std::path::Path, ip: &str) -> std::thread::JoinHandle<Vec<u8>> {
+    let id = skiff_pki::self_signed(&skiff_pki::LeafSpec::server(
+        "system:node:rogue",
+        &[ip.to_string()],
+    ))
+    .unwrap();
+    let netns = std::fs::File::open(netns).unwrap();
+    let addr: std::net::SocketAddr = format!("{ip}:10250").parse().unwrap();
+    let (ready_tx, ready) = std::sync::mpsc::channel();
+    let handle = std::thread::spawn(move || {
+        nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let listener = std::net::TcpListener::bind(addr).unwrap();
+        ready_tx.send(()).unwrap();
+        let certs = skiff_pki::pem_certificates(&id.cert_pem, "rogue")
+            .unwrap()
+            .into_iter()
+            .map(rustls::pki_types::CertificateDer::from)
+            .collect();
+        let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(id.key_pem.as_bytes()).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+        let (tcp, _) = listener.accept().unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let conn = rustls::ServerConnection::new(std::sync::Arc::new(config)).unwrap();
+        let mut tls = rustls::StreamOwned::new(conn, tcp);
+        let mut got = vec![0u8; 4096];
+        match tls.read(&mut got) {
+            Ok(n) => got[..n].to_vec(),
+            Err(_) => Vec::new(),
+        }
+    });
+    ready.recv().unwrap();
+    handle
+}
