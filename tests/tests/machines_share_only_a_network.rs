@@ -22,7 +22,7 @@ use rustls::pki_types::pem::PemObject as _;
 use skiff_api::api::{CertificateSigningRequest, Node as ApiNode};
 use skiff_client::ListParams;
 use skiff_tests::machines::{MachineCluster, ss};
-use skiff_tests::{Streaming, eventually_within, run_with_stdin};
+use skiff_tests::{Streaming, eventually_within, ok, run_with_stdin};
 
 const T: Duration = Duration::from_secs(60);
 const SERVING_SIGNER: &str = "kubernetes.io/kubelet-serving";
@@ -43,17 +43,6 @@ spec:
       periodSeconds: 1
 "#
     )
-}
-
-fn ok(out: std::process::Output, what: &str) -> String {
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn issued_for(csrs: &[CertificateSigningRequest], node: &str) -> bool {
@@ -123,22 +112,16 @@ async fn machines_share_only_a_network() {
     for (i, n) in c.nodes.iter().enumerate() {
         let name = format!("web-{i}");
         let out = run_with_stdin(c.kubectl_cmd(&["apply", "-f", "-"]), &pod(&name, &n.name));
-        ok(out, "kubectl apply");
-        ok(
-            c.kubectl(&[
-                "wait",
-                "--for=condition=Ready",
-                &format!("pod/{name}"),
-                "--timeout=60s",
-            ]),
-            "kubectl wait",
-        );
-        let logs = ok(c.kubectl(&["logs", &name]), "kubectl logs");
+        ok(&out);
+        ok(&c.kubectl(&[
+            "wait",
+            "--for=condition=Ready",
+            &format!("pod/{name}"),
+            "--timeout=60s",
+        ]));
+        let logs = ok(&c.kubectl(&["logs", &name]));
         assert!(logs.contains(&format!("hello from {name}")), "{logs}");
-        let exec = ok(
-            c.kubectl(&["exec", &name, "--", "busybox", "echo", "exec-ok"]),
-            "kubectl exec",
-        );
+        let exec = ok(&c.kubectl(&["exec", &name, "--", "busybox", "echo", "exec-ok"]));
         assert_eq!(exec.trim(), "exec-ok");
 
         let forward =

@@ -19,7 +19,9 @@ use anyhow::{Context, Result, bail};
 use crate::util;
 
 /// Seconds per target in the test tier: a smoke run from the seeds on every CI run (a fresh
-/// clone has no corpus); longer campaigns pass `--seconds`.
+/// clone has no corpus), on an unoptimized build (`--dev`: built in about half the time of
+/// cargo-fuzz's optimized build, at a fraction of its executions per second). Campaigns run
+/// `cargo xtask fuzz --seconds N`, optimized.
 pub const TIER_SECONDS: u64 = 20;
 
 /// The fuzz crate, from the repository root.
@@ -45,6 +47,10 @@ pub struct FuzzArgs {
     /// How long to fuzz each target, in seconds.
     #[arg(long, default_value_t = TIER_SECONDS, value_name = "N")]
     pub seconds: u64,
+    /// Build without optimizations (still with ASan and coverage): quicker to build, slower
+    /// to run; what the test tier does.
+    #[arg(long)]
+    pub dev: bool,
 }
 
 /// libFuzzer's closing statistics (`-print_final_stats=1`).
@@ -105,7 +111,7 @@ pub fn run(args: &FuzzArgs) -> Result<()> {
     let root = util::repo_root();
     check_lock(&root.join(FUZZ_DIR))?;
     for target in targets {
-        fuzz_one(&root, target, args.seconds)?;
+        fuzz_one(&root, target, args.seconds, args.dev)?;
     }
     Ok(())
 }
@@ -129,7 +135,7 @@ fn check_lock(fuzz_dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn fuzz_one(root: &Path, target: &str, seconds: u64) -> Result<()> {
+fn fuzz_one(root: &Path, target: &str, seconds: u64, dev: bool) -> Result<()> {
     let fuzz_dir = root.join(FUZZ_DIR);
     let corpus = fuzz_dir.join("corpus").join(target);
     let seeds = fuzz_dir.join("seeds").join(target);
@@ -139,9 +145,11 @@ fn fuzz_one(root: &Path, target: &str, seconds: u64) -> Result<()> {
     let seeds_arg = seeds.to_string_lossy().into_owned();
     let target_dir = root.join("target").join("fuzz");
     let target_dir_arg = target_dir.to_string_lossy().into_owned();
+    let profile = if dev { "--dev" } else { "--release" };
     let mut cmd = util::nightly_cargo(&[
         "fuzz",
         "run",
+        profile,
         "--target-dir",
         &target_dir_arg,
         target,
@@ -156,9 +164,10 @@ fn fuzz_one(root: &Path, target: &str, seconds: u64) -> Result<()> {
         .stdout(Stdio::inherit())
         .stderr(Stdio::piped());
     println!(
-        "fuzz {}: building (nightly, release with ASan; a few minutes the first time), then \
+        "fuzz {}: building (nightly, {} with ASan; a few minutes the first time), then \
          {seconds} s of inputs",
-        target
+        target,
+        if dev { "unoptimized" } else { "optimized" }
     );
     let started = Instant::now();
     let mut child = cmd

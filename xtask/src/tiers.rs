@@ -138,13 +138,14 @@ pub const TIERS: &[Tier] = &[
         dir: "",
         nightly: false,
     },
-    // The REST decoders under libFuzzer for fuzz::TIER_SECONDS (cargo-fuzz, nightly, ASan): reports
-    // the executions; a crash fails the run and leaves the input under fuzz/artifacts.
+    // Every fuzz target under libFuzzer for fuzz::TIER_SECONDS (cargo-fuzz, nightly, ASan; an
+    // unoptimized build, see fuzz.rs): reports the executions; a crash fails the run and leaves
+    // the input under tests/fuzz/artifacts.
     Tier {
         name: "fuzz",
         program: "cargo",
-        args: &["xtask", "fuzz"],
-        quick: Quick::Args(&["xtask", "fuzz", "--seconds", "10"]),
+        args: &["xtask", "fuzz", "--dev"],
+        quick: Quick::Args(&["xtask", "fuzz", "--dev", "--seconds", "10"]),
         dir: "",
         nightly: false,
     },
@@ -433,11 +434,11 @@ mod tests {
         );
         assert_eq!(
             full[6].argv.as_deref(),
-            Some(&["cargo", "xtask", "fuzz"][..])
+            Some(&["cargo", "xtask", "fuzz", "--dev"][..])
         );
         assert_eq!(
             plan(TIERS, true)[6].argv.as_deref(),
-            Some(&["cargo", "xtask", "fuzz", "--seconds", "10"][..])
+            Some(&["cargo", "xtask", "fuzz", "--dev", "--seconds", "10"][..])
         );
         assert_eq!(
             full[7].argv.as_deref(),
