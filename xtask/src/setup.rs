@@ -437,11 +437,11 @@ fn bpf_linker() -> Result<()> {
     }
     if found.is_empty() {
         println!(
-            "installing bpf-linker {BPF_LINKER_VERSION}... (cargo install, ~4 min on 2 cores)"
+            "installing bpf-linker {BPF_LINKER_VERSION}... (cargo install against the system LLVM, about a minute on 2 cores)"
         );
     } else {
         println!(
-            "installing bpf-linker {BPF_LINKER_VERSION}... (found {}; ~4 min on 2 cores)",
+            "installing bpf-linker {BPF_LINKER_VERSION}... (found {}; about a minute on 2 cores)",
             found.join(", ")
         );
     }
