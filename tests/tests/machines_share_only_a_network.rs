@@ -176,6 +176,64 @@ async fn machines_share_only_a_network() {
         drop(forward);
     }
 
+    // `kubectl logs -f` from the laptop: each line reaches the laptop within a second of
+    // being written by a pod on another machine (the pod stamps it with the shared clock).
+    let ticker = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: ticker}}
+spec:
+  nodeName: {}
+  containers:
+  - name: app
+    image: host
+    command: ["/usr/bin/python3", "-c", "import time\nwhile True:\n  print('tick', int(time.time() * 1000), flush=True)\n  time.sleep(0.25)"]
+"#,
+        c.nodes[1].name
+    );
+    ok(&run_with_stdin(
+        c.kubectl_cmd(&["apply", "-f", "-"]),
+        &ticker,
+    ));
+    ok(&c.kubectl(&[
+        "wait",
+        "--for=condition=Ready",
+        "pod/ticker",
+        "--timeout=60s",
+    ]));
+    let follow = Streaming::spawn(c.kubectl_cmd(&["logs", "-f", "ticker"]));
+    let since = now_ms() + 500;
+    let mut delays = Vec::new();
+    while delays.len() < 8 {
+        let line = follow
+            .wait_for(&["tick "], T)
+            .expect("kubectl logs -f streams the ticker's lines");
+        let arrived = now_ms();
+        let written: u128 = line
+            .trim_start_matches("tick ")
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("a stamped line: {line:?}"));
+        if written > since {
+            delays.push(arrived.saturating_sub(written));
+        }
+    }
+    drop(follow);
+    assert!(
+        delays.iter().all(|d| *d < 1000),
+        "lines must reach kubectl within 1 s; delays (ms): {delays:?}"
+    );
+
+    // `kubectl top` from the laptop: the metrics API samples every agent at its address.
+    eventually_within("kubectl top nodes lists every node", T, || async {
+        let out = c.kubectl(&["top", "nodes", "--no-headers"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (out.status.success() && c.nodes.iter().all(|n| text.contains(&n.name)))
+            .then_some(())
+            .ok_or_else(|| format!("{text}{}", String::from_utf8_lossy(&out.stderr)))
+    })
+    .await;
+
     // Whoever takes over a node's address without a certificate of the cluster CA for it
     // (here: the agent is gone and a stranger serves a self-signed certificate for the
     // address) gets no request from the API server: the handshake fails, nothing is sent.
@@ -237,4 +295,12 @@ fn rogue_agent(netns: &std::path::Path, ip: &str) -> std::thread::JoinHandle<Vec
     });
     ready.recv().unwrap();
     handle
+}
+
+/// Milliseconds since the epoch (the clock the pods share with the test).
+fn now_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
 }
