@@ -25,13 +25,7 @@ const ETCD_CLIENT_PORT: u16 = 2379;
 /// [`Netns::command`]), else in the test's own.
 pub fn on_machine(netns: Option<&Path>, program: impl AsRef<std::ffi::OsStr>) -> Command {
     match netns {
-        Some(path) => {
-            let mut cmd = Command::new("nsenter");
-            cmd.arg(format!("--net={}", path.display()))
-                .arg("--")
-                .arg(program);
-            cmd
-        }
+        Some(path) => skiff_testnet::command_in(path, program),
         None => Command::new(program),
     }
 }

@@ -82,11 +82,7 @@ impl Netns {
     /// stay the caller's, as on a machine of its own). nsenter execs the program, so the
     /// child's pid is the program's.
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut cmd = Command::new("nsenter");
-        cmd.arg(format!("--net={}", self.path().display()))
-            .arg("--")
-            .arg(program);
-        cmd
+        command_in(&self.path(), program)
     }
 
     /// `/run/netns/<name>`, what `--node-netns` and `nsenter --net=` take.
@@ -98,6 +94,16 @@ impl Netns {
     pub fn ip(&self, args: &[&str]) -> Result<(), NetError> {
         ip_in(&self.name, args)
     }
+}
+
+/// `program` run inside the network namespace bind-mounted at `netns` (see
+/// [`Netns::command`]).
+pub fn command_in(netns: &std::path::Path, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut cmd = Command::new("nsenter");
+    cmd.arg(format!("--net={}", netns.display()))
+        .arg("--")
+        .arg(program);
+    cmd
 }
 
 impl Drop for Netns {
