@@ -801,6 +801,11 @@ impl Node {
         self.agent = Some(child);
     }
 
+    /// The running agent's pid.
+    pub fn agent_pid(&self) -> Option<u32> {
+        self.agent.as_ref().map(Child::id)
+    }
+
     /// SIGKILLs the agent (pods keep running).
     pub fn kill_agent(&mut self) {
         if let Some(mut c) = self.agent.take() {

@@ -1,4 +1,4 @@
-//! `skiff logs POD [-c CONTAINER] [-f] [--tail N] [--timestamps]`: a container's output, from
+//! `skiff logs POD [-c CONTAINER] [-f] [--tail N] [--timestamps] [-p]`: a container's output, from
 //! the agent of the node the pod runs on (found through the API server: the pod's
 //! `spec.nodeName`, then that Node's published agent port).
 
@@ -20,6 +20,7 @@ pub struct LogsOpts {
     /// Negative: every line.
     pub tail: i64,
     pub timestamps: bool,
+    pub previous: bool,
     pub namespace: String,
 }
 
@@ -61,6 +62,7 @@ pub async fn run(client: &Client, opts: &LogsOpts) -> Result<ExitCode> {
         tail: u64::try_from(opts.tail).ok(),
         follow: opts.follow,
         timestamps: opts.timestamps,
+        previous: opts.previous,
     };
     let mut stream = agent
         .logs(&opts.namespace, &opts.pod, &container, &log_opts)

@@ -325,6 +325,9 @@ struct LogsArgs {
     /// Prefix every line with the time it was written (RFC 3339).
     #[arg(long)]
     timestamps: bool,
+    /// The container's previous run (before its last restart).
+    #[arg(short = 'p', long)]
+    previous: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -566,6 +569,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 follow: l.follow,
                 tail: l.tail,
                 timestamps: l.timestamps,
+                previous: l.previous,
                 namespace,
             };
             logs::run(&client, &opts).await

@@ -45,6 +45,7 @@
 
 mod cgroup;
 mod confine;
+pub mod exec;
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
 pub mod host;
@@ -90,6 +91,12 @@ impl Image {
             )))
         }
     }
+}
+
+/// Where the log file `current` of a container's run goes when the container starts again
+/// (`container.log` → `container.previous.log`).
+pub fn previous_log(current: &std::path::Path) -> PathBuf {
+    current.with_extension("previous.log")
 }
 
 /// Resource limits of a pod or a container. `None` = unlimited.
@@ -368,6 +375,8 @@ pub enum RuntimeError {
     Shim { container: String, message: String },
     #[error("exec timed out after {0:?}")]
     ExecTimeout(Duration),
+    #[error("this runtime does not support {0}")]
+    Unsupported(&'static str),
     #[error("the native runtime must be created inside a Tokio runtime")]
     NoTokioRuntime,
     #[error(transparent)]
@@ -414,6 +423,18 @@ pub trait Runtime: Send + Sync {
         argv: &[String],
         timeout: Duration,
     ) -> Result<ExecOutput, RuntimeError>;
+    /// Starts `argv` inside a running container with its standard streams (and a terminal,
+    /// when asked) handed to the caller; dropping the session kills what is left of it.
+    /// A runtime that cannot stream answers [`RuntimeError::Unsupported`].
+    async fn exec_stream(
+        &self,
+        _sandbox: &Sandbox,
+        _container: &str,
+        _argv: &[String],
+        _opts: exec::ExecOptions,
+    ) -> Result<exec::ExecSession, RuntimeError> {
+        Err(RuntimeError::Unsupported("streaming exec"))
+    }
     /// `(pod uid, container name)` whenever a container's main process exits, for adopted
     /// containers too. Subscribe before starting what you want to hear about.
     fn exits(&self) -> broadcast::Receiver<(String, String)>;
@@ -421,4 +442,9 @@ pub trait Runtime: Send + Sync {
     fn limit_report(&self, limits: &Limits) -> LimitReport;
     /// The container's log file (rotated copies get `.1`, `.2`, … appended).
     fn log_path(&self, sandbox_uid: &str, container: &str) -> PathBuf;
+    /// The log file of the container's previous run: when a container starts again, its log
+    /// (with its rotated copies) moves here, replacing the run before.
+    fn previous_log_path(&self, sandbox_uid: &str, container: &str) -> PathBuf {
+        previous_log(&self.log_path(sandbox_uid, container))
+    }
 }

@@ -41,6 +41,8 @@ use super::{
     ContainerSpec, ContainerState, ExecOutput, Image, LimitReport, Limits, PidHolder, Runtime,
     RuntimeError, Sandbox, SandboxSpec, cgroup, ns, sys,
 };
+use crate::exec::{ExecOptions, ExecReader, ExecSession, ExecWriter, SessionGuard};
+use std::os::fd::OwnedFd;
 
 /// The leaf cgroup of a pod's shared-PID-namespace holder (not a DNS label, so no container
 /// can be named so).
@@ -854,7 +856,8 @@ impl Inner {
     ) -> Result<ContainerRecord, RuntimeError> {
         let cdir = self.container_dir(&sb.uid, &spec.name);
         fs::create_dir_all(&cdir).map_err(io_err("creating", &cdir))?;
-        // A restart: forget the previous run (its log is kept and appended to).
+        // A restart: forget the previous run, whose log becomes the previous one.
+        keep_previous_log(&cdir.join(state::CONTAINER_LOG_FILE))?;
         for f in [state::EXIT_FILE, state::PIDS_FILE, state::SPEC_FILE] {
             match fs::remove_file(cdir.join(f)) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => {
@@ -1200,13 +1203,16 @@ impl Inner {
         Ok(out)
     }
 
-    async fn exec(
+    /// The exec helper's command for `argv` in container `name` of `sb` (checked: the
+    /// container runs, the argv is a command), with the container's environment, and the
+    /// helper told to take its terminal when `tty`.
+    async fn exec_command(
         self: &Arc<Self>,
         sb: &Sandbox,
         name: &str,
         argv: &[String],
-        timeout: Duration,
-    ) -> Result<ExecOutput, RuntimeError> {
+        tty: bool,
+    ) -> Result<tokio::process::Command, RuntimeError> {
         let qualified = format!("{}/{name}", sb.uid);
         if argv.first().is_none_or(|a| a.is_empty()) || argv.iter().any(|a| a.contains('\0')) {
             return Err(RuntimeError::InvalidSpec(format!(
@@ -1230,6 +1236,7 @@ impl Inner {
             workdir: rec.spec.working_dir.clone(),
             spec: Some(cdir.join(state::SPEC_FILE)),
             argv: argv.iter().map(Into::into).collect(),
+            tty,
             ..Default::default()
         };
         let mut cmd = tokio::process::Command::new(&self.cfg.shim_path);
@@ -1237,11 +1244,23 @@ impl Inner {
             .env_clear()
             .envs(rec.env.iter().map(|(k, v)| (k, v)))
             .current_dir("/")
-            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        Ok(cmd)
+    }
+
+    async fn exec(
+        self: &Arc<Self>,
+        sb: &Sandbox,
+        name: &str,
+        argv: &[String],
+        timeout: Duration,
+    ) -> Result<ExecOutput, RuntimeError> {
+        let qualified = format!("{}/{name}", sb.uid);
+        let mut cmd = self.exec_command(sb, name, argv, false).await?;
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
+            .process_group(0);
         let mut child = cmd
             .spawn()
             .map_err(io_err("spawning the exec helper", &self.cfg.shim_path))?;
@@ -1282,6 +1301,105 @@ impl Inner {
                 Err(RuntimeError::ExecTimeout(timeout))
             }
         }
+    }
+
+    /// Starts `argv` in container `name` with its streams handed back ([`ExecSession`]).
+    async fn exec_stream(
+        self: &Arc<Self>,
+        sb: &Sandbox,
+        name: &str,
+        argv: &[String],
+        opts: ExecOptions,
+    ) -> Result<ExecSession, RuntimeError> {
+        let qualified = format!("{}/{name}", sb.uid);
+        let mut cmd = self.exec_command(sb, name, argv, opts.tty).await?;
+        let sys_err = |op: &str| {
+            let op = format!("{op} for exec in {qualified}");
+            move |source: std::io::Error| RuntimeError::Sys { op, source }
+        };
+        let mut pty = None;
+        if opts.tty {
+            let (master, slave) = crate::exec::open_pty().map_err(sys_err("opening a terminal"))?;
+            let dup = |fd: &OwnedFd| fd.try_clone().map_err(sys_err("duplicating the terminal"));
+            let (a, b) = (dup(&slave)?, dup(&slave)?);
+            cmd.stdin(if opts.stdin {
+                Stdio::from(slave)
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::from(a))
+            .stderr(Stdio::from(b));
+            pty = Some(master);
+        } else {
+            cmd.stdin(if opts.stdin {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        }
+        sys::new_session_on_spawn(&mut cmd);
+        let mut child = cmd
+            .spawn()
+            .map_err(io_err("spawning the exec helper", &self.cfg.shim_path))?;
+        // The command holds the terminal's slave now; ours must close, or the terminal
+        // never hangs up.
+        drop(cmd);
+        let sid = child
+            .id()
+            .and_then(|p| i32::try_from(p).ok())
+            .ok_or_else(|| RuntimeError::Shim {
+                container: qualified.clone(),
+                message: "the exec helper exited at once".into(),
+            })?;
+        let session = SessionGuard::new(sid);
+        let (stdin, stdout, stderr, terminal): (
+            Option<ExecWriter>,
+            ExecReader,
+            Option<ExecReader>,
+            _,
+        ) = match pty {
+            Some(master) => (
+                opts.stdin.then(|| Box::pin(master.clone()) as ExecWriter),
+                Box::pin(master.clone()),
+                None,
+                Some(master.terminal()),
+            ),
+            None => {
+                let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
+                    return Err(RuntimeError::Shim {
+                        container: qualified,
+                        message: "the exec helper's output pipes are missing".into(),
+                    });
+                };
+                (
+                    child.stdin.take().map(|w| Box::pin(w) as ExecWriter),
+                    Box::pin(out),
+                    Some(Box::pin(err) as ExecReader),
+                    None,
+                )
+            }
+        };
+        let exit = Box::pin(async move {
+            let status = child.wait().await.map_err(|source| RuntimeError::Sys {
+                op: format!("waiting for exec in {qualified}"),
+                source,
+            })?;
+            use std::os::unix::process::ExitStatusExt;
+            Ok(status
+                .code()
+                .or_else(|| status.signal().map(|s| 128 + s))
+                .unwrap_or(255))
+        });
+        Ok(ExecSession {
+            stdin,
+            stdout,
+            stderr,
+            terminal,
+            exit,
+            session,
+        })
     }
 }
 
@@ -1365,6 +1483,17 @@ impl Runtime for NativeRuntime {
         self.inner.exec(&sb, container, argv, timeout).await
     }
 
+    async fn exec_stream(
+        &self,
+        sandbox: &Sandbox,
+        container: &str,
+        argv: &[String],
+        opts: ExecOptions,
+    ) -> Result<ExecSession, RuntimeError> {
+        let sb = self.inner.load_sandbox(&sandbox.uid)?;
+        self.inner.exec_stream(&sb, container, argv, opts).await
+    }
+
     fn exits(&self) -> broadcast::Receiver<(String, String)> {
         self.inner.shared.exits.subscribe()
     }
@@ -1380,9 +1509,58 @@ impl Runtime for NativeRuntime {
     }
 }
 
+/// Moves the log `current` and its rotated copies to [`crate::previous_log`]'s names,
+/// replacing the run before's; nothing to do for a first run.
+fn keep_previous_log(current: &Path) -> Result<(), RuntimeError> {
+    if !current.exists() {
+        return Ok(());
+    }
+    let previous = crate::previous_log(current);
+    let rotated = |base: &Path, i: usize| {
+        let mut p = base.as_os_str().to_owned();
+        p.push(format!(".{i}"));
+        PathBuf::from(p)
+    };
+    // Rotated copies are numbered from 1 without gaps; the run before's are removed first.
+    let mut i = 1;
+    while rotated(&previous, i).exists() {
+        let p = rotated(&previous, i);
+        fs::remove_file(&p).map_err(io_err("removing", &p))?;
+        i += 1;
+    }
+    let mut i = 1;
+    while rotated(current, i).exists() {
+        let (from, to) = (rotated(current, i), rotated(&previous, i));
+        fs::rename(&from, &to).map_err(io_err("renaming", &from))?;
+        i += 1;
+    }
+    fs::rename(current, &previous).map_err(io_err("renaming", current))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_restart_keeps_the_previous_runs_log_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("container.log");
+        keep_previous_log(&log).unwrap();
+        fs::write(&log, "run 1\n").unwrap();
+        fs::write(dir.path().join("container.log.1"), "run 1, older\n").unwrap();
+        keep_previous_log(&log).unwrap();
+        assert!(!log.exists());
+        let prev = dir.path().join("container.previous.log");
+        assert_eq!(fs::read_to_string(&prev).unwrap(), "run 1\n");
+        assert!(dir.path().join("container.previous.log.1").exists());
+        fs::write(&log, "run 2\n").unwrap();
+        keep_previous_log(&log).unwrap();
+        assert_eq!(fs::read_to_string(&prev).unwrap(), "run 2\n");
+        assert!(
+            !dir.path().join("container.previous.log.1").exists(),
+            "run 1's rotated copy is gone with it"
+        );
+    }
 
     #[test]
     fn the_trait_is_object_safe() {

@@ -125,6 +125,10 @@ pub struct ShimArgs {
     /// With `--join-pid`: the process's start time, to refuse a reused pid.
     #[arg(long)]
     pub join_start_time: Option<u64>,
+    /// With `--join-pid`: stdin is a terminal to take as the controlling terminal of this
+    /// process's session (the caller made it a session leader) before the command starts.
+    #[arg(long)]
+    pub tty: bool,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     pub argv: Vec<OsString>,
@@ -171,6 +175,9 @@ impl ShimArgs {
         if let Some(t) = self.join_start_time {
             a.push("--join-start-time".into());
             a.push(t.to_string().into());
+        }
+        if self.tty {
+            a.push("--tty".into());
         }
         a.push("--".into());
         a.extend(self.argv.iter().cloned());
@@ -909,6 +916,13 @@ fn exec_mode(args: &ShimArgs) -> i32 {
         return fail(format!("joining the namespaces of process {pid}: {e}"));
     }
     drop(pidfd);
+    // The command and everything it starts share this session and its terminal, so the
+    // agent can end them all together.
+    if args.tty
+        && let Err(e) = sys::take_controlling_terminal(std::io::stdin().as_fd())
+    {
+        return fail(format!("taking the terminal: {e}"));
+    }
     match sys::fork(&single) {
         Err(e) => fail(format!("fork: {e}")),
         Ok(ForkResult::Child) => {

@@ -1,7 +1,8 @@
 //! The runtime's only `unsafe` code and raw syscalls (pidfd, close_range, fork, signal
 //! dispositions, `_exit`, an interface ioctl, `pre_exec`, the new mount API's `open_tree`
-//! (of a path or of a descriptor) and `move_mount`, `no_new_privs` and installing a seccomp filter). Everything else goes
-//! through nix's safe wrappers.
+//! (of a path or of a descriptor) and `move_mount`, `no_new_privs`, installing a seccomp
+//! filter, and the two terminal ioctls exec's pseudo-terminals need (`TIOCSCTTY`,
+//! `TIOCSWINSZ`). Everything else goes through nix's safe wrappers.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -181,11 +182,49 @@ pub(crate) fn new_session_on_spawn(cmd: &mut tokio::process::Command) {
 
 /// Registers an owned descriptor (a pidfd) with the Tokio reactor for readability.
 pub(crate) fn async_readable(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
+    async_fd(fd, tokio::io::Interest::READABLE)
+}
+
+/// Registers an owned, non-blocking descriptor with the Tokio reactor for `interest`.
+pub(crate) fn async_fd(
+    fd: OwnedFd,
+    interest: tokio::io::Interest,
+) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
     // SAFETY: the AsyncFd takes ownership of the OwnedFd, so the descriptor stays open and
     // refers to the same file description for the AsyncFd's whole lifetime, and
     // OwnedFd::as_raw_fd always returns that same descriptor.
-    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, interest) }
         .map_err(|e| e.into_parts().1)
+}
+
+/// `ioctl(fd, TIOCSCTTY, 0)`: makes the terminal `fd` the calling session leader's
+/// controlling terminal.
+pub(crate) fn take_controlling_terminal(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: TIOCSCTTY takes an integer argument (0: do not steal from another session)
+    // and reads or writes no memory of this process; `fd` is a valid open descriptor.
+    let ret = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSCTTY, 0) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `ioctl(fd, TIOCSWINSZ, …)`: the terminal's window size (the kernel sends `SIGWINCH` to
+/// its foreground process group).
+pub(crate) fn set_window_size(fd: BorrowedFd<'_>, rows: u16, cols: u16) -> io::Result<()> {
+    let size = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads one `struct winsize` through the pointer, which points at a
+    // live, initialized local of exactly that type; `fd` is a valid open descriptor.
+    let ret = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &size) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// `open_tree(2)` with `OPEN_TREE_CLONE | AT_RECURSIVE`: a detached copy of the mount tree at

@@ -46,6 +46,7 @@ mod agent_client;
 mod call;
 mod context;
 mod discovery;
+mod exec;
 mod managed;
 mod metrics;
 mod node_proxy;
@@ -229,7 +230,7 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
                 && p.subresource.as_deref() == Some("exec")
                 && matches!(parts.method, Method::GET | Method::POST) =>
         {
-            node_proxy::exec(&rest, parts, p, query).await
+            exec::serve(&rest, parts, p, query).await
         }
         Target::Resource(p)
             if p.resource == "pods"

@@ -6,8 +6,9 @@
 //!   of the log records stripped; `timestamps=true` keeps the time). `tail=N` gives the last
 //!   N lines across the rotated files; `follow=true` then streams new lines (the file is
 //!   polled every 200 ms) until the client disconnects or the pod is gone.
-//! - `POST /exec/{namespace}/{pod}/{container}`: runs an `ExecRequest`'s command in the
-//!   container to completion; answers an `ExecResult` (exit code, base64 output).
+//! - `POST /exec/{namespace}/{pod}/{container}` with `Upgrade: skiff-exec`: an
+//!   `ExecRequest`'s command in the container, its streams carried as channel frames
+//!   ([`exec`]).
 //! - `GET /stats/summary`: JSON [`StatsSummary`](skiff_client::node_api::StatsSummary): per pod the CPU time of its cgroup and the
 //!   traffic the eBPF accounting counted for its containers' cgroups.
 //! - `GET /bpf/services`, `GET /bpf/backends`: JSON of the Service load balancer's maps
@@ -52,6 +53,7 @@
 //! the API server.
 
 mod authz;
+mod exec;
 mod pods;
 mod routes;
 mod serving;

@@ -12,7 +12,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
-use skiff_client::node_api::{ExecRequest, ExecResult, LogOptions, PORT_FORWARD_UPGRADE};
+use skiff_client::node_api::{LogOptions, PORT_FORWARD_UPGRADE};
 use tokio::sync::mpsc;
 use tracing::debug;
 
@@ -40,7 +40,10 @@ pub(super) fn router(state: ApiState) -> Router {
     Router::new()
         .route("/logs/{namespace}/{pod}/{container}", get(logs))
         .route("/stats/summary", get(stats_summary))
-        .route("/exec/{namespace}/{pod}/{container}", post(exec))
+        .route(
+            "/exec/{namespace}/{pod}/{container}",
+            post(super::exec::exec),
+        )
         .route("/portforward/{namespace}/{pod}/{port}", post(port_forward))
         .route(skiff_client::node_api::FLOWS_PATH, get(flows))
         .with_state(state)
@@ -50,78 +53,16 @@ pub(super) fn router(state: ApiState) -> Router {
             error(
                 StatusCode::NOT_FOUND,
                 "no such endpoint; the agent serves GET /logs/{namespace}/{pod}/{container}, \
-                 POST /exec/{namespace}/{pod}/{container}, POST /portforward/{namespace}/{pod}/{port} \
-                 (an HTTP upgrade), GET /stats/summary, GET /bpf/services, GET /bpf/backends, GET /bpf/pods, \
+                 POST /exec/{namespace}/{pod}/{container} and POST /portforward/{namespace}/{pod}/{port} \
+                 (HTTP upgrades), GET /stats/summary, GET /bpf/services, GET /bpf/backends, GET /bpf/pods, \
                  GET /bpf/conntrack, GET /flows and GET /metrics"
                     .into(),
             )
         })
 }
 
-/// Longest an exec may run when the request names no timeout.
-const EXEC_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// `POST /exec/{namespace}/{pod}/{container}`: runs the command in the container (its
-/// namespaces and cgroup, as a probe's exec) to completion.
-async fn exec(
-    State(st): State<ApiState>,
-    UrlPath((namespace, pod, container)): UrlPath<(String, String, String)>,
-    body: Bytes,
-) -> Response {
-    use base64::Engine as _;
-    let req: ExecRequest = match serde_json::from_slice(&body) {
-        Ok(r) => r,
-        Err(e) => return error(StatusCode::BAD_REQUEST, format!("exec request: {e}")),
-    };
-    if req.command.is_empty() {
-        return error(StatusCode::BAD_REQUEST, "exec: empty command".into());
-    }
-    let info = match find_container(&st, &namespace, &pod, &container) {
-        Ok(info) => info,
-        Err(resp) => return *resp,
-    };
-    let Some(sandbox) = info.sandbox else {
-        return error(
-            StatusCode::BAD_REQUEST,
-            format!("pod {namespace}/{pod} has no sandbox yet: it is not running"),
-        );
-    };
-    let timeout = req
-        .timeout_seconds
-        .map(Duration::from_secs)
-        .unwrap_or(EXEC_TIMEOUT);
-    // The command itself is not logged: it may carry secrets.
-    debug!(pod = %format!("{namespace}/{pod}"), %container, "exec");
-    match st
-        .ctx
-        .runtime
-        .exec(&sandbox, &container, &req.command, timeout)
-        .await
-    {
-        Ok(out) => {
-            let b64 = base64::engine::general_purpose::STANDARD;
-            let result = ExecResult {
-                exit_code: out.exit_code,
-                stdout: b64.encode(&out.stdout),
-                stderr: b64.encode(&out.stderr),
-            };
-            match serde_json::to_vec(&result) {
-                Ok(json) => (
-                    StatusCode::OK,
-                    [(header::CONTENT_TYPE, "application/json")],
-                    json,
-                )
-                    .into_response(),
-                Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-            }
-        }
-        Err(skiff_runtime::RuntimeError::InvalidSpec(m)) => error(StatusCode::BAD_REQUEST, m),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-    }
-}
-
 /// The pod `namespace/pod` of this node, if it has `container`; else the 404 to answer.
-fn find_container(
+pub(super) fn find_container(
     st: &ApiState,
     namespace: &str,
     pod: &str,
@@ -297,6 +238,25 @@ async fn logs(
         Ok(info) => info,
         Err(resp) => return *resp,
     };
+    if q.previous {
+        let path = st.ctx.runtime.previous_log_path(&info.uid, &container);
+        let reader = LogReader::new(path, q.timestamps);
+        if !reader.exists() {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("previous terminated container {container:?} in pod {pod:?} not found"),
+            );
+        }
+        // A run that has ended: what it wrote, never followed.
+        let q = LogOptions { follow: false, ..q };
+        return serve_log(
+            reader,
+            q,
+            &st,
+            info.uid,
+            format!("{namespace}/{pod}/{container}"),
+        );
+    }
     let reader = LogReader::new(st.ctx.runtime.log_path(&info.uid, &container), q.timestamps);
     if !reader.exists() && !q.follow {
         return error(
@@ -306,12 +266,28 @@ async fn logs(
             ),
         );
     }
-    debug!(pod = %format!("{namespace}/{pod}"), %container, ?q, "serving logs");
+    serve_log(
+        reader,
+        q,
+        &st,
+        info.uid,
+        format!("{namespace}/{pod}/{container}"),
+    )
+}
+
+/// The log `reader` reads, as the response body (streamed from a blocking thread).
+fn serve_log(
+    reader: LogReader,
+    q: LogOptions,
+    st: &ApiState,
+    uid: String,
+    what: String,
+) -> Response {
+    debug!(container = %what, ?q, "serving logs");
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(16);
     let pods = st.ctx.sources.pods.clone();
-    let what = format!("{namespace}/{pod}/{container}");
     tokio::task::spawn_blocking(move || {
-        let why = stream_logs(reader, q, tx, pods, info.uid);
+        let why = stream_logs(reader, q, tx, pods, uid);
         debug!(container = %what, why, "log stream ended");
     });
     let body = futures::stream::unfold(rx, |mut rx| async move {

@@ -7,9 +7,10 @@
 //!   container's output, one line per line it printed (`timestamps=true` prefixes each with
 //!   its RFC 3339 time); `follow=true` keeps streaming new lines until the client goes away.
 //! - `GET /stats/summary`: a [`StatsSummary`] as JSON.
-//! - `POST /exec/{namespace}/{pod}/{container}`: an [`ExecRequest`] runs a command in the
-//!   container to completion; the answer is an [`ExecResult`] (exit code, output). The API
-//!   server's `pods/exec` uses it ([`AgentEndpoint::exec`]).
+//! - `POST /exec/{namespace}/{pod}/{container}` with `Upgrade: skiff-exec`: an
+//!   [`ExecRequest`] starts a command in the container (stdin and a terminal when asked);
+//!   after 101 the connection carries its channels ([`exec`]; [`AgentEndpoint::exec`]).
+//!   The API server's `pods/exec` uses it.
 //! - `GET /bpf/services`, `GET /bpf/backends`: the node's Service load balancer maps
 //!   ([`BpfServices`], [`BpfBackends`]), with per-backend connection counters;
 //!   `GET /bpf/pods`: the pod fast path's endpoints and counters ([`BpfPods`]);
@@ -60,6 +61,8 @@ use tokio::net::TcpStream;
 
 use crate::{Client, ClientError};
 
+pub mod exec;
+
 /// Path prefix of the logs endpoint.
 pub const LOGS_PATH: &str = "/logs";
 /// Path prefix of the exec endpoint.
@@ -69,29 +72,24 @@ pub const PORT_FORWARD_PATH: &str = "/portforward";
 /// The `Upgrade` protocol of a port-forward request: after 101, the connection is a raw TCP
 /// tunnel to the pod's port.
 pub const PORT_FORWARD_UPGRADE: &str = "skiff-portforward";
-/// Largest exec answer read (the output of a command, base64 in JSON).
-const MAX_EXEC_OUTPUT: usize = 64 * 1024 * 1024;
+/// The `Upgrade` protocol of an exec request: after 101, the connection carries the
+/// session's channel frames ([`exec`]).
+pub const EXEC_UPGRADE: &str = "skiff-exec";
+/// Largest exec request body the agent reads.
+pub const MAX_EXEC_REQUEST: usize = 1 << 20;
 
-/// `POST /exec/{namespace}/{pod}/{container}`: what to run.
+/// `POST /exec/{namespace}/{pod}/{container}`: what to run, and how.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ExecRequest {
     /// The argv; the first word is looked up in the container's PATH.
     pub command: Vec<String>,
-    /// Killed after this long (default 300 s).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeout_seconds: Option<u64>,
-}
-
-/// What an exec did: its exit code (`128 + signal` when killed) and its output.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ExecResult {
-    pub exit_code: i32,
-    /// Base64 of the bytes written to stdout.
-    pub stdout: String,
-    /// Base64 of the bytes written to stderr.
-    pub stderr: String,
+    /// Connect the command's standard input (else it reads `/dev/null`).
+    #[serde(default)]
+    pub stdin: bool,
+    /// Run it on a pseudo-terminal (stdout and stderr are then one stream).
+    #[serde(default)]
+    pub tty: bool,
 }
 
 /// Path of the stats endpoint.
@@ -544,6 +542,8 @@ pub struct LogOptions {
     pub follow: bool,
     /// Prefix each line with the RFC 3339 time it was written.
     pub timestamps: bool,
+    /// The container's previous run (the one before its last restart) instead.
+    pub previous: bool,
 }
 
 impl LogOptions {
@@ -570,9 +570,10 @@ impl LogOptions {
                 }
                 "follow" => q.follow = flag(k, v)?,
                 "timestamps" => q.timestamps = flag(k, v)?,
+                "previous" => q.previous = flag(k, v)?,
                 other => {
                     return Err(format!(
-                        "unknown parameter {other:?} (tail, follow, timestamps)"
+                        "unknown parameter {other:?} (tail, follow, timestamps, previous)"
                     ));
                 }
             }
@@ -591,6 +592,9 @@ impl LogOptions {
         }
         if self.timestamps {
             q.push("timestamps=true".into());
+        }
+        if self.previous {
+            q.push("previous=true".into());
         }
         if q.is_empty() {
             String::new()
@@ -879,15 +883,16 @@ impl AgentEndpoint {
         Ok(self.body_stream(resp, "the flow stream"))
     }
 
-    /// `POST /exec/{namespace}/{pod}/{container}`: runs `req.command` in the container to
-    /// completion and returns its exit code and output.
+    /// `POST /exec/{namespace}/{pod}/{container}` with `Upgrade: skiff-exec`: starts
+    /// `req.command` in the container and returns the connection carrying its channels
+    /// ([`exec`]). Errors (no such container, one that has exited) come before the upgrade.
     pub async fn exec(
         &self,
         namespace: &str,
         pod: &str,
         container: &str,
         req: &ExecRequest,
-    ) -> Result<ExecResult, NodeApiError> {
+    ) -> Result<TokioIo<hyper::upgrade::Upgraded>, NodeApiError> {
         let path = format!(
             "{EXEC_PATH}/{}/{}/{}",
             segment(namespace),
@@ -897,10 +902,17 @@ impl AgentEndpoint {
         let body = serde_json::to_vec(req)
             .map_err(|e| self.protocol(format!("encoding the exec request: {e}")))?;
         let resp = self
-            .send(hyper::Method::POST, &path, Bytes::from(body))
+            .request(
+                hyper::Method::POST,
+                &path,
+                Bytes::from(body),
+                Some(EXEC_UPGRADE),
+            )
             .await?;
-        let body = self.read_body(resp, MAX_EXEC_OUTPUT).await?;
-        serde_json::from_slice(&body).map_err(|e| self.protocol(format!("{path}: {e}")))
+        let upgraded = hyper::upgrade::on(resp)
+            .await
+            .map_err(|e| self.protocol(format!("exec upgrade: {e}")))?;
+        Ok(TokioIo::new(upgraded))
     }
 
     fn protocol(&self, reason: String) -> NodeApiError {
@@ -1199,8 +1211,12 @@ mod tests {
             tail: Some(2),
             follow: true,
             timestamps: true,
+            previous: true,
         };
-        assert_eq!(o.query(), "?tail=2&follow=true&timestamps=true");
+        assert_eq!(
+            o.query(),
+            "?tail=2&follow=true&timestamps=true&previous=true"
+        );
         // The agent parses what the client writes.
         assert_eq!(LogOptions::parse_query(Some(&o.query()[1..])), Ok(o));
         assert_eq!(
@@ -1208,7 +1224,8 @@ mod tests {
             Ok(LogOptions {
                 tail: None,
                 follow: true,
-                timestamps: false
+                timestamps: false,
+                previous: false,
             })
         );
         assert!(

@@ -1,0 +1,378 @@
+//! kubectl's interactive commands against pods on a node machine, from a laptop outside the
+//! cluster (`skiff_tests::machines`): `exec -i` with stdin, output that streams while the
+//! command runs, `exec -it` driven through a real terminal (tmux: a typed command's output,
+//! `stty size` following a window resize), `cp` of a 10 MB file both ways, and the errors
+//! and cleanup around them: an exec into a container that has exited is refused with
+//! Kubernetes' error, and a lost exec connection (kubectl killed) leaves no process of the
+//! session in the container and no pseudo-terminal open on the node. `logs -f` follows a
+//! container across its restart, and `logs --previous` shows the run before.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "an end-to-end test: a failed step is the test's failure"
+)]
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use skiff_tests::machines::MachineCluster;
+use skiff_tests::{eventually_within, fails, ok, run_with_stdin};
+
+const T: Duration = Duration::from_secs(30);
+
+fn pod(node: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: shell}}
+spec:
+  nodeName: {node}
+  restartPolicy: Never
+  containers:
+  - name: app
+    image: host
+    command: ["/bin/sleep", "100000"]
+  - name: done
+    image: host
+    command: ["/bin/true"]
+"#
+    )
+}
+
+/// Pids of host processes whose command line is exactly `argv`.
+fn processes(argv: &[&str]) -> Vec<u32> {
+    let want = argv.join("\0") + "\0";
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want.as_bytes())
+        })
+        .collect()
+}
+
+/// How many pseudo-terminal masters process `pid` holds.
+fn pty_masters(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| {
+                    std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().contains("ptmx"))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// A tmux server of the test's own (its socket in a temporary directory) on the laptop.
+struct Tmux {
+    socket: std::path::PathBuf,
+}
+
+impl Tmux {
+    fn cmd(&self, args: &[&str]) -> std::process::Output {
+        std::process::Command::new("tmux")
+            .arg("-S")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .expect("running tmux")
+    }
+
+    fn screen(&self) -> String {
+        String::from_utf8_lossy(&self.cmd(&["capture-pane", "-p", "-t", "t"]).stdout).into_owned()
+    }
+
+    /// Types `line` and Enter, then waits until the screen shows `expect`.
+    fn type_and_see(&self, line: &str, expect: &str) -> Duration {
+        let start = Instant::now();
+        ok(&self.cmd(&["send-keys", "-t", "t", line, "Enter"]));
+        loop {
+            let screen = self.screen();
+            if screen.contains(expect) {
+                return start.elapsed();
+            }
+            assert!(
+                start.elapsed() < T,
+                "typed {line:?}, never saw {expect:?}:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.cmd(&["kill-server"]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_interactive_commands() {
+    let c = MachineCluster::start(1).await;
+    let node = &c.nodes[0];
+    ok(&run_with_stdin(
+        c.kubectl_cmd(&["apply", "-f", "-"]),
+        &pod(&node.name),
+    ));
+    eventually_within("the pod runs and its second container has exited", T, || async {
+        let out = c.kubectl(&[
+            "get",
+            "pod",
+            "shell",
+            "-o",
+            "jsonpath={.status.phase} {.status.containerStatuses[?(@.name==\"done\")].state.terminated.reason} {.status.containerStatuses[?(@.name==\"app\")].started}",
+        ]);
+        let s = String::from_utf8_lossy(&out.stdout).into_owned();
+        (s == "Running Completed true").then_some(()).ok_or(s)
+    })
+    .await;
+
+    // stdin reaches the command; its output comes back.
+    let out = run_with_stdin(
+        c.kubectl_cmd(&["exec", "-i", "shell", "-c", "app", "--", "cat"]),
+        "hi\n",
+    );
+    assert_eq!(ok(&out), "hi\n");
+    let out = run_with_stdin(
+        c.kubectl_cmd(&[
+            "exec",
+            "-i",
+            "shell",
+            "-c",
+            "app",
+            "--",
+            "sh",
+            "-c",
+            "wc -c; exit 4",
+        ]),
+        "twelve bytes",
+    );
+    assert_eq!(out.status.code(), Some(4));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "12");
+
+    // Output streams while the command runs: the first line long before the command ends.
+    let start = Instant::now();
+    let mut streaming = c
+        .kubectl_cmd(&[
+            "exec",
+            "shell",
+            "-c",
+            "app",
+            "--",
+            "sh",
+            "-c",
+            "echo first; sleep 5; echo second",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(streaming.stdout.take().unwrap());
+    let mut first = String::new();
+    lines.read_line(&mut first).unwrap();
+    let first_after = start.elapsed();
+    assert_eq!(first, "first\n");
+    assert!(
+        first_after < Duration::from_secs(4),
+        "the first line came only after {first_after:?}"
+    );
+    let mut second = String::new();
+    lines.read_line(&mut second).unwrap();
+    assert_eq!(second, "second\n");
+    assert!(streaming.wait().unwrap().success());
+    println!("exec: first line after {first_after:?}");
+
+    // kubectl cp, 10 MB both ways, checksums equal (the `host` image's filesystem is the
+    // host's: the copy goes to a directory of the test's own).
+    let dir = tempfile::tempdir().unwrap();
+    let in_pod = dir.path().join("in-pod");
+    std::fs::create_dir(&in_pod).unwrap();
+    let in_pod_file = in_pod.join("copy.bin");
+    let in_pod_file = in_pod_file.to_str().unwrap();
+    let original = dir.path().join("original.bin");
+    let mut data = vec![0u8; 10 * 1024 * 1024];
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for b in &mut data {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    std::fs::write(&original, &data).unwrap();
+    let start = Instant::now();
+    ok(&c.kubectl(&[
+        "cp",
+        original.to_str().unwrap(),
+        &format!("shell:{in_pod_file}"),
+        "-c",
+        "app",
+    ]));
+    let up = start.elapsed();
+    let sum = ok(&c.kubectl(&["exec", "shell", "-c", "app", "--", "sha256sum", in_pod_file]));
+    let local = ok(&std::process::Command::new("sha256sum")
+        .arg(&original)
+        .output()
+        .unwrap());
+    assert_eq!(
+        sum.split_whitespace().next(),
+        local.split_whitespace().next(),
+        "the copy in the pod differs"
+    );
+    let back = dir.path().join("back.bin");
+    let start = Instant::now();
+    ok(&c.kubectl(&[
+        "cp",
+        &format!("shell:{in_pod_file}"),
+        back.to_str().unwrap(),
+        "-c",
+        "app",
+    ]));
+    let down = start.elapsed();
+    assert!(
+        std::fs::read(&back).unwrap() == data,
+        "the copy back differs"
+    );
+    println!("cp 10 MB: to the pod {up:?}, back {down:?}");
+
+    // A terminal: a typed command's output, and the window size following resizes.
+    let tmux = Tmux {
+        socket: dir.path().join("tmux.sock"),
+    };
+    let kubectl = c.kubectl_cmd(&["exec", "-it", "shell", "-c", "app", "--", "sh"]);
+    let mut line = vec![format!("{:?}", kubectl.get_program())];
+    line.extend(kubectl.get_args().map(|a| format!("{a:?}")));
+    let mut server = c.laptop.command("tmux");
+    server
+        .arg("-S")
+        .arg(&tmux.socket)
+        .args(["new-session", "-d", "-s", "t", "-x", "80", "-y", "24"])
+        .arg(line.join(" "));
+    ok(&server.output().unwrap());
+    let echo = tmux.type_and_see("echo $((6 * 7))x", "42x");
+    println!("exec -it: a typed command's output after {echo:?}");
+    tmux.type_and_see("stty size", "24 80");
+    ok(&tmux.cmd(&["resize-window", "-t", "t", "-x", "100", "-y", "30"]));
+    tmux.type_and_see("stty size", "30 100");
+
+    // A lost connection: kubectl killed while the session runs a command; nothing of the
+    // session stays, in the container or on the node.
+    tmux.type_and_see("sleep 4343 & sleep 4242", "sleep 4242");
+    eventually_within("the terminal's commands run", T, || async {
+        (processes(&["sleep", "4242"]).len() == 1 && processes(&["sleep", "4343"]).len() == 1)
+            .then_some(())
+            .ok_or("not running yet")
+    })
+    .await;
+    let agent = node.agent_pid().unwrap();
+    assert_eq!(
+        pty_masters(agent),
+        1,
+        "the agent holds the session's terminal"
+    );
+    let mut piped = c
+        .kubectl_cmd(&["exec", "-i", "shell", "-c", "app", "--", "sleep", "4141"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually_within("the piped command runs", T, || async {
+        (processes(&["sleep", "4141"]).len() == 1)
+            .then_some(())
+            .ok_or("not running yet")
+    })
+    .await;
+    piped.kill().unwrap();
+    piped.wait().unwrap();
+    drop(tmux);
+    eventually_within("the sessions' processes are gone", T, || async {
+        let left: Vec<_> = ["4141", "4242", "4343"]
+            .iter()
+            .flat_map(|n| processes(&["sleep", n]))
+            .collect();
+        left.is_empty()
+            .then_some(())
+            .ok_or(format!("still running: {left:?}"))
+    })
+    .await;
+    assert_eq!(pty_masters(agent), 0, "the terminal is closed");
+
+    // Logs across a restart: the first run exits, the second stays.
+    let marker = dir.path().join("first-run-done");
+    let script = format!(
+        "if [ -e {m} ]; then echo run 1; exec sleep 100000; else touch {m}; echo run 0; sleep 3; exit 1; fi",
+        m = marker.display()
+    );
+    let restarts = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: restarts}}
+spec:
+  nodeName: {node}
+  containers:
+  - name: app
+    image: host
+    command: ["/bin/sh", "-c", {script:?}]
+"#,
+        node = node.name
+    );
+    let no_previous = fails(&c.kubectl(&["logs", "shell", "-c", "app", "--previous"]));
+    assert!(
+        no_previous.contains("previous terminated container \"app\" in pod \"shell\" not found"),
+        "{no_previous}"
+    );
+    ok(&run_with_stdin(
+        c.kubectl_cmd(&["apply", "-f", "-"]),
+        &restarts,
+    ));
+    // As Kubernetes, logs of a container that has not started are an error, not a wait:
+    // follow once the first run has written its line (it ends 3 s later).
+    eventually_within("the first run writes", T, || async {
+        let out = c.kubectl(&["logs", "restarts"]);
+        let s = String::from_utf8_lossy(&out.stdout).into_owned();
+        (s == "run 0\n").then_some(()).ok_or(s)
+    })
+    .await;
+    let mut follow = c
+        .kubectl_cmd(&["logs", "-f", "restarts"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let followed = BufReader::new(follow.stdout.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in followed.lines() {
+            if tx.send(line.unwrap_or_default()).is_err() {
+                return;
+            }
+        }
+    });
+    let seen: Vec<String> = (0..2).filter_map(|_| rx.recv_timeout(T).ok()).collect();
+    assert_eq!(
+        seen,
+        ["run 0", "run 1"],
+        "logs -f follows across the restart\n{}\n{}",
+        String::from_utf8_lossy(&c.kubectl(&["get", "pod", "restarts", "-o", "yaml"]).stdout),
+        c.logs()
+    );
+    follow.kill().unwrap();
+    follow.wait().unwrap();
+    assert_eq!(ok(&c.kubectl(&["logs", "restarts"])), "run 1\n");
+    assert_eq!(
+        ok(&c.kubectl(&["logs", "restarts", "--previous"])),
+        "run 0\n"
+    );
+
+    // An exec into a container that has exited: Kubernetes' error, nothing started.
+    let err = fails(&c.kubectl(&["exec", "shell", "-c", "done", "--", "true"]));
+    assert!(
+        err.contains(
+            "Internal error occurred: error executing command in container: container \"done\" is not running: it has exited"
+        ),
+        "{err}"
+    );
+}
