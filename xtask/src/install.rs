@@ -86,6 +86,12 @@ pub struct InstallArgs {
     /// The node's name [default: the host name, lowercase, as skiff-node takes it].
     #[arg(long, value_name = "NAME")]
     pub node_name: Option<String>,
+    /// The address the node's agent serves its API on and publishes as the Node's
+    /// InternalIP (the agent's --address) [default: the machine's first global IPv4
+    /// address, as the agent picks it]. The API server dials it and the cluster CA
+    /// certifies it; never a loopback address.
+    #[arg(long, value_name = "IP")]
+    pub node_address: Option<std::net::IpAddr>,
     /// `--role agent`: the bootstrap token the agent joins with (`skiff token create
     /// --print-join-command` on a server prints it); kept in /etc/default/skiff-node (0600).
     #[arg(
@@ -229,6 +235,7 @@ struct InstallPlan {
     listen: SocketAddr,
     tls_sans: Option<String>,
     node_name: String,
+    node_address: Option<std::net::IpAddr>,
     node_auth: Option<NodeAuth>,
     from: PathBuf,
     bin_dir: PathBuf,
@@ -251,6 +258,14 @@ impl InstallPlan {
             None => host_name()?,
         };
         check_node_name(&node_name)?;
+        if let Some(ip) = a.node_address
+            && (ip.is_loopback() || ip.is_unspecified() || ip.is_multicast())
+        {
+            bail!(
+                "--node-address {ip}: must be an address other machines reach the node at \
+                 (not loopback, unspecified or multicast)"
+            );
+        }
         if !a.uninstall {
             if !role.server() {
                 for (flag, given) in [
@@ -328,6 +343,7 @@ impl InstallPlan {
             listen: a.listen.unwrap_or(DEFAULT_LISTEN),
             tls_sans: a.tls_san.clone(),
             node_name,
+            node_address: a.node_address,
             node_auth,
             from,
             bin_dir: a.bin_dir.clone(),
@@ -584,12 +600,15 @@ fn unit_flags(plan: &InstallPlan, unit: &UnitSpec) -> Vec<OsString> {
                 },
                 _ => NodeMode::Run { server: servers },
             };
-            NodeFlags::new(
-                mode,
-                plan.node_kubeconfig().into(),
-                plan.node_name.clone(),
-                NODE_DIR.into(),
-            )
+            NodeFlags {
+                address: plan.node_address,
+                ..NodeFlags::new(
+                    mode,
+                    plan.node_kubeconfig().into(),
+                    plan.node_name.clone(),
+                    NODE_DIR.into(),
+                )
+            }
             .args()
         }
     }
@@ -1702,6 +1721,27 @@ mod tests {
     }
 
     #[test]
+    fn the_agent_unit_takes_the_node_address_and_the_registration_address() {
+        let a = Scratch::new("node-address");
+        let kubeconfig = a.0.join("node.kubeconfig");
+        fs::write(&kubeconfig, "apiVersion: v1\nkind: Config\n").unwrap();
+        a.install(&[
+            "--role",
+            "agent",
+            "--server",
+            "https://192.0.2.100:7443",
+            "--node-address",
+            "192.0.2.7",
+            "--kubeconfig",
+            &kubeconfig.display().to_string(),
+        ])
+        .unwrap();
+        let node = exec_start(&a.read("/etc/systemd/system/skiff-node.service"));
+        assert!(node.contains("--address 192.0.2.7"), "{node}");
+        assert!(node.contains("--server https://192.0.2.100:7443"), "{node}");
+    }
+
+    #[test]
     fn bad_flags_are_errors_that_name_the_flag() {
         let role = parse(&["--role", "master"]).unwrap_err().to_string();
         assert!(role.contains("--role") && role.contains("master"), "{role}");
@@ -1715,6 +1755,17 @@ mod tests {
             (&["--server", "https://a:port"], "--server"),
             (&["--server", "https://a b"], "--server"),
             (&["--role", "agent"], "--server"),
+            (
+                &[
+                    "--role",
+                    "agent",
+                    "--server",
+                    "https://a",
+                    "--node-address",
+                    "127.0.0.1",
+                ],
+                "--node-address",
+            ),
             (&["--etcd-endpoints", "127.0.0.1:2379"], "--etcd-endpoints"),
             (
                 &["--role", "agent", "--etcd-endpoints", "http://e:2379"],

@@ -73,7 +73,7 @@ enum Cmd {
     /// Run the cargo-fuzz targets for a bounded time each and report their executions.
     Fuzz(fuzz::FuzzArgs),
     /// Install the binaries and their systemd units on this machine (or --uninstall them).
-    Install(install::InstallArgs),
+    Install(Box<install::InstallArgs>),
     /// Regenerate proto/src/k8s_wire/table.rs from the vendored Kubernetes .proto files
     /// (proto/k8s/).
     Codegen,

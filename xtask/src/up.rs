@@ -11,9 +11,19 @@
 //! (`skiff-node join`, the token in the environment), or without the controller manager get a
 //! kubeconfig from `skiff-apiserver kubeconfig`. The admin kubeconfig is copied to the CLI's
 //! config file and `.skiff/kubeconfig`. A docker-registry listens on
-//! 127.0.0.1:`--registry-port` (storage in `.skiff/registry`). `--nodes N` agents each have
-//! their node in a network namespace `skiff-up-node-<i>` whose `eth0` is on a bridge in the
-//! namespace `skiff-up-fabric`, with an outside client namespace `skiff-up-outside`.
+//! 127.0.0.1:`--registry-port` (storage in `.skiff/registry`).
+//!
+//! Machines that share only a network (with `--nodes N`, as root, without `--ha`): a bridge
+//! in the namespace `skiff-up-fabric` is the network; the control plane (API server,
+//! scheduler, controller manager, registry) runs inside the `control` machine, the namespace
+//! `skiff-up-control` at `192.168.100.250`, the API server on its port 6443; each agent runs
+//! inside its node's namespace `skiff-up-node-<i>` (`192.168.100.<i>`) and serves its API on
+//! that address; `skiff-up-outside` (`.254`) is a client outside the cluster. The host keeps
+//! today's experience through forwarders (the harness's, not the product's): `--listen`
+//! (127.0.0.1:7443) to the API server, and the registry's port to the registry, on the host
+//! and on each node's own loopback (so images named `127.0.0.1:5000/...` pull everywhere, as
+//! a per-machine registry mirror would serve them). Without nodes, or with `--ha`, everything
+//! runs on the host as before (`--ha` agents on loopback with pinned certificates).
 //!
 //! A component that exits is started again with the same command line after 1 s, doubling to
 //! 30 s while it keeps crashing (a minute of running starts over), its log appended, the others
@@ -28,6 +38,7 @@ mod files;
 mod plan;
 mod supervisor;
 
+use std::ffi::OsString;
 use std::fs;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -40,9 +51,12 @@ use skiff_testnet::{Fabric, Netns};
 use crate::doctor;
 use crate::setup::{self, SetupOptions};
 use crate::util;
-use fabric::{FABRIC_NETNS, FABRIC_PREFIX, OUTSIDE_NETNS, prepare_fabric, prepare_node_netns};
+use fabric::{
+    CONTROL_NETNS, FABRIC_NETNS, FABRIC_PREFIX, OUTSIDE_NETNS, prepare_control_netns,
+    prepare_fabric, prepare_node_netns,
+};
 use files::{
-    CLI_PACKAGE, REGISTRY_BIN, config_path, copy_private, join_token, kubeconfig_path,
+    CLI_PACKAGE, REGISTRY_BIN, config_path, copy_private, forget_node, join_token, kubeconfig_path,
     load_workspace, make_etcd_pki, private_dir, registry_config, write_admin_config,
     write_node_kubeconfig,
 };
@@ -103,7 +117,7 @@ pub fn run(args: UpArgs) -> Result<()> {
     doctor::run(&doctor::DoctorOptions::default()).context("nothing was started")?;
     let root = util::repo_root();
     let cwd = std::env::current_dir().context("current directory")?;
-    let cfg = UpConfig::from_args(&args, &root, &cwd);
+    let mut cfg = UpConfig::from_args(&args, &root, &cwd);
 
     let ws = load_workspace(&root)?;
     let (components, skipped) = select_components(COMPONENTS, &ws)?;
@@ -121,6 +135,9 @@ pub fn run(args: UpArgs) -> Result<()> {
         }
         node_plans(cfg.nodes, &root)
     };
+    if !nodes.is_empty() && !cfg.ha {
+        cfg.control = Some(fabric::control_ip());
+    }
     check_ports_free(&cfg, &root)?;
     let bin_dir = ws.target_dir.join("debug");
     build(&root, &components, !nodes.is_empty(), &bin_dir)?;
@@ -244,11 +261,20 @@ impl From<anyhow::Error> for Stop {
     }
 }
 
+impl From<skiff_testnet::NetError> for Stop {
+    fn from(e: skiff_testnet::NetError) -> Self {
+        Stop::Failed(anyhow!("setting up the machines' network: {e}"))
+    }
+}
+
 /// Everything started so far, to stop and remove.
 #[derive(Default)]
 struct Started {
     running: Vec<Running>,
+    /// The host's (and the nodes') ways in to the control machine.
+    forwarders: Vec<skiff_testnet::Forwarder>,
     fabric: Option<Fabric>,
+    /// The control machine's and the nodes' namespaces.
     node_nets: Vec<Netns>,
 }
 
@@ -281,7 +307,8 @@ async fn supervise(plan: StartPlan<'_>) -> Result<()> {
     for node in plan.nodes {
         purge_node(plan.bin_dir, node);
     }
-    // Node namespaces, then the fabric with the outside namespace.
+    drop(started.forwarders);
+    // Machine namespaces, then the fabric with the outside namespace.
     drop(started.node_nets);
     drop(started.fabric);
     match stop {
@@ -303,21 +330,64 @@ async fn start_cluster(
     if plan.cfg.ha {
         start_etcd(plan, started, signals).await?;
     }
+    if let Some(control) = plan.cfg.control {
+        let fabric = prepare_fabric()?;
+        started.node_nets.push(prepare_control_netns(&fabric)?);
+        started.fabric = Some(fabric);
+        // The host's way in: --listen to the API server on the control machine.
+        started.forwarders.push(skiff_testnet::Forwarder::between(
+            None,
+            connect_addr(plan.cfg.listen),
+            &netns_path(CONTROL_NETNS),
+            plan.cfg.api_listen(0),
+        )?);
+        println!(
+            "forwarding {} to the API server at {}",
+            connect_addr(plan.cfg.listen),
+            SocketAddr::new(control, plan::MACHINE_API_PORT)
+        );
+    }
     start_components(plan, started, signals).await?;
+    // The administrator's configs on the host, before the nodes (their join token is made
+    // with them).
+    if plan.cfg.ha || plan.cfg.control.is_some() {
+        // The host's URLs: --ha lists every API server for the CLI (kubectl's config keeps
+        // the first: it takes one URL); machines are reached through the forwarder.
+        write_admin_config(plan.cfg, plan.bin_dir, &kubeconfig_path(plan.root))?;
+        copy_private(&kubeconfig_path(plan.root), plan.config_file)?;
+    } else {
+        let admin = plan.cfg.kubeconfig("admin");
+        for dest in [plan.config_file.to_path_buf(), kubeconfig_path(plan.root)] {
+            copy_private(&admin, &dest)?;
+        }
+    }
     if let Some(addr) = plan.cfg.registry {
         start_registry(plan, addr, started, signals).await?;
     }
     start_nodes(plan, started)?;
-    let admin = plan.cfg.kubeconfig("admin");
-    for dest in [plan.config_file.to_path_buf(), kubeconfig_path(plan.root)] {
-        copy_private(&admin, &dest)?;
-    }
-    // --ha: the CLI's config lists every API server (kubectl's keeps the first: it takes
-    // one URL).
-    if plan.cfg.ha {
-        write_admin_config(plan.cfg, plan.bin_dir, plan.config_file)?;
-    }
     Ok(())
+}
+
+/// `/run/netns/<name>`.
+fn netns_path(name: &str) -> PathBuf {
+    Path::new("/run/netns").join(name)
+}
+
+/// `bin args...`, run inside the namespace `netns` when given (`nsenter --net`): a process
+/// of that machine.
+fn on_machine(netns: Option<&str>, bin: &Path, args: Vec<OsString>) -> (PathBuf, Vec<OsString>) {
+    match netns {
+        None => (bin.to_path_buf(), args),
+        Some(ns) => {
+            let mut all: Vec<OsString> = vec![
+                format!("--net={}", netns_path(ns).display()).into(),
+                "--".into(),
+                bin.into(),
+            ];
+            all.extend(args);
+            (PathBuf::from("nsenter"), all)
+        }
+    }
 }
 
 /// Until a signal: components that crashed are started again (with back-off); the others
@@ -334,10 +404,17 @@ async fn watch(running: &mut [Running], signals: &mut Signals) -> Stop {
     }
 }
 
-/// Waits until `r` accepts connections on `addr`, or a signal.
-async fn ready(r: &mut Running, addr: SocketAddr, signals: &mut Signals) -> Result<(), Stop> {
+/// Waits until `r` accepts connections on `addr` (dialled from inside `netns` when given),
+/// or a signal.
+async fn ready(
+    r: &mut Running,
+    addr: SocketAddr,
+    netns: Option<&str>,
+    signals: &mut Signals,
+) -> Result<(), Stop> {
+    let path = netns.map(netns_path);
     tokio::select! {
-        res = wait_port(r, addr) => res.map_err(Stop::Failed),
+        res = wait_port(r, addr, path.as_deref()) => res.map_err(Stop::Failed),
         _ = signals.recv() => Err(Stop::Signal),
     }
 }
@@ -370,7 +447,7 @@ async fn start_etcd(
     let first = started.running.len() - members.len();
     for (r, m) in started.running[first..].iter_mut().zip(&members) {
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, m.client_port));
-        ready(r, addr, signals).await?;
+        ready(r, addr, None, signals).await?;
         println!("{} is accepting connections on {addr}", m.name);
     }
     Ok(())
@@ -390,22 +467,16 @@ async fn start_components(
                 c.name.to_string()
             };
             let log = plan.log_dir.join(format!("{name}.log"));
-            let r = spawn_process(
-                plan.root,
-                &plan.bin_dir.join(c.bin),
-                name.clone(),
-                &(c.args)(plan.cfg, i),
-                &[],
-                &log,
-                false,
-            )?;
-            started.push(r, "");
+            let machine = plan.cfg.control.map(|_| CONTROL_NETNS);
+            let (bin, args) = on_machine(machine, &plan.bin_dir.join(c.bin), (c.args)(plan.cfg, i));
+            let r = spawn_process(plan.root, &bin, name.clone(), &args, &[], &log, false)?;
+            started.push(r, machine.map_or("", |_| ", on the control machine"));
             if c.readiness == Readiness::ApiPort {
-                let addr = connect_addr(plan.cfg.listen_of(i));
+                let addr = connect_addr(plan.cfg.api_listen(i));
                 let Some(r) = started.running.last_mut() else {
                     continue;
                 };
-                ready(r, addr, signals).await?;
+                ready(r, addr, machine, signals).await?;
                 println!("{name} is accepting connections on {addr}");
             }
         }
@@ -421,21 +492,34 @@ async fn start_registry(
     signals: &mut Signals,
 ) -> Result<(), Stop> {
     let log = plan.log_dir.join("registry.log");
-    let config = registry_config(plan.root, addr)?;
-    let r = spawn_process(
-        plan.root,
+    // On the control machine it listens on the machine's address; the host and every node
+    // reach it at `addr` on their own loopback through forwarders.
+    let machine = plan.cfg.control.map(|_| CONTROL_NETNS);
+    let serve = match plan.cfg.control {
+        Some(ip) => SocketAddr::new(ip, addr.port()),
+        None => addr,
+    };
+    let config = registry_config(plan.root, serve)?;
+    let (bin, args) = on_machine(
+        machine,
         Path::new(REGISTRY_BIN),
-        "registry".into(),
-        &["serve".into(), config.into_os_string()],
-        &[],
-        &log,
-        false,
-    )?;
+        vec!["serve".into(), config.into_os_string()],
+    );
+    let r = spawn_process(plan.root, &bin, "registry".into(), &args, &[], &log, false)?;
     started.push(r, "");
     let Some(r) = started.running.last_mut() else {
         return Err(Stop::Failed(anyhow!("the registry did not start")));
     };
-    ready(r, addr, signals).await
+    ready(r, serve, machine, signals).await?;
+    if let Some(ns) = machine {
+        started.forwarders.push(skiff_testnet::Forwarder::between(
+            None,
+            addr,
+            &netns_path(ns),
+            serve,
+        )?);
+    }
+    Ok(())
 }
 
 /// The fabric and the node agents, each in its namespace. With the controller manager (it
@@ -445,7 +529,9 @@ fn start_nodes(plan: &StartPlan<'_>, started: &mut Started) -> Result<(), Stop> 
     if plan.nodes.is_empty() {
         return Ok(());
     }
-    started.fabric = Some(prepare_fabric()?);
+    if started.fabric.is_none() {
+        started.fabric = Some(prepare_fabric()?);
+    }
     let signs = plan
         .components
         .iter()
@@ -453,7 +539,7 @@ fn start_nodes(plan: &StartPlan<'_>, started: &mut Started) -> Result<(), Stop> 
     let mut token = String::new();
     let how = if signs && !plan.cfg.ha {
         let cli = plan.cli_bin.context("the CLI was not built")?;
-        let (t, ca_cert_hash) = join_token(&plan.bin_dir.join(cli), &plan.cfg.kubeconfig("admin"))?;
+        let (t, ca_cert_hash) = join_token(&plan.bin_dir.join(cli), &kubeconfig_path(plan.root))?;
         token = t;
         NodeCredentials::Join { ca_cert_hash }
     } else {
@@ -465,6 +551,18 @@ fn start_nodes(plan: &StartPlan<'_>, started: &mut Started) -> Result<(), Stop> 
         let Some(fabric) = &started.fabric else { break };
         let ns = prepare_node_netns(fabric, node, host)?;
         started.node_nets.push(ns);
+        let machine = plan.cfg.control.map(|_| node.netns.as_str());
+        // The registry at the same loopback address on this machine as on the host.
+        if let (Some(ns), Some(control), Some(addr)) =
+            (machine, plan.cfg.control, plan.cfg.registry)
+        {
+            started.forwarders.push(skiff_testnet::Forwarder::between(
+                Some(&netns_path(ns)),
+                addr,
+                &netns_path(ns),
+                SocketAddr::new(control, addr.port()),
+            )?);
+        }
         let env: &[(&str, &str)] = match &how {
             NodeCredentials::Kubeconfig => {
                 write_node_kubeconfig(plan.cfg, plan.bin_dir, node)?;
@@ -473,18 +571,26 @@ fn start_nodes(plan: &StartPlan<'_>, started: &mut Started) -> Result<(), Stop> 
             NodeCredentials::Join { .. } => {
                 fs::create_dir_all(&node.state_dir)
                     .with_context(|| format!("creating {}", node.state_dir.display()))?;
+                // A node without its credentials joins afresh: an earlier run's Node of
+                // the same name goes first.
+                if !plan::node_kubeconfig(node).exists()
+                    && let Some(cli) = plan.cli_bin
+                {
+                    forget_node(
+                        &plan.bin_dir.join(cli),
+                        &kubeconfig_path(plan.root),
+                        &node.name,
+                    )?;
+                }
                 &[("SKIFF_JOIN_TOKEN", token.as_str())]
             }
         };
-        let r = spawn_process(
-            plan.root,
+        let (bin, args) = on_machine(
+            machine,
             &plan.bin_dir.join("skiff-node"),
-            node.name.clone(),
-            &node_args(plan.cfg, node, &how),
-            env,
-            &log,
-            false,
-        )?;
+            node_args(plan.cfg, node, &how),
+        );
+        let r = spawn_process(plan.root, &bin, node.name.clone(), &args, env, &log, false)?;
         let what = format!(", netns {}, pods {}", node.netns, node.pod_cidr);
         started.push(r, &what);
     }
@@ -492,10 +598,16 @@ fn start_nodes(plan: &StartPlan<'_>, started: &mut Started) -> Result<(), Stop> 
 }
 
 fn print_banner(plan: &StartPlan<'_>) {
-    let url = plan.cfg.server_urls();
+    let url = plan.cfg.host_urls();
     println!();
     println!("Skiff control plane is up");
     println!("  api server: {url}");
+    if let Some(control) = plan.cfg.control {
+        println!(
+            "  control:    machine netns {CONTROL_NETNS}, address {control}; the API server listens on {} (the host reaches it through the forwarder at {url})",
+            plan.cfg.api_listen(0)
+        );
+    }
     if plan.cfg.ha {
         println!(
             "  ha:         {n} etcd members, {n} API servers, {n} schedulers and {n} controller managers (leader election)",

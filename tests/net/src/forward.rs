@@ -12,12 +12,14 @@ use std::time::Duration;
 
 use crate::NetError;
 
-/// Listens on `127.0.0.1:<port>` of the namespace it was made in; every connection is
-/// carried to `target` dialled from inside another namespace. Stops accepting when dropped
-/// (connections already carried end when either side closes).
+/// Listens on a loopback port (of the namespace it was made in, or of another one); every
+/// connection is carried to `target` dialled from inside a namespace. Stops accepting when
+/// dropped (connections already carried end when either side closes).
 #[derive(Debug)]
 pub struct Forwarder {
     local: SocketAddr,
+    /// The namespace the listener is in, when not the caller's.
+    local_netns: Option<std::path::PathBuf>,
     target: SocketAddr,
     stop: Arc<AtomicBool>,
 }
@@ -26,21 +28,46 @@ impl Forwarder {
     /// Forwards a free loopback port to `target` inside the namespace bind-mounted at
     /// `netns` (`/run/netns/<name>`).
     pub fn start(netns: &Path, target: SocketAddr) -> Result<Forwarder, NetError> {
-        let listener = TcpListener::bind("127.0.0.1:0").map_err(NetError::Spawn)?;
-        let local = listener.local_addr().map_err(NetError::Spawn)?;
-        let ns = std::fs::File::open(netns).map_err(NetError::Spawn)?;
+        Forwarder::between(None, ([127, 0, 0, 1], 0).into(), netns, target)
+    }
+
+    /// Forwards `listen` (in namespace `listen_netns`, or the caller's) to `target` dialled
+    /// from inside namespace `target_netns`.
+    pub fn between(
+        listen_netns: Option<&Path>,
+        listen: SocketAddr,
+        target_netns: &Path,
+        target: SocketAddr,
+    ) -> Result<Forwarder, NetError> {
+        let listen_ns = listen_netns
+            .map(std::fs::File::open)
+            .transpose()
+            .map_err(NetError::Spawn)?;
+        let target_ns = std::fs::File::open(target_netns).map_err(NetError::Spawn)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = Arc::clone(&stop);
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            // setns(2) changes this thread's namespace only: sockets it opens from here on
-            // belong to `netns`; the listener, opened before, stays in the caller's.
-            let entered = nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET);
-            let failed = entered.is_err();
-            let _ = ready_tx.send(entered.map_err(std::io::Error::from));
-            if failed {
-                return;
-            }
+            // setns(2) changes this thread's namespace only: the listener is opened in the
+            // listening namespace, then sockets opened afterwards belong to the target's.
+            let listener = (|| {
+                if let Some(ns) = &listen_ns {
+                    nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET)?;
+                }
+                let l = TcpListener::bind(listen)?;
+                nix::sched::setns(&target_ns, nix::sched::CloneFlags::CLONE_NEWNET)?;
+                Ok::<_, std::io::Error>(l)
+            })();
+            let listener = match listener.and_then(|l| Ok((l.local_addr()?, l))) {
+                Ok((local, l)) => {
+                    let _ = ready_tx.send(Ok(local));
+                    l
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
             for client in listener.incoming() {
                 if stopped.load(Ordering::Relaxed) {
                     break;
@@ -54,12 +81,13 @@ impl Forwarder {
                 splice(client, server);
             }
         });
-        ready_rx
+        let local = ready_rx
             .recv()
             .map_err(|_| NetError::Spawn(std::io::Error::other("the forwarder thread died")))?
             .map_err(NetError::Spawn)?;
         Ok(Forwarder {
             local,
+            local_netns: listen_netns.map(Path::to_path_buf),
             target,
             stop,
         })
@@ -80,8 +108,23 @@ impl Drop for Forwarder {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         // Wake the accepting thread so it sees the flag.
-        let _ = TcpStream::connect_timeout(&self.local, Duration::from_secs(1));
+        let _ = match &self.local_netns {
+            Some(ns) => connect_in(ns, self.local, Duration::from_secs(1)).map(drop),
+            None => TcpStream::connect_timeout(&self.local, Duration::from_secs(1)).map(drop),
+        };
     }
+}
+
+/// A TCP connection to `addr` made from inside the namespace at `netns` (on a thread of its
+/// own, which enters the namespace).
+pub fn connect_in(netns: &Path, addr: SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
+    let ns = std::fs::File::open(netns)?;
+    std::thread::spawn(move || {
+        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)?;
+        TcpStream::connect_timeout(&addr, timeout)
+    })
+    .join()
+    .map_err(|_| std::io::Error::other("the connecting thread panicked"))?
 }
 
 /// Copies both ways until either side closes, each direction on a thread of its own.

@@ -1,6 +1,6 @@
-//! The network `--nodes N` puts its nodes on: a bridge in namespace [`FABRIC_NETNS`] (their
-//! shared L2 segment), an outside client namespace [`OUTSIDE_NETNS`], and a namespace per
-//! node attached to the bridge. Nothing is created in the root namespace; dropping the
+//! The network `--nodes N` puts its machines on: a bridge in namespace [`FABRIC_NETNS`]
+//! (their shared L2 segment), an outside client namespace [`OUTSIDE_NETNS`], the control
+//! machine [`CONTROL_NETNS`], and a namespace per node attached to the bridge. Nothing is created in the root namespace; dropping the
 //! [`Fabric`] and [`Netns`] handles removes them.
 
 use anyhow::Result;
@@ -12,6 +12,25 @@ use super::plan::NodePlan;
 pub const FABRIC_NETNS: &str = "skiff-up-fabric";
 /// A client namespace on the fabric, outside the cluster (for NodePort and the like).
 pub const OUTSIDE_NETNS: &str = "skiff-up-outside";
+/// The control machine: the control plane's processes run inside this namespace.
+pub const CONTROL_NETNS: &str = "skiff-up-control";
+/// The control machine's host number on the fabric.
+const CONTROL_HOST: u8 = 250;
+
+/// The control machine's address on the fabric.
+pub fn control_ip() -> std::net::IpAddr {
+    format!("{FABRIC_PREFIX}.{CONTROL_HOST}")
+        .parse()
+        .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED))
+}
+
+/// A fresh namespace for the control machine (a stale one is replaced), on the fabric at
+/// [`control_ip`].
+pub fn prepare_control_netns(fabric: &Fabric) -> Result<Netns> {
+    let ns = Netns::create(CONTROL_NETNS)?;
+    fabric.attach_as(ns.name(), CONTROL_HOST, "ctl")?;
+    Ok(ns)
+}
 /// The fabric's subnet; nodes are .1 .. .N, the outside namespace .254.
 pub use skiff_testnet::FABRIC_PREFIX;
 

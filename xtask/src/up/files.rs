@@ -228,9 +228,28 @@ pub fn write_node_kubeconfig(cfg: &UpConfig, bin_dir: &Path, node: &NodePlan) ->
 pub fn write_admin_config(cfg: &UpConfig, bin_dir: &Path, dest: &Path) -> Result<()> {
     apiserver_tool(
         bin_dir,
-        &cfg.kubeconfig_args("system:admin", "system:masters", dest),
+        &cfg.kubeconfig_args("system:admin", "system:masters", dest, cfg.host_urls()),
         "skiff-apiserver kubeconfig",
     )
+}
+
+/// Deletes the Node `name` if it exists (`skiff delete node --ignore-not-found` with the
+/// administrator's kubeconfig): a node joining afresh with a bootstrap token is refused while
+/// a Node of its name is registered, and the store keeps the Nodes of an earlier run.
+pub fn forget_node(cli: &Path, admin_kubeconfig: &Path, name: &str) -> Result<()> {
+    let out = Command::new(cli)
+        .arg("--kubeconfig")
+        .arg(admin_kubeconfig)
+        .args(["delete", "node", name, "--ignore-not-found"])
+        .output()
+        .with_context(|| format!("running {} delete node", cli.display()))?;
+    if !out.status.success() {
+        bail!(
+            "deleting the stale Node {name} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
 }
 
 /// A bootstrap token for the nodes (valid an hour) and the cluster CA's hash, made by

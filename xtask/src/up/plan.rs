@@ -21,6 +21,8 @@ use skiff_testnet::FABRIC_PREFIX;
 pub const HA_REPLICAS: u16 = 3;
 /// The `--ha` etcd members' client ports (peer port: the next one).
 pub const HA_ETCD_CLIENT_PORTS: [u16; HA_REPLICAS as usize] = [2379, 2381, 2383];
+/// The port an API server on the control machine listens on.
+pub const MACHINE_API_PORT: u16 = 6443;
 /// Most nodes `up` will start (their pod CIDRs are 10.244.1.0/24 ..= 10.244.200.0/24).
 pub const MAX_NODES: u32 = 200;
 
@@ -43,6 +45,10 @@ pub struct UpConfig {
     pub registry: Option<SocketAddr>,
     /// `--ha`: three of everything in the control plane.
     pub ha: bool,
+    /// Machines that share only a network: the control plane runs on a `control` machine
+    /// (a namespace of its own) at this fabric address, each agent inside its node's
+    /// namespace; the host reaches the API server through a forwarder on `listen`.
+    pub control: Option<IpAddr>,
 }
 
 impl UpConfig {
@@ -97,6 +103,7 @@ impl UpConfig {
             registry: (args.registry_port != 0)
                 .then(|| SocketAddr::from((Ipv4Addr::LOCALHOST, args.registry_port))),
             ha: args.ha,
+            control: None,
         }
     }
 
@@ -110,13 +117,33 @@ impl UpConfig {
         SocketAddr::new(self.listen.ip(), self.listen.port().saturating_add(i))
     }
 
-    /// URL clients use to reach the (first) API server.
-    pub fn server_url(&self) -> String {
-        format!("https://{}", connect_addr(self.listen))
+    /// Where API server `i` itself listens: on the control machine's address, or (all on
+    /// the host) [`UpConfig::listen_of`].
+    pub fn api_listen(&self, i: u16) -> SocketAddr {
+        match self.control {
+            Some(ip) => SocketAddr::new(ip, MACHINE_API_PORT),
+            None => self.listen_of(i),
+        }
     }
 
-    /// Every API server's URL, comma separated (what Skiff's clients fail over between).
+    /// URL the cluster's own processes (components, agents) use to reach the (first) API
+    /// server.
+    pub fn server_url(&self) -> String {
+        format!("https://{}", connect_addr(self.api_listen(0)))
+    }
+
+    /// Every API server's URL as the cluster's processes reach them, comma separated (what
+    /// Skiff's clients fail over between).
     pub fn server_urls(&self) -> String {
+        (0..self.instances())
+            .map(|i| format!("https://{}", connect_addr(self.api_listen(i))))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Every API server's URL as the host reaches them (through the forwarder when the
+    /// control plane is on a machine of its own).
+    pub fn host_urls(&self) -> String {
         (0..self.instances())
             .map(|i| format!("https://{}", connect_addr(self.listen_of(i))))
             .collect::<Vec<_>>()
@@ -131,12 +158,18 @@ impl UpConfig {
 
     /// `skiff-apiserver kubeconfig` writing a certificate of the cluster CA for `user` in
     /// `group`, listing every API server, to `out`.
-    pub fn kubeconfig_args(&self, user: &str, group: &str, out: &Path) -> Vec<OsString> {
+    pub fn kubeconfig_args(
+        &self,
+        user: &str,
+        group: &str,
+        out: &Path,
+        server: String,
+    ) -> Vec<OsString> {
         KubeconfigFlags {
             pki_dir: self.pki_dir.clone(),
             user: user.into(),
             groups: vec![group.into()],
-            server: self.server_urls(),
+            server,
             out: out.to_path_buf(),
         }
         .args()
@@ -206,7 +239,7 @@ pub const COMPONENTS: &[Component] = &[
 
 pub fn apiserver_args(cfg: &UpConfig, i: u16) -> Vec<OsString> {
     ApiServerFlags {
-        listen: cfg.listen_of(i),
+        listen: cfg.api_listen(i),
         pki_dir: cfg.pki_dir.clone(),
         store: cfg.store.clone(),
         tls_sans: None,
@@ -354,6 +387,7 @@ pub fn node_kubeconfig_args(cfg: &UpConfig, node: &NodePlan) -> Vec<OsString> {
         &format!("system:node:{}", node.name),
         "system:nodes",
         &node_kubeconfig(node),
+        cfg.server_urls(),
     )
 }
 
@@ -379,11 +413,14 @@ pub fn node_args(cfg: &UpConfig, node: &NodePlan, how: &NodeCredentials) -> Vec<
             join_timeout: None,
         },
     };
+    // On a machine of its own the agent runs inside its node's namespace and serves its API
+    // on the node's address (the defaults); else it runs on the API server's machine (the
+    // host), its API on loopback.
+    let own = cfg.control.is_some();
     NodeFlags {
-        node_netns: Some(Path::new("/run/netns").join(&node.netns)),
-        // The agent runs on the API server's machine (the host), so its API is on loopback.
-        address: Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
-        port: Some(0),
+        node_netns: (!own).then(|| Path::new("/run/netns").join(&node.netns)),
+        address: (!own).then_some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        port: (!own).then_some(0),
         pod_cidr: Some(node.pod_cidr.clone()),
         ..NodeFlags::new(
             mode,

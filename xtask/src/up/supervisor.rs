@@ -223,9 +223,18 @@ pub fn port_open(addr: SocketAddr) -> bool {
     TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
 }
 
-/// Waits until `addr` accepts connections; fails when `r` exits first or after
-/// [`READY_TIMEOUT`].
-pub async fn wait_port(r: &mut Running, addr: SocketAddr) -> Result<()> {
+/// Whether `addr` accepts connections from inside the namespace at `netns` (from the
+/// host's own when `None`).
+pub fn port_open_in(netns: Option<&Path>, addr: SocketAddr) -> bool {
+    match netns {
+        Some(ns) => skiff_testnet::connect_in(ns, addr, Duration::from_millis(200)).is_ok(),
+        None => port_open(addr),
+    }
+}
+
+/// Waits until `addr` accepts connections (dialled from inside `netns` when given); fails
+/// when `r` exits first or after [`READY_TIMEOUT`].
+pub async fn wait_port(r: &mut Running, addr: SocketAddr, netns: Option<&Path>) -> Result<()> {
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
         if let Some(status) = r.child.try_wait()? {
@@ -235,7 +244,8 @@ pub async fn wait_port(r: &mut Running, addr: SocketAddr) -> Result<()> {
                 log_tail(&r.log)
             );
         }
-        let open = tokio::task::spawn_blocking(move || port_open(addr)).await?;
+        let ns = netns.map(Path::to_path_buf);
+        let open = tokio::task::spawn_blocking(move || port_open_in(ns.as_deref(), addr)).await?;
         if open {
             return Ok(());
         }
