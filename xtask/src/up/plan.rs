@@ -616,6 +616,45 @@ mod tests {
         assert!(conf.contains("addr: 127.0.0.1:5000\n"), "{conf}");
     }
 
+    /// Machines: the API server listens on the control machine's address, the cluster's
+    /// processes dial it there, the host through --listen; agents run in their node's
+    /// namespace with the default address (the node's) and port, never on loopback.
+    #[test]
+    fn machines_listen_on_fabric_addresses_and_the_host_uses_the_forwarder() {
+        let mut cfg = UpConfig::from_args(&args(None, None), Path::new("/repo"), Path::new("/"));
+        cfg.control = Some("192.168.100.250".parse().unwrap());
+        let api = s(apiserver_args(&cfg, 0));
+        assert!(
+            api.windows(2)
+                .any(|w| w == ["--listen", "192.168.100.250:6443"]),
+            "{api:?}"
+        );
+        assert_eq!(cfg.server_urls(), "https://192.168.100.250:6443");
+        assert_eq!(cfg.host_urls(), "https://127.0.0.1:7443");
+        let plans = node_plans(1, Path::new("/repo"));
+        let join = s(node_args(
+            &cfg,
+            &plans[0],
+            &NodeCredentials::Join {
+                ca_cert_hash: "sha256:ab".into(),
+            },
+        ));
+        assert!(
+            join.windows(2)
+                .any(|w| w == ["--server", "https://192.168.100.250:6443"]),
+            "{join:?}"
+        );
+        for flag in ["--node-netns", "--address", "--port"] {
+            assert!(!join.iter().any(|a| a == flag), "{flag} in {join:?}");
+        }
+        let k = s(node_kubeconfig_args(&cfg, &plans[0]));
+        assert!(
+            k.windows(2)
+                .any(|w| w == ["--server", "https://192.168.100.250:6443"]),
+            "{k:?}"
+        );
+    }
+
     #[test]
     fn nodes_get_their_own_netns_cidr_and_state() {
         let plans = node_plans(2, Path::new("/repo"));
