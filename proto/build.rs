@@ -10,7 +10,7 @@ use prost_types::field_descriptor_proto::{Label, Type};
 use prost_types::{DescriptorProto, FileDescriptorSet};
 
 /// Kubernetes spells these with capitalised initialisms, which camelCase can't derive.
-const RENAMES: [(&str, &str); 22] = [
+const RENAMES: [(&str, &str); 23] = [
     ("NodeSpec.pod_cidr", "podCIDR"),
     ("NodeSpec.pod_cidrs", "podCIDRs"),
     ("NodeSpec.provider_id", "providerID"),
@@ -28,6 +28,7 @@ const RENAMES: [(&str, &str); 22] = [
     ("ServiceSpec.cluster_ip", "clusterIP"),
     ("ServiceSpec.cluster_ips", "clusterIPs"),
     ("ServiceSpec.external_ips", "externalIPs"),
+    ("ServiceSpec.load_balancer_ip", "loadBalancerIP"),
     ("SessionAffinityConfig.client_ip", "clientIP"),
     // Kubernetes' DaemonEndpoint is the one type that spells a field capitalised.
     ("DaemonEndpoint.port", "Port"),
@@ -137,6 +138,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/skiff/autoscaling.proto",
         "proto/skiff/networking.proto",
         "proto/skiff/storage.proto",
+        "proto/skiff/loadbalancer.proto",
         "proto/skiff/rpc.proto",
     ];
     let mut builder = tonic_prost_build::configure()

@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 
 use crate::api::{
     CertificateSigningRequest, ConfigMap, ContainerStatus, CronJob, DaemonSet, Deployment,
-    Endpoints, Event, HorizontalPodAutoscaler, Job, LabelSelector, Lease, Namespace, NetworkPolicy,
-    Node, PersistentVolume, PersistentVolumeClaim, Pod, PodDisruptionBudget, PodTemplateSpec,
-    ReplicaSet, RoleBinding, Secret, Service, ServicePort, StatefulSet, StorageClass,
+    Endpoints, Event, HorizontalPodAutoscaler, Job, LabelSelector, Lease, LoadBalancerIpPool,
+    Namespace, NetworkPolicy, Node, PersistentVolume, PersistentVolumeClaim, Pod,
+    PodDisruptionBudget, PodTemplateSpec, ReplicaSet, RoleBinding, Secret, Service, ServicePort,
+    StatefulSet, StorageClass,
 };
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::de::DeserializeOwned;
@@ -185,6 +186,11 @@ pub fn headers(kind: &str, wide: bool) -> Vec<String> {
                 "REQUESTEDDURATION",
                 "CONDITION",
             ],
+            &[],
+        ),
+        // Cilium's columns for its CiliumLoadBalancerIPPool.
+        "LoadBalancerIPPool" => (
+            &["NAME", "DISABLED", "CONFLICTING", "IPS AVAILABLE", "AGE"],
             &[],
         ),
         "RoleBinding" | "ClusterRoleBinding" => (
@@ -693,6 +699,26 @@ pub fn cells(kind: &str, obj: &Value, wide: bool, now: DateTime<Utc>) -> Vec<Str
                 spec.username,
                 duration,
                 condition,
+            ]
+        }
+        "LoadBalancerIPPool" => {
+            let p: LoadBalancerIpPool = typed(obj);
+            let conditions = p.status.map(|s| s.conditions).unwrap_or_default();
+            let condition = |ty: &str| conditions.iter().find(|c| c.r#type == ty);
+            let conflicting = match condition(crate::lb_pool::POOL_CONFLICT) {
+                Some(c) if c.status == "True" => "True",
+                Some(_) => "False",
+                None => "Unknown",
+            };
+            let available = condition(crate::lb_pool::IPS_AVAILABLE)
+                .map(|c| c.message.clone())
+                .unwrap_or_else(|| "<none>".into());
+            vec![
+                name,
+                p.spec.is_some_and(|s| s.disabled).to_string(),
+                conflicting.to_string(),
+                available,
+                created,
             ]
         }
         "Lease" => {
@@ -1457,6 +1483,31 @@ mod tests {
         assert_eq!(
             cells("StorageClass", &sc, false, now())[..5],
             ["plain", "p", "Delete", "Immediate", "false"]
+        );
+    }
+
+    #[test]
+    fn load_balancer_ip_pool_columns() {
+        assert_eq!(
+            headers("LoadBalancerIPPool", true),
+            ["NAME", "DISABLED", "CONFLICTING", "IPS AVAILABLE", "AGE"]
+        );
+        let p = json!({
+            "metadata": {"name": "lan", "creationTimestamp": "2024-04-29T12:00:00Z"},
+            "spec": {"blocks": [{"cidr": "192.168.100.240/29"}]},
+            "status": {"conditions": [
+                {"type": "skiff.io/IPsAvailable", "status": "Unknown", "message": "5"},
+                {"type": "skiff.io/PoolConflict", "status": "False"}
+            ]}
+        });
+        assert_eq!(
+            cells("LoadBalancerIPPool", &p, false, now()),
+            ["lan", "false", "False", "5", "2d"]
+        );
+        let fresh = json!({"metadata": {"name": "new"}, "spec": {"disabled": true}});
+        assert_eq!(
+            cells("LoadBalancerIPPool", &fresh, false, now())[..4],
+            ["new", "true", "Unknown", "<none>"]
         );
     }
 

@@ -16,6 +16,8 @@
 //!   and Kubernetes' patch strategies; [`strategic`]: strategic merge patch on top of it.
 //! - [`columns`]: the table columns kubectl shows per kind (the API server's Tables and
 //!   `skiff get`), and kubectl-style ages.
+//! - [`lb_pool`]: LoadBalancer address pools: blocks, which Services a pool serves, the
+//!   addresses a Service asks for (the API server's validation and the lbipam controller).
 //! - [`taints`]: taint/toleration matching (shared by the scheduler and the node lifecycle
 //!   controller).
 //!
@@ -45,7 +47,9 @@ pub mod rpc {
 }
 
 pub mod columns;
+mod ephemeral;
 pub mod k8s_wire;
+pub mod lb_pool;
 pub mod manifest;
 pub mod names;
 pub mod nodeaffinity;

@@ -140,13 +140,24 @@ macro_rules! has_status {
     };
 }
 
+/// The Kind of a type: its Rust name, or the name given when prost spells it otherwise
+/// (`LoadBalancerIPPool` is the Rust type `LoadBalancerIpPool`).
+macro_rules! kind_name {
+    ($ty:ident) => {
+        stringify!($ty)
+    };
+    ($ty:ident, $kind:literal) => {
+        $kind
+    };
+}
+
 macro_rules! resource {
-    ($ty:ident, $api:literal, $plural:literal, [$($short:literal),*], $namespaced:literal,
-     $status:ident $(, $path:literal => |$o:ident| $get:expr)*) => {
+    ($ty:ident $(as $kind:literal)?, $api:literal, $plural:literal, [$($short:literal),*],
+     $namespaced:literal, $status:ident $(, $path:literal => |$o:ident| $get:expr)*) => {
         impl Resource for $ty {
             const INFO: KindInfo = KindInfo {
                 api_version: $api,
-                kind: stringify!($ty),
+                kind: kind_name!($ty $(, $kind)?),
                 plural: $plural,
                 short_names: &[$($short),*],
                 namespaced: $namespaced,
@@ -167,7 +178,7 @@ macro_rules! resource {
             }
             fn set_type_meta(&mut self) {
                 self.api_version = $api.to_string();
-                self.kind = stringify!($ty).to_string();
+                self.kind = kind_name!($ty $(, $kind)?).to_string();
             }
             status_impl!($status);
             fn field(&self, path: &str) -> Option<String> {
@@ -342,6 +353,14 @@ resource!(
     status,
     "spec.signerName" => |o| o.spec.as_ref().map(|s| s.signer_name.clone()).unwrap_or_default()
 );
+resource!(
+    LoadBalancerIpPool as "LoadBalancerIPPool",
+    "skiff.io/v1",
+    "loadbalancerippools",
+    ["lbippool"],
+    false,
+    status
+);
 
 /// A resource type handled by name, for code that does not know the type statically
 /// (the CLI reading manifests, the API server's discovery).
@@ -372,7 +391,7 @@ impl<T: Resource> DynKind for KindOf<T> {
     }
 }
 
-static KINDS: [&dyn DynKind; 27] = [
+static KINDS: [&dyn DynKind; 28] = [
     &KindOf::<Namespace>(PhantomData),
     &KindOf::<Node>(PhantomData),
     &KindOf::<Pod>(PhantomData),
@@ -400,6 +419,7 @@ static KINDS: [&dyn DynKind; 27] = [
     &KindOf::<RoleBinding>(PhantomData),
     &KindOf::<ClusterRoleBinding>(PhantomData),
     &KindOf::<CertificateSigningRequest>(PhantomData),
+    &KindOf::<LoadBalancerIpPool>(PhantomData),
 ];
 
 /// Every resource type Skiff serves.
@@ -440,6 +460,8 @@ mod tests {
             ("ns", "Namespace"),
             ("rs", "ReplicaSet"),
             ("lease", "Lease"),
+            ("lbippool", "LoadBalancerIPPool"),
+            ("loadbalancerippools.skiff.io", "LoadBalancerIPPool"),
         ] {
             assert_eq!(find_kind(n).map(|k| k.info().kind), Some(kind), "{n}");
         }

@@ -77,7 +77,7 @@ pub fn patch_strategy(message: &str, field: &str) -> Option<PatchStrategy> {
     Some(match (message, field) {
         ("ObjectMeta", "finalizers") => MergePrimitives,
         ("ObjectMeta", "ownerReferences") => MergeByKey("uid"),
-        ("PodSpec", "containers" | "initContainers") => MergeByKey("name"),
+        ("PodSpec", "containers" | "initContainers" | "ephemeralContainers") => MergeByKey("name"),
         ("PodSpec", "volumes" | "imagePullSecrets") => MergeByKey("name"),
         ("Container", "ports") => MergeByKey("containerPort"),
         ("Container", "env") => MergeByKey("name"),

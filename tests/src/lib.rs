@@ -143,13 +143,13 @@ impl ApiServer {
 
     /// Like [`ApiServer::start`], with extra `skiff-apiserver` arguments.
     pub fn start_with(backend: Backend, extra: &[&str]) -> ApiServer {
-        ApiServer::launch(backend, extra, None, None)
+        ApiServer::launch(backend, extra, None, None, false)
     }
 
     /// Another API server of the same cluster: over `backend` (the same store) with this
     /// one's PKI (CA, serving certificate, keys), on its own port.
     pub fn start_beside(&self, backend: Backend) -> ApiServer {
-        ApiServer::launch(backend, &[], Some(&self.pki_dir), None)
+        ApiServer::launch(backend, &[], Some(&self.pki_dir), None, false)
     }
 
     /// An API server running on `machine` (inside its network namespace), listening on the
@@ -157,7 +157,19 @@ impl ApiServer {
     /// loopback port of its own: [`ApiServer::endpoint`] and the administrator's kubeconfig
     /// name that port; [`OnMachine::endpoint`] is the address other machines use.
     pub fn start_on(machine: &Machine, backend: Backend, extra: &[&str]) -> ApiServer {
-        ApiServer::launch(backend, extra, None, Some(machine))
+        ApiServer::launch(backend, extra, None, Some(machine), false)
+    }
+
+    /// An API server on `machine` listening on every address of it (so a virtual address
+    /// the machine takes is served too) and advertising the machine's own, with the PKI at
+    /// `pki` when given (several servers of one cluster share it).
+    pub fn start_on_all_addresses(
+        machine: &Machine,
+        backend: Backend,
+        extra: &[&str],
+        pki: Option<&Path>,
+    ) -> ApiServer {
+        ApiServer::launch(backend, extra, pki, Some(machine), true)
     }
 
     fn launch(
@@ -165,11 +177,19 @@ impl ApiServer {
         extra: &[&str],
         pki: Option<&Path>,
         machine: Option<&Machine>,
+        all_addresses: bool,
     ) -> ApiServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let addr: SocketAddr = match machine {
             Some(m) => SocketAddr::new(m.ip, MACHINE_API_PORT),
             None => ([127, 0, 0, 1], free_port()).into(),
+        };
+        let mut extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let listen = if all_addresses {
+            extra.extend(["--advertise-address".to_string(), addr.ip().to_string()]);
+            SocketAddr::from(([0, 0, 0, 0], addr.port()))
+        } else {
+            addr
         };
         let pki_dir = pki.map_or_else(|| dir.path().join("pki"), Path::to_path_buf);
         let store = match &backend {
@@ -185,7 +205,7 @@ impl ApiServer {
             },
         };
         let args = ApiServerFlags {
-            listen: addr,
+            listen,
             pki_dir: pki_dir.clone(),
             store,
             tls_sans: None,
@@ -244,13 +264,14 @@ impl ApiServer {
             None => TcpStream::connect(self.addr).is_ok(),
             Some(m) => {
                 let target = m.forward.target();
+                let any = format!("0.0.0.0:{}", target.port());
                 Command::new("ss")
                     .args(["-N", &m.netns_name(), "-Htln"])
                     .output()
                     .is_ok_and(|o| {
                         String::from_utf8_lossy(&o.stdout)
                             .split_whitespace()
-                            .any(|w| w == target.to_string())
+                            .any(|w| w == target.to_string() || w == any)
                     })
             }
         }

@@ -108,9 +108,15 @@ impl Drop for Process {
 /// A real etcd on `machine`, on that machine's loopback (reached only by the API server
 /// beside it), logging to `dir/etcd.log`; waits until it listens.
 fn etcd_on(machine: &Machine, dir: &Path) -> Process {
+    etcd_at(machine, dir, "127.0.0.1".parse().expect("an address"))
+}
+
+/// A real etcd on `machine` listening on `ip` (the machine's loopback, or its fabric address
+/// for API servers on other machines).
+fn etcd_at(machine: &Machine, dir: &Path, ip: IpAddr) -> Process {
     let log = std::fs::File::create(dir.join("etcd.log")).expect("etcd log");
-    let client_url = format!("http://127.0.0.1:{ETCD_CLIENT_PORT}");
-    let peer_url = format!("http://127.0.0.1:{}", ETCD_CLIENT_PORT + 1);
+    let client_url = format!("http://{ip}:{ETCD_CLIENT_PORT}");
+    let peer_url = format!("http://{ip}:{}", ETCD_CLIENT_PORT + 1);
     let flags = skiff_flags::EtcdFlags {
         name: "control".into(),
         data_dir: dir.join("etcd"),
@@ -137,7 +143,7 @@ fn etcd_on(machine: &Machine, dir: &Path) -> Process {
         .expect("starting etcd (run `cargo xtask setup`)");
     let etcd = Process { child };
     let deadline = Instant::now() + Duration::from_secs(20);
-    let wanted = format!("127.0.0.1:{ETCD_CLIENT_PORT}");
+    let wanted = format!("{ip}:{ETCD_CLIENT_PORT}");
     while !machine
         .ss(&["-Htln"])
         .split_whitespace()
@@ -251,5 +257,176 @@ impl MachineCluster {
             );
         }
         out
+    }
+}
+
+/// The fabric address the API servers of a [`VirtualAddressCluster`] share.
+pub const VIRTUAL_ADDRESS_HOST: u8 = 240;
+
+/// Three `control` machines, each with an API server (one PKI, listening on every address of
+/// its machine) and a `skiff-vip` holding the cluster's virtual address while its server
+/// answers; their store, etcd, on a `store` machine of its own; a `laptop` whose kubectl
+/// uses the virtual address.
+#[derive(Debug)]
+pub struct VirtualAddressCluster {
+    pub vips: Vec<Option<Child>>,
+    pub servers: Vec<ApiServer>,
+    _etcd: Process,
+    pub store: Machine,
+    pub controls: Vec<Machine>,
+    pub laptop: Machine,
+    /// The virtual address, `192.168.100.240`.
+    pub address: IpAddr,
+    /// The laptop's kubeconfig: the administrator at the virtual address.
+    pub laptop_kubeconfig: PathBuf,
+    pub fabric: Fabric,
+    dir: tempfile::TempDir,
+}
+
+impl VirtualAddressCluster {
+    pub fn start() -> VirtualAddressCluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fabric = crate::fabric();
+        let store = Machine::on(&fabric, "store");
+        let etcd = etcd_at(&store, dir.path(), store.ip);
+        let controls: Vec<Machine> = (0..3).map(|_| Machine::on(&fabric, "control")).collect();
+        let laptop = Machine::on(&fabric, "laptop");
+        let address: IpAddr = format!("{}.{VIRTUAL_ADDRESS_HOST}", skiff_testnet::FABRIC_PREFIX)
+            .parse()
+            .expect("an address");
+        let backend = || Backend::Etcd(format!("http://{}:{ETCD_CLIENT_PORT}", store.ip));
+        let san = address.to_string();
+        let extra = ["--tls-san", san.as_str()];
+        let first = ApiServer::start_on_all_addresses(&controls[0], backend(), &extra, None);
+        let mut servers = vec![first];
+        for m in &controls[1..] {
+            let pki = servers[0].pki_dir.clone();
+            servers.push(ApiServer::start_on_all_addresses(
+                m,
+                backend(),
+                &extra,
+                Some(&pki),
+            ));
+        }
+        let list = servers
+            .iter()
+            .map(|s| s.cluster_endpoint().to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let vip_kubeconfig = servers[0].machine_kubeconfig(dir.path(), "system:skiff-vip", &[]);
+        let laptop_kubeconfig = servers[0].kubeconfig_at(
+            dir.path(),
+            "system:admin",
+            &["system:masters"],
+            &format!("https://{address}:{MACHINE_API_PORT}"),
+        );
+        let vips = controls
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let log = std::fs::File::create(dir.path().join(format!("vip-{i}.log")))
+                    .expect("vip log");
+                let child = m
+                    .command(crate::binary("skiff-vip"))
+                    .arg("--kubeconfig")
+                    .arg(&vip_kubeconfig)
+                    .args(["--server", &list])
+                    .args(["--address", &format!("{address}/24")])
+                    .args(["--interface", "eth0"])
+                    .args(["--health", &format!("{}:{MACHINE_API_PORT}", m.ip)])
+                    .args(["--identity", &format!("control-{i}")])
+                    .args(["--lease-duration", "1"])
+                    .env("RUST_LOG", "info")
+                    .stdout(Stdio::null())
+                    .stderr(log)
+                    .spawn()
+                    .expect("starting skiff-vip");
+                Some(child)
+            })
+            .collect();
+        VirtualAddressCluster {
+            vips,
+            servers,
+            _etcd: etcd,
+            store,
+            controls,
+            laptop,
+            address,
+            laptop_kubeconfig,
+            fabric,
+            dir,
+        }
+    }
+
+    /// kubectl 1.32 on the laptop, at the virtual address.
+    pub fn kubectl_cmd(&self, args: &[&str]) -> Command {
+        let mut cmd = self.laptop.command(KUBECTL);
+        cmd.arg(format!("--kubeconfig={}", self.laptop_kubeconfig.display()))
+            .arg(format!(
+                "--cache-dir={}",
+                self.dir.path().join("kube-cache").display()
+            ))
+            .args(args)
+            .env_remove("KUBECONFIG");
+        cmd
+    }
+
+    /// Which control machine holds the virtual address now (from their interfaces).
+    pub fn holder(&self) -> Option<usize> {
+        let wanted = format!("{}/24", self.address);
+        self.controls.iter().position(|m| {
+            m.command("ip")
+                .args(["-4", "-o", "addr", "show", "dev", "eth0"])
+                .output()
+                .is_ok_and(|o| {
+                    String::from_utf8_lossy(&o.stdout)
+                        .split_whitespace()
+                        .any(|w| w == wanted)
+                })
+        })
+    }
+
+    /// How many control machines hold it.
+    pub fn holders(&self) -> usize {
+        let wanted = format!("{}/24", self.address);
+        self.controls
+            .iter()
+            .filter(|m| {
+                m.command("ip")
+                    .args(["-4", "-o", "addr", "show", "dev", "eth0"])
+                    .output()
+                    .is_ok_and(|o| {
+                        String::from_utf8_lossy(&o.stdout)
+                            .split_whitespace()
+                            .any(|w| w == wanted)
+                    })
+            })
+            .count()
+    }
+
+    /// Every API server's and holder's log tail, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        for (i, s) in self.servers.iter().enumerate() {
+            out += &format!(
+                "--- apiserver {i} ---\n{}\n",
+                crate::cluster::tail(&s.log())
+            );
+        }
+        for i in 0..self.vips.len() {
+            let log = std::fs::read_to_string(self.dir.path().join(format!("vip-{i}.log")))
+                .unwrap_or_default();
+            out += &format!("--- vip {i} ---\n{}\n", crate::cluster::tail(&log));
+        }
+        out
+    }
+}
+
+impl Drop for VirtualAddressCluster {
+    fn drop(&mut self) {
+        for c in self.vips.iter_mut().flatten() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }

@@ -6,6 +6,14 @@
 //! Kubernetes' error, and a lost exec connection (kubectl killed) leaves no process of the
 //! session in the container and no pseudo-terminal open on the node. `logs -f` follows a
 //! container across its restart, and `logs --previous` shows the run before.
+//!
+//! `attach`: to a `stdin`/`tty` container's terminal through tmux (a typed line answered, a
+//! resize seen), `echo hi | kubectl attach -i` to a plain-stdin container (the line in its
+//! log), a lost attach connection that leaves the container running and its shim with no
+//! client. `debug`: an ephemeral container in the target's process namespace (`ps` shows
+//! the target's command, `status.ephemeralContainerStatuses` reports it, never restarted),
+//! and `debug -it` attached to its terminal; in a restricted namespace Pod Security refuses
+//! an ephemeral `host` container (the attack).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -374,5 +382,314 @@ spec:
             "Internal error occurred: error executing command in container: container \"done\" is not running: it has exited"
         ),
         "{err}"
+    );
+
+    attach(&c, &node.name, &dir).await;
+    debug(&c, &dir).await;
+    ephemeral_containers_obey_pod_security(&c);
+}
+
+/// The attach pod: a shell on a terminal, and a line echoer reading a plain stdin.
+fn attach_pod(node: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: attached}}
+spec:
+  nodeName: {node}
+  containers:
+  - name: term
+    image: host
+    stdin: true
+    tty: true
+    command: ["/bin/sh"]
+  - name: echo
+    image: host
+    stdin: true
+    command: ["/bin/sh", "-c", "while read l; do echo got:$l; done; echo stdin closed; sleep 100000"]
+"#
+    )
+}
+
+/// The shim of container `name` of pod `uid` (its `--state` directory names both).
+fn shim_of(uid: &str, name: &str) -> u32 {
+    let want = format!("/pods/{uid}/containers/{name}");
+    let found: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
+                args.iter().any(|a| *a == b"shim")
+                    && args.windows(2).any(|w| {
+                        w[0] == b"--state" && String::from_utf8_lossy(w[1]).ends_with(&want)
+                    })
+            })
+        })
+        .collect();
+    assert_eq!(found.len(), 1, "one shim for {uid}/{name}: {found:?}");
+    found[0]
+}
+
+/// How many sockets process `pid` holds.
+fn sockets(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| {
+                    std::fs::read_link(e.path())
+                        .is_ok_and(|t| t.to_string_lossy().starts_with("socket:"))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+fn jsonpath(c: &MachineCluster, args: &[&str], path: &str) -> String {
+    let mut a = vec!["get"];
+    a.extend_from_slice(args);
+    let p = format!("jsonpath={path}");
+    a.extend_from_slice(&["-o", &p]);
+    String::from_utf8_lossy(&c.kubectl(&a).stdout).into_owned()
+}
+
+/// A tmux session `t` on the laptop running `kubectl`, 80x24.
+fn tmux_running(
+    c: &MachineCluster,
+    dir: &std::path::Path,
+    name: &str,
+    kubectl: std::process::Command,
+) -> Tmux {
+    let tmux = Tmux {
+        socket: dir.join(name),
+    };
+    let mut line = vec![format!("{:?}", kubectl.get_program())];
+    line.extend(kubectl.get_args().map(|a| format!("{a:?}")));
+    let mut server = c.laptop.command("tmux");
+    server
+        .arg("-S")
+        .arg(&tmux.socket)
+        .args(["new-session", "-d", "-s", "t", "-x", "80", "-y", "24"])
+        // The screen keeps kubectl's last words when it exits.
+        .arg(format!(
+            "{}; echo kubectl exited $?; sleep 1000",
+            line.join(" ")
+        ));
+    ok(&server.output().unwrap());
+    tmux
+}
+
+/// `kubectl attach`: to a terminal (typed input, its answer, resizes), with a piped stdin
+/// (`echo hi | kubectl attach -i`, also in the logs), and a lost connection that leaves the
+/// container running and nothing of the session open.
+async fn attach(c: &MachineCluster, node: &str, dir: &tempfile::TempDir) {
+    ok(&run_with_stdin(
+        c.kubectl_cmd(&["apply", "-f", "-"]),
+        &attach_pod(node),
+    ));
+    eventually_within("the attach pod runs", T, || async {
+        let s = jsonpath(
+            c,
+            &["pod", "attached"],
+            "{.status.phase} {.status.containerStatuses[*].started}",
+        );
+        (s == "Running true true").then_some(()).ok_or(s)
+    })
+    .await;
+    let uid = jsonpath(c, &["pod", "attached"], "{.metadata.uid}");
+
+    // A piped stdin: the line reaches the container, its answer is in the container's log.
+    let out = run_with_stdin(
+        c.kubectl_cmd(&["attach", "-i", "attached", "-c", "echo"]),
+        "hi\n",
+    );
+    assert!(out.status.success(), "{out:?}");
+    eventually_within("the echoed line is logged", T, || async {
+        let logs = String::from_utf8_lossy(&c.kubectl(&["logs", "attached", "-c", "echo"]).stdout)
+            .into_owned();
+        logs.contains("got:hi").then_some(()).ok_or(logs)
+    })
+    .await;
+    // stdin is not stdinOnce: it stays open for the next client.
+    assert!(
+        !ok(&c.kubectl(&["logs", "attached", "-c", "echo"])).contains("stdin closed"),
+        "the container's stdin closed with the first client"
+    );
+    // Asking stdin of a container without `stdin: true` is refused before anything starts.
+    let err = fails(&c.kubectl(&["attach", "-i", "shell", "-c", "app"]));
+    assert!(err.contains("was not started with stdin: true"), "{err}");
+
+    // A terminal: the shell answers a typed line, and sees the window's size.
+    let shim = shim_of(&uid, "term");
+    let idle_sockets = sockets(shim);
+    let tmux = tmux_running(
+        c,
+        dir.path(),
+        "attach.sock",
+        c.kubectl_cmd(&["attach", "-it", "attached", "-c", "term"]),
+    );
+    let echo = tmux.type_and_see("echo $((6 * 7))y", "42y");
+    println!("attach -it: a typed command's output after {echo:?}");
+    tmux.type_and_see("stty size", "24 80");
+    ok(&tmux.cmd(&["resize-window", "-t", "t", "-x", "100", "-y", "30"]));
+    tmux.type_and_see("stty size", "30 100");
+    assert_eq!(
+        sockets(shim),
+        idle_sockets + 1,
+        "the shim serves the client"
+    );
+    let logged = ok(&c.kubectl(&["logs", "attached", "-c", "term"]));
+    assert!(
+        logged.contains("42y"),
+        "the terminal's output is logged: {logged}"
+    );
+
+    // The connection lost (kubectl killed): the container runs on, the shim lets the client
+    // go, and the session is gone from the agent.
+    drop(tmux);
+    eventually_within("the shim lets the lost client go", T, || async {
+        let n = sockets(shim);
+        (n == idle_sockets).then_some(()).ok_or(n)
+    })
+    .await;
+    let state = jsonpath(
+        c,
+        &["pod", "attached"],
+        "{.status.containerStatuses[?(@.name==\"term\")].restartCount} {.status.containerStatuses[?(@.name==\"term\")].state.running.startedAt}",
+    );
+    assert!(
+        state.starts_with("0 ") && state.len() > 2,
+        "still running: {state}"
+    );
+    assert_eq!(shim_of(&uid, "term"), shim, "the same run");
+    let again = run_with_stdin(
+        c.kubectl_cmd(&["attach", "-i", "attached", "-c", "term"]),
+        "echo again$((1+1))\n",
+    );
+    assert!(again.status.success(), "{again:?}");
+    eventually_within("a later client still reaches the shell", T, || async {
+        let logs = ok(&c.kubectl(&["logs", "attached", "-c", "term"]));
+        logs.contains("again2").then_some(()).ok_or(logs)
+    })
+    .await;
+}
+
+/// `kubectl debug`: an ephemeral container in the target container's process namespace,
+/// without a terminal (its output in its log) and with one (kubectl attaches).
+async fn debug(c: &MachineCluster, dir: &tempfile::TempDir) {
+    let out = c.kubectl(&[
+        "debug",
+        "shell",
+        "--image=host",
+        "--target=app",
+        "--",
+        "ps",
+        "-e",
+        "-o",
+        "args",
+    ]);
+    assert!(out.status.success(), "{out:?}\n{}", c.logs());
+    let name = jsonpath(c, &["pod", "shell"], "{.spec.ephemeralContainers[0].name}");
+    assert!(name.starts_with("debugger-"), "{name}");
+    eventually_within("the ephemeral container ran", T, || async {
+        let s = jsonpath(
+            c,
+            &["pod", "shell"],
+            "{.status.ephemeralContainerStatuses[0].state.terminated.reason}",
+        );
+        (s == "Completed").then_some(()).ok_or(s)
+    })
+    .await;
+    let statuses = jsonpath(c, &["pod", "shell"], "{.status.ephemeralContainerStatuses}");
+    assert!(statuses.contains(&name), "{statuses}");
+    let ps = ok(&c.kubectl(&["logs", "shell", "-c", &name]));
+    assert!(
+        ps.lines().any(|l| l.trim() == "/bin/sleep 100000"),
+        "ps in the target's process namespace shows its command:\n{ps}"
+    );
+    // Never restarted.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        jsonpath(
+            c,
+            &["pod", "shell"],
+            "{.status.ephemeralContainerStatuses[0].restartCount}"
+        ),
+        "0"
+    );
+
+    // -it: kubectl waits for the container, then attaches to its terminal.
+    let tmux = tmux_running(
+        c,
+        dir.path(),
+        "debug.sock",
+        c.kubectl_cmd(&[
+            "debug",
+            "-it",
+            "shell",
+            "--image=host",
+            "--target=app",
+            "--",
+            "sh",
+        ]),
+    );
+    let echo = tmux.type_and_see("echo $((6 * 7))z", "42z");
+    println!("debug -it: a typed command's output after {echo:?}");
+    tmux.type_and_see("exit", "");
+    drop(tmux);
+    eventually_within("the second ephemeral container ended", T, || async {
+        let s = jsonpath(
+            c,
+            &["pod", "shell"],
+            "{.status.ephemeralContainerStatuses[*].state.terminated.reason}",
+        );
+        (s == "Completed Completed").then_some(()).ok_or(s)
+    })
+    .await;
+}
+
+/// An attacker who may add ephemeral containers to a pod of a restricted namespace must not
+/// get a `host` container (the node's own commands) that way: Pod Security checks them as
+/// any other container.
+fn ephemeral_containers_obey_pod_security(c: &MachineCluster) {
+    ok(&run_with_stdin(
+        c.kubectl_cmd(&["apply", "-f", "-"]),
+        r#"apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Namespace
+  metadata:
+    name: locked
+    labels: {pod-security.kubernetes.io/enforce: restricted}
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: tidy, namespace: locked}
+  spec:
+    securityContext:
+      runAsNonRoot: true
+      seccompProfile: {type: RuntimeDefault}
+    containers:
+    - name: app
+      image: registry.invalid/app:1
+      securityContext:
+        allowPrivilegeEscalation: false
+        capabilities: {drop: [ALL]}
+"#,
+    ));
+    let err = fails(&c.kubectl(&["debug", "-n", "locked", "tidy", "--image=host", "--", "sh"]));
+    assert!(
+        err.contains("violates PodSecurity \"restricted:latest\"") && err.contains("host image"),
+        "{err}"
+    );
+    assert_eq!(
+        jsonpath(
+            c,
+            &["pod", "tidy", "-n", "locked"],
+            "{.spec.ephemeralContainers}"
+        ),
+        "",
+        "no ephemeral container was added"
     );
 }

@@ -52,7 +52,7 @@ use crate::doctor;
 use crate::setup::{self, SetupOptions};
 use crate::util;
 use fabric::{
-    CONTROL_NETNS, FABRIC_NETNS, FABRIC_PREFIX, OUTSIDE_NETNS, prepare_control_netns,
+    FABRIC_NETNS, FABRIC_PREFIX, OUTSIDE_NETNS, control_netns, prepare_control_netns,
     prepare_fabric, prepare_node_netns,
 };
 use files::{
@@ -71,6 +71,9 @@ use supervisor::{
 };
 
 const NODE_PACKAGE: &str = "skiff-node";
+/// The virtual address holder of several control machines.
+const VIP_PACKAGE: &str = "skiff-vip";
+const VIP_BIN: &str = "skiff-vip";
 
 #[derive(Debug, clap::Args)]
 pub struct UpArgs {
@@ -135,8 +138,9 @@ pub fn run(args: UpArgs) -> Result<()> {
         }
         node_plans(cfg.nodes, &root)
     };
-    if !nodes.is_empty() && !cfg.ha {
-        cfg.control = Some(fabric::control_ip());
+    if !nodes.is_empty() {
+        let n = usize::from(cfg.instances());
+        cfg.on_machines(fabric::control_ips(n), (n > 1).then(fabric::vip));
     }
     check_ports_free(&cfg, &root)?;
     let bin_dir = ws.target_dir.join("debug");
@@ -185,8 +189,8 @@ fn check_ports_free(cfg: &UpConfig, root: &Path) -> Result<()> {
             bail!("something is already listening on {api}: stop it or pass --listen");
         }
     }
-    if cfg.ha {
-        for m in etcd_members(root) {
+    if cfg.ha && cfg.controls.is_empty() {
+        for m in etcd_members(root, &cfg.controls) {
             for port in [m.client_port, m.peer_port] {
                 let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
                 if port_open(addr) {
@@ -217,7 +221,8 @@ fn build(root: &Path, components: &[&Component], nodes: bool, bin_dir: &Path) ->
     }
     build.args(["-p", CLI_PACKAGE]);
     if nodes {
-        build.args(["-p", NODE_PACKAGE]);
+        // With nodes the control plane is on machines, and --ha's needs its virtual address.
+        build.args(["-p", NODE_PACKAGE, "-p", VIP_PACKAGE]);
     }
     println!("==> {}", util::display_cmd(&build));
     util::run_streaming(&mut build).context(
@@ -327,30 +332,47 @@ async fn start_cluster(
     started: &mut Started,
     signals: &mut Signals,
 ) -> Result<(), Stop> {
+    let machines = plan.cfg.controls.len();
+    if machines > 0 {
+        let fabric = prepare_fabric()?;
+        for i in 0..machines {
+            started
+                .node_nets
+                .push(prepare_control_netns(&fabric, i, machines)?);
+        }
+        started.fabric = Some(fabric);
+    }
     if plan.cfg.ha {
         start_etcd(plan, started, signals).await?;
     }
-    if let Some(control) = plan.cfg.control {
-        let fabric = prepare_fabric()?;
-        started.node_nets.push(prepare_control_netns(&fabric)?);
-        started.fabric = Some(fabric);
-        // The host's way in: --listen to the API server on the control machine.
+    if machines > 0 {
+        // The host's way in: --listen to the registration address (the virtual one is
+        // dialled from the outside client's namespace, through the network like any client).
+        let (through, target) = match plan.cfg.vip {
+            Some(vip) => (
+                OUTSIDE_NETNS.to_string(),
+                SocketAddr::new(vip, plan::MACHINE_API_PORT),
+            ),
+            None => (control_netns(0, machines), plan.cfg.api_addr(0)),
+        };
         started.forwarders.push(skiff_testnet::Forwarder::between(
             None,
             connect_addr(plan.cfg.listen),
-            &netns_path(CONTROL_NETNS),
-            plan.cfg.api_listen(0),
+            &netns_path(&through),
+            target,
         )?);
         println!(
-            "forwarding {} to the API server at {}",
-            connect_addr(plan.cfg.listen),
-            SocketAddr::new(control, plan::MACHINE_API_PORT)
+            "forwarding {} to the API server at {target}",
+            connect_addr(plan.cfg.listen)
         );
     }
     start_components(plan, started, signals).await?;
+    if plan.cfg.vip.is_some() {
+        start_vips(plan, started)?;
+    }
     // The administrator's configs on the host, before the nodes (their join token is made
     // with them).
-    if plan.cfg.ha || plan.cfg.control.is_some() {
+    if plan.cfg.ha || machines > 0 {
         // The host's URLs: --ha lists every API server for the CLI (kubectl's config keeps
         // the first: it takes one URL); machines are reached through the forwarder.
         write_admin_config(plan.cfg, plan.bin_dir, &kubeconfig_path(plan.root))?;
@@ -426,29 +448,66 @@ async fn start_etcd(
     started: &mut Started,
     signals: &mut Signals,
 ) -> Result<(), Stop> {
-    make_etcd_pki(plan.root, plan.bin_dir)?;
-    let members = etcd_members(plan.root);
-    for m in &members {
+    let controls = &plan.cfg.controls;
+    make_etcd_pki(plan.root, plan.bin_dir, controls)?;
+    let members = etcd_members(plan.root, controls);
+    for (i, m) in members.iter().enumerate() {
         let log = plan.log_dir.join(format!("{}.log", m.name));
         let dir = &m.data_dir;
         fs::create_dir_all(dir.parent().unwrap_or(dir))
             .with_context(|| format!("creating {}", dir.display()))?;
-        let r = spawn_process(
-            plan.root,
+        let machine = machine_of(plan.cfg, i);
+        let (bin, args) = on_machine(
+            machine.as_deref(),
             Path::new("etcd"),
-            m.name.clone(),
-            &etcd_args(plan.root, m),
-            &[],
-            &log,
-            false,
-        )?;
+            etcd_args(plan.root, controls, m),
+        );
+        let r = spawn_process(plan.root, &bin, m.name.clone(), &args, &[], &log, false)?;
         started.push(r, "");
     }
     let first = started.running.len() - members.len();
-    for (r, m) in started.running[first..].iter_mut().zip(&members) {
-        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, m.client_port));
-        ready(r, addr, None, signals).await?;
+    for (i, (r, m)) in started.running[first..]
+        .iter_mut()
+        .zip(&members)
+        .enumerate()
+    {
+        let addr = SocketAddr::new(m.ip, m.client_port);
+        let machine = machine_of(plan.cfg, i);
+        ready(r, addr, machine.as_deref(), signals).await?;
         println!("{} is accepting connections on {addr}", m.name);
+    }
+    Ok(())
+}
+
+/// The control machine component instance `i` runs on (`None`: the host).
+fn machine_of(cfg: &UpConfig, i: usize) -> Option<String> {
+    (!cfg.controls.is_empty()).then(|| control_netns(i, cfg.controls.len()))
+}
+
+/// `skiff-vip` on every control machine, each with the identity `system:skiff-vip` (a
+/// kubeconfig written for it) and its own API server to watch.
+fn start_vips(plan: &StartPlan<'_>, started: &mut Started) -> Result<(), Stop> {
+    let kubeconfig = plan.cfg.kubeconfig("vip");
+    files::write_kubeconfig(
+        plan.cfg,
+        plan.bin_dir,
+        "system:skiff-vip",
+        "system:skiff-vips",
+        &kubeconfig,
+    )?;
+    for i in 0..plan.cfg.instances() {
+        let Some(args) = plan::vip_args(plan.cfg, i) else {
+            continue;
+        };
+        let name = format!("vip-{}", i + 1);
+        let log = plan.log_dir.join(format!("{name}.log"));
+        let machine = machine_of(plan.cfg, usize::from(i));
+        let (bin, args) = on_machine(machine.as_deref(), &plan.bin_dir.join(VIP_BIN), args);
+        let r = spawn_process(plan.root, &bin, name, &args, &[], &log, false)?;
+        started.push(
+            r,
+            ", holding the virtual address while its API server answers",
+        );
     }
     Ok(())
 }
@@ -467,16 +526,20 @@ async fn start_components(
                 c.name.to_string()
             };
             let log = plan.log_dir.join(format!("{name}.log"));
-            let machine = plan.cfg.control.map(|_| CONTROL_NETNS);
-            let (bin, args) = on_machine(machine, &plan.bin_dir.join(c.bin), (c.args)(plan.cfg, i));
+            let machine = machine_of(plan.cfg, usize::from(i));
+            let (bin, args) = on_machine(
+                machine.as_deref(),
+                &plan.bin_dir.join(c.bin),
+                (c.args)(plan.cfg, i),
+            );
             let r = spawn_process(plan.root, &bin, name.clone(), &args, &[], &log, false)?;
-            started.push(r, machine.map_or("", |_| ", on the control machine"));
+            started.push(r, machine.as_ref().map_or("", |_| ", on a control machine"));
             if c.readiness == Readiness::ApiPort {
-                let addr = connect_addr(plan.cfg.api_listen(i));
+                let addr = plan.cfg.api_addr(i);
                 let Some(r) = started.running.last_mut() else {
                     continue;
                 };
-                ready(r, addr, machine, signals).await?;
+                ready(r, addr, machine.as_deref(), signals).await?;
                 println!("{name} is accepting connections on {addr}");
             }
         }
@@ -494,14 +557,14 @@ async fn start_registry(
     let log = plan.log_dir.join("registry.log");
     // On the control machine it listens on the machine's address; the host and every node
     // reach it at `addr` on their own loopback through forwarders.
-    let machine = plan.cfg.control.map(|_| CONTROL_NETNS);
-    let serve = match plan.cfg.control {
-        Some(ip) => SocketAddr::new(ip, addr.port()),
+    let machine = machine_of(plan.cfg, 0);
+    let serve = match plan.cfg.controls.first() {
+        Some(ip) => SocketAddr::new(*ip, addr.port()),
         None => addr,
     };
     let config = registry_config(plan.root, serve)?;
     let (bin, args) = on_machine(
-        machine,
+        machine.as_deref(),
         Path::new(REGISTRY_BIN),
         vec!["serve".into(), config.into_os_string()],
     );
@@ -510,12 +573,12 @@ async fn start_registry(
     let Some(r) = started.running.last_mut() else {
         return Err(Stop::Failed(anyhow!("the registry did not start")));
     };
-    ready(r, serve, machine, signals).await?;
+    ready(r, serve, machine.as_deref(), signals).await?;
     if let Some(ns) = machine {
         started.forwarders.push(skiff_testnet::Forwarder::between(
             None,
             addr,
-            &netns_path(ns),
+            &netns_path(&ns),
             serve,
         )?);
     }
@@ -537,7 +600,7 @@ fn start_nodes(plan: &StartPlan<'_>, started: &mut Started) -> Result<(), Stop> 
         .iter()
         .any(|c| c.bin == "skiff-controller-manager");
     let mut token = String::new();
-    let how = if signs && !plan.cfg.ha {
+    let how = if signs && (!plan.cfg.ha || plan.cfg.vip.is_some()) {
         let cli = plan.cli_bin.context("the CLI was not built")?;
         let (t, ca_cert_hash) = join_token(&plan.bin_dir.join(cli), &kubeconfig_path(plan.root))?;
         token = t;
@@ -551,11 +614,13 @@ fn start_nodes(plan: &StartPlan<'_>, started: &mut Started) -> Result<(), Stop> 
         let Some(fabric) = &started.fabric else { break };
         let ns = prepare_node_netns(fabric, node, host)?;
         started.node_nets.push(ns);
-        let machine = plan.cfg.control.map(|_| node.netns.as_str());
+        let machine = (!plan.cfg.controls.is_empty()).then_some(node.netns.as_str());
         // The registry at the same loopback address on this machine as on the host.
-        if let (Some(ns), Some(control), Some(addr)) =
-            (machine, plan.cfg.control, plan.cfg.registry)
-        {
+        if let (Some(ns), Some(control), Some(addr)) = (
+            machine,
+            plan.cfg.controls.first().copied(),
+            plan.cfg.registry,
+        ) {
             started.forwarders.push(skiff_testnet::Forwarder::between(
                 Some(&netns_path(ns)),
                 addr,
@@ -602,10 +667,17 @@ fn print_banner(plan: &StartPlan<'_>) {
     println!();
     println!("Skiff control plane is up");
     println!("  api server: {url}");
-    if let Some(control) = plan.cfg.control {
+    let machines = plan.cfg.controls.len();
+    for (i, control) in plan.cfg.controls.iter().enumerate() {
         println!(
-            "  control:    machine netns {CONTROL_NETNS}, address {control}; the API server listens on {} (the host reaches it through the forwarder at {url})",
-            plan.cfg.api_listen(0)
+            "  control:    machine netns {}, address {control}, API server on {}",
+            control_netns(i, machines),
+            plan.cfg.api_addr(u16::try_from(i).unwrap_or(u16::MAX))
+        );
+    }
+    if let Some(vip) = plan.cfg.vip {
+        println!(
+            "  address:    {vip} (virtual: one healthy control machine holds it; agents and the host's forwarder use it)"
         );
     }
     if plan.cfg.ha {

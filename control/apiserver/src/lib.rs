@@ -116,6 +116,9 @@ pub struct ApiServerOptions {
     pub kubernetes_service: Option<kubernetes_service::KubernetesService>,
     /// The Services' clusterIP range: admission refuses clusterIPs outside it.
     pub service_cluster_ip_range: skiff_cidr::Ipv4Cidr,
+    /// The pods' addresses (the controller manager's `--cluster-cidr`): no
+    /// LoadBalancerIPPool may overlap them. `None`: not checked.
+    pub cluster_cidr: Option<skiff_cidr::Ipv4Cidr>,
     /// Inflight and watch limits (with `security` only: they count per user).
     pub limits: limits::Limits,
     /// How long a client may take to send a request's headers (HTTP/1; slowloris): 32 s,
@@ -307,6 +310,7 @@ impl Default for ApiServerOptions {
             security: None,
             kubernetes_service: None,
             service_cluster_ip_range: DEFAULT_SERVICE_CLUSTER_IP_RANGE,
+            cluster_cidr: None,
             limits: limits::Limits::default(),
             header_read_timeout: Duration::from_secs(32),
             snapshot_dir: None,
@@ -581,6 +585,7 @@ pub async fn spawn(
     let addr = listener.local_addr().map_err(ApiServerError::Listener)?;
     let admission = Arc::new(admission::Chain::new(admission::Config {
         service_cluster_ip_range: Some(opts.service_cluster_ip_range),
+        cluster_cidr: opts.cluster_cidr,
     }));
     let registry = Arc::new(
         registry::Registry::start(store, opts.watch_cache_capacity, admission.clone()).await?,

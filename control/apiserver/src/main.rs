@@ -112,6 +112,10 @@ struct Args {
     /// certificate.
     #[arg(long, default_value = "10.96.0.0/16", value_name = "CIDR")]
     service_cluster_ip_range: skiff_cidr::Ipv4Cidr,
+    /// The pods' addresses (the controller manager's flag of the same name): no
+    /// LoadBalancerIPPool may overlap them.
+    #[arg(long, default_value = "10.244.0.0/16", value_name = "CIDR")]
+    cluster_cidr: skiff_cidr::Ipv4Cidr,
     /// The Node address types dialled to reach a node's agent (logs, exec, port-forward,
     /// metrics), in order; the first whose value is an IP address is used. Its serving
     /// certificate is verified against the cluster CA.
@@ -485,6 +489,7 @@ async fn main() -> Result<()> {
         security: Some(security),
         kubernetes_service: Some(kubernetes_service(&args)?),
         service_cluster_ip_range: args.service_cluster_ip_range,
+        cluster_cidr: Some(args.cluster_cidr),
         limits: skiff_apiserver::limits::Limits {
             max_requests_inflight: args.max_requests_inflight,
             max_mutating_requests_inflight: args.max_mutating_requests_inflight,

@@ -20,9 +20,10 @@ use async_trait::async_trait;
 use prost::Message;
 use skiff_api::api::{
     Binding, CertificateSigningRequest, ClusterRole, ClusterRoleBinding, ConfigMap, CronJob,
-    DaemonSet, Deployment, Endpoints, Event, HorizontalPodAutoscaler, Job, Lease, Namespace,
-    NetworkPolicy, Node, PersistentVolume, PersistentVolumeClaim, Pod, PodDisruptionBudget,
-    ReplicaSet, Role, RoleBinding, Secret, Service, ServiceAccount, StatefulSet, StorageClass,
+    DaemonSet, Deployment, Endpoints, Event, HorizontalPodAutoscaler, Job, Lease,
+    LoadBalancerIpPool, Namespace, NetworkPolicy, Node, PersistentVolume, PersistentVolumeClaim,
+    Pod, PodDisruptionBudget, ReplicaSet, Role, RoleBinding, Secret, Service, ServiceAccount,
+    StatefulSet, StorageClass,
 };
 use skiff_api::rpc::{DeleteRequest, ListRequest, ListResponse, WatchRequest};
 use skiff_api::selector::{FieldSelector, Selector};
@@ -994,6 +995,7 @@ impl Registry {
         add::<ClusterRole>(h, &shared).await?;
         add::<RoleBinding>(h, &shared).await?;
         add::<ClusterRoleBinding>(h, &shared).await?;
+        add::<LoadBalancerIpPool>(h, &shared).await?;
         Ok(Registry { handlers, store })
     }
 

@@ -240,7 +240,8 @@ async fn crud_and_selectors(s: TestServer) {
             "clusterroles",
             "rolebindings",
             "clusterrolebindings",
-            "certificatesigningrequests"
+            "certificatesigningrequests",
+            "loadbalancerippools"
         ]
     );
 
@@ -656,7 +657,7 @@ async fn invalid_objects_are_rejected_and_not_written(s: TestServer) {
                 port: 70000,
                 ..Default::default()
             }],
-            r#type: "LoadBalancer".into(),
+            r#type: "Bogus".into(),
             ..Default::default()
         }),
         ..Default::default()
@@ -666,7 +667,7 @@ async fn invalid_objects_are_rejected_and_not_written(s: TestServer) {
         Code::InvalidArgument,
         "Invalid",
         &[
-            "spec.type: Unsupported value: \"LoadBalancer\"",
+            "spec.type: Unsupported value: \"Bogus\"",
             "spec.ports[0].port: Invalid value: 70000",
         ],
     );

@@ -20,6 +20,9 @@
 //! approved request of the three signers it knows (the two client signers and the node
 //! serving signer, whose certificates carry exactly the requested SANs), checking the request
 //! against the signer's rules first (a request that breaks them gets a Failed condition).
+//!
+//! Requests that are done with are deleted as kube-controller-manager's `csrcleaner` deletes
+//! them ([`crate::csrcleaner`]): each reconcile looks again when that time comes.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -363,6 +366,34 @@ impl Reconciler for CsrController {
         let Some(current) = self.requests.get(key) else {
             return Ok(Action::Done);
         };
+        let keep = crate::csrcleaner::remaining(&current, std::time::SystemTime::now());
+        if keep == Some(Duration::ZERO) {
+            tracing::info!(csr = %key.name, "deleting a request that is done with");
+            let api = self.client.cluster::<CertificateSigningRequest>();
+            return match api
+                .delete(&key.name, &skiff_client::DeleteParams::default())
+                .await
+            {
+                Ok(_) => Ok(Action::Done),
+                Err(e) if e.is_not_found() => Ok(Action::Done),
+                Err(e) => Err(e).during(|| format!("deleting {}", key.name)),
+            };
+        }
+        // Looked at again when it is to be deleted, whatever else happens to it.
+        Ok(match self.reconcile_request(key, current).await? {
+            Action::Done => keep.map_or(Action::Done, Action::RequeueAfter),
+            other => other,
+        })
+    }
+}
+
+impl CsrController {
+    /// Approval and signing of the request `current` (named by `key`).
+    async fn reconcile_request(
+        &self,
+        key: &ObjectKey,
+        current: Arc<CertificateSigningRequest>,
+    ) -> Result<Action, Error> {
         let issued = current
             .status
             .as_ref()

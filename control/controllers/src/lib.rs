@@ -28,6 +28,8 @@
 //! - [`serviceip`]: the Service allocator: hands out `spec.clusterIP` from the service CIDR
 //!   and `nodePort`s from the node port range, unique across Services.
 //! - [`nodeipam`]: hands out `spec.podCIDR` blocks of the cluster CIDR to Nodes.
+//! - [`lbipam`]: gives LoadBalancer Services their `status.loadBalancer.ingress` addresses
+//!   from LoadBalancerIPPools, and keeps the pools' counts and conflicts.
 //! - [`allocator`] and [`ranges`]: what both allocators share (the ledger of who holds which
 //!   value, mirrored from an informer; CIDR and port arithmetic, the rolling range allocator).
 //! - [`gc`]: the garbage collector: deletes objects whose owners are all gone (an owner is
@@ -62,6 +64,7 @@ pub mod allocator;
 pub mod certificates;
 pub mod clusterroleaggregation;
 pub mod cronjob;
+pub mod csrcleaner;
 pub mod daemonset;
 pub mod deployment;
 pub mod disruption;
@@ -69,6 +72,7 @@ pub mod endpoints;
 pub mod gc;
 pub mod hpa;
 pub mod job;
+pub mod lbipam;
 pub mod manager;
 pub mod namespace;
 pub mod nodeipam;

@@ -49,10 +49,11 @@ pub enum ControllerName {
     RootCaCertPublisher,
     PersistentVolumeBinder,
     ClusterRoleAggregation,
+    LbIpam,
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 19] = [
+    pub const ALL: [ControllerName; 20] = [
         ControllerName::ReplicaSet,
         ControllerName::Deployment,
         ControllerName::DaemonSet,
@@ -72,6 +73,7 @@ impl ControllerName {
         ControllerName::RootCaCertPublisher,
         ControllerName::PersistentVolumeBinder,
         ControllerName::ClusterRoleAggregation,
+        ControllerName::LbIpam,
     ];
 
     pub fn as_str(&self) -> &'static str {
@@ -95,6 +97,7 @@ impl ControllerName {
             ControllerName::RootCaCertPublisher => "root-ca-cert-publisher",
             ControllerName::PersistentVolumeBinder => "persistentvolume-binder",
             ControllerName::ClusterRoleAggregation => "clusterrole-aggregation",
+            ControllerName::LbIpam => "lbipam",
         }
     }
 
@@ -120,6 +123,7 @@ impl ControllerName {
             ControllerName::RootCaCertPublisher => "root-ca-cert-publisher",
             ControllerName::PersistentVolumeBinder => "persistentvolume-controller",
             ControllerName::ClusterRoleAggregation => "clusterrole-aggregation-controller",
+            ControllerName::LbIpam => "lbipam-controller",
         }
     }
 }
@@ -348,6 +352,12 @@ pub async fn run_controllers(client: Client, config: &ManagerConfig, stop: Cance
                     stop.clone(),
                 ),
             ),
+            ControllerName::LbIpam => Box::pin(crate::lbipam::LbIpam::run(
+                &informers,
+                recorder(*c),
+                config.workers,
+                stop.clone(),
+            )),
             ControllerName::GarbageCollector => Box::pin(gc::run(
                 &informers,
                 recorder(*c),
@@ -434,7 +444,7 @@ mod tests {
     fn controller_lists() {
         use ControllerName::*;
         let all: BTreeSet<_> = ControllerName::ALL.into_iter().collect();
-        assert_eq!(all.len(), 19);
+        assert_eq!(all.len(), 20);
         assert_eq!(parse_controllers("*").unwrap(), all);
         assert_eq!(parse_controllers("").unwrap(), all);
         assert_eq!(
@@ -461,7 +471,8 @@ mod tests {
                 CertificateSigningRequest,
                 RootCaCertPublisher,
                 PersistentVolumeBinder,
-                ClusterRoleAggregation
+                ClusterRoleAggregation,
+                LbIpam
             ]
             .into()
         );
@@ -469,14 +480,14 @@ mod tests {
             parse_controllers(
                 "*,-replicaset,-garbagecollector,-namespace,-nodelifecycle,-serviceaccount,\
                  -certificatesigningrequest,-root-ca-cert-publisher,-daemonset,-disruption,-job,-cronjob,-statefulset,-horizontalpodautoscaling,-persistentvolume-binder,\
-                 -clusterrole-aggregation"
+                 -clusterrole-aggregation,-lbipam"
             )
             .unwrap(),
             [Deployment, Endpoints, ServiceAllocator, NodeIpam].into()
         );
         assert_eq!(
             parse_controllers(
-                "ReplicaSet, deployment, daemonset, statefulset, disruption, job, cronjob, horizontalpodautoscaling, endpoints, service-allocator, nodeipam, garbagecollector, Namespace, NodeLifecycle, serviceaccount, certificatesigningrequest, root-ca-cert-publisher, persistentvolume-binder, clusterrole-aggregation"
+                "ReplicaSet, deployment, daemonset, statefulset, disruption, job, cronjob, horizontalpodautoscaling, endpoints, service-allocator, nodeipam, garbagecollector, Namespace, NodeLifecycle, serviceaccount, certificatesigningrequest, root-ca-cert-publisher, persistentvolume-binder, clusterrole-aggregation, lbipam"
             )
             .unwrap(),
             all

@@ -2,10 +2,12 @@
 //! `nodePort`s of NodePort Services, as the Kubernetes API server's allocators do (here they
 //! run in the controller manager, on the shared [`Allocator`]).
 //!
-//! - A ClusterIP or NodePort Service without a clusterIP gets the next free host address of
-//!   the service CIDR (never its network or broadcast address); `None` (headless) gets none.
-//! - Every port of a NodePort Service without a nodePort gets one from the node port range;
-//!   ports with the same port number (TCP and UDP) share one, as in Kubernetes.
+//! - A ClusterIP, NodePort or LoadBalancer Service without a clusterIP gets the next free
+//!   host address of the service CIDR (never its network or broadcast address); `None`
+//!   (headless) gets none.
+//! - Every port of a NodePort Service, or of a LoadBalancer Service unless
+//!   `allocateLoadBalancerNodePorts: false`, without a nodePort gets one from the node port
+//!   range; ports with the same port number (TCP and UDP) share one, as in Kubernetes.
 //! - Values users chose are kept and count as used when they lie inside the range. One that
 //!   an earlier Service (by creationTimestamp) already holds gets a Warning
 //!   (`ClusterIPAlreadyAllocated`, `PortAlreadyAllocated`) on the later Service, which keeps
@@ -120,8 +122,11 @@ impl Policy for ServiceRanges {
             return plan;
         };
         let ty = spec.r#type.as_str();
-        let wants_ip = matches!(ty, "ClusterIP" | "NodePort" | "") && spec.cluster_ip.is_empty();
-        let wants_ports = ty == "NodePort" && spec.ports.iter().any(|p| p.node_port == 0);
+        let wants_ip = matches!(ty, "ClusterIP" | "NodePort" | "LoadBalancer" | "")
+            && spec.cluster_ip.is_empty();
+        let node_ports = ty == "NodePort"
+            || (ty == "LoadBalancer" && spec.allocate_load_balancer_node_ports != Some(false));
+        let wants_ports = node_ports && spec.ports.iter().any(|p| p.node_port == 0);
         if !wants_ip && !wants_ports {
             return plan;
         }
@@ -308,6 +313,29 @@ mod tests {
         ));
         assert_eq!(s.cluster_ip, "10.96.0.2");
         assert_eq!(s.ports[1].node_port, 30002);
+    }
+
+    #[test]
+    fn load_balancers_get_node_ports_unless_they_opt_out() {
+        let r = ranges();
+        let mut l = Ledger::new(r.pools(), move |s: &Service| r.claims(s));
+        let s = spec(&plan(
+            &mut l,
+            &svc("lb", "LoadBalancer", "", &[(80, "TCP", 0)]),
+        ));
+        assert_eq!(
+            (s.cluster_ip.as_str(), s.ports[0].node_port),
+            ("10.96.0.1", 30000)
+        );
+        let mut opt_out = svc("lb2", "LoadBalancer", "", &[(80, "TCP", 0)]);
+        if let Some(spec) = opt_out.spec.as_mut() {
+            spec.allocate_load_balancer_node_ports = Some(false);
+        }
+        let s = spec(&plan(&mut l, &opt_out));
+        assert_eq!(
+            (s.cluster_ip.as_str(), s.ports[0].node_port),
+            ("10.96.0.2", 0)
+        );
     }
 
     #[test]

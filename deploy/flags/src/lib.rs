@@ -149,6 +149,9 @@ impl KubeconfigFlags {
 pub struct EtcdCertsFlags {
     pub dir: PathBuf,
     pub members: Vec<String>,
+    /// Names and addresses the members' certificates are valid for (`--san`; the tool's
+    /// default, loopback, when empty).
+    pub sans: Vec<String>,
 }
 
 impl EtcdCertsFlags {
@@ -158,6 +161,38 @@ impl EtcdCertsFlags {
         for m in &self.members {
             l.pair("--member", m);
         }
+        if !self.sans.is_empty() {
+            l.pair("--san", self.sans.join(","));
+        }
+        l.extra(&[])
+    }
+}
+
+/// `skiff-vip`: holds the API servers' virtual address on one healthy control machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VipFlags {
+    pub kubeconfig: PathBuf,
+    /// `--server`: the API servers to fail over between.
+    pub server: String,
+    /// `IP/PREFIX`.
+    pub address: String,
+    pub interface: String,
+    /// This machine's API server, `host:port`.
+    pub health: String,
+    pub identity: String,
+    pub lease_duration_seconds: u64,
+}
+
+impl VipFlags {
+    pub fn args(&self) -> Vec<OsString> {
+        let mut l = Line::default();
+        l.pair("--kubeconfig", &self.kubeconfig)
+            .pair("--server", &self.server)
+            .pair("--address", &self.address)
+            .pair("--interface", &self.interface)
+            .pair("--health", &self.health)
+            .pair("--identity", &self.identity)
+            .pair("--lease-duration", self.lease_duration_seconds.to_string());
         l.extra(&[])
     }
 }

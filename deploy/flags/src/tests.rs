@@ -144,6 +144,7 @@ fn api_server_subcommands_as_up_and_install_run_them() {
     let e = EtcdCertsFlags {
         dir: "/repo/.skiff/pki/etcd".into(),
         members: vec!["etcd-1".into(), "etcd-2".into(), "etcd-3".into()],
+        sans: Vec::new(),
     };
     assert_eq!(
         words(&e.args()),
@@ -157,6 +158,40 @@ fn api_server_subcommands_as_up_and_install_run_them() {
             "etcd-2",
             "--member",
             "etcd-3"
+        ]
+    );
+    let on_machines = EtcdCertsFlags {
+        sans: vec!["192.168.100.251".into(), "127.0.0.1".into()],
+        ..e
+    };
+    assert!(
+        words(&on_machines.args()).ends_with(&["--san", "192.168.100.251,127.0.0.1"]),
+        "{:?}",
+        words(&on_machines.args())
+    );
+}
+
+#[test]
+fn vip_flags_are_the_binarys() {
+    let v = VipFlags {
+        kubeconfig: "/p/vip.kubeconfig".into(),
+        server: "https://a:6443,https://b:6443".into(),
+        address: "192.168.100.240/24".into(),
+        interface: "eth0".into(),
+        health: "192.168.100.251:6443".into(),
+        identity: "control-1".into(),
+        lease_duration_seconds: 1,
+    };
+    assert_eq!(
+        grouped(&v.args()),
+        [
+            "--kubeconfig /p/vip.kubeconfig",
+            "--server https://a:6443,https://b:6443",
+            "--address 192.168.100.240/24",
+            "--interface eth0",
+            "--health 192.168.100.251:6443",
+            "--identity control-1",
+            "--lease-duration 1"
         ]
     );
 }

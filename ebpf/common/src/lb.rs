@@ -18,7 +18,8 @@
 //! - [`NP_CT_MAP`] (LRU): [`NpCtKey`] → [`NpCtEntry`], NodePort connection tracking (the
 //!   tc program's translations of packets from outside the node, both directions);
 //! - [`LB_MAGLEV_MAP`]: NodePort service id → [`LbMaglev`], the service's Maglev lookup table
-//!   (backend ids), which the tc program indexes with [`np_flow_hash`] of a new flow.
+//!   (backend ids), which the tc program indexes with [`np_flow_hash`] of a new flow;
+//! - [`NP_SNAT_MAP`]: the node address SNATed flows get (one entry).
 //!
 //! Addresses are 16 bytes ([`LbAddr`]) with a family field, so the same maps hold IPv4 and
 //! IPv6 frontends and backends (the IPv6 socket programs use them): an IPv4 address is its
@@ -300,10 +301,17 @@ pub const LB_REVNAT_MAP: &str = "LB_REVNAT";
 pub const LB_AFFINITY_MAP: &str = "LB_AFFINITY";
 pub const NP_CT_MAP: &str = "NP_CT";
 pub const LB_MAGLEV_MAP: &str = "LB_MAGLEV";
+/// One `u32` (index 0): the node address the tc program SNATs flows of frontends without
+/// externalTrafficPolicy Local to (as the kernel stores it; 0 = the frontend's own address).
+/// A NodePort frontend is a node address already; a LoadBalancer address is not the node's,
+/// and its backends' replies must come back to this node, not to whichever node announces
+/// the address by then.
+pub const NP_SNAT_MAP: &str = "NP_SNAT";
 
-/// Every map of the `skiff-lb` object, in the order the loader pins them (the last two are
-/// the pod networking fast path's, see [`crate::podnet`]).
-pub const LB_MAPS: [&str; 10] = [
+/// Every map of the `skiff-lb` object, in the order the loader pins them (then the pod
+/// networking fast path's two, see [`crate::podnet`], and the L2 announcements', see
+/// [`crate::l2`]).
+pub const LB_MAPS: [&str; 12] = [
     LB_SERVICES_MAP,
     LB_SLOTS_MAP,
     LB_BACKENDS_MAP,
@@ -314,6 +322,8 @@ pub const LB_MAPS: [&str; 10] = [
     LB_MAGLEV_MAP,
     crate::podnet::POD_ENDPOINTS_MAP,
     crate::podnet::FP_COUNTERS_MAP,
+    crate::l2::L2_ANNOUNCE_MAP,
+    NP_SNAT_MAP,
 ];
 
 /// The `skiff-lb` global (a `u8`) that switches the programs' aya-log debug records on.

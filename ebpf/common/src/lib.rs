@@ -4,13 +4,15 @@
 //! same thing on both sides of a BPF map.
 //!
 //! Per-pod traffic accounting (`skiff-ebpf`) is at the top level; the Service load balancer's
-//! layouts (`skiff-lb`) are in [`lb`], the pod networking fast path's in [`podnet`],
+//! layouts (`skiff-lb`) are in [`lb`], the pod networking fast path's in [`podnet`], the L2
+//! announcement of LoadBalancer addresses' in [`l2`],
 //! NetworkPolicy enforcement's (`skiff-policy`) in [`policy`], the pods' device allow list
 //! (`skiff-devices`) in [`devices`] (a pure function, unit-tested on the host). The crate is
 //! `#![no_std]` and depends on nothing.
 #![no_std]
 
 pub mod devices;
+pub mod l2;
 pub mod lb;
 pub mod podnet;
 pub mod policy;

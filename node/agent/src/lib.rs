@@ -43,6 +43,11 @@
 //! an earlier agent left attached (their maps would go stale); likewise with
 //! `--no-service-lb`.
 //!
+//! LoadBalancer addresses on bare metal ([`l2`]): the agent takes part in one Lease election
+//! per address of the Services' `status.loadBalancer.ingress`, and while it holds one, the
+//! tc program on the uplink answers ARP for that address (the load balancer serves it on
+//! every node).
+//!
 //! Pod networking fast path: the same object's tc program runs on the uplink and on every
 //! pod's host veth; a pod worker connects its pod through `PodDatapath::attach_pod` right
 //! after the pod's network is set up and disconnects it through
@@ -64,6 +69,7 @@ pub mod dns;
 mod envvars;
 mod images;
 pub mod join;
+pub mod l2;
 mod logs;
 mod metrics;
 pub mod netpol;
@@ -293,13 +299,8 @@ pub async fn run(
         },
     };
     let api_server = start::serve_api(&client, api_listener, api_ctx);
-    let controllers = start::start_controllers(
-        &cfg,
-        &informers,
-        net.net.clone(),
-        &service_lb,
-        &network_policy,
-    );
+    let controllers =
+        start::start_controllers(&cfg, &informers, &net, &service_lb, &network_policy);
     // Node status on its own schedule (the Lease loop runs since registration).
     let heartbeat = start::Task::spawn(node::heartbeat_loop(
         client.clone(),
@@ -307,7 +308,7 @@ pub async fn run(
         cfg.status_interval,
         node.image_changes,
     ));
-    let running = Running {
+    let mut running = Running {
         image_gc: start::start_image_gc(&cfg, &ctx.images, &ctx.pods),
         api_proxy,
         cluster_dns,
@@ -323,6 +324,7 @@ pub async fn run(
     };
     running.log_off();
     let result = pod_loop::pod_loop(ctx, &cfg.node_name, shutdown).await;
+    running.controllers.release_l2().await;
     drop(running);
     result
 }

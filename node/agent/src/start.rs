@@ -18,7 +18,7 @@ use skiff_hostnet::{NodeNetwork, NodeNetworkConfig};
 use skiff_runtime::{NativeConfig, NativeRuntime, Runtime};
 use tracing::{error, info, warn};
 
-use crate::{AgentConfig, AgentError, api, apiproxy, dns, images, netpol, node, proxy, routes};
+use crate::{AgentConfig, AgentError, api, apiproxy, dns, images, l2, netpol, node, proxy, routes};
 
 /// An optional part of the agent: running, or off and why.
 pub(crate) enum Subsystem<T> {
@@ -98,6 +98,29 @@ pub(crate) struct Controllers {
     pub service_lb: Subsystem<Task>,
     /// NetworkPolicy enforcement, programmed from Policies, Pods and Namespaces.
     pub network_policy: Subsystem<Task>,
+    /// L2 announcement of LoadBalancer addresses (ARP from the uplink's tc program), and
+    /// its own stop token ([`Controllers::release_l2`]).
+    pub l2_announcer: Subsystem<Task>,
+    pub l2_stop: CancelToken,
+}
+
+/// How long a stopping agent waits for the L2 announcer to give its addresses up.
+const L2_RELEASE_WAIT: Duration = Duration::from_secs(2);
+
+impl Controllers {
+    /// Stops the L2 announcer and waits (bounded) until it has removed its ARP entries and
+    /// released its Leases, so other nodes take its addresses over at once instead of after
+    /// the Leases expire.
+    pub async fn release_l2(&mut self) {
+        self.l2_stop.cancel();
+        if let Subsystem::Running(task) = &mut self.l2_announcer
+            && tokio::time::timeout(L2_RELEASE_WAIT, &mut task.0)
+                .await
+                .is_err()
+        {
+            warn!("the L2 announcer did not release its addresses in time");
+        }
+    }
 }
 
 /// Everything the agent runs next to its pod loop. Rust drops fields in declaration order:
@@ -133,6 +156,10 @@ impl Running {
             ("device confinement", self.devices.off()),
             ("NetworkPolicy enforcement", self.network_policy.off()),
             ("Service load balancer", self.service_lb.off()),
+            (
+                "L2 announcement of LoadBalancer addresses",
+                self.controllers.l2_announcer.off(),
+            ),
         ];
         for (what, why) in off {
             if let Some(why) = why {
@@ -377,11 +404,18 @@ pub(crate) fn start_service_lb(
         return Subsystem::Off("disabled (--no-service-lb)".to_string());
     }
     match load_service_lb(&cfg.node_name, cgroup_parent, cfg.lb) {
-        Ok(lb) => Subsystem::Running(proxy::Proxy::new(
-            lb,
-            &cfg.node_name,
-            net.uplink.iter().map(|(_, ip)| IpAddr::V4(*ip)).collect(),
-        )),
+        Ok(mut lb) => {
+            // SNATed flows to LoadBalancer addresses come back to this node's own address.
+            let snat = net.uplink.as_ref().map(|(_, ip)| *ip);
+            if let Err(e) = lb.set_snat_address(snat) {
+                warn!(error = %e, "NodePort SNAT address not set: SNAT to each frontend's own");
+            }
+            Subsystem::Running(proxy::Proxy::new(
+                lb,
+                &cfg.node_name,
+                net.uplink.iter().map(|(_, ip)| IpAddr::V4(*ip)).collect(),
+            ))
+        }
         Err(e) => {
             warn!(error = %e, "eBPF Service load balancing unavailable: ClusterIP Services do not work from this node's pods");
             detach_stale_service_lb(&cfg.node_name);
@@ -588,11 +622,29 @@ pub(crate) async fn start_nodeport(
 pub(crate) fn start_controllers(
     cfg: &AgentConfig,
     informers: &Informers,
-    net: Arc<NodeNetwork>,
+    network: &Network,
     lb: &Subsystem<Arc<proxy::Proxy>>,
     network_policy: &Subsystem<Arc<netpol::NetworkPolicies>>,
 ) -> Controllers {
     let stop = CancelToken::new();
+    let l2_stop = stop.child();
+    let net = network.net.clone();
+    let l2_announcer = match (lb, &network.uplink) {
+        (Subsystem::Off(why), _) => Subsystem::Off(format!("no Service load balancer: {why}")),
+        (_, None) => Subsystem::Off("no uplink with a global IPv4 address".into()),
+        (Subsystem::Running(p), Some((uplink, _))) => {
+            let announcer = l2::L2Announcer::new(
+                informers.client(),
+                &cfg.node_name,
+                p.clone(),
+                cfg.node_netns.clone(),
+                uplink,
+            );
+            Subsystem::Running(Task::spawn(
+                announcer.run(informers.clone(), l2_stop.clone()),
+            ))
+        }
+    };
     let routes = Task::spawn({
         let (name, stop, informers) = (cfg.node_name.clone(), stop.clone(), informers.clone());
         async move { routes::PeerRoutes::run(&name, net, &informers, stop).await }
@@ -615,6 +667,8 @@ pub(crate) fn start_controllers(
         routes,
         service_lb,
         network_policy,
+        l2_announcer,
+        l2_stop,
     }
 }
 

@@ -71,7 +71,7 @@ pub fn terminated(state: &ContainerState) -> Option<ContainerStateTerminated> {
     }
 }
 
-fn container_status(c: &ContainerView, pod_uid: &str) -> ContainerStatus {
+pub(crate) fn container_status(c: &ContainerView, pod_uid: &str) -> ContainerStatus {
     let state = match (&c.waiting, &c.state) {
         (Some((reason, message)), _) => ApiState {
             waiting: Some(ContainerStateWaiting {

@@ -30,7 +30,9 @@ use super::status::{self, ContainerView, PodFacts};
 use super::volumes::{self, PodVolumes};
 use failure::{PodFailure, StartError};
 use inputs::{InputError, Resolver, TokenCache};
-use skiff_runtime::{ContainerSpec, ContainerState, Image, Limits, Runtime, Sandbox, SandboxSpec};
+use skiff_runtime::{
+    ContainerSpec, ContainerState, Image, Limits, Runtime, Sandbox, SandboxSpec, StdioSpec,
+};
 
 /// What the pod workers share: the API, the runtime and the node's layers a pod uses.
 pub(crate) struct Ctx {
@@ -251,6 +253,8 @@ fn container_spec(
         limits: limits_of(c),
         mounts: Vec::new(),
         security: Default::default(),
+        stdio: stdio_of(c),
+        target: None,
     };
     confine(&mut spec, pod, c, None, vols)?;
     Ok(spec)
@@ -302,6 +306,28 @@ fn containers(pod: &Pod) -> Vec<Container> {
         .as_ref()
         .map(|s| s.containers.clone())
         .unwrap_or_default()
+}
+
+/// The pod's ephemeral containers (`kubectl debug`), as containers, each with the container
+/// whose PID namespace it joins (`None`: the pod's own).
+fn ephemeral_containers(pod: &Pod) -> Vec<(Container, Option<String>)> {
+    pod.spec
+        .iter()
+        .flat_map(|s| &s.ephemeral_containers)
+        .map(|e| {
+            let target = Some(e.target_container_name.clone()).filter(|t| !t.is_empty());
+            (e.to_container(), target)
+        })
+        .collect()
+}
+
+/// A container's `stdin`, `stdinOnce` and `tty`.
+fn stdio_of(c: &Container) -> StdioSpec {
+    StdioSpec {
+        stdin: c.stdin,
+        stdin_once: c.stdin_once,
+        tty: c.tty,
+    }
 }
 
 /// Whether any container of the pod (init containers included) is privileged: such a pod gets
@@ -413,13 +439,22 @@ impl Worker {
             namespace: self.pod.namespace().to_string(),
             name: self.pod.name().to_string(),
             sandbox: self.sandbox.clone(),
-            containers: containers(&self.pod).into_iter().map(|c| c.name).collect(),
+            containers: containers(&self.pod)
+                .into_iter()
+                .chain(ephemeral_containers(&self.pod).into_iter().map(|(c, _)| c))
+                .map(|c| c.name)
+                .collect(),
             images: self
                 .pod
                 .spec
                 .iter()
                 .flat_map(|s| s.containers.iter().chain(&s.init_containers))
                 .map(|c| c.image.clone())
+                .chain(
+                    ephemeral_containers(&self.pod)
+                        .into_iter()
+                        .map(|(c, _)| c.image),
+                )
                 .collect(),
             cgroup_ids: self.tracks.values().filter_map(|t| t.cgroup_id).collect(),
         });
@@ -500,6 +535,11 @@ impl Worker {
                 && reason.starts_with("CreateContainer")
             {
                 bad_spec = Some(InputError::CreateContainerConfigError(msg.clone()).into());
+            }
+        }
+        for (c, target) in ephemeral_containers(&self.pod) {
+            if let Some(n) = self.ephemeral(&sandbox, &c, target, now).await {
+                next = next.min(n);
             }
         }
         self.failure = bad_spec;
@@ -596,7 +636,10 @@ impl Worker {
             }
         };
         match state {
-            None => self.start_container(sandbox, c, spec.as_ref(), now).await,
+            None => {
+                self.start_container(sandbox, c, spec.as_ref(), None, now)
+                    .await
+            }
             Some(ContainerState::Running {
                 pid,
                 started_at,
@@ -613,6 +656,52 @@ impl Worker {
             Some(exited @ ContainerState::Exited { .. }) => {
                 self.exited(sandbox, c, spec.as_ref(), &exited, policy, now)
                     .await
+            }
+        }
+    }
+
+    /// Converges an ephemeral container: started once (in the PID namespace of `target`
+    /// when named), never restarted; its state is reported in
+    /// `status.ephemeralContainerStatuses`.
+    async fn ephemeral(
+        &mut self,
+        sandbox: &Sandbox,
+        c: &Container,
+        target: Option<String>,
+        now: Instant,
+    ) -> Option<Instant> {
+        let state = match self.ctx.runtime.container_state(sandbox, &c.name).await {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(pod = %self.name(), container = %c.name, error = %e, "container state");
+                return Some(now + RETRY);
+            }
+        };
+        match state {
+            None => {
+                let spec = match self.container_inputs(c).await {
+                    Ok((spec, _)) => spec,
+                    Err(e) => {
+                        self.tracks.entry(c.name.clone()).or_default().waiting =
+                            Some((e.reason().into(), e.to_string()));
+                        return Some(now + RETRY);
+                    }
+                };
+                self.start_container(sandbox, c, spec.as_ref(), target, now)
+                    .await
+            }
+            Some(ContainerState::Running { cgroup_id, .. }) => {
+                let track = self.tracks.entry(c.name.clone()).or_default();
+                track.waiting = None;
+                track.cgroup_id = Some(cgroup_id);
+                track.started = true;
+                None
+            }
+            Some(ContainerState::Exited { .. }) => {
+                let track = self.tracks.entry(c.name.clone()).or_default();
+                track.waiting = None;
+                track.started = false;
+                None
             }
         }
     }
@@ -680,7 +769,7 @@ impl Worker {
         let at = track.restart_at.unwrap_or(now);
         if now >= at {
             track.waiting = None;
-            return self.start_container(sandbox, c, spec, now).await;
+            return self.start_container(sandbox, c, spec, None, now).await;
         }
         let wait = at - now;
         let entering = !matches!(&track.waiting, Some((r, _)) if r == "CrashLoopBackOff");
@@ -708,15 +797,21 @@ impl Worker {
         sandbox: &Sandbox,
         c: &Container,
         spec: Option<&ContainerSpec>,
+        target: Option<String>,
         now: Instant,
     ) -> Option<Instant> {
         if let Some(spec) = spec {
-            return self.start(sandbox, spec, now).await;
+            let spec = ContainerSpec {
+                target,
+                ..spec.clone()
+            };
+            return self.start(sandbox, &spec, now).await;
         }
         let e = match self.image_spec(c).await {
             Ok(spec) => {
                 let track = self.tracks.entry(c.name.clone()).or_default();
                 track.pull_backoff = None;
+                let spec = ContainerSpec { target, ..spec };
                 return self.start(sandbox, &spec, now).await;
             }
             Err(e) => e,
@@ -824,6 +919,8 @@ impl Worker {
             limits: limits_of(c),
             mounts: Vec::new(),
             security: Default::default(),
+            stdio: stdio_of(c),
+            target: None,
         };
         confine(
             &mut spec,
@@ -1000,9 +1097,12 @@ impl Worker {
         next
     }
 
-    fn views(&self, states: &BTreeMap<String, Option<ContainerState>>) -> Vec<ContainerView> {
-        containers(&self.pod)
-            .iter()
+    fn views(
+        &self,
+        list: &[Container],
+        states: &BTreeMap<String, Option<ContainerState>>,
+    ) -> Vec<ContainerView> {
+        list.iter()
             .map(|c| {
                 let t = self.tracks.get(&c.name);
                 let state = states.get(&c.name).cloned().flatten();
@@ -1044,8 +1144,12 @@ impl Worker {
     /// Writes the pod's status if it changed. Returns false if the write must be retried.
     async fn write_status(&mut self) -> bool {
         let mut states = BTreeMap::new();
+        let ephemeral: Vec<Container> = ephemeral_containers(&self.pod)
+            .into_iter()
+            .map(|(c, _)| c)
+            .collect();
         if let Some(sb) = &self.sandbox {
-            for c in containers(&self.pod) {
+            for c in containers(&self.pod).iter().chain(&ephemeral) {
                 let s = self
                     .ctx
                     .runtime
@@ -1064,7 +1168,25 @@ impl Worker {
             limits_not_enforced: self.limits_not_enforced(),
             now: SystemTime::now(),
         };
-        let status = status::pod_status(&self.pod, &self.views(&states), &facts);
+        let mut status = status::pod_status(
+            &self.pod,
+            &self.views(&containers(&self.pod), &states),
+            &facts,
+        );
+        status.ephemeral_container_statuses = self
+            .views(&ephemeral, &states)
+            .iter()
+            .map(|v| {
+                status::container_status(
+                    v,
+                    self.pod
+                        .metadata
+                        .as_ref()
+                        .map(|m| m.uid.as_str())
+                        .unwrap_or(""),
+                )
+            })
+            .collect();
         // Compared with the API's copy (not only with what this agent last wrote): another
         // writer, e.g. the node lifecycle controller marking pods not ready while the node was
         // unreachable, is corrected as soon as the agent sees it.

@@ -4,7 +4,9 @@
 //! Four objects: per-pod traffic accounting (this module), the Service load balancer
 //! ([`lb`]: socket-level translation of ClusterIP Services), NetworkPolicy enforcement
 //! ([`policy`]) and the pods' device confinement ([`devices`]: runc's default device allow
-//! list, a `cgroup_device` program on every unprivileged pod's cgroup).
+//! list, a `cgroup_device` program on every unprivileged pod's cgroup). The load balancer's
+//! tc program also answers ARP for the LoadBalancer addresses this node announces
+//! ([`lb::l2`]); the gratuitous ARP that starts an announcement is `skiff_hostnet::garp`'s.
 //!
 //! Accounting: two `cgroup_skb` programs (ingress, egress) count
 //! packets and bytes per cgroup v2 id in per-CPU hash maps pinned under the agent's pin
@@ -39,6 +41,8 @@ mod devices_kernel_tests;
 mod fs;
 #[cfg(test)]
 mod kernel_tests;
+#[cfg(test)]
+mod l2_kernel_tests;
 pub mod lb;
 #[cfg(test)]
 mod lb_kernel_tests;

@@ -267,6 +267,11 @@ impl NpFixture {
             .unwrap_or_else(|e| panic!("{out:?}: {e} ({err})"))
     }
 
+    /// Forgets every NodePort flow (a new round starts from fresh flows).
+    fn clear_conntrack_of(&self, lb: &mut ServiceLb) {
+        lb.clear_conntrack().expect("clear conntrack");
+    }
+
     /// What `nft list ruleset` / `iptables-save` show in the node namespace.
     fn firewall(&self) -> String {
         let mut all = String::new();
@@ -659,5 +664,54 @@ fn external_traffic_policy_local_keeps_the_client_address() {
     for (k, e) in fwd {
         assert_eq!(e.saddr, k.saddr, "client address kept");
         assert_eq!(e.sport, k.sport, "client port kept");
+    }
+}
+
+/// A LoadBalancer address (not the node's; the node answers ARP for it through
+/// `L2_ANNOUNCE`) is served like a nodePort, and its flows are SNATed to the node address in
+/// `NP_SNAT`, not to the LoadBalancer address (whose replies would otherwise go to whichever
+/// node announces it).
+#[test]
+fn load_balancer_addresses_are_answered_and_snated_to_the_node_address() {
+    use super::lb::l2::{L2_FLAG_ANNOUNCE, L2Announce, monotonic_ns};
+    let fx = NpFixture::new();
+    let mut lb = fx.load();
+    let lb_ip = Ipv4Addr::new(10, 201, 0, 240);
+    let front = Frontend {
+        ip: IpAddr::V4(lb_ip),
+        port: 80,
+        protocol: Protocol::Tcp,
+    };
+    lb.sync_service(front, NODE_PORT, &backends(&[1, 2]))
+        .expect("program the LoadBalancer frontend");
+    fx.attach(&mut lb);
+    let path = Path::new("/run/netns").join(&fx.node_ns);
+    let (ifindex, mac) =
+        skiff_hostnet::run_in_netns_scoped(Some(&path), || skiff_hostnet::garp::link("n0"))
+            .expect("node netns")
+            .expect("n0");
+    let entry = L2Announce {
+        deadline_ns: monotonic_ns() + Duration::from_secs(60).as_nanos() as u64,
+        ifindex,
+        flags: L2_FLAG_ANNOUNCE,
+        mac,
+        _pad: [0; 2],
+    };
+    lb.set_l2_announcement(lb_ip, entry).expect("announce");
+    let ip = lb_ip.to_string();
+    for (snat, seen_from) in [(Some(NODE_IP), NODE_IP), (None, lb_ip)] {
+        lb.set_snat_address(snat).expect("snat address");
+        fx.clear_conntrack_of(&mut lb);
+        let answers = fx.client(&["tcp", &ip, "80", "10"]);
+        assert_eq!(answers.len(), 10);
+        for v in &answers {
+            let (name, seen, peer) = split(v);
+            assert!(name == "b1" || name == "b2", "{v}");
+            assert_eq!(peer, format!("{lb_ip}:80"), "{v}");
+            assert!(
+                seen.starts_with(&format!("{seen_from}:")),
+                "with SNAT address {snat:?} the backend saw {seen}"
+            );
+        }
     }
 }

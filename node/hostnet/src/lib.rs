@@ -42,6 +42,7 @@ mod cidr;
 mod error;
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
+pub mod garp;
 mod ipam;
 mod netns;
 mod rtnl;
@@ -471,6 +472,27 @@ pub async fn node_address(netns: Option<&Path>) -> Result<Option<Ipv4Addr>, NetE
     Rtnl::connect(&Netns::new(netns), &rt)
         .await?
         .first_global_ipv4()
+        .await
+}
+
+/// Adds `ip/prefix` to link `ifname` of the caller's network namespace, beside its other
+/// addresses (a virtual address taken over from another machine). Must be called on a tokio
+/// runtime.
+pub async fn add_address(ifname: &str, ip: Ipv4Addr, prefix: u8) -> Result<(), NetError> {
+    let rt = tokio::runtime::Handle::try_current().map_err(|_| NetError::NoRuntime)?;
+    Rtnl::connect(&Netns::new(None), &rt)
+        .await?
+        .add_ipv4(ifname, ip, prefix)
+        .await
+}
+
+/// Removes `ip` from link `ifname` of the caller's network namespace; `Ok(false)` when the
+/// link did not hold it.
+pub async fn remove_address(ifname: &str, ip: Ipv4Addr) -> Result<bool, NetError> {
+    let rt = tokio::runtime::Handle::try_current().map_err(|_| NetError::NoRuntime)?;
+    Rtnl::connect(&Netns::new(None), &rt)
+        .await?
+        .remove_ipv4(ifname, ip)
         .await
 }
 

@@ -303,6 +303,59 @@ impl Rtnl {
             .map_err(self.fail(format_args!("add address {ip}/{prefix} to {name}")))
     }
 
+    /// Adds `ip/prefix` to link `name` beside its other addresses (kept if already there).
+    pub(crate) async fn add_ipv4(
+        &self,
+        name: &str,
+        ip: Ipv4Addr,
+        prefix: u8,
+    ) -> Result<(), NetError> {
+        let index = self.index_of(name).await?;
+        self.handle
+            .address()
+            .add(index, IpAddr::V4(ip), prefix)
+            .replace()
+            .execute()
+            .await
+            .map_err(self.fail(format_args!("add address {ip}/{prefix} to {name}")))
+    }
+
+    /// Removes `ip` from link `name`; `Ok(false)` if it did not hold it.
+    pub(crate) async fn remove_ipv4(&self, name: &str, ip: Ipv4Addr) -> Result<bool, NetError> {
+        let index = self.index_of(name).await?;
+        let existing: Vec<AddressMessage> = self
+            .handle
+            .address()
+            .get()
+            .set_link_index_filter(index)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(self.fail(format_args!("list addresses of {name}")))?;
+        let mut removed = false;
+        for msg in existing {
+            if address_of(&msg) != Some(IpAddr::V4(ip)) {
+                continue;
+            }
+            match self.handle.address().del(msg).execute().await {
+                Ok(()) => removed = true,
+                Err(e) if errno(&e) == Some(EADDRNOTAVAIL) => {}
+                Err(e) => return Err(self.fail(format_args!("delete address {ip} of {name}"))(e)),
+            }
+        }
+        Ok(removed)
+    }
+
+    async fn index_of(&self, name: &str) -> Result<u32, NetError> {
+        self.link_by_name(name)
+            .await?
+            .map(|l| l.header.index)
+            .ok_or_else(|| NetError::Netlink {
+                op: format!("find link {name} in {}", self.netns),
+                source: rtnetlink::Error::RequestFailed,
+            })
+    }
+
     /// The first global (scope universe) IPv4 address in this namespace.
     pub(crate) async fn first_global_ipv4(&self) -> Result<Option<Ipv4Addr>, NetError> {
         Ok(self.first_global_ipv4_link().await?.map(|(ip, _)| ip))

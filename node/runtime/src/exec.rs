@@ -67,21 +67,39 @@ impl std::fmt::Debug for ExecSession {
     }
 }
 
-/// Kills every process of an exec's session when dropped.
+/// Ends what is left of a session when dropped: every process of an exec's session, or the
+/// task carrying an attach connection (the container itself keeps running).
 #[derive(Debug)]
 pub struct SessionGuard {
-    sid: i32,
+    what: Guarded,
+}
+
+#[derive(Debug)]
+enum Guarded {
+    Session(i32),
+    Task(tokio::task::AbortHandle),
 }
 
 impl SessionGuard {
     pub(crate) fn new(sid: i32) -> SessionGuard {
-        SessionGuard { sid }
+        SessionGuard {
+            what: Guarded::Session(sid),
+        }
+    }
+
+    pub(crate) fn task(task: tokio::task::AbortHandle) -> SessionGuard {
+        SessionGuard {
+            what: Guarded::Task(task),
+        }
     }
 }
 
 impl Drop for SessionGuard {
     fn drop(&mut self) {
-        kill_session(self.sid);
+        match &self.what {
+            Guarded::Session(sid) => kill_session(*sid),
+            Guarded::Task(t) => t.abort(),
+        }
     }
 }
 
@@ -124,16 +142,34 @@ pub struct Pty {
     fd: Arc<AsyncFd<OwnedFd>>,
 }
 
-/// Resizes an exec's terminal.
+/// Resizes a session's terminal: an exec's own, or (attach) a container's, through its shim.
 #[derive(Debug, Clone)]
 pub struct Terminal {
-    pty: Pty,
+    to: Resize,
+}
+
+#[derive(Debug, Clone)]
+enum Resize {
+    Pty(Pty),
+    Remote(tokio::sync::mpsc::UnboundedSender<(u16, u16)>),
 }
 
 impl Terminal {
+    /// A terminal resized by sending `(columns, rows)` to whoever holds it.
+    pub(crate) fn remote(to: tokio::sync::mpsc::UnboundedSender<(u16, u16)>) -> Terminal {
+        Terminal {
+            to: Resize::Remote(to),
+        }
+    }
+
     /// Sets the window size (the command gets `SIGWINCH`).
     pub fn resize(&self, cols: u16, rows: u16) -> io::Result<()> {
-        sys::set_window_size(self.pty.fd.get_ref().as_fd(), rows, cols)
+        match &self.to {
+            Resize::Pty(pty) => sys::set_window_size(pty.fd.get_ref().as_fd(), rows, cols),
+            Resize::Remote(tx) => tx
+                .send((cols, rows))
+                .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe)),
+        }
     }
 }
 
@@ -158,7 +194,9 @@ pub(crate) fn open_pty() -> io::Result<(Pty, OwnedFd)> {
 
 impl Pty {
     pub(crate) fn terminal(&self) -> Terminal {
-        Terminal { pty: self.clone() }
+        Terminal {
+            to: Resize::Pty(self.clone()),
+        }
     }
 }
 

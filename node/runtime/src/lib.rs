@@ -34,6 +34,13 @@
 //! containerd's unprivileged default, with the RuntimeDefault seccomp filter refusing with
 //! EPERM what Docker's and containerd's default profiles refuse).
 //!
+//! A container's standard streams stay with its shim: [`Runtime::attach`] reaches them through
+//! the shim's socket ([`attach`]) for any number of clients at once, on a pipe or on a
+//! terminal the shim holds (`stdin`, `stdinOnce`, `tty`: [`StdioSpec`]), and
+//! [`ContainerSpec::target`] starts a container in another one's PID namespace (an ephemeral
+//! container's `targetContainerName`). Exec and attach hand the caller the same
+//! [`exec::ExecSession`].
+//!
 //! [`host`] finds the cgroup v2 mount and reports missing controllers (`skiff-node
 //! check-host`); [`mountinfo`] is the one parser of the mount table; [`remove_cgroup_tree`] is
 //! the one way a cgroup tree is removed (runtime, purge, tests, benchmarks). The shim also
@@ -43,6 +50,7 @@
 //! The runtime knows nothing of the API's types, loads no BPF and configures no network beyond
 //! creating the pod's namespace with its loopback up.
 
+pub mod attach;
 mod cgroup;
 mod confine;
 pub mod exec;
@@ -151,6 +159,24 @@ pub struct ContainerSpec {
     /// How the process is confined. The default confines nothing (a node command).
     #[serde(default)]
     pub security: Security,
+    /// The container's standard input and terminal ([`attach`]).
+    #[serde(default)]
+    pub stdio: StdioSpec,
+    /// Run in the PID namespace of this running container of the same pod, with a `/proc`
+    /// that shows it (an ephemeral container's `targetContainerName`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+}
+
+/// A container's `stdin`, `stdinOnce` and `tty`: what [`Runtime::attach`] clients get.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StdioSpec {
+    /// A standard input held open by the shim (else `/dev/null`), which attach clients write.
+    pub stdin: bool,
+    /// Close that input when the first attach client that wrote it disconnects.
+    pub stdin_once: bool,
+    /// Run on a pseudo-terminal (stdin, stdout and stderr), its master held by the shim.
+    pub tty: bool,
 }
 
 /// A bind mount of a node path into a container's root filesystem.
@@ -434,6 +460,18 @@ pub trait Runtime: Send + Sync {
         _opts: exec::ExecOptions,
     ) -> Result<exec::ExecSession, RuntimeError> {
         Err(RuntimeError::Unsupported("streaming exec"))
+    }
+    /// Attaches to a running container's main process ([`attach`]): its output, its input
+    /// when `opts.stdin` and the container has one, its terminal when it was started with one
+    /// (`opts.tty` is the container's, not the caller's). Dropping the session detaches;
+    /// the container keeps running.
+    async fn attach(
+        &self,
+        _sandbox: &Sandbox,
+        _container: &str,
+        _opts: exec::ExecOptions,
+    ) -> Result<exec::ExecSession, RuntimeError> {
+        Err(RuntimeError::Unsupported("attach"))
     }
     /// `(pod uid, container name)` whenever a container's main process exits, for adopted
     /// containers too. Subscribe before starting what you want to hear about.

@@ -10,6 +10,7 @@
 //!                                          pids.json  shim + container pid, start times (shim)
 //!                                          exit.json  exit code/signal, times, reason (shim)
 //!                                          shim.log   the shim's own diagnostics
+//!                                          attach.sock  the shim's attach socket (0600)
 //!                                          container.log[.1 …]  the container's output
 //! /run/netns/skiff-<short uid>                        the pod's network namespace
 //! <cgroup_parent>/shims                               cgroup of all shims
@@ -858,7 +859,12 @@ impl Inner {
         fs::create_dir_all(&cdir).map_err(io_err("creating", &cdir))?;
         // A restart: forget the previous run, whose log becomes the previous one.
         keep_previous_log(&cdir.join(state::CONTAINER_LOG_FILE))?;
-        for f in [state::EXIT_FILE, state::PIDS_FILE, state::SPEC_FILE] {
+        for f in [
+            state::EXIT_FILE,
+            state::PIDS_FILE,
+            state::SPEC_FILE,
+            crate::attach::SOCKET_FILE,
+        ] {
             match fs::remove_file(cdir.join(f)) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => {
                     return Err(RuntimeError::Io {
@@ -926,6 +932,7 @@ impl Inner {
             ipc: Some(sb.ipc_path.clone()),
             new_pidns: sb.pid_namespace || spec.security.pid_namespace,
             pidns: match &sb.pid_holder {
+                _ if spec.target.is_some() => Some(self.target_pidns(sb, spec).await?),
                 Some(h) if process_alive(h.pid, h.start_time) => {
                     Some(PathBuf::from(format!("/proc/{}/ns/pid", h.pid)))
                 }
@@ -939,7 +946,8 @@ impl Inner {
                 }
                 None => None,
             },
-            new_mountns: sb.mount_namespace,
+            // A /proc of the target's PID namespace needs a mount namespace of its own.
+            new_mountns: sb.mount_namespace || spec.target.is_some(),
             spec: Some(cdir.join(state::SPEC_FILE)),
             rootfs: match &spec.image {
                 Image::Host => None,
@@ -950,6 +958,9 @@ impl Inner {
             log_max_bytes: self.cfg.log_max_bytes,
             log_max_files: self.cfg.log_max_files,
             argv: spec.argv.iter().map(Into::into).collect(),
+            tty: spec.stdio.tty,
+            stdin: spec.stdio.stdin,
+            stdin_once: spec.stdio.stdin_once,
             ..Default::default()
         };
         let shim_log_path = cdir.join(state::SHIM_LOG_FILE);
@@ -1006,6 +1017,50 @@ impl Inner {
             }
             None => state,
         })
+    }
+
+    /// `/proc/<pid>/ns/pid` of the running container `spec.target` of the same pod.
+    async fn target_pidns(
+        self: &Arc<Self>,
+        sb: &Sandbox,
+        spec: &ContainerSpec,
+    ) -> Result<PathBuf, RuntimeError> {
+        let target = spec.target.as_deref().unwrap_or_default();
+        let qualified = format!("{}/{target}", sb.uid);
+        if target == spec.name || !valid_dns_label(target) {
+            return Err(RuntimeError::InvalidSpec(format!(
+                "containers[{}].targetContainerName: {target:?} is not another container of \
+                 the pod",
+                spec.name
+            )));
+        }
+        let Some(ContainerState::Running { pid, .. }) = self.state_of(&sb.uid, target).await?
+        else {
+            return Err(RuntimeError::NotRunning(qualified));
+        };
+        Ok(PathBuf::from(format!("/proc/{pid}/ns/pid")))
+    }
+
+    /// Attaches to container `name`'s main process through its shim ([`crate::attach`]).
+    async fn attach(
+        self: &Arc<Self>,
+        sb: &Sandbox,
+        name: &str,
+        opts: ExecOptions,
+    ) -> Result<ExecSession, RuntimeError> {
+        let qualified = format!("{}/{name}", sb.uid);
+        let Some(ContainerState::Running { .. }) = self.state_of(&sb.uid, name).await? else {
+            return Err(RuntimeError::NotRunning(qualified));
+        };
+        let cdir = self.container_dir(&sb.uid, name);
+        let Some(rec) = read_json::<ContainerRecord>(&cdir.join(state::SPEC_FILE))? else {
+            return Err(RuntimeError::NotRunning(qualified));
+        };
+        let opts = ExecOptions {
+            stdin: opts.stdin && rec.spec.stdio.stdin,
+            tty: rec.spec.stdio.tty,
+        };
+        crate::attach::connect(&cdir, opts, rec.spec.stdio.tty).await
     }
 
     /// Spawns the shim and waits for its `started`/`failed` report.
@@ -1494,6 +1549,22 @@ impl Runtime for NativeRuntime {
         self.inner.exec_stream(&sb, container, argv, opts).await
     }
 
+    async fn attach(
+        &self,
+        sandbox: &Sandbox,
+        container: &str,
+        opts: ExecOptions,
+    ) -> Result<ExecSession, RuntimeError> {
+        if !valid_dns_label(container) {
+            return Err(RuntimeError::NotFound(format!(
+                "container {}/{container}",
+                sandbox.uid
+            )));
+        }
+        let sb = self.inner.load_sandbox(&sandbox.uid)?;
+        self.inner.attach(&sb, container, opts).await
+    }
+
     fn exits(&self) -> broadcast::Receiver<(String, String)> {
         self.inner.shared.exits.subscribe()
     }
@@ -1587,6 +1658,8 @@ mod tests {
             limits: Limits::default(),
             mounts: vec![],
             security: Default::default(),
+            stdio: Default::default(),
+            target: None,
         };
         let err = validate_container(&spec).unwrap_err().to_string();
         assert!(

@@ -29,6 +29,14 @@
 //! pidfd, so a daemonised grandchild holding the pipes cannot delay it) the shim drains what
 //! is buffered, writes `<state>/exit.json` atomically and exits.
 //!
+//! The container's stdin is `/dev/null`, or with `--stdin` a pipe whose writing end the shim
+//! keeps open; with `--tty` stdin, stdout and stderr are one pseudo-terminal's slave (the
+//! container leads a session of its own with it as controlling terminal) and the shim holds
+//! the master, logging what it reads as stdout. Meanwhile the shim serves attach clients on
+//! `<state>/attach.sock` ([`crate::attach`]): output fanned out as it is logged,
+//! their input to the container's stdin (`--stdin-once`: closed when the first writer
+//! leaves), their resizes to the terminal.
+//!
 //! **Exec mode** (`--join-pid PID`, no `--state`): a one-shot helper for exec probes. It
 //! joins `--cgroup`, then all namespaces of the container process `PID` (one `setns` on a
 //! pidfd, which also makes the container's root its root), forks, takes the container's
@@ -54,6 +62,7 @@ use nix::sys::signal::Signal;
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid};
 
+use super::attach;
 use super::cgroup;
 use super::confine::{self, ConfineError};
 use super::log::{LineSplitter, RotatingLog};
@@ -127,8 +136,18 @@ pub struct ShimArgs {
     pub join_start_time: Option<u64>,
     /// With `--join-pid`: stdin is a terminal to take as the controlling terminal of this
     /// process's session (the caller made it a session leader) before the command starts.
+    /// In container mode: the container runs on a pseudo-terminal whose master the shim
+    /// holds (its output is logged as stdout and served to attach clients).
     #[arg(long)]
     pub tty: bool,
+    /// Container mode: the container's stdin is a pipe the shim keeps open and attach
+    /// clients write (else `/dev/null`).
+    #[arg(long)]
+    pub stdin: bool,
+    /// Container mode, with `--stdin`: the container's stdin closes when the first attach
+    /// client that wrote it disconnects.
+    #[arg(long)]
+    pub stdin_once: bool,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     pub argv: Vec<OsString>,
@@ -178,6 +197,12 @@ impl ShimArgs {
         }
         if self.tty {
             a.push("--tty".into());
+        }
+        if self.stdin {
+            a.push("--stdin".into());
+        }
+        if self.stdin_once {
+            a.push("--stdin-once".into());
         }
         a.push("--".into());
         a.extend(self.argv.iter().cloned());
@@ -252,8 +277,12 @@ impl StartFailure {
 /// A started container process.
 struct Started {
     pid: Pid,
+    /// Its stdout pipe, or the terminal's master.
     stdout: OwnedFd,
-    stderr: OwnedFd,
+    /// Its stderr pipe; `None` on a terminal.
+    stderr: Option<OwnedFd>,
+    /// What its input is written to.
+    input: attach::Input,
 }
 
 fn report_ready(line: &str) {
@@ -282,7 +311,7 @@ fn container_mode(args: &ShimArgs) -> i32 {
     }
     let attempt = Utc::now();
     let oom_before = args.cgroup.as_deref().map(oom_kills).unwrap_or(0);
-    let started = match start(args) {
+    let mut started = match start(args) {
         Ok(s) => s,
         Err(f) => {
             diag(format_args!("container did not start: {}", f.message));
@@ -314,10 +343,15 @@ fn container_mode(args: &ShimArgs) -> i32 {
     if let Err(e) = state::write_json_atomic(&state_dir.join(state::PIDS_FILE), &pids) {
         diag(format_args!("cannot write pids: {e}"));
     }
+    // Listening before the start is reported: a running container can be attached to.
+    let input = std::mem::replace(&mut started.input, attach::Input::None);
+    let attach = attach::Server::bind(state_dir, input, args.stdin, args.stdin_once)
+        .map_err(|e| diag(format_args!("serving attach: {e}")))
+        .ok();
     report_ready(&format!("started {pid}"));
     detach_stdout();
 
-    let status = supervise(args, &started);
+    let status = supervise(args, started, attach);
     let finished_at = Utc::now();
     let rec = exit_record(status, started_at, finished_at, || {
         args.cgroup.as_deref().map(oom_kills).unwrap_or(0) > oom_before
@@ -520,12 +554,8 @@ fn start(args: &ShimArgs) -> Result<Started, StartFailure> {
             "ipc",
         ),
     ];
-    let devnull =
-        File::open("/dev/null").map_err(|e| StartFailure::errno("opening /dev/null", e))?;
-    let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| StartFailure::errno("pipe2", e));
-    let (out_r, out_w) = pipe()?;
-    let (err_r, err_w) = pipe()?;
-    let (report_r, report_w) = pipe()?;
+    let (child_io, stdout, stderr, input) = container_stdio(args)?;
+    let (report_r, report_w) = pipe2_cloexec()?;
     if let Some(pidns) = &args.pidns {
         // The pod's shared PID namespace: the next child is born in it.
         let f = File::open(pidns)
@@ -540,28 +570,22 @@ fn start(args: &ShimArgs) -> Result<Started, StartFailure> {
     let single = sys::SingleThreaded::check().map_err(|e| StartFailure::errno("fork", e))?;
     match sys::fork(&single).map_err(|e| StartFailure::errno("fork", e))? {
         ForkResult::Child => {
-            drop((out_r, err_r, report_r));
-            let failure = container_child(
-                args,
-                &namespaces,
-                (&mounts, &security),
-                &devnull,
-                out_w,
-                err_w,
-            );
+            drop((stdout, stderr, input, report_r));
+            let failure = container_child(args, &namespaces, (&mounts, &security), child_io);
             // Best effort: the parent treats a short report as a generic failure.
             let _ = nix::unistd::write(&report_w, &failure.encode());
             sys::exit_now(failure.code)
         }
         ForkResult::Parent { child } => {
-            drop((out_w, err_w, report_w));
+            drop((child_io, report_w));
             let mut report = Vec::new();
             let read = File::from(report_r).read_to_end(&mut report);
             if report.is_empty() && read.is_ok() {
                 return Ok(Started {
                     pid: child,
-                    stdout: out_r,
-                    stderr: err_r,
+                    stdout,
+                    stderr,
+                    input,
                 });
             }
             let _ = waitpid(child, None);
@@ -573,16 +597,95 @@ fn start(args: &ShimArgs) -> Result<Started, StartFailure> {
     }
 }
 
+fn pipe2_cloexec() -> Result<(OwnedFd, OwnedFd), StartFailure> {
+    nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| StartFailure::errno("pipe2", e))
+}
+
+fn set_nonblocking(fd: &OwnedFd) -> Result<(), StartFailure> {
+    let flags =
+        nix::fcntl::fcntl(fd, FcntlArg::F_GETFL).map_err(|e| StartFailure::errno("fcntl", e))?;
+    nix::fcntl::fcntl(
+        fd,
+        FcntlArg::F_SETFL(OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK),
+    )
+    .map(drop)
+    .map_err(|e| StartFailure::errno("fcntl", e))
+}
+
+/// The container's end of its standard streams.
+struct ChildStdio {
+    stdin: OwnedFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    /// The three are a terminal's slave, to become the controlling terminal of the
+    /// container's session.
+    terminal: bool,
+}
+
+/// The container's standard streams: pipes (its stdin `/dev/null`, or with `--stdin` a pipe
+/// whose writing end the shim keeps), or with `--tty` a pseudo-terminal's slave for all three
+/// (the shim keeps the master). Returns the container's ends, then the shim's: stdout, stderr
+/// and the input.
+fn container_stdio(
+    args: &ShimArgs,
+) -> Result<(ChildStdio, OwnedFd, Option<OwnedFd>, attach::Input), StartFailure> {
+    if args.tty {
+        let pair = nix::pty::openpty(None, None)
+            .map_err(|e| StartFailure::errno("opening a terminal", e))?;
+        let master = pair.master;
+        set_nonblocking(&master)?;
+        nix::fcntl::fcntl(&master, FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))
+            .map_err(|e| StartFailure::errno("fcntl", e))?;
+        let dup = |fd: &OwnedFd| {
+            fd.try_clone()
+                .map_err(|e| StartFailure::errno("duplicating the terminal", e))
+        };
+        let out = dup(&master)?;
+        let (a, b) = (dup(&pair.slave)?, dup(&pair.slave)?);
+        return Ok((
+            ChildStdio {
+                stdin: pair.slave,
+                stdout: a,
+                stderr: b,
+                terminal: true,
+            },
+            out,
+            None,
+            attach::Input::Terminal(master),
+        ));
+    }
+    let (out_r, out_w) = pipe2_cloexec()?;
+    let (err_r, err_w) = pipe2_cloexec()?;
+    let (stdin, input) = if args.stdin {
+        let (r, w) = pipe2_cloexec()?;
+        set_nonblocking(&w)?;
+        (r, attach::Input::Pipe(w))
+    } else {
+        let null =
+            File::open("/dev/null").map_err(|e| StartFailure::errno("opening /dev/null", e))?;
+        (OwnedFd::from(null), attach::Input::None)
+    };
+    Ok((
+        ChildStdio {
+            stdin,
+            stdout: out_w,
+            stderr: err_w,
+            terminal: false,
+        },
+        out_r,
+        Some(err_r),
+        input,
+    ))
+}
+
 /// Runs in the forked child; returns only on failure (success ends in `execve`).
 fn container_child(
     args: &ShimArgs,
     namespaces: &[(Option<File>, CloneFlags, &str)],
     confinement: (&[Mount], &Security),
-    devnull: &File,
-    out_w: OwnedFd,
-    err_w: OwnedFd,
+    stdio: ChildStdio,
 ) -> StartFailure {
-    match container_child_setup(args, namespaces, confinement, devnull, out_w, err_w) {
+    match container_child_setup(args, namespaces, confinement, stdio) {
         Ok(()) => exec_argv(&args.argv),
         Err(f) => f,
     }
@@ -592,15 +695,19 @@ fn container_child_setup(
     args: &ShimArgs,
     namespaces: &[(Option<File>, CloneFlags, &str)],
     (mounts, security): (&[Mount], &Security),
-    devnull: &File,
-    out_w: OwnedFd,
-    err_w: OwnedFd,
+    stdio: ChildStdio,
 ) -> Result<(), StartFailure> {
     sys::reset_signals().map_err(|e| StartFailure::errno("resetting signals", e))?;
-    nix::unistd::dup2_stdin(devnull).map_err(|e| StartFailure::errno("dup2 stdin", e))?;
-    nix::unistd::dup2_stdout(&out_w).map_err(|e| StartFailure::errno("dup2 stdout", e))?;
-    nix::unistd::dup2_stderr(&err_w).map_err(|e| StartFailure::errno("dup2 stderr", e))?;
-    drop((out_w, err_w));
+    nix::unistd::dup2_stdin(&stdio.stdin).map_err(|e| StartFailure::errno("dup2 stdin", e))?;
+    nix::unistd::dup2_stdout(&stdio.stdout).map_err(|e| StartFailure::errno("dup2 stdout", e))?;
+    nix::unistd::dup2_stderr(&stdio.stderr).map_err(|e| StartFailure::errno("dup2 stderr", e))?;
+    if stdio.terminal {
+        // A session of its own whose controlling terminal this is: job control, ^C, SIGWINCH.
+        nix::unistd::setsid().map_err(|e| StartFailure::errno("setsid", e))?;
+        sys::take_controlling_terminal(std::io::stdin().as_fd())
+            .map_err(|e| StartFailure::errno("taking the terminal", e))?;
+    }
+    drop(stdio);
     if let Some(cg) = &args.cgroup {
         cgroup::join_self(cg)
             .map_err(|e| StartFailure::errno(format!("joining cgroup {}", cg.display()), e))?;
@@ -720,6 +827,8 @@ const DRAIN_LIMIT: usize = 8 * 1024 * 1024;
 
 struct Stream {
     name: &'static str,
+    /// The attach channel its bytes go out on.
+    channel: u8,
     fd: Option<OwnedFd>,
     lines: LineSplitter,
 }
@@ -727,6 +836,8 @@ struct Stream {
 struct Sink {
     log: Option<RotatingLog>,
     failed: bool,
+    /// The attach clients.
+    attach: Option<attach::Server>,
 }
 
 impl Sink {
@@ -742,20 +853,25 @@ impl Sink {
 }
 
 impl Stream {
-    /// Reads what is available (up to `budget` bytes) into the log; returns bytes read.
+    /// Reads what is available (up to `budget` bytes) into the log and to the attach
+    /// clients; returns bytes read.
     fn pump(&mut self, sink: &mut Sink, budget: usize) -> usize {
         let mut buf = vec![0u8; READ_CHUNK];
         let mut total = 0;
         while total < budget {
             let Some(fd) = &self.fd else { break };
             match nix::unistd::read(fd, &mut buf) {
-                Ok(0) => {
+                // EIO: a terminal whose every slave is closed, its end.
+                Ok(0) | Err(Errno::EIO) => {
                     self.fd = None;
                     let name = self.name;
                     self.lines.finish(|l| sink.line(name, l));
                 }
                 Ok(n) => {
                     total += n;
+                    if let Some(a) = &mut sink.attach {
+                        a.broadcast(self.channel, &buf[..n]);
+                    }
                     let name = self.name;
                     self.lines.feed(&buf[..n], |l| sink.line(name, l));
                 }
@@ -771,46 +887,71 @@ impl Stream {
     }
 }
 
-/// Copies output into the log until the container's main process exits; returns its wait
-/// status.
-fn supervise(args: &ShimArgs, started: &Started) -> Option<WaitStatus> {
+/// What one poll round found ready.
+enum Ready {
+    Stream(usize),
+    Exited,
+    Attach(attach::Slot, PollFlags),
+}
+
+/// Copies output into the log (and to attach clients, whose input goes to the container)
+/// until the container's main process exits; returns its wait status.
+fn supervise(
+    args: &ShimArgs,
+    started: Started,
+    attach: Option<attach::Server>,
+) -> Option<WaitStatus> {
     let log = args.log.as_deref().and_then(|p| {
         RotatingLog::open(p, args.log_max_bytes, args.log_max_files)
             .map_err(|e| diag(format_args!("opening log {}: {e}", p.display())))
             .ok()
     });
-    let mut sink = Sink { log, failed: false };
-    let mut streams = [
-        Stream {
-            name: "stdout",
-            fd: dup_nonblocking(&started.stdout),
-            lines: LineSplitter::default(),
-        },
-        Stream {
+    let mut sink = Sink {
+        log,
+        failed: false,
+        attach,
+    };
+    let mut streams = vec![Stream {
+        name: "stdout",
+        channel: attach::STDOUT,
+        fd: dup_nonblocking(&started.stdout),
+        lines: LineSplitter::default(),
+    }];
+    if let Some(err) = &started.stderr {
+        streams.push(Stream {
             name: "stderr",
-            fd: dup_nonblocking(&started.stderr),
+            channel: attach::STDERR,
+            fd: dup_nonblocking(err),
             lines: LineSplitter::default(),
-        },
-    ];
+        });
+    }
+    drop(started.stdout);
+    drop(started.stderr);
     let pidfd = sys::pidfd_open(started.pid.as_raw().unsigned_abs())
         .map_err(|e| diag(format_args!("pidfd_open: {e}")))
         .ok();
     loop {
-        let exited = {
-            let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(3);
-            let mut which = Vec::with_capacity(3);
+        let ready: Vec<Ready> = {
+            let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(8);
+            let mut which = Vec::with_capacity(8);
             for (i, s) in streams.iter().enumerate() {
                 if let Some(fd) = &s.fd {
                     fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
-                    which.push(Some(i));
+                    which.push(Some(Ready::Stream(i)));
                 }
             }
             if let Some(p) = &pidfd {
                 fds.push(PollFd::new(p.as_fd(), PollFlags::POLLIN));
-                which.push(None);
+                which.push(Some(Ready::Exited));
             } else if fds.is_empty() {
                 // No pidfd and no pipes left: block in waitpid.
                 break;
+            }
+            if let Some(a) = &sink.attach {
+                for (fd, flags, slot) in a.interest() {
+                    fds.push(PollFd::new(fd, flags));
+                    which.push(Some(Ready::Attach(slot, PollFlags::empty())));
+                }
             }
             match nix::poll::poll(&mut fds, PollTimeout::NONE) {
                 Ok(_) | Err(Errno::EINTR) => {}
@@ -819,23 +960,34 @@ fn supervise(args: &ShimArgs, started: &Started) -> Option<WaitStatus> {
                     break;
                 }
             }
-            let ready: Vec<Option<usize>> = fds
-                .iter()
-                .zip(&which)
-                .filter(|(f, _)| f.revents().is_some_and(|r| !r.is_empty()))
-                .map(|(_, w)| *w)
-                .collect();
-            let mut exited = false;
-            for w in ready {
-                match w {
-                    Some(i) => {
-                        streams[i].pump(&mut sink, READ_CHUNK * 4);
+            fds.iter()
+                .zip(which.iter_mut())
+                .filter_map(|(f, w)| {
+                    let r = f.revents().filter(|r| !r.is_empty())?;
+                    match w.take()? {
+                        Ready::Attach(slot, _) => Some(Ready::Attach(slot, r)),
+                        other => Some(other),
                     }
-                    None => exited = true,
+                })
+                .collect()
+        };
+        let mut exited = false;
+        for w in ready {
+            match w {
+                Ready::Stream(i) => {
+                    streams[i].pump(&mut sink, READ_CHUNK * 4);
+                }
+                Ready::Exited => exited = true,
+                Ready::Attach(slot, r) => {
+                    if let Some(a) = &mut sink.attach {
+                        a.ready(slot, r);
+                    }
                 }
             }
-            exited
-        };
+        }
+        if let Some(a) = &mut sink.attach {
+            a.reap();
+        }
         if exited {
             break;
         }
@@ -856,6 +1008,9 @@ fn supervise(args: &ShimArgs, started: &Started) -> Option<WaitStatus> {
         s.pump(&mut sink, DRAIN_LIMIT);
         let name = s.name;
         s.lines.finish(|l| sink.line(name, l));
+    }
+    if let Some(a) = sink.attach.take() {
+        a.close();
     }
     status
 }

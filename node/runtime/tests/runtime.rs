@@ -230,6 +230,8 @@ fn host_container(name: &str, argv: &[&str]) -> ContainerSpec {
         limits: Limits::default(),
         mounts: vec![],
         security: Default::default(),
+        stdio: Default::default(),
+        target: None,
     }
 }
 
@@ -522,7 +524,8 @@ async fn env_args_and_working_dir_reach_the_process_and_exit_codes_are_recorded(
     if let Some(pid) = pid {
         assert!(!alive(pid));
     }
-    // Restarting an exited container starts a new process and appends to the log.
+    // Restarting an exited container starts a new process with a new log; the run before's
+    // becomes the previous log.
     let st = rt
         .start_container(&sb, &sh("main", "echo second run; exit 0"))
         .await
@@ -534,9 +537,10 @@ async fn env_args_and_working_dir_reach_the_process_and_exit_codes_are_recorded(
         ContainerState::Exited { exit_code: 0, .. }
     ));
     let log = log_text(&rt, &sb, "main");
+    let previous = std::fs::read_to_string(rt.previous_log_path(&sb.uid, "main")).unwrap();
     assert!(
-        log.contains(" stderr oops\n"),
-        "the first run's log is kept: {log}"
+        previous.contains(" stderr oops\n") && !log.contains("oops"),
+        "the first run's log is kept as the previous one: {previous}"
     );
     assert!(log.contains(" stdout second run"), "{log}");
     rt.remove_sandbox(&sb, Duration::from_secs(1))
@@ -908,6 +912,8 @@ async fn rootfs_container_with_its_own_pid_namespace() {
         limits: Limits::default(),
         mounts: vec![],
         security: Default::default(),
+        stdio: Default::default(),
+        target: None,
     };
     let pid = running_pid(&rt.start_container(&sb, &c).await.unwrap());
     eventually_within("the container's output", Duration::from_secs(5), || async {
@@ -1267,6 +1273,8 @@ async fn confinement_like_containerds_defaults() {
         limits: Limits::default(),
         mounts,
         security,
+        stdio: Default::default(),
+        target: None,
     };
     let run = |name: &'static str| {
         let (rt, sb) = (&rt, &sb);
@@ -1446,6 +1454,8 @@ async fn a_shared_pid_namespace_shows_every_container_of_the_pod() {
             pid_namespace: true,
             ..Security::default()
         },
+        stdio: Default::default(),
+        target: None,
     };
     rt.start_container(&sb, &c("first", "exec sleep 1001"))
         .await
@@ -1531,6 +1541,8 @@ async fn a_subpath_mount_never_follows_a_symlink() {
             }),
         }],
         security: Default::default(),
+        stdio: Default::default(),
+        target: None,
     };
     assert!(
         rt.start_container(&sb, &c("ok", "real"))
@@ -1559,6 +1571,128 @@ async fn a_subpath_mount_never_follows_a_symlink() {
         }
         assert!(!log_text(&rt, &sb, name).contains("node-only"));
     }
+    rt.remove_sandbox(&sb, Duration::from_secs(1))
+        .await
+        .unwrap();
+}
+
+/// Reads from `r` until what was read contains `want` (or 10 s pass).
+async fn read_until(r: &mut skiff_runtime::exec::ExecReader, want: &str) -> String {
+    use tokio::io::AsyncReadExt as _;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !String::from_utf8_lossy(&got).contains(want) {
+        match tokio::time::timeout_at(deadline, r.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
+            other => panic!(
+                "never read {want:?} ({other:?}): {:?}",
+                String::from_utf8_lossy(&got)
+            ),
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attach_clients_share_a_containers_stdin_terminal_and_output() {
+    use skiff_runtime::exec::ExecOptions;
+    use tokio::io::AsyncWriteExt as _;
+    let h = Harness::new("attach");
+    let rt = h.runtime();
+    let mut exits = rt.exits();
+    let sb = rt
+        .create_sandbox(&h.sandbox_spec("attach-pod"))
+        .await
+        .unwrap();
+    let stdin = ExecOptions {
+        stdin: true,
+        tty: false,
+    };
+
+    // A pipe: two clients see the same output; stdinOnce closes it when the writer leaves.
+    let mut echo = sh("echo", "while read l; do echo got:$l; done; echo closed");
+    echo.stdio.stdin = true;
+    echo.stdio.stdin_once = true;
+    assert!(rt.start_container(&sb, &echo).await.unwrap().is_running());
+    let cdir = h
+        .state_dir()
+        .join("pods")
+        .join(&sb.uid)
+        .join("containers/echo/attach.sock");
+    let mode = std::fs::metadata(&cdir).unwrap().mode();
+    assert_eq!(mode & 0o777, 0o600, "the socket is root's only");
+    let mut watcher = rt
+        .attach(&sb, "echo", ExecOptions::default())
+        .await
+        .unwrap();
+    assert!(watcher.stdin.is_none(), "asked without stdin, got none");
+    let mut writer = rt.attach(&sb, "echo", stdin).await.unwrap();
+    let mut input = writer.stdin.take().expect("stdin");
+    input.write_all(b"one\n").await.unwrap();
+    read_until(&mut writer.stdout, "got:one").await;
+    read_until(&mut watcher.stdout, "got:one").await;
+    drop(input);
+    drop(writer);
+    wait_exit(&mut exits, &sb.uid, "echo", Duration::from_secs(10)).await;
+    read_until(&mut watcher.stdout, "closed").await;
+    assert_eq!(
+        (&mut watcher.exit).await.unwrap(),
+        0,
+        "the session ends with it"
+    );
+    assert!(log_text(&rt, &sb, "echo").contains(" stdout got:one\n"));
+    assert!(!cdir.exists(), "the socket goes with the container");
+    assert!(rt.attach(&sb, "echo", stdin).await.is_err());
+
+    // A terminal: typed input echoed and answered, resizes seen, output logged; a client
+    // that goes away leaves the container running.
+    let mut term = sh("term", "exec /bin/sh -i");
+    term.stdio = skiff_runtime::StdioSpec {
+        stdin: true,
+        stdin_once: false,
+        tty: true,
+    };
+    // A PID namespace of its own, which the last container below joins.
+    term.security.pid_namespace = true;
+    assert!(rt.start_container(&sb, &term).await.unwrap().is_running());
+    let mut s = rt.attach(&sb, "term", stdin).await.unwrap();
+    assert!(s.stderr.is_none(), "a terminal has one output");
+    s.terminal
+        .as_ref()
+        .expect("terminal")
+        .resize(91, 17)
+        .unwrap();
+    let mut input = s.stdin.take().expect("stdin");
+    input
+        .write_all(b"stty size; echo $((6*7))x\n")
+        .await
+        .unwrap();
+    let out = read_until(&mut s.stdout, "42x").await;
+    assert!(
+        out.contains("17 91"),
+        "the resize reached the terminal: {out:?}"
+    );
+    drop(input);
+    drop(s);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(state(&rt, &sb, "term").await.is_running());
+    assert!(log_text(&rt, &sb, "term").contains("42x"));
+
+    // An ephemeral-style container in the terminal's PID namespace sees its processes.
+    let mut ps = sh(
+        "ps",
+        "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done",
+    );
+    ps.target = Some("term".into());
+    rt.start_container(&sb, &ps).await.unwrap();
+    wait_exit(&mut exits, &sb.uid, "ps", Duration::from_secs(10)).await;
+    let seen = log_text(&rt, &sb, "ps");
+    assert!(seen.contains("/bin/sh -i"), "{seen}");
+    assert!(
+        !seen.contains("shim"),
+        "only the target's namespace, not the node's (where the shims run): {seen}"
+    );
     rt.remove_sandbox(&sb, Duration::from_secs(1))
         .await
         .unwrap();

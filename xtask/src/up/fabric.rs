@@ -12,23 +12,51 @@ use super::plan::NodePlan;
 pub const FABRIC_NETNS: &str = "skiff-up-fabric";
 /// A client namespace on the fabric, outside the cluster (for NodePort and the like).
 pub const OUTSIDE_NETNS: &str = "skiff-up-outside";
-/// The control machine: the control plane's processes run inside this namespace.
+/// The control machine: the control plane's processes run inside this namespace (with
+/// several, `-1`, `-2`, ... appended).
 pub const CONTROL_NETNS: &str = "skiff-up-control";
-/// The control machine's host number on the fabric.
-const CONTROL_HOST: u8 = 250;
+/// The virtual address of several control machines' API servers.
+const VIP_HOST: u8 = 240;
 
-/// The control machine's address on the fabric.
-pub fn control_ip() -> std::net::IpAddr {
-    format!("{FABRIC_PREFIX}.{CONTROL_HOST}")
+fn fabric_ip(host: u8) -> std::net::IpAddr {
+    format!("{FABRIC_PREFIX}.{host}")
         .parse()
         .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED))
 }
 
-/// A fresh namespace for the control machine (a stale one is replaced), on the fabric at
-/// [`control_ip`].
-pub fn prepare_control_netns(fabric: &Fabric) -> Result<Netns> {
-    let ns = Netns::create(CONTROL_NETNS)?;
-    fabric.attach_as(ns.name(), CONTROL_HOST, "ctl")?;
+/// Control machine `i` of `of`: its namespace's name.
+pub fn control_netns(i: usize, of: usize) -> String {
+    if of <= 1 {
+        CONTROL_NETNS.to_string()
+    } else {
+        format!("{CONTROL_NETNS}-{}", i + 1)
+    }
+}
+
+/// Control machine `i` of `of`: its host number (`.250` alone, `.251` ... with others).
+fn control_host(i: usize, of: usize) -> u8 {
+    if of <= 1 {
+        250
+    } else {
+        251u8.saturating_add(u8::try_from(i).unwrap_or(u8::MAX))
+    }
+}
+
+/// The addresses of `of` control machines on the fabric.
+pub fn control_ips(of: usize) -> Vec<std::net::IpAddr> {
+    (0..of).map(|i| fabric_ip(control_host(i, of))).collect()
+}
+
+/// Several control machines' virtual address.
+pub fn vip() -> std::net::IpAddr {
+    fabric_ip(VIP_HOST)
+}
+
+/// A fresh namespace for control machine `i` of `of` (a stale one is replaced), on the
+/// fabric at its [`control_ips`] address.
+pub fn prepare_control_netns(fabric: &Fabric, i: usize, of: usize) -> Result<Netns> {
+    let ns = Netns::create(&control_netns(i, of))?;
+    fabric.attach_as(ns.name(), control_host(i, of), &format!("ctl{i}"))?;
     Ok(ns)
 }
 /// The fabric's subnet; nodes are .1 .. .N, the outside namespace .254.

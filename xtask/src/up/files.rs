@@ -199,7 +199,7 @@ fn apiserver_tool(bin_dir: &Path, args: &[OsString], what: &str) -> Result<()> {
 }
 
 /// Has the API server's binary make the `--ha` etcd PKI (once; later runs reuse it).
-pub fn make_etcd_pki(root: &Path, bin_dir: &Path) -> Result<()> {
+pub fn make_etcd_pki(root: &Path, bin_dir: &Path, controls: &[std::net::IpAddr]) -> Result<()> {
     let data = root.join(".skiff").join("etcd");
     if data.exists() && !etcd_pki_dir(root).exists() {
         bail!(
@@ -208,7 +208,11 @@ pub fn make_etcd_pki(root: &Path, bin_dir: &Path) -> Result<()> {
             data.display()
         );
     }
-    apiserver_tool(bin_dir, &etcd_certs_args(root), "making the etcd PKI")
+    apiserver_tool(
+        bin_dir,
+        &etcd_certs_args(root, controls),
+        "making the etcd PKI",
+    )
 }
 
 /// Has the API server's binary write a node's kubeconfig with a certificate of the cluster
@@ -220,6 +224,22 @@ pub fn write_node_kubeconfig(cfg: &UpConfig, bin_dir: &Path, node: &NodePlan) ->
         bin_dir,
         &node_kubeconfig_args(cfg, node),
         &format!("writing {}'s kubeconfig", node.name),
+    )
+}
+
+/// Writes a kubeconfig for `user` in `group` with every API server (as the cluster's
+/// processes reach them) to `dest`.
+pub fn write_kubeconfig(
+    cfg: &UpConfig,
+    bin_dir: &Path,
+    user: &str,
+    group: &str,
+    dest: &Path,
+) -> Result<()> {
+    apiserver_tool(
+        bin_dir,
+        &cfg.kubeconfig_args(user, group, dest, cfg.server_urls()),
+        "skiff-apiserver kubeconfig",
     )
 }
 

@@ -11,6 +11,7 @@ use anyhow::{Result, bail};
 use skiff_flags::{
     ApiServerFlags, ApiStore, ControllerManagerFlags, Election, EtcdCertsFlags, EtcdClientTls,
     EtcdFlags, EtcdMemberTls, KubeconfigFlags, NodeFlags, NodeMode, SchedulerFlags, SigningCa,
+    VipFlags,
 };
 
 use super::UpArgs;
@@ -45,10 +46,14 @@ pub struct UpConfig {
     pub registry: Option<SocketAddr>,
     /// `--ha`: three of everything in the control plane.
     pub ha: bool,
-    /// Machines that share only a network: the control plane runs on a `control` machine
-    /// (a namespace of its own) at this fabric address, each agent inside its node's
-    /// namespace; the host reaches the API server through a forwarder on `listen`.
-    pub control: Option<IpAddr>,
+    /// Machines that share only a network: the control plane runs on `control` machines
+    /// (namespaces of their own) at these fabric addresses (one, or three with `--ha`), each
+    /// agent inside its node's namespace; the host reaches the API server through a
+    /// forwarder on `listen`. Empty: everything on the host.
+    pub controls: Vec<IpAddr>,
+    /// `--ha` on machines: the API servers' virtual registration address, held by one
+    /// control machine at a time (`skiff-vip`).
+    pub vip: Option<IpAddr>,
 }
 
 impl UpConfig {
@@ -103,8 +108,30 @@ impl UpConfig {
             registry: (args.registry_port != 0)
                 .then(|| SocketAddr::from((Ipv4Addr::LOCALHOST, args.registry_port))),
             ha: args.ha,
-            control: None,
+            controls: Vec::new(),
+            vip: None,
         }
+    }
+
+    /// Puts the control plane on machines at `controls` (one per instance), with the
+    /// virtual address `vip` when there are several; etcd members go on the machines too.
+    pub fn on_machines(&mut self, controls: Vec<IpAddr>, vip: Option<IpAddr>) {
+        if self.ha {
+            let dir = match &self.store {
+                ApiStore::Etcd { tls, .. } => tls.clone(),
+                ApiStore::Embedded { .. } => None,
+            };
+            self.store = ApiStore::Etcd {
+                endpoints: controls
+                    .iter()
+                    .map(|ip| format!("https://{}", SocketAddr::new(*ip, HA_ETCD_CLIENT_PORTS[0])))
+                    .collect::<Vec<_>>()
+                    .join(","),
+                tls: dir,
+            };
+        }
+        self.controls = controls;
+        self.vip = vip;
     }
 
     /// How many instances of each control-plane component run.
@@ -117,34 +144,61 @@ impl UpConfig {
         SocketAddr::new(self.listen.ip(), self.listen.port().saturating_add(i))
     }
 
-    /// Where API server `i` itself listens: on the control machine's address, or (all on
-    /// the host) [`UpConfig::listen_of`].
+    /// Where API server `i` itself listens: on its control machine (on every address of
+    /// it when there is a virtual address to serve too), or (all on the host)
+    /// [`UpConfig::listen_of`].
     pub fn api_listen(&self, i: u16) -> SocketAddr {
-        match self.control {
-            Some(ip) => SocketAddr::new(ip, MACHINE_API_PORT),
-            None => self.listen_of(i),
+        match (self.controls.get(usize::from(i)), self.vip) {
+            (Some(_), Some(_)) => SocketAddr::from((Ipv4Addr::UNSPECIFIED, MACHINE_API_PORT)),
+            (Some(ip), None) => SocketAddr::new(*ip, MACHINE_API_PORT),
+            (None, _) => self.listen_of(i),
         }
     }
 
-    /// URL the cluster's own processes (components, agents) use to reach the (first) API
-    /// server.
+    /// Where API server `i` is reached from inside the cluster (its machine's address).
+    pub fn api_addr(&self, i: u16) -> SocketAddr {
+        match self.controls.get(usize::from(i)) {
+            Some(ip) => SocketAddr::new(*ip, MACHINE_API_PORT),
+            None => connect_addr(self.listen_of(i)),
+        }
+    }
+
+    /// The registration URL: what agents join and the host's forwarder reach (the virtual
+    /// address, else the first API server).
     pub fn server_url(&self) -> String {
-        format!("https://{}", connect_addr(self.api_listen(0)))
+        match self.vip {
+            Some(vip) => format!("https://{}", SocketAddr::new(vip, MACHINE_API_PORT)),
+            None => format!("https://{}", self.api_addr(0)),
+        }
     }
 
     /// Every API server's URL as the cluster's processes reach them, comma separated (what
     /// Skiff's clients fail over between).
     pub fn server_urls(&self) -> String {
         (0..self.instances())
-            .map(|i| format!("https://{}", connect_addr(self.api_listen(i))))
+            .map(|i| format!("https://{}", self.api_addr(i)))
             .collect::<Vec<_>>()
             .join(",")
     }
 
-    /// Every API server's URL as the host reaches them (through the forwarder when the
-    /// control plane is on a machine of its own).
+    /// The URLs agents are given: the virtual address when there is one (it survives the
+    /// loss of any server), else every server.
+    pub fn node_urls(&self) -> String {
+        match self.vip {
+            Some(_) => self.server_url(),
+            None => self.server_urls(),
+        }
+    }
+
+    /// Every API server's URL as the host reaches them: through the one forwarder when the
+    /// control plane is on machines, else each --listen port.
     pub fn host_urls(&self) -> String {
-        (0..self.instances())
+        let n = if self.controls.is_empty() {
+            self.instances()
+        } else {
+            1
+        };
+        (0..n)
             .map(|i| format!("https://{}", connect_addr(self.listen_of(i))))
             .collect::<Vec<_>>()
             .join(",")
@@ -238,14 +292,41 @@ pub const COMPONENTS: &[Component] = &[
 ];
 
 pub fn apiserver_args(cfg: &UpConfig, i: u16) -> Vec<OsString> {
+    // Serving the virtual address too: the server advertises its machine's own and its
+    // certificate names both.
+    let (tls_sans, extra) = match (cfg.vip, cfg.controls.get(usize::from(i))) {
+        (Some(vip), Some(own)) => (
+            Some(vip.to_string()),
+            vec!["--advertise-address".into(), own.to_string().into()],
+        ),
+        _ => (None, Vec::new()),
+    };
     ApiServerFlags {
         listen: cfg.api_listen(i),
         pki_dir: cfg.pki_dir.clone(),
         store: cfg.store.clone(),
-        tls_sans: None,
-        extra: Vec::new(),
+        tls_sans,
+        extra,
     }
     .args()
+}
+
+/// `skiff-vip` on control machine `i`: holds the virtual address while its API server
+/// answers.
+pub fn vip_args(cfg: &UpConfig, i: u16) -> Option<Vec<OsString>> {
+    let vip = cfg.vip?;
+    Some(
+        VipFlags {
+            kubeconfig: cfg.kubeconfig("vip"),
+            server: cfg.server_urls(),
+            address: format!("{vip}/24"),
+            interface: "eth0".into(),
+            health: cfg.api_addr(i).to_string(),
+            identity: format!("control-{}", i + 1),
+            lease_duration_seconds: 1,
+        }
+        .args(),
+    )
 }
 
 /// With `--ha`, instance `i` of a leader-electing component lists every API server and has
@@ -292,21 +373,29 @@ pub fn controller_manager_args(cfg: &UpConfig, i: u16) -> Vec<OsString> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcdMember {
     pub name: String,
+    /// Where it listens: loopback, or its control machine's address.
+    pub ip: IpAddr,
     pub client_port: u16,
     pub peer_port: u16,
     pub data_dir: PathBuf,
 }
 
-/// The `--ha` etcd members.
-pub fn etcd_members(root: &Path) -> Vec<EtcdMember> {
+/// The `--ha` etcd members: on loopback ports of the host, or one on each control machine at
+/// `controls` (each machine has its own ports).
+pub fn etcd_members(root: &Path, controls: &[IpAddr]) -> Vec<EtcdMember> {
     HA_ETCD_CLIENT_PORTS
         .iter()
         .enumerate()
         .map(|(i, &client)| {
             let name = format!("etcd-{}", i + 1);
             let data_dir = root.join(".skiff").join("etcd").join(&name);
+            let (ip, client) = match controls.get(i) {
+                Some(ip) => (*ip, HA_ETCD_CLIENT_PORTS[0]),
+                None => (IpAddr::V4(Ipv4Addr::LOCALHOST), client),
+            };
             EtcdMember {
                 name,
+                ip,
                 client_port: client,
                 peer_port: client + 1,
                 data_dir,
@@ -317,18 +406,18 @@ pub fn etcd_members(root: &Path) -> Vec<EtcdMember> {
 
 /// `etcd` arguments of one `--ha` member: TLS for clients and peers, with certificates of
 /// the etcd CA only.
-pub fn etcd_args(root: &Path, member: &EtcdMember) -> Vec<OsString> {
-    let cluster = etcd_members(root)
+pub fn etcd_args(root: &Path, controls: &[IpAddr], member: &EtcdMember) -> Vec<OsString> {
+    let cluster = etcd_members(root, controls)
         .iter()
-        .map(|m| format!("{}=https://127.0.0.1:{}", m.name, m.peer_port))
+        .map(|m| format!("{}=https://{}", m.name, SocketAddr::new(m.ip, m.peer_port)))
         .collect::<Vec<_>>()
         .join(",");
     let pki = etcd_pki_dir(root);
     EtcdFlags {
         name: member.name.clone(),
         data_dir: member.data_dir.clone(),
-        client_url: format!("https://127.0.0.1:{}", member.client_port),
-        peer_url: format!("https://127.0.0.1:{}", member.peer_port),
+        client_url: format!("https://{}", SocketAddr::new(member.ip, member.client_port)),
+        peer_url: format!("https://{}", SocketAddr::new(member.ip, member.peer_port)),
         initial_cluster: cluster,
         initial_cluster_token: "skiff-up-ha".into(),
         tls: Some(EtcdMemberTls {
@@ -343,10 +432,18 @@ pub fn etcd_args(root: &Path, member: &EtcdMember) -> Vec<OsString> {
 
 /// `skiff-apiserver etcd-certs` arguments that make (once) the `--ha` etcd PKI: the etcd
 /// CA, a certificate per member, the API server's client certificate.
-pub fn etcd_certs_args(root: &Path) -> Vec<OsString> {
+pub fn etcd_certs_args(root: &Path, controls: &[IpAddr]) -> Vec<OsString> {
+    let mut sans: Vec<String> = controls.iter().map(ToString::to_string).collect();
+    if !sans.is_empty() {
+        sans.extend(["127.0.0.1".to_string(), "localhost".to_string()]);
+    }
     EtcdCertsFlags {
         dir: etcd_pki_dir(root),
-        members: etcd_members(root).into_iter().map(|m| m.name).collect(),
+        members: etcd_members(root, controls)
+            .into_iter()
+            .map(|m| m.name)
+            .collect(),
+        sans,
     }
     .args()
 }
@@ -387,7 +484,7 @@ pub fn node_kubeconfig_args(cfg: &UpConfig, node: &NodePlan) -> Vec<OsString> {
         &format!("system:node:{}", node.name),
         "system:nodes",
         &node_kubeconfig(node),
-        cfg.server_urls(),
+        cfg.node_urls(),
     )
 }
 
@@ -416,7 +513,7 @@ pub fn node_args(cfg: &UpConfig, node: &NodePlan, how: &NodeCredentials) -> Vec<
     // On a machine of its own the agent runs inside its node's namespace and serves its API
     // on the node's address (the defaults); else it runs on the API server's machine (the
     // host), its API on loopback.
-    let own = cfg.control.is_some();
+    let own = !cfg.controls.is_empty();
     NodeFlags {
         node_netns: (!own).then(|| Path::new("/run/netns").join(&node.netns)),
         address: (!own).then_some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
@@ -537,8 +634,8 @@ mod tests {
         let plans = node_plans(1, Path::new("/repo"));
         let k = s(node_kubeconfig_args(&cfg, &plans[0]));
         assert!(k.windows(2).any(|w| w == ["--server", all]), "{k:?}");
-        let members = etcd_members(Path::new("/repo"));
-        let e = s(etcd_args(Path::new("/repo"), &members[1]));
+        let members = etcd_members(Path::new("/repo"), &[]);
+        let e = s(etcd_args(Path::new("/repo"), &[], &members[1]));
         assert!(e.contains(&"--name=etcd-2".to_string()), "{e:?}");
         assert!(
             e.contains(&"--listen-client-urls=https://127.0.0.1:2381".to_string()),
@@ -577,7 +674,7 @@ mod tests {
             assert!(api.windows(2).any(|w| w == [flag, file]), "{api:?}");
         }
         assert_eq!(
-            s(etcd_certs_args(Path::new("/repo"))),
+            s(etcd_certs_args(Path::new("/repo"), &[])),
             [
                 "etcd-certs",
                 "--dir",
@@ -622,7 +719,7 @@ mod tests {
     #[test]
     fn machines_listen_on_fabric_addresses_and_the_host_uses_the_forwarder() {
         let mut cfg = UpConfig::from_args(&args(None, None), Path::new("/repo"), Path::new("/"));
-        cfg.control = Some("192.168.100.250".parse().unwrap());
+        cfg.on_machines(vec!["192.168.100.250".parse().unwrap()], None);
         let api = s(apiserver_args(&cfg, 0));
         assert!(
             api.windows(2)
@@ -652,6 +749,63 @@ mod tests {
             k.windows(2)
                 .any(|w| w == ["--server", "https://192.168.100.250:6443"]),
             "{k:?}"
+        );
+    }
+
+    /// `--ha` on machines: three control machines, each with an etcd member on its address
+    /// (certificates naming every machine), an API server on every address of its machine
+    /// (the virtual one too) advertising its own, a `skiff-vip`; agents use the virtual
+    /// address alone.
+    #[test]
+    fn ha_machines_share_a_virtual_address() {
+        let mut a = args(None, None);
+        a.ha = true;
+        let mut cfg = UpConfig::from_args(&a, Path::new("/repo"), Path::new("/"));
+        let controls: Vec<IpAddr> = ["192.168.100.251", "192.168.100.252", "192.168.100.253"]
+            .iter()
+            .map(|ip| ip.parse().unwrap())
+            .collect();
+        cfg.on_machines(controls.clone(), Some("192.168.100.240".parse().unwrap()));
+        let etcd = "https://192.168.100.251:2379,https://192.168.100.252:2379,https://192.168.100.253:2379";
+        assert!(
+            matches!(&cfg.store, ApiStore::Etcd { endpoints, tls: Some(_) } if endpoints == etcd),
+            "{:?}",
+            cfg.store
+        );
+        let api = s(apiserver_args(&cfg, 1));
+        for pair in [
+            ["--listen", "0.0.0.0:6443"],
+            ["--advertise-address", "192.168.100.252"],
+            ["--tls-san", "192.168.100.240"],
+        ] {
+            assert!(api.windows(2).any(|w| w == pair), "{pair:?} in {api:?}");
+        }
+        assert_eq!(cfg.server_url(), "https://192.168.100.240:6443");
+        assert_eq!(cfg.node_urls(), "https://192.168.100.240:6443");
+        assert_eq!(cfg.host_urls(), "https://127.0.0.1:7443");
+        let vip = s(vip_args(&cfg, 2).unwrap());
+        for pair in [
+            ["--address", "192.168.100.240/24"],
+            ["--health", "192.168.100.253:6443"],
+            ["--identity", "control-3"],
+        ] {
+            assert!(vip.windows(2).any(|w| w == pair), "{pair:?} in {vip:?}");
+        }
+        let members = etcd_members(Path::new("/repo"), &controls);
+        let e = s(etcd_args(Path::new("/repo"), &controls, &members[0]));
+        assert!(
+            e.iter()
+                .any(|w| w == "--listen-client-urls=https://192.168.100.251:2379"),
+            "{e:?}"
+        );
+        let certs = s(etcd_certs_args(Path::new("/repo"), &controls));
+        assert!(
+            certs.windows(2).any(|w| w
+                == [
+                    "--san",
+                    "192.168.100.251,192.168.100.252,192.168.100.253,127.0.0.1,localhost"
+                ]),
+            "{certs:?}"
         );
     }
 

@@ -19,6 +19,7 @@
 //! | `PodSecurity` | pods: the namespace's enforced Pod Security level, on create and on every update that changes an image |
 //! | `ServiceIPRange` | Services: clusterIPs only from the service CIDR (kube-apiserver's allocator check) |
 //! | `DenyServiceExternalIPs` | Services: no new `externalIPs` (kube-apiserver's plug-in of that name) |
+//! | `LoadBalancerIPPools` | pools overlap no other pool, the service CIDR or the cluster CIDR; a LoadBalancer Service asks only for addresses of a pool that serves it |
 //! | `RBACEscalation` | Roles and bindings: no one grants permissions they do not hold ([`crate::auth::escalation`]) |
 //! | `CertificateApproval` | approving a CertificateSigningRequest takes `approve` on `signers/<signerName>` |
 //! | `CertificateSigning` | writing its certificate takes `sign` on `signers/<signerName>` |
@@ -36,6 +37,7 @@ use skiff_cidr::Ipv4Cidr;
 use crate::auth::authz::Authorizer;
 
 pub mod interface;
+mod lb_pools;
 mod plugins;
 
 pub use interface::{Admit, Operation, Plugin, Refusal, Request};
@@ -46,6 +48,9 @@ pub struct Config {
     /// The Services' clusterIP range; `None` accepts any address (in-process servers of
     /// tests that do not configure one).
     pub service_cluster_ip_range: Option<Ipv4Cidr>,
+    /// The pods' addresses (`--cluster-cidr`), which no LoadBalancerIPPool may overlap;
+    /// `None`: not checked.
+    pub cluster_cidr: Option<Ipv4Cidr>,
 }
 
 /// The ordered plug-ins.
@@ -79,6 +84,10 @@ impl Chain {
                 range: config.service_cluster_ip_range,
             }),
             Box::new(plugins::DenyServiceExternalIps),
+            Box::new(lb_pools::LoadBalancerIpPools {
+                service_cluster_ip_range: config.service_cluster_ip_range,
+                cluster_cidr: config.cluster_cidr,
+            }),
             Box::new(plugins::RbacEscalation {
                 authorizer: Arc::clone(&authorizer),
             }),

@@ -102,8 +102,9 @@ impl Plugin for DefaultStorageClass {
 }
 
 /// The namespace's enforced Pod Security level, on a pod's create and on every update that
-/// changes what a check looks at (an image), as kube-apiserver's plug-in; subresources
-/// (status, binding) are not evaluated.
+/// changes what a check looks at (an image), as kube-apiserver's plug-in, and on every write
+/// of `ephemeralcontainers` (a container added to a running pod is checked as any other);
+/// the other subresources (status, binding) are not evaluated.
 pub(super) struct PodSecurity;
 
 #[async_trait]
@@ -120,7 +121,9 @@ impl Plugin for PodSecurity {
         let Some(pod) = object.downcast_ref::<Pod>() else {
             return Ok(());
         };
-        if !req.subresource.is_empty() {
+        if !req.subresource.is_empty()
+            && req.subresource != crate::strategy::pod::EPHEMERAL_CONTAINERS
+        {
             return Ok(());
         }
         let Some(spec) = &pod.spec else {

@@ -5,7 +5,12 @@
 //!
 //! - Nodes: read any (routes to other nodes' pod CIDRs); create, update and patch only its
 //!   own (`node "n1" is not allowed to modify node "n2"`).
-//! - Leases in `kube-node-lease`: only its own.
+//! - Leases in `kube-node-lease`: only its own. In `kube-system`: list and watch, and get,
+//!   create, update and patch those named `skiff-l2-*` (the L2 announcement elections of
+//!   LoadBalancer addresses, one per address, which any eligible node may hold); never
+//!   delete, never another name (not the control plane's leader-election Leases). Not in
+//!   Kubernetes' Node authorizer: MetalLB's and Cilium's speakers hold the like through
+//!   their own ServiceAccounts.
 //! - Pods: get, update (status), patch and delete only pods bound to it; list and watch
 //!   with the field selector `spec.nodeName=<node>`, or as RBAC allows (the default policy
 //!   binds `system:skiff:network-policy-agent` to every node: NetworkPolicy enforcement needs
@@ -47,6 +52,10 @@ impl std::fmt::Debug for Graph<'_> {
         f.debug_struct("Graph").finish_non_exhaustive()
     }
 }
+
+/// Where the node agents' L2 announcement Leases live, and how their names start.
+const L2_LEASE_NAMESPACE: &str = "kube-system";
+const L2_LEASE_PREFIX: &str = "skiff-l2-";
 
 fn no_relationship(node: &str) -> Decision {
     Decision::Deny(format!(
@@ -231,7 +240,15 @@ pub fn decide(authz: &Graph<'_>, user: &UserInfo, a: &Attributes) -> Decision {
             } else {
                 &a.name
             };
-            if a.namespace == "kube-node-lease" && target == node && a.verb != "deletecollection" {
+            let l2_election = a.namespace == L2_LEASE_NAMESPACE
+                && match a.verb.as_str() {
+                    "list" | "watch" => true,
+                    "get" | "create" | "update" | "patch" => target.starts_with(L2_LEASE_PREFIX),
+                    _ => false,
+                };
+            if (a.namespace == "kube-node-lease" && target == node && a.verb != "deletecollection")
+                || l2_election
+            {
                 Decision::Allow
             } else {
                 Decision::NoOpinion
@@ -365,6 +382,43 @@ mod tests {
             .unwrap(),
             dir,
         )
+    }
+
+    /// A node writes its own node Lease and the L2 announcement Leases, no other Lease.
+    #[tokio::test]
+    async fn nodes_write_only_their_lease_and_l2_announcement_leases() {
+        let (registry, _dir) = registry().await;
+        let full = crate::auth::authz::Authorizer::start(&registry)
+            .await
+            .unwrap();
+        let rbac = |u: &UserInfo, a: &Attributes| full.rbac_allows(u, a);
+        let authz = full.node_graph(&rbac);
+        let n1 = UserInfo {
+            name: "system:node:n1".into(),
+            groups: vec![NODES_GROUP.into(), "system:authenticated".into()],
+            ..Default::default()
+        };
+        let may = |verb: &str, namespace: &str, name: &str| {
+            decide(
+                &authz,
+                &n1,
+                &Attributes::resource(verb, "coordination.k8s.io", "leases", "", namespace, name),
+            ) == Decision::Allow
+        };
+        for verb in ["get", "create", "update", "patch"] {
+            assert!(
+                may(verb, "kube-system", "skiff-l2-192-168-100-240"),
+                "{verb}"
+            );
+            assert!(!may(verb, "kube-system", "skiff-scheduler"), "{verb}");
+            assert!(!may(verb, "default", "skiff-l2-192-168-100-240"), "{verb}");
+            assert!(may(verb, "kube-node-lease", "n1"), "{verb}");
+            assert!(!may(verb, "kube-node-lease", "n2"), "{verb}");
+        }
+        assert!(may("list", "kube-system", "") && may("watch", "kube-system", ""));
+        assert!(!may("list", "default", ""));
+        assert!(!may("delete", "kube-system", "skiff-l2-192-168-100-240"));
+        assert!(!may("deletecollection", "kube-system", ""));
     }
 
     /// A node gets the claims its pods name and the volumes bound to them, nothing else.

@@ -121,6 +121,8 @@ const BATCH: &[&str] = &["jobs", "jobs/status", "cronjobs", "cronjobs/status"];
 const NETWORKING_GROUP: &str = "networking.k8s.io";
 /// The storage API group (StorageClasses).
 const STORAGE_GROUP: &str = "storage.k8s.io";
+/// Skiff's own kinds (LoadBalancerIPPools).
+const SKIFF_GROUP: &str = "skiff.io";
 const AUTOSCALING: &[&str] = &[
     "horizontalpodautoscalers",
     "horizontalpodautoscalers/status",
@@ -369,6 +371,18 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                 ),
             ],
         ),
+        // skiff-vip: holds the API servers' virtual address through its one Lease, nothing
+        // else (creating cannot be limited by name; reading and renewing are).
+        role(
+            "system:skiff-vip",
+            vec![
+                rule(&["create"], &["coordination.k8s.io"], &["leases"]),
+                named(
+                    rule(&["get", "update"], &["coordination.k8s.io"], &["leases"]),
+                    &["skiff-apiserver-vip"],
+                ),
+            ],
+        ),
         // skiff-controller-manager: its controllers own workloads, endpoints, allocations,
         // node health, garbage collection and namespace deletion (which removes every
         // namespaced kind, RBAC objects and Secrets included). No subresource that reaches
@@ -432,7 +446,8 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                     &["clusterroles"],
                 ),
                 // The certificatesigningrequest controller approves nodes' client and
-                // serving certificates and signs approved requests with the cluster CA.
+                // serving certificates, signs approved requests with the cluster CA, and
+                // deletes requests that are done with (csrcleaner's rules).
                 rule(
                     &["get", "list", "watch", "delete"],
                     &[CERTIFICATES_GROUP],
@@ -446,6 +461,10 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                         "certificatesigningrequests/status",
                     ],
                 ),
+                // The lbipam controller reads LoadBalancerIPPools and writes their status
+                // (Services' status through services/status above).
+                rule(READ, &[SKIFF_GROUP], &["loadbalancerippools"]),
+                rule(&["update"], &[SKIFF_GROUP], &["loadbalancerippools/status"]),
                 // The signers it approves for and signs as (kube-controller-manager's
                 // csrapproving and csrsigning roles); the admission chain checks these.
                 named(
@@ -559,6 +578,11 @@ pub fn cluster_role_bindings() -> Vec<ClusterRoleBinding> {
             "system:kube-controller-manager",
             "system:kube-controller-manager",
             &[("User", "system:kube-controller-manager")],
+        ),
+        binding(
+            "system:skiff-vip",
+            "system:skiff-vip",
+            &[("User", "system:skiff-vip")],
         ),
         binding(
             "system:node-bootstrapper",
@@ -690,6 +714,41 @@ mod tests {
         assert!(!allows(sched, "update", STORAGE_GROUP, "storageclasses"));
         assert!(allows("system:node", "get", "", "persistentvolumes"));
         assert!(!allows("system:node", "list", "", "persistentvolumeclaims"));
+    }
+
+    #[test]
+    fn the_controller_manager_reads_address_pools_and_writes_only_their_status() {
+        let cm = "system:kube-controller-manager";
+        for verb in READ {
+            assert!(
+                allows(cm, verb, SKIFF_GROUP, "loadbalancerippools"),
+                "{verb}"
+            );
+        }
+        assert!(allows(
+            cm,
+            "update",
+            SKIFF_GROUP,
+            "loadbalancerippools/status"
+        ));
+        for verb in ["create", "update", "patch", "delete", "deletecollection"] {
+            assert!(
+                !allows(cm, verb, SKIFF_GROUP, "loadbalancerippools"),
+                "{verb}"
+            );
+        }
+        assert!(!allows(
+            cm,
+            "patch",
+            SKIFF_GROUP,
+            "loadbalancerippools/status"
+        ));
+        assert!(allows(
+            "cluster-admin",
+            "create",
+            SKIFF_GROUP,
+            "loadbalancerippools"
+        ));
     }
 
     #[test]

@@ -81,6 +81,16 @@ pub fn subresources(info: &KindInfo) -> Vec<Subresource> {
                 response: Some(("", "v1", "PodExecOptions")),
             },
             Subresource {
+                name: "attach",
+                verbs: &["create", "get"],
+                response: Some(("", "v1", "PodAttachOptions")),
+            },
+            Subresource {
+                name: "ephemeralcontainers",
+                verbs: &["get", "patch", "update"],
+                response: None,
+            },
+            Subresource {
                 name: "portforward",
                 verbs: &["create", "get"],
                 response: Some(("", "v1", "PodPortForwardOptions")),

@@ -35,9 +35,9 @@ use crate::ApiError;
 use crate::status::plain_failure;
 
 /// The channel protocols Skiff speaks, preferred first (kubectl 1.32 offers v5 down to v1).
-const EXEC_PROTOCOLS: [&str; 2] = ["v5.channel.k8s.io", "v4.channel.k8s.io"];
+pub(super) const EXEC_PROTOCOLS: [&str; 2] = ["v5.channel.k8s.io", "v4.channel.k8s.io"];
 
-type AgentConn = TokioIo<hyper::upgrade::Upgraded>;
+pub(super) type AgentConn = TokioIo<hyper::upgrade::Upgraded>;
 
 /// `GET|POST /api/v1/namespaces/<ns>/pods/<name>/exec?command=...&container=...`.
 pub(crate) async fn serve(
@@ -67,7 +67,9 @@ pub(crate) async fn serve(
              (v5.channel.k8s.io or v4.channel.k8s.io)",
         );
     }
-    let command = target.req.command.clone();
+    let session = Session::Exec {
+        command: target.req.command.clone(),
+    };
     let agent = match target
         .agent
         .exec(&namespace, &name, &target.container, &target.req)
@@ -82,7 +84,7 @@ pub(crate) async fn serve(
     };
     upgrade
         .protocols(EXEC_PROTOCOLS)
-        .on_upgrade(move |socket| bridge(socket, agent, command))
+        .on_upgrade(move |socket| bridge(socket, agent, session))
 }
 
 /// Where and what to run, checked before anything starts.
@@ -128,24 +130,7 @@ async fn request(
     }
     // A container the pod's status shows exited is refused here, before anything starts
     // (the agent checks again: the status may lag).
-    let state = pod
-        .status
-        .iter()
-        .flat_map(|s| &s.container_statuses)
-        .find(|c| c.name == container)
-        .and_then(|c| c.state.as_ref());
-    if let Some(state) = state
-        && state.running.is_none()
-    {
-        let why = match &state.waiting {
-            Some(w) if !w.reason.is_empty() => format!("it is waiting to start: {}", w.reason),
-            Some(_) => "it is waiting to start".to_string(),
-            None => "it has exited".to_string(),
-        };
-        return Err(ApiError::Internal(format!(
-            "container {container:?} is not running: {why}"
-        )));
-    }
+    check_running(&pod, &container)?;
     let agent = node_agent(rest, &pod)
         .await?
         .map_err(|e| ApiError::Internal(e.to_string()))?;
@@ -160,9 +145,37 @@ async fn request(
     })
 }
 
+/// A container the pod's status shows not running (waiting, or exited) is refused with why;
+/// [`ApiError::Internal`] carries the reason.
+pub(super) fn check_running(pod: &Pod, container: &str) -> Result<(), ApiError> {
+    let state = pod
+        .status
+        .iter()
+        .flat_map(|s| {
+            s.container_statuses
+                .iter()
+                .chain(&s.ephemeral_container_statuses)
+        })
+        .find(|c| c.name == container)
+        .and_then(|c| c.state.as_ref());
+    if let Some(state) = state
+        && state.running.is_none()
+    {
+        let why = match &state.waiting {
+            Some(w) if !w.reason.is_empty() => format!("it is waiting to start: {}", w.reason),
+            Some(_) => "it is waiting to start".to_string(),
+            None => "it has exited".to_string(),
+        };
+        return Err(ApiError::Internal(format!(
+            "container {container:?} is not running: {why}"
+        )));
+    }
+    Ok(())
+}
+
 /// The agent's refusal as Kubernetes words it (the runtime's reason after kube-apiserver's
 /// "error executing command in container").
-fn agent_failure(e: &NodeApiError, name: &str, container: &str) -> Response {
+pub(super) fn agent_failure(e: &NodeApiError, name: &str, container: &str) -> Response {
     match e {
         NodeApiError::Status {
             status: 400,
@@ -186,7 +199,7 @@ fn agent_failure(e: &NodeApiError, name: &str, container: &str) -> Response {
 }
 
 /// kube-apiserver's answer when the runtime could not run the command.
-fn exec_error(why: &str) -> Response {
+pub(super) fn exec_error(why: &str) -> Response {
     plain_failure(
         500,
         "InternalError",
@@ -201,9 +214,39 @@ fn message(channel: u8, data: &[u8]) -> Message {
     Message::Binary(m.into())
 }
 
+/// What a bridged session is, for the Status written at its end.
+pub(super) enum Session {
+    Exec { command: Vec<String> },
+    Attach,
+}
+
+impl Session {
+    /// The session ended: the command exited with `code` (attach: the container exited, or
+    /// the client detached, which the kubelet reports as success).
+    fn ended(&self, code: i32) -> serde_json::Value {
+        match self {
+            Session::Exec { command } => exec_status(command, code),
+            Session::Attach => json!({"metadata": {}, "status": "Success"}),
+        }
+    }
+
+    fn failed(&self, why: &str) -> serde_json::Value {
+        match self {
+            Session::Exec { command } => failure(command, why),
+            Session::Attach => json!({
+                "metadata": {},
+                "status": "Failure",
+                "message": format!("error attaching to container: {why}"),
+                "reason": "InternalError",
+                "code": 500,
+            }),
+        }
+    }
+}
+
 /// Translates between kubectl's WebSocket and the agent's frames until the session ends
 /// (its end written, then a normal close) or either side goes away.
-async fn bridge(mut socket: WebSocket, agent: AgentConn, command: Vec<String>) {
+pub(super) async fn bridge(mut socket: WebSocket, agent: AgentConn, session: Session) {
     // As kube-apiserver: an empty message on the first output channel says "connected".
     if socket.send(message(channel::STDOUT, &[])).await.is_err() {
         return;
@@ -241,19 +284,18 @@ async fn bridge(mut socket: WebSocket, agent: AgentConn, command: Vec<String>) {
                         Ok(ExecEnd {
                             exit_code: Some(code),
                             ..
-                        }) => exec_status(&command, code),
-                        Ok(ExecEnd { error, .. }) => failure(
-                            &command,
+                        }) => session.ended(code),
+                        Ok(ExecEnd { error, .. }) => session.failed(
                             error
                                 .as_deref()
                                 .unwrap_or("the session ended without an exit code"),
                         ),
-                        Err(e) => failure(&command, &format!("unreadable end of session: {e}")),
+                        Err(e) => session.failed(&format!("unreadable end of session: {e}")),
                     };
                 }
                 Ok(Some(_)) => {}
                 Ok(None) | Err(_) => {
-                    break failure(&command, "the node agent's connection was lost");
+                    break session.failed("the node agent's connection was lost");
                 }
             }
         };

@@ -18,8 +18,9 @@
 //!   `fieldValidation=Strict|Warn|Ignore`; list and watch options validated as
 //!   kube-apiserver's `ValidateListOptions`;
 //! - subresources: `status`, `scale` (as `autoscaling/v1` Scale), `pods/binding`, and
-//!   `pods/log`, `pods/exec` (WebSocket, `v5.channel.k8s.io`) and `pods/portforward` (SPDY/3.1
-//!   in a WebSocket) through the pod's node agent
+//!   `pods/ephemeralcontainers` (get, update, patch: `kubectl debug`), and `pods/log`,
+//!   `pods/exec` and `pods/attach` (WebSocket, `v5.channel.k8s.io`; [`exec`], [`attach`])
+//!   and `pods/portforward` (SPDY/3.1 in a WebSocket) through the pod's node agent
 //!   ([`node_proxy`]);
 //! - answers as JSON, YAML (`Accept: application/yaml`), a `meta.k8s.io/v1` Table
 //!   (`;as=Table`) or metadata only (`;as=PartialObjectMetadata[List]`); errors as `Status`
@@ -43,6 +44,7 @@
 
 mod access;
 mod agent_client;
+mod attach;
 mod call;
 mod context;
 mod discovery;
@@ -231,6 +233,14 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
                 && matches!(parts.method, Method::GET | Method::POST) =>
         {
             exec::serve(&rest, parts, p, query).await
+        }
+        Target::Resource(p)
+            if p.resource == "pods"
+                && p.group.is_empty()
+                && p.subresource.as_deref() == Some("attach")
+                && matches!(parts.method, Method::GET | Method::POST) =>
+        {
+            attach::serve(&rest, parts, p, query).await
         }
         Target::Resource(p)
             if p.resource == "pods"

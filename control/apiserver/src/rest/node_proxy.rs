@@ -150,8 +150,14 @@ pub(crate) fn pick_container(pod: &Pod, asked: Option<&str>) -> Result<String, A
         .flat_map(|s| &s.containers)
         .map(|c| c.name.as_str())
         .collect();
+    let ephemeral = |c: &str| {
+        pod.spec
+            .iter()
+            .flat_map(|s| &s.ephemeral_containers)
+            .any(|e| e.name == c)
+    };
     match asked.filter(|c| !c.is_empty()) {
-        Some(c) if containers.contains(&c) => Ok(c.to_string()),
+        Some(c) if containers.contains(&c) || ephemeral(c) => Ok(c.to_string()),
         Some(c) => Err(ApiError::BadRequest(format!(
             "container {c} is not valid for pod {name}"
         ))),

@@ -1,5 +1,6 @@
 //! Every verb on every kind: get, list, watch, create, update, patch, delete,
-//! deletecollection, and the `status`, `scale` and `binding` subresources, once for all kinds
+//! deletecollection, and the `status`, `scale`, `binding` and pods' `ephemeralcontainers`
+//! subresources, once for all kinds
 //! through the registry's object-safe handler and the kind's `DynKind` codec.
 
 use axum::body::Bytes;
@@ -108,6 +109,13 @@ pub(crate) async fn serve(
         (&Method::POST, Some(_), Some("eviction")) if info.plural == "pods" => {
             evict(&call, &body).await
         }
+        (&Method::GET, Some(_), Some(EPHEMERAL)) if info.plural == "pods" => get(&call).await,
+        (&Method::PUT, Some(_), Some(EPHEMERAL)) if info.plural == "pods" => {
+            update(&call, &body, EPHEMERAL).await
+        }
+        (&Method::PATCH, Some(_), Some(EPHEMERAL)) if info.plural == "pods" => {
+            patch::serve(&call, &body, EPHEMERAL).await
+        }
         (&Method::GET, Some(_), Some("log")) if info.plural == "pods" => {
             super::node_proxy::log(rest, &call).await
         }
@@ -127,6 +135,10 @@ pub(crate) async fn serve(
         Err(e) => call.fail(&e),
     }
 }
+
+/// `pods/<name>/ephemeralcontainers`: the pod, of which a write may only add ephemeral
+/// containers (`crate::strategy::pod`).
+const EPHEMERAL: &str = "ephemeralcontainers";
 
 async fn get(call: &Call<'_>) -> Result<Response, ApiError> {
     let bytes = call.handler.get(&call.namespace, &call.name).await?;

@@ -20,6 +20,7 @@ mod apps;
 mod autoscaling;
 pub mod batch;
 pub mod certificates;
+mod lb_pool;
 mod networking;
 pub(crate) mod pod;
 pub mod pod_security;

@@ -1,6 +1,15 @@
 //! Pods: defaulting and validation of pod specs (shared with the templates of ReplicaSets and
 //! Deployments), the immutability of a pod's spec, graceful deletion and binding.
 //!
+//! Ephemeral containers (`kubectl debug`) are written only through the `ephemeralcontainers`
+//! subresource ([`EPHEMERAL_CONTAINERS`]), which copies `spec.ephemeralContainers` into the
+//! stored pod and nothing else; a create drops them and the main update keeps the stored
+//! ones, as only that subresource may change them. As in Kubernetes they may only be added:
+//! an existing one may not change or go, a new one is validated as a container without
+//! ports, probes or resources, its name unique among all the pod's containers, its
+//! `targetContainerName` one of `spec.containers`. Admission (Pod Security included) sees the
+//! write as an update of the pod through that subresource.
+//!
 //! The ServiceAccount admission (`service_account_admission`, the chain's `ServiceAccount`
 //! plug-in, before validation) defaults `serviceAccountName`, refuses a named ServiceAccount
 //! that does not exist (a missing `default` only means no token) and, when the account exists
@@ -11,11 +20,16 @@ use std::collections::BTreeSet;
 
 use async_trait::async_trait;
 use skiff_api::Resource;
-use skiff_api::api::{Binding, Condition, Container, Pod, PodSpec, PodStatus, Probe};
+use skiff_api::api::{
+    Binding, Condition, Container, EphemeralContainer, Pod, PodSpec, PodStatus, Probe,
+};
 
 use super::{DeleteContext, DeleteDecision, PROTOCOLS, Strategy};
 use crate::error::{ApiError, FieldError};
 use crate::validation as v;
+
+/// The subresource through which ephemeral containers are added.
+pub const EPHEMERAL_CONTAINERS: &str = "ephemeralcontainers";
 
 /// Kubernetes' default `terminationGracePeriodSeconds`.
 pub const DEFAULT_GRACE_SECONDS: i64 = 30;
@@ -245,9 +259,25 @@ pub(crate) fn validate_pod_spec_with_claims(
             let cp = format!("{path}.{field}[{i}]");
             validate_container(out, &cp, c);
             super::pod_volumes::validate_container_extras(out, &cp, c, &volumes);
-            if !c.name.is_empty() && !names.insert(c.name.as_str()) {
+            if !c.name.is_empty() && !names.insert(c.name.clone()) {
                 out.push(FieldError::duplicate(format!("{cp}.name"), &c.name));
             }
+        }
+    }
+    if path != "spec" && !spec.ephemeral_containers.is_empty() {
+        out.push(FieldError::forbidden(
+            format!("{path}.ephemeralContainers"),
+            "ephemeral containers not allowed in pod template",
+        ));
+    }
+    for (i, e) in spec.ephemeral_containers.iter().enumerate() {
+        let ep = format!("{path}.ephemeralContainers[{i}]");
+        validate_ephemeral(out, &ep, e, spec);
+        let c = e.to_container();
+        validate_container(out, &ep, &c);
+        super::pod_volumes::validate_container_extras(out, &ep, &c, &volumes);
+        if !e.name.is_empty() && !names.insert(e.name.clone()) {
+            out.push(FieldError::duplicate(format!("{ep}.name"), &e.name));
         }
     }
     if !RESTART_POLICIES.contains(&spec.restart_policy.as_str()) {
@@ -302,9 +332,107 @@ pub(crate) fn validate_pod_spec_with_claims(
     }
 }
 
-/// The spec with every field a pod update may change blanked out.
+/// Kubernetes' rules for an ephemeral container beyond a container's: no ports, probes or
+/// resources (it is never restarted and gets nothing reserved), a target among
+/// `spec.containers`.
+fn validate_ephemeral(
+    out: &mut Vec<FieldError>,
+    path: &str,
+    e: &EphemeralContainer,
+    spec: &PodSpec,
+) {
+    if !e.ports.is_empty() {
+        out.push(FieldError::forbidden(
+            format!("{path}.ports"),
+            "cannot be set for an Ephemeral Container",
+        ));
+    }
+    for (field, set) in [
+        ("livenessProbe", e.liveness_probe.is_some()),
+        ("readinessProbe", e.readiness_probe.is_some()),
+        ("startupProbe", e.startup_probe.is_some()),
+        (
+            "resources",
+            e.resources
+                .as_ref()
+                .is_some_and(|r| !r.limits.is_empty() || !r.requests.is_empty()),
+        ),
+    ] {
+        if set {
+            out.push(FieldError::forbidden(
+                format!("{path}.{field}"),
+                "cannot be set for an Ephemeral Container",
+            ));
+        }
+    }
+    let t = &e.target_container_name;
+    if !t.is_empty() && !spec.containers.iter().any(|c| &c.name == t) {
+        out.push(FieldError::not_found(
+            format!("{path}.targetContainerName"),
+            t,
+        ));
+    }
+}
+
+/// Ephemeral containers may only be added: each of `old`'s is still there, unchanged.
+fn validate_ephemeral_update(out: &mut Vec<FieldError>, new: &PodSpec, old: &PodSpec) {
+    for (i, o) in old.ephemeral_containers.iter().enumerate() {
+        let path = format!("spec.ephemeralContainers[{i}]");
+        match new.ephemeral_containers.iter().find(|n| n.name == o.name) {
+            None => out.push(FieldError::forbidden(
+                path,
+                format!(
+                    "existing ephemeral containers {:?} may not be removed",
+                    o.name
+                ),
+            )),
+            Some(n) if significant(n) != significant(o) => out.push(FieldError::forbidden(
+                path,
+                format!(
+                    "existing ephemeral containers {:?} may not be changed",
+                    o.name
+                ),
+            )),
+            Some(_) => {}
+        }
+    }
+}
+
+/// An ephemeral container as JSON without its empty fields: what a client that read it
+/// sends back (an empty `resources: {}` and none are the same).
+fn significant(e: &EphemeralContainer) -> serde_json::Value {
+    fn prune(v: serde_json::Value) -> Option<serde_json::Value> {
+        use serde_json::Value;
+        match v {
+            Value::Null | Value::Bool(false) => None,
+            Value::String(s) if s.is_empty() => None,
+            Value::Array(a) if a.is_empty() => None,
+            Value::Array(a) => Some(Value::Array(
+                a.into_iter()
+                    .map(|x| prune(x).unwrap_or(Value::Null))
+                    .collect(),
+            )),
+            Value::Object(m) => {
+                let m: serde_json::Map<String, Value> = m
+                    .into_iter()
+                    .filter_map(|(k, v)| prune(v).map(|v| (k, v)))
+                    .collect();
+                (!m.is_empty()).then_some(Value::Object(m))
+            }
+            other => Some(other),
+        }
+    }
+    serde_json::to_value(e)
+        .ok()
+        .and_then(prune)
+        .unwrap_or_default()
+}
+
+/// The spec with every field a pod update may change blanked out (ephemeral containers are
+/// checked on their own: only their subresource changes them).
 fn immutable_part(spec: Option<&PodSpec>) -> PodSpec {
     let mut s = spec.cloned().unwrap_or_default();
+    s.ephemeral_containers.clear();
     for c in s.containers.iter_mut().chain(s.init_containers.iter_mut()) {
         c.image.clear();
     }
@@ -481,8 +609,40 @@ impl Strategy for Pod {
         }
     }
 
-    /// A new pod is Pending.
+    /// Writes through `ephemeralcontainers` change `spec.ephemeralContainers` only.
+    fn copy_subresource_from(&mut self, new: &Self, subresource: &str) -> bool {
+        if subresource != EPHEMERAL_CONTAINERS {
+            return false;
+        }
+        let added = new
+            .spec
+            .as_ref()
+            .map(|s| s.ephemeral_containers.clone())
+            .unwrap_or_default();
+        if let Some(spec) = self.spec.as_mut() {
+            spec.ephemeral_containers = added;
+        }
+        true
+    }
+
+    /// The main update keeps the stored ephemeral containers: only their subresource
+    /// changes them.
+    fn prepare_update(&mut self, old: &Self) {
+        let kept = old
+            .spec
+            .as_ref()
+            .map(|s| s.ephemeral_containers.clone())
+            .unwrap_or_default();
+        if let Some(spec) = self.spec.as_mut() {
+            spec.ephemeral_containers = kept;
+        }
+    }
+
+    /// A new pod is Pending, without ephemeral containers (they are added to a running pod).
     fn prepare_create(&mut self) {
+        if let Some(spec) = self.spec.as_mut() {
+            spec.ephemeral_containers.clear();
+        }
         let status = self.status.get_or_insert_with(PodStatus::default);
         if status.phase.is_empty() {
             status.phase = "Pending".into();
@@ -534,6 +694,9 @@ impl Strategy for Pod {
                  `spec.tolerations` (only additions to existing tolerations), \
                  `spec.terminationGracePeriodSeconds`",
             ));
+        }
+        if let (Some(new), Some(old)) = (self.spec.as_ref(), old.spec.as_ref()) {
+            validate_ephemeral_update(&mut out, new, old);
         }
         let tolerations = |p: &Pod| {
             p.spec
@@ -784,5 +947,146 @@ mod tests {
         assert_eq!(conds[0].status, "True");
         let err = p.bind(&binding, "x").expect_err("double bind");
         assert_eq!(err.to_string(), "pod p is already assigned to node \"n1\"");
+    }
+
+    fn ephemeral(name: &str, target: &str) -> EphemeralContainer {
+        EphemeralContainer {
+            name: name.into(),
+            image: "host".into(),
+            command: vec!["sh".into()],
+            target_container_name: target.into(),
+            ..Default::default()
+        }
+    }
+
+    /// The stored pod `old` written through the ephemeralcontainers subresource with `new`'s
+    /// list, as the registry does it.
+    fn through_subresource(old: &Pod, list: Vec<EphemeralContainer>) -> Pod {
+        let mut new = old.clone();
+        new.spec.as_mut().expect("spec").ephemeral_containers = list;
+        let mut written = old.clone();
+        assert!(written.copy_subresource_from(&new, EPHEMERAL_CONTAINERS));
+        written
+    }
+
+    #[test]
+    fn ephemeral_containers_may_only_be_added() {
+        let old = pod(vec![container("app")]);
+        let added = through_subresource(&old, vec![ephemeral("debugger", "app")]);
+        assert!(
+            added.validate().is_empty(),
+            "{:?}",
+            messages(&added.validate())
+        );
+        assert!(added.validate_update(&old).is_empty());
+
+        // Changing one that exists, or removing it, is refused.
+        let mut changed = ephemeral("debugger", "app");
+        changed.image = "/srv/root".into();
+        let errs = through_subresource(&added, vec![changed]).validate_update(&added);
+        assert!(
+            messages(&errs).iter().any(
+                |m| m.contains("existing ephemeral containers \"debugger\" may not be changed")
+            ),
+            "{:?}",
+            messages(&errs)
+        );
+        let errs = through_subresource(&added, vec![]).validate_update(&added);
+        assert!(
+            messages(&errs)
+                .iter()
+                .any(|m| m.contains("may not be removed")),
+            "{:?}",
+            messages(&errs)
+        );
+        // Read back and sent again, an empty field that came back absent is no change.
+        let mut stored = ephemeral("debugger", "app");
+        stored.resources = Some(Default::default());
+        let before = through_subresource(&old, vec![stored]);
+        let same = through_subresource(&before, vec![ephemeral("debugger", "app")]);
+        assert!(same.validate_update(&before).is_empty());
+        // A second one next to the first is fine.
+        let two = through_subresource(
+            &added,
+            vec![ephemeral("debugger", "app"), ephemeral("debugger-2", "")],
+        );
+        assert!(two.validate().is_empty() && two.validate_update(&added).is_empty());
+    }
+
+    #[test]
+    fn ephemeral_containers_are_validated_as_kubernetes_does() {
+        let old = pod(vec![container("app")]);
+        let mut bad = ephemeral("app", "nosuch");
+        bad.ports.push(ContainerPort {
+            container_port: 80,
+            protocol: "TCP".into(),
+            ..Default::default()
+        });
+        bad.readiness_probe = Some(Probe {
+            exec: Some(ExecAction {
+                command: vec!["true".into()],
+            }),
+            ..Default::default()
+        });
+        let errs = messages(&through_subresource(&old, vec![bad]).validate());
+        for want in [
+            "spec.ephemeralContainers[0].ports: Forbidden: cannot be set for an Ephemeral Container",
+            "spec.ephemeralContainers[0].readinessProbe: Forbidden",
+            "spec.ephemeralContainers[0].targetContainerName: Not found: \"nosuch\"",
+            "spec.ephemeralContainers[0].name: Duplicate value: \"app\"",
+        ] {
+            assert!(errs.iter().any(|e| e.contains(want)), "{want} in {errs:?}");
+        }
+    }
+
+    #[test]
+    fn only_the_subresource_changes_ephemeral_containers() {
+        let stored = through_subresource(
+            &pod(vec![container("app")]),
+            vec![ephemeral("debugger", "app")],
+        );
+        // The main update keeps the stored list whatever it sends.
+        let mut update = stored.clone();
+        update.spec.as_mut().expect("spec").ephemeral_containers = vec![];
+        update.prepare_update(&stored);
+        assert_eq!(
+            update.spec.as_ref().expect("spec").ephemeral_containers,
+            stored.spec.as_ref().expect("spec").ephemeral_containers
+        );
+        // A create drops them.
+        let mut created = stored.clone();
+        created.prepare_create();
+        assert!(created.spec.expect("spec").ephemeral_containers.is_empty());
+        // The subresource copies only the list: the rest of the sent pod is ignored.
+        let mut sneaky = stored.clone();
+        let spec = sneaky.spec.as_mut().expect("spec");
+        spec.containers[0].image = "/".into();
+        spec.ephemeral_containers.push(ephemeral("two", ""));
+        let mut written = stored.clone();
+        assert!(written.copy_subresource_from(&sneaky, EPHEMERAL_CONTAINERS));
+        let spec = written.spec.expect("spec");
+        assert_eq!(spec.containers[0].image, "host");
+        assert_eq!(spec.ephemeral_containers.len(), 2);
+        assert!(
+            !<Pod as std::default::Default>::default().copy_subresource_from(&sneaky, "approval")
+        );
+    }
+
+    #[test]
+    fn pod_security_checks_ephemeral_containers() {
+        use super::super::pod_security::{Level, verdict};
+        let mut app = container("app");
+        app.image = "registry.example/app:1".into();
+        let stored = pod(vec![app]);
+        let spec = stored.spec.as_ref().expect("spec");
+        assert_eq!(verdict(Level::Baseline, spec), None);
+        let debugged = through_subresource(&stored, vec![ephemeral("debugger", "app")]);
+        let v = verdict(Level::Baseline, debugged.spec.as_ref().expect("spec"))
+            .expect("an ephemeral host container violates baseline");
+        assert!(v.contains("host image (container \"debugger\""), "{v}");
+        assert!(super::super::pod_security::significant_update(
+            debugged.spec.as_ref().expect("spec"),
+            spec
+        ));
     }
 }

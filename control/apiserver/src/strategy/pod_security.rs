@@ -16,6 +16,7 @@
 //! Messages are kube-apiserver's: `violates PodSecurity "restricted:latest": <check>
 //! (<detail>), ...`.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use skiff_api::api::{Container, ObjectMeta, PodSpec};
@@ -100,8 +101,18 @@ const BASELINE_CAPS: &[&str] = &[
     "SYS_CHROOT",
 ];
 
-fn containers(spec: &PodSpec) -> impl Iterator<Item = &Container> {
-    spec.init_containers.iter().chain(&spec.containers)
+/// Every container of the pod, ephemeral ones included (`kubectl debug` must not add a
+/// container the namespace's level forbids).
+fn containers(spec: &PodSpec) -> impl Iterator<Item = Cow<'_, Container>> {
+    spec.init_containers
+        .iter()
+        .chain(&spec.containers)
+        .map(Cow::Borrowed)
+        .chain(
+            spec.ephemeral_containers
+                .iter()
+                .map(|e| Cow::Owned(e.to_container())),
+        )
 }
 
 fn quoted(names: &[String]) -> String {

@@ -11,6 +11,9 @@
 //!   [`ExecRequest`] starts a command in the container (stdin and a terminal when asked);
 //!   after 101 the connection carries its channels ([`exec`]; [`AgentEndpoint::exec`]).
 //!   The API server's `pods/exec` uses it.
+//! - `POST /attach/{namespace}/{pod}/{container}`, the same upgrade: an [`AttachRequest`]
+//!   attaches to the container's main process, the same frames ([`AgentEndpoint::attach`]);
+//!   the API server's `pods/attach` uses it.
 //! - `GET /bpf/services`, `GET /bpf/backends`: the node's Service load balancer maps
 //!   ([`BpfServices`], [`BpfBackends`]), with per-backend connection counters;
 //!   `GET /bpf/pods`: the pod fast path's endpoints and counters ([`BpfPods`]);
@@ -67,6 +70,9 @@ pub mod exec;
 pub const LOGS_PATH: &str = "/logs";
 /// Path prefix of the exec endpoint.
 pub const EXEC_PATH: &str = "/exec";
+/// Path prefix of the attach endpoint (`POST /attach/{namespace}/{pod}/{container}`, the
+/// exec upgrade and frames).
+pub const ATTACH_PATH: &str = "/attach";
 /// Path prefix of the port-forward endpoint (`POST /portforward/{namespace}/{pod}/{port}`).
 pub const PORT_FORWARD_PATH: &str = "/portforward";
 /// The `Upgrade` protocol of a port-forward request: after 101, the connection is a raw TCP
@@ -90,6 +96,15 @@ pub struct ExecRequest {
     /// Run it on a pseudo-terminal (stdout and stderr are then one stream).
     #[serde(default)]
     pub tty: bool,
+}
+
+/// `POST /attach/{namespace}/{pod}/{container}`: whether the caller writes the container's
+/// stdin (the terminal is the container's own `tty`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttachRequest {
+    #[serde(default)]
+    pub stdin: bool,
 }
 
 /// Path of the stats endpoint.
@@ -901,17 +916,49 @@ impl AgentEndpoint {
         );
         let body = serde_json::to_vec(req)
             .map_err(|e| self.protocol(format!("encoding the exec request: {e}")))?;
+        self.session(&path, body, "exec").await
+    }
+
+    /// `POST /attach/{namespace}/{pod}/{container}` with `Upgrade: skiff-exec`: attaches to
+    /// the container's main process and returns the connection carrying its channels, as
+    /// [`AgentEndpoint::exec`] does (the end frame comes when the container exits). Errors
+    /// (no such container, one that is not running) come before the upgrade.
+    pub async fn attach(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+        req: &AttachRequest,
+    ) -> Result<TokioIo<hyper::upgrade::Upgraded>, NodeApiError> {
+        let path = format!(
+            "{ATTACH_PATH}/{}/{}/{}",
+            segment(namespace),
+            segment(pod),
+            segment(container)
+        );
+        let body = serde_json::to_vec(req)
+            .map_err(|e| self.protocol(format!("encoding the attach request: {e}")))?;
+        self.session(&path, body, "attach").await
+    }
+
+    /// Posts a session request and takes the connection over once the agent upgrades it.
+    async fn session(
+        &self,
+        path: &str,
+        body: Vec<u8>,
+        what: &str,
+    ) -> Result<TokioIo<hyper::upgrade::Upgraded>, NodeApiError> {
         let resp = self
             .request(
                 hyper::Method::POST,
-                &path,
+                path,
                 Bytes::from(body),
                 Some(EXEC_UPGRADE),
             )
             .await?;
         let upgraded = hyper::upgrade::on(resp)
             .await
-            .map_err(|e| self.protocol(format!("exec upgrade: {e}")))?;
+            .map_err(|e| self.protocol(format!("{what} upgrade: {e}")))?;
         Ok(TokioIo::new(upgraded))
     }
 

@@ -20,8 +20,9 @@
 //! translated.
 //!
 //! - `skiff_np_ingress` (tc, TCX ingress on the node's uplink and on every pod host veth):
-//!   NodePort from outside the node ([`nodeport`]), then the pod networking fast path
-//!   ([`podnet`]).
+//!   ARP for the LoadBalancer addresses this node announces ([`arp`]), NodePort and
+//!   LoadBalancer addresses from outside the node ([`nodeport`]), then the pod networking
+//!   fast path ([`podnet`]).
 //!
 //! Programs only read maps the agent writes, except `LB_REVNAT`/`LB_AFFINITY`/`NP_CT` (LRU)
 //! and the per-CPU counters. Every loop is bounded. aya-log records are emitted only when the
@@ -40,7 +41,7 @@ use aya_ebpf::{
         BPF_F_MARK_MANGLED_0, BPF_F_NO_PREALLOC, BPF_F_PSEUDO_HDR, BPF_NOEXIST, TC_ACT_OK,
         bpf_fib_lookup as FibParams, bpf_sock_addr,
     },
-    btf_maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
+    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
     helpers::{
         bpf_fib_lookup, bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie,
         bpf_ktime_get_ns, bpf_redirect_neigh, bpf_redirect_peer, bpf_set_retval,
@@ -49,6 +50,7 @@ use aya_ebpf::{
     programs::{SockAddrContext, TcContext},
 };
 use aya_log_ebpf::debug;
+use skiff_common::l2::{L2_ANNOUNCE_DEFAULT_MAX, L2Announce};
 use skiff_common::lb::{
     AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, LB_DEFAULT_MAX_AFFINITY, LB_DEFAULT_MAX_BACKENDS,
     LB_DEFAULT_MAX_NP_CT, LB_DEFAULT_MAX_REVNAT, LB_DEFAULT_MAX_SERVICES, LB_FLAG_AFFINITY,
@@ -61,11 +63,12 @@ use skiff_common::podnet::{
     FastPathCounters, POD_ENDPOINTS_DEFAULT_MAX, PodEndpoint, PodEndpointKey,
 };
 
-/// cgroup_sock_addr verdict: go on (with whatever the program rewrote).
+mod arp;
 mod nodeport;
 mod podnet;
 mod sock;
 
+/// cgroup_sock_addr verdict: go on (with whatever the program rewrote).
 const ALLOW: i32 = 1;
 /// cgroup_sock_addr verdict: fail the syscall (with the error set by `bpf_set_retval`).
 const REJECT: i32 = 0;
@@ -148,6 +151,17 @@ static POD_ENDPOINTS: HashMap<
     { POD_ENDPOINTS_DEFAULT_MAX as usize },
     NO_PREALLOC,
 > = HashMap::new();
+
+/// The LoadBalancer addresses this node answers ARP for (IPv4 address as the kernel stores
+/// it → device, MAC, deadline), written by the agent only (see `skiff_common::l2`).
+#[btf_map]
+static L2_ANNOUNCE: HashMap<u32, L2Announce, { L2_ANNOUNCE_DEFAULT_MAX as usize }, NO_PREALLOC> =
+    HashMap::new();
+
+/// The address SNATed NodePort and LoadBalancer flows get (index 0; 0 = the frontend's),
+/// written by the agent only.
+#[btf_map]
+static NP_SNAT: Array<u32, 1> = Array::new();
 
 /// The fast path's per-CPU counters (index 0); the program only adds.
 #[btf_map]

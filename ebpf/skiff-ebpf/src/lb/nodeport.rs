@@ -5,13 +5,15 @@
 //! NodePort traffic go on to the pod networking fast path ([`super::podnet`]).
 //!
 //! The agent programs one frontend `<node IP>:<nodePort>` with `LB_FLAG_NODEPORT` per
-//! ServicePort with a `nodePort` (NodePort and LoadBalancer Services), in the same
+//! ServicePort with a `nodePort` (NodePort and LoadBalancer Services), and one
+//! `<LoadBalancer ingress IP>:<port>` per ServicePort of a LoadBalancer Service, in the same
 //! `LB_SERVICES`/`LB_SLOTS`/`LB_BACKENDS` maps, so pods dialling it are balanced by the socket
 //! programs too. A first packet to such a frontend takes entry `np_flow_hash(5-tuple) % m` of
 //! the service's table in `LB_MAGLEV` (service id → `LbMaglev`, a hash map whose value holds
 //! up to 16381 backend ids: one `BPF_MAP_UPDATE_ELEM` replaces a whole table atomically, and
 //! aya needs no inner-map support, unlike an array of maps), or a random slot when the table
-//! is missing or names a backend already removed. With SNAT the client's port is kept as the
+//! is missing or names a backend already removed. SNAT is to the node address in `NP_SNAT`
+//! (the frontend's own address when it is unset). With SNAT the client's port is kept as the
 //! NAT port unless another flow holds it towards that backend (then a random port of
 //! 61000-65535, claimed atomically, at most 8 tries). externalTrafficPolicy `Local`
 //! (`LB_FLAG_LOCAL`): the frontend has only this node's ready endpoints and the program only
@@ -23,6 +25,7 @@
 //! by LRU only). Reads `LB_MAGLEV` for a new flow; writes only `NP_CT` and the counters. Never
 //! translates a packet that is not to a NodePort frontend or of a recorded flow.
 
+use super::arp::answer_arp;
 use super::podnet::fast_path;
 use super::*;
 
@@ -60,9 +63,13 @@ struct Tuple {
 /// to a nodePort nobody listens on (no RST), nor one whose source is its own address (no
 /// martian drop).
 ///
-/// Packets that are not NodePort traffic go on to the pod networking [`fast_path`].
+/// Packets that are not NodePort traffic go on to the pod networking [`fast_path`]. Before
+/// all that, ARP requests for an address this node announces are answered ([`answer_arp`]).
 #[classifier]
 pub fn skiff_np_ingress(ctx: TcContext) -> i32 {
+    if let Some(verdict) = answer_arp(&ctx) {
+        return verdict;
+    }
     if let Some(t) = parse(&ctx)
         && let Some(verdict) = np_ingress(&ctx, &t)
     {
@@ -222,13 +229,24 @@ fn new_flow(
     translate(ctx, t, &fwd)
 }
 
+/// The address a SNATed flow to frontend address `frontend` gets: the node address in
+/// `NP_SNAT`, else the frontend's own (a NodePort frontend is a node address).
+#[inline(always)]
+fn snat_addr(frontend: u32) -> u32 {
+    match NP_SNAT.get(0) {
+        Some(a) if *a != 0 => *a,
+        _ => frontend,
+    }
+}
+
 /// externalTrafficPolicy Cluster: records a flow DNATed to `picked` and SNATed to the node
-/// address, with a NAT port (the client's, else a random free one of the NAT range) that
+/// address ([`snat_addr`]), with a NAT port (the client's, else a random free one of the NAT range) that
 /// tells its replies apart. Returns the forward translation; `None`: no port, drop.
 #[inline(always)]
 fn record_snat_flow(t: &Tuple, fwd_key: &NpCtKey, picked: &Picked) -> Option<NpCtEntry> {
     let b = picked.backend;
     let backend_ip = v4_be(&b.addr);
+    let snat = snat_addr(t.daddr);
     let back = NpCtEntry {
         saddr: t.daddr,
         daddr: t.saddr,
@@ -239,7 +257,7 @@ fn record_snat_flow(t: &Tuple, fwd_key: &NpCtKey, picked: &Picked) -> Option<NpC
     };
     let mut reply_key = NpCtKey {
         saddr: backend_ip,
-        daddr: t.daddr,
+        daddr: snat,
         sport: b.port,
         dport: t.sport,
         proto: t.proto,
@@ -278,7 +296,7 @@ fn record_snat_flow(t: &Tuple, fwd_key: &NpCtKey, picked: &Picked) -> Option<NpC
         return None;
     }
     let fwd = NpCtEntry {
-        saddr: t.daddr,
+        saddr: snat,
         daddr: backend_ip,
         sport: reply_key.dport,
         dport: b.port,

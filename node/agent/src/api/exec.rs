@@ -37,38 +37,16 @@ pub(super) async fn exec(
     UrlPath((namespace, pod, container)): UrlPath<(String, String, String)>,
     mut req: axum::extract::Request,
 ) -> Response {
-    let upgrade = req
-        .headers()
-        .get(header::UPGRADE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if !upgrade.eq_ignore_ascii_case(EXEC_UPGRADE) {
-        return error(
-            StatusCode::BAD_REQUEST,
-            format!("exec needs `Upgrade: {EXEC_UPGRADE}`"),
-        );
-    }
-    let on_upgrade = hyper::upgrade::on(&mut req);
-    let body = match axum::body::to_bytes(req.into_body(), MAX_EXEC_REQUEST).await {
-        Ok(b) => b,
-        Err(e) => return error(StatusCode::BAD_REQUEST, format!("exec request: {e}")),
-    };
-    let exec: ExecRequest = match serde_json::from_slice(&body) {
+    let (on_upgrade, exec): (_, ExecRequest) = match session_request(&mut req, "exec").await {
         Ok(r) => r,
-        Err(e) => return error(StatusCode::BAD_REQUEST, format!("exec request: {e}")),
+        Err(resp) => return *resp,
     };
     if exec.command.is_empty() {
         return error(StatusCode::BAD_REQUEST, "exec: empty command".into());
     }
-    let info = match find_container(&st, &namespace, &pod, &container) {
-        Ok(info) => info,
+    let sandbox = match running_sandbox(&st, &namespace, &pod, &container) {
+        Ok(s) => s,
         Err(resp) => return *resp,
-    };
-    let Some(sandbox) = info.sandbox else {
-        return error(
-            StatusCode::CONFLICT,
-            format!("pod {namespace}/{pod} has no sandbox yet: it is not running"),
-        );
     };
     let opts = ExecOptions {
         stdin: exec.stdin,
@@ -83,22 +61,82 @@ pub(super) async fn exec(
         .await
     {
         Ok(s) => s,
-        Err(skiff_runtime::RuntimeError::NotRunning(_)) => {
-            return error(
-                StatusCode::CONFLICT,
-                format!("container {container:?} is not running: it has exited"),
-            );
-        }
-        Err(skiff_runtime::RuntimeError::InvalidSpec(m)) => {
-            return error(StatusCode::BAD_REQUEST, m);
-        }
-        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        Err(e) => return session_error(e, &container),
     };
+    upgrade(on_upgrade, session)
+}
+
+/// Reads a session request (exec's or attach's): checks the upgrade, decodes the body.
+pub(super) async fn session_request<T: serde::de::DeserializeOwned>(
+    req: &mut axum::extract::Request,
+    what: &str,
+) -> Result<(hyper::upgrade::OnUpgrade, T), Box<Response>> {
+    let upgrade = req
+        .headers()
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !upgrade.eq_ignore_ascii_case(EXEC_UPGRADE) {
+        return Err(Box::new(error(
+            StatusCode::BAD_REQUEST,
+            format!("{what} needs `Upgrade: {EXEC_UPGRADE}`"),
+        )));
+    }
+    let on_upgrade = hyper::upgrade::on(&mut *req);
+    let body = std::mem::take(req.body_mut());
+    let body = match axum::body::to_bytes(body, MAX_EXEC_REQUEST).await {
+        Ok(b) => b,
+        Err(e) => {
+            return Err(Box::new(error(
+                StatusCode::BAD_REQUEST,
+                format!("{what} request: {e}"),
+            )));
+        }
+    };
+    match serde_json::from_slice(&body) {
+        Ok(r) => Ok((on_upgrade, r)),
+        Err(e) => Err(Box::new(error(
+            StatusCode::BAD_REQUEST,
+            format!("{what} request: {e}"),
+        ))),
+    }
+}
+
+/// The sandbox of pod `namespace/pod` of this node, which has `container`; else the answer.
+pub(super) fn running_sandbox(
+    st: &ApiState,
+    namespace: &str,
+    pod: &str,
+    container: &str,
+) -> Result<skiff_runtime::Sandbox, Box<Response>> {
+    let info = find_container(st, namespace, pod, container)?;
+    info.sandbox.ok_or_else(|| {
+        Box::new(error(
+            StatusCode::CONFLICT,
+            format!("pod {namespace}/{pod} has no sandbox yet: it is not running"),
+        ))
+    })
+}
+
+/// The runtime's refusal to start a session, as an answer before the upgrade.
+pub(super) fn session_error(e: skiff_runtime::RuntimeError, container: &str) -> Response {
+    match e {
+        skiff_runtime::RuntimeError::NotRunning(_) => error(
+            StatusCode::CONFLICT,
+            format!("container {container:?} is not running: it has exited"),
+        ),
+        skiff_runtime::RuntimeError::InvalidSpec(m) => error(StatusCode::BAD_REQUEST, m),
+        e => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+/// Answers 101 and carries `session` over the upgraded connection ([`serve`]); if the
+/// upgrade fails, the session is dropped (an exec's command is killed, an attach detaches).
+pub(super) fn upgrade(on_upgrade: hyper::upgrade::OnUpgrade, session: ExecSession) -> Response {
     tokio::spawn(async move {
         match on_upgrade.await {
             Ok(upgraded) => serve(hyper_util::rt::TokioIo::new(upgraded), session).await,
-            // Dropping the session kills the command.
-            Err(e) => debug!(error = %e, "exec upgrade"),
+            Err(e) => debug!(error = %e, "session upgrade"),
         }
     });
     (
@@ -111,8 +149,9 @@ pub(super) async fn exec(
         .into_response()
 }
 
-/// Carries one session over `conn` until the command ends (then its end is written) or the
-/// connection does (then the session is killed).
+/// Carries one session over `conn` until the command (or, attached, the container) ends
+/// (then its end is written) or the connection does (then the session is dropped: an exec's
+/// processes are killed, an attach detaches).
 async fn serve<C: AsyncRead + AsyncWrite + Send + Unpin>(conn: C, session: ExecSession) {
     let ExecSession {
         stdin,
@@ -166,7 +205,7 @@ async fn serve<C: AsyncRead + AsyncWrite + Send + Unpin>(conn: C, session: ExecS
         }
     };
     tokio::select! {
-        () = input => debug!("exec connection closed: ending the session"),
+        () = input => debug!("session connection closed: ending the session"),
         () = output => {}
     }
     drop(guard);

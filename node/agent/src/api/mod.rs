@@ -9,6 +9,9 @@
 //! - `POST /exec/{namespace}/{pod}/{container}` with `Upgrade: skiff-exec`: an
 //!   `ExecRequest`'s command in the container, its streams carried as channel frames
 //!   ([`exec`]).
+//! - `POST /attach/{namespace}/{pod}/{container}`, the same upgrade: an `AttachRequest`
+//!   attaches to the container's main process with exec's frames ([`attach`]); the
+//!   connection's loss only detaches.
 //! - `GET /stats/summary`: JSON [`StatsSummary`](skiff_client::node_api::StatsSummary): per pod the CPU time of its cgroup and the
 //!   traffic the eBPF accounting counted for its containers' cgroups.
 //! - `GET /bpf/services`, `GET /bpf/backends`: JSON of the Service load balancer's maps
@@ -52,6 +55,7 @@
 //! counters and LB maps, and the [`PodRegistry`] the pod workers keep up to date. Cluster state stays in
 //! the API server.
 
+mod attach;
 mod authz;
 mod exec;
 mod pods;

@@ -1,4 +1,4 @@
-//! The API's routes: logs, exec, port forwarding, flow records; the statistics, the data
+//! The API's routes: logs, exec, attach, port forwarding, flow records; the statistics, the data
 //! path's maps and the metrics are in [`super::stats`].
 
 use std::net::SocketAddr;
@@ -44,6 +44,10 @@ pub(super) fn router(state: ApiState) -> Router {
             "/exec/{namespace}/{pod}/{container}",
             post(super::exec::exec),
         )
+        .route(
+            "/attach/{namespace}/{pod}/{container}",
+            post(super::attach::attach),
+        )
         .route("/portforward/{namespace}/{pod}/{port}", post(port_forward))
         .route(skiff_client::node_api::FLOWS_PATH, get(flows))
         .with_state(state)
@@ -53,7 +57,8 @@ pub(super) fn router(state: ApiState) -> Router {
             error(
                 StatusCode::NOT_FOUND,
                 "no such endpoint; the agent serves GET /logs/{namespace}/{pod}/{container}, \
-                 POST /exec/{namespace}/{pod}/{container} and POST /portforward/{namespace}/{pod}/{port} \
+                 POST /exec/{namespace}/{pod}/{container}, POST /attach/{namespace}/{pod}/{container} \
+                 and POST /portforward/{namespace}/{pod}/{port} \
                  (HTTP upgrades), GET /stats/summary, GET /bpf/services, GET /bpf/backends, GET /bpf/pods, \
                  GET /bpf/conntrack, GET /flows and GET /metrics"
                     .into(),

@@ -1,7 +1,7 @@
 //! The desired state of the Service load balancer (pure): which frontends a Service wants on
 //! this node and which backends each gets, from the Service and its Endpoints.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use skiff_api::api::{Endpoints, Service};
 use skiff_datapath::lb::{BackendAddr, Frontend, Protocol, ServiceParams};
@@ -48,6 +48,12 @@ fn has_node_ports(service_type: &str) -> bool {
 /// `Cluster`), or with `externalTrafficPolicy: Local` over the ready backends whose
 /// Endpoints address has `nodeName` = `node` only, without SNAT ([`ServiceParams::local`];
 /// no local backend: the frontend drops new flows, as kube-proxy does).
+///
+/// A Service of type LoadBalancer also gets, for each IPv4 address of its
+/// `status.loadBalancer.ingress` ([`load_balancer_ips`]) and each ServicePort, the frontend
+/// `<ingress IP>:<port>`, programmed like a NodePort frontend (the tc program serves it from
+/// outside, Maglev, the same externalTrafficPolicy), on every node: whichever node the
+/// address's L2 announcement draws traffic to serves it.
 pub fn desired_on(
     svc: Option<&Service>,
     eps: Option<&Endpoints>,
@@ -72,6 +78,7 @@ pub fn desired_on(
         local: false,
     };
     let node_ports = has_node_ports(&spec.r#type);
+    let lb_ips = svc.map(load_balancer_ips).unwrap_or_default();
     let local = spec.external_traffic_policy == "Local";
     let mut out = Vec::new();
     for sp in &spec.ports {
@@ -105,16 +112,14 @@ pub fn desired_on(
             });
         }
         let node_port = u16::try_from(sp.node_port).unwrap_or(0);
-        if !node_ports || node_port == 0 {
-            continue;
-        }
-        for ip in node_ips.iter().filter(|ip| ip.is_ipv4()) {
+        let from_outside = node_ips
+            .iter()
+            .filter(|ip| ip.is_ipv4() && node_ports && node_port != 0)
+            .map(|ip| (*ip, node_port))
+            .chain(lb_ips.iter().map(|ip| (IpAddr::V4(*ip), port)));
+        for (ip, port) in from_outside {
             out.push(DesiredPort {
-                frontend: Frontend {
-                    ip: *ip,
-                    port: node_port,
-                    protocol,
-                },
+                frontend: Frontend { ip, port, protocol },
                 port_name: sp.name.clone(),
                 params: ServiceParams {
                     node_port: true,
@@ -130,6 +135,29 @@ pub fn desired_on(
         }
     }
     out
+}
+
+/// The IPv4 addresses of a LoadBalancer Service's `status.loadBalancer.ingress`, once each
+/// (hostnames, IPv6 and anything unparsable are skipped; other types have none).
+pub fn load_balancer_ips(svc: &Service) -> Vec<Ipv4Addr> {
+    if svc.spec.as_ref().is_none_or(|s| s.r#type != "LoadBalancer") {
+        return Vec::new();
+    }
+    let mut ips = Vec::new();
+    let ingress = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .map(|lb| lb.ingress.as_slice())
+        .unwrap_or_default();
+    for i in ingress {
+        if let Ok(ip) = i.ip.parse::<Ipv4Addr>()
+            && !ips.contains(&ip)
+        {
+            ips.push(ip);
+        }
+    }
+    ips
 }
 
 /// The Service's cluster IPs, once each: `""` (not allocated yet), `"None"` (headless) and
@@ -345,6 +373,55 @@ mod tests {
         let d = desired_on(Some(&s), Some(&e), "node-1", &nodes);
         assert!(!d[1].params.local);
         assert_eq!(d[1].backends.len(), 3);
+    }
+
+    #[test]
+    fn load_balancer_addresses_are_served_like_node_ports() {
+        use skiff_api::api::{LoadBalancerIngress, LoadBalancerStatus, ServiceStatus};
+        let mut s = svc("10.96.0.22", &[("http", 80, "TCP")]);
+        let spec = s.spec.as_mut().unwrap();
+        spec.r#type = "LoadBalancer".into();
+        spec.ports[0].node_port = 30082;
+        s.status = Some(ServiceStatus {
+            load_balancer: Some(LoadBalancerStatus {
+                ingress: ["192.168.100.240", "fd00::240", "192.168.100.240", ""]
+                    .iter()
+                    .map(|ip| LoadBalancerIngress {
+                        ip: ip.to_string(),
+                        ..Default::default()
+                    })
+                    .collect(),
+            }),
+            ..Default::default()
+        });
+        assert_eq!(load_balancer_ips(&s), [Ipv4Addr::new(192, 168, 100, 240)]);
+        let mut sub = subset(&["10.244.0.5", "10.244.1.6"], &[], &[("http", 8080, "TCP")]);
+        sub.addresses[0].node_name = Some("node-1".into());
+        sub.addresses[1].node_name = Some("node-2".into());
+        let e = eps(vec![sub]);
+        let nodes: Vec<IpAddr> = vec!["192.168.100.2".parse().unwrap()];
+        let d = desired_on(Some(&s), Some(&e), "node-1", &nodes);
+        let names: Vec<String> = d.iter().map(|d| d.frontend.to_string()).collect();
+        assert_eq!(
+            names,
+            [
+                "10.96.0.22:80/TCP",
+                "192.168.100.2:30082/TCP",
+                "192.168.100.240:80/TCP"
+            ]
+        );
+        assert!(d[2].params.node_port && !d[2].params.local);
+        assert_eq!(d[2].backends.len(), 2);
+        // Local: this node's backends only, no SNAT.
+        s.spec.as_mut().unwrap().external_traffic_policy = "Local".into();
+        let d = desired_on(Some(&s), Some(&e), "node-1", &nodes);
+        assert!(d[2].params.local);
+        assert_eq!(d[2].backends, [b("10.244.0.5", 8080)]);
+        // Also on a node without addresses; not for another type.
+        assert_eq!(desired_on(Some(&s), Some(&e), "node-1", &[]).len(), 2);
+        s.spec.as_mut().unwrap().r#type = "NodePort".into();
+        assert!(load_balancer_ips(&s).is_empty());
+        assert_eq!(desired_on(Some(&s), Some(&e), "node-1", &nodes).len(), 2);
     }
 
     #[test]

@@ -13,6 +13,10 @@
 //! Desired state: for each ServicePort of a Service with a clusterIP (not `None`), one
 //! frontend per cluster IP (`clusterIPs`, else `clusterIP`) with the ready addresses of the
 //! Endpoints subsets whose port of the same name (and protocol) gives the backend port.
+//! NodePort and LoadBalancer Services also get frontends served from outside by the tc
+//! program: `<node IP>:<nodePort>`, and `<ingress IP>:<port>` for each IPv4 address of a
+//! LoadBalancer Service's `status.loadBalancer.ingress` (on every node; which node the
+//! traffic reaches is the L2 announcement's choice, [`crate::l2`]).
 //! `notReadyAddresses` get no new connections (terminating pods are not in Endpoints at all).
 //! `sessionAffinity: ClientIP` becomes per-client-netns affinity with the Service's timeout.
 //!
@@ -87,7 +91,7 @@ mod reconciler;
 mod report;
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -95,13 +99,14 @@ use skiff_api::api::{Endpoints, Service};
 use skiff_client::controller::{CancelToken, Controller, Informer, Informers, ObjectKey};
 use skiff_client::node_api::LatencyHistogram;
 use skiff_datapath::BpfError;
+use skiff_datapath::lb::l2::L2Announce;
 use skiff_datapath::lb::{
     BackendAddr, FastPathCounters, Frontend, LbDatapath, PodEndpoint, Protocol, TcAttach,
 };
 use skiff_hostnet::PodAttachment;
 use tracing::{debug, info, warn};
 
-pub use desired::{DesiredPort, desired, desired_on, to_local};
+pub use desired::{DesiredPort, desired, desired_on, load_balancer_ips, to_local};
 pub use histogram::{BUCKETS_US, Histogram};
 use reconciler::ServiceReconciler;
 pub use report::fast_path;
@@ -279,6 +284,22 @@ impl Proxy {
             }
         }
         Ok(stale.len())
+    }
+
+    /// Answers ARP for the LoadBalancer address `ip` on the uplink as `entry` says (see
+    /// [`crate::l2`]).
+    pub fn set_l2_announcement(&self, ip: Ipv4Addr, entry: L2Announce) -> Result<(), BpfError> {
+        self.lock().lb.set_l2_announcement(ip, entry)
+    }
+
+    /// Stops answering ARP for `ip` (missing is not an error).
+    pub fn remove_l2_announcement(&self, ip: Ipv4Addr) -> Result<(), BpfError> {
+        self.lock().lb.remove_l2_announcement(ip)
+    }
+
+    /// Every L2 announcement entry, expired ones included.
+    pub fn l2_announcements(&self) -> Result<Vec<(Ipv4Addr, L2Announce)>, BpfError> {
+        self.lock().lb.l2_announcements()
     }
 
     /// The fast path's counters, summed over CPUs.

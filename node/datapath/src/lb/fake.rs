@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use skiff_common::lb::{NpCtEntry, NpCtKey};
 
+use super::l2::L2Announce;
 use super::{
     BackendAddr, Counters, FastPathCounters, Frontend, LbConfig, LbDatapath, LbState, MapPressure,
     Op, PodEndpoint, ServiceDump, ServiceParams, TcAttach,
@@ -32,6 +33,7 @@ pub struct FakeLb {
     writes: Arc<Mutex<Vec<Op>>>,
     endpoints: BTreeMap<Ipv4Addr, PodEndpoint>,
     tc: BTreeSet<String>,
+    l2: BTreeMap<Ipv4Addr, L2Announce>,
     journal: Option<Journal>,
 }
 
@@ -45,6 +47,7 @@ impl FakeLb {
             writes: Arc::default(),
             endpoints: BTreeMap::new(),
             tc: BTreeSet::new(),
+            l2: BTreeMap::new(),
             journal: None,
         }
     }
@@ -185,5 +188,24 @@ impl LbDatapath for FakeLb {
         _port: u16,
     ) -> Option<(std::net::IpAddr, u16)> {
         None
+    }
+
+    fn set_l2_announcement(&mut self, ip: Ipv4Addr, entry: L2Announce) -> Result<(), BpfError> {
+        self.l2.insert(ip, entry);
+        Ok(())
+    }
+
+    fn remove_l2_announcement(&mut self, ip: Ipv4Addr) -> Result<(), BpfError> {
+        self.l2.remove(&ip);
+        Ok(())
+    }
+
+    fn l2_announcements(&self) -> Result<Vec<(Ipv4Addr, L2Announce)>, BpfError> {
+        Ok(self.l2.iter().map(|(ip, e)| (*ip, *e)).collect())
+    }
+
+    fn set_snat_address(&mut self, ip: Option<Ipv4Addr>) -> Result<(), BpfError> {
+        self.note(format!("datapath: snat address {ip:?}"));
+        Ok(())
     }
 }

@@ -7,11 +7,12 @@ use std::path::{Path, PathBuf};
 use aya::maps::IterableMap;
 use aya::programs::{CgroupSockAddr, SchedClassifier};
 use aya::{Ebpf, EbpfLoader};
+use skiff_common::l2::{L2_ANNOUNCE_MAP, L2Announce};
 use skiff_common::lb::{
     LB_AFFINITY_MAP, LB_BACKENDS_MAP, LB_COUNTERS_MAP, LB_DEBUG_GLOBAL, LB_MAGLEV_MAP, LB_MAPS,
     LB_REVNAT_MAP, LB_SERVICES_MAP, LB_SLOTS_MAP, LbAffinity, LbAffinityKey, LbBackend, LbCounters,
     LbMaglev, LbRevNat, LbRevNatKey, LbService, LbServiceKey, LbSlotKey, NP_CT_MAP,
-    NP_INGRESS_PROG, NpCtEntry, NpCtKey,
+    NP_INGRESS_PROG, NP_SNAT_MAP, NpCtEntry, NpCtKey,
 };
 use skiff_common::podnet::{FP_COUNTERS_MAP, POD_ENDPOINTS_MAP, PodEndpointKey};
 
@@ -21,9 +22,9 @@ use super::bpf::{
 use super::links::HOOKS;
 use super::pod::P;
 use super::{
-    AffinityMap, BackendsMap, FastPathCounters, FpCountersMap, LbConfig, LbCountersMap, MaglevMap,
-    Maps, NpCtMap, PodEndpoint, PodEndpointsMap, RevNatMap, ServiceLb, ServicesMap, SlotsMap,
-    debug, maglev, state,
+    AffinityMap, BackendsMap, FastPathCounters, FpCountersMap, L2AnnounceMap, LbConfig,
+    LbCountersMap, MaglevMap, Maps, NpCtMap, NpSnatMap, PodEndpoint, PodEndpointsMap, RevNatMap,
+    ServiceLb, ServicesMap, SlotsMap, debug, maglev, state,
 };
 use crate::{BpfError, fs};
 
@@ -171,6 +172,8 @@ fn take_maps(ebpf: &mut Ebpf, nr_cpus: usize) -> Result<Maps, BpfError> {
         maglev: take_map(ebpf, LB_MAGLEV_MAP, MaglevMap::try_from)?,
         pod_endpoints: take_map(ebpf, POD_ENDPOINTS_MAP, PodEndpointsMap::try_from)?,
         fp_counters: take_map(ebpf, FP_COUNTERS_MAP, FpCountersMap::try_from)?,
+        l2_announce: take_map(ebpf, L2_ANNOUNCE_MAP, L2AnnounceMap::try_from)?,
+        np_snat: take_map(ebpf, NP_SNAT_MAP, NpSnatMap::try_from)?,
         nr_cpus,
     })
 }
@@ -190,6 +193,8 @@ fn expected_sizes(name: &str) -> Option<(u32, u32)> {
         LB_MAGLEV_MAP => s(size_of::<u32>(), size_of::<LbMaglev>()),
         POD_ENDPOINTS_MAP => s(size_of::<PodEndpointKey>(), size_of::<PodEndpoint>()),
         FP_COUNTERS_MAP => s(size_of::<u32>(), size_of::<FastPathCounters>()),
+        L2_ANNOUNCE_MAP => s(size_of::<u32>(), size_of::<L2Announce>()),
+        NP_SNAT_MAP => s(size_of::<u32>(), size_of::<u32>()),
         _ => None,
     }
 }
@@ -215,6 +220,7 @@ mod tests {
             "LbMaglev",
             "PodEndpointKey",
             "FastPathCounters",
+            "L2Announce",
         ]);
         crate::tests::assert_embedded(object(), &names);
     }

@@ -34,6 +34,15 @@
 //! [`ServiceLb::remove_pod_endpoint`]) and counts into the per-CPU `FP_COUNTERS`
 //! ([`ServiceLb::fast_path_counters`]); both are pinned with the other maps.
 //!
+//! LoadBalancer addresses: the same tc program answers ARP on the uplink for the addresses in
+//! `L2_ANNOUNCE` (pinned with the other maps) until each entry's deadline; the agent writes
+//! them while it holds an address's lease ([`l2`]).
+//!
+//! SNATed flows (externalTrafficPolicy Cluster) get the node address in `NP_SNAT`
+//! ([`ServiceLb::set_snat_address`]; unset: the frontend's own address, which a NodePort
+//! frontend's is), so a LoadBalancer address's replies come back to the node that took the
+//! flow.
+//!
 //! NodePort frontends get a Maglev table ([`maglev`]: a pure builder over the backends'
 //! stable identities, so every node builds the same table; prime size
 //! `--lb-maglev-table-size`, default 1021, at most 16381), written whole with one map update
@@ -51,6 +60,7 @@ pub mod debug;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
 mod fastpath;
+pub mod l2;
 mod links;
 mod loader;
 pub mod maglev;
@@ -65,7 +75,7 @@ use std::time::Duration;
 
 use aya::Ebpf;
 use aya::maps::{
-    HashMap, IterableMap, MapData, MapError, PerCpuArray, PerCpuHashMap, PerCpuValues,
+    Array, HashMap, IterableMap, MapData, MapError, PerCpuArray, PerCpuHashMap, PerCpuValues,
 };
 use nix::errno::Errno;
 use serde::Serialize;
@@ -142,6 +152,8 @@ type NpCtMap = HashMap<MapData, P<NpCtKey>, P<NpCtEntry>>;
 type MaglevMap = HashMap<MapData, u32, P<LbMaglev>>;
 type PodEndpointsMap = HashMap<MapData, P<PodEndpointKey>, P<PodEndpoint>>;
 type FpCountersMap = PerCpuArray<MapData, P<FastPathCounters>>;
+type L2AnnounceMap = HashMap<MapData, u32, P<l2::L2Announce>>;
+type NpSnatMap = Array<MapData, u32>;
 /// How [`ServiceLb::attach_tc`] found a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TcAttach {
@@ -191,6 +203,15 @@ pub trait LbDatapath: Send {
     /// The frontend (address and port) the socket with `cookie` asked for when the load
     /// balancer sent it to `backend:port`, while it remembers that socket (`LB_REVNAT`).
     fn frontend_of(&self, cookie: u64, backend: IpAddr, port: u16) -> Option<(IpAddr, u16)>;
+    /// Answers ARP for `ip` on the uplink as `entry` says ([`l2`]).
+    fn set_l2_announcement(&mut self, ip: Ipv4Addr, entry: l2::L2Announce) -> Result<(), BpfError>;
+    /// Stops answering ARP for `ip` (missing is not an error).
+    fn remove_l2_announcement(&mut self, ip: Ipv4Addr) -> Result<(), BpfError>;
+    /// Every L2 announcement entry, expired ones included.
+    fn l2_announcements(&self) -> Result<Vec<(Ipv4Addr, l2::L2Announce)>, BpfError>;
+    /// The node address SNATed NodePort and LoadBalancer flows get (`None`: each frontend's
+    /// own address).
+    fn set_snat_address(&mut self, ip: Option<Ipv4Addr>) -> Result<(), BpfError>;
 }
 
 impl LbDatapath for ServiceLb {
@@ -235,6 +256,18 @@ impl LbDatapath for ServiceLb {
     fn conntrack(&self) -> Result<Vec<(NpCtKey, NpCtEntry)>, BpfError> {
         ServiceLb::conntrack(self)
     }
+    fn set_l2_announcement(&mut self, ip: Ipv4Addr, entry: l2::L2Announce) -> Result<(), BpfError> {
+        ServiceLb::set_l2_announcement(self, ip, entry)
+    }
+    fn remove_l2_announcement(&mut self, ip: Ipv4Addr) -> Result<(), BpfError> {
+        ServiceLb::remove_l2_announcement(self, ip)
+    }
+    fn l2_announcements(&self) -> Result<Vec<(Ipv4Addr, l2::L2Announce)>, BpfError> {
+        ServiceLb::l2_announcements(self)
+    }
+    fn set_snat_address(&mut self, ip: Option<Ipv4Addr>) -> Result<(), BpfError> {
+        ServiceLb::set_snat_address(self, ip)
+    }
     fn frontend_of(&self, cookie: u64, backend: IpAddr, port: u16) -> Option<(IpAddr, u16)> {
         let (addr, family) = match backend {
             IpAddr::V4(ip) => (
@@ -270,6 +303,8 @@ struct Maps {
     maglev: MaglevMap,
     pod_endpoints: PodEndpointsMap,
     fp_counters: FpCountersMap,
+    l2_announce: L2AnnounceMap,
+    np_snat: NpSnatMap,
     nr_cpus: usize,
 }
 /// The Service load balancer: loaded programs, pinned maps, the mirror of what is programmed.
@@ -355,6 +390,16 @@ impl ServiceLb {
     /// The mirror of the programmed maps.
     pub fn state(&self) -> &LbState {
         &self.state
+    }
+
+    /// The node address SNATed NodePort and LoadBalancer flows get (`NP_SNAT`; `None`: each
+    /// frontend's own address, which for a NodePort frontend is a node address already).
+    pub fn set_snat_address(&mut self, ip: Option<Ipv4Addr>) -> Result<(), BpfError> {
+        let v = ip.map_or(0, |ip| u32::from_ne_bytes(ip.octets()));
+        self.maps
+            .np_snat
+            .set(0, v, 0)
+            .map_err(BpfError::map(skiff_common::lb::NP_SNAT_MAP))
     }
     /// The NodePort conntrack entries (both directions of every flow).
     pub fn conntrack(&self) -> Result<Vec<(NpCtKey, NpCtEntry)>, BpfError> {
@@ -636,6 +681,11 @@ impl ServiceLb {
                 map: POD_ENDPOINTS_MAP,
                 entries: count(m.pod_endpoints.keys().filter(Result::is_ok).count()),
                 max_entries: max_entries(m.pod_endpoints.map(), POD_ENDPOINTS_MAP)?,
+            },
+            MapPressure {
+                map: skiff_common::l2::L2_ANNOUNCE_MAP,
+                entries: count(m.l2_announce.keys().filter(Result::is_ok).count()),
+                max_entries: max_entries(m.l2_announce.map(), skiff_common::l2::L2_ANNOUNCE_MAP)?,
             },
         ])
     }

@@ -1,6 +1,7 @@
 //! `aya::Pod` for the LB's and NetworkPolicy enforcement's map types. They are defined in the `no_std` shared crate, which does
 //! not depend on aya, so aya sees them through the transparent wrapper [`P`].
 
+use skiff_common::l2::L2Announce;
 use skiff_common::lb::{
     LbAffinity, LbAffinityKey, LbBackend, LbCounters, LbMaglev, LbRevNat, LbRevNatKey, LbService,
     LbServiceKey, LbSlotKey, NpCtEntry, NpCtKey,
@@ -51,4 +52,5 @@ pod!(
     PolCounterKey,
     PolCounters,
     FastPathCounters,
+    L2Announce,
 );
