@@ -11,8 +11,6 @@
 //! session ends with `Success` when the container exits (or the agent detaches the client
 //! after its stdin closed); a lost kubectl only detaches: the container keeps running.
 
-use axum::extract::FromRequestParts as _;
-use axum::extract::ws::WebSocketUpgrade;
 use axum::http::request::Parts;
 use axum::response::Response;
 use prost::Message as _;
@@ -21,7 +19,9 @@ use skiff_api::api::Pod;
 use skiff_client::node_api::AttachRequest;
 
 use super::context::Rest;
-use super::exec::{EXEC_PROTOCOLS, Session, agent_failure, bridge, check_running};
+use super::exec::{
+    Session, accept, agent_failure, check_running, wants_websocket, websocket_required,
+};
 use super::node_proxy::{node_agent, pick_container, pod_failure};
 use super::path::ResourcePath;
 use super::query::Query;
@@ -31,30 +31,20 @@ use crate::status::plain_failure;
 /// `GET|POST /api/v1/namespaces/<ns>/pods/<name>/attach?container=...&stdin=...`.
 pub(crate) async fn serve(
     rest: &Rest,
-    mut parts: Parts,
+    parts: Parts,
     p: ResourcePath,
     query: Query,
 ) -> Response {
     let namespace = p.namespace.clone().unwrap_or_default();
     let name = p.name.clone().unwrap_or_default();
-    let is_websocket = parts
-        .headers
-        .get(axum::http::header::UPGRADE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    let is_websocket = wants_websocket(&parts);
     let (agent, container, stdin) = match request(rest, &namespace, &name, &query).await {
         Ok(t) => t,
         Err(ApiError::Internal(why)) => return attach_error(&why),
         Err(e) => return pod_failure(&e, &name),
     };
     if !is_websocket {
-        // kubectl falls back to SPDY when the WebSocket upgrade is refused.
-        return plain_failure(
-            400,
-            "BadRequest",
-            "Upgrade request required: pods/attach is served over WebSocket \
-             (v5.channel.k8s.io or v4.channel.k8s.io)",
-        );
+        return websocket_required("attach");
     }
     let conn = match agent
         .attach(&namespace, &name, &container, &AttachRequest { stdin })
@@ -63,13 +53,7 @@ pub(crate) async fn serve(
         Ok(conn) => conn,
         Err(e) => return agent_failure(&e, &name, &container),
     };
-    let upgrade = match WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
-        Ok(u) => u,
-        Err(e) => return plain_failure(400, "BadRequest", &e.to_string()),
-    };
-    upgrade
-        .protocols(EXEC_PROTOCOLS)
-        .on_upgrade(move |socket| bridge(socket, conn, Session::Attach))
+    accept(parts, conn, Session::Attach).await
 }
 
 /// The agent, the container and whether the client writes its stdin; checked before

@@ -42,30 +42,20 @@ pub(super) type AgentConn = TokioIo<hyper::upgrade::Upgraded>;
 /// `GET|POST /api/v1/namespaces/<ns>/pods/<name>/exec?command=...&container=...`.
 pub(crate) async fn serve(
     rest: &Rest,
-    mut parts: Parts,
+    parts: Parts,
     p: ResourcePath,
     query: Query,
 ) -> Response {
     let namespace = p.namespace.clone().unwrap_or_default();
     let name = p.name.clone().unwrap_or_default();
-    let is_websocket = parts
-        .headers
-        .get(axum::http::header::UPGRADE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    let is_websocket = wants_websocket(&parts);
     let target = match request(rest, &namespace, &name, &query).await {
         Ok(t) => t,
         Err(ApiError::Internal(why)) => return exec_error(&why),
         Err(e) => return pod_failure(&e, &name),
     };
     if !is_websocket {
-        // kubectl falls back to SPDY when the WebSocket upgrade is refused.
-        return plain_failure(
-            400,
-            "BadRequest",
-            "Upgrade request required: pods/exec is served over WebSocket \
-             (v5.channel.k8s.io or v4.channel.k8s.io)",
-        );
+        return websocket_required("exec");
     }
     let session = Session::Exec {
         command: target.req.command.clone(),
@@ -78,6 +68,33 @@ pub(crate) async fn serve(
         Ok(conn) => conn,
         Err(e) => return agent_failure(&e, &name, &target.container),
     };
+    accept(parts, agent, session).await
+}
+
+/// Whether the request asks for a WebSocket upgrade.
+pub(super) fn wants_websocket(parts: &Parts) -> bool {
+    parts
+        .headers
+        .get(axum::http::header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
+}
+
+/// The answer to a request that is not a WebSocket upgrade (kubectl falls back to SPDY when
+/// the WebSocket upgrade is refused, and prints this).
+pub(super) fn websocket_required(subresource: &str) -> Response {
+    plain_failure(
+        400,
+        "BadRequest",
+        &format!(
+            "Upgrade request required: pods/{subresource} is served over WebSocket \
+             (v5.channel.k8s.io or v4.channel.k8s.io)"
+        ),
+    )
+}
+
+/// Accepts kubectl's WebSocket, once the agent has taken the session, and bridges the two.
+pub(super) async fn accept(mut parts: Parts, agent: AgentConn, session: Session) -> Response {
     let upgrade = match WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
         Ok(u) => u,
         Err(e) => return plain_failure(400, "BadRequest", &e.to_string()),
