@@ -29,12 +29,7 @@ use crate::ApiError;
 use crate::status::plain_failure;
 
 /// `GET|POST /api/v1/namespaces/<ns>/pods/<name>/attach?container=...&stdin=...`.
-pub(crate) async fn serve(
-    rest: &Rest,
-    parts: Parts,
-    p: ResourcePath,
-    query: Query,
-) -> Response {
+pub(crate) async fn serve(rest: &Rest, parts: Parts, p: ResourcePath, query: Query) -> Response {
     let namespace = p.namespace.clone().unwrap_or_default();
     let name = p.name.clone().unwrap_or_default();
     let is_websocket = wants_websocket(&parts);

@@ -40,12 +40,7 @@ pub(super) const EXEC_PROTOCOLS: [&str; 2] = ["v5.channel.k8s.io", "v4.channel.k
 pub(super) type AgentConn = TokioIo<hyper::upgrade::Upgraded>;
 
 /// `GET|POST /api/v1/namespaces/<ns>/pods/<name>/exec?command=...&container=...`.
-pub(crate) async fn serve(
-    rest: &Rest,
-    parts: Parts,
-    p: ResourcePath,
-    query: Query,
-) -> Response {
+pub(crate) async fn serve(rest: &Rest, parts: Parts, p: ResourcePath, query: Query) -> Response {
     let namespace = p.namespace.clone().unwrap_or_default();
     let name = p.name.clone().unwrap_or_default();
     let is_websocket = wants_websocket(&parts);
