@@ -227,6 +227,41 @@ mod tests {
         }
     }
 
+    /// Every product binary is built by the test tier before any test runs:
+    /// `cargo nextest run --workspace` builds a package's binaries only for that package's
+    /// integration tests (`tests/`). A binary without them is missing when an end-to-end test
+    /// starts it, and `skiff_tests::binary` then builds it in the middle of the run, with its
+    /// own feature set, holding the build lock for minutes while timed tests run beside it.
+    #[test]
+    fn every_binary_is_built_by_the_test_tier() {
+        let m = metadata();
+        // Run by `cargo xtask` itself (bench tier), never by a test.
+        let not_started_by_tests = ["skiff-bench"];
+        for p in m["packages"].as_array().expect("packages") {
+            let targets = p["targets"].as_array().expect("targets");
+            let has = |kind: &str| {
+                targets.iter().any(|t| {
+                    t["kind"]
+                        .as_array()
+                        .is_some_and(|k| k.iter().any(|k| k == kind))
+                })
+            };
+            for bin in targets.iter().filter(|t| {
+                t["kind"]
+                    .as_array()
+                    .is_some_and(|k| k.iter().any(|k| k == "bin"))
+            }) {
+                let name = bin["name"].as_str().unwrap_or_default();
+                assert!(
+                    has("test") || not_started_by_tests.contains(&name),
+                    "{}'s binary {name} is not built by `cargo nextest run --workspace`: give \
+                     the package an integration test (tests/)",
+                    p["name"].as_str().unwrap_or_default()
+                );
+            }
+        }
+    }
+
     #[test]
     fn diagram_parsing_and_cycles() {
         let md = "x\n<!-- crate-graph -->\n```text\na -> b, c\nb -> c\nc ->\n```\n";
