@@ -30,6 +30,7 @@ pub mod cluster;
 pub mod ha;
 pub mod machines;
 pub mod rollout;
+pub mod up;
 
 pub use machines::{MACHINE_API_PORT, Machine, OnMachine, on_machine};
 

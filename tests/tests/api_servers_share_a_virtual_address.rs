@@ -1,10 +1,11 @@
-//! The API servers' registration address survives the loss of any of them: three `control`
-//! machines, each an API server and a `skiff-vip` (`skiff_tests::machines::
-//! VirtualAddressCluster`), and kubectl on a laptop using only the virtual address. One
-//! kubectl request every 100 ms keeps being answered (at least 99%) while the API server
-//! holding the address is killed, and again while the holder's whole machine loses its link
-//! to the network; each time another machine takes the address (its gratuitous ARPs move
-//! the laptop) and exactly one machine holds it.
+//! The API servers' registration address survives the loss of any of them, on a cluster
+//! started by `cargo xtask up --ha --nodes 1` (`skiff_tests::up`): three `control` machines,
+//! each an etcd member, an API server, a scheduler, a controller manager and a `skiff-vip`,
+//! and kubectl on the laptop (`up`'s client namespace outside the cluster) using only the
+//! virtual address. One kubectl request every 100 ms keeps being answered (at least 99%,
+//! over 60 s) while the API server holding the address is killed, and again while the
+//! holder's whole machine loses its link to the network; each time another machine takes
+//! the address (its gratuitous ARPs move the laptop) and exactly one machine holds it.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -15,7 +16,7 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use skiff_tests::eventually_within;
-use skiff_tests::machines::VirtualAddressCluster;
+use skiff_tests::up::UpCluster;
 
 const T: Duration = Duration::from_secs(60);
 /// How long each fault's window of requests lasts (the fault at its third).
@@ -24,7 +25,7 @@ const PERIOD: Duration = Duration::from_millis(100);
 
 /// One `kubectl get --raw /readyz` every [`PERIOD`] for [`WINDOW`], `fault` run a third of
 /// the way in; returns (answered, sent).
-fn requests_through(c: &VirtualAddressCluster, fault: impl FnOnce()) -> (usize, usize) {
+fn requests_through(c: &UpCluster, fault: impl FnOnce()) -> (usize, usize) {
     let start = Instant::now();
     let mut fault = Some(fault);
     let mut running: Vec<Child> = Vec::new();
@@ -62,13 +63,36 @@ fn requests_through(c: &VirtualAddressCluster, fault: impl FnOnce()) -> (usize, 
     (done.iter().filter(|ok| **ok).count(), done.len())
 }
 
+/// Whether control machine `i` has the virtual address on its fabric interface.
+fn holds(c: &UpCluster, i: usize) -> bool {
+    let wanted = format!("{}/24", c.api_ip);
+    UpCluster::on(&c.control_netns(i), "ip")
+        .args(["-4", "-o", "addr", "show", "dev", "eth0"])
+        .output()
+        .is_ok_and(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .any(|w| w == wanted)
+        })
+}
+
+/// The (first) control machine holding the address.
+fn holder(c: &UpCluster) -> Option<usize> {
+    (0..c.controls).find(|i| holds(c, *i))
+}
+
+/// How many control machines hold it.
+fn holders(c: &UpCluster) -> usize {
+    (0..c.controls).filter(|i| holds(c, *i)).count()
+}
+
 /// Waits until exactly one control machine, other than `old`, holds the address.
-async fn moved_from(c: &VirtualAddressCluster, old: usize) -> usize {
+async fn moved_from(c: &UpCluster, old: usize) -> usize {
     eventually_within(
         "another control machine holds the virtual address alone",
         T,
         || async {
-            match (c.holders(), c.holder()) {
+            match (holders(c), holder(c)) {
                 (1, Some(h)) if h != old => Ok(h),
                 (n, h) => Err(format!("{n} holders (first {h:?})\n{}", c.logs())),
             }
@@ -79,12 +103,12 @@ async fn moved_from(c: &VirtualAddressCluster, old: usize) -> usize {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn api_servers_share_a_virtual_address() {
-    let mut c = VirtualAddressCluster::start();
+    let c = UpCluster::start(1, true).await;
     eventually_within(
         "one control machine holds the virtual address",
         T,
         || async {
-            match c.holders() {
+            match holders(&c) {
                 1 => Ok(()),
                 n => Err(format!("{n} holders\n{}", c.logs())),
             }
@@ -97,11 +121,18 @@ async fn api_servers_share_a_virtual_address() {
         .unwrap();
     assert!(out.status.success(), "{out:?}\n{}", c.logs());
 
-    // The holder's API server is killed (SIGKILL).
-    let first = c.holder().unwrap();
-    let mut servers = std::mem::take(&mut c.servers);
-    let (ok, sent) = requests_through(&c, || servers[first].kill());
-    c.servers = servers;
+    // The holder's API server is killed (SIGKILL; `up` starts it again a second later, as
+    // systemd would).
+    let first = holder(&c).unwrap();
+    let server = UpCluster::pids_on(&c.control_netns(first), "skiff-apiserver");
+    assert_eq!(server.len(), 1, "{server:?}");
+    let (ok, sent) = requests_through(&c, || {
+        let out = std::process::Command::new("kill")
+            .args(["-KILL", &server[0].to_string()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    });
     let second = moved_from(&c, first).await;
     println!(
         "API server killed: {ok}/{sent} requests answered; the address moved from control {first} to {second}"
@@ -110,8 +141,7 @@ async fn api_servers_share_a_virtual_address() {
 
     // The new holder's whole machine loses its link to the network.
     let (ok, sent) = requests_through(&c, || {
-        let out = c.controls[second]
-            .command("ip")
+        let out = UpCluster::on(&c.control_netns(second), "ip")
             .args(["link", "set", "eth0", "down"])
             .output()
             .unwrap();

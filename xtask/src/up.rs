@@ -1,37 +1,40 @@
-//! `cargo xtask up`: build and run a local Skiff control plane.
+//! `cargo xtask up`: build and run a local Skiff cluster.
 //!
-//! Components are data ([`COMPONENTS`]); the ones whose binaries exist in the
-//! workspace (per `cargo metadata`) are built, started in order as children
-//! with logs in `.skiff/logs/<name>.log`, and stopped with SIGTERM (then
-//! SIGKILL after 10 s) on Ctrl-C.
+//! Components are data ([`COMPONENTS`]); the ones whose binaries exist in the workspace (per
+//! `cargo metadata`) are built (`--prebuilt`: taken as built, with no setup or doctor first),
+//! started in order as children with logs in `<state>/logs/<name>.log`, and stopped with
+//! SIGTERM (then SIGKILL after 10 s) on Ctrl-C or SIGTERM. `<state>` is `--state-dir`
+//! (default `<repo>/.skiff`): the PKI, the store, kubeconfigs and node credentials.
 //!
-//! Setup and the doctor run first. The API server fills `.skiff/pki` on first start; the
+//! Setup and the doctor run first. The API server fills `<state>/pki` on first start; the
 //! scheduler and controller manager run with the kubeconfigs it wrote (the controller manager
 //! with the cluster CA, to sign certificate requests); nodes join with a bootstrap token
 //! (`skiff-node join`, the token in the environment), or without the controller manager get a
 //! kubeconfig from `skiff-apiserver kubeconfig`. The admin kubeconfig is copied to the CLI's
-//! config file and `.skiff/kubeconfig`. A docker-registry listens on
-//! 127.0.0.1:`--registry-port` (storage in `.skiff/registry`).
+//! config file and `<state>/kubeconfig`. A docker-registry listens on
+//! 127.0.0.1:`--registry-port` (storage in `<state>/registry`).
 //!
-//! Machines that share only a network (with `--nodes N`, as root, without `--ha`): a bridge
-//! in the namespace `skiff-up-fabric` is the network; the control plane (API server,
-//! scheduler, controller manager, registry) runs inside the `control` machine, the namespace
-//! `skiff-up-control` at `192.168.100.250`, the API server on its port 6443; each agent runs
-//! inside its node's namespace `skiff-up-node-<i>` (`192.168.100.<i>`) and serves its API on
-//! that address; `skiff-up-outside` (`.254`) is a client outside the cluster. The host keeps
-//! today's experience through forwarders (the harness's, not the product's): `--listen`
+//! Machines that share only a network (with `--nodes N`, as root): a bridge in the namespace
+//! `skiff-up-fabric` is the network; the control plane (API server, scheduler, controller
+//! manager, registry) runs inside the `control` machine, the namespace `skiff-up-control` at
+//! `192.168.100.250`, the API server on its port 6443; each agent runs inside its node's
+//! namespace `skiff-up-node-<i>` (`192.168.100.<i>`) and serves its API on that address;
+//! `skiff-up-outside` (`.254`) is a client outside the cluster. The host keeps today's
+//! experience through forwarders (the harness's, not the product's): `--listen`
 //! (127.0.0.1:7443) to the API server, and the registry's port to the registry, on the host
 //! and on each node's own loopback (so images named `127.0.0.1:5000/...` pull everywhere, as
-//! a per-machine registry mirror would serve them). Without nodes, or with `--ha`, everything
-//! runs on the host as before (`--ha` agents on loopback with pinned certificates).
+//! a per-machine registry mirror would serve them). With `--ha` there are three control
+//! machines (`skiff-up-control-1..3`, `.251`-`.253`), each with an etcd member, an API
+//! server, a scheduler, a controller manager and a `skiff-vip` holding the virtual address
+//! `.240` while its API server answers; the host's forwarder and the nodes use that address.
+//! Without nodes everything runs on the host (`--ha`: three etcd members on loopback and
+//! three of each component on consecutive ports).
 //!
 //! A component that exits is started again with the same command line after 1 s, doubling to
 //! 30 s while it keeps crashing (a minute of running starts over), its log appended, the others
-//! untouched. Ctrl-C runs `skiff-node purge` after stopping everything, so no pod, cgroup, pin
-//! or namespace is left. `--ha` starts three etcd members on loopback and three instances of
-//! each component (API servers on consecutive ports sharing the PKI, the others with
-//! `--server <all three>` and their own identity), and has nodes use written kubeconfigs with
-//! every server instead of joining.
+//! untouched. Stopping runs `skiff-node purge` after stopping everything, so no pod, cgroup,
+//! pin or namespace is left. Only one `up` with machines runs at a time on a host: the
+//! namespaces' names are fixed, and a second one is refused (a lock in `/run`).
 
 mod fabric;
 mod files;
@@ -93,7 +96,7 @@ pub struct UpArgs {
     /// Address the API server listens on.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7443")]
     pub listen: SocketAddr,
-    /// Data directory for the embedded store [default: <repo>/.skiff/data].
+    /// Data directory for the embedded store [default: <state-dir>/data].
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
     /// Number of node agents, each with its node in a network namespace of its own
@@ -106,21 +109,36 @@ pub struct UpArgs {
     pub registry_port: u16,
     /// A highly available control plane on this machine: three etcd members (loopback
     /// client ports 2379, 2381, 2383; TLS for clients and peers with client certificates of
-    /// an etcd CA of their own in .skiff/pki/etcd), three API servers (the --listen port and the next two)
+    /// an etcd CA of their own in <state-dir>/pki/etcd), three API servers (the --listen port and the next two)
     /// over them sharing one PKI, and three schedulers and three controller managers electing
     /// leaders; every component and agent lists all three API servers and fails over.
     #[arg(long, conflicts_with_all = ["etcd", "data_dir"])]
     pub ha: bool,
+    /// Where the cluster's state lives: PKI, store, logs, kubeconfigs, node credentials
+    /// [default: <repo>/.skiff]. Another directory is another cluster.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Start the binaries already built in the target directory: no setup, doctor or build
+    /// first (for scripts and tests that built the workspace themselves).
+    #[arg(long)]
+    pub prebuilt: bool,
 }
 
 pub fn run(args: UpArgs) -> Result<()> {
     // What `up` builds and starts needs the same prerequisites as the tests: install what is
     // missing, then prove each works, before any build can fail obscurely.
-    setup::run(SetupOptions { skip_ebpf: false }).context("setup failed; nothing was started")?;
-    doctor::run(&doctor::DoctorOptions::default()).context("nothing was started")?;
+    if !args.prebuilt {
+        setup::run(SetupOptions { skip_ebpf: false })
+            .context("setup failed; nothing was started")?;
+        doctor::run(&doctor::DoctorOptions::default()).context("nothing was started")?;
+    }
     let root = util::repo_root();
     let cwd = std::env::current_dir().context("current directory")?;
-    let mut cfg = UpConfig::from_args(&args, &root, &cwd);
+    let state = args
+        .state_dir
+        .as_ref()
+        .map_or_else(|| root.join(".skiff"), |d| cwd.join(d));
+    let mut cfg = UpConfig::from_args(&args, &state, &cwd);
 
     let ws = load_workspace(&root)?;
     let (components, skipped) = select_components(COMPONENTS, &ws)?;
@@ -136,26 +154,37 @@ pub fn run(args: UpArgs) -> Result<()> {
         if cfg.nodes > MAX_NODES {
             bail!("--nodes {} is more than {MAX_NODES}", cfg.nodes);
         }
-        node_plans(cfg.nodes, &root)
+        node_plans(cfg.nodes, &state)
+    };
+    // Held until `up` exits: the machines' namespaces have fixed names, so a second `up`
+    // with machines would replace the first one's.
+    let _machines_lock = if nodes.is_empty() {
+        None
+    } else {
+        Some(lock_machines()?)
     };
     if !nodes.is_empty() {
         let n = usize::from(cfg.instances());
         cfg.on_machines(fabric::control_ips(n), (n > 1).then(fabric::vip));
     }
-    check_ports_free(&cfg, &root)?;
+    check_ports_free(&cfg, &state)?;
     let bin_dir = ws.target_dir.join("debug");
-    build(&root, &components, !nodes.is_empty(), &bin_dir)?;
+    let needed = needed_binaries(&components, !nodes.is_empty(), ws.cli_bin());
+    if !args.prebuilt {
+        build(&root, &needed)?;
+    }
+    check_built(&needed, &bin_dir, args.prebuilt)?;
 
     // The cluster's state (PKI, encryption key, store, snapshots, node credentials) is only
     // its owner's: `.skiff` and the data directory are 0700 (the API server keeps its own
     // directories and files private too).
-    private_dir(&root.join(".skiff"))?;
+    private_dir(&state)?;
     if let ApiStore::Embedded { data_dir } = &cfg.store {
         private_dir(data_dir)?;
     } else if args.data_dir.is_some() {
         println!("note: --data-dir is ignored with --etcd");
     }
-    let log_dir = root.join(".skiff").join("logs");
+    let log_dir = state.join("logs");
     fs::create_dir_all(&log_dir).with_context(|| format!("creating {}", log_dir.display()))?;
 
     let config_file = config_path(
@@ -170,6 +199,7 @@ pub fn run(args: UpArgs) -> Result<()> {
         .context("starting tokio runtime")?;
     rt.block_on(supervise(StartPlan {
         root: &root,
+        state: &state,
         cfg: &cfg,
         components: &components,
         bin_dir: &bin_dir,
@@ -180,9 +210,32 @@ pub fn run(args: UpArgs) -> Result<()> {
     }))
 }
 
+/// The host-wide lock of `up`'s machines (`/run/skiff-up.lock`, released when the file is
+/// closed, also when `up` is killed).
+fn lock_machines() -> Result<fs::File> {
+    let path = Path::new("/run/skiff-up.lock");
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(fs::TryLockError::WouldBlock) => bail!(
+            "another `cargo xtask up` with machines is running on this host (it holds {}); \
+             stop it first",
+            path.display()
+        ),
+        Err(fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("locking {}", path.display()))
+        }
+    }
+}
+
 /// Fails when something already listens where an API server, an etcd member or the
 /// registry is to listen.
-fn check_ports_free(cfg: &UpConfig, root: &Path) -> Result<()> {
+fn check_ports_free(cfg: &UpConfig, state: &Path) -> Result<()> {
     for i in 0..cfg.instances() {
         let api = connect_addr(cfg.listen_of(i));
         if port_open(api) {
@@ -190,7 +243,7 @@ fn check_ports_free(cfg: &UpConfig, root: &Path) -> Result<()> {
         }
     }
     if cfg.ha && cfg.controls.is_empty() {
-        for m in etcd_members(root, &cfg.controls) {
+        for m in etcd_members(state, &cfg.controls) {
             for port in [m.client_port, m.peer_port] {
                 let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
                 if port_open(addr) {
@@ -212,29 +265,54 @@ fn check_ports_free(cfg: &UpConfig, root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Builds everything we start, plus the CLI, and checks the binaries are in `bin_dir`.
-fn build(root: &Path, components: &[&Component], nodes: bool, bin_dir: &Path) -> Result<()> {
-    let mut build = Command::new("cargo");
-    build.arg("build").current_dir(root);
-    for c in components {
-        build.args(["-p", c.package]);
+/// The (package, binary) pairs `up` starts: the components, the CLI, and with nodes the
+/// agent and the virtual address holder.
+fn needed_binaries<'a>(
+    components: &[&'a Component],
+    nodes: bool,
+    cli_bin: Option<&'a str>,
+) -> Vec<(&'a str, &'a str)> {
+    let mut needed: Vec<(&str, &str)> = components.iter().map(|c| (c.package, c.bin)).collect();
+    if let Some(cli) = cli_bin {
+        needed.push((CLI_PACKAGE, cli));
     }
-    build.args(["-p", CLI_PACKAGE]);
     if nodes {
         // With nodes the control plane is on machines, and --ha's needs its virtual address.
-        build.args(["-p", NODE_PACKAGE, "-p", VIP_PACKAGE]);
+        needed.push((NODE_PACKAGE, NODE_PACKAGE));
+        needed.push((VIP_PACKAGE, VIP_BIN));
+    }
+    needed
+}
+
+/// Builds the packages of `needed`.
+fn build(root: &Path, needed: &[(&str, &str)]) -> Result<()> {
+    let mut build = Command::new("cargo");
+    build.arg("build").current_dir(root);
+    for (package, _) in needed {
+        build.args(["-p", package]);
     }
     println!("==> {}", util::display_cmd(&build));
     util::run_streaming(&mut build).context(
         "building the control plane failed (see the compiler errors above); \
          nothing was started",
     )?;
-    for c in components {
-        let p = bin_dir.join(c.bin);
+    Ok(())
+}
+
+/// Every binary of `needed` is in `bin_dir`.
+fn check_built(needed: &[(&str, &str)], bin_dir: &Path, prebuilt: bool) -> Result<()> {
+    for (package, bin) in needed {
+        let p = bin_dir.join(bin);
         if !util::is_executable(&p) {
+            if prebuilt {
+                bail!(
+                    "--prebuilt: {} is missing: build it first (cargo build -p {package}), or \
+                     run without --prebuilt",
+                    p.display()
+                );
+            }
             bail!(
-                "{} was not produced by the build (expected {})",
-                c.bin,
+                "{bin} was not produced by the build (expected {})",
                 p.display()
             );
         }
@@ -245,6 +323,8 @@ fn build(root: &Path, components: &[&Component], nodes: bool, bin_dir: &Path) ->
 /// What `supervise` starts, with where.
 struct StartPlan<'a> {
     root: &'a Path,
+    /// The cluster's state: PKI, store, logs, kubeconfigs (`--state-dir`).
+    state: &'a Path,
     cfg: &'a UpConfig,
     components: &'a [&'a Component],
     bin_dir: &'a Path,
@@ -375,11 +455,11 @@ async fn start_cluster(
     if plan.cfg.ha || machines > 0 {
         // The host's URLs: --ha lists every API server for the CLI (kubectl's config keeps
         // the first: it takes one URL); machines are reached through the forwarder.
-        write_admin_config(plan.cfg, plan.bin_dir, &kubeconfig_path(plan.root))?;
-        copy_private(&kubeconfig_path(plan.root), plan.config_file)?;
+        write_admin_config(plan.cfg, plan.bin_dir, &kubeconfig_path(plan.state))?;
+        copy_private(&kubeconfig_path(plan.state), plan.config_file)?;
     } else {
         let admin = plan.cfg.kubeconfig("admin");
-        for dest in [plan.config_file.to_path_buf(), kubeconfig_path(plan.root)] {
+        for dest in [plan.config_file.to_path_buf(), kubeconfig_path(plan.state)] {
             copy_private(&admin, &dest)?;
         }
     }
@@ -449,8 +529,8 @@ async fn start_etcd(
     signals: &mut Signals,
 ) -> Result<(), Stop> {
     let controls = &plan.cfg.controls;
-    make_etcd_pki(plan.root, plan.bin_dir, controls)?;
-    let members = etcd_members(plan.root, controls);
+    make_etcd_pki(plan.state, plan.bin_dir, controls)?;
+    let members = etcd_members(plan.state, controls);
     for (i, m) in members.iter().enumerate() {
         let log = plan.log_dir.join(format!("{}.log", m.name));
         let dir = &m.data_dir;
@@ -460,7 +540,7 @@ async fn start_etcd(
         let (bin, args) = on_machine(
             machine.as_deref(),
             Path::new("etcd"),
-            etcd_args(plan.root, controls, m),
+            etcd_args(plan.state, controls, m),
         );
         let r = spawn_process(plan.root, &bin, m.name.clone(), &args, &[], &log, false)?;
         started.push(r, "");
@@ -562,7 +642,7 @@ async fn start_registry(
         Some(ip) => SocketAddr::new(*ip, addr.port()),
         None => addr,
     };
-    let config = registry_config(plan.root, serve)?;
+    let config = registry_config(plan.state, serve)?;
     let (bin, args) = on_machine(
         machine.as_deref(),
         Path::new(REGISTRY_BIN),
@@ -602,7 +682,7 @@ fn start_nodes(plan: &StartPlan<'_>, started: &mut Started) -> Result<(), Stop> 
     let mut token = String::new();
     let how = if signs && (!plan.cfg.ha || plan.cfg.vip.is_some()) {
         let cli = plan.cli_bin.context("the CLI was not built")?;
-        let (t, ca_cert_hash) = join_token(&plan.bin_dir.join(cli), &kubeconfig_path(plan.root))?;
+        let (t, ca_cert_hash) = join_token(&plan.bin_dir.join(cli), &kubeconfig_path(plan.state))?;
         token = t;
         NodeCredentials::Join { ca_cert_hash }
     } else {
@@ -643,7 +723,7 @@ fn start_nodes(plan: &StartPlan<'_>, started: &mut Started) -> Result<(), Stop> 
                 {
                     forget_node(
                         &plan.bin_dir.join(cli),
-                        &kubeconfig_path(plan.root),
+                        &kubeconfig_path(plan.state),
                         &node.name,
                     )?;
                 }
@@ -708,7 +788,7 @@ fn print_banner(plan: &StartPlan<'_>) {
         "  CLI config: {} (server: {url})",
         plan.config_file.display()
     );
-    println!("  kubeconfig: {}", kubeconfig_path(plan.root).display());
+    println!("  kubeconfig: {}", kubeconfig_path(plan.state).display());
     if let Some(r) = plan.cfg.registry {
         println!("  registry:   {r} (every node pulls from it over plain HTTP)");
     }
@@ -730,7 +810,7 @@ fn print_banner(plan: &StartPlan<'_>) {
     println!("or with kubectl:");
     println!(
         "  export KUBECONFIG={}",
-        kubeconfig_path(plan.root).display()
+        kubeconfig_path(plan.state).display()
     );
     println!("  kubectl get nodes -o wide");
     println!();

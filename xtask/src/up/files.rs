@@ -105,8 +105,8 @@ pub fn config_path(skiff_config: Option<&str>, home: Option<&str>) -> Result<Pat
 
 /// Where `up` writes the kubeconfig for kubectl and other Kubernetes clients: inside the
 /// checkout (`.skiff/kubeconfig`), never over the user's own `~/.kube/config`.
-pub fn kubeconfig_path(root: &Path) -> PathBuf {
-    root.join(".skiff").join("kubeconfig")
+pub fn kubeconfig_path(state: &Path) -> PathBuf {
+    state.join("kubeconfig")
 }
 
 /// The last `n` lines of `text`.
@@ -199,9 +199,9 @@ fn apiserver_tool(bin_dir: &Path, args: &[OsString], what: &str) -> Result<()> {
 }
 
 /// Has the API server's binary make the `--ha` etcd PKI (once; later runs reuse it).
-pub fn make_etcd_pki(root: &Path, bin_dir: &Path, controls: &[std::net::IpAddr]) -> Result<()> {
-    let data = root.join(".skiff").join("etcd");
-    if data.exists() && !etcd_pki_dir(root).exists() {
+pub fn make_etcd_pki(state: &Path, bin_dir: &Path, controls: &[std::net::IpAddr]) -> Result<()> {
+    let data = state.join("etcd");
+    if data.exists() && !etcd_pki_dir(state).exists() {
         bail!(
             "{} holds etcd members an older `up --ha` started with plain HTTP; remove it (the \
              --ha cluster's data) to start them with TLS",
@@ -210,7 +210,7 @@ pub fn make_etcd_pki(root: &Path, bin_dir: &Path, controls: &[std::net::IpAddr])
     }
     apiserver_tool(
         bin_dir,
-        &etcd_certs_args(root, controls),
+        &etcd_certs_args(state, controls),
         "making the etcd PKI",
     )
 }
@@ -315,8 +315,8 @@ pub fn parse_join_command(line: &str) -> Result<(String, String)> {
 
 /// Writes the local registry's configuration (storage under `.skiff/registry`, listening on
 /// `addr`, deletes allowed); returns its path.
-pub fn registry_config(root: &Path, addr: SocketAddr) -> Result<PathBuf> {
-    let dir = root.join(".skiff").join("registry");
+pub fn registry_config(state: &Path, addr: SocketAddr) -> Result<PathBuf> {
+    let dir = state.join("registry");
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let path = dir.join("config.yml");
     fs::write(&path, registry_config_content(&dir.join("storage"), addr))
@@ -352,7 +352,7 @@ mod tests {
         );
         assert!(config_path(None, None).is_err());
         assert_eq!(
-            kubeconfig_path(Path::new("/src/skiff")),
+            kubeconfig_path(Path::new("/src/skiff/.skiff")),
             PathBuf::from("/src/skiff/.skiff/kubeconfig")
         );
     }

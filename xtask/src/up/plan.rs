@@ -29,8 +29,8 @@ pub const MAX_NODES: u32 = 200;
 
 /// The `--ha` etcd members' PKI (an etcd CA of its own, made by `skiff-apiserver
 /// etcd-certs` before the members start).
-pub fn etcd_pki_dir(root: &Path) -> PathBuf {
-    root.join(".skiff").join("pki").join("etcd")
+pub fn etcd_pki_dir(state: &Path) -> PathBuf {
+    state.join("pki").join("etcd")
 }
 
 /// Resolved settings shared by every component.
@@ -57,7 +57,7 @@ pub struct UpConfig {
 }
 
 impl UpConfig {
-    pub fn from_args(args: &UpArgs, root: &Path, cwd: &Path) -> Self {
+    pub fn from_args(args: &UpArgs, state: &Path, cwd: &Path) -> Self {
         let from_cwd = |p: &PathBuf| {
             if p.is_absolute() {
                 p.clone()
@@ -66,7 +66,7 @@ impl UpConfig {
             }
         };
         let store = if args.ha {
-            let dir = etcd_pki_dir(root);
+            let dir = etcd_pki_dir(state);
             ApiStore::Etcd {
                 endpoints: HA_ETCD_CLIENT_PORTS
                     .iter()
@@ -96,13 +96,13 @@ impl UpConfig {
             ApiStore::Embedded {
                 data_dir: match &args.data_dir {
                     Some(d) => from_cwd(d),
-                    None => root.join(".skiff").join("data"),
+                    None => state.join("data"),
                 },
             }
         };
         UpConfig {
             listen: args.listen,
-            pki_dir: root.join(".skiff").join("pki"),
+            pki_dir: state.join("pki"),
             store,
             nodes: args.nodes,
             registry: (args.registry_port != 0)
@@ -132,6 +132,20 @@ impl UpConfig {
         }
         self.controls = controls;
         self.vip = vip;
+    }
+
+    /// The store API server `i` uses. With `--ha` on machines, only its own machine's etcd
+    /// member (the stacked topology, as kubeadm sets it up): a machine cut off from the
+    /// others takes only its own API server down with its member, while the other servers
+    /// keep a quorum through theirs instead of waiting on a connection to the lost one.
+    pub fn store_of(&self, i: u16) -> ApiStore {
+        match (&self.store, self.controls.get(usize::from(i))) {
+            (ApiStore::Etcd { tls, .. }, Some(own)) if self.ha => ApiStore::Etcd {
+                endpoints: format!("https://{}", SocketAddr::new(*own, HA_ETCD_CLIENT_PORTS[0])),
+                tls: tls.clone(),
+            },
+            (store, _) => store.clone(),
+        }
     }
 
     /// How many instances of each control-plane component run.
@@ -175,8 +189,17 @@ impl UpConfig {
     /// Every API server's URL as the cluster's processes reach them, comma separated (what
     /// Skiff's clients fail over between).
     pub fn server_urls(&self) -> String {
-        (0..self.instances())
-            .map(|i| format!("https://{}", self.api_addr(i)))
+        self.server_urls_from(0)
+    }
+
+    /// [`Self::server_urls`] starting with API server `own`, then the others: what the
+    /// components of control machine `own` use, so that each talks to its own machine's
+    /// server (as kubeadm's do) and fails over to the others only when it is down. A
+    /// machine cut off from the network then takes only its own components' server away.
+    pub fn server_urls_from(&self, own: u16) -> String {
+        let n = self.instances();
+        (0..n)
+            .map(|k| format!("https://{}", self.api_addr((own % n + k) % n)))
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -304,7 +327,7 @@ pub fn apiserver_args(cfg: &UpConfig, i: u16) -> Vec<OsString> {
     ApiServerFlags {
         listen: cfg.api_listen(i),
         pki_dir: cfg.pki_dir.clone(),
-        store: cfg.store.clone(),
+        store: cfg.store_of(i),
         tls_sans,
         extra,
     }
@@ -318,7 +341,7 @@ pub fn vip_args(cfg: &UpConfig, i: u16) -> Option<Vec<OsString>> {
     Some(
         VipFlags {
             kubeconfig: cfg.kubeconfig("vip"),
-            server: cfg.server_urls(),
+            server: cfg.server_urls_from(i),
             address: format!("{vip}/24"),
             interface: "eth0".into(),
             health: cfg.api_addr(i).to_string(),
@@ -329,14 +352,14 @@ pub fn vip_args(cfg: &UpConfig, i: u16) -> Option<Vec<OsString>> {
     )
 }
 
-/// With `--ha`, instance `i` of a leader-electing component lists every API server and has
-/// its own identity.
+/// With `--ha`, instance `i` of a leader-electing component lists every API server, its own
+/// machine's first, and has its own identity.
 fn election(cfg: &UpConfig, name: &str, i: u16) -> Election {
     if !cfg.ha {
         return Election::default();
     }
     Election {
-        server: Some(cfg.server_urls()),
+        server: Some(cfg.server_urls_from(i)),
         lease_duration: None,
         identity: Some(format!("{name}-{}", i + 1)),
     }
@@ -382,13 +405,13 @@ pub struct EtcdMember {
 
 /// The `--ha` etcd members: on loopback ports of the host, or one on each control machine at
 /// `controls` (each machine has its own ports).
-pub fn etcd_members(root: &Path, controls: &[IpAddr]) -> Vec<EtcdMember> {
+pub fn etcd_members(state: &Path, controls: &[IpAddr]) -> Vec<EtcdMember> {
     HA_ETCD_CLIENT_PORTS
         .iter()
         .enumerate()
         .map(|(i, &client)| {
             let name = format!("etcd-{}", i + 1);
-            let data_dir = root.join(".skiff").join("etcd").join(&name);
+            let data_dir = state.join("etcd").join(&name);
             let (ip, client) = match controls.get(i) {
                 Some(ip) => (*ip, HA_ETCD_CLIENT_PORTS[0]),
                 None => (IpAddr::V4(Ipv4Addr::LOCALHOST), client),
@@ -406,13 +429,13 @@ pub fn etcd_members(root: &Path, controls: &[IpAddr]) -> Vec<EtcdMember> {
 
 /// `etcd` arguments of one `--ha` member: TLS for clients and peers, with certificates of
 /// the etcd CA only.
-pub fn etcd_args(root: &Path, controls: &[IpAddr], member: &EtcdMember) -> Vec<OsString> {
-    let cluster = etcd_members(root, controls)
+pub fn etcd_args(state: &Path, controls: &[IpAddr], member: &EtcdMember) -> Vec<OsString> {
+    let cluster = etcd_members(state, controls)
         .iter()
         .map(|m| format!("{}=https://{}", m.name, SocketAddr::new(m.ip, m.peer_port)))
         .collect::<Vec<_>>()
         .join(",");
-    let pki = etcd_pki_dir(root);
+    let pki = etcd_pki_dir(state);
     EtcdFlags {
         name: member.name.clone(),
         data_dir: member.data_dir.clone(),
@@ -432,14 +455,14 @@ pub fn etcd_args(root: &Path, controls: &[IpAddr], member: &EtcdMember) -> Vec<O
 
 /// `skiff-apiserver etcd-certs` arguments that make (once) the `--ha` etcd PKI: the etcd
 /// CA, a certificate per member, the API server's client certificate.
-pub fn etcd_certs_args(root: &Path, controls: &[IpAddr]) -> Vec<OsString> {
+pub fn etcd_certs_args(state: &Path, controls: &[IpAddr]) -> Vec<OsString> {
     let mut sans: Vec<String> = controls.iter().map(ToString::to_string).collect();
     if !sans.is_empty() {
         sans.extend(["127.0.0.1".to_string(), "localhost".to_string()]);
     }
     EtcdCertsFlags {
-        dir: etcd_pki_dir(root),
-        members: etcd_members(root, controls)
+        dir: etcd_pki_dir(state),
+        members: etcd_members(state, controls)
             .into_iter()
             .map(|m| m.name)
             .collect(),
@@ -461,13 +484,13 @@ pub struct NodePlan {
 }
 
 /// The nodes `up` starts: `node-1` .. `node-N`.
-pub fn node_plans(n: u32, root: &Path) -> Vec<NodePlan> {
+pub fn node_plans(n: u32, state: &Path) -> Vec<NodePlan> {
     (1..=n.min(MAX_NODES))
         .map(|i| NodePlan {
             name: format!("node-{i}"),
             netns: format!("skiff-up-node-{i}"),
             pod_cidr: format!("10.244.{i}.0/24"),
-            state_dir: root.join(".skiff").join("nodes").join(format!("node-{i}")),
+            state_dir: state.join("nodes").join(format!("node-{i}")),
             node_ip: format!("{FABRIC_PREFIX}.{i}"),
         })
         .collect()
@@ -575,6 +598,8 @@ mod tests {
             etcd_cafile: None,
             etcd_certfile: None,
             etcd_keyfile: None,
+            state_dir: None,
+            prebuilt: false,
         }
     }
 
@@ -592,7 +617,7 @@ mod tests {
     fn ha_runs_three_of_everything_and_lists_every_server() {
         let mut a = args(None, None);
         a.ha = true;
-        let cfg = UpConfig::from_args(&a, Path::new("/repo"), Path::new("/"));
+        let cfg = UpConfig::from_args(&a, Path::new("/repo/.skiff"), Path::new("/"));
         assert_eq!(cfg.instances(), 3);
         let all = "https://127.0.0.1:7443,https://127.0.0.1:7444,https://127.0.0.1:7445";
         assert_eq!(cfg.server_urls(), all);
@@ -617,8 +642,13 @@ mod tests {
             "{api:?}"
         );
         let sched = s(scheduler_args(&cfg, 1));
+        // Every server, its own first.
         assert!(
-            sched.windows(2).any(|w| w == ["--server", all]),
+            sched.windows(2).any(|w| w
+                == [
+                    "--server",
+                    "https://127.0.0.1:7444,https://127.0.0.1:7445,https://127.0.0.1:7443"
+                ]),
             "{sched:?}"
         );
         assert!(
@@ -631,11 +661,11 @@ mod tests {
                 .any(|w| w == ["--identity", "controller-manager-1"]),
             "{cm:?}"
         );
-        let plans = node_plans(1, Path::new("/repo"));
+        let plans = node_plans(1, Path::new("/repo/.skiff"));
         let k = s(node_kubeconfig_args(&cfg, &plans[0]));
         assert!(k.windows(2).any(|w| w == ["--server", all]), "{k:?}");
-        let members = etcd_members(Path::new("/repo"), &[]);
-        let e = s(etcd_args(Path::new("/repo"), &[], &members[1]));
+        let members = etcd_members(Path::new("/repo/.skiff"), &[]);
+        let e = s(etcd_args(Path::new("/repo/.skiff"), &[], &members[1]));
         assert!(e.contains(&"--name=etcd-2".to_string()), "{e:?}");
         assert!(
             e.contains(&"--listen-client-urls=https://127.0.0.1:2381".to_string()),
@@ -674,7 +704,7 @@ mod tests {
             assert!(api.windows(2).any(|w| w == [flag, file]), "{api:?}");
         }
         assert_eq!(
-            s(etcd_certs_args(Path::new("/repo"), &[])),
+            s(etcd_certs_args(Path::new("/repo/.skiff"), &[])),
             [
                 "etcd-certs",
                 "--dir",
@@ -688,7 +718,7 @@ mod tests {
             ]
         );
         // Without --ha: one of each, no --server or --identity added.
-        let one = UpConfig::from_args(&args(None, None), Path::new("/repo"), Path::new("/"));
+        let one = UpConfig::from_args(&args(None, None), Path::new("/repo/.skiff"), Path::new("/"));
         assert_eq!(one.instances(), 1);
         assert_eq!(one.server_urls(), "https://127.0.0.1:7443");
         assert!(!s(scheduler_args(&one, 0)).contains(&"--server".to_string()));
@@ -696,11 +726,11 @@ mod tests {
 
     #[test]
     fn the_local_registry_listens_on_loopback_and_stores_under_skiff() {
-        let cfg = UpConfig::from_args(&args(None, None), Path::new("/repo"), Path::new("/"));
+        let cfg = UpConfig::from_args(&args(None, None), Path::new("/repo/.skiff"), Path::new("/"));
         assert_eq!(cfg.registry, Some("127.0.0.1:5000".parse().unwrap()));
         let mut none = args(None, None);
         none.registry_port = 0;
-        let cfg = UpConfig::from_args(&none, Path::new("/repo"), Path::new("/"));
+        let cfg = UpConfig::from_args(&none, Path::new("/repo/.skiff"), Path::new("/"));
         assert_eq!(cfg.registry, None);
         let conf = registry_config_content(
             Path::new("/repo/.skiff/registry/storage"),
@@ -718,7 +748,8 @@ mod tests {
     /// namespace with the default address (the node's) and port, never on loopback.
     #[test]
     fn machines_listen_on_fabric_addresses_and_the_host_uses_the_forwarder() {
-        let mut cfg = UpConfig::from_args(&args(None, None), Path::new("/repo"), Path::new("/"));
+        let mut cfg =
+            UpConfig::from_args(&args(None, None), Path::new("/repo/.skiff"), Path::new("/"));
         cfg.on_machines(vec!["192.168.100.250".parse().unwrap()], None);
         let api = s(apiserver_args(&cfg, 0));
         assert!(
@@ -728,7 +759,7 @@ mod tests {
         );
         assert_eq!(cfg.server_urls(), "https://192.168.100.250:6443");
         assert_eq!(cfg.host_urls(), "https://127.0.0.1:7443");
-        let plans = node_plans(1, Path::new("/repo"));
+        let plans = node_plans(1, Path::new("/repo/.skiff"));
         let join = s(node_args(
             &cfg,
             &plans[0],
@@ -760,7 +791,7 @@ mod tests {
     fn ha_machines_share_a_virtual_address() {
         let mut a = args(None, None);
         a.ha = true;
-        let mut cfg = UpConfig::from_args(&a, Path::new("/repo"), Path::new("/"));
+        let mut cfg = UpConfig::from_args(&a, Path::new("/repo/.skiff"), Path::new("/"));
         let controls: Vec<IpAddr> = ["192.168.100.251", "192.168.100.252", "192.168.100.253"]
             .iter()
             .map(|ip| ip.parse().unwrap())
@@ -777,6 +808,8 @@ mod tests {
             ["--listen", "0.0.0.0:6443"],
             ["--advertise-address", "192.168.100.252"],
             ["--tls-san", "192.168.100.240"],
+            // Its own machine's etcd member alone (stacked, as kubeadm).
+            ["--etcd-endpoints", "https://192.168.100.252:2379"],
         ] {
             assert!(api.windows(2).any(|w| w == pair), "{pair:?} in {api:?}");
         }
@@ -785,20 +818,24 @@ mod tests {
         assert_eq!(cfg.host_urls(), "https://127.0.0.1:7443");
         let vip = s(vip_args(&cfg, 2).unwrap());
         for pair in [
+            [
+                "--server",
+                "https://192.168.100.253:6443,https://192.168.100.251:6443,https://192.168.100.252:6443",
+            ],
             ["--address", "192.168.100.240/24"],
             ["--health", "192.168.100.253:6443"],
             ["--identity", "control-3"],
         ] {
             assert!(vip.windows(2).any(|w| w == pair), "{pair:?} in {vip:?}");
         }
-        let members = etcd_members(Path::new("/repo"), &controls);
-        let e = s(etcd_args(Path::new("/repo"), &controls, &members[0]));
+        let members = etcd_members(Path::new("/repo/.skiff"), &controls);
+        let e = s(etcd_args(Path::new("/repo/.skiff"), &controls, &members[0]));
         assert!(
             e.iter()
                 .any(|w| w == "--listen-client-urls=https://192.168.100.251:2379"),
             "{e:?}"
         );
-        let certs = s(etcd_certs_args(Path::new("/repo"), &controls));
+        let certs = s(etcd_certs_args(Path::new("/repo/.skiff"), &controls));
         assert!(
             certs.windows(2).any(|w| w
                 == [
@@ -811,13 +848,17 @@ mod tests {
 
     #[test]
     fn nodes_get_their_own_netns_cidr_and_state() {
-        let plans = node_plans(2, Path::new("/repo"));
+        let plans = node_plans(2, Path::new("/repo/.skiff"));
         assert_eq!(plans.len(), 2);
         assert_eq!(plans[1].name, "node-2");
         assert_eq!(plans[1].netns, "skiff-up-node-2");
         assert_eq!(plans[1].pod_cidr, "10.244.2.0/24");
         assert_eq!(plans[1].state_dir, Path::new("/repo/.skiff/nodes/node-2"));
-        let cfg = UpConfig::from_args(&args(None, None), Path::new("/repo"), Path::new("/cwd"));
+        let cfg = UpConfig::from_args(
+            &args(None, None),
+            Path::new("/repo/.skiff"),
+            Path::new("/cwd"),
+        );
         let a = s(node_args(&cfg, &plans[0], &NodeCredentials::Kubeconfig));
         assert_eq!(a[0], "run");
         let j = s(node_args(
@@ -863,7 +904,11 @@ mod tests {
 
     #[test]
     fn embedded_store_defaults_under_repo() {
-        let cfg = UpConfig::from_args(&args(None, None), Path::new("/repo"), Path::new("/cwd"));
+        let cfg = UpConfig::from_args(
+            &args(None, None),
+            Path::new("/repo/.skiff"),
+            Path::new("/cwd"),
+        );
         assert_eq!(
             s(apiserver_args(&cfg, 0)),
             [
@@ -883,7 +928,7 @@ mod tests {
     fn relative_data_dir_is_from_cwd() {
         let cfg = UpConfig::from_args(
             &args(None, Some("d")),
-            Path::new("/repo"),
+            Path::new("/repo/.skiff"),
             Path::new("/cwd"),
         );
         assert_eq!(
@@ -894,7 +939,7 @@ mod tests {
         );
         let cfg = UpConfig::from_args(
             &args(None, Some("/abs")),
-            Path::new("/repo"),
+            Path::new("/repo/.skiff"),
             Path::new("/cwd"),
         );
         assert_eq!(
@@ -909,7 +954,7 @@ mod tests {
     fn etcd_store_args() {
         let cfg = UpConfig::from_args(
             &args(Some("http://127.0.0.1:2379"), Some("ignored")),
-            Path::new("/repo"),
+            Path::new("/repo/.skiff"),
             Path::new("/cwd"),
         );
         assert_eq!(
@@ -930,7 +975,7 @@ mod tests {
         a.etcd_cafile = Some("etcd/ca.crt".into());
         a.etcd_certfile = Some("/abs/client.crt".into());
         a.etcd_keyfile = Some("etcd/client.key".into());
-        let cfg = UpConfig::from_args(&a, Path::new("/repo"), Path::new("/cwd"));
+        let cfg = UpConfig::from_args(&a, Path::new("/repo/.skiff"), Path::new("/cwd"));
         assert_eq!(
             s(apiserver_args(&cfg, 0))[6..],
             [
