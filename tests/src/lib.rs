@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 pub mod cluster;
 pub mod ha;
+pub mod interactive;
 pub mod machines;
 pub mod rollout;
 pub mod up;

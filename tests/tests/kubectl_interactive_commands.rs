@@ -24,6 +24,7 @@ use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use skiff_tests::interactive::{Laptop as _, Tmux, cp_both_ways, processes, pty_masters};
 use skiff_tests::machines::MachineCluster;
 use skiff_tests::{eventually_within, fails, ok, run_with_stdin};
 
@@ -46,75 +47,6 @@ spec:
     command: ["/bin/true"]
 "#
     )
-}
-
-/// Pids of host processes whose command line is exactly `argv`.
-fn processes(argv: &[&str]) -> Vec<u32> {
-    let want = argv.join("\0") + "\0";
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(Result::ok)
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want.as_bytes())
-        })
-        .collect()
-}
-
-/// How many pseudo-terminal masters process `pid` holds.
-fn pty_masters(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| {
-            d.filter_map(Result::ok)
-                .filter(|e| {
-                    std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().contains("ptmx"))
-                })
-                .count()
-        })
-        .unwrap_or(0)
-}
-
-/// A tmux server of the test's own (its socket in a temporary directory) on the laptop.
-struct Tmux {
-    socket: std::path::PathBuf,
-}
-
-impl Tmux {
-    fn cmd(&self, args: &[&str]) -> std::process::Output {
-        std::process::Command::new("tmux")
-            .arg("-S")
-            .arg(&self.socket)
-            .args(args)
-            .output()
-            .expect("running tmux")
-    }
-
-    fn screen(&self) -> String {
-        String::from_utf8_lossy(&self.cmd(&["capture-pane", "-p", "-t", "t"]).stdout).into_owned()
-    }
-
-    /// Types `line` and Enter, then waits until the screen shows `expect`.
-    fn type_and_see(&self, line: &str, expect: &str) -> Duration {
-        let start = Instant::now();
-        ok(&self.cmd(&["send-keys", "-t", "t", line, "Enter"]));
-        loop {
-            let screen = self.screen();
-            if screen.contains(expect) {
-                return start.elapsed();
-            }
-            assert!(
-                start.elapsed() < T,
-                "typed {line:?}, never saw {expect:?}:\n{screen}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = self.cmd(&["kill-server"]);
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -196,74 +128,18 @@ async fn kubectl_interactive_commands() {
     // kubectl cp, 10 MB both ways, checksums equal (the `host` image's filesystem is the
     // host's: the copy goes to a directory of the test's own).
     let dir = tempfile::tempdir().unwrap();
-    let in_pod = dir.path().join("in-pod");
-    std::fs::create_dir(&in_pod).unwrap();
-    let in_pod_file = in_pod.join("copy.bin");
-    let in_pod_file = in_pod_file.to_str().unwrap();
-    let original = dir.path().join("original.bin");
-    let mut data = vec![0u8; 10 * 1024 * 1024];
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    for b in &mut data {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        *b = x as u8;
-    }
-    std::fs::write(&original, &data).unwrap();
-    let start = Instant::now();
-    ok(&c.kubectl(&[
-        "cp",
-        original.to_str().unwrap(),
-        &format!("shell:{in_pod_file}"),
-        "-c",
-        "app",
-    ]));
-    let up = start.elapsed();
-    let sum = ok(&c.kubectl(&["exec", "shell", "-c", "app", "--", "sha256sum", in_pod_file]));
-    let local = ok(&std::process::Command::new("sha256sum")
-        .arg(&original)
-        .output()
-        .unwrap());
-    assert_eq!(
-        sum.split_whitespace().next(),
-        local.split_whitespace().next(),
-        "the copy in the pod differs"
-    );
-    let back = dir.path().join("back.bin");
-    let start = Instant::now();
-    ok(&c.kubectl(&[
-        "cp",
-        &format!("shell:{in_pod_file}"),
-        back.to_str().unwrap(),
-        "-c",
-        "app",
-    ]));
-    let down = start.elapsed();
-    assert!(
-        std::fs::read(&back).unwrap() == data,
-        "the copy back differs"
-    );
+    let (up, down) = cp_both_ways(&c, "shell", "app", dir.path());
     println!("cp 10 MB: to the pod {up:?}, back {down:?}");
 
     // A terminal: a typed command's output, and the window size following resizes.
-    let tmux = Tmux {
-        socket: dir.path().join("tmux.sock"),
-    };
-    let kubectl = c.kubectl_cmd(&["exec", "-it", "shell", "-c", "app", "--", "sh"]);
-    let mut line = vec![format!("{:?}", kubectl.get_program())];
-    line.extend(kubectl.get_args().map(|a| format!("{a:?}")));
-    let mut server = c.laptop.command("tmux");
-    server
-        .arg("-S")
-        .arg(&tmux.socket)
-        .args(["new-session", "-d", "-s", "t", "-x", "80", "-y", "24"])
-        .arg(line.join(" "));
-    ok(&server.output().unwrap());
-    let echo = tmux.type_and_see("echo $((6 * 7))x", "42x");
+    let tmux = Tmux::running(
+        &c,
+        dir.path(),
+        "tmux.sock",
+        c.kubectl_cmd(&["exec", "-it", "shell", "-c", "app", "--", "sh"]),
+    );
+    let echo = tmux.shell_answers_and_follows_resizes("x");
     println!("exec -it: a typed command's output after {echo:?}");
-    tmux.type_and_see("stty size", "24 80");
-    ok(&tmux.cmd(&["resize-window", "-t", "t", "-x", "100", "-y", "30"]));
-    tmux.type_and_see("stty size", "30 100");
 
     // A lost connection: kubectl killed while the session runs a command; nothing of the
     // session stays, in the container or on the node.
@@ -446,40 +322,6 @@ fn sockets(pid: u32) -> usize {
         .unwrap_or(0)
 }
 
-fn jsonpath(c: &MachineCluster, args: &[&str], path: &str) -> String {
-    let mut a = vec!["get"];
-    a.extend_from_slice(args);
-    let p = format!("jsonpath={path}");
-    a.extend_from_slice(&["-o", &p]);
-    String::from_utf8_lossy(&c.kubectl(&a).stdout).into_owned()
-}
-
-/// A tmux session `t` on the laptop running `kubectl`, 80x24.
-fn tmux_running(
-    c: &MachineCluster,
-    dir: &std::path::Path,
-    name: &str,
-    kubectl: std::process::Command,
-) -> Tmux {
-    let tmux = Tmux {
-        socket: dir.join(name),
-    };
-    let mut line = vec![format!("{:?}", kubectl.get_program())];
-    line.extend(kubectl.get_args().map(|a| format!("{a:?}")));
-    let mut server = c.laptop.command("tmux");
-    server
-        .arg("-S")
-        .arg(&tmux.socket)
-        .args(["new-session", "-d", "-s", "t", "-x", "80", "-y", "24"])
-        // The screen keeps kubectl's last words when it exits.
-        .arg(format!(
-            "{}; echo kubectl exited $?; sleep 1000",
-            line.join(" ")
-        ));
-    ok(&server.output().unwrap());
-    tmux
-}
-
 /// `kubectl attach`: to a terminal (typed input, its answer, resizes), with a piped stdin
 /// (`echo hi | kubectl attach -i`, also in the logs), and a lost connection that leaves the
 /// container running and nothing of the session open.
@@ -489,15 +331,13 @@ async fn attach(c: &MachineCluster, node: &str, dir: &tempfile::TempDir) {
         &attach_pod(node),
     ));
     eventually_within("the attach pod runs", T, || async {
-        let s = jsonpath(
-            c,
-            &["pod", "attached"],
+        let s = c.jsonpath(&["pod", "attached"],
             "{.status.phase} {.status.containerStatuses[*].started}",
         );
         (s == "Running true true").then_some(()).ok_or(s)
     })
     .await;
-    let uid = jsonpath(c, &["pod", "attached"], "{.metadata.uid}");
+    let uid = c.jsonpath(&["pod", "attached"], "{.metadata.uid}");
 
     // A piped stdin: the line reaches the container, its answer is in the container's log.
     let out = run_with_stdin(
@@ -523,17 +363,14 @@ async fn attach(c: &MachineCluster, node: &str, dir: &tempfile::TempDir) {
     // A terminal: the shell answers a typed line, and sees the window's size.
     let shim = shim_of(&uid, "term");
     let idle_sockets = sockets(shim);
-    let tmux = tmux_running(
+    let tmux = Tmux::running(
         c,
         dir.path(),
         "attach.sock",
         c.kubectl_cmd(&["attach", "-it", "attached", "-c", "term"]),
     );
-    let echo = tmux.type_and_see("echo $((6 * 7))y", "42y");
+    let echo = tmux.shell_answers_and_follows_resizes("y");
     println!("attach -it: a typed command's output after {echo:?}");
-    tmux.type_and_see("stty size", "24 80");
-    ok(&tmux.cmd(&["resize-window", "-t", "t", "-x", "100", "-y", "30"]));
-    tmux.type_and_see("stty size", "30 100");
     assert_eq!(
         sockets(shim),
         idle_sockets + 1,
@@ -553,9 +390,7 @@ async fn attach(c: &MachineCluster, node: &str, dir: &tempfile::TempDir) {
         (n == idle_sockets).then_some(()).ok_or(n)
     })
     .await;
-    let state = jsonpath(
-        c,
-        &["pod", "attached"],
+    let state = c.jsonpath(&["pod", "attached"],
         "{.status.containerStatuses[?(@.name==\"term\")].restartCount} {.status.containerStatuses[?(@.name==\"term\")].state.running.startedAt}",
     );
     assert!(
@@ -590,18 +425,16 @@ async fn debug(c: &MachineCluster, dir: &tempfile::TempDir) {
         "args",
     ]);
     assert!(out.status.success(), "{out:?}\n{}", c.logs());
-    let name = jsonpath(c, &["pod", "shell"], "{.spec.ephemeralContainers[0].name}");
+    let name = c.jsonpath(&["pod", "shell"], "{.spec.ephemeralContainers[0].name}");
     assert!(name.starts_with("debugger-"), "{name}");
     eventually_within("the ephemeral container ran", T, || async {
-        let s = jsonpath(
-            c,
-            &["pod", "shell"],
+        let s = c.jsonpath(&["pod", "shell"],
             "{.status.ephemeralContainerStatuses[0].state.terminated.reason}",
         );
         (s == "Completed").then_some(()).ok_or(s)
     })
     .await;
-    let statuses = jsonpath(c, &["pod", "shell"], "{.status.ephemeralContainerStatuses}");
+    let statuses = c.jsonpath(&["pod", "shell"], "{.status.ephemeralContainerStatuses}");
     assert!(statuses.contains(&name), "{statuses}");
     let ps = ok(&c.kubectl(&["logs", "shell", "-c", &name]));
     assert!(
@@ -611,16 +444,14 @@ async fn debug(c: &MachineCluster, dir: &tempfile::TempDir) {
     // Never restarted.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
-        jsonpath(
-            c,
-            &["pod", "shell"],
+        c.jsonpath(&["pod", "shell"],
             "{.status.ephemeralContainerStatuses[0].restartCount}"
         ),
         "0"
     );
 
     // -it: kubectl waits for the container, then attaches to its terminal.
-    let tmux = tmux_running(
+    let tmux = Tmux::running(
         c,
         dir.path(),
         "debug.sock",
@@ -639,9 +470,7 @@ async fn debug(c: &MachineCluster, dir: &tempfile::TempDir) {
     tmux.type_and_see("exit", "");
     drop(tmux);
     eventually_within("the second ephemeral container ended", T, || async {
-        let s = jsonpath(
-            c,
-            &["pod", "shell"],
+        let s = c.jsonpath(&["pod", "shell"],
             "{.status.ephemeralContainerStatuses[*].state.terminated.reason}",
         );
         (s == "Completed Completed").then_some(()).ok_or(s)
@@ -684,9 +513,7 @@ items:
         "{err}"
     );
     assert_eq!(
-        jsonpath(
-            c,
-            &["pod", "tidy", "-n", "locked"],
+        c.jsonpath(&["pod", "tidy", "-n", "locked"],
             "{.spec.ephemeralContainers}"
         ),
         "",

@@ -1,13 +1,19 @@
-//! A cluster whose machines share nothing but a network: the control plane on a `control`
-//! machine, each node agent on its node's machine, kubectl on a `laptop` outside the cluster,
-//! each its own network namespace with its own loopback (`skiff_tests::machines`). The agents
-//! serve their API on the node's address with a certificate of the cluster CA (asked for
-//! through a `kubernetes.io/kubelet-serving` CertificateSigningRequest, approved only for
-//! the node's own addresses), and the API server dials those addresses and verifies those
-//! certificates: `kubectl logs`, `exec` and `port-forward` from the laptop reach pods on
-//! every node, no agent listens on loopback, and a stranger at a node's address without such
-//! a certificate gets no request. (Which requests the controller manager approves:
-//! `node_serving_certificates.rs`.)
+//! A cluster whose machines share nothing but a network, started as a user starts one:
+//! `cargo xtask up --nodes 3` (`skiff_tests::up`). The control plane runs on its `control`
+//! machine, each node agent on its node's machine, kubectl on the laptop (`up`'s client
+//! namespace outside the cluster), each machine its own network namespace with its own
+//! loopback. The agents serve their API on the node's address with a certificate of the
+//! cluster CA (asked for through a `kubernetes.io/kubelet-serving` CertificateSigningRequest,
+//! approved only for the node's own addresses), and the API server dials those addresses and
+//! verifies those certificates. On a pod of every node, from the laptop: `logs` and
+//! `logs -f` (each line within 1 s of being written), `exec` with stdin, `exec -it` and
+//! `attach -it` driven through a real terminal (tmux: a typed command's output, `stty size`
+//! following a resize), `cp` of 10 MB both ways, `port-forward`, `debug` with an ephemeral
+//! container in the target's process namespace, and `top pods` / `top nodes`. No agent
+//! listens on loopback, the API server's connections to agents go to node addresses, and a
+//! stranger at a node's address without such a certificate gets no request. (Which requests
+//! the controller manager approves: `node_serving_certificates.rs`; the edge cases of the
+//! interactive commands: `kubectl_interactive_commands.rs`.)
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -21,12 +27,18 @@ use rustls::pki_types::pem::PemObject as _;
 
 use skiff_api::api::{CertificateSigningRequest, Node as ApiNode};
 use skiff_client::ListParams;
-use skiff_tests::machines::{MachineCluster, ss};
+use skiff_tests::interactive::{Laptop as _, Tmux, cp_both_ways};
+use skiff_tests::machines::ss;
+use skiff_tests::up::UpCluster;
 use skiff_tests::{Streaming, eventually_within, ok, run_with_stdin};
 
+/// The node machines `up` starts.
+const NODES: usize = 3;
 const T: Duration = Duration::from_secs(60);
 const SERVING_SIGNER: &str = "kubernetes.io/kubelet-serving";
 
+/// A pod on `node`: `app` serves HTTP on 8080 (and says hello first), `term` is a shell on
+/// a terminal for `attach`, `ticker` stamps a line every 250 ms with the shared clock.
 fn pod(name: &str, node: &str) -> String {
     format!(
         r#"apiVersion: v1
@@ -41,6 +53,14 @@ spec:
     readinessProbe:
       tcpSocket: {{port: 8080}}
       periodSeconds: 1
+  - name: term
+    image: host
+    stdin: true
+    tty: true
+    command: ["/bin/sh"]
+  - name: ticker
+    image: host
+    command: ["/usr/bin/python3", "-c", "import time\nwhile True:\n  print('tick', int(time.time() * 1000), flush=True)\n  time.sleep(0.25)"]
 "#
     )
 }
@@ -59,37 +79,32 @@ fn issued_for(csrs: &[CertificateSigningRequest], node: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn machines_share_only_a_network() {
-    let mut c = MachineCluster::start(2).await;
-    let csrs = c.client.cluster::<CertificateSigningRequest>();
+    let c = UpCluster::start(NODES, false).await;
+    let client = c.client().await;
+    let csrs = client.cluster::<CertificateSigningRequest>();
 
     // Every agent got a serving certificate through a CSR, serves on its node's address and
     // on nothing else, and its Node pins nothing.
-    for n in &c.nodes {
-        let ip = n
-            .node_ip
-            .clone()
-            .expect("a node machine has a fabric address");
-        let listening = format!("{ip}:10250");
+    for i in 1..=NODES {
+        let (name, netns) = (UpCluster::node_name(i), UpCluster::node_netns(i));
+        let listening = format!("{}:10250", UpCluster::node_ip(i));
         eventually_within("the agent serves on its node's address", T, || async {
-            let sockets = ss(&n.netns, &["-Htln"]);
+            let sockets = ss(&netns, &["-Htln"]);
             if sockets.split_whitespace().any(|w| w == listening) {
                 Ok(())
             } else {
-                Err(format!(
-                    "listening:\n{sockets}\nagent log:\n{}",
-                    skiff_tests::cluster::tail(&n.agent_log())
-                ))
+                Err(format!("listening:\n{sockets}\n{}", c.logs()))
             }
         })
         .await;
-        let sockets = ss(&n.netns, &["-Htln"]);
+        let sockets = ss(&netns, &["-Htln"]);
         for loopback in ["127.0.0.1:10250", "0.0.0.0:10250", "*:10250", "[::]:10250"] {
             assert!(
                 !sockets.split_whitespace().any(|w| w == loopback),
                 "the agent API must not listen on {loopback}:\n{sockets}"
             );
         }
-        let node = c.client.cluster::<ApiNode>().get(&n.name).await.unwrap();
+        let node = client.cluster::<ApiNode>().get(&name).await.unwrap();
         let annotations = node.metadata.unwrap().annotations;
         assert!(
             !annotations.contains_key(skiff_client::node_api::SERVING_CERT_ANNOTATION),
@@ -101,107 +116,196 @@ async fn machines_share_only_a_network() {
                 .await
                 .map_err(|e| e.to_string())?
                 .items;
-            issued_for(&all, &n.name)
+            issued_for(&all, &name)
                 .then_some(())
-                .ok_or_else(|| format!("{all:?}\n{}", skiff_tests::cluster::tail(&c.manager.log())))
+                .ok_or_else(|| format!("{all:?}\n{}", c.logs()))
         })
         .await;
     }
 
-    // A pod on each node: logs, exec and port-forward from the laptop.
-    for (i, n) in c.nodes.iter().enumerate() {
+    // A pod on every node, and every interactive command on each, from the laptop.
+    let dir = tempfile::tempdir().unwrap();
+    for i in 1..=NODES {
+        let node = UpCluster::node_name(i);
         let name = format!("web-{i}");
-        let out = run_with_stdin(c.kubectl_cmd(&["apply", "-f", "-"]), &pod(&name, &n.name));
-        ok(&out);
+        ok(&run_with_stdin(
+            c.kubectl_cmd(&["apply", "-f", "-"]),
+            &pod(&name, &node),
+        ));
         ok(&c.kubectl(&[
             "wait",
             "--for=condition=Ready",
             &format!("pod/{name}"),
             "--timeout=60s",
         ]));
-        let logs = ok(&c.kubectl(&["logs", &name]));
+        let logs = ok(&c.kubectl(&["logs", &name, "-c", "app"]));
         assert!(logs.contains(&format!("hello from {name}")), "{logs}");
         let exec = ok(&c.kubectl(&["exec", &name, "--", "busybox", "echo", "exec-ok"]));
         assert_eq!(exec.trim(), "exec-ok");
+        let out = run_with_stdin(
+            c.kubectl_cmd(&["exec", "-i", &name, "-c", "app", "--", "cat"]),
+            "hi\n",
+        );
+        assert_eq!(ok(&out), "hi\n");
 
-        let forward =
-            Streaming::spawn(c.kubectl_cmd(&["port-forward", &format!("pod/{name}"), ":8080"]));
-        let line = forward
-            .wait_for(&["Forwarding from 127.0.0.1:", "-> 8080"], T)
-            .expect("kubectl port-forward listening on the laptop");
-        let port: u16 = line
-            .split("127.0.0.1:")
-            .nth(1)
-            .and_then(|r| r.split_whitespace().next())
-            .and_then(|p| p.parse().ok())
-            .unwrap();
-        // kubectl listens on the laptop's loopback: reach it from there.
-        let into_laptop =
-            skiff_testnet::Forwarder::start(&c.laptop.netns.path(), ([127, 0, 0, 1], port).into())
-                .unwrap();
-        let local = into_laptop.local();
-        let control = c.control.netns.name().to_string();
-        let ip = n.node_ip.clone().unwrap();
-        let (answer, established) = tokio::task::spawn_blocking(move || {
-            let mut conn = std::net::TcpStream::connect(local)?;
-            conn.set_read_timeout(Some(Duration::from_secs(20)))?;
-            conn.write_all(b"GET / HTTP/1.0\r\n")?;
-            // While the tunnel is open, the API server holds a connection to the agent.
-            let wanted = format!("{ip}:10250");
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            let mut established = ss(&control, &["-Htn", "state", "established"]);
-            while !established.contains(&wanted) && std::time::Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(100));
-                established = ss(&control, &["-Htn", "state", "established"]);
-            }
-            conn.write_all(b"\r\n")?;
-            let mut answer = String::new();
-            conn.read_to_string(&mut answer)?;
-            Ok::<_, std::io::Error>((answer, established))
-        })
-        .await
-        .unwrap()
-        .expect("a round trip through the port-forward");
-        assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");
-        // The API server dials the agent at the node's address, never at a loopback one.
-        let ip = n.node_ip.clone().unwrap();
-        assert!(
-            established.contains(&format!("{ip}:10250")),
-            "the API server dials the agent at {ip}:10250:\n{established}"
+        // Terminals: exec -it and attach -it, through tmux.
+        let exec_it = Tmux::running(
+            &c,
+            dir.path(),
+            &format!("exec-{i}.sock"),
+            c.kubectl_cmd(&["exec", "-it", &name, "-c", "app", "--", "sh"]),
+        )
+        .shell_answers_and_follows_resizes(&format!("e{i}"));
+        let attach_it = Tmux::running(
+            &c,
+            dir.path(),
+            &format!("attach-{i}.sock"),
+            c.kubectl_cmd(&["attach", "-it", &name, "-c", "term"]),
+        )
+        .shell_answers_and_follows_resizes(&format!("a{i}"));
+
+        let (up, down) = cp_both_ways(&c, &name, "app", dir.path());
+        port_forward(&c, &name, i).await;
+        debug(&c, &name).await;
+        let delays = follow(&c, &name);
+        println!(
+            "{node}: exec -it answered after {exec_it:?}, attach -it after {attach_it:?}; \
+             cp 10 MB up {up:?}, down {down:?}; logs -f delays (ms) {delays:?}"
         );
-        assert!(
-            !established.contains("127.0.0.1:10250"),
-            "nothing dials an agent on loopback:\n{established}"
-        );
-        drop(forward);
     }
 
-    // `kubectl logs -f` from the laptop: each line reaches the laptop within a second of
-    // being written by a pod on another machine (the pod stamps it with the shared clock).
-    let ticker = format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata: {{name: ticker}}
-spec:
-  nodeName: {}
-  containers:
-  - name: app
-    image: host
-    command: ["/usr/bin/python3", "-c", "import time\nwhile True:\n  print('tick', int(time.time() * 1000), flush=True)\n  time.sleep(0.25)"]
-"#,
-        c.nodes[1].name
+    // `kubectl top` from the laptop: the metrics API samples every agent at its address.
+    for what in ["nodes", "pods"] {
+        eventually_within("kubectl top lists every node and pod", T, || async {
+            let out = c.kubectl(&["top", what, "--no-headers"]);
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let want = |i: usize| match what {
+                "nodes" => UpCluster::node_name(i),
+                _ => format!("web-{i}"),
+            };
+            (out.status.success() && (1..=NODES).all(|i| text.contains(&want(i))))
+                .then_some(())
+                .ok_or_else(|| format!("{text}{}", String::from_utf8_lossy(&out.stderr)))
+        })
+        .await;
+    }
+
+    // Whoever takes over a node's address without a certificate of the cluster CA for it
+    // (here: the agent is killed and a stranger serves a self-signed certificate for the
+    // address before `up` starts the agent again) gets no request from the API server: the
+    // handshake fails, nothing is sent.
+    let agent = UpCluster::agent_pid(2).expect("node-2's agent runs");
+    ok(&std::process::Command::new("kill")
+        .args(["-KILL", &agent.to_string()])
+        .output()
+        .unwrap());
+    let ip = UpCluster::node_ip(2);
+    let rogue = rogue_agent(
+        &std::path::Path::new("/run/netns").join(UpCluster::node_netns(2)),
+        &ip,
     );
-    ok(&run_with_stdin(
-        c.kubectl_cmd(&["apply", "-f", "-"]),
-        &ticker,
-    ));
-    ok(&c.kubectl(&[
-        "wait",
-        "--for=condition=Ready",
-        "pod/ticker",
-        "--timeout=60s",
-    ]));
-    let follow = Streaming::spawn(c.kubectl_cmd(&["logs", "-f", "ticker"]));
+    let out = c.kubectl(&["logs", "web-2", "-c", "app"]);
+    assert!(
+        !out.status.success(),
+        "logs through a stranger's certificate must fail"
+    );
+    let received = rogue.join().unwrap();
+    assert!(
+        received.is_empty(),
+        "the API server sent a request to a server it could not verify: {}",
+        String::from_utf8_lossy(&received)
+    );
+}
+
+/// `kubectl port-forward` from the laptop to pod `name` on node `i`: an HTTP round trip,
+/// with the API server's connection to the agent going to the node's address.
+async fn port_forward(c: &UpCluster, name: &str, i: usize) {
+    let forward = Streaming::spawn(c.kubectl_cmd(&["port-forward", &format!("pod/{name}"), ":8080"]));
+    let line = forward
+        .wait_for(&["Forwarding from 127.0.0.1:", "-> 8080"], T)
+        .expect("kubectl port-forward listening on the laptop");
+    let port: u16 = line
+        .split("127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap();
+    // kubectl listens on the laptop's loopback: reach it from there.
+    let into_laptop = skiff_testnet::Forwarder::start(
+        &std::path::Path::new("/run/netns").join(skiff_tests::up::OUTSIDE),
+        ([127, 0, 0, 1], port).into(),
+    )
+    .unwrap();
+    let local = into_laptop.local();
+    let control = c.control_netns(0);
+    let ip = UpCluster::node_ip(i);
+    let wanted = format!("{ip}:10250");
+    let (answer, established) = tokio::task::spawn_blocking(move || {
+        let mut conn = std::net::TcpStream::connect(local)?;
+        conn.set_read_timeout(Some(Duration::from_secs(20)))?;
+        conn.write_all(b"GET / HTTP/1.0\r\n")?;
+        // While the tunnel is open, the API server holds a connection to the agent.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut established = ss(&control, &["-Htn", "state", "established"]);
+        while !established.contains(&wanted) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+            established = ss(&control, &["-Htn", "state", "established"]);
+        }
+        conn.write_all(b"\r\n")?;
+        let mut answer = String::new();
+        conn.read_to_string(&mut answer)?;
+        Ok::<_, std::io::Error>((answer, established))
+    })
+    .await
+    .unwrap()
+    .expect("a round trip through the port-forward");
+    assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");
+    // The API server dials the agent at the node's address, never at a loopback one.
+    assert!(
+        established.contains(&format!("{ip}:10250")),
+        "the API server dials the agent at {ip}:10250:\n{established}"
+    );
+    assert!(
+        !established.contains("127.0.0.1:10250"),
+        "nothing dials an agent on loopback:\n{established}"
+    );
+}
+
+/// `kubectl debug`: an ephemeral container in `app`'s process namespace sees its command.
+async fn debug(c: &UpCluster, name: &str) {
+    let out = c.kubectl(&[
+        "debug",
+        name,
+        "--image=host",
+        "--target=app",
+        "--",
+        "ps",
+        "-e",
+        "-o",
+        "args",
+    ]);
+    assert!(out.status.success(), "{out:?}\n{}", c.logs());
+    let debugger = c.jsonpath(&["pod", name], "{.spec.ephemeralContainers[0].name}");
+    eventually_within("the ephemeral container ran", T, || async {
+        let s = c.jsonpath(
+            &["pod", name],
+            "{.status.ephemeralContainerStatuses[0].state.terminated.reason}",
+        );
+        (s == "Completed").then_some(()).ok_or(s)
+    })
+    .await;
+    let ps = ok(&c.kubectl(&["logs", name, "-c", &debugger]));
+    assert!(
+        ps.contains(&format!("hello from {name}")),
+        "ps in the target's process namespace shows its command:\n{ps}"
+    );
+}
+
+/// `kubectl logs -f` of pod `name`'s ticker: each line reaches the laptop within a second
+/// of being written on another machine (the pod stamps it with the shared clock). Returns
+/// the delays in ms.
+fn follow(c: &UpCluster, name: &str) -> Vec<u128> {
+    let follow = Streaming::spawn(c.kubectl_cmd(&["logs", "-f", name, "-c", "ticker"]));
     let since = now_ms() + 500;
     let mut delays = Vec::new();
     while delays.len() < 8 {
@@ -223,34 +327,7 @@ spec:
         delays.iter().all(|d| *d < 1000),
         "lines must reach kubectl within 1 s; delays (ms): {delays:?}"
     );
-
-    // `kubectl top` from the laptop: the metrics API samples every agent at its address.
-    eventually_within("kubectl top nodes lists every node", T, || async {
-        let out = c.kubectl(&["top", "nodes", "--no-headers"]);
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        (out.status.success() && c.nodes.iter().all(|n| text.contains(&n.name)))
-            .then_some(())
-            .ok_or_else(|| format!("{text}{}", String::from_utf8_lossy(&out.stderr)))
-    })
-    .await;
-
-    // Whoever takes over a node's address without a certificate of the cluster CA for it
-    // (here: the agent is gone and a stranger serves a self-signed certificate for the
-    // address) gets no request from the API server: the handshake fails, nothing is sent.
-    let ip = c.nodes[1].node_ip.clone().unwrap();
-    c.nodes[1].kill_agent();
-    let rogue = rogue_agent(&c.nodes[1].netns_path(), &ip);
-    let out = c.kubectl(&["logs", "web-1"]);
-    assert!(
-        !out.status.success(),
-        "logs through a stranger's certificate must fail"
-    );
-    let received = rogue.join().unwrap();
-    assert!(
-        received.is_empty(),
-        "the API server sent a request to a server it could not verify: {}",
-        String::from_utf8_lossy(&received)
-    );
+    delays
 }
 
 /// A TLS server on `ip:10250` inside the namespace at `netns` with a self-signed
