@@ -134,7 +134,12 @@ impl Drop for Tmux {
 /// `kubectl cp` of a 10 MB file of pseudo-random bytes into `pod`'s `container` (whose
 /// filesystem is the host's: the `host` image) under `dir`, and back; both copies are
 /// checked byte for byte (sha256 in the pod). Returns the two copies' durations.
-pub fn cp_both_ways(c: &impl Laptop, pod: &str, container: &str, dir: &Path) -> (Duration, Duration) {
+pub fn cp_both_ways(
+    c: &impl Laptop,
+    pod: &str,
+    container: &str,
+    dir: &Path,
+) -> (Duration, Duration) {
     let in_pod = dir.join(format!("in-{pod}"));
     std::fs::create_dir_all(&in_pod).expect("a directory for the pod's copy");
     let in_pod_file = in_pod.join("copy.bin");

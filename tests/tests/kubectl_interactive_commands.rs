@@ -331,7 +331,8 @@ async fn attach(c: &MachineCluster, node: &str, dir: &tempfile::TempDir) {
         &attach_pod(node),
     ));
     eventually_within("the attach pod runs", T, || async {
-        let s = c.jsonpath(&["pod", "attached"],
+        let s = c.jsonpath(
+            &["pod", "attached"],
             "{.status.phase} {.status.containerStatuses[*].started}",
         );
         (s == "Running true true").then_some(()).ok_or(s)
@@ -428,7 +429,8 @@ async fn debug(c: &MachineCluster, dir: &tempfile::TempDir) {
     let name = c.jsonpath(&["pod", "shell"], "{.spec.ephemeralContainers[0].name}");
     assert!(name.starts_with("debugger-"), "{name}");
     eventually_within("the ephemeral container ran", T, || async {
-        let s = c.jsonpath(&["pod", "shell"],
+        let s = c.jsonpath(
+            &["pod", "shell"],
             "{.status.ephemeralContainerStatuses[0].state.terminated.reason}",
         );
         (s == "Completed").then_some(()).ok_or(s)
@@ -444,7 +446,8 @@ async fn debug(c: &MachineCluster, dir: &tempfile::TempDir) {
     // Never restarted.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
-        c.jsonpath(&["pod", "shell"],
+        c.jsonpath(
+            &["pod", "shell"],
             "{.status.ephemeralContainerStatuses[0].restartCount}"
         ),
         "0"
@@ -470,7 +473,8 @@ async fn debug(c: &MachineCluster, dir: &tempfile::TempDir) {
     tmux.type_and_see("exit", "");
     drop(tmux);
     eventually_within("the second ephemeral container ended", T, || async {
-        let s = c.jsonpath(&["pod", "shell"],
+        let s = c.jsonpath(
+            &["pod", "shell"],
             "{.status.ephemeralContainerStatuses[*].state.terminated.reason}",
         );
         (s == "Completed Completed").then_some(()).ok_or(s)
@@ -513,7 +517,8 @@ items:
         "{err}"
     );
     assert_eq!(
-        c.jsonpath(&["pod", "tidy", "-n", "locked"],
+        c.jsonpath(
+            &["pod", "tidy", "-n", "locked"],
             "{.spec.ephemeralContainers}"
         ),
         "",

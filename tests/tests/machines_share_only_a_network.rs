@@ -123,6 +123,15 @@ async fn machines_share_only_a_network() {
         .await;
     }
 
+    let endpoints = c.jsonpath(
+        &["endpoints", "kubernetes"],
+        "{.subsets[0].addresses[*].ip}:{.subsets[0].ports[0].port}",
+    );
+    assert_eq!(
+        endpoints, "192.168.100.250:6443",
+        "the API server's fabric address"
+    );
+
     // A pod on every node, and every interactive command on each, from the laptop.
     let dir = tempfile::tempdir().unwrap();
     for i in 1..=NODES {
@@ -147,6 +156,34 @@ async fn machines_share_only_a_network() {
             "hi\n",
         );
         assert_eq!(ok(&out), "hi\n");
+
+        // The pod reaches the API server as in-cluster clients do: the `kubernetes` Service
+        // from its environment, whose endpoint is the control machine's fabric address, with
+        // a token of its service account. (The `host` image gets no volumes: the token comes
+        // from `kubectl create token`, the CA from the host's filesystem, which is the pod's.)
+        let token = ok(&c.kubectl(&["create", "token", "default"]));
+        let script = format!(
+            "curl -sS --max-time 10 --cacert {ca} -H 'Authorization: Bearer {token}' \
+             -o /dev/null -w '%{{http_code}}' \
+             https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT/api",
+            ca = c.state.join("pki").join("ca.crt").display(),
+            token = token.trim(),
+        );
+        let api = ok(&c.kubectl(&[
+            "exec",
+            &name,
+            "-c",
+            "app",
+            "--",
+            "/bin/busybox",
+            "sh",
+            "-c",
+            &script,
+        ]));
+        assert_eq!(
+            api, "200",
+            "GET /api from {name} through the kubernetes Service"
+        );
 
         // Terminals: exec -it and attach -it, through tmux.
         let exec_it = Tmux::running(
@@ -199,6 +236,17 @@ async fn machines_share_only_a_network() {
         .args(["-KILL", &agent.to_string()])
         .output()
         .unwrap());
+    eventually_within("the agent is dead", T, || async {
+        let state = std::fs::read_to_string(format!("/proc/{agent}/stat")).unwrap_or_default();
+        // Gone, or a zombie `up` has not reaped yet: its sockets are closed either way.
+        let dead = state.is_empty()
+            || state
+                .rsplit(") ")
+                .next()
+                .is_some_and(|r| r.starts_with('Z'));
+        dead.then_some(()).ok_or(state)
+    })
+    .await;
     let ip = UpCluster::node_ip(2);
     let rogue = rogue_agent(
         &std::path::Path::new("/run/netns").join(UpCluster::node_netns(2)),
@@ -220,7 +268,8 @@ async fn machines_share_only_a_network() {
 /// `kubectl port-forward` from the laptop to pod `name` on node `i`: an HTTP round trip,
 /// with the API server's connection to the agent going to the node's address.
 async fn port_forward(c: &UpCluster, name: &str, i: usize) {
-    let forward = Streaming::spawn(c.kubectl_cmd(&["port-forward", &format!("pod/{name}"), ":8080"]));
+    let forward =
+        Streaming::spawn(c.kubectl_cmd(&["port-forward", &format!("pod/{name}"), ":8080"]));
     let line = forward
         .wait_for(&["Forwarding from 127.0.0.1:", "-> 8080"], T)
         .expect("kubectl port-forward listening on the laptop");
@@ -344,7 +393,15 @@ fn rogue_agent(netns: &std::path::Path, ip: &str) -> std::thread::JoinHandle<Vec
     let (ready_tx, ready) = std::sync::mpsc::channel();
     let handle = std::thread::spawn(move || {
         nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-        let listener = std::net::TcpListener::bind(addr).unwrap();
+        // The killed agent's socket goes with its last reference: try for 2 s.
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        let listener = loop {
+            match std::net::TcpListener::bind(addr) {
+                Ok(l) => break l,
+                Err(e) if std::time::Instant::now() > deadline => panic!("binding {addr}: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        };
         ready_tx.send(()).unwrap();
         let certs = skiff_pki::pem_certificates(&id.cert_pem, "rogue")
             .unwrap()
