@@ -22,7 +22,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use skiff_cidr::Cidr;
 
-use crate::api::{LoadBalancerIpPool, LoadBalancerIpPoolBlock, Service};
+use crate::api::{Endpoints, LoadBalancerIpPool, LoadBalancerIpPoolBlock, Node, Service};
 use crate::selector::Selector;
 
 /// The `spec.loadBalancerClass` of Services the lbipam controller serves (as does none).
@@ -371,10 +371,88 @@ pub fn wanted_families(svc: &Service) -> Vec<&'static str> {
     out
 }
 
+/// The addresses no Service may have, whatever the pools say, with whose they are: every
+/// Node's addresses (InternalIP, ExternalIP) and the API servers' (the endpoints of the
+/// `default/kubernetes` Service, passed as `api_servers`). A LoadBalancer address is
+/// answered for on the nodes' network (ARP) and served on every node: one equal to a node's
+/// or an API server's address would take that machine's traffic.
+pub fn reserved(
+    nodes: &[impl std::ops::Deref<Target = Node>],
+    api_servers: Option<&Endpoints>,
+) -> std::collections::BTreeMap<IpAddr, String> {
+    let mut out = std::collections::BTreeMap::new();
+    for node in nodes {
+        let name = node.metadata.as_ref().map_or("", |m| m.name.as_str());
+        for a in node.status.iter().flat_map(|s| &s.addresses) {
+            if matches!(a.r#type.as_str(), "InternalIP" | "ExternalIP")
+                && let Ok(ip) = a.address.parse::<IpAddr>()
+            {
+                out.insert(ip, format!("node {name}'s address ({})", a.r#type));
+            }
+        }
+    }
+    for a in api_servers
+        .iter()
+        .flat_map(|e| &e.subsets)
+        .flat_map(|s| &s.addresses)
+    {
+        if let Ok(ip) = a.ip.parse::<IpAddr>() {
+            out.entry(ip)
+                .or_insert_with(|| "an API server's address".to_string());
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::api::{LabelSelector, LoadBalancerIpPoolSpec, ObjectMeta, ServiceSpec};
+
+    #[test]
+    fn nodes_and_api_servers_addresses_are_reserved() {
+        use crate::api::{EndpointAddress, EndpointSubset, NodeAddress, NodeStatus};
+        let node = Node {
+            metadata: Some(ObjectMeta {
+                name: "node-2".into(),
+                ..Default::default()
+            }),
+            status: Some(NodeStatus {
+                addresses: vec![
+                    NodeAddress {
+                        r#type: "InternalIP".into(),
+                        address: "192.168.100.2".into(),
+                    },
+                    NodeAddress {
+                        r#type: "Hostname".into(),
+                        address: "node-2".into(),
+                    },
+                ],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let api = Endpoints {
+            subsets: vec![EndpointSubset {
+                addresses: vec![EndpointAddress {
+                    ip: "192.168.100.250".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let r = reserved(&[std::sync::Arc::new(node)], Some(&api));
+        assert_eq!(
+            r.get(&ip("192.168.100.2")).map(String::as_str),
+            Some("node node-2's address (InternalIP)")
+        );
+        assert_eq!(
+            r.get(&ip("192.168.100.250")).map(String::as_str),
+            Some("an API server's address")
+        );
+        assert_eq!(r.len(), 2);
+    }
 
     fn cidr(c: &str) -> LoadBalancerIpPoolBlock {
         LoadBalancerIpPoolBlock {

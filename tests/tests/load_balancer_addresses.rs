@@ -377,4 +377,43 @@ async fn load_balancer_services_get_addresses_from_pools() {
         pool_counts(&admin, &pool).await == ("2".into(), "1".into(), "1".into(), "False".into())
     })
     .await;
+
+    // A pool over addresses nodes have (a whole LAN, say) does not make a node's address a
+    // Service's: the node answering ARP for it would take that machine's traffic. Asked
+    // for, it is refused with whose it is; handed out, it is skipped (the pool "edge-" is
+    // tried first, by name).
+    let edge = format!("edge-{id}");
+    let node = format!("lb-node-{id}");
+    apply(&server, &pool_manifest(&edge, "192.168.101.0/29"));
+    apply(
+        &server,
+        &format!("apiVersion: v1\nkind: Node\nmetadata:\n  name: {node}\n"),
+    );
+    let (ok, _, err) = kubectl(
+        &server,
+        &[
+            "patch",
+            "node",
+            &node,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"addresses":[{"type":"InternalIP","address":"192.168.101.1"}]}}"#,
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    assert_eq!(
+        refused(
+            &server,
+            &service_manifest(&ns, "hijack", "  loadBalancerIP: 192.168.101.1\n")
+        ),
+        format!(
+            "The Service \"hijack\" is invalid: spec.loadBalancerIP: Invalid value: \
+             \"192.168.101.1\": 192.168.101.1 is node {node}'s address (InternalIP): no \
+             Service may have it"
+        )
+    );
+    apply(&server, &service_manifest(&ns, "beside", ""));
+    wait_ingress(&admin, &ns, "beside", "192.168.101.2").await;
 }

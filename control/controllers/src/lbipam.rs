@@ -38,8 +38,8 @@ use std::time::Duration;
 
 use skiff_api::Resource;
 use skiff_api::api::{
-    Condition, LoadBalancerIngress, LoadBalancerIpPool, LoadBalancerIpPoolStatus,
-    LoadBalancerStatus, Service, ServiceStatus,
+    Condition, Endpoints, LoadBalancerIngress, LoadBalancerIpPool, LoadBalancerIpPoolStatus,
+    LoadBalancerStatus, Node, Service, ServiceStatus,
 };
 use skiff_api::lb_pool::{self, Block};
 use skiff_client::Client;
@@ -156,6 +156,13 @@ pub fn holders(
         .collect()
 }
 
+/// Whether `e` is the API servers' Endpoints (`default/kubernetes`).
+fn is_api_servers(e: &Endpoints) -> bool {
+    e.metadata
+        .as_ref()
+        .is_some_and(|m| m.namespace == "default" && m.name == "kubernetes")
+}
+
 /// What a Service is to get.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Decision {
@@ -165,12 +172,15 @@ pub struct Decision {
     pub failures: Vec<String>,
 }
 
-/// The addresses `svc` (key `key`) is to have, given the pools and who holds what.
+/// The addresses `svc` (key `key`) is to have, given the pools, who holds what, and the
+/// addresses no Service may have ([`lb_pool::reserved`]: nodes' and API servers', with
+/// whose they are).
 pub fn decide(
     svc: &Service,
     key: &ObjectKey,
     pools: &[Pool],
     holders: &BTreeMap<IpAddr, ObjectKey>,
+    reserved: &BTreeMap<IpAddr, String>,
 ) -> Decision {
     let mut d = Decision::default();
     let requested = match lb_pool::requested(svc) {
@@ -190,14 +200,20 @@ pub fn decide(
     let current = ingress_ips(svc);
     let other = |ip: &IpAddr| holders.get(ip).filter(|k| *k != key);
     // An address it may have: in a pool that serves it and no one else's.
-    let keepable = |ip: IpAddr| serving.iter().any(|p| p.holds(ip)) && other(&ip).is_none();
+    let keepable = |ip: IpAddr| {
+        serving.iter().any(|p| p.holds(ip)) && other(&ip).is_none() && !reserved.contains_key(&ip)
+    };
     for family in lb_pool::wanted_families(svc) {
         let of_family = |ip: &&IpAddr| lb_pool::family(**ip) == family;
         if let Some(want) = requested.iter().find(of_family) {
             let fits = serving
                 .iter()
                 .any(|p| p.holds(*want) && (!p.disabled() || current.contains(want)));
-            if let Some(holder) = other(want) {
+            if let Some(whose) = reserved.get(want) {
+                d.failures.push(format!(
+                    "the requested address {want} is {whose}: no Service may have it"
+                ));
+            } else if let Some(holder) = other(want) {
                 d.failures.push(format!(
                     "the requested address {want} is already allocated to service {holder}"
                 ));
@@ -221,6 +237,7 @@ pub fn decide(
             .map(|(ip, _)| *ip)
             .collect();
         taken.extend(d.ips.iter().copied());
+        taken.extend(reserved.keys().copied());
         let v6 = family == "IPv6";
         let enabled: Vec<&&Pool> = serving.iter().filter(|p| !p.disabled()).collect();
         let free = enabled.iter().find_map(|p| {
@@ -328,6 +345,9 @@ pub struct LbIpam {
     recorder: EventRecorder,
     services: Informer<Service>,
     pools: Informer<LoadBalancerIpPool>,
+    /// Whose addresses are reserved: the nodes', and the API servers' (`default/kubernetes`).
+    nodes: Informer<Node>,
+    endpoints: Informer<Endpoints>,
     /// Our writes of each Service's addresses (and their resourceVersion) until the
     /// informer shows them; held while deciding, so decisions happen one at a time.
     pending: tokio::sync::Mutex<HashMap<ObjectKey, (u64, Vec<IpAddr>)>>,
@@ -346,25 +366,40 @@ impl LbIpam {
             recorder,
             services: informers.get::<Service>(),
             pools: informers.get::<LoadBalancerIpPool>(),
+            nodes: informers.get::<Node>(),
+            endpoints: informers.get::<Endpoints>(),
             pending: tokio::sync::Mutex::default(),
         }
     }
 
     /// Services; every pool change, and every change of a Service holding addresses (which
-    /// may free one), queues the Services still waiting for addresses.
+    /// may free one), queues the Services still waiting for addresses; a node's or the API
+    /// servers' addresses changing queues every Service holding one (it may be theirs now).
     pub fn controller(informers: &Informers) -> Controller<Service> {
         let services = informers.get::<Service>();
         let pools = informers.get::<LoadBalancerIpPool>();
         let (for_pools, for_services) = (services.clone(), services.clone());
+        let (for_nodes, for_endpoints) = (services.clone(), services.clone());
+        let affected = |services: &Informer<Service>| -> Vec<ObjectKey> {
+            services
+                .list()
+                .iter()
+                .filter(|s| lb_pool::is_managed(s) || !ingress_ips(s).is_empty())
+                .map(|s| ObjectKey::of(&**s))
+                .collect()
+        };
         Controller::<Service>::new(informers)
             .named("lbipam")
-            .watches(&pools, move |_: &LoadBalancerIpPool| {
-                for_pools
-                    .list()
-                    .iter()
-                    .filter(|s| lb_pool::is_managed(s) || !ingress_ips(s).is_empty())
-                    .map(|s| ObjectKey::of(&**s))
-                    .collect()
+            .watches(&pools, move |_: &LoadBalancerIpPool| affected(&for_pools))
+            .watches(&informers.get::<Node>(), move |_: &Node| {
+                affected(&for_nodes)
+            })
+            .watches(&informers.get::<Endpoints>(), move |e: &Endpoints| {
+                if is_api_servers(e) {
+                    affected(&for_endpoints)
+                } else {
+                    Vec::new()
+                }
             })
             .watches(&services, move |svc: &Service| {
                 if ingress_ips(svc).is_empty() {
@@ -437,6 +472,11 @@ impl LbIpam {
     fn all_pools(&self) -> Vec<Pool> {
         pools(&self.pools.list())
     }
+
+    fn reserved(&self) -> BTreeMap<IpAddr, String> {
+        let api = self.endpoints.get(&ObjectKey::new("default", "kubernetes"));
+        lb_pool::reserved(&self.nodes.list(), api.as_deref())
+    }
 }
 
 impl Reconciler for LbIpam {
@@ -460,7 +500,7 @@ impl Reconciler for LbIpam {
         let current = view.get(key).cloned().unwrap_or_else(|| ingress_ips(&svc));
         let decision = if is_lb {
             let holders = holders(&self.services.list(), &view);
-            decide(&svc, key, &self.all_pools(), &holders)
+            decide(&svc, key, &self.all_pools(), &holders, &self.reserved())
         } else {
             // No longer a LoadBalancer: its addresses are given back.
             Decision::default()
@@ -617,7 +657,49 @@ mod tests {
         let arcs: Vec<Arc<Service>> = services.iter().cloned().map(Arc::new).collect();
         let h = holders(&arcs, &HashMap::new());
         let s = services.iter().find(|s| s.name() == name).unwrap();
-        decide(s, &key(name), pools, &h)
+        decide(s, &key(name), pools, &h, &BTreeMap::new())
+    }
+
+    /// A node's or an API server's address is never handed out, kept or given on request,
+    /// whatever the pool covers (a pool over the whole LAN, say): the node answering ARP for
+    /// it would take that machine's traffic.
+    #[test]
+    fn nodes_and_api_servers_addresses_are_never_given() {
+        let p = pools(&[pool("lan", "t1", &["192.168.100.1-192.168.100.3"])]);
+        let reserved: BTreeMap<IpAddr, String> = [
+            ("192.168.100.1", "node node-1's address (InternalIP)"),
+            ("192.168.100.3", "an API server's address"),
+        ]
+        .iter()
+        .map(|(ip, w)| (ip.parse().unwrap(), (*w).to_string()))
+        .collect();
+        let none = HashMap::new();
+        let fresh = svc("fresh", "t1", &[]);
+        let d = decide(&fresh, &key("fresh"), &p, &holders(&[], &none), &reserved);
+        assert_eq!(shown(&d), ["192.168.100.2"]);
+        // Holding a node's address (the node joined later): it is taken back.
+        let holding = svc("holding", "t1", &["192.168.100.1"]);
+        let arcs = [Arc::new(holding.clone())];
+        let d = decide(
+            &holding,
+            &key("holding"),
+            &p,
+            &holders(&arcs, &none),
+            &reserved,
+        );
+        assert_eq!(shown(&d), ["192.168.100.2"]);
+        // Asking for the API server's address: refused, and why.
+        let mut asking = svc("asking", "t1", &[]);
+        asking.spec.as_mut().unwrap().load_balancer_ip = "192.168.100.3".into();
+        let d = decide(&asking, &key("asking"), &p, &holders(&[], &none), &reserved);
+        assert!(d.ips.is_empty());
+        assert_eq!(
+            d.failures,
+            [
+                "the requested address 192.168.100.3 is an API server's address: no Service may \
+              have it"
+            ]
+        );
     }
 
     fn shown(d: &Decision) -> Vec<String> {

@@ -266,33 +266,14 @@ impl Rtnl {
         ip: Ipv4Addr,
         prefix: u8,
     ) -> Result<(), NetError> {
-        let existing: Vec<AddressMessage> = self
-            .handle
-            .address()
-            .get()
-            .set_link_index_filter(index)
-            .execute()
-            .try_collect()
-            .await
-            .map_err(self.fail(format_args!("list addresses of {name}")))?;
-        for msg in existing {
+        for msg in self.addresses_of(index, name).await? {
             if msg.header.family != AddressFamily::Inet {
                 continue;
             }
-            let addr = address_of(&msg);
-            if addr == Some(IpAddr::V4(ip)) && msg.header.prefix_len == prefix {
+            if address_of(&msg) == Some(IpAddr::V4(ip)) && msg.header.prefix_len == prefix {
                 continue;
             }
-            match self.handle.address().del(msg).execute().await {
-                Ok(()) => {}
-                Err(e) if errno(&e) == Some(EADDRNOTAVAIL) => {}
-                Err(e) => {
-                    return Err(self
-                        .fail(format_args!("delete stale address {addr:?} of {name}"))(
-                        e
-                    ));
-                }
-            }
+            self.delete_address(msg, name).await?;
         }
         self.handle
             .address()
@@ -301,6 +282,28 @@ impl Rtnl {
             .execute()
             .await
             .map_err(self.fail(format_args!("add address {ip}/{prefix} to {name}")))
+    }
+
+    /// The addresses of link `index` (`name`, for errors).
+    async fn addresses_of(&self, index: u32, name: &str) -> Result<Vec<AddressMessage>, NetError> {
+        self.handle
+            .address()
+            .get()
+            .set_link_index_filter(index)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(self.fail(format_args!("list addresses of {name}")))
+    }
+
+    /// Deletes the address `msg` of link `name`; `Ok(false)` if it was gone already.
+    async fn delete_address(&self, msg: AddressMessage, name: &str) -> Result<bool, NetError> {
+        let addr = address_of(&msg);
+        match self.handle.address().del(msg).execute().await {
+            Ok(()) => Ok(true),
+            Err(e) if errno(&e) == Some(EADDRNOTAVAIL) => Ok(false),
+            Err(e) => Err(self.fail(format_args!("delete address {addr:?} of {name}"))(e)),
+        }
     }
 
     /// Adds `ip/prefix` to link `name` beside its other addresses (kept if already there).
@@ -323,24 +326,10 @@ impl Rtnl {
     /// Removes `ip` from link `name`; `Ok(false)` if it did not hold it.
     pub(crate) async fn remove_ipv4(&self, name: &str, ip: Ipv4Addr) -> Result<bool, NetError> {
         let index = self.index_of(name).await?;
-        let existing: Vec<AddressMessage> = self
-            .handle
-            .address()
-            .get()
-            .set_link_index_filter(index)
-            .execute()
-            .try_collect()
-            .await
-            .map_err(self.fail(format_args!("list addresses of {name}")))?;
         let mut removed = false;
-        for msg in existing {
-            if address_of(&msg) != Some(IpAddr::V4(ip)) {
-                continue;
-            }
-            match self.handle.address().del(msg).execute().await {
-                Ok(()) => removed = true,
-                Err(e) if errno(&e) == Some(EADDRNOTAVAIL) => {}
-                Err(e) => return Err(self.fail(format_args!("delete address {ip} of {name}"))(e)),
+        for msg in self.addresses_of(index, name).await? {
+            if address_of(&msg) == Some(IpAddr::V4(ip)) {
+                removed |= self.delete_address(msg, name).await?;
             }
         }
         Ok(removed)

@@ -97,7 +97,17 @@ impl SessionGuard {
 impl Drop for SessionGuard {
     fn drop(&mut self) {
         match &self.what {
-            Guarded::Session(sid) => kill_session(*sid),
+            Guarded::Session(sid) => {
+                let sid = *sid;
+                // The /proc scan reads every process's stat: off the async workers when
+                // dropped on one.
+                match tokio::runtime::Handle::try_current() {
+                    Ok(rt) => {
+                        rt.spawn_blocking(move || kill_session(sid));
+                    }
+                    Err(_) => kill_session(sid),
+                }
+            }
             Guarded::Task(t) => t.abort(),
         }
     }

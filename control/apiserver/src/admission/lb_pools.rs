@@ -21,11 +21,12 @@
 //! newer one conflicting (`skiff.io/PoolConflict`) and hands out none of its addresses.
 
 use std::any::Any;
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use async_trait::async_trait;
 use skiff_api::Resource;
-use skiff_api::api::{LoadBalancerIpPool, Service};
+use skiff_api::api::{Endpoints, LoadBalancerIpPool, Node, Service};
 use skiff_api::lb_pool::{self, AddrRange};
 use skiff_cidr::{Cidr, Ipv4Cidr};
 
@@ -74,7 +75,8 @@ impl Plugin for LoadBalancerIpPools {
                         return Ok(());
                     }
                     let pools = req.list::<LoadBalancerIpPool>("").await?;
-                    refuse::<Service>(req, ingress_errors(svc, &now, &pools))
+                    let reserved = reserved(req).await?;
+                    refuse::<Service>(req, ingress_errors(svc, &now, &pools, &reserved))
                 }
                 _ => Ok(()),
             };
@@ -114,11 +116,19 @@ impl Plugin for LoadBalancerIpPools {
                 return Ok(());
             }
             let pools = req.list::<LoadBalancerIpPool>("").await?;
-            let errors = request_errors(svc, &requested, &pools);
+            let errors = request_errors(svc, &requested, &pools, &reserved(req).await?);
             return refuse::<Service>(req, errors);
         }
         Ok(())
     }
+}
+
+/// The nodes' and the API servers' addresses ([`lb_pool::reserved`]).
+async fn reserved(req: &Request<'_>) -> Result<BTreeMap<IpAddr, String>, ApiError> {
+    let nodes = req.list::<Node>("").await?;
+    let endpoints = req.list::<Endpoints>("default").await?;
+    let api = endpoints.iter().find(|e| e.name() == "kubernetes");
+    Ok(lb_pool::reserved(&nodes.iter().collect::<Vec<_>>(), api))
 }
 
 fn refuse<T: Resource>(req: &Request<'_>, errors: Vec<FieldError>) -> Result<(), ApiError> {
@@ -198,7 +208,12 @@ impl LoadBalancerIpPools {
 
 /// Why each address in `svc`'s `status.loadBalancer.ingress` (`ips`, in order) is not one
 /// it can have.
-fn ingress_errors(svc: &Service, ips: &[String], pools: &[LoadBalancerIpPool]) -> Vec<FieldError> {
+fn ingress_errors(
+    svc: &Service,
+    ips: &[String],
+    pools: &[LoadBalancerIpPool],
+    reserved: &BTreeMap<IpAddr, String>,
+) -> Vec<FieldError> {
     let mut out = Vec::new();
     for (i, text) in ips.iter().enumerate() {
         let field = format!("status.loadBalancer.ingress[{i}].ip");
@@ -207,7 +222,7 @@ fn ingress_errors(svc: &Service, ips: &[String], pools: &[LoadBalancerIpPool]) -
             continue;
         };
         out.extend(
-            request_errors(svc, &[ip], pools)
+            request_errors(svc, &[ip], pools, reserved)
                 .into_iter()
                 .map(|e| FieldError::invalid(&field, text, e.detail)),
         );
@@ -221,6 +236,7 @@ fn request_errors(
     svc: &Service,
     requested: &[IpAddr],
     pools: &[LoadBalancerIpPool],
+    reserved: &BTreeMap<IpAddr, String>,
 ) -> Vec<FieldError> {
     let field = lb_pool::request_field(svc);
     let value = if field == "spec.loadBalancerIP" {
@@ -237,6 +253,14 @@ fn request_errors(
     };
     let mut out = Vec::new();
     for ip in requested {
+        if let Some(whose) = reserved.get(ip) {
+            out.push(FieldError::invalid(
+                &field,
+                &value,
+                format!("{ip} is {whose}: no Service may have it"),
+            ));
+            continue;
+        }
         let holding: Vec<&LoadBalancerIpPool> = pools
             .iter()
             .filter(|p| lb_pool::blocks(p).iter().any(|b| b.usable.contains(*ip)))
@@ -371,13 +395,40 @@ mod tests {
         let s = svc("", &[]);
         let ips = ["192.168.100.241".to_string(), "8.8.8.8".to_string()];
         assert_eq!(
-            shown(&ingress_errors(&s, &ips, &pools)),
+            shown(&ingress_errors(&s, &ips, &pools, &BTreeMap::new())),
             [
                 "status.loadBalancer.ingress[1].ip: Invalid value: \"8.8.8.8\": 8.8.8.8 is not in \
               any LoadBalancerIPPool's addresses"
             ]
         );
-        assert!(ingress_errors(&s, &ips[..1], &pools).is_empty());
+        assert!(ingress_errors(&s, &ips[..1], &pools, &BTreeMap::new()).is_empty());
+    }
+
+    /// A pool over the whole LAN does not make a node's or an API server's address a
+    /// Service's: asked for, or written into the status, it is refused with whose it is.
+    #[test]
+    fn nodes_and_api_servers_addresses_are_refused_whatever_the_pools() {
+        let pools = [pool("lan", "192.168.100.0/24")];
+        let reserved: BTreeMap<IpAddr, String> = [(
+            "192.168.100.2".parse().unwrap(),
+            "node node-2's address (InternalIP)".to_string(),
+        )]
+        .into();
+        let s = svc("192.168.100.2", &[]);
+        let req = lb_pool::requested(&s).unwrap();
+        assert_eq!(
+            shown(&request_errors(&s, &req, &pools, &reserved)),
+            [
+                "spec.loadBalancerIP: Invalid value: \"192.168.100.2\": 192.168.100.2 is node \
+              node-2's address (InternalIP): no Service may have it"
+            ]
+        );
+        let ips = ["192.168.100.2".to_string()];
+        assert_eq!(
+            shown(&ingress_errors(&svc("", &[]), &ips, &pools, &reserved)).len(),
+            1
+        );
+        assert!(request_errors(&s, &req, &pools, &BTreeMap::new()).is_empty());
     }
 
     #[test]
@@ -392,7 +443,7 @@ mod tests {
         let pools = [selective];
         let check = |s: &Service| {
             let req = lb_pool::requested(s).unwrap();
-            shown(&request_errors(s, &req, &pools))
+            shown(&request_errors(s, &req, &pools, &BTreeMap::new()))
         };
         assert!(check(&svc("192.168.100.241", &[("lb", "lan")])).is_empty());
         assert_eq!(
@@ -428,6 +479,9 @@ mod tests {
         }
         let s = svc("192.168.100.241", &[("lb", "lan")]);
         let req = lb_pool::requested(&s).unwrap();
-        assert!(shown(&request_errors(&s, &req, &[disabled]))[0].ends_with("which is disabled"));
+        assert!(
+            shown(&request_errors(&s, &req, &[disabled], &BTreeMap::new()))[0]
+                .ends_with("which is disabled")
+        );
     }
 }

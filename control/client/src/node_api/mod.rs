@@ -908,15 +908,8 @@ impl AgentEndpoint {
         container: &str,
         req: &ExecRequest,
     ) -> Result<TokioIo<hyper::upgrade::Upgraded>, NodeApiError> {
-        let path = format!(
-            "{EXEC_PATH}/{}/{}/{}",
-            segment(namespace),
-            segment(pod),
-            segment(container)
-        );
-        let body = serde_json::to_vec(req)
-            .map_err(|e| self.protocol(format!("encoding the exec request: {e}")))?;
-        self.session(&path, body, "exec").await
+        self.session(EXEC_PATH, [namespace, pod, container], req, "exec")
+            .await
     }
 
     /// `POST /attach/{namespace}/{pod}/{container}` with `Upgrade: skiff-exec`: attaches to
@@ -930,24 +923,28 @@ impl AgentEndpoint {
         container: &str,
         req: &AttachRequest,
     ) -> Result<TokioIo<hyper::upgrade::Upgraded>, NodeApiError> {
+        self.session(ATTACH_PATH, [namespace, pod, container], req, "attach")
+            .await
+    }
+
+    /// Posts a session request (`req` as JSON) to `base/{namespace}/{pod}/{container}` and
+    /// takes the connection over once the agent upgrades it.
+    async fn session(
+        &self,
+        base: &str,
+        [namespace, pod, container]: [&str; 3],
+        req: &impl serde::Serialize,
+        what: &str,
+    ) -> Result<TokioIo<hyper::upgrade::Upgraded>, NodeApiError> {
         let path = format!(
-            "{ATTACH_PATH}/{}/{}/{}",
+            "{base}/{}/{}/{}",
             segment(namespace),
             segment(pod),
             segment(container)
         );
         let body = serde_json::to_vec(req)
-            .map_err(|e| self.protocol(format!("encoding the attach request: {e}")))?;
-        self.session(&path, body, "attach").await
-    }
-
-    /// Posts a session request and takes the connection over once the agent upgrades it.
-    async fn session(
-        &self,
-        path: &str,
-        body: Vec<u8>,
-        what: &str,
-    ) -> Result<TokioIo<hyper::upgrade::Upgraded>, NodeApiError> {
+            .map_err(|e| self.protocol(format!("encoding the {what} request: {e}")))?;
+        let path = path.as_str();
         let resp = self
             .request(
                 hyper::Method::POST,
