@@ -30,6 +30,10 @@ pub struct Scrape {
     pub fast_path: Option<FastPathCounters>,
     /// NetworkPolicy verdict counters, if enforcement runs.
     pub policy: Option<Vec<crate::netpol::VerdictCount>>,
+    /// The load balancer's L2 announcement entries (LoadBalancer addresses this node answers
+    /// ARP for) and whether each is answered now (its Lease's deadline not passed), if the
+    /// load balancer runs.
+    pub l2: Option<Vec<(std::net::Ipv4Addr, bool)>>,
 }
 
 /// Label pairs of one series, in the family's label order.
@@ -144,6 +148,16 @@ impl Collector for Scrape {
         }
         if let Some(fp) = &self.fast_path {
             encode_fast_path(e, fp)?;
+        }
+        if let Some(l2) = &self.l2 {
+            gauges(
+                e,
+                "skiff_l2_announcing",
+                "LoadBalancer addresses this node announces: 1 while it answers ARP for the \
+                 address (its Lease held and not expired), 0 for an entry past its deadline.",
+                l2.iter()
+                    .map(|(ip, on)| (labels(["address"], [&ip.to_string()]), i64::from(*on))),
+            )?;
         }
         gauges(
             e,
@@ -376,6 +390,7 @@ mod tests {
             lb: None,
             fast_path: None,
             policy: None,
+            l2: None,
         });
         let version = env!("CARGO_PKG_VERSION");
         assert!(text.contains(&format!(
@@ -463,6 +478,10 @@ mod tests {
                     bytes: 1000,
                 },
             ]),
+            l2: Some(vec![
+                ("192.168.100.241".parse().unwrap(), true),
+                ("192.168.100.242".parse().unwrap(), false),
+            ]),
         }
     }
 
@@ -501,6 +520,9 @@ mod tests {
             "skiff_fastpath_packets_total{action=\"pass\"} 1",
             "skiff_fastpath_packets_total{action=\"fib_fail\"} 0",
             "# TYPE skiff_fastpath_packets counter",
+            "skiff_l2_announcing{address=\"192.168.100.241\"} 1",
+            "skiff_l2_announcing{address=\"192.168.100.242\"} 0",
+            "# TYPE skiff_l2_announcing gauge",
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
         }
@@ -563,6 +585,7 @@ mod tests {
             lb: None,
             fast_path: None,
             policy: None,
+            l2: None,
         };
         let mut reversed = s.pods.clone();
         reversed.reverse();

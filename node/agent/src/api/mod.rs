@@ -35,7 +35,9 @@
 //!     `{service,port_name,frontend,backend}` (`service`/`port_name` empty for a frontend no
 //!     Service owns), all as in `/bpf/services`;
 //!   - `skiff_fastpath_packets_total{action}`: the pod fast path's counters (`action` =
-//!     `redirect_peer`, `redirect_neigh`, `pass`, `fib_fail`), as in `/bpf/pods`.
+//!     `redirect_peer`, `redirect_neigh`, `pass`, `fib_fail`), as in `/bpf/pods`;
+//!   - `skiff_l2_announcing{address}`: the LoadBalancer addresses this node announces (the
+//!     load balancer's L2 entries), 1 while it answers ARP for one, 0 past its deadline.
 //!
 //!   A failure to read the LB maps fails the scrape (500), as it fails `/bpf/services`.
 //!

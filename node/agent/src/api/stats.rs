@@ -57,12 +57,27 @@ async fn metrics_handler(State(src): State<Sources>) -> Response {
     let scrape = tokio::task::spawn_blocking(move || {
         let pods = src.pods.snapshot();
         let pods_running = pods.iter().filter(|p| p.sandbox.is_some()).count();
-        let (lb, fast_path) = match &src.proxy {
-            Ok(proxy) => (
-                Some(proxy.services_report(&src.node)?),
-                Some(proxy.fast_path_counters()?),
-            ),
-            Err(_) => (None, None),
+        let (lb, fast_path, l2) = match &src.proxy {
+            Ok(proxy) => {
+                let now = skiff_datapath::lb::l2::monotonic_ns();
+                let l2 = proxy
+                    .l2_announcements()?
+                    .into_iter()
+                    .map(|(ip, a)| {
+                        (
+                            ip,
+                            a.flags & skiff_datapath::lb::l2::L2_FLAG_ANNOUNCE != 0
+                                && a.deadline_ns > now,
+                        )
+                    })
+                    .collect();
+                (
+                    Some(proxy.services_report(&src.node)?),
+                    Some(proxy.fast_path_counters()?),
+                    Some(l2),
+                )
+            }
+            Err(_) => (None, None, None),
         };
         let summary = summarize(&src.node, pods, src.accounting.as_deref());
         let policy = match &src.network_policy {
@@ -75,6 +90,7 @@ async fn metrics_handler(State(src): State<Sources>) -> Response {
             lb,
             fast_path,
             policy,
+            l2,
         })
     })
     .await;
