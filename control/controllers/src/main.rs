@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{ArgAction, Parser};
-use skiff_client::controller::{CancelToken, LeaderElectionConfig};
+use skiff_client::controller::LeaderElectionConfig;
 use skiff_client::{Client, ClientConfig};
 use skiff_controllers::manager::{self, COMPONENT, ManagerConfig, parse_controllers};
 use skiff_controllers::nodelifecycle::NodeLifecycleConfig;
@@ -87,12 +87,7 @@ struct Args {
 }
 
 fn default_identity() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "skiff".into());
-    format!("{host}_{}", uuid::Uuid::new_v4())
+    skiff_client::controller::default_identity("skiff", uuid::Uuid::new_v4())
 }
 
 async fn run(args: Args) -> Result<()> {
@@ -158,17 +153,7 @@ async fn run(args: Args) -> Result<()> {
     tracing::info!(server = %config.server, %identity,
         controllers = ?manager_config.controllers.iter().map(|c| c.as_str()).collect::<Vec<_>>(),
         leader_elect = args.leader_elect, "starting");
-    let shutdown = CancelToken::new();
-    tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            if let Err(e) = skiff_client::controller::terminated().await {
-                tracing::error!(error = %e, "cannot watch for SIGTERM/SIGINT");
-            }
-            tracing::info!("shutting down");
-            shutdown.cancel();
-        }
-    });
+    let shutdown = skiff_client::controller::cancelled_on_termination();
     manager::run(client, manager_config, shutdown).await?;
     Ok(())
 }

@@ -65,13 +65,9 @@ async fn main() -> anyhow::Result<()> {
         skiff_client::Client::connect_lazy_with(&config).context("connecting to the API server")?;
     tracing::info!(server = %config.endpoint(), scheduler_name = %cli.scheduler_name,
         leader_elect = cli.leader_elect, "skiff-scheduler starting");
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "skiff-scheduler".into());
-    let identity = cli
-        .identity
-        .clone()
-        .unwrap_or_else(|| format!("{host}_{}", std::process::id()));
+    let identity = cli.identity.clone().unwrap_or_else(|| {
+        skiff_client::controller::default_identity("skiff-scheduler", std::process::id())
+    });
     let scheduler_config = SchedulerConfig {
         scheduler_name: cli.scheduler_name.clone(),
         percentage_of_nodes_to_score: cli.percentage_of_nodes_to_score,
@@ -95,18 +91,7 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     };
-    let shutdown = CancelToken::new();
-    let on_signal = {
-        let shutdown = shutdown.clone();
-        async move {
-            match skiff_client::controller::terminated().await {
-                Ok(signal) => tracing::info!(signal, "exiting"),
-                Err(e) => tracing::error!(error = %e, "cannot watch for SIGTERM/SIGINT; exiting"),
-            }
-            shutdown.cancel();
-        }
-    };
-    tokio::spawn(on_signal);
+    let shutdown = skiff_client::controller::cancelled_on_termination();
     if cli.leader_elect {
         let elector = LeaderElector::new(
             &client,

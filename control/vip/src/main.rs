@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use skiff_client::controller::CancelToken;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -71,32 +70,18 @@ async fn main() -> anyhow::Result<()> {
         .context("finding the API server")?;
     let client =
         skiff_client::Client::connect_lazy_with(&config).context("connecting to the API server")?;
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "skiff-vip".into());
     let cfg = skiff_vip::VipConfig {
         address,
         prefix,
         interface: cli.interface.clone(),
         health: cli.health,
-        identity: cli
-            .identity
-            .clone()
-            .unwrap_or_else(|| format!("{host}_{}", std::process::id())),
+        identity: cli.identity.clone().unwrap_or_else(|| {
+            skiff_client::controller::default_identity("skiff-vip", std::process::id())
+        }),
         lease_duration: Duration::from_secs(cli.lease_duration),
     };
     tracing::info!(%address, interface = %cfg.interface, identity = %cfg.identity, "skiff-vip starting");
-    let shutdown = CancelToken::new();
-    {
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            match skiff_client::controller::terminated().await {
-                Ok(signal) => tracing::info!(signal, "exiting"),
-                Err(e) => tracing::error!(error = %e, "cannot watch for SIGTERM/SIGINT; exiting"),
-            }
-            shutdown.cancel();
-        });
-    }
+    let shutdown = skiff_client::controller::cancelled_on_termination();
     skiff_vip::run(&client, &cfg, shutdown)
         .await
         .context("holding the virtual address")

@@ -92,6 +92,32 @@ pub async fn terminated() -> std::io::Result<&'static str> {
     }
 }
 
+/// A token cancelled when the process is asked to stop ([`terminated`]), which is logged:
+/// what every long-running component's `main` waits on. Call inside a tokio runtime.
+pub fn cancelled_on_termination() -> CancelToken {
+    let shutdown = CancelToken::new();
+    let token = shutdown.clone();
+    tokio::spawn(async move {
+        match terminated().await {
+            Ok(signal) => tracing::info!(signal, "exiting"),
+            Err(e) => tracing::error!(error = %e, "cannot watch for SIGTERM/SIGINT; exiting"),
+        }
+        token.cancel();
+    });
+    shutdown
+}
+
+/// This instance's default identity in leader election: the host name (`fallback` when it
+/// has none) and a suffix unique to this process (`suffix`, e.g. the pid).
+pub fn default_identity(fallback: &str, suffix: impl std::fmt::Display) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| fallback.to_string());
+    format!("{host}_{suffix}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

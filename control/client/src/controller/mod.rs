@@ -47,7 +47,7 @@ mod queue;
 mod reconcile;
 pub(crate) mod time;
 
-pub use cancel::{CancelToken, terminated};
+pub use cancel::{CancelToken, cancelled_on_termination, default_identity, terminated};
 pub use events::{EventRecorder, EventType, object_reference};
 pub use informer::{
     Change, IndexFn, Informer, Informers, LABEL_INDEX, NAMESPACE_INDEX, NODE_INDEX, OWNER_INDEX,
