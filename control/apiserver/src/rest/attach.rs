@@ -1,28 +1,25 @@
-//! `pods/<name>/attach`: kubectl 1.32's attach (and `kubectl debug -it`'s), the streams of a
-//! container's main process over the same WebSocket channel protocol as exec
-//! (`v5.channel.k8s.io`, `v4`), bridged to the pod's node agent by exec's code
-//! ([`super::exec::bridge`]) with the agent's `POST /attach/...` as the other end.
+//! `pods/<name>/attach`: kubectl's attach (and `kubectl debug -it`'s), the streams of a
+//! container's main process over the same transports as exec (a WebSocket,
+//! `v5.channel.k8s.io` or `v4`, or SPDY/3.1 streams, `v4.channel.k8s.io` down to `v2`),
+//! bridged to the pod's node agent by exec's code ([`super::exec::bridge`]) with the agent's
+//! `POST /attach/...` as the other end.
 //!
 //! Query: `container` (the pod's only container by default; ephemeral containers count),
 //! `stdin`, `stdout`, `stderr`, `tty` (the terminal is the container's own: kubectl asks
 //! for it when the container has `tty: true`). Everything that can fail before the stream
-//! fails before the upgrade, as a `Status`: no such container, a pod or container that is
-//! not running, stdin asked of a container without `stdin: true`, an unreachable agent. The
-//! session ends with `Success` when the container exits (or the agent detaches the client
-//! after its stdin closed); a lost kubectl only detaches: the container keeps running.
+//! fails before the upgrade, as a `Status` (exec's checks, [`super::exec::target`], and
+//! here: stdin asked of a container without `stdin: true`). The session ends with `Success`
+//! when the container exits (or the agent detaches the client after its stdin closed); a
+//! lost kubectl only detaches: the container keeps running.
 
 use axum::http::request::Parts;
 use axum::response::Response;
-use prost::Message as _;
-use skiff_api::Resource;
 use skiff_api::api::Pod;
 use skiff_client::node_api::AttachRequest;
 
 use super::context::Rest;
-use super::exec::{
-    Session, accept, agent_failure, check_running, wants_websocket, websocket_required,
-};
-use super::node_proxy::{node_agent, pick_container, pod_failure};
+use super::exec::{Client, Session, accept, agent_failure, target};
+use super::node_proxy::pod_failure;
 use super::path::ResourcePath;
 use super::query::Query;
 use crate::ApiError;
@@ -32,71 +29,46 @@ use crate::status::plain_failure;
 pub(crate) async fn serve(rest: &Rest, parts: Parts, p: ResourcePath, query: Query) -> Response {
     let namespace = p.namespace.clone().unwrap_or_default();
     let name = p.name.clone().unwrap_or_default();
-    let is_websocket = wants_websocket(&parts);
-    let (agent, container, stdin) = match request(rest, &namespace, &name, &query).await {
+    let asks_stdin = query.flag("stdin");
+    let check = |pod: &Pod, container: &str| stdin_allowed(pod, &name, container, asks_stdin);
+    let target = match target(rest, &namespace, &name, &query, check).await {
         Ok(t) => t,
         Err(ApiError::Internal(why)) => return attach_error(&why),
         Err(e) => return pod_failure(&e, &name),
     };
-    if !is_websocket {
-        return websocket_required("attach");
-    }
-    let conn = match agent
-        .attach(&namespace, &name, &container, &AttachRequest { stdin })
+    let client = match Client::of(&parts, "attach") {
+        Ok(c) => c,
+        Err(resp) => return *resp,
+    };
+    let req = AttachRequest {
+        stdin: target.streams.stdin,
+    };
+    let conn = match target
+        .agent
+        .attach(&namespace, &name, &target.container, &req)
         .await
     {
         Ok(conn) => conn,
-        Err(e) => return agent_failure(&e, &name, &container),
+        Err(e) => return agent_failure(&e, &name, &target.container),
     };
-    accept(parts, conn, Session::Attach).await
+    accept(parts, client, target.streams, conn, Session::Attach).await
 }
 
-/// The agent, the container and whether the client writes its stdin; checked before
-/// anything starts.
-async fn request(
-    rest: &Rest,
-    namespace: &str,
-    name: &str,
-    query: &Query,
-) -> Result<(skiff_client::node_api::AgentEndpoint, String, bool), ApiError> {
-    let (stdin, stdout, stderr) = (
-        query.flag("stdin"),
-        query.flag("stdout"),
-        query.flag("stderr"),
-    );
-    if !(stdin || stdout || stderr) {
-        return Err(ApiError::BadRequest(
-            "you must specify at least 1 of stdin, stdout, stderr".to_string(),
-        ));
-    }
-    let pods = rest.registry.handler(Pod::INFO.plural)?;
-    let pod = Pod::decode(pods.get(namespace, name).await?.as_slice())
-        .map_err(|e| ApiError::Internal(format!("decoding pod {name}: {e}")))?;
-    let container = pick_container(&pod, query.get("container"))?;
+/// Stdin may be attached only to a container started with `stdin: true`.
+fn stdin_allowed(pod: &Pod, name: &str, container: &str, asks_stdin: bool) -> Result<(), ApiError> {
     let has_stdin = pod.spec.iter().any(|s| {
         s.containers.iter().any(|c| c.name == container && c.stdin)
             || s.ephemeral_containers
                 .iter()
                 .any(|c| c.name == container && c.stdin)
     });
-    if stdin && !has_stdin {
+    if asks_stdin && !has_stdin {
         return Err(ApiError::BadRequest(format!(
             "container {container} in pod {name} was not started with stdin: true: its input \
              cannot be attached to (attach without -i to see its output)"
         )));
     }
-    let phase = pod.status.as_ref().map(|s| s.phase.as_str()).unwrap_or("");
-    if phase != "Running" {
-        return Err(ApiError::BadRequest(format!(
-            "unable to upgrade connection: container not found (\"{container}\"): pod {name} is \
-             {phase}"
-        )));
-    }
-    check_running(&pod, &container)?;
-    let agent = node_agent(rest, &pod)
-        .await?
-        .map_err(|e| ApiError::Internal(e.to_string()))?;
-    Ok((agent, container, stdin))
+    Ok(())
 }
 
 /// kube-apiserver's answer when the runtime could not attach.

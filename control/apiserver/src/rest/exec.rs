@@ -1,23 +1,34 @@
-//! `pods/<name>/exec`: kubectl 1.32's exec, a WebSocket in Kubernetes' channel protocol
-//! (`v5.channel.k8s.io`, and `v4`). Each binary message starts with its channel: 0 stdin,
-//! 1 stdout, 2 stderr, 3 the session's end (a `Status`), 4 a terminal resize, 255 (v5) close
-//! the channel named by the next byte. The session runs on the pod's node agent, which this
+//! `pods/<name>/exec`: kubectl's exec, over a WebSocket in Kubernetes' channel protocol
+//! (`v5.channel.k8s.io`, and `v4`; kubectl 1.32's default) or over SPDY/3.1 streams
+//! (`v4.channel.k8s.io` down to `v2`: older kubectl, kubectl with
+//! `KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false`, client-go's SPDY executor;
+//! [`super::spdy_streams`]). In the WebSocket protocol each binary
+//! message starts with its channel: 0 stdin, 1 stdout, 2 stderr, 3 the session's end (a
+//! `Status`), 4 a terminal resize, 255 (v5) close the channel named by the next byte; over
+//! SPDY each is a stream of its own. The session runs on the pod's node agent, which this
 //! module reaches with an HTTP upgrade and the same channel numbers in length-prefixed frames
-//! (`skiff_client::node_api::exec`), so messages are translated one for one, in both
-//! directions as they come: output streams while the command runs, stdin (`-i`) and the
-//! terminal (`-t`, resizes included) are live.
+//! (`skiff_client::node_api::exec`). One [`bridge`] carries every session: it reads the
+//! agent's frames and writes the end, and a transport ([`ClientInput`], [`ClientOutput`]:
+//! WebSocket messages here, SPDY streams in `spdy_streams`) turns them into the client's
+//! protocol, in both directions as they come: output streams while the command runs, stdin
+//! (`-i`) and the terminal (`-t`, resizes included) are live.
 //!
 //! Everything that can fail before the command runs (no such container, a pod that is not
-//! running, a container that has exited, an unreachable agent) fails before the WebSocket
-//! upgrade, as a `Status`: kubectl then tries SPDY, which gets the same answer, and prints
-//! it. The end is written as the kubelet writes it: `Success`, or `NonZeroExitCode` with the
-//! code as a cause (kubectl's own exit code). When kubectl goes away the agent connection is
+//! running, a container that has exited, an unreachable agent; [`target`], shared with
+//! attach) fails before the upgrade, as a `Status`, which kubectl prints. A request that asks
+//! for neither upgrade is a 400; a SPDY request offering no protocol served is a 403, as the
+//! kubelet answers it.
+//! The end is written as the kubelet writes it: `Success`, or `NonZeroExitCode` with the code
+//! as a cause (kubectl's own exit code). When kubectl goes away the agent connection is
 //! dropped, which ends the session on the node (its processes are killed).
+
+use std::future::Future;
 
 use axum::extract::FromRequestParts as _;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::http::request::Parts;
 use axum::response::Response;
+use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt as _, StreamExt as _};
 use hyper_util::rt::TokioIo;
 use prost::Message as _;
@@ -25,16 +36,19 @@ use serde_json::json;
 use skiff_api::Resource;
 use skiff_api::api::Pod;
 use skiff_client::node_api::exec::{self as channel, ExecEnd, read_frame, write_frame};
-use skiff_client::node_api::{ExecRequest, NodeApiError};
+use skiff_client::node_api::{AgentEndpoint, ExecRequest, NodeApiError};
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::context::Rest;
 use super::node_proxy::{node_agent, pick_container, pod_failure};
 use super::path::ResourcePath;
 use super::query::Query;
+use super::spdy_streams::{self, Expected, REMOTE_COMMAND_PROTOCOLS};
 use crate::ApiError;
 use crate::status::plain_failure;
 
-/// The channel protocols Skiff speaks, preferred first (kubectl 1.32 offers v5 down to v1).
+/// The channel protocols Skiff speaks over WebSocket, preferred first (kubectl 1.32 offers v5
+/// down to v1).
 pub(super) const EXEC_PROTOCOLS: [&str; 2] = ["v5.channel.k8s.io", "v4.channel.k8s.io"];
 
 pub(super) type AgentConn = TokioIo<hyper::upgrade::Upgraded>;
@@ -43,27 +57,70 @@ pub(super) type AgentConn = TokioIo<hyper::upgrade::Upgraded>;
 pub(crate) async fn serve(rest: &Rest, parts: Parts, p: ResourcePath, query: Query) -> Response {
     let namespace = p.namespace.clone().unwrap_or_default();
     let name = p.name.clone().unwrap_or_default();
-    let is_websocket = wants_websocket(&parts);
-    let target = match request(rest, &namespace, &name, &query).await {
+    let command: Vec<String> = query.all("command").into_iter().map(String::from).collect();
+    let target = if command.is_empty() {
+        Err(ApiError::BadRequest(
+            "you must specify at least 1 command".to_string(),
+        ))
+    } else {
+        target(rest, &namespace, &name, &query, |_, _| Ok(())).await
+    };
+    let target = match target {
         Ok(t) => t,
         Err(ApiError::Internal(why)) => return exec_error(&why),
         Err(e) => return pod_failure(&e, &name),
     };
-    if !is_websocket {
-        return websocket_required("exec");
-    }
-    let session = Session::Exec {
-        command: target.req.command.clone(),
+    let client = match Client::of(&parts, "exec") {
+        Ok(c) => c,
+        Err(resp) => return *resp,
+    };
+    let req = ExecRequest {
+        command: command.clone(),
+        stdin: target.streams.stdin,
+        tty: target.streams.tty,
     };
     let agent = match target
         .agent
-        .exec(&namespace, &name, &target.container, &target.req)
+        .exec(&namespace, &name, &target.container, &req)
         .await
     {
         Ok(conn) => conn,
         Err(e) => return agent_failure(&e, &name, &target.container),
     };
-    accept(parts, agent, session).await
+    accept(
+        parts,
+        client,
+        target.streams,
+        agent,
+        Session::Exec { command },
+    )
+    .await
+}
+
+/// How the client talks: which upgrade it asked for, and (SPDY) the protocol chosen.
+pub(super) enum Client {
+    WebSocket,
+    Spdy(&'static str),
+}
+
+impl Client {
+    /// The client's transport, or the answer to a request that asks for none Skiff serves.
+    pub(super) fn of(parts: &Parts, subresource: &str) -> Result<Client, Box<Response>> {
+        if wants_websocket(parts) {
+            return Ok(Client::WebSocket);
+        }
+        if spdy_streams::wants_spdy(parts) {
+            let offered = spdy_streams::offered(parts);
+            return match spdy_streams::negotiate(&offered, &REMOTE_COMMAND_PROTOCOLS) {
+                Some(p) => Ok(Client::Spdy(p)),
+                None => Err(Box::new(spdy_streams::no_common_protocol(
+                    &offered,
+                    &REMOTE_COMMAND_PROTOCOLS,
+                ))),
+            };
+        }
+        Err(Box::new(upgrade_required(subresource)))
+    }
 }
 
 /// Whether the request asks for a WebSocket upgrade.
@@ -75,56 +132,90 @@ pub(super) fn wants_websocket(parts: &Parts) -> bool {
         .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
 }
 
-/// The answer to a request that is not a WebSocket upgrade (kubectl falls back to SPDY when
-/// the WebSocket upgrade is refused, and prints this).
-pub(super) fn websocket_required(subresource: &str) -> Response {
+/// The answer to a request that asks for no upgrade Skiff serves.
+fn upgrade_required(subresource: &str) -> Response {
     plain_failure(
         400,
         "BadRequest",
         &format!(
             "Upgrade request required: pods/{subresource} is served over WebSocket \
-             (v5.channel.k8s.io or v4.channel.k8s.io)"
+             (v5.channel.k8s.io or v4.channel.k8s.io) or SPDY/3.1 (v4.channel.k8s.io down to \
+             v2.channel.k8s.io)"
         ),
     )
 }
 
-/// Accepts kubectl's WebSocket, once the agent has taken the session, and bridges the two.
-pub(super) async fn accept(mut parts: Parts, agent: AgentConn, session: Session) -> Response {
-    let upgrade = match WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
-        Ok(u) => u,
-        Err(e) => return plain_failure(400, "BadRequest", &e.to_string()),
+/// Accepts the client's upgrade, once the agent has taken the session, and bridges the two.
+pub(super) async fn accept(
+    mut parts: Parts,
+    client: Client,
+    streams: Streams,
+    agent: AgentConn,
+    session: Session,
+) -> Response {
+    let subresource = match session {
+        Session::Exec { .. } => "exec",
+        Session::Attach => "attach",
     };
-    upgrade
-        .protocols(EXEC_PROTOCOLS)
-        .on_upgrade(move |socket| bridge(socket, agent, session))
+    match client {
+        Client::Spdy(protocol) => {
+            let expected = Expected::of(
+                protocol,
+                streams.stdin,
+                streams.stdout,
+                streams.stderr,
+                streams.tty,
+            );
+            spdy_streams::upgrade(&mut parts, subresource, protocol, move |conn| {
+                spdy_streams::remote_command(conn, protocol, expected, agent, session)
+            })
+        }
+        Client::WebSocket => {
+            let upgrade = match WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
+                Ok(u) => u,
+                Err(e) => return plain_failure(400, "BadRequest", &e.to_string()),
+            };
+            upgrade
+                .protocols(EXEC_PROTOCOLS)
+                .on_upgrade(move |socket| websocket_session(socket, agent, session))
+        }
+    }
 }
 
-/// Where and what to run, checked before anything starts.
-struct Target {
-    agent: skiff_client::node_api::AgentEndpoint,
-    container: String,
-    req: ExecRequest,
+/// The streams a request asks for.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Streams {
+    pub(super) stdin: bool,
+    pub(super) stdout: bool,
+    pub(super) stderr: bool,
+    pub(super) tty: bool,
 }
 
-async fn request(
+/// Where a session goes, checked before anything starts.
+pub(super) struct Target {
+    pub(super) agent: AgentEndpoint,
+    pub(super) container: String,
+    pub(super) streams: Streams,
+}
+
+/// The checks exec and attach share: at least one of stdin, stdout and stderr; the pod and
+/// its container (`container`, or the only one); `check`, the caller's own (on the pod and
+/// the container's name); the pod running, the container not known to have exited; the
+/// node's agent. [`ApiError::Internal`] carries a failure the runtime's words describe.
+pub(super) async fn target(
     rest: &Rest,
     namespace: &str,
     name: &str,
     query: &Query,
+    check: impl FnOnce(&Pod, &str) -> Result<(), ApiError>,
 ) -> Result<Target, ApiError> {
-    let command: Vec<String> = query.all("command").into_iter().map(String::from).collect();
-    if command.is_empty() {
-        return Err(ApiError::BadRequest(
-            "you must specify at least 1 command".to_string(),
-        ));
-    }
-    let (stdin, stdout, stderr, tty) = (
-        query.flag("stdin"),
-        query.flag("stdout"),
-        query.flag("stderr"),
-        query.flag("tty"),
-    );
-    if !(stdin || stdout || stderr) {
+    let streams = Streams {
+        stdin: query.flag("stdin"),
+        stdout: query.flag("stdout"),
+        stderr: query.flag("stderr"),
+        tty: query.flag("tty"),
+    };
+    if !(streams.stdin || streams.stdout || streams.stderr) {
         return Err(ApiError::BadRequest(
             "you must specify at least 1 of stdin, stdout, stderr".to_string(),
         ));
@@ -133,6 +224,7 @@ async fn request(
     let pod = Pod::decode(pods.get(namespace, name).await?.as_slice())
         .map_err(|e| ApiError::Internal(format!("decoding pod {name}: {e}")))?;
     let container = pick_container(&pod, query.get("container"))?;
+    check(&pod, &container)?;
     let phase = pod.status.as_ref().map(|s| s.phase.as_str()).unwrap_or("");
     if phase != "Running" {
         return Err(ApiError::BadRequest(format!(
@@ -149,17 +241,13 @@ async fn request(
     Ok(Target {
         agent,
         container,
-        req: ExecRequest {
-            command,
-            stdin,
-            tty,
-        },
+        streams,
     })
 }
 
 /// A container the pod's status shows not running (waiting, or exited) is refused with why;
 /// [`ApiError::Internal`] carries the reason.
-pub(super) fn check_running(pod: &Pod, container: &str) -> Result<(), ApiError> {
+fn check_running(pod: &Pod, container: &str) -> Result<(), ApiError> {
     let state = pod
         .status
         .iter()
@@ -254,32 +342,54 @@ impl Session {
             }),
         }
     }
+
+    /// The end of the session from the agent's end frame.
+    fn end(&self, frame: &[u8]) -> serde_json::Value {
+        match serde_json::from_slice::<ExecEnd>(frame) {
+            Ok(ExecEnd {
+                exit_code: Some(code),
+                ..
+            }) => self.ended(code),
+            Ok(ExecEnd { error, .. }) => self.failed(
+                error
+                    .as_deref()
+                    .unwrap_or("the session ended without an exit code"),
+            ),
+            Err(e) => self.failed(&format!("unreadable end of session: {e}")),
+        }
+    }
 }
 
-/// Translates between kubectl's WebSocket and the agent's frames until the session ends
-/// (its end written, then a normal close) or either side goes away.
-pub(super) async fn bridge(mut socket: WebSocket, agent: AgentConn, session: Session) {
-    // As kube-apiserver: an empty message on the first output channel says "connected".
-    if socket.send(message(channel::STDOUT, &[])).await.is_err() {
-        return;
-    }
-    let (mut ws_tx, mut ws_rx) = socket.split();
+/// What the client sends for the agent, in the client's protocol.
+pub(super) trait ClientInput: Send {
+    /// The next frame for the agent (stdin, resize, close), `None` once the client is gone.
+    fn next(&mut self) -> impl Future<Output = Option<(u8, Vec<u8>)>> + Send;
+}
+
+/// What goes to the client, in its protocol.
+pub(super) trait ClientOutput: Send {
+    /// The command's output on `channel` (stdout or stderr); false once the client is gone.
+    fn output(&mut self, channel: u8, data: Vec<u8>) -> impl Future<Output = bool> + Send;
+    /// The session's end, `status`, then the end of every stream.
+    fn end(self, status: serde_json::Value) -> impl Future<Output = ()> + Send;
+}
+
+/// Carries a session between the client's transport and the agent's frames until the
+/// session ends (its end written) or either side goes away; dropping the agent's
+/// connection ends the session on the node.
+pub(super) async fn bridge(
+    mut input: impl ClientInput,
+    mut output: impl ClientOutput,
+    agent: impl AsyncRead + AsyncWrite + Send,
+    session: Session,
+) {
     let (mut rd, mut wr) = tokio::io::split(agent);
     let to_agent = async move {
-        while let Some(Ok(msg)) = ws_rx.next().await {
-            match msg {
-                Message::Binary(b) => {
-                    let Some((&ch, data)) = b.split_first() else {
-                        continue;
-                    };
-                    if matches!(ch, channel::STDIN | channel::RESIZE | channel::CLOSE)
-                        && write_frame(&mut wr, ch, data).await.is_err()
-                    {
-                        return;
-                    }
-                }
-                Message::Close(_) => return,
-                _ => {}
+        while let Some((ch, data)) = input.next().await {
+            if matches!(ch, channel::STDIN | channel::RESIZE | channel::CLOSE)
+                && write_frame(&mut wr, ch, &data).await.is_err()
+            {
+                return;
             }
         }
     };
@@ -287,44 +397,73 @@ pub(super) async fn bridge(mut socket: WebSocket, agent: AgentConn, session: Ses
         let status = loop {
             match read_frame(&mut rd).await {
                 Ok(Some((ch @ (channel::STDOUT | channel::STDERR), data))) => {
-                    if ws_tx.send(message(ch, &data)).await.is_err() {
+                    if !output.output(ch, data).await {
                         return;
                     }
                 }
-                Ok(Some((channel::ERROR, data))) => {
-                    break match serde_json::from_slice::<ExecEnd>(&data) {
-                        Ok(ExecEnd {
-                            exit_code: Some(code),
-                            ..
-                        }) => session.ended(code),
-                        Ok(ExecEnd { error, .. }) => session.failed(
-                            error
-                                .as_deref()
-                                .unwrap_or("the session ended without an exit code"),
-                        ),
-                        Err(e) => session.failed(&format!("unreadable end of session: {e}")),
-                    };
-                }
+                Ok(Some((channel::ERROR, data))) => break session.end(&data),
                 Ok(Some(_)) => {}
                 Ok(None) | Err(_) => {
                     break session.failed("the node agent's connection was lost");
                 }
             }
         };
-        let _ = ws_tx
+        output.end(status).await;
+    };
+    tokio::select! {
+        () = to_agent => {}
+        () = from_agent => {}
+    }
+}
+
+/// A WebSocket session: the channel byte first in every binary message.
+async fn websocket_session(mut socket: WebSocket, agent: AgentConn, session: Session) {
+    // As kube-apiserver: an empty message on the first output channel says "connected".
+    if socket.send(message(channel::STDOUT, &[])).await.is_err() {
+        return;
+    }
+    let (tx, rx) = socket.split();
+    bridge(WsInput(rx), WsOutput(tx), agent, session).await;
+}
+
+struct WsInput(SplitStream<WebSocket>);
+
+impl ClientInput for WsInput {
+    async fn next(&mut self) -> Option<(u8, Vec<u8>)> {
+        loop {
+            match self.0.next().await? {
+                Ok(Message::Binary(b)) => {
+                    if let Some((&ch, data)) = b.split_first() {
+                        return Some((ch, data.to_vec()));
+                    }
+                }
+                Ok(Message::Close(_)) | Err(_) => return None,
+                Ok(_) => {}
+            }
+        }
+    }
+}
+
+struct WsOutput(SplitSink<WebSocket, Message>);
+
+impl ClientOutput for WsOutput {
+    async fn output(&mut self, ch: u8, data: Vec<u8>) -> bool {
+        self.0.send(message(ch, &data)).await.is_ok()
+    }
+
+    async fn end(mut self, status: serde_json::Value) {
+        let _ = self
+            .0
             .send(message(channel::ERROR, status.to_string().as_bytes()))
             .await;
         // A normal closure (1000): kubectl reads it as the end of every stream.
-        let _ = ws_tx
+        let _ = self
+            .0
             .send(Message::Close(Some(CloseFrame {
                 code: axum::extract::ws::close_code::NORMAL,
                 reason: "".into(),
             })))
             .await;
-    };
-    tokio::select! {
-        () = to_agent => {}
-        () = from_agent => {}
     }
 }
 

@@ -19,9 +19,9 @@
 //!   kube-apiserver's `ValidateListOptions`;
 //! - subresources: `status`, `scale` (as `autoscaling/v1` Scale), `pods/binding`, and
 //!   `pods/ephemeralcontainers` (get, update, patch: `kubectl debug`), and `pods/log`,
-//!   `pods/exec` and `pods/attach` (WebSocket, `v5.channel.k8s.io`; [`exec`], [`attach`])
-//!   and `pods/portforward` (SPDY/3.1 in a WebSocket) through the pod's node agent
-//!   ([`node_proxy`]);
+//!   `pods/exec` and `pods/attach` (WebSocket, `v5.channel.k8s.io`, or SPDY/3.1 streams;
+//!   [`exec`], [`attach`], [`spdy_streams`]) and `pods/portforward` (SPDY/3.1, in a
+//!   WebSocket or on the connection) through the pod's node agent ([`node_proxy`]);
 //! - answers as JSON, YAML (`Accept: application/yaml`), a `meta.k8s.io/v1` Table
 //!   (`;as=Table`) or metadata only (`;as=PartialObjectMetadata[List]`); errors as `Status`
 //!   objects with Kubernetes' codes and reasons;
@@ -60,6 +60,7 @@ mod portforward;
 mod query;
 mod snapshot;
 mod spdy;
+mod spdy_streams;
 mod table;
 mod tokens;
 mod watch;

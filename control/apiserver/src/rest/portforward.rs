@@ -1,5 +1,9 @@
-//! `pods/<name>/portforward`: kubectl 1.32's port forwarding, a SPDY/3.1 session tunnelled in
-//! a WebSocket (subprotocol `SPDY/3.1+portforward.k8s.io`, [`super::spdy`]).
+//! `pods/<name>/portforward`: kubectl's port forwarding, a SPDY/3.1 session
+//! ([`super::spdy`], [`super::spdy_streams`]) either tunnelled in a WebSocket (subprotocol
+//! `SPDY/3.1+portforward.k8s.io`, kubectl 1.32's default) or on the connection itself
+//! (`Upgrade: SPDY/3.1` with `X-Stream-Protocol-Version: portforward.k8s.io`: older kubectl,
+//! `KUBECTL_PORT_FORWARD_WEBSOCKETS=false`, client-go's `portforward.New`). Only the
+//! transport differs; the session is [`session`]'s.
 //!
 //! For each local connection kubectl opens two streams with the same `requestID` header: an
 //! error stream and a data stream, both naming the pod's `port`. Each data stream becomes a
@@ -7,22 +11,24 @@
 //! (`skiff_client::node_api::AgentEndpoint::port_forward`); bytes go both ways as DATA frames,
 //! a FIN from either side half-closes, and when the pod's side ends both streams are closed
 //! (kubectl waits for the error stream to close). A failure to connect is written on the
-//! error stream, as the kubelet writes it, so kubectl reports it and keeps listening.
+//! error stream, as the kubelet writes it, so kubectl reports it and keeps listening. A
+//! session holds at most [`spdy_streams::MAX_OPEN_STREAMS`] streams open; more are refused.
 
 use std::collections::HashMap;
 
 use axum::extract::FromRequestParts as _;
-use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{WebSocket, WebSocketUpgrade};
 use axum::http::request::Parts;
 use axum::response::Response;
 use bytes::Bytes;
-use futures::{SinkExt as _, StreamExt as _};
+use futures::StreamExt as _;
 use prost::Message as _;
 use skiff_api::Resource;
 use skiff_api::api::Pod;
 use skiff_client::node_api::AgentEndpoint;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::mpsc;
+use tokio::task::JoinSet;
 use tracing::debug;
 
 use super::context::Rest;
@@ -30,6 +36,10 @@ use super::node_proxy;
 use super::path::ResourcePath;
 use super::query::Query;
 use super::spdy::{self, Frame};
+use super::spdy_streams::{
+    self, ByteReader, ByteWriter, FrameSource, Inbound, Outbound, PORT_FORWARD_PROTOCOL,
+    StreamTable, Upgraded,
+};
 use crate::ApiError;
 use crate::status::plain_failure;
 
@@ -38,7 +48,8 @@ const PROTOCOL: &str = "SPDY/3.1+portforward.k8s.io";
 /// Bytes read from the pod per DATA frame.
 const CHUNK: usize = 32 * 1024;
 
-/// `GET /api/v1/namespaces/<ns>/pods/<name>/portforward` (a WebSocket upgrade).
+/// `GET|POST /api/v1/namespaces/<ns>/pods/<name>/portforward` (a WebSocket or SPDY/3.1
+/// upgrade).
 pub(crate) async fn serve(rest: &Rest, mut parts: Parts, p: ResourcePath, _q: Query) -> Response {
     let namespace = p.namespace.clone().unwrap_or_default();
     let name = p.name.clone().unwrap_or_default();
@@ -46,6 +57,22 @@ pub(crate) async fn serve(rest: &Rest, mut parts: Parts, p: ResourcePath, _q: Qu
         Ok(t) => t,
         Err(e) => return node_proxy::pod_failure(&e, &name),
     };
+    if spdy_streams::wants_spdy(&parts) {
+        let offered = spdy_streams::offered(&parts);
+        let supported = [PORT_FORWARD_PROTOCOL];
+        let Some(protocol) = spdy_streams::negotiate(&offered, &supported) else {
+            return spdy_streams::no_common_protocol(&offered, &supported);
+        };
+        return spdy_streams::upgrade(
+            &mut parts,
+            "portforward",
+            protocol,
+            move |conn: Upgraded| {
+                let (rd, wr) = tokio::io::split(conn);
+                session(ByteReader(rd), ByteWriter(wr), target)
+            },
+        );
+    }
     let upgrade = match WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
         Ok(u) => u,
         Err(_) => {
@@ -53,13 +80,16 @@ pub(crate) async fn serve(rest: &Rest, mut parts: Parts, p: ResourcePath, _q: Qu
                 400,
                 "BadRequest",
                 "Upgrade request required: pods/portforward is served over WebSocket \
-                 (SPDY/3.1+portforward.k8s.io)",
+                 (SPDY/3.1+portforward.k8s.io) or SPDY/3.1 (portforward.k8s.io)",
             );
         }
     };
     upgrade
         .protocols([PROTOCOL])
-        .on_upgrade(move |socket| session(socket, target))
+        .on_upgrade(move |socket: WebSocket| {
+            let (sink, source) = socket.split();
+            session(source, sink, target)
+        })
 }
 
 /// The pod to forward to and its node's agent.
@@ -91,124 +121,109 @@ async fn target(rest: &Rest, namespace: &str, name: &str) -> Result<ForwardTarge
 }
 
 /// Runs one SPDY session until the client goes away.
-async fn session(socket: WebSocket, t: ForwardTarget) {
-    let (mut sink, mut source) = socket.split();
-    let (out, mut frames) = mpsc::channel::<Frame>(64);
-    // One writer owns the compression context, so header blocks go out in order.
-    let writer = tokio::spawn(async move {
-        let mut w = match spdy::FrameWriter::new() {
-            Ok(w) => w,
+async fn session(inbound: impl Inbound, outbound: impl Outbound, t: ForwardTarget) {
+    let mut source = FrameSource::new(inbound);
+    let (out, writer) = spdy_streams::frame_sink(outbound);
+    // Data stream id → where its client bytes go (`None`: the client half-closed); an entry
+    // whose forward has ended (its receiver dropped) is freed at the next admission.
+    let mut data: StreamTable<mpsc::Sender<Option<Bytes>>> = StreamTable::default();
+    // requestID → error stream id, until the pair's data stream comes.
+    let mut errors: HashMap<String, u32> = HashMap::new();
+    // The forwards running, aborted when the session ends (the client is gone: their
+    // tunnels to the pod close).
+    let mut forwards = JoinSet::new();
+    while let Some(frame) = source.next().await {
+        let frame = match frame {
+            Ok(f) => f,
             Err(e) => {
-                debug!(error = %e, "port forward: SPDY writer");
-                return;
-            }
-        };
-        while let Some(f) = frames.recv().await {
-            let bytes = match w.encode(&f) {
-                Ok(b) => b,
-                Err(e) => {
-                    debug!(error = %e, "port forward: encoding a frame");
-                    break;
-                }
-            };
-            if sink.send(Message::Binary(bytes.into())).await.is_err() {
+                debug!(error = %e, "port forward: reading the session");
                 break;
             }
-        }
-        let _ = sink.close().await;
-    });
-    let mut reader = spdy::Reader::new();
-    // Data stream id → where its client bytes go (`None`: the client half-closed).
-    let mut data: HashMap<u32, mpsc::Sender<Option<Bytes>>> = HashMap::new();
-    // requestID → error stream id.
-    let mut errors: HashMap<String, u32> = HashMap::new();
-    'session: while let Some(msg) = source.next().await {
-        match msg {
-            Ok(Message::Binary(b)) => reader.push(&b),
-            Ok(Message::Close(_)) | Err(_) => break,
-            Ok(_) => continue,
-        }
-        loop {
-            let frame = match reader.next() {
-                Ok(Some(f)) => f,
-                Ok(None) => break,
-                Err(e) => {
-                    debug!(error = %e, "port forward: reading the session");
-                    break 'session;
-                }
-            };
-            match frame {
-                Frame::SynStream {
-                    stream, headers, ..
-                } => {
-                    let kind = spdy::header(&headers, "streamtype").unwrap_or("");
-                    let request = spdy::header(&headers, "requestid")
-                        .unwrap_or("")
-                        .to_string();
-                    let port = spdy::header(&headers, "port").and_then(|p| p.parse::<u16>().ok());
-                    let accepted = matches!(kind, "error" | "data") && port.is_some_and(|p| p > 0);
-                    let reply = if accepted {
-                        Frame::SynReply {
-                            stream,
-                            fin: false,
-                            headers: Vec::new(),
-                        }
-                    } else {
-                        Frame::RstStream {
-                            stream,
-                            status: spdy::REFUSED_STREAM,
-                        }
-                    };
-                    if out.send(reply).await.is_err() {
-                        break 'session;
-                    }
-                    match (kind, port) {
-                        ("error", Some(_)) => {
+        };
+        match frame {
+            Frame::SynStream {
+                stream, headers, ..
+            } => {
+                let kind = spdy::header(&headers, "streamtype").unwrap_or("");
+                let request = spdy::header(&headers, "requestid")
+                    .unwrap_or("")
+                    .to_string();
+                let port = spdy::header(&headers, "port")
+                    .and_then(|p| p.parse::<u16>().ok())
+                    .filter(|p| *p > 0);
+                let accepted = match (kind, port) {
+                    ("error", Some(_)) => {
+                        let open = data.prune(|tx| tx.is_closed()) + errors.len();
+                        if open < spdy_streams::MAX_OPEN_STREAMS || errors.contains_key(&request) {
                             errors.insert(request, stream);
+                            true
+                        } else {
+                            false
                         }
-                        ("data", Some(port)) if port > 0 => {
-                            let (tx, rx) = mpsc::channel(16);
-                            data.insert(stream, tx);
+                    }
+                    ("data", Some(port)) => {
+                        let (tx, rx) = mpsc::channel(16);
+                        let error = errors.remove(&request);
+                        let admitted = data.admit(stream, tx, errors.len(), |tx| tx.is_closed());
+                        if admitted {
                             let streams = Streams {
                                 data: stream,
-                                error: errors.get(&request).copied(),
+                                error,
                             };
-                            tokio::spawn(forward(t.clone(), port, streams, rx, out.clone()));
+                            while forwards.try_join_next().is_some() {}
+                            forwards.spawn(forward(t.clone(), port, streams, rx, out.clone()));
                         }
-                        _ => {}
+                        admitted
                     }
-                }
-                Frame::Data {
-                    stream,
-                    fin,
-                    data: bytes,
-                } => {
-                    if let Some(tx) = data.get(&stream) {
-                        if !bytes.is_empty() && tx.send(Some(bytes)).await.is_err() {
-                            data.remove(&stream);
-                            continue;
-                        }
-                        if fin {
-                            let _ = tx.send(None).await;
-                        }
+                    _ => false,
+                };
+                let reply = if accepted {
+                    Frame::SynReply {
+                        stream,
+                        fin: false,
+                        headers: Vec::new(),
                     }
-                }
-                Frame::RstStream { stream, .. } => {
-                    data.remove(&stream);
-                }
-                Frame::Ping(id) => {
-                    if out.send(Frame::Ping(id)).await.is_err() {
-                        break 'session;
+                } else {
+                    Frame::RstStream {
+                        stream,
+                        status: spdy::REFUSED_STREAM,
                     }
+                };
+                if out.send(reply).await.is_err() {
+                    break;
                 }
-                Frame::GoAway { .. } => break 'session,
-                Frame::SynReply { .. } | Frame::Headers { .. } | Frame::Other => {}
             }
+            Frame::Data {
+                stream,
+                fin,
+                data: bytes,
+            } => {
+                if let Some(tx) = data.get(stream) {
+                    if !bytes.is_empty() && tx.send(Some(bytes)).await.is_err() {
+                        data.remove(stream);
+                        continue;
+                    }
+                    if fin {
+                        let _ = tx.send(None).await;
+                    }
+                }
+            }
+            Frame::RstStream { stream, .. } => {
+                data.remove(stream);
+            }
+            Frame::Ping(id) => {
+                if out.send(Frame::Ping(id)).await.is_err() {
+                    break;
+                }
+            }
+            Frame::GoAway { .. } => break,
+            Frame::SynReply { .. } | Frame::Headers { .. } | Frame::Other => {}
         }
     }
-    // Dropping the senders ends every forward's upload half; then the writer drains.
+    forwards.abort_all();
     drop(data);
     drop(out);
+    // The writer drains what is queued, then closes the connection.
     let _ = writer.await;
 }
 

@@ -1,6 +1,8 @@
-//! SPDY/3.1 frames, as much of them as Kubernetes' port forwarding uses: kubectl 1.32 tunnels
-//! a SPDY/3.1 session inside a WebSocket (`SPDY/3.1+portforward.k8s.io`), opening a pair of
-//! streams (error and data) per forwarded connection.
+//! SPDY/3.1 frames, as much of them as Kubernetes' streaming subresources use: exec, attach
+//! and port forwarding over `Upgrade: SPDY/3.1`, and kubectl 1.32's port forwarding, which
+//! tunnels a SPDY/3.1 session inside a WebSocket (`SPDY/3.1+portforward.k8s.io`). What
+//! sits on top (negotiation, the streams a session opens, the transports) is in
+//! [`super::spdy_streams`].
 //!
 //! A frame is either a control frame (`SYN_STREAM`, `SYN_REPLY`, `RST_STREAM`, `SETTINGS`,
 //! `PING`, `GOAWAY`, `HEADERS`, `WINDOW_UPDATE`) or a data frame for a stream. Header blocks
@@ -9,7 +11,7 @@
 //! Kubernetes clients (moby/spdystream) do not enforce them either.
 //!
 //! Written here because no maintained Rust crate speaks SPDY, which HTTP/2 replaced in 2015;
-//! Kubernetes keeps it only for port forwarding. zlib is flate2's.
+//! Kubernetes keeps it for clients of its streaming subresources. zlib is flate2's.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress};
