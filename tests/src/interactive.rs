@@ -18,6 +18,8 @@ pub trait Laptop {
     fn kubectl_cmd(&self, args: &[&str]) -> Command;
     /// `program` on the laptop.
     fn on_laptop(&self, program: &str) -> Command;
+    /// The laptop's network namespace.
+    fn laptop_netns(&self) -> PathBuf;
 
     /// Runs kubectl on the laptop and waits for it.
     fn kubectl(&self, args: &[&str]) -> Output {
@@ -41,6 +43,9 @@ impl Laptop for crate::machines::MachineCluster {
     fn on_laptop(&self, program: &str) -> Command {
         self.laptop.command(program)
     }
+    fn laptop_netns(&self) -> PathBuf {
+        self.laptop.netns.path()
+    }
 }
 
 impl Laptop for crate::up::UpCluster {
@@ -49,6 +54,9 @@ impl Laptop for crate::up::UpCluster {
     }
     fn on_laptop(&self, program: &str) -> Command {
         self.laptop(program)
+    }
+    fn laptop_netns(&self) -> PathBuf {
+        Path::new("/run/netns").join(crate::up::OUTSIDE)
     }
 }
 
@@ -188,6 +196,101 @@ pub fn cp_both_ways(
         "the copy back from {pod} differs"
     );
     (up, down)
+}
+
+/// `kubectl exec` of `container` in `pod` from the laptop: stdin reaches the command
+/// (`cat` answers `hi`), the command's exit code is kubectl's (`exit 4`), and output streams
+/// while the command runs (the first line long before it ends). Returns how long the first
+/// line took.
+pub fn exec_streams(c: &impl Laptop, pod: &str, container: &str) -> Duration {
+    use std::io::BufRead as _;
+    let out = crate::run_with_stdin(
+        c.kubectl_cmd(&["exec", "-i", pod, "-c", container, "--", "cat"]),
+        "hi\n",
+    );
+    assert_eq!(ok(&out), "hi\n");
+    let out = crate::run_with_stdin(
+        c.kubectl_cmd(&[
+            "exec",
+            "-i",
+            pod,
+            "-c",
+            container,
+            "--",
+            "sh",
+            "-c",
+            "wc -c; exit 4",
+        ]),
+        "twelve bytes",
+    );
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "12");
+    let start = Instant::now();
+    let mut streaming = c
+        .kubectl_cmd(&[
+            "exec",
+            pod,
+            "-c",
+            container,
+            "--",
+            "sh",
+            "-c",
+            "echo first; sleep 5; echo second",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("running kubectl");
+    let mut lines = std::io::BufReader::new(streaming.stdout.take().expect("kubectl's stdout"));
+    let mut first = String::new();
+    lines.read_line(&mut first).expect("the first line");
+    let first_after = start.elapsed();
+    assert_eq!(first, "first\n");
+    assert!(
+        first_after < Duration::from_secs(4),
+        "the first line came only after {first_after:?}"
+    );
+    let mut second = String::new();
+    lines.read_line(&mut second).expect("the second line");
+    assert_eq!(second, "second\n");
+    assert!(streaming.wait().expect("kubectl ends").success());
+    first_after
+}
+
+/// A running `kubectl port-forward <target> :<port>` on the laptop, reachable from the test
+/// at [`PortForward::local`] (kubectl listens on the laptop's own loopback).
+#[derive(Debug)]
+pub struct PortForward {
+    _kubectl: crate::Streaming,
+    into_laptop: skiff_testnet::Forwarder,
+}
+
+impl PortForward {
+    pub fn start(c: &impl Laptop, target: &str, port: u16) -> PortForward {
+        let kubectl =
+            crate::Streaming::spawn(c.kubectl_cmd(&["port-forward", target, &format!(":{port}")]));
+        let line = kubectl
+            .wait_for(&["Forwarding from 127.0.0.1:", &format!("-> {port}")], T)
+            .expect("kubectl port-forward listening on the laptop");
+        let local_port: u16 = line
+            .split("127.0.0.1:")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|p| p.parse().ok())
+            .expect("kubectl names its local port");
+        let into_laptop =
+            skiff_testnet::Forwarder::start(&c.laptop_netns(), ([127, 0, 0, 1], local_port).into())
+                .expect("a forwarder into the laptop");
+        PortForward {
+            _kubectl: kubectl,
+            into_laptop,
+        }
+    }
+
+    /// Where the test connects to reach the forwarded port.
+    pub fn local(&self) -> std::net::SocketAddr {
+        self.into_laptop.local()
+    }
 }
 
 /// Pids of host processes whose command line is exactly `argv`.

@@ -22,9 +22,11 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use skiff_tests::interactive::{Laptop as _, Tmux, cp_both_ways, processes, pty_masters};
+use skiff_tests::interactive::{
+    Laptop as _, Tmux, cp_both_ways, exec_streams, processes, pty_masters,
+};
 use skiff_tests::machines::MachineCluster;
 use skiff_tests::{eventually_within, fails, ok, run_with_stdin};
 
@@ -70,59 +72,9 @@ async fn kubectl_interactive_commands() {
     })
     .await;
 
-    // stdin reaches the command; its output comes back.
-    let out = run_with_stdin(
-        c.kubectl_cmd(&["exec", "-i", "shell", "-c", "app", "--", "cat"]),
-        "hi\n",
-    );
-    assert_eq!(ok(&out), "hi\n");
-    let out = run_with_stdin(
-        c.kubectl_cmd(&[
-            "exec",
-            "-i",
-            "shell",
-            "-c",
-            "app",
-            "--",
-            "sh",
-            "-c",
-            "wc -c; exit 4",
-        ]),
-        "twelve bytes",
-    );
-    assert_eq!(out.status.code(), Some(4));
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "12");
-
-    // Output streams while the command runs: the first line long before the command ends.
-    let start = Instant::now();
-    let mut streaming = c
-        .kubectl_cmd(&[
-            "exec",
-            "shell",
-            "-c",
-            "app",
-            "--",
-            "sh",
-            "-c",
-            "echo first; sleep 5; echo second",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(streaming.stdout.take().unwrap());
-    let mut first = String::new();
-    lines.read_line(&mut first).unwrap();
-    let first_after = start.elapsed();
-    assert_eq!(first, "first\n");
-    assert!(
-        first_after < Duration::from_secs(4),
-        "the first line came only after {first_after:?}"
-    );
-    let mut second = String::new();
-    lines.read_line(&mut second).unwrap();
-    assert_eq!(second, "second\n");
-    assert!(streaming.wait().unwrap().success());
+    // stdin reaches the command, the exit code is kubectl's, output streams while the
+    // command runs.
+    let first_after = exec_streams(&c, "shell", "app");
     println!("exec: first line after {first_after:?}");
 
     // kubectl cp, 10 MB both ways, checksums equal (the `host` image's filesystem is the

@@ -16,13 +16,13 @@
     reason = "an end-to-end test: a failed step is the test's failure"
 )]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use skiff_tests::interactive::{Laptop, Tmux, cp_both_ways, processes};
+use skiff_tests::interactive::{Laptop, PortForward, Tmux, cp_both_ways, exec_streams, processes};
 use skiff_tests::machines::MachineCluster;
-use skiff_tests::{Streaming, eventually_within, ok, run_with_stdin};
+use skiff_tests::{eventually_within, ok, run_with_stdin};
 
 const T: Duration = Duration::from_secs(30);
 
@@ -45,6 +45,9 @@ impl Laptop for Spdy<'_> {
         let mut cmd = self.0.laptop.command(program);
         spdy_only(&mut cmd);
         cmd
+    }
+    fn laptop_netns(&self) -> std::path::PathBuf {
+        self.0.laptop.netns.path()
     }
 }
 
@@ -92,11 +95,6 @@ async fn kubectl_streams_over_spdy() {
     .await;
 
     // stdin reaches the command; its output comes back.
-    let out = run_with_stdin(
-        c.kubectl_cmd(&["exec", "-i", "streams", "-c", "app", "--", "cat"]),
-        "hi\n",
-    );
-    assert_eq!(ok(&out), "hi\n");
     // It went over SPDY: kubectl's debug log shows the server's answer to the upgrade.
     let out = run_with_stdin(
         c.kubectl_cmd(&["exec", "-v=8", "-i", "streams", "-c", "app", "--", "cat"]),
@@ -110,57 +108,9 @@ async fn kubectl_streams_over_spdy() {
         "kubectl upgraded to SPDY/3.1:\n{log}"
     );
 
-    // The exit code is kubectl's (v4's Status on the error stream).
-    let out = run_with_stdin(
-        c.kubectl_cmd(&[
-            "exec",
-            "-i",
-            "streams",
-            "-c",
-            "app",
-            "--",
-            "sh",
-            "-c",
-            "wc -c; exit 4",
-        ]),
-        "twelve bytes",
-    );
-    assert_eq!(out.status.code(), Some(4), "{out:?}");
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "12");
-
-    // Output streams while the command runs: the first line long before the command ends.
-    let first_after = {
-        let start = Instant::now();
-        let mut streaming = c
-            .kubectl_cmd(&[
-                "exec",
-                "streams",
-                "-c",
-                "app",
-                "--",
-                "sh",
-                "-c",
-                "echo first; sleep 5; echo second",
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(streaming.stdout.take().unwrap());
-        let mut first = String::new();
-        lines.read_line(&mut first).unwrap();
-        let first_after = start.elapsed();
-        assert_eq!(first, "first\n");
-        let mut second = String::new();
-        lines.read_line(&mut second).unwrap();
-        assert_eq!(second, "second\n");
-        assert!(streaming.wait().unwrap().success());
-        first_after
-    };
-    assert!(
-        first_after < Duration::from_secs(4),
-        "the first line came only after {first_after:?}"
-    );
+    // stdin reaches the command, the exit code is kubectl's (v4's Status on the error
+    // stream), output streams while the command runs.
+    let first_after = exec_streams(&c, "streams", "app");
     println!("exec over SPDY: first line after {first_after:?}");
 
     // kubectl cp, 10 MB both ways (a tar over exec each way, and a checksum).
@@ -195,23 +145,8 @@ async fn kubectl_streams_over_spdy() {
     .await;
 
     // port-forward: an HTTP round trip to the pod's port.
-    let forward = Streaming::spawn(c.kubectl_cmd(&["port-forward", "pod/streams", ":8080"]));
-    let line = forward
-        .wait_for(&["Forwarding from 127.0.0.1:", "-> 8080"], T)
-        .expect("kubectl port-forward listening on the laptop");
-    let port: u16 = line
-        .split("127.0.0.1:")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .and_then(|p| p.parse().ok())
-        .unwrap();
-    // kubectl listens on the laptop's loopback: reach it from there.
-    let into_laptop = skiff_testnet::Forwarder::start(
-        &cluster.laptop.netns.path(),
-        ([127, 0, 0, 1], port).into(),
-    )
-    .unwrap();
-    let local = into_laptop.local();
+    let forward = PortForward::start(&c, "pod/streams", 8080);
+    let local = forward.local();
     let answer = tokio::task::spawn_blocking(move || {
         let mut conn = std::net::TcpStream::connect(local)?;
         conn.set_read_timeout(Some(Duration::from_secs(20)))?;
@@ -225,7 +160,6 @@ async fn kubectl_streams_over_spdy() {
     .expect("a round trip through the port-forward");
     assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");
     assert!(answer.contains("Directory listing"), "{answer}");
-    drop(into_laptop);
     drop(forward);
 
     // A lost exec (kubectl killed while the command runs): nothing of the session stays.

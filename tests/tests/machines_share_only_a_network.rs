@@ -27,7 +27,7 @@ use rustls::pki_types::pem::PemObject as _;
 
 use skiff_api::api::{CertificateSigningRequest, Node as ApiNode};
 use skiff_client::ListParams;
-use skiff_tests::interactive::{Laptop as _, Tmux, cp_both_ways};
+use skiff_tests::interactive::{Laptop as _, PortForward, Tmux, cp_both_ways};
 use skiff_tests::machines::ss;
 use skiff_tests::up::UpCluster;
 use skiff_tests::{Streaming, eventually_within, ok, run_with_stdin};
@@ -268,24 +268,8 @@ async fn machines_share_only_a_network() {
 /// `kubectl port-forward` from the laptop to pod `name` on node `i`: an HTTP round trip,
 /// with the API server's connection to the agent going to the node's address.
 async fn port_forward(c: &UpCluster, name: &str, i: usize) {
-    let forward =
-        Streaming::spawn(c.kubectl_cmd(&["port-forward", &format!("pod/{name}"), ":8080"]));
-    let line = forward
-        .wait_for(&["Forwarding from 127.0.0.1:", "-> 8080"], T)
-        .expect("kubectl port-forward listening on the laptop");
-    let port: u16 = line
-        .split("127.0.0.1:")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .and_then(|p| p.parse().ok())
-        .unwrap();
-    // kubectl listens on the laptop's loopback: reach it from there.
-    let into_laptop = skiff_testnet::Forwarder::start(
-        &std::path::Path::new("/run/netns").join(skiff_tests::up::OUTSIDE),
-        ([127, 0, 0, 1], port).into(),
-    )
-    .unwrap();
-    let local = into_laptop.local();
+    let forward = PortForward::start(c, &format!("pod/{name}"), 8080);
+    let local = forward.local();
     let control = c.control_netns(0);
     let ip = UpCluster::node_ip(i);
     let wanted = format!("{ip}:10250");
