@@ -293,6 +293,36 @@ impl PortForward {
     }
 }
 
+/// `kubectl debug <pod> --image=host --target=<target> -- ps -e -o args`: an ephemeral
+/// container in the target's process namespace runs to completion. Returns its name and
+/// what `ps` printed (its log).
+pub async fn debug_ps(c: &impl Laptop, pod: &str, target: &str) -> (String, String) {
+    let out = c.kubectl(&[
+        "debug",
+        pod,
+        "--image=host",
+        &format!("--target={target}"),
+        "--",
+        "ps",
+        "-e",
+        "-o",
+        "args",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let name = c.jsonpath(&["pod", pod], "{.spec.ephemeralContainers[0].name}");
+    assert!(name.starts_with("debugger-"), "{name}");
+    crate::eventually_within("the ephemeral container ran", T, || async {
+        let s = c.jsonpath(
+            &["pod", pod],
+            "{.status.ephemeralContainerStatuses[0].state.terminated.reason}",
+        );
+        (s == "Completed").then_some(()).ok_or(s)
+    })
+    .await;
+    let ps = ok(&c.kubectl(&["logs", pod, "-c", &name]));
+    (name, ps)
+}
+
 /// Pids of host processes whose command line is exactly `argv`.
 pub fn processes(argv: &[&str]) -> Vec<u32> {
     let want = argv.join("\0") + "\0";

@@ -30,6 +30,22 @@ pub fn on_machine(netns: Option<&Path>, program: impl AsRef<std::ffi::OsStr>) ->
     }
 }
 
+/// `kubectl` (a command for kubectl 1.32 on some machine) with `kubeconfig`, its discovery
+/// cache in `cache` and `args`; `$KUBECONFIG` is not inherited.
+pub fn kubectl_with(
+    mut kubectl: Command,
+    kubeconfig: &Path,
+    cache: &Path,
+    args: &[&str],
+) -> Command {
+    kubectl
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg(format!("--cache-dir={}", cache.display()))
+        .args(args)
+        .env_remove("KUBECONFIG");
+    kubectl
+}
+
 /// A machine: a network namespace with an address on a fabric.
 #[derive(Debug)]
 pub struct Machine {
@@ -225,15 +241,12 @@ impl MachineCluster {
 
     /// kubectl 1.32 on the laptop, with the laptop's kubeconfig.
     pub fn kubectl_cmd(&self, args: &[&str]) -> Command {
-        let mut cmd = self.laptop.command(KUBECTL);
-        cmd.arg(format!("--kubeconfig={}", self.laptop_kubeconfig.display()))
-            .arg(format!(
-                "--cache-dir={}",
-                self.dir.path().join("kube-cache").display()
-            ))
-            .args(args)
-            .env_remove("KUBECONFIG");
-        cmd
+        kubectl_with(
+            self.laptop.command(KUBECTL),
+            &self.laptop_kubeconfig,
+            &self.dir.path().join("kube-cache"),
+            args,
+        )
     }
 
     /// Runs kubectl on the laptop and waits for it.

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use skiff_client::{Client, ClientConfig};
 
-use crate::machines::on_machine;
+use crate::machines::{kubectl_with, on_machine};
 use crate::{KUBECTL, bin_dir, free_port};
 
 /// `up`'s client namespace outside the cluster.
@@ -169,15 +169,12 @@ impl UpCluster {
 
     /// kubectl 1.32 on the laptop.
     pub fn kubectl_cmd(&self, args: &[&str]) -> Command {
-        let mut cmd = self.laptop(KUBECTL);
-        cmd.arg(format!("--kubeconfig={}", self.laptop_kubeconfig.display()))
-            .arg(format!(
-                "--cache-dir={}",
-                self.dir.path().join("kube-cache").display()
-            ))
-            .args(args)
-            .env_remove("KUBECONFIG");
-        cmd
+        kubectl_with(
+            self.laptop(KUBECTL),
+            &self.laptop_kubeconfig,
+            &self.dir.path().join("kube-cache"),
+            args,
+        )
     }
 
     /// Runs kubectl on the laptop and waits for it.

@@ -25,7 +25,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use skiff_tests::interactive::{
-    Laptop as _, Tmux, cp_both_ways, exec_streams, processes, pty_masters,
+    Laptop as _, Tmux, cp_both_ways, debug_ps, exec_streams, processes, pty_masters,
 };
 use skiff_tests::machines::MachineCluster;
 use skiff_tests::{eventually_within, fails, ok, run_with_stdin};
@@ -366,31 +366,9 @@ async fn attach(c: &MachineCluster, node: &str, dir: &tempfile::TempDir) {
 /// `kubectl debug`: an ephemeral container in the target container's process namespace,
 /// without a terminal (its output in its log) and with one (kubectl attaches).
 async fn debug(c: &MachineCluster, dir: &tempfile::TempDir) {
-    let out = c.kubectl(&[
-        "debug",
-        "shell",
-        "--image=host",
-        "--target=app",
-        "--",
-        "ps",
-        "-e",
-        "-o",
-        "args",
-    ]);
-    assert!(out.status.success(), "{out:?}\n{}", c.logs());
-    let name = c.jsonpath(&["pod", "shell"], "{.spec.ephemeralContainers[0].name}");
-    assert!(name.starts_with("debugger-"), "{name}");
-    eventually_within("the ephemeral container ran", T, || async {
-        let s = c.jsonpath(
-            &["pod", "shell"],
-            "{.status.ephemeralContainerStatuses[0].state.terminated.reason}",
-        );
-        (s == "Completed").then_some(()).ok_or(s)
-    })
-    .await;
+    let (name, ps) = debug_ps(c, "shell", "app").await;
     let statuses = c.jsonpath(&["pod", "shell"], "{.status.ephemeralContainerStatuses}");
     assert!(statuses.contains(&name), "{statuses}");
-    let ps = ok(&c.kubectl(&["logs", "shell", "-c", &name]));
     assert!(
         ps.lines().any(|l| l.trim() == "/bin/sleep 100000"),
         "ps in the target's process namespace shows its command:\n{ps}"

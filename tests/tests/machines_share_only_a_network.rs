@@ -27,7 +27,7 @@ use rustls::pki_types::pem::PemObject as _;
 
 use skiff_api::api::{CertificateSigningRequest, Node as ApiNode};
 use skiff_client::ListParams;
-use skiff_tests::interactive::{Laptop as _, PortForward, Tmux, cp_both_ways};
+use skiff_tests::interactive::{Laptop as _, PortForward, Tmux, cp_both_ways, debug_ps};
 use skiff_tests::machines::ss;
 use skiff_tests::up::UpCluster;
 use skiff_tests::{Streaming, eventually_within, ok, run_with_stdin};
@@ -203,7 +203,12 @@ async fn machines_share_only_a_network() {
 
         let (up, down) = cp_both_ways(&c, &name, "app", dir.path());
         port_forward(&c, &name, i).await;
-        debug(&c, &name).await;
+        // debug: an ephemeral container in `app`'s process namespace sees its command.
+        let (_, ps) = debug_ps(&c, &name, "app").await;
+        assert!(
+            ps.contains(&format!("hello from {name}")),
+            "ps in the target's process namespace shows its command:\n{ps}"
+        );
         let delays = follow(&c, &name);
         println!(
             "{node}: exec -it answered after {exec_it:?}, attach -it after {attach_it:?}; \
@@ -301,36 +306,6 @@ async fn port_forward(c: &UpCluster, name: &str, i: usize) {
     assert!(
         !established.contains("127.0.0.1:10250"),
         "nothing dials an agent on loopback:\n{established}"
-    );
-}
-
-/// `kubectl debug`: an ephemeral container in `app`'s process namespace sees its command.
-async fn debug(c: &UpCluster, name: &str) {
-    let out = c.kubectl(&[
-        "debug",
-        name,
-        "--image=host",
-        "--target=app",
-        "--",
-        "ps",
-        "-e",
-        "-o",
-        "args",
-    ]);
-    assert!(out.status.success(), "{out:?}\n{}", c.logs());
-    let debugger = c.jsonpath(&["pod", name], "{.spec.ephemeralContainers[0].name}");
-    eventually_within("the ephemeral container ran", T, || async {
-        let s = c.jsonpath(
-            &["pod", name],
-            "{.status.ephemeralContainerStatuses[0].state.terminated.reason}",
-        );
-        (s == "Completed").then_some(()).ok_or(s)
-    })
-    .await;
-    let ps = ok(&c.kubectl(&["logs", name, "-c", &debugger]));
-    assert!(
-        ps.contains(&format!("hello from {name}")),
-        "ps in the target's process namespace shows its command:\n{ps}"
     );
 }
 
