@@ -433,6 +433,8 @@ async fn main() -> Result<()> {
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
+        // Logs go to stderr, as every Skiff daemon's do: stdout is for what a command prints.
+        .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
     if let Some(Command::Kubeconfig {

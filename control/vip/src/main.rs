@@ -63,6 +63,8 @@ async fn main() -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
+        // Logs go to stderr, as every Skiff daemon's do: stdout is for what a command prints.
+        .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
     let (address, prefix) = parse_address(&cli.address)?;
