@@ -18,10 +18,11 @@ use skiff_api::api::Pod;
 use skiff_client::node_api::AttachRequest;
 
 use super::context::Rest;
-use super::exec::{Client, Session, accept, agent_failure, target};
+use super::exec::{Client, accept, agent_failure, target};
 use super::node_proxy::pod_failure;
 use super::path::ResourcePath;
 use super::query::Query;
+use super::session::Session;
 use crate::ApiError;
 use crate::status::plain_failure;
 

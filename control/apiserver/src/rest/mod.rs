@@ -58,6 +58,7 @@ mod patch;
 mod path;
 mod portforward;
 mod query;
+mod session;
 mod snapshot;
 mod spdy;
 mod spdy_streams;

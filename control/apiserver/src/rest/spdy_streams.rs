@@ -46,7 +46,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::debug;
 
-use super::exec::{ClientInput, ClientOutput, Session};
+use super::session::{ClientInput, ClientOutput, Session};
 use super::spdy::{self, Frame, Headers, SpdyError};
 use crate::status::respond;
 
@@ -528,7 +528,7 @@ async fn remote_command_within(
                 set,
                 v4: protocol == REMOTE_COMMAND_PROTOCOLS[0],
             };
-            super::exec::bridge(input, output, agent, session).await;
+            super::session::bridge(input, output, agent, session).await;
         }
         Ok(false) => {
             debug!("SPDY: the client left before opening its streams");
