@@ -29,7 +29,6 @@ use skiff_apiserver::{ApiServerOptions, DEFAULT_WATCH_CACHE_CAPACITY, Security, 
 use skiff_pki::bootstrap::{self, ClusterPki};
 use skiff_store::{EmbeddedOptions, EmbeddedStore, EtcdStore, Store};
 use tracing::info;
-use tracing_subscriber::EnvFilter;
 
 /// The name of the redb file inside `--data-dir`.
 const DB_FILE: &str = "skiff.redb";
@@ -429,13 +428,7 @@ async fn terminated() -> Result<()> {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        // Logs go to stderr, as every Skiff daemon's do: stdout is for what a command prints.
-        .with_writer(std::io::stderr)
-        .init();
+    skiff_client::init_logging();
     let args = Args::parse();
     if let Some(Command::Kubeconfig {
         pki_dir,

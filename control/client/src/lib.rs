@@ -51,3 +51,16 @@ pub use api::{
 };
 pub use config::{ClientConfig, ConfigSource, DEFAULT_SERVER};
 pub use error::ClientError;
+
+/// Sets up logging as every Skiff binary does: `RUST_LOG` (default `info`), written to
+/// stderr (stdout is for what a command prints; supervisors and the test harness collect
+/// stderr). A second call keeps the first set-up.
+pub fn init_logging() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+}

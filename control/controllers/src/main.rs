@@ -159,13 +159,7 @@ async fn run(args: Args) -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    skiff_client::init_logging();
     let args = Args::parse();
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,

@@ -52,14 +52,7 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        // Logs go to stderr, as every Skiff daemon's do: stdout is for what a command prints.
-        .with_writer(std::io::stderr)
-        .init();
+    skiff_client::init_logging();
     let cli = Cli::parse();
     let config = skiff_client::ClientConfig::load(cli.server.as_deref(), cli.kubeconfig.as_deref())
         .context("finding the API server")?;

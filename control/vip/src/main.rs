@@ -58,14 +58,7 @@ fn parse_address(s: &str) -> anyhow::Result<(Ipv4Addr, u8)> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        // Logs go to stderr, as every Skiff daemon's do: stdout is for what a command prints.
-        .with_writer(std::io::stderr)
-        .init();
+    skiff_client::init_logging();
     let cli = Cli::parse();
     let (address, prefix) = parse_address(&cli.address)?;
     let config = skiff_client::ClientConfig::load(cli.server.as_deref(), cli.kubeconfig.as_deref())

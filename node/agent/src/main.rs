@@ -230,7 +230,7 @@ struct JoinArgs {
 }
 
 fn join(mut args: JoinArgs) -> anyhow::Result<()> {
-    init_tracing();
+    skiff_client::init_logging();
     let server = args
         .run
         .server
@@ -271,17 +271,6 @@ fn state_dir_of(state_dir: &Option<PathBuf>, node: &str) -> PathBuf {
     state_dir
         .clone()
         .unwrap_or_else(|| PathBuf::from("/var/lib/skiff").join(node))
-}
-
-fn init_tracing() {
-    // A second call (join, then run) keeps the first subscriber.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        // Diagnostics go to stderr (where supervisors and the test harness collect them).
-        .with_writer(std::io::stderr)
-        .try_init();
 }
 
 /// `--lb-maglev-table-size`: a prime in range.
@@ -350,7 +339,7 @@ fn agent_config(args: &RunArgs, node: &str) -> anyhow::Result<skiff_node::AgentC
 }
 
 fn run_agent(args: RunArgs) -> anyhow::Result<()> {
-    init_tracing();
+    skiff_client::init_logging();
     let node = args.node_name.clone().unwrap_or_else(hostname);
     let mut cfg = agent_config(&args, &node)?;
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
@@ -543,11 +532,7 @@ fn image(cmd: ImageCommand) -> anyhow::Result<()> {
 }
 
 fn purge(args: PurgeArgs) -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+    skiff_client::init_logging();
     let node = args.node_name.unwrap_or_else(hostname);
     let cgroup_parent = match args.cgroup_parent {
         Some(p) => p,
