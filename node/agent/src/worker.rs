@@ -628,12 +628,9 @@ impl Worker {
                 return None;
             }
         };
-        let state = match self.ctx.runtime.container_state(sandbox, &c.name).await {
+        let state = match self.container_state(sandbox, &c.name, now).await {
             Ok(s) => s,
-            Err(e) => {
-                warn!(pod = %self.name(), container = %c.name, error = %e, "container state");
-                return Some(now + RETRY);
-            }
+            Err(retry) => return Some(retry),
         };
         match state {
             None => {
@@ -660,6 +657,24 @@ impl Worker {
         }
     }
 
+    /// The runtime's state of container `name`; when the runtime cannot tell, the failure
+    /// is logged and the time to look again is the error.
+    async fn container_state(
+        &self,
+        sandbox: &Sandbox,
+        name: &str,
+        now: Instant,
+    ) -> Result<Option<ContainerState>, Instant> {
+        self.ctx
+            .runtime
+            .container_state(sandbox, name)
+            .await
+            .map_err(|e| {
+                warn!(pod = %self.name(), container = %name, error = %e, "container state");
+                now + RETRY
+            })
+    }
+
     /// Converges an ephemeral container: started once (in the PID namespace of `target`
     /// when named), never restarted; its state is reported in
     /// `status.ephemeralContainerStatuses`.
@@ -670,12 +685,9 @@ impl Worker {
         target: Option<String>,
         now: Instant,
     ) -> Option<Instant> {
-        let state = match self.ctx.runtime.container_state(sandbox, &c.name).await {
+        let state = match self.container_state(sandbox, &c.name, now).await {
             Ok(s) => s,
-            Err(e) => {
-                warn!(pod = %self.name(), container = %c.name, error = %e, "container state");
-                return Some(now + RETRY);
-            }
+            Err(retry) => return Some(retry),
         };
         match state {
             None => {

@@ -275,6 +275,17 @@ impl Rtnl {
             }
             self.delete_address(msg, name).await?;
         }
+        self.add_address(index, name, ip, prefix).await
+    }
+
+    /// Adds (or replaces) `ip/prefix` on link `index` (`name`, for errors).
+    async fn add_address(
+        &self,
+        index: u32,
+        name: &str,
+        ip: Ipv4Addr,
+        prefix: u8,
+    ) -> Result<(), NetError> {
         self.handle
             .address()
             .add(index, IpAddr::V4(ip), prefix)
@@ -314,13 +325,7 @@ impl Rtnl {
         prefix: u8,
     ) -> Result<(), NetError> {
         let index = self.index_of(name).await?;
-        self.handle
-            .address()
-            .add(index, IpAddr::V4(ip), prefix)
-            .replace()
-            .execute()
-            .await
-            .map_err(self.fail(format_args!("add address {ip}/{prefix} to {name}")))
+        self.add_address(index, name, ip, prefix).await
     }
 
     /// Removes `ip` from link `name`; `Ok(false)` if it did not hold it.

@@ -384,6 +384,15 @@ mod tests {
         )
     }
 
+    /// Node `name`'s identity, as its certificate gives it.
+    fn node_user(name: &str) -> UserInfo {
+        UserInfo {
+            name: format!("system:node:{name}"),
+            groups: vec![NODES_GROUP.into(), "system:authenticated".into()],
+            ..Default::default()
+        }
+    }
+
     /// A node writes its own node Lease and the L2 announcement Leases, no other Lease.
     #[tokio::test]
     async fn nodes_write_only_their_lease_and_l2_announcement_leases() {
@@ -393,11 +402,7 @@ mod tests {
             .unwrap();
         let rbac = |u: &UserInfo, a: &Attributes| full.rbac_allows(u, a);
         let authz = full.node_graph(&rbac);
-        let n1 = UserInfo {
-            name: "system:node:n1".into(),
-            groups: vec![NODES_GROUP.into(), "system:authenticated".into()],
-            ..Default::default()
-        };
+        let n1 = node_user("n1");
         let may = |verb: &str, namespace: &str, name: &str| {
             decide(
                 &authz,
@@ -446,11 +451,7 @@ mod tests {
             .unwrap();
         let rbac = |u: &UserInfo, a: &Attributes| full.rbac_allows(u, a);
         let authz = full.node_graph(&rbac);
-        let n1 = UserInfo {
-            name: "system:node:n1".into(),
-            groups: vec![NODES_GROUP.into(), "system:authenticated".into()],
-            ..Default::default()
-        };
+        let n1 = node_user("n1");
         let get = |resource: &str, namespace: &str, name: &str| {
             decide(
                 &authz,
@@ -504,11 +505,7 @@ mod tests {
             .unwrap();
         let rbac = |u: &UserInfo, a: &Attributes| full.rbac_allows(u, a);
         let authz = full.node_graph(&rbac);
-        let n1 = UserInfo {
-            name: "system:node:n1".into(),
-            groups: vec![NODES_GROUP.into(), "system:authenticated".into()],
-            ..Default::default()
-        };
+        let n1 = node_user("n1");
         let on = |verb: &str, group: &str, resource: &str, sub: &str, name: &str| {
             decide(
                 &authz,
