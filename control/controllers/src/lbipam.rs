@@ -339,6 +339,21 @@ fn waiting(services: &Informer<Service>) -> Vec<ObjectKey> {
         .collect()
 }
 
+/// The Services holding one of `addresses`, and those waiting for addresses.
+fn holding_or_waiting(
+    services: &Informer<Service>,
+    addresses: &BTreeMap<IpAddr, String>,
+) -> Vec<ObjectKey> {
+    let mut keys: Vec<ObjectKey> = services
+        .list()
+        .iter()
+        .filter(|s| ingress_ips(s).iter().any(|ip| addresses.contains_key(ip)))
+        .map(|s| ObjectKey::of(&**s))
+        .collect();
+    keys.extend(waiting(services));
+    keys
+}
+
 /// The Service half: addresses of Services.
 pub struct LbIpam {
     client: Client,
@@ -373,30 +388,32 @@ impl LbIpam {
     }
 
     /// Services; every pool change, and every change of a Service holding addresses (which
-    /// may free one), queues the Services still waiting for addresses; a node's or the API
-    /// servers' addresses changing queues every Service holding one (it may be theirs now).
+    /// may free one), queues the Services still waiting for addresses; a Node or the API
+    /// servers' Endpoints changing queues the Services holding one of their addresses (it is
+    /// theirs now) and those waiting.
     pub fn controller(informers: &Informers) -> Controller<Service> {
         let services = informers.get::<Service>();
         let pools = informers.get::<LoadBalancerIpPool>();
         let (for_pools, for_services) = (services.clone(), services.clone());
         let (for_nodes, for_endpoints) = (services.clone(), services.clone());
-        let affected = |services: &Informer<Service>| -> Vec<ObjectKey> {
-            services
-                .list()
-                .iter()
-                .filter(|s| lb_pool::is_managed(s) || !ingress_ips(s).is_empty())
-                .map(|s| ObjectKey::of(&**s))
-                .collect()
-        };
         Controller::<Service>::new(informers)
             .named("lbipam")
-            .watches(&pools, move |_: &LoadBalancerIpPool| affected(&for_pools))
-            .watches(&informers.get::<Node>(), move |_: &Node| {
-                affected(&for_nodes)
+            .watches(&pools, move |_: &LoadBalancerIpPool| {
+                for_pools
+                    .list()
+                    .iter()
+                    .filter(|s| lb_pool::is_managed(s) || !ingress_ips(s).is_empty())
+                    .map(|s| ObjectKey::of(&**s))
+                    .collect()
+            })
+            // A Node changes often (its status): only the Services holding one of its
+            // addresses, and those waiting (an address it gave up may be free now).
+            .watches(&informers.get::<Node>(), move |node: &Node| {
+                holding_or_waiting(&for_nodes, &lb_pool::reserved(&[node], None))
             })
             .watches(&informers.get::<Endpoints>(), move |e: &Endpoints| {
                 if is_api_servers(e) {
-                    affected(&for_endpoints)
+                    holding_or_waiting(&for_endpoints, &lb_pool::reserved(&[] as &[&Node], Some(e)))
                 } else {
                     Vec::new()
                 }
