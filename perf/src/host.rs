@@ -114,12 +114,18 @@ pub fn processes_with_args(needles: &[&str]) -> Vec<(u32, PathBuf)> {
 
 /// The one process whose arguments include `needles`, checked to run an executable from
 /// `bin_dir` (so a release bench measures release binaries). Returns its executable. Waits
-/// up to 10 s for it to appear: `spawn` may return before the child has exec'd.
+/// up to 10 s for it to appear and to have exec'd: `spawn` may return before the child has,
+/// and a process started on a machine runs `nsenter` until it execs the binary.
 pub fn verify_process(what: &str, needles: &[&str], bin_dir: &Path) -> Result<PathBuf> {
+    let canonical_dir = bin_dir
+        .canonicalize()
+        .unwrap_or_else(|_| bin_dir.to_path_buf());
     let deadline = Instant::now() + Duration::from_secs(10);
     let procs = loop {
         let procs = processes_with_args(needles);
-        if procs.len() == 1 || Instant::now() >= deadline {
+        let settled =
+            matches!(procs.as_slice(), [(_, exe)] if exe.parent() == Some(canonical_dir.as_path()));
+        if settled || Instant::now() >= deadline {
             break procs;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -130,9 +136,6 @@ pub fn verify_process(what: &str, needles: &[&str], bin_dir: &Path) -> Result<Pa
             procs.len()
         );
     };
-    let canonical_dir = bin_dir
-        .canonicalize()
-        .unwrap_or_else(|_| bin_dir.to_path_buf());
     if exe.parent() != Some(canonical_dir.as_path()) {
         bail!(
             "{what} (pid {pid}) runs {}, not a binary from {}",
@@ -146,7 +149,7 @@ pub fn verify_process(what: &str, needles: &[&str], bin_dir: &Path) -> Result<Pa
 /// The pid of the one `skiff-apiserver` listening on `server`'s address, checked to run a
 /// binary from `bin_dir`, and its executable.
 pub fn apiserver_pid(server: &skiff_tests::ApiServer, bin_dir: &Path) -> Result<(u32, String)> {
-    let listen = server.addr.to_string();
+    let listen = server.listen().to_string();
     let exe = verify_process("skiff-apiserver", &["--listen", &listen], bin_dir)?;
     let pid = processes_with_args(&["--listen", &listen])
         .first()

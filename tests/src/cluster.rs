@@ -1,14 +1,21 @@
-//! A whole cluster for end-to-end tests: a real etcd, the `skiff-apiserver`,
-//! `skiff-scheduler` and `skiff-controller-manager` binaries, and real nodes on one
-//! [`Fabric`] (so pods on different nodes reach each other).
+//! A whole cluster for end-to-end tests, on machines that share only a network: a `control`
+//! [`Machine`] runs a real etcd (on its own loopback), the `skiff-apiserver` (on the machine's
+//! address), `skiff-scheduler` and `skiff-controller-manager`; every node is a machine of its
+//! own whose agent runs inside it and serves its API on the node's address with a certificate
+//! the controller manager signed; a `laptop` machine outside the cluster runs kubectl as a
+//! user would. All of them are on one [`Fabric`]. The test process reaches the API server
+//! through a forwarder from its own loopback (the harness's, like a user's port forward).
 
+use std::path::PathBuf;
+use std::process::{Command, Output};
 use std::time::Duration;
 
 use skiff_api::api::Node as ApiNode;
 use skiff_client::{Client, ListParams};
 
+use crate::machines::{ETCD_CLIENT_PORT, Process, etcd_on, kubectl_with};
 use crate::{
-    ApiServer, Backend, Component, Election, EtcdServer, Fabric, Node, eventually_within, ok,
+    ApiServer, Backend, Component, Election, Fabric, KUBECTL, Machine, Node, eventually_within, ok,
     unique,
 };
 
@@ -18,18 +25,25 @@ const T: Duration = Duration::from_secs(90);
 /// replica with a new identity takes over after this long).
 pub const LEASE_SECONDS: &str = "4";
 
-/// A whole cluster: etcd, API server, scheduler, controller manager and `n` real nodes.
+/// A whole cluster: a control machine (etcd, API server, scheduler, controller manager), `n`
+/// node machines and a laptop.
 #[derive(Debug)]
 pub struct Cluster {
-    // Dropped in field order: components and nodes before the server, the server before etcd.
+    // Dropped in field order: agents and components before the server, the server before
+    // etcd, processes before the machines they run on, machines before the fabric.
     pub scheduler: Component,
     pub managers: Vec<Component>,
     pub nodes: Vec<Node>,
-    pub fabric: Fabric,
     pub client: Client,
     pub server: ApiServer,
-    _etcd: EtcdServer,
+    _etcd: Process,
+    pub control: Machine,
+    pub laptop: Machine,
+    /// The laptop's kubeconfig: the administrator at the control machine's address.
+    pub laptop_kubeconfig: PathBuf,
+    pub fabric: Fabric,
     pub id: String,
+    dir: tempfile::TempDir,
 }
 
 impl Cluster {
@@ -41,22 +55,35 @@ impl Cluster {
 
     /// Like [`Cluster::start`], each agent with the extra `agent_args`.
     pub async fn start_with(nodes: usize, agent_args: &[&str]) -> Cluster {
-        let etcd = EtcdServer::start().expect("a real etcd (run `cargo xtask setup`)");
-        let server = ApiServer::start(Backend::Etcd(etcd.endpoint.clone()));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fabric = crate::fabric();
+        let control = Machine::on(&fabric, "control");
+        let laptop = Machine::on(&fabric, "laptop");
+        let etcd = etcd_on(&control, dir.path());
+        let server = ApiServer::start_on(
+            &control,
+            Backend::Etcd(format!("http://127.0.0.1:{ETCD_CLIENT_PORT}")),
+            &[],
+        );
         let client = server.client().await;
-        let id = unique();
         let scheduler =
             Component::start_elected(&server, "skiff-scheduler", elected("sched-1"), &[]);
         let manager = start_manager(&server, "cm-1");
+        let laptop_kubeconfig =
+            server.machine_kubeconfig(dir.path(), "system:admin", &["system:masters"]);
         let mut c = Cluster {
             scheduler,
             managers: vec![manager],
             nodes: Vec::new(),
-            fabric: crate::fabric(),
             client,
             server,
             _etcd: etcd,
-            id,
+            control,
+            laptop,
+            laptop_kubeconfig,
+            fabric,
+            id: unique(),
+            dir,
         };
         for i in 0..nodes {
             c.add_node_with(&format!("n{i}"), &[], agent_args);
@@ -79,12 +106,11 @@ impl Cluster {
         agent_args: &[&str],
     ) -> String {
         let name = format!("e2e-{}-{suffix}", self.id);
-        self.nodes.push(Node::start_on_with(
+        self.nodes.push(Node::start_machine(
             &self.server,
             &name,
-            "",
             labels,
-            Some(&self.fabric),
+            &self.fabric,
             agent_args,
         ));
         name
@@ -106,7 +132,11 @@ impl Cluster {
 
     /// The components' logs, for failure messages.
     pub fn logs(&self) -> String {
-        let mut out = format!("--- scheduler ---\n{}", tail(&self.scheduler.log()));
+        let mut out = format!(
+            "--- apiserver ---\n{}\n--- scheduler ---\n{}",
+            tail(&self.server.log()),
+            tail(&self.scheduler.log())
+        );
         for m in &self.managers {
             out += &format!("\n--- {} ---\n{}", m.binary, tail(&m.log()));
         }
@@ -138,6 +168,25 @@ impl Cluster {
             String::from_utf8_lossy(&out.stdout).into_owned(),
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
+    }
+}
+
+impl Cluster {
+    /// kubectl 1.32 on the laptop (outside every machine), with the laptop's kubeconfig.
+    pub fn laptop_kubectl_cmd(&self, args: &[&str]) -> Command {
+        kubectl_with(
+            self.laptop.command(KUBECTL),
+            &self.laptop_kubeconfig,
+            &self.dir.path().join("kube-cache"),
+            args,
+        )
+    }
+
+    /// Runs kubectl on the laptop and waits for it.
+    pub fn laptop_kubectl(&self, args: &[&str]) -> Output {
+        self.laptop_kubectl_cmd(args)
+            .output()
+            .expect("running kubectl")
     }
 }
 

@@ -1,26 +1,34 @@
-//! A highly available cluster for fault tests: a real 3-member etcd cluster, two API servers
-//! over it (one PKI), two schedulers and two controller managers electing leaders, and real
-//! nodes on one [`Fabric`]. Every component and agent is given both API servers
-//! (`--server a,b`) and fails over between them.
+//! A highly available cluster for fault tests, on machines that share only a network: two
+//! `control` [`Machine`]s, each with an API server (one CA), a scheduler and a controller
+//! manager electing leaders, and real nodes, each a machine of its own, on one [`Fabric`].
+//! Every component and agent is given both API servers (`--server a,b`, their machines'
+//! addresses) and fails over between them. The store is a real 3-member etcd cluster on the
+//! test's loopback (so a test can kill and restart members); each control machine reaches
+//! every member at the same address on its own loopback through the harness's forwarders.
+
+use std::net::SocketAddr;
+use std::path::Path;
 
 use skiff_api::api::Lease;
 use skiff_client::Client;
 
 use crate::cluster::{LEASE_SECONDS, tail};
-use crate::{ApiServer, Backend, Component, Election, EtcdCluster, Fabric, Node, unique};
+use crate::{ApiServer, Backend, Component, Election, EtcdCluster, Fabric, Machine, Node, unique};
 
 /// The whole HA cluster. Dropped in field order: nodes and components before the servers,
-/// the servers before etcd.
+/// the servers before their machines and etcd, the machines before the fabric.
 #[derive(Debug)]
 pub struct HaCluster {
     pub nodes: Vec<Node>,
     pub schedulers: Vec<Component>,
     pub managers: Vec<Component>,
-    pub fabric: Fabric,
     /// A client that fails over between the servers.
     pub client: Client,
     pub servers: Vec<ApiServer>,
+    _etcd_forwards: Vec<skiff_testnet::Forwarder>,
+    pub controls: Vec<Machine>,
     pub etcd: EtcdCluster,
+    pub fabric: Fabric,
     pub id: String,
 }
 
@@ -28,14 +36,39 @@ impl HaCluster {
     /// Starts everything with `nodes` nodes (`e2e-<id>-n<i>`) and waits until they are Ready
     /// with a pod CIDR.
     pub async fn start(nodes: usize) -> HaCluster {
+        let fabric = crate::fabric();
+        let controls = vec![
+            Machine::on(&fabric, "control"),
+            Machine::on(&fabric, "control"),
+        ];
         let etcd = EtcdCluster::start(3).expect("a real etcd (run `cargo xtask setup`)");
-        let endpoints = etcd.endpoints().join(",");
-        let first = ApiServer::start(Backend::Etcd(endpoints.clone()));
-        let second = first.start_beside(Backend::Etcd(endpoints));
+        let endpoints = etcd.endpoints();
+        let etcd_forwards = controls
+            .iter()
+            .flat_map(|m| endpoints.iter().map(move |e| (m, e)))
+            .map(|(m, e)| {
+                let addr: SocketAddr = e
+                    .trim_start_matches("http://")
+                    .parse()
+                    .expect("etcd's client URL is http://<ip>:<port>");
+                skiff_testnet::Forwarder::between(
+                    Some(&m.netns.path()),
+                    addr,
+                    Path::new("/proc/thread-self/ns/net"),
+                    addr,
+                )
+                .expect("forwarding an etcd member onto a control machine")
+            })
+            .collect();
+        let backend = || Backend::Etcd(endpoints.join(","));
+        let first = ApiServer::start_on(&controls[0], backend(), &[]);
+        let second = first.start_beside_on(&controls[1], backend());
         let servers = vec![first, second];
+        // Components and agents reach the servers at their machines' addresses; the test
+        // process through each server's forwarder.
         let list = servers
             .iter()
-            .map(|s| s.endpoint.clone())
+            .map(|s| s.cluster_endpoint().to_string())
             .collect::<Vec<_>>()
             .join(",");
         let mut config = servers[0].client_config();
@@ -43,23 +76,31 @@ impl HaCluster {
         let client = Client::connect_with(&config)
             .await
             .expect("a client of both servers");
-        let component = |binary: &str, identity: &str| {
+        // Replica i runs on control machine i, beside its own server.
+        let component = |binary: &str, i: usize| {
             let election = Election {
                 server: Some(list.clone()),
                 lease_duration: LEASE_SECONDS.parse().ok(),
-                identity: Some(identity.into()),
+                identity: Some(format!(
+                    "{}-{}",
+                    if binary == "skiff-scheduler" {
+                        "sched"
+                    } else {
+                        "cm"
+                    },
+                    i + 1
+                )),
             };
-            Component::start_elected(&servers[0], binary, election, &[])
+            Component::start_elected(&servers[i], binary, election, &[])
         };
         let schedulers = vec![
-            component("skiff-scheduler", "sched-1"),
-            component("skiff-scheduler", "sched-2"),
+            component("skiff-scheduler", 0),
+            component("skiff-scheduler", 1),
         ];
         let managers = vec![
-            component("skiff-controller-manager", "cm-1"),
-            component("skiff-controller-manager", "cm-2"),
+            component("skiff-controller-manager", 0),
+            component("skiff-controller-manager", 1),
         ];
-        let fabric = crate::fabric();
         let id = unique();
         let nodes = (0..nodes)
             .map(|i| {
@@ -70,10 +111,12 @@ impl HaCluster {
             nodes,
             schedulers,
             managers,
-            fabric,
             client,
             servers,
+            _etcd_forwards: etcd_forwards,
+            controls,
             etcd,
+            fabric,
             id,
         };
         c.wait_nodes_ready().await;

@@ -1,6 +1,6 @@
 //! kubectl's interactive commands as a user drives them from a laptop: a real terminal
 //! (a tmux server of the test's own), `kubectl cp` both ways, and what is left of a session
-//! on the node. Shared by the tests that run them on a [`crate::machines::MachineCluster`]
+//! on the node. Shared by the tests that run them on a [`crate::cluster::Cluster`]
 //! and on a cluster `cargo xtask up` started ([`crate::up::UpCluster`]).
 
 use std::path::{Path, PathBuf};
@@ -36,9 +36,9 @@ pub trait Laptop {
     }
 }
 
-impl Laptop for crate::machines::MachineCluster {
+impl Laptop for crate::cluster::Cluster {
     fn kubectl_cmd(&self, args: &[&str]) -> Command {
-        crate::machines::MachineCluster::kubectl_cmd(self, args)
+        self.laptop_kubectl_cmd(args)
     }
     fn on_laptop(&self, program: &str) -> Command {
         self.laptop.command(program)

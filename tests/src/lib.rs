@@ -120,6 +120,17 @@ pub enum Backend {
     Etcd(String),
 }
 
+/// Where an [`ApiServer`]'s PKI comes from.
+enum Pki<'a> {
+    /// Made by the server in its own directory.
+    Own,
+    /// Another server's directory, used as it is (servers on one machine).
+    Shared(&'a Path),
+    /// Another server's CA, service-account key and encryption configuration, copied to a
+    /// directory of its own.
+    CopyCa(&'a Path),
+}
+
 /// A running `skiff-apiserver` process (TLS; its PKI in its own directory).
 #[derive(Debug)]
 pub struct ApiServer {
@@ -145,13 +156,13 @@ impl ApiServer {
 
     /// Like [`ApiServer::start`], with extra `skiff-apiserver` arguments.
     pub fn start_with(backend: Backend, extra: &[&str]) -> ApiServer {
-        ApiServer::launch(backend, extra, None, None, false)
+        ApiServer::launch(backend, extra, Pki::Own, None)
     }
 
     /// Another API server of the same cluster: over `backend` (the same store) with this
     /// one's PKI (CA, serving certificate, keys), on its own port.
     pub fn start_beside(&self, backend: Backend) -> ApiServer {
-        ApiServer::launch(backend, &[], Some(&self.pki_dir), None, false)
+        ApiServer::launch(backend, &[], Pki::Shared(&self.pki_dir), None)
     }
 
     /// An API server running on `machine` (inside its network namespace), listening on the
@@ -159,41 +170,44 @@ impl ApiServer {
     /// loopback port of its own: [`ApiServer::endpoint`] and the administrator's kubeconfig
     /// name that port; [`OnMachine::endpoint`] is the address other machines use.
     pub fn start_on(machine: &Machine, backend: Backend, extra: &[&str]) -> ApiServer {
-        ApiServer::launch(backend, extra, None, Some(machine), false)
+        ApiServer::launch(backend, extra, Pki::Own, Some(machine))
     }
 
-    /// An API server on `machine` listening on every address of it (so a virtual address
-    /// the machine takes is served too) and advertising the machine's own, with the PKI at
-    /// `pki` when given (several servers of one cluster share it).
-    pub fn start_on_all_addresses(
-        machine: &Machine,
-        backend: Backend,
-        extra: &[&str],
-        pki: Option<&Path>,
-    ) -> ApiServer {
-        ApiServer::launch(backend, extra, pki, Some(machine), true)
+    /// Another API server of the same cluster on `machine`: over `backend`, with this one's
+    /// CA, service-account key and encryption configuration copied into a PKI directory of its own (so it issues its
+    /// own serving certificate for its machine's address and writes its own kubeconfigs).
+    pub fn start_beside_on(&self, machine: &Machine, backend: Backend) -> ApiServer {
+        ApiServer::launch(backend, &[], Pki::CopyCa(&self.pki_dir), Some(machine))
     }
 
-    fn launch(
-        backend: Backend,
-        extra: &[&str],
-        pki: Option<&Path>,
-        machine: Option<&Machine>,
-        all_addresses: bool,
-    ) -> ApiServer {
+    fn launch(backend: Backend, extra: &[&str], pki: Pki, machine: Option<&Machine>) -> ApiServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let addr: SocketAddr = match machine {
             Some(m) => SocketAddr::new(m.ip, MACHINE_API_PORT),
             None => ([127, 0, 0, 1], free_port()).into(),
         };
-        let mut extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        let listen = if all_addresses {
-            extra.extend(["--advertise-address".to_string(), addr.ip().to_string()]);
-            SocketAddr::from(([0, 0, 0, 0], addr.port()))
-        } else {
-            addr
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let pki_dir = match pki {
+            Pki::Shared(p) => p.to_path_buf(),
+            Pki::Own => dir.path().join("pki"),
+            Pki::CopyCa(from) => {
+                let to = dir.path().join("pki");
+                std::fs::create_dir_all(&to).expect("a PKI directory");
+                // Everything but what names a server: its certificate and its kubeconfigs.
+                for entry in std::fs::read_dir(from)
+                    .expect("the cluster's PKI")
+                    .flatten()
+                {
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    if name.starts_with("apiserver.") || name.ends_with(".kubeconfig") {
+                        continue;
+                    }
+                    std::fs::copy(entry.path(), to.join(&name))
+                        .unwrap_or_else(|e| panic!("copying {name} of the cluster's PKI: {e}"));
+                }
+                to
+            }
         };
-        let pki_dir = pki.map_or_else(|| dir.path().join("pki"), Path::to_path_buf);
         let store = match &backend {
             Backend::Embedded => ApiStore::Embedded {
                 data_dir: dir.path().join("data"),
@@ -207,7 +221,7 @@ impl ApiServer {
             },
         };
         let args = ApiServerFlags {
-            listen,
+            listen: addr,
             pki_dir: pki_dir.clone(),
             store,
             tls_sans: None,
@@ -277,6 +291,13 @@ impl ApiServer {
                     })
             }
         }
+    }
+
+    /// The address the process listens on (its machine's, or a loopback one).
+    pub fn listen(&self) -> SocketAddr {
+        self.machine
+            .as_ref()
+            .map_or(self.addr, |m| m.forward.target())
     }
 
     /// The URL other machines reach it at: its machine's address, or its loopback one.
@@ -366,9 +387,18 @@ impl ApiServer {
     }
 
     /// A `skiff` command with the server address set, for tests that stream its output.
+    /// With the server on a machine it runs there, with the server's own kubeconfig (its
+    /// machine's address): the CLI dials node agents at their node addresses, which only the
+    /// machines on the fabric reach.
     pub fn skiff_cmd(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(binary("skiff"));
-        cmd.arg("--kubeconfig").arg(&self.kubeconfig).args(args);
+        let (mut cmd, kubeconfig) = match &self.machine {
+            Some(m) => (
+                on_machine(Some(&m.netns), binary("skiff")),
+                self.pki_dir.join("admin.kubeconfig"),
+            ),
+            None => (Command::new(binary("skiff")), self.kubeconfig.clone()),
+        };
+        cmd.arg("--kubeconfig").arg(kubeconfig).args(args);
         // Never pick up a developer's config file.
         cmd.env("SKIFF_CONFIG", "/nonexistent/skiff-config.yaml");
         cmd.env_remove("SKIFF_SERVER");
@@ -405,8 +435,11 @@ impl ApiServer {
         self.kubectl_as(&self.kubeconfig, args)
     }
 
-    /// A `kubectl` command with the kubeconfig `kubeconfig`.
+    /// A `kubectl` command with the kubeconfig `kubeconfig`, run by the test process: the
+    /// kubeconfig must name a loopback address (a machine's address is reached only from
+    /// machines, never from the host's namespace).
     pub fn kubectl_as(&self, kubeconfig: &Path, args: &[&str]) -> Command {
+        assert_loopback_server(kubeconfig);
         let mut cmd = Command::new(KUBECTL);
         cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg(format!(
@@ -428,6 +461,32 @@ impl ApiServer {
     /// Like [`ApiServer::kubectl`] but feeds `stdin` (for `-f -`).
     pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Output {
         run_with_stdin(self.kubectl_cmd(args), stdin)
+    }
+}
+
+/// Panics unless the kubeconfig at `path` names a server on a loopback address: the test
+/// process lives in the host's namespace, where a fabric address would leave the machine.
+fn assert_loopback_server(path: &Path) {
+    let Ok(k) = skiff_pki::kubeconfig::load(path) else {
+        return; // kubectl reports an unreadable kubeconfig itself
+    };
+    {
+        let server = &k.server;
+        let hostport = server
+            .split("://")
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .unwrap_or_default();
+        let loopback = hostport.starts_with("localhost:")
+            || hostport
+                .parse::<SocketAddr>()
+                .is_ok_and(|a| a.ip().is_loopback());
+        assert!(
+            loopback,
+            "{} names {server}: the test process reaches API servers only through loopback \
+             (a kubeconfig of ApiServer::user_kubeconfig, or run it on a machine)",
+            path.display()
+        );
     }
 }
 
@@ -577,8 +636,8 @@ fn run_ip(args: &[&str]) -> Output {
     Command::new("ip").args(args).output().expect("running ip")
 }
 
-/// A node: its own network namespace, cgroup parent and state directory, and a running
-/// `skiff-node run` agent process. Dropping it kills every process it started (the agent by
+/// A node: a machine of its own (a network namespace with an address on a fabric, where its
+/// agent runs), cgroup parent and state directory, and a running `skiff-node` agent process. Dropping it kills every process it started (the agent by
 /// pid; the pods and their shims through `cgroup.kill` on the node's cgroup), removes the
 /// pods' network namespaces, the cgroups and the node namespace — also when a test fails.
 #[derive(Debug)]
@@ -599,150 +658,112 @@ pub struct Node {
     /// gets its credentials through a bootstrap token (the kubeconfig is written by it).
     pub join: Option<(String, String, String)>,
     agent: Option<Child>,
-    /// The node's address on the fabric, if it is on one.
-    pub node_ip: Option<String>,
-    /// The node is a machine of its own: the agent runs inside the node's namespace (not
-    /// beside the API server with `--node-netns`) and serves its API on the node's address.
-    pub own_machine: bool,
+    /// The node's address on the fabric.
+    pub node_ip: String,
+    /// The test's registries forwarded onto the node's loopback (see
+    /// [`skiff_testkit::registry::running`]).
+    _registries: Vec<skiff_testnet::Forwarder>,
     /// Deleted after everything in it (a field drops after `Drop::drop` has run).
     _ns: Netns,
 }
 
 impl Node {
-    /// Starts a node whose agent registers `pod_cidr` (empty: none, the agent waits for the
-    /// controller manager's node IPAM).
-    pub fn start(server: &ApiServer, name: &str, pod_cidr: &str) -> Node {
-        Node::start_labelled(server, name, pod_cidr, &[])
+    /// Starts a node that is a machine of its own on `fabric` (the API server on another
+    /// machine, [`ApiServer::start_on`]), whose agent registers `pod_cidr` (empty: none, the
+    /// agent waits for the controller manager's node IPAM).
+    pub fn start(server: &ApiServer, fabric: &Fabric, name: &str, pod_cidr: &str) -> Node {
+        Node::launch(server, name, pod_cidr, &[], fabric, None, &[])
     }
 
-    /// Like [`Node::start`], with `--node-labels`.
-    pub fn start_labelled(
-        server: &ApiServer,
-        name: &str,
-        pod_cidr: &str,
-        labels: &[(&str, &str)],
-    ) -> Node {
-        Node::start_on(server, name, pod_cidr, labels, None)
-    }
-
-    /// Like [`Node::start_labelled`]; with a fabric, the node namespace gets an `eth0` on it
-    /// (before the agent starts, so the agent publishes that address as the node's
-    /// InternalIP and other nodes route this node's pod CIDR through it).
-    pub fn start_on(
-        server: &ApiServer,
-        name: &str,
-        pod_cidr: &str,
-        labels: &[(&str, &str)],
-        fabric: Option<&Fabric>,
-    ) -> Node {
-        Node::start_on_with(server, name, pod_cidr, labels, fabric, &[])
-    }
-
-    /// Like [`Node::start_on`], the agent with the extra `agent_args`.
-    pub fn start_on_with(
-        server: &ApiServer,
-        name: &str,
-        pod_cidr: &str,
-        labels: &[(&str, &str)],
-        fabric: Option<&Fabric>,
-        agent_args: &[&str],
-    ) -> Node {
-        Node::launch(
-            server, name, pod_cidr, labels, fabric, None, agent_args, false,
-        )
-    }
-
-    /// A node that is a machine of its own on `fabric` (the API server on another machine,
-    /// [`ApiServer::start_on`]): its agent runs inside the node's namespace, reaches the API
-    /// server at its machine's address and serves its API on the node's, with a certificate
-    /// of the cluster CA. Its pod CIDR comes from the controller manager's node IPAM.
+    /// A node that is a machine of its own on `fabric`, with `--node-labels` and the extra
+    /// agent arguments `agent_args`: its agent runs inside the node's namespace, reaches the
+    /// API server at its machine's address and serves its API on the node's address with a
+    /// certificate of the cluster CA. Its pod CIDR comes from the controller manager's node
+    /// IPAM.
     pub fn start_machine(
         server: &ApiServer,
         name: &str,
+        labels: &[(&str, &str)],
         fabric: &Fabric,
         agent_args: &[&str],
     ) -> Node {
-        Node::launch(server, name, "", &[], Some(fabric), None, agent_args, true)
+        Node::launch(server, name, "", labels, fabric, None, agent_args)
     }
 
-    /// A node on `fabric` whose agent fails over between the API servers `servers` (URLs,
-    /// comma separated), with a certificate of `server`'s CA and no pod CIDR of its own.
+    /// A node that is a machine of its own on `fabric` whose agent fails over between the
+    /// API servers `servers` (URLs at their machines' addresses, comma separated), with a
+    /// certificate of `server`'s CA and no pod CIDR of its own.
     pub fn start_failing_over(
         server: &ApiServer,
         name: &str,
         fabric: &Fabric,
         servers: &str,
     ) -> Node {
-        Node::launch(
-            server,
-            name,
-            "",
-            &[],
-            Some(fabric),
-            Some(servers),
-            &[],
-            false,
-        )
+        Node::launch(server, name, "", &[], fabric, Some(servers), &[])
     }
 
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "the one constructor every public start_* names its choices for"
-    )]
     fn launch(
         server: &ApiServer,
         name: &str,
         pod_cidr: &str,
         labels: &[(&str, &str)],
-        fabric: Option<&Fabric>,
+        fabric: &Fabric,
         servers: Option<&str>,
         agent_args: &[&str],
-        own_machine: bool,
     ) -> Node {
-        let id = unique();
-        let ns = Netns::create(&format!("skiff-e2e-{id}")).expect("creating the node's netns");
-        let netns = ns.name().to_string();
-        let node_ip = fabric.map(|f| f.attach(&netns).expect("attaching the node to the fabric"));
-        let root = cgroup2_root();
-        let state_dir = tempfile::tempdir().expect("tempdir");
         let (user, groups) = (format!("system:node:{name}"), ["system:nodes"]);
-        let kubeconfig = if own_machine {
-            server.machine_kubeconfig(state_dir.path(), &user, &groups)
-        } else {
-            server.user_kubeconfig(state_dir.path(), &user, &groups)
-        };
-        let mut node = Node {
-            name: name.to_string(),
-            netns,
-            _ns: ns,
-            cgroup_parent: root.join(format!("skiff-e2e-{id}")),
-            state_dir,
-            pod_cidr: pod_cidr.to_string(),
-            labels: labels
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(","),
-            kubeconfig,
-            servers: servers.map(String::from),
-            agent_args: agent_args.iter().map(|a| a.to_string()).collect(),
-            join: None,
-            agent: None,
-            node_ip,
-            own_machine,
-        };
+        let mut node = Node::machine(name, pod_cidr, fabric, |dir| {
+            server.machine_kubeconfig(dir, &user, &groups)
+        });
+        node.labels = labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        node.servers = servers.map(String::from);
+        node.agent_args = agent_args.iter().map(|a| a.to_string()).collect();
         node.start_agent();
         node
     }
 
-    /// A node that joins with `skiff-node join --token TOKEN --ca-cert-hash HASH` instead of
-    /// being handed a certificate (the agent writes its kubeconfig at [`Node::kubeconfig`]).
-    pub fn join(server: &ApiServer, name: &str, pod_cidr: &str, token: &str, hash: &str) -> Node {
+    /// A node, a machine of its own on `fabric`, that joins with `skiff-node join --token
+    /// TOKEN --ca-cert-hash HASH` at the server's machine address instead of being handed a
+    /// certificate (the agent writes its kubeconfig at [`Node::kubeconfig`]).
+    pub fn join(
+        server: &ApiServer,
+        fabric: &Fabric,
+        name: &str,
+        pod_cidr: &str,
+        token: &str,
+        hash: &str,
+    ) -> Node {
+        let mut node = Node::machine(name, pod_cidr, fabric, |dir| dir.join("kubelet.kubeconfig"));
+        node.join = Some((
+            server.cluster_endpoint().to_string(),
+            token.to_string(),
+            hash.to_string(),
+        ));
+        node.start_agent();
+        node
+    }
+
+    /// The node's machine (its namespace on `fabric`, the test's registries on its
+    /// loopback), cgroup parent and state directory, with the kubeconfig `kubeconfig` makes
+    /// in the state directory; the agent is not started.
+    fn machine(
+        name: &str,
+        pod_cidr: &str,
+        fabric: &Fabric,
+        kubeconfig: impl FnOnce(&Path) -> PathBuf,
+    ) -> Node {
         let id = unique();
         let ns = Netns::create(&format!("skiff-e2e-{id}")).expect("creating the node's netns");
         let netns = ns.name().to_string();
+        let node_ip = fabric
+            .attach(&netns)
+            .expect("attaching the node to the fabric");
         let state_dir = tempfile::tempdir().expect("tempdir");
-        let kubeconfig = state_dir.path().join("kubelet.kubeconfig");
+        let kubeconfig = kubeconfig(state_dir.path());
         let mut node = Node {
             name: name.to_string(),
             netns,
@@ -754,17 +775,34 @@ impl Node {
             kubeconfig,
             servers: None,
             agent_args: Vec::new(),
-            join: Some((server.endpoint.clone(), token.to_string(), hash.to_string())),
+            join: None,
             agent: None,
-            node_ip: None,
-            own_machine: false,
+            node_ip,
+            _registries: Vec::new(),
         };
-        node.start_agent();
+        node._registries = node.forward_registries();
         node
     }
 
     pub fn netns_path(&self) -> PathBuf {
         PathBuf::from("/run/netns").join(&self.netns)
+    }
+
+    /// Each registry this test process runs on its loopback, reachable at the same address
+    /// on the node's own loopback (as a per-machine registry mirror would serve it).
+    fn forward_registries(&self) -> Vec<skiff_testnet::Forwarder> {
+        skiff_testkit::registry::running()
+            .into_iter()
+            .map(|addr| {
+                skiff_testnet::Forwarder::between(
+                    Some(&self.netns_path()),
+                    addr,
+                    Path::new("/proc/thread-self/ns/net"),
+                    addr,
+                )
+                .expect("forwarding a registry onto the node's loopback")
+            })
+            .collect()
     }
 
     /// Starts (or restarts) the agent process.
@@ -785,14 +823,9 @@ impl Node {
                 server: self.servers.clone(),
             },
         };
-        // On a machine of its own the agent is inside the node's namespace, with the default
-        // API address (the node's) and port; otherwise it runs on the API server's machine,
-        // its API on loopback.
-        let own = self.own_machine;
+        // The agent is inside the node's namespace (its machine), with the default API
+        // address (the node's) and port.
         let flags = NodeFlags {
-            node_netns: (!own).then(|| self.netns_path()),
-            address: (!own).then_some(std::net::Ipv4Addr::LOCALHOST.into()),
-            port: (!own).then_some(0),
             pod_cidr: Some(self.pod_cidr.clone()).filter(|c| !c.is_empty()),
             node_labels: Some(self.labels.clone()).filter(|l| !l.is_empty()),
             cgroup_parent: Some(self.cgroup_parent.clone()),
@@ -806,10 +839,7 @@ impl Node {
                 self.state_dir.path().join("state"),
             )
         };
-        let mut cmd = on_machine(
-            own.then(|| self.netns_path()).as_deref(),
-            binary("skiff-node"),
-        );
+        let mut cmd = on_machine(Some(&self.netns_path()), binary("skiff-node"));
         if let Some((_, token, _)) = &self.join {
             cmd.env("SKIFF_JOIN_TOKEN", token);
         }

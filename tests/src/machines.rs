@@ -5,21 +5,19 @@
 //! node's, kubectl on a `laptop` outside the cluster. Machines reach each other only through
 //! fabric addresses; the test process itself reaches the API server through a
 //! [`skiff_testnet::Forwarder`] (the harness's, as a user's port forward would be).
+//! [`crate::cluster::Cluster`] puts such machines together.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use skiff_client::Client;
-
-use crate::cluster::{elected, start_manager, wait_nodes_ready};
-use crate::{ApiServer, Backend, Component, Fabric, KUBECTL, Netns, Node, unique};
+use crate::{Fabric, Netns, unique};
 
 /// The port an API server on a machine listens on (every machine has its own ports).
 pub const MACHINE_API_PORT: u16 = 6443;
 /// etcd's client port on the control machine's own loopback.
-const ETCD_CLIENT_PORT: u16 = 2379;
+pub(crate) const ETCD_CLIENT_PORT: u16 = 2379;
 
 /// `program`, run inside the network namespace at `netns` when given (see
 /// [`Netns::command`]), else in the test's own.
@@ -71,6 +69,26 @@ impl Machine {
         self.netns.command(program)
     }
 
+    /// Runs the future `f` makes to completion on this machine: on a thread of its own that
+    /// enters the machine's namespace, with a runtime of its own, so every connection it
+    /// opens leaves from the machine (a client of the test that must reach node addresses,
+    /// which the test's own namespace never dials).
+    pub fn block_on<T: Send, Fut: std::future::Future<Output = T>>(
+        &self,
+        f: impl FnOnce() -> Fut + Send,
+    ) -> T {
+        tokio::task::block_in_place(|| {
+            skiff_testnet::run_in(&self.netns.path(), || {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a runtime")
+                    .block_on(f())
+            })
+            .expect("entering the machine's namespace")
+        })
+    }
+
     /// `ss ARGS` of this machine's sockets.
     pub fn ss(&self, args: &[&str]) -> String {
         ss(self.netns.name(), args)
@@ -110,7 +128,7 @@ impl OnMachine {
 
 /// A process the harness started; SIGKILLed and reaped on drop.
 #[derive(Debug)]
-struct Process {
+pub(crate) struct Process {
     child: Child,
 }
 
@@ -123,7 +141,7 @@ impl Drop for Process {
 
 /// A real etcd on `machine`, on that machine's loopback (reached only by the API server
 /// beside it), logging to `dir/etcd.log`; waits until it listens.
-fn etcd_on(machine: &Machine, dir: &Path) -> Process {
+pub(crate) fn etcd_on(machine: &Machine, dir: &Path) -> Process {
     etcd_at(machine, dir, "127.0.0.1".parse().expect("an address"))
 }
 
@@ -173,102 +191,4 @@ fn etcd_at(machine: &Machine, dir: &Path, ip: IpAddr) -> Process {
         std::thread::sleep(Duration::from_millis(50));
     }
     etcd
-}
-
-/// A whole cluster of machines: one `control` machine (etcd, API server, scheduler,
-/// controller manager), `n` node machines, and a `laptop` on the same network outside the
-/// cluster.
-#[derive(Debug)]
-pub struct MachineCluster {
-    // Dropped in field order: agents and components before the API server, the server before
-    // etcd, processes before the machines they run on, machines before the fabric.
-    pub nodes: Vec<Node>,
-    pub scheduler: Component,
-    pub manager: Component,
-    pub client: Client,
-    pub server: ApiServer,
-    _etcd: Process,
-    pub control: Machine,
-    pub laptop: Machine,
-    /// The laptop's kubeconfig: the administrator at the control machine's address.
-    pub laptop_kubeconfig: PathBuf,
-    pub fabric: Fabric,
-    pub id: String,
-    dir: tempfile::TempDir,
-}
-
-impl MachineCluster {
-    /// Starts everything and waits until the `nodes` nodes (`e2e-<id>-n<i>`) are Ready with
-    /// a pod CIDR.
-    pub async fn start(nodes: usize) -> MachineCluster {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let fabric = crate::fabric();
-        let control = Machine::on(&fabric, "control");
-        let laptop = Machine::on(&fabric, "laptop");
-        let etcd = etcd_on(&control, dir.path());
-        let server = ApiServer::start_on(
-            &control,
-            Backend::Etcd(format!("http://127.0.0.1:{ETCD_CLIENT_PORT}")),
-            &[],
-        );
-        let client = server.client().await;
-        let scheduler =
-            Component::start_elected(&server, "skiff-scheduler", elected("sched-1"), &[]);
-        let manager = start_manager(&server, "cm-1");
-        let laptop_kubeconfig =
-            server.machine_kubeconfig(dir.path(), "system:admin", &["system:masters"]);
-        let id = unique();
-        let nodes = (0..nodes)
-            .map(|i| Node::start_machine(&server, &format!("e2e-{id}-n{i}"), &fabric, &[]))
-            .collect::<Vec<_>>();
-        let c = MachineCluster {
-            nodes,
-            scheduler,
-            manager,
-            client,
-            server,
-            _etcd: etcd,
-            control,
-            laptop,
-            laptop_kubeconfig,
-            fabric,
-            id,
-            dir,
-        };
-        wait_nodes_ready(&c.client, c.nodes.len(), || c.logs()).await;
-        c
-    }
-
-    /// kubectl 1.32 on the laptop, with the laptop's kubeconfig.
-    pub fn kubectl_cmd(&self, args: &[&str]) -> Command {
-        kubectl_with(
-            self.laptop.command(KUBECTL),
-            &self.laptop_kubeconfig,
-            &self.dir.path().join("kube-cache"),
-            args,
-        )
-    }
-
-    /// Runs kubectl on the laptop and waits for it.
-    pub fn kubectl(&self, args: &[&str]) -> Output {
-        self.kubectl_cmd(args).output().expect("running kubectl")
-    }
-
-    /// Every component's and agent's log tail, for failure messages.
-    pub fn logs(&self) -> String {
-        let mut out = format!(
-            "--- apiserver ---\n{}\n--- scheduler ---\n{}\n--- controller manager ---\n{}",
-            crate::cluster::tail(&self.server.log()),
-            crate::cluster::tail(&self.scheduler.log()),
-            crate::cluster::tail(&self.manager.log()),
-        );
-        for n in &self.nodes {
-            out += &format!(
-                "\n--- agent {} ---\n{}",
-                n.name,
-                crate::cluster::tail(&n.agent_log())
-            );
-        }
-        out
-    }
 }

@@ -22,6 +22,7 @@ use hickory_server::Server;
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 use hickory_server::zone_handler::MessageResponseBuilder;
 use skiff_testkit::registry::Registry;
+use skiff_tests::Machine;
 use skiff_tests::cluster::Cluster;
 
 const T: Duration = Duration::from_secs(90);
@@ -62,24 +63,30 @@ impl RequestHandler for Upstream {
     }
 }
 
-async fn upstream() -> (SocketAddr, Server<Upstream>) {
-    let udp = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+/// The stand-in resolver on a machine of its own on the cluster's fabric.
+async fn upstream(c: &Cluster) -> (SocketAddr, Server<Upstream>, Machine) {
+    let machine = Machine::on(&c.fabric, "resolver");
+    let udp = skiff_testnet::udp_bind_in(&machine.netns.path(), (machine.ip, 53).into()).unwrap();
+    udp.set_nonblocking(true).unwrap();
+    let udp = tokio::net::UdpSocket::from_std(udp).unwrap();
     let addr = udp.local_addr().unwrap();
     let mut server = Server::new(Upstream);
     server.register_socket(udp);
-    (addr, server)
+    (addr, server, machine)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_resolve_cluster_names_with_real_resolvers() {
-    let (up, _upstream) = upstream().await;
     let registry = Registry::start();
     // busybox for nslookup, and glibc's getent (with its libraries) for the resolver most
     // programs use.
     let image = registry
         .push_busybox_with("demo/dns:v1", &["/usr/bin/getent"])
         .await;
-    let c = Cluster::start_with(1, &["--dns-upstream", &up.to_string()]).await;
+    let mut c = Cluster::start(0).await;
+    let (up, _upstream, _resolver) = upstream(&c).await;
+    c.add_node_with("n0", &[], &["--dns-upstream", &up.to_string()]);
+    c.wait_nodes_ready().await;
     let k = |args: &[&str], stdin: Option<&str>| {
         let (ok, out, err) = c.kubectl(args, stdin);
         assert!(ok, "kubectl {args:?}: {err}\n{}", c.logs());

@@ -199,7 +199,7 @@ async fn a_rollout_survives_control_plane_chaos() {
         .spec
         .and_then(|s| s.ports.first().map(|p| p.node_port))
         .unwrap();
-    let node_ips: Vec<String> = c.nodes.iter().map(|n| n.node_ip.clone().unwrap()).collect();
+    let node_ips: Vec<String> = c.nodes.iter().map(|n| n.node_ip.clone()).collect();
 
     // The outside client, the writer and the rollout sampler run through everything below.
     let outside = skiff_tests::outside(&c.fabric);

@@ -24,10 +24,10 @@ use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::Duration;
 
+use skiff_tests::cluster::Cluster;
 use skiff_tests::interactive::{
     Laptop as _, Tmux, cp_both_ways, debug_ps, exec_streams, processes, pty_masters,
 };
-use skiff_tests::machines::MachineCluster;
 use skiff_tests::{eventually_within, fails, ok, run_with_stdin};
 
 const T: Duration = Duration::from_secs(30);
@@ -53,14 +53,14 @@ spec:
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kubectl_interactive_commands() {
-    let c = MachineCluster::start(1).await;
+    let c = Cluster::start(1).await;
     let node = &c.nodes[0];
     ok(&run_with_stdin(
-        c.kubectl_cmd(&["apply", "-f", "-"]),
+        c.laptop_kubectl_cmd(&["apply", "-f", "-"]),
         &pod(&node.name),
     ));
     eventually_within("the pod runs and its second container has exited", T, || async {
-        let out = c.kubectl(&[
+        let out = c.laptop_kubectl(&[
             "get",
             "pod",
             "shell",
@@ -88,7 +88,7 @@ async fn kubectl_interactive_commands() {
         &c,
         dir.path(),
         "tmux.sock",
-        c.kubectl_cmd(&["exec", "-it", "shell", "-c", "app", "--", "sh"]),
+        c.laptop_kubectl_cmd(&["exec", "-it", "shell", "-c", "app", "--", "sh"]),
     );
     let echo = tmux.shell_answers_and_follows_resizes("x");
     println!("exec -it: a typed command's output after {echo:?}");
@@ -155,19 +155,19 @@ spec:
 "#,
         node = node.name
     );
-    let no_previous = fails(&c.kubectl(&["logs", "shell", "-c", "app", "--previous"]));
+    let no_previous = fails(&c.laptop_kubectl(&["logs", "shell", "-c", "app", "--previous"]));
     assert!(
         no_previous.contains("previous terminated container \"app\" in pod \"shell\" not found"),
         "{no_previous}"
     );
     ok(&run_with_stdin(
-        c.kubectl_cmd(&["apply", "-f", "-"]),
+        c.laptop_kubectl_cmd(&["apply", "-f", "-"]),
         &restarts,
     ));
     // As Kubernetes, logs of a container that has not started are an error, not a wait:
     // follow once the first run has written its line (it ends 3 s later).
     eventually_within("the first run writes", T, || async {
-        let out = c.kubectl(&["logs", "restarts"]);
+        let out = c.laptop_kubectl(&["logs", "restarts"]);
         let s = String::from_utf8_lossy(&out.stdout).into_owned();
         (s == "run 0\n").then_some(()).ok_or(s)
     })
@@ -192,19 +192,22 @@ spec:
         seen,
         ["run 0", "run 1"],
         "logs -f follows across the restart\n{}\n{}",
-        String::from_utf8_lossy(&c.kubectl(&["get", "pod", "restarts", "-o", "yaml"]).stdout),
+        String::from_utf8_lossy(
+            &c.laptop_kubectl(&["get", "pod", "restarts", "-o", "yaml"])
+                .stdout
+        ),
         c.logs()
     );
     follow.kill().unwrap();
     follow.wait().unwrap();
-    assert_eq!(ok(&c.kubectl(&["logs", "restarts"])), "run 1\n");
+    assert_eq!(ok(&c.laptop_kubectl(&["logs", "restarts"])), "run 1\n");
     assert_eq!(
-        ok(&c.kubectl(&["logs", "restarts", "--previous"])),
+        ok(&c.laptop_kubectl(&["logs", "restarts", "--previous"])),
         "run 0\n"
     );
 
     // An exec into a container that has exited: Kubernetes' error, nothing started.
-    let err = fails(&c.kubectl(&["exec", "shell", "-c", "done", "--", "true"]));
+    let err = fails(&c.laptop_kubectl(&["exec", "shell", "-c", "done", "--", "true"]));
     assert!(
         err.contains(
             "Internal error occurred: error executing command in container: container \"done\" is not running: it has exited"
@@ -277,9 +280,9 @@ fn sockets(pid: u32) -> usize {
 /// `kubectl attach`: to a terminal (typed input, its answer, resizes), with a piped stdin
 /// (`echo hi | kubectl attach -i`, also in the logs), and a lost connection that leaves the
 /// container running and nothing of the session open.
-async fn attach(c: &MachineCluster, node: &str, dir: &tempfile::TempDir) {
+async fn attach(c: &Cluster, node: &str, dir: &tempfile::TempDir) {
     ok(&run_with_stdin(
-        c.kubectl_cmd(&["apply", "-f", "-"]),
+        c.laptop_kubectl_cmd(&["apply", "-f", "-"]),
         &attach_pod(node),
     ));
     eventually_within("the attach pod runs", T, || async {
@@ -294,23 +297,24 @@ async fn attach(c: &MachineCluster, node: &str, dir: &tempfile::TempDir) {
 
     // A piped stdin: the line reaches the container, its answer is in the container's log.
     let out = run_with_stdin(
-        c.kubectl_cmd(&["attach", "-i", "attached", "-c", "echo"]),
+        c.laptop_kubectl_cmd(&["attach", "-i", "attached", "-c", "echo"]),
         "hi\n",
     );
     assert!(out.status.success(), "{out:?}");
     eventually_within("the echoed line is logged", T, || async {
-        let logs = String::from_utf8_lossy(&c.kubectl(&["logs", "attached", "-c", "echo"]).stdout)
-            .into_owned();
+        let logs =
+            String::from_utf8_lossy(&c.laptop_kubectl(&["logs", "attached", "-c", "echo"]).stdout)
+                .into_owned();
         logs.contains("got:hi").then_some(()).ok_or(logs)
     })
     .await;
     // stdin is not stdinOnce: it stays open for the next client.
     assert!(
-        !ok(&c.kubectl(&["logs", "attached", "-c", "echo"])).contains("stdin closed"),
+        !ok(&c.laptop_kubectl(&["logs", "attached", "-c", "echo"])).contains("stdin closed"),
         "the container's stdin closed with the first client"
     );
     // Asking stdin of a container without `stdin: true` is refused before anything starts.
-    let err = fails(&c.kubectl(&["attach", "-i", "shell", "-c", "app"]));
+    let err = fails(&c.laptop_kubectl(&["attach", "-i", "shell", "-c", "app"]));
     assert!(err.contains("was not started with stdin: true"), "{err}");
 
     // A terminal: the shell answers a typed line, and sees the window's size.
@@ -320,7 +324,7 @@ async fn attach(c: &MachineCluster, node: &str, dir: &tempfile::TempDir) {
         c,
         dir.path(),
         "attach.sock",
-        c.kubectl_cmd(&["attach", "-it", "attached", "-c", "term"]),
+        c.laptop_kubectl_cmd(&["attach", "-it", "attached", "-c", "term"]),
     );
     let echo = tmux.shell_answers_and_follows_resizes("y");
     println!("attach -it: a typed command's output after {echo:?}");
@@ -329,7 +333,7 @@ async fn attach(c: &MachineCluster, node: &str, dir: &tempfile::TempDir) {
         idle_sockets + 1,
         "the shim serves the client"
     );
-    let logged = ok(&c.kubectl(&["logs", "attached", "-c", "term"]));
+    let logged = ok(&c.laptop_kubectl(&["logs", "attached", "-c", "term"]));
     assert!(
         logged.contains("42y"),
         "the terminal's output is logged: {logged}"
@@ -352,12 +356,12 @@ async fn attach(c: &MachineCluster, node: &str, dir: &tempfile::TempDir) {
     );
     assert_eq!(shim_of(&uid, "term"), shim, "the same run");
     let again = run_with_stdin(
-        c.kubectl_cmd(&["attach", "-i", "attached", "-c", "term"]),
+        c.laptop_kubectl_cmd(&["attach", "-i", "attached", "-c", "term"]),
         "echo again$((1+1))\n",
     );
     assert!(again.status.success(), "{again:?}");
     eventually_within("a later client still reaches the shell", T, || async {
-        let logs = ok(&c.kubectl(&["logs", "attached", "-c", "term"]));
+        let logs = ok(&c.laptop_kubectl(&["logs", "attached", "-c", "term"]));
         logs.contains("again2").then_some(()).ok_or(logs)
     })
     .await;
@@ -365,7 +369,7 @@ async fn attach(c: &MachineCluster, node: &str, dir: &tempfile::TempDir) {
 
 /// `kubectl debug`: an ephemeral container in the target container's process namespace,
 /// without a terminal (its output in its log) and with one (kubectl attaches).
-async fn debug(c: &MachineCluster, dir: &tempfile::TempDir) {
+async fn debug(c: &Cluster, dir: &tempfile::TempDir) {
     let (name, ps) = debug_ps(c, "shell", "app").await;
     let statuses = c.jsonpath(&["pod", "shell"], "{.status.ephemeralContainerStatuses}");
     assert!(statuses.contains(&name), "{statuses}");
@@ -388,7 +392,7 @@ async fn debug(c: &MachineCluster, dir: &tempfile::TempDir) {
         c,
         dir.path(),
         "debug.sock",
-        c.kubectl_cmd(&[
+        c.laptop_kubectl_cmd(&[
             "debug",
             "-it",
             "shell",
@@ -415,9 +419,9 @@ async fn debug(c: &MachineCluster, dir: &tempfile::TempDir) {
 /// An attacker who may add ephemeral containers to a pod of a restricted namespace must not
 /// get a `host` container (the node's own commands) that way: Pod Security checks them as
 /// any other container.
-fn ephemeral_containers_obey_pod_security(c: &MachineCluster) {
+fn ephemeral_containers_obey_pod_security(c: &Cluster) {
     ok(&run_with_stdin(
-        c.kubectl_cmd(&["apply", "-f", "-"]),
+        c.laptop_kubectl_cmd(&["apply", "-f", "-"]),
         r#"apiVersion: v1
 kind: List
 items:
@@ -441,7 +445,8 @@ items:
         capabilities: {drop: [ALL]}
 "#,
     ));
-    let err = fails(&c.kubectl(&["debug", "-n", "locked", "tidy", "--image=host", "--", "sh"]));
+    let err =
+        fails(&c.laptop_kubectl(&["debug", "-n", "locked", "tidy", "--image=host", "--", "sh"]));
     assert!(
         err.contains("violates PodSecurity \"restricted:latest\"") && err.contains("host image"),
         "{err}"

@@ -20,14 +20,14 @@ use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use skiff_tests::cluster::Cluster;
 use skiff_tests::interactive::{Laptop, PortForward, Tmux, cp_both_ways, exec_streams, processes};
-use skiff_tests::machines::MachineCluster;
 use skiff_tests::{eventually_within, ok, run_with_stdin};
 
 const T: Duration = Duration::from_secs(30);
 
 /// The laptop's kubectl, told to use SPDY for exec, attach, cp and port-forward.
-struct Spdy<'a>(&'a MachineCluster);
+struct Spdy<'a>(&'a Cluster);
 
 fn spdy_only(cmd: &mut Command) {
     cmd.env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")
@@ -36,7 +36,7 @@ fn spdy_only(cmd: &mut Command) {
 
 impl Laptop for Spdy<'_> {
     fn kubectl_cmd(&self, args: &[&str]) -> Command {
-        let mut cmd = self.0.kubectl_cmd(args);
+        let mut cmd = self.0.laptop_kubectl_cmd(args);
         spdy_only(&mut cmd);
         cmd
     }
@@ -79,7 +79,7 @@ spec:
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kubectl_streams_over_spdy() {
-    let cluster = MachineCluster::start(1).await;
+    let cluster = Cluster::start(1).await;
     let c = Spdy(&cluster);
     ok(&run_with_stdin(
         c.kubectl_cmd(&["apply", "-f", "-"]),

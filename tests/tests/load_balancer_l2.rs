@@ -34,8 +34,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{Value, json};
 use skiff_api::api::{Endpoints, Lease, LoadBalancerIpPool, Pod, Service};
 use skiff_client::Client;
+use skiff_tests::cluster::Cluster;
 use skiff_tests::eventually_within;
-use skiff_tests::machines::MachineCluster;
 
 const T: Duration = Duration::from_secs(60);
 /// Addresses on the fabric's subnet that no machine is given.
@@ -187,7 +187,7 @@ struct Watch {
 
 impl Watch {
     /// Starts asking for `ip` from the laptop for `secs` seconds.
-    fn start(c: &MachineCluster, ip: &str, secs: u32) -> Watch {
+    fn start(c: &Cluster, ip: &str, secs: u32) -> Watch {
         let mut child = c
             .laptop
             .command("python3")
@@ -222,7 +222,7 @@ impl Watch {
 }
 
 /// `n` connections from the laptop to `ip`:80: each answer line or error.
-fn connect(c: &MachineCluster, ip: &str, n: u32) -> Vec<String> {
+fn connect(c: &Cluster, ip: &str, n: u32) -> Vec<String> {
     let out = c
         .laptop
         .command("python3")
@@ -234,7 +234,7 @@ fn connect(c: &MachineCluster, ip: &str, n: u32) -> Vec<String> {
 }
 
 /// The MAC of each node's uplink (`eth0` of its machine).
-fn node_macs(c: &MachineCluster) -> BTreeMap<String, String> {
+fn node_macs(c: &Cluster) -> BTreeMap<String, String> {
     c.nodes
         .iter()
         .map(|n| {
@@ -270,7 +270,7 @@ fn replies(events: &[Value]) -> (Answers, ByRequest) {
 
 /// A new connection from the laptop to `ip` reaches a pod (fresh source ports until one
 /// does: Maglev may pick a backend on a node that is down); prints how long it took.
-async fn new_connection(c: &MachineCluster, ip: &str, what: &str) {
+async fn new_connection(c: &Cluster, ip: &str, what: &str) {
     let started = std::time::Instant::now();
     let answer = eventually_within(&format!("{what}: a new connection"), T, || async {
         let a = connect(c, ip, 3);
@@ -290,11 +290,11 @@ async fn new_connection(c: &MachineCluster, ip: &str, what: &str) {
 /// within [`FAILOVER`] after a gratuitous ARP and no request ever got two answers. Returns
 /// the new announcer and how long it took.
 async fn fails_over(
-    c: &mut MachineCluster,
+    c: &mut Cluster,
     ip: &str,
     old: &str,
     what: &str,
-    disrupt: impl FnOnce(&mut MachineCluster),
+    disrupt: impl FnOnce(&mut Cluster),
 ) -> (String, Duration) {
     let macs = node_macs(c);
     let watch = Watch::start(c, ip, 10);
@@ -362,7 +362,7 @@ async fn ready_endpoints(client: &Client, service: &str, n: usize) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn load_balancer_addresses_are_announced_by_one_node_and_fail_over() {
-    let mut c = MachineCluster::start(3).await;
+    let mut c = Cluster::start(3).await;
     let names: Vec<String> = c.nodes.iter().map(|n| n.name.clone()).collect();
     let pods = c.client.namespaced::<Pod>("default");
     for (i, node) in names.iter().enumerate() {
@@ -413,7 +413,7 @@ async fn load_balancer_addresses_are_announced_by_one_node_and_fail_over() {
         .clone();
     let seen = answer.split_whitespace().nth(1).unwrap_or_default();
     assert!(
-        first_ip.is_some_and(|ip| seen.starts_with(&format!("{ip}:"))),
+        seen.starts_with(&format!("{first_ip}:")),
         "the pod saw {seen}, not {first}'s address"
     );
     let (answers, _) = replies(&Watch::start(&c, CLUSTER_IP, 1).events());

@@ -14,7 +14,8 @@ use std::time::Duration;
 use skiff_api::api::{Node as ApiNode, Pod};
 use skiff_client::Api;
 use skiff_client::node_api::{AgentAccess, AgentEndpoint, LogOptions, PodStats, StatsSummary};
-use skiff_tests::{ApiServer, Backend, Node, Streaming, eventually_within, fails, ok};
+use skiff_tests::cluster::start_manager;
+use skiff_tests::{ApiServer, Backend, Machine, Node, Streaming, eventually_within, fails, ok};
 
 const T: Duration = Duration::from_secs(30);
 /// What the source pod sends to the sink pod.
@@ -71,9 +72,13 @@ fn assert_payload(what: &str, measured: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logs_top_and_traffic_accounting() {
-    let server = ApiServer::start(Backend::Embedded);
+    let fabric = skiff_tests::fabric();
+    let control = Machine::on(&fabric, "control");
+    let server = ApiServer::start_on(&control, Backend::Embedded, &[]);
+    // It signs the agent's serving certificate.
+    let _manager = start_manager(&server, "cm-1");
     let node_name = format!("e2e-{}", skiff_tests::unique());
-    let mut node = Node::start(&server, &node_name, "10.244.7.0/24");
+    let mut node = Node::start(&server, &fabric, &node_name, "10.244.7.0/24");
     let marks = tempfile::tempdir().expect("tempdir");
     let m = |name: &str| marks.path().join(name);
     let client = server.client().await;
@@ -90,8 +95,8 @@ async fn logs_top_and_traffic_accounting() {
             .map_err(|e| format!("{e}; log:\n{}", node.agent_log()))
     })
     .await;
-    assert_eq!(agent.addr.ip().to_string(), "127.0.0.1");
-    agent_api_is_tls_with_client_certificates(&server, &client, &node_name, &agent).await;
+    assert_eq!(agent.addr.ip().to_string(), node.node_ip);
+    agent_api_is_tls_with_client_certificates(&server, &control, &client, &node_name, &agent).await;
 
     // ---- logs ----
     let talker_script = format!(
@@ -158,13 +163,15 @@ async fn logs_top_and_traffic_accounting() {
         "{err}"
     );
     // The agent itself answers 404 for pods it does not run.
-    let e = match agent
-        .logs("default", "nope", "app", &LogOptions::default())
-        .await
-    {
-        Ok(_) => panic!("logs of an unknown pod"),
-        Err(e) => e,
-    };
+    let e = control.block_on(|| async {
+        match agent
+            .logs("default", "nope", "app", &LogOptions::default())
+            .await
+        {
+            Ok(_) => panic!("logs of an unknown pod"),
+            Err(e) => e,
+        }
+    });
     assert!(e.is_not_found(), "{e}");
     assert!(e.to_string().contains("default/nope"), "{e}");
 
@@ -276,7 +283,8 @@ async fn logs_top_and_traffic_accounting() {
     .await;
 
     let (source_uid, sink_uid) = (uid(&source), uid(&sink));
-    let summary = agent.stats_summary().await.expect("stats summary");
+    let summary =
+        control.block_on(|| async { agent.stats_summary().await.expect("stats summary") });
     assert_eq!(summary.node_name, node_name);
     let src = stats_of(&summary, &source_uid).expect("source in the summary");
     let dst = stats_of(&summary, &sink_uid).expect("sink in the summary");
@@ -383,71 +391,46 @@ async fn logs_top_and_traffic_accounting() {
     }
 }
 
-/// The agent API speaks only TLS, with the certificate its Node pins; without a client
-/// certificate of the cluster CA it answers 401, to a user other than the API server and
-/// `system:masters` 403 (the kubelet's message); the administrator gets through.
+/// The agent API speaks only TLS, with a certificate of the cluster CA for the node's
+/// address (a caller trusting another CA fails the handshake); without a client certificate
+/// of the cluster CA it answers 401, to a user other than the API server and
+/// `system:masters` 403 (the kubelet's message); the administrator gets through. Every call
+/// leaves from the control machine: the node's address is reached only from machines.
 async fn agent_api_is_tls_with_client_certificates(
     server: &ApiServer,
+    control: &Machine,
     client: &skiff_client::Client,
     node_name: &str,
     agent: &AgentEndpoint,
 ) {
-    // Plain HTTP: no answer an HTTP client can read.
-    let plain = AgentEndpoint {
-        tls: None,
-        ..agent.clone()
-    };
-    assert!(
-        plain.stats_summary().await.is_err(),
-        "plain HTTP must not be served"
-    );
-    // The pinned certificate is the one served: a wrong pin fails the handshake.
     let n = client.cluster::<ApiNode>().get(node_name).await.unwrap();
-    let pin = n.metadata.as_ref().unwrap().annotations
-        [skiff_client::node_api::SERVING_CERT_ANNOTATION]
-        .clone();
-    assert!(pin.starts_with("sha256:"), "{pin}");
-    let mut wrong_pin = n.clone();
-    wrong_pin.metadata.as_mut().unwrap().annotations.insert(
-        skiff_client::node_api::SERVING_CERT_ANNOTATION.into(),
-        format!("sha256:{}", "0".repeat(64)),
-    );
-    let e = AgentEndpoint::of_node_as(&wrong_pin, &AgentAccess::of_client(client))
-        .unwrap()
-        .stats_summary()
-        .await
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("TLS"), "{e}");
+    let ca = skiff_pki::ClusterPki::new(&server.pki_dir)
+        .load_ca()
+        .unwrap();
+    let user = |name: &str| {
+        ca.issue(&skiff_pki::LeafSpec::client(name, &["monitoring"]))
+            .unwrap()
+    };
     let status = |e: skiff_client::node_api::NodeApiError| match e {
         skiff_client::node_api::NodeApiError::Status {
             status, message, ..
         } => (status, message),
         other => panic!("{other}"),
     };
-    // No client certificate: 401.
-    let anonymous = AgentEndpoint::of_node_as(&n, &AgentAccess::default()).unwrap();
-    let (code, _) = status(anonymous.stats_summary().await.unwrap_err());
-    assert_eq!(code, 401);
-    // A certificate of another CA: 401.
     let other = skiff_pki::Ca::generate("other-ca").unwrap();
-    let stranger = other
+    let admin = skiff_pki::ClusterPki::new(&server.pki_dir)
+        .load_ca()
+        .unwrap()
         .issue(&skiff_pki::LeafSpec::client(
             "system:admin",
             &["system:masters"],
         ))
         .unwrap();
-    let (code, _) = status(
-        AgentEndpoint::of_node_as(&n, &as_user(&stranger))
-            .unwrap()
-            .stats_summary()
-            .await
-            .unwrap_err(),
-    );
-    assert_eq!(code, 401);
-    // Another node's certificate: 403 with the kubelet's message.
-    let ca = skiff_pki::ClusterPki::new(&server.pki_dir)
-        .load_ca()
+    let stranger = other
+        .issue(&skiff_pki::LeafSpec::client(
+            "system:admin",
+            &["system:masters"],
+        ))
         .unwrap();
     let other_node = ca
         .issue(&skiff_pki::LeafSpec::client(
@@ -455,38 +438,60 @@ async fn agent_api_is_tls_with_client_certificates(
             &["system:nodes"],
         ))
         .unwrap();
-    let (code, message) = status(
-        AgentEndpoint::of_node_as(&n, &as_user(&other_node))
+    let nobody = user("nobody");
+    control.block_on(|| async {
+        // Served once the controller manager has signed the node's serving certificate.
+        eventually_within("the agent serves its API", T, || async {
+            agent.stats_summary().await.map_err(|e| e.to_string())
+        })
+        .await;
+        // Plain HTTP: no answer an HTTP client can read.
+        let plain = AgentEndpoint {
+            tls: None,
+            ..agent.clone()
+        };
+        assert!(
+            plain.stats_summary().await.is_err(),
+            "plain HTTP must not be served"
+        );
+        // A caller that trusts only another CA: the handshake fails.
+        let distrusting = AgentAccess {
+            ca_pem: Some(other.cert_pem()),
+            identity: Some(&admin),
+            ..AgentAccess::default()
+        };
+        let e = AgentEndpoint::of_node_as(&n, &distrusting)
             .unwrap()
             .stats_summary()
             .await
-            .unwrap_err(),
-    );
-    assert_eq!(code, 403);
-    assert!(
-        message.contains(
-            "Forbidden (user=system:node:other, verb=get, resource=nodes, subresource=stats)"
-        ),
-        "{message}"
-    );
-    // Anyone else: the API server decides by a SubjectAccessReview for `<verb>` on
-    // `nodes/<subresource>` of this node, as the kubelet asks. A user with no role: 403.
-    let user = |name: &str| {
-        ca.issue(&skiff_pki::LeafSpec::client(name, &["monitoring"]))
-            .unwrap()
-    };
-    let (code, message) = status(
-        AgentEndpoint::of_node_as(&n, &as_user(&user("nobody")))
-            .unwrap()
-            .stats_summary()
-            .await
-            .unwrap_err(),
-    );
-    assert_eq!(code, 403);
-    assert!(
-        message.contains("Forbidden (user=nobody, verb=get, resource=nodes, subresource=stats)"),
-        "{message}"
-    );
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("TLS"), "{e}");
+        // No client certificate: 401.
+        let (code, _) = refusal(&n, &ca, None).await;
+        assert_eq!(code, 401);
+        // A certificate of another CA: 401.
+        let (code, _) = refusal(&n, &ca, Some(&stranger)).await;
+        assert_eq!(code, 401);
+        // Another node's certificate: 403 with the kubelet's message.
+        let (code, message) = refusal(&n, &ca, Some(&other_node)).await;
+        assert_eq!(code, 403);
+        assert!(
+            message.contains(
+                "Forbidden (user=system:node:other, verb=get, resource=nodes, subresource=stats)"
+            ),
+            "{message}"
+        );
+        // Anyone else: the API server decides by a SubjectAccessReview for `<verb>` on
+        // `nodes/<subresource>` of this node, as the kubelet asks. A user with no role: 403.
+        let (code, message) = refusal(&n, &ca, Some(&nobody)).await;
+        assert_eq!(code, 403);
+        assert!(
+            message
+                .contains("Forbidden (user=nobody, verb=get, resource=nodes, subresource=stats)"),
+            "{message}"
+        );
+    });
     // A user bound to a role with `get` on `nodes/stats` reads the stats, but not logs.
     let role: skiff_api::api::ClusterRole = skiff_api::manifest::decode(serde_json::json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
@@ -506,31 +511,35 @@ async fn agent_api_is_tls_with_client_certificates(
         .unwrap();
     client.cluster().create(&role).await.unwrap();
     client.cluster().create(&binding).await.unwrap();
-    let reader = AgentEndpoint::of_node_as(&n, &as_user(&user("stats-reader"))).unwrap();
-    // The API server's RBAC mirror follows the new binding within moments.
-    eventually_within("the bound user reads the agent's stats", T, || async {
-        reader.stats_summary().await.map_err(|e| e.to_string())
-    })
-    .await;
-    let e = match reader
-        .logs("default", "nothing", "c", &LogOptions::default())
-        .await
-    {
-        Ok(_) => panic!("a stats reader must not read logs"),
-        Err(e) => e,
-    };
-    let (code, message) = status(e);
-    assert_eq!(code, 403);
-    assert!(
-        message
-            .contains("Forbidden (user=stats-reader, verb=get, resource=nodes, subresource=log)"),
-        "{message}"
-    );
-    // The administrator (system:masters): through.
-    agent
-        .stats_summary()
-        .await
-        .expect("the admin reads the agent");
+    let stats_reader = user("stats-reader");
+    control.block_on(|| async {
+        let reader = AgentEndpoint::of_node_as(&n, &as_user(&ca, Some(&stats_reader))).unwrap();
+        // The API server's RBAC mirror follows the new binding within moments.
+        eventually_within("the bound user reads the agent's stats", T, || async {
+            reader.stats_summary().await.map_err(|e| e.to_string())
+        })
+        .await;
+        let e = match reader
+            .logs("default", "nothing", "c", &LogOptions::default())
+            .await
+        {
+            Ok(_) => panic!("a stats reader must not read logs"),
+            Err(e) => e,
+        };
+        let (code, message) = status(e);
+        assert_eq!(code, 403);
+        assert!(
+            message.contains(
+                "Forbidden (user=stats-reader, verb=get, resource=nodes, subresource=log)"
+            ),
+            "{message}"
+        );
+        // The administrator (system:masters): through.
+        agent
+            .stats_summary()
+            .await
+            .expect("the admin reads the agent");
+    });
 }
 
 /// `2026-11-22T05:00:00.123Z`-shaped.
@@ -545,10 +554,35 @@ fn chrono_like_rfc3339(ts: &str) -> bool {
         && b[..4].iter().all(u8::is_ascii_digit)
 }
 
-/// Speaking to agents with `identity`'s client certificate.
-fn as_user(identity: &skiff_pki::Identity) -> AgentAccess<'_> {
+/// The status and message with which node `n`'s agent refuses its stats to `identity` (none:
+/// anonymous).
+async fn refusal(
+    n: &ApiNode,
+    ca: &skiff_pki::Ca,
+    identity: Option<&skiff_pki::Identity>,
+) -> (u16, String) {
+    match AgentEndpoint::of_node_as(n, &as_user(ca, identity))
+        .unwrap()
+        .stats_summary()
+        .await
+        .unwrap_err()
+    {
+        skiff_client::node_api::NodeApiError::Status {
+            status, message, ..
+        } => (status, message),
+        other => panic!("{other}"),
+    }
+}
+
+/// Speaking to agents with `identity`'s client certificate (none: anonymously), verifying
+/// them against the cluster CA `ca`.
+fn as_user<'a>(
+    ca: &'a skiff_pki::Ca,
+    identity: Option<&'a skiff_pki::Identity>,
+) -> AgentAccess<'a> {
     AgentAccess {
-        identity: Some(identity),
+        ca_pem: Some(ca.cert_pem()),
+        identity,
         ..AgentAccess::default()
     }
 }

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use rustls::pki_types::pem::PemObject as _;
 
-use skiff_api::api::{CertificateSigningRequest, Node as ApiNode};
+use skiff_api::api::CertificateSigningRequest;
 use skiff_client::ListParams;
 use skiff_tests::interactive::{Laptop as _, PortForward, Tmux, cp_both_ways, debug_ps};
 use skiff_tests::machines::ss;
@@ -104,12 +104,6 @@ async fn machines_share_only_a_network() {
                 "the agent API must not listen on {loopback}:\n{sockets}"
             );
         }
-        let node = client.cluster::<ApiNode>().get(&name).await.unwrap();
-        let annotations = node.metadata.unwrap().annotations;
-        assert!(
-            !annotations.contains_key(skiff_client::node_api::SERVING_CERT_ANNOTATION),
-            "no certificate is pinned: {annotations:?}"
-        );
         eventually_within("a serving certificate is issued to the node", T, || async {
             let all = csrs
                 .list(&ListParams::default())

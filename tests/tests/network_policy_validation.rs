@@ -245,10 +245,15 @@ async fn network_policies_are_defaulted_validated_and_listed() {
     );
 
     // The node agent (system:node:<name>) reads policies, to enforce them; it writes none.
-    let node = &c.nodes[0];
+    let dir = tempfile::tempdir().unwrap();
+    let node = c.server.user_kubeconfig(
+        dir.path(),
+        &format!("system:node:{}", c.nodes[0].name),
+        &["system:nodes"],
+    );
     let o = c
         .server
-        .kubectl_as(&node.kubeconfig, &["get", "netpol", "-A", "-o", "name"])
+        .kubectl_as(&node, &["get", "netpol", "-A", "-o", "name"])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -257,7 +262,7 @@ async fn network_policies_are_defaulted_validated_and_listed() {
     );
     let o = c
         .server
-        .kubectl_as(&node.kubeconfig, &["delete", "netpol", "web-policy"])
+        .kubectl_as(&node, &["delete", "netpol", "web-policy"])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
@@ -267,7 +272,7 @@ async fn network_policies_are_defaulted_validated_and_listed() {
                 "networkpolicies.networking.k8s.io \"web-policy\" is forbidden: User \
                  \"system:node:{}\" cannot delete resource \"networkpolicies\" in API group \
                  \"networking.k8s.io\"",
-                node.name
+                c.nodes[0].name
             )),
         "{err}"
     );

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use skiff_api::api::{CertificateSigningRequest, Node as ApiNode};
 use skiff_client::ListParams;
-use skiff_tests::{ApiServer, Backend, Component, Node, binary, eventually_within, ok};
+use skiff_tests::{ApiServer, Backend, Component, Machine, Node, binary, eventually_within, ok};
 
 const T: Duration = Duration::from_secs(60);
 
@@ -47,7 +47,9 @@ fn failed_join(server: &ApiServer, token: &str, hash: &str, dir: &std::path::Pat
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_node_joins_with_a_bootstrap_token_only() {
-    let server = ApiServer::start(Backend::Embedded);
+    let fabric = skiff_tests::fabric();
+    let control = Machine::on(&fabric, "control");
+    let server = ApiServer::start_on(&control, Backend::Embedded, &[]);
     let _cm = Component::start(
         &server,
         "skiff-controller-manager",
@@ -66,7 +68,8 @@ async fn a_node_joins_with_a_bootstrap_token_only() {
         words[i + 1].to_string()
     };
     assert_eq!(&words[..2], ["skiff-node", "join"], "{line}");
-    assert_eq!(after("--server"), server.endpoint);
+    // `skiff` runs on the control machine: the command names the server's machine address.
+    assert_eq!(after("--server"), server.cluster_endpoint());
     let token = after("--token");
     let hash = after("--ca-cert-hash");
     let ca = std::fs::read_to_string(server.pki_dir.join("ca.crt")).unwrap();
@@ -130,7 +133,7 @@ async fn a_node_joins_with_a_bootstrap_token_only() {
     assert_eq!(text(&out.stdout).trim(), "yes");
 
     // The node joins with the token and the hash only, registers and becomes Ready.
-    let node = Node::join(&server, "joiner", "10.244.7.0/24", &token, &hash);
+    let node = Node::join(&server, &fabric, "joiner", "10.244.7.0/24", &token, &hash);
     let nodes = client.cluster::<ApiNode>();
     eventually_within("the joined node registered and Ready", T, || async {
         let n = nodes.get("joiner").await.map_err(|e| e.to_string())?;
@@ -169,14 +172,16 @@ async fn a_node_joins_with_a_bootstrap_token_only() {
         "{row}"
     );
     assert!(row.trim_end().ends_with("Approved,Issued"), "{row}");
-    // Who the node is now, as the API server sees it.
-    let out = server
-        .kubectl_as(
-            &node.kubeconfig,
-            &["auth", "whoami", "-o", "jsonpath={.status.userInfo}"],
-        )
-        .output()
-        .unwrap();
+    // Who the node is now, as the API server sees it (kubectl on the node's machine, with
+    // the kubeconfig the agent wrote).
+    let out = skiff_tests::machines::kubectl_with(
+        skiff_tests::on_machine(Some(&node.netns_path()), skiff_tests::KUBECTL),
+        &node.kubeconfig,
+        &scratch.path().join("kube-cache"),
+        &["auth", "whoami", "-o", "jsonpath={.status.userInfo}"],
+    )
+    .output()
+    .unwrap();
     let who = text(&out.stdout);
     assert!(
         who.contains("\"username\":\"system:node:joiner\""),
@@ -316,7 +321,9 @@ async fn kubectl_approves_and_denies_certificate_requests() {
 /// (same pid) and keeps its Node Ready.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_running_node_renews_its_client_certificate() {
-    let server = ApiServer::start(Backend::Embedded);
+    let fabric = skiff_tests::fabric();
+    let control = Machine::on(&fabric, "control");
+    let server = ApiServer::start_on(&control, Backend::Embedded, &[]);
     let _cm = Component::start(
         &server,
         "skiff-controller-manager",
@@ -324,7 +331,7 @@ async fn a_running_node_renews_its_client_certificate() {
     );
     let client = server.client().await;
     let name = format!("rotate-{}", skiff_tests::unique());
-    let mut node = Node::start(&server, &name, "10.244.9.0/24");
+    let mut node = Node::start(&server, &fabric, &name, "10.244.9.0/24");
     node.kill_agent();
     // A certificate valid one more hour: due for renewal.
     let ca = skiff_pki::ClusterPki::new(&server.pki_dir)
@@ -339,7 +346,7 @@ async fn a_running_node_renews_its_client_certificate() {
         .unwrap();
     skiff_pki::Kubeconfig::single(
         "skiff",
-        &server.endpoint,
+        server.cluster_endpoint(),
         ca.cert_pem(),
         &user,
         Some(&short),

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use skiff_api::api::{Node as ApiNode, Pod};
 use skiff_client::{Api, ClientError, DeleteParams};
-use skiff_tests::{ApiServer, Backend, Node, eventually_within};
+use skiff_tests::{ApiServer, Backend, Machine, Node, eventually_within};
 
 const T: Duration = Duration::from_secs(30);
 
@@ -99,9 +99,11 @@ fn kill9(pid: u32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_runs_pods_end_to_end() {
-    let server = ApiServer::start(Backend::Embedded);
+    let fabric = skiff_tests::fabric();
+    let control = Machine::on(&fabric, "control");
+    let server = ApiServer::start_on(&control, Backend::Embedded, &[]);
     let node_name = format!("e2e-{}", skiff_tests::unique());
-    let mut node = Node::start(&server, &node_name, "10.244.3.0/24");
+    let mut node = Node::start(&server, &fabric, &node_name, "10.244.3.0/24");
     let marks = tempfile::tempdir().expect("tempdir");
     let m = |name: &str| marks.path().join(name);
     let client = server.client().await;

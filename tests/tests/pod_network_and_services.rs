@@ -84,7 +84,7 @@ async fn pods_reach_pods_on_other_nodes_without_nat() {
     let (n0, n1) = (c.nodes[0].name.clone(), c.nodes[1].name.clone());
     // Each node routes the other's pod CIDR through the other's fabric address.
     for (node, other) in [(&c.nodes[0], &c.nodes[1]), (&c.nodes[1], &c.nodes[0])] {
-        let via = format!("via {}", other.node_ip.clone().unwrap_or_default());
+        let via = format!("via {}", other.node_ip);
         eventually_within("a route to the other node's pods", T, || async {
             let routes = node.ip(&["route", "show"]);
             routes
@@ -631,7 +631,7 @@ async fn node_port_services_are_reachable_from_outside_on_every_node() {
     let outside = skiff_tests::outside(&c.fabric);
 
     for node in &c.nodes {
-        let node_ip = node.node_ip.clone().expect("node IP");
+        let node_ip = node.node_ip.clone();
         let result = node_port_round(&c, &outside, &node_ip, ports, &placement).await;
         // Every NodePort flow is counted on its backend, under the node's frontend.
         let out = c.skiff(&["bpf", "services", "-o", "json"]);
@@ -669,10 +669,7 @@ async fn node_port_services_are_reachable_from_outside_on_every_node() {
 
     // NodePort keeps working while an agent is away (pinned links and maps), and a restarted
     // agent takes the uplink's link over instead of attaching a second program.
-    let (n0, n0_ip) = (
-        c.nodes[0].name.clone(),
-        c.nodes[0].node_ip.clone().expect("node IP"),
-    );
+    let (n0, n0_ip) = (c.nodes[0].name.clone(), c.nodes[0].node_ip.clone());
     c.node(&n0).kill_agent();
     node_port_round(&c, &outside, &n0_ip, ports, &placement).await;
     c.node(&n0).start_agent();

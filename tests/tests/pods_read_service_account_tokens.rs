@@ -234,7 +234,7 @@ async fn pods_read_their_token_and_it_is_their_identity() {
         ],
         None,
     );
-    assert_eq!(ep, c.server.endpoint.rsplit(':').next().unwrap());
+    assert_eq!(ep, c.server.cluster_endpoint().rsplit(':').next().unwrap());
     let env = k(&["exec", "reader", "--", "/bin/busybox", "env"]);
     assert!(env.contains("KUBERNETES_SERVICE_HOST=10.96.0.1"), "{env}");
     assert!(env.contains("KUBERNETES_SERVICE_PORT=443"), "{env}");

@@ -141,10 +141,8 @@ pub struct AgentConfig {
     /// Sizes of its maps (`--lb-max-services`, `--lb-max-backends`).
     pub lb: LbConfig,
     pub max_pods: u32,
-    /// Where the agent's HTTP API listens (`None`: the node's InternalIP). On a loopback
-    /// address (a cluster on one machine) it serves a self-signed certificate its Node pins;
-    /// on any other, a certificate of the cluster CA for the node's addresses
-    /// (`api::serving`).
+    /// Where the agent's HTTP API listens (`None`: the node's InternalIP), with a certificate
+    /// of the cluster CA for the node's addresses (`api::serving`).
     pub api_address: Option<IpAddr>,
     /// Its port (0: a free one); published in the Node either way.
     pub api_port: u16,
@@ -206,7 +204,7 @@ impl AgentConfig {
             network_policy: true,
             lb: LbConfig::default(),
             max_pods: 110,
-            api_address: Some(IpAddr::from([127, 0, 0, 1])),
+            api_address: None,
             api_port: 0,
             client_ca_pem: None,
             plain_http_registries: Vec::new(),
@@ -235,8 +233,6 @@ pub enum AgentError {
     Api(#[from] skiff_client::ClientError),
     #[error(transparent)]
     ApiListen(#[from] api::ListenError),
-    #[error("the agent API's TLS certificate: {0}")]
-    ApiTls(#[source] skiff_pki::PkiError),
     #[error(
         "no --address for the agent API and the node has no global IPv4 address to serve it on"
     )]

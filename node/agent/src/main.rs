@@ -171,8 +171,8 @@ struct RunArgs {
     /// (default: the node's InternalIP, the first global IPv4 address of its network
     /// namespace). There it serves a certificate of the cluster CA for the node's addresses,
     /// asked for through a CertificateSigningRequest (signer kubernetes.io/kubelet-serving).
-    /// A loopback address is for a cluster on one machine: the certificate is then
-    /// self-signed and the Node pins it.
+    /// The API server dials the Node's addresses, so an address it does not publish (a
+    /// loopback one, say) leaves the node without logs, exec and port-forward.
     #[arg(long)]
     address: Option<std::net::IpAddr>,
     /// The port of that API (0 picks a free one); published in the Node's

@@ -162,9 +162,6 @@ pub struct NodeFacts {
     /// Port of the agent's HTTP API (0: none), published as
     /// `status.daemonEndpoints.kubeletEndpoint.Port`.
     pub api_port: u16,
-    /// SHA-256 of the agent API's serving certificate, published in the annotation
-    /// `skiff.io/agent-serving-cert-sha256` (clients pin it).
-    pub serving_cert_hash: Option<String>,
     /// The node's image store, published as `status.images`.
     pub images: Option<skiff_image::ImageStore>,
 }
@@ -245,8 +242,6 @@ impl NodeFacts {
     }
 }
 
-use skiff_client::node_api::SERVING_CERT_ANNOTATION;
-
 /// Creates or updates this node's Node object and returns it (with `spec.podCIDR` as the
 /// control plane set it, or from `--pod-cidr` when it set none).
 pub async fn register(client: &Client, facts: &NodeFacts) -> Result<Node, ClientError> {
@@ -266,11 +261,6 @@ pub async fn register(client: &Client, facts: &NodeFacts) -> Result<Node, Client
                                 ("kubernetes.io/hostname".to_string(), facts.name.clone()),
                                 ("kubernetes.io/os".to_string(), "linux".to_string()),
                             ])
-                            .collect(),
-                        annotations: facts
-                            .serving_cert_hash
-                            .iter()
-                            .map(|h| (SERVING_CERT_ANNOTATION.to_string(), h.clone()))
                             .collect(),
                         ..Default::default()
                     }),
@@ -293,15 +283,6 @@ pub async fn register(client: &Client, facts: &NodeFacts) -> Result<Node, Client
                         meta.labels.insert(k.clone(), v.clone());
                         changed = true;
                     }
-                }
-                let pin = SERVING_CERT_ANNOTATION.to_string();
-                match &facts.serving_cert_hash {
-                    Some(h) if meta.annotations.get(&pin) != Some(h) => {
-                        meta.annotations.insert(pin, h.clone());
-                        changed = true;
-                    }
-                    None if meta.annotations.remove(&pin).is_some() => changed = true,
-                    _ => {}
                 }
                 let spec = node.spec.get_or_insert_with(Default::default);
                 if spec.pod_cidr.is_empty()

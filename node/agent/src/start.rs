@@ -209,8 +209,6 @@ pub(crate) struct ApiListener {
 pub(crate) enum ApiTls {
     /// No cluster CA to check callers against: nothing is served.
     None,
-    /// On loopback (a cluster on one machine): a self-signed certificate the Node pins.
-    Pinned(api::AgentTls),
     /// A certificate of the cluster CA for the node's addresses, asked for once the Node
     /// (with those addresses) is registered.
     ClusterCa(api::ServingSpec),
@@ -235,14 +233,19 @@ pub(crate) async fn bind_api(
         .api_address
         .or(node_ip.map(IpAddr::V4))
         .ok_or(AgentError::NoApiAddress)?;
+    if address.is_loopback() {
+        // Callers dial the Node's addresses and verify the certificate against them; there
+        // is no loopback exception (no self-signed pin).
+        warn!(
+            %address,
+            "the agent API listens on a loopback address: the API server reaches agents at \
+             their Node's addresses, so logs, exec and port-forward will not reach this node"
+        );
+    }
     let listener = api::bind(SocketAddr::new(address, cfg.api_port)).await?;
     let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
     let tls = match &cfg.client_ca_pem {
         None => ApiTls::None,
-        Some(ca) if address.is_loopback() => ApiTls::Pinned(
-            api::AgentTls::load_or_create(&cfg.state_dir.join("pki"), &cfg.node_name, ca)
-                .map_err(AgentError::ApiTls)?,
-        ),
         Some(ca) => ApiTls::ClusterCa(api::ServingSpec {
             dir: cfg.state_dir.join("pki"),
             node: cfg.node_name.clone(),
@@ -274,7 +277,6 @@ const SERVING_CERT_RETRY: Duration = Duration::from_secs(5);
 pub(crate) fn serve_api(client: &Client, api: ApiListener, ctx: api::ApiCtx) -> Task {
     match api.tls {
         ApiTls::None => Task(api::serve(api.listener, ctx, None)),
-        ApiTls::Pinned(tls) => Task(api::serve(api.listener, ctx, Some(tls))),
         ApiTls::ClusterCa(spec) => {
             let client = client.clone();
             Task::spawn(async move {
@@ -327,10 +329,6 @@ pub(crate) async fn start_node(
         max_pods: cfg.max_pods,
         service_lb: None,
         api_port: api.port,
-        serving_cert_hash: match &api.tls {
-            ApiTls::Pinned(tls) => tls.cert_hash.clone(),
-            _ => None,
-        },
         images: skiff_image::ImageStore::open(&images::store_root(&cfg.state_dir)).ok(),
     };
     let image_changes = Arc::new(tokio::sync::Notify::new());

@@ -192,6 +192,8 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
         netns: node_netns,
         cgroup: node_cgroup,
         agent_pid,
+        control: _control,
+        fabric: _fabric,
     } = OneNode::start(&node_name, POD_CIDR, &bin_dir, &mut env).await?;
 
     // The baseline, while the API server and the agent are idle.
@@ -225,11 +227,7 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
     let names: Vec<String> = (0..n).map(|i| format!("pod-{run_id}-{i}")).collect();
     info!(pods = n, concurrency = c, "ramp");
     let before = procfs::usage(agent_pid)?;
-    let listen = server.addr.to_string();
-    let api_pid = host::processes_with_args(&["--listen", &listen])
-        .first()
-        .map(|(pid, _)| *pid)
-        .context("the API server process is gone")?;
+    let (api_pid, _) = host::apiserver_pid(&server, &bin_dir)?;
     let api_before = procfs::usage(api_pid)?;
     let node_cpu0 = procfs::cgroup_cpu(&node_cgroup).ok();
     let t0 = Instant::now();

@@ -30,7 +30,7 @@ use serde_json::json;
 use skiff_api::Resource;
 use skiff_api::api::Pod;
 use skiff_client::{Api, Client};
-use skiff_tests::{ApiServer, Backend, Node};
+use skiff_tests::{ApiServer, Backend, Machine, Node};
 use tracing::{info, warn};
 
 use super::Options;
@@ -317,11 +317,12 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
         format!("perf-net-{run_id}-b"),
     );
     info!(nodes = ?[&name_a, &name_b], "starting the API server and two node agents on a fabric");
-    let server = ApiServer::start(Backend::Embedded);
     let fabric = skiff_tests::fabric();
-    let node_a = Node::start_on(&server, &name_a, POD_CIDR_A, &[], Some(&fabric));
-    let node_b = Node::start_on(&server, &name_b, POD_CIDR_B, &[], Some(&fabric));
-    let listen = server.addr.to_string();
+    let control = Machine::on(&fabric, "control");
+    let server = ApiServer::start_on(&control, Backend::Embedded, &[]);
+    let node_a = Node::start(&server, &fabric, &name_a, POD_CIDR_A);
+    let node_b = Node::start(&server, &fabric, &name_b, POD_CIDR_B);
+    let listen = server.listen().to_string();
     env.binaries.insert(
         "skiff-apiserver".into(),
         host::verify_process("skiff-apiserver", &["--listen", &listen], &bin_dir)?

@@ -20,7 +20,7 @@ use futures::future::LocalBoxFuture;
 use futures::{StreamExt, TryStreamExt};
 use skiff_api::api::{Node as ApiNode, Pod};
 use skiff_client::{Api, Client, DeleteParams, ListParams};
-use skiff_tests::{ApiServer, Backend, Node};
+use skiff_tests::{ApiServer, Backend, Fabric, Machine, Node};
 use tracing::{info, warn};
 
 use super::Options;
@@ -78,8 +78,9 @@ fn group(n: usize) -> String {
     }
 }
 
-/// The API server (embedded store) and one node agent the pod suites run against, checked to
-/// be the expected binaries (recorded in `env`) and Ready.
+/// The API server (embedded store) on a control machine and one node agent on its own
+/// machine, which the pod suites run against, checked to be the expected binaries (recorded
+/// in `env`) and Ready.
 pub(crate) struct OneNode {
     pub server: ApiServer,
     pub node: Node,
@@ -88,6 +89,9 @@ pub(crate) struct OneNode {
     pub netns: PathBuf,
     pub cgroup: PathBuf,
     pub agent_pid: u32,
+    /// Bind both to names (not `..`): they must outlive the server and the node.
+    pub control: Machine,
+    pub fabric: Fabric,
 }
 
 impl OneNode {
@@ -97,10 +101,12 @@ impl OneNode {
         bin_dir: &Path,
         env: &mut Environment,
     ) -> Result<OneNode> {
-        let server = ApiServer::start(Backend::Embedded);
-        let node = Node::start(&server, node_name, pod_cidr);
+        let fabric = skiff_tests::fabric();
+        let control = Machine::on(&fabric, "control");
+        let server = ApiServer::start_on(&control, Backend::Embedded, &[]);
+        let node = Node::start(&server, &fabric, node_name, pod_cidr);
         let (netns, cgroup) = (node.netns_path(), node.cgroup_parent.clone());
-        let listen = server.addr.to_string();
+        let listen = server.listen().to_string();
         let apiserver_exe =
             host::verify_process("skiff-apiserver", &["--listen", &listen], bin_dir)?;
         let needles = ["run", "--node-name", node_name];
@@ -128,6 +134,8 @@ impl OneNode {
             netns,
             cgroup,
             agent_pid,
+            control,
+            fabric,
         })
     }
 }
@@ -167,7 +175,9 @@ async fn measure(opts: &Options) -> Result<SuiteReport> {
         client,
         netns: node_netns,
         cgroup: node_cgroup,
-        ..
+        agent_pid: _,
+        control: _control,
+        fabric: _fabric,
     } = OneNode::start(&node_name, POD_CIDR, &bin_dir, &mut env).await?;
     let pods = client.namespaced::<Pod>(NAMESPACE);
     let watch = PodWatch::start(pods.clone(), &format!("{RUN_LABEL}={run_id}"), is_running).await?;

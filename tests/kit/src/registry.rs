@@ -62,6 +62,7 @@ impl Registry {
             .expect("starting docker-registry (run `cargo xtask setup`)");
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         let registry = Registry { child, dir, addr };
+        lock_running().push(addr);
         let deadline = Instant::now() + Duration::from_secs(20);
         while !registry.answers() {
             assert!(
@@ -315,8 +316,23 @@ pub fn gz_layer_bytes(entries: &[(&str, &[u8])]) -> Vec<u8> {
     gz.finish().expect("gzip")
 }
 
+/// The loopback addresses of this test process' running registries. A harness whose nodes
+/// are machines of their own (their own loopback) forwards each of them onto every node's
+/// loopback, so `127.0.0.1:<port>/...` references pull on every node as on the host.
+pub fn running() -> Vec<SocketAddr> {
+    lock_running().clone()
+}
+
+fn lock_running() -> std::sync::MutexGuard<'static, Vec<SocketAddr>> {
+    static RUNNING: std::sync::Mutex<Vec<SocketAddr>> = std::sync::Mutex::new(Vec::new());
+    RUNNING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 impl Drop for Registry {
     fn drop(&mut self) {
+        lock_running().retain(|a| *a != self.addr);
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);

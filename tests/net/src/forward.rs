@@ -115,16 +115,30 @@ impl Drop for Forwarder {
     }
 }
 
-/// A TCP connection to `addr` made from inside the namespace at `netns` (on a thread of its
-/// own, which enters the namespace).
+/// A TCP connection to `addr` made from inside the namespace at `netns` ([`run_in`]).
 pub fn connect_in(netns: &Path, addr: SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
+    run_in(netns, || TcpStream::connect_timeout(&addr, timeout))?
+}
+
+/// Runs `f` on a thread of its own that first enters the network namespace at `netns`: every
+/// socket `f` makes belongs to that namespace (and stays there whichever thread uses it). A
+/// panic in `f` is resumed in the caller.
+pub fn run_in<T: Send>(netns: &Path, f: impl FnOnce() -> T + Send) -> std::io::Result<T> {
     let ns = std::fs::File::open(netns)?;
-    std::thread::spawn(move || {
-        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)?;
-        TcpStream::connect_timeout(&addr, timeout)
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)?;
+            Ok(f())
+        })
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))
     })
-    .join()
-    .map_err(|_| std::io::Error::other("the connecting thread panicked"))?
+}
+
+/// A UDP socket bound to `addr` inside the namespace at `netns` ([`run_in`]): a server of
+/// the test process that only a machine's processes reach.
+pub fn udp_bind_in(netns: &Path, addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
+    run_in(netns, || std::net::UdpSocket::bind(addr))?
 }
 
 /// Copies both ways until either side closes, each direction on a thread of its own.

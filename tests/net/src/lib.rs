@@ -11,7 +11,7 @@ use std::process::Command;
 use std::sync::Mutex;
 
 mod forward;
-pub use forward::{Forwarder, connect_in};
+pub use forward::{Forwarder, connect_in, run_in, udp_bind_in};
 use std::sync::atomic::{AtomicU8, Ordering};
 
 /// The fabric's subnet (it exists inside the fabric's namespaces only).

@@ -533,14 +533,9 @@ pub fn node_args(cfg: &UpConfig, node: &NodePlan, how: &NodeCredentials) -> Vec<
             join_timeout: None,
         },
     };
-    // On a machine of its own the agent runs inside its node's namespace and serves its API
-    // on the node's address (the defaults); else it runs on the API server's machine (the
-    // host), its API on loopback.
-    let own = !cfg.controls.is_empty();
+    // The agent runs inside its node's namespace (a machine of its own) and serves its API
+    // on the node's address (the defaults).
     NodeFlags {
-        node_netns: (!own).then(|| Path::new("/run/netns").join(&node.netns)),
-        address: (!own).then_some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
-        port: (!own).then_some(0),
         pod_cidr: Some(node.pod_cidr.clone()),
         ..NodeFlags::new(
             mode,
@@ -884,7 +879,12 @@ mod tests {
             ("a.b".to_string(), "sha256:c".to_string())
         );
         let pos = |flag: &str| a.iter().position(|x| x == flag).unwrap() + 1;
-        assert_eq!(a[pos("--node-netns")], "/run/netns/skiff-up-node-1");
+        for flag in ["--node-netns", "--address", "--port"] {
+            assert!(
+                !a.iter().any(|x| x == flag),
+                "the agent runs on its machine and serves on the node's address: {a:?}"
+            );
+        }
         assert_eq!(a[pos("--pod-cidr")], "10.244.1.0/24");
         assert_eq!(
             a[pos("--kubeconfig")],

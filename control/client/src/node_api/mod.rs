@@ -39,14 +39,10 @@
 //! pin, no plain-HTTP fallback: a node that could make the API server speak plain HTTP would
 //! get the API server's requests, and their credentials, unauthenticated), and it requires a
 //! client certificate of the cluster CA ([`AgentAccess::identity`]).
-//!
-//! An agent on the API server's own machine may instead listen on loopback with a
-//! self-signed certificate whose SHA-256 its Node publishes in the annotation
-//! [`SERVING_CERT_ANNOTATION`]; such a Node is dialled at `127.0.0.1:<port>` and only that
-//! certificate is trusted. A Node with neither an address nor the annotation is not spoken
-//! to at all.
+//! A Node without such an address is not spoken to at all; nothing a Node publishes makes
+//! a caller dial loopback or trust a certificate outside the CA.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -660,9 +656,6 @@ impl NodeApiError {
     }
 }
 
-/// The Node annotation with the SHA-256 (`sha256:<hex>`) of the agent's serving certificate.
-pub const SERVING_CERT_ANNOTATION: &str = "skiff.io/agent-serving-cert-sha256";
-
 /// Where a node's agent serves its HTTP API, and how to speak TLS to it.
 #[derive(Clone)]
 pub struct AgentEndpoint {
@@ -772,15 +765,7 @@ impl AgentEndpoint {
             node: name.clone(),
             reason: format!("TLS configuration: {e}"),
         };
-        let pinned = node
-            .metadata
-            .as_ref()
-            .and_then(|m| m.annotations.get(SERVING_CERT_ANNOTATION));
-        let (addr, config) = if let Some(pinned) = pinned {
-            let config = skiff_pki::tls::pinned_client_config(Some(pinned), access.identity)
-                .map_err(tls_err)?;
-            (SocketAddr::from((Ipv4Addr::LOCALHOST, port)), config)
-        } else {
+        let (addr, config) = {
             let ip = access
                 .address_of(node)
                 .ok_or_else(|| NodeApiError::Protocol {
@@ -1203,14 +1188,26 @@ mod tests {
     }
 
     #[test]
-    fn a_pinned_node_is_dialled_on_loopback() {
+    fn no_annotation_makes_a_caller_dial_loopback_or_trust_a_pin() {
+        // The annotation agents once published to be dialled on loopback with a pinned
+        // self-signed certificate: a hostile node setting it gains nothing.
         let mut n = with_addresses(node(10250), &[("InternalIP", "192.168.100.3")]);
         n.metadata
             .get_or_insert_with(Default::default)
             .annotations
-            .insert(SERVING_CERT_ANNOTATION.into(), "sha256:00".into());
-        let ep = AgentEndpoint::of_node_as(&n, &AgentAccess::default()).unwrap();
-        assert_eq!(ep.addr, "127.0.0.1:10250".parse().unwrap());
+            .insert(
+                "skiff.io/agent-serving-cert-sha256".into(),
+                "sha256:00".into(),
+            );
+        let e = AgentEndpoint::of_node_as(&n, &AgentAccess::default()).unwrap_err();
+        assert!(e.to_string().contains("no cluster CA"), "{e}");
+        let ca = ca();
+        let access = AgentAccess {
+            ca_pem: Some(ca.cert_pem()),
+            ..AgentAccess::default()
+        };
+        let ep = AgentEndpoint::of_node_as(&n, &access).unwrap();
+        assert_eq!(ep.addr, "192.168.100.3:10250".parse().unwrap());
     }
 
     #[tokio::test]

@@ -43,10 +43,8 @@
 //!
 //! With the cluster CA (from the agent's kubeconfig) it speaks only TLS: on the node's
 //! address with a certificate of the cluster CA for the node's addresses ([`serving`]), which
-//! callers verify against the CA; on loopback (a cluster on one machine) with a self-signed
-//! certificate kept in `<state>/pki` (made anew near expiry) whose SHA-256 the Node publishes
-//! in the annotation `skiff.io/agent-serving-cert-sha256` (clients trust exactly that
-//! certificate). It requires a client certificate of the cluster CA: none, or one that does not verify, is a
+//! callers verify against the CA and the address they dial (no self-signed certificate, no
+//! pin, no loopback exception). It requires a client certificate of the cluster CA: none, or one that does not verify, is a
 //! 401. The API server (`system:kube-apiserver`) and `system:masters` pass; other callers
 //! pass when the API server allows them `<verb>` on `nodes/<subresource>` (`log` for
 //! `/logs`, `stats`, `metrics`, `proxy` for the rest) of this node by a SubjectAccessReview

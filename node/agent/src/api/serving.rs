@@ -192,7 +192,7 @@ mod tests {
         s.write(&issued(&ca, "system:node:n2", &["192.168.100.3"]))
             .unwrap();
         assert!(s.current().is_none());
-        // Signed by another CA, or self-signed (what the loopback mode keeps there).
+        // Signed by another CA, or self-signed.
         let other = skiff_pki::Ca::generate("other").unwrap();
         s.write(&issued(&other, "system:node:n1", &["192.168.100.3"]))
             .unwrap();
