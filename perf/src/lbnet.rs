@@ -393,11 +393,7 @@ pub fn lb_config(set: &ServiceSet) -> LbConfig {
 }
 
 pub fn frontend(vip: Ipv4Addr) -> Frontend {
-    Frontend {
-        ip: vip.into(),
-        port: SERVICE_PORT,
-        protocol: Protocol::Tcp,
-    }
+    Frontend::new(vip.into(), SERVICE_PORT, Protocol::Tcp)
 }
 
 pub fn backend_addrs(ips: &[Ipv4Addr]) -> Vec<BackendAddr> {

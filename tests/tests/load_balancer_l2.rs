@@ -447,6 +447,32 @@ async fn load_balancer_addresses_are_announced_by_one_node_and_fail_over() {
         let i = names.iter().position(|n| *n == local_holder).unwrap();
         assert!(a.starts_with(&format!("local-{i} ")), "{a}");
     }
+    // From a pod on the node without a local endpoint: the connection is made inside the
+    // cluster, so it reaches an endpoint on another node (kube-proxy does the same).
+    let from_inside = eventually_within("a pod connects to the Local address", T, || async {
+        let (ok, out, err) = c.kubectl(
+            &[
+                "exec",
+                "web-2",
+                "--",
+                "/usr/bin/python3",
+                "-c",
+                &format!(
+                    "import socket; s = socket.create_connection(('{LOCAL_IP}', 80), 2); \
+                     print(s.recv(100).decode().strip())"
+                ),
+            ],
+            None,
+        );
+        (ok && out.starts_with("local-"))
+            .then(|| out.trim().to_string())
+            .ok_or(format!("{out} {err}"))
+    })
+    .await;
+    println!(
+        "{LOCAL_IP}:80 (Local) from a pod on {}: {from_inside}",
+        names[2]
+    );
     // Its endpoint gone, the other endpoint node takes over; the node without one never.
     let i = names.iter().position(|n| *n == local_holder).unwrap();
     let watch = Watch::start(&c, LOCAL_IP, 8);

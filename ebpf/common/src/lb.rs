@@ -52,6 +52,13 @@ pub const LB_FLAG_NODEPORT: u32 = 2;
 /// backend sees the client's address, and its replies (which come back through its host veth)
 /// are translated back to the NodePort frontend.
 pub const LB_FLAG_LOCAL: u32 = 4;
+/// A bit of [`LbServiceKey::family`]: the in-cluster view of a frontend with
+/// [`LB_FLAG_LOCAL`]. Such a frontend keeps only this node's backends for traffic from
+/// outside; the socket programs, which only connections made on the node pass, look up the
+/// same key with this bit set and, when present, balance over its backends, every ready
+/// backend of the cluster (kube-proxy sends traffic from inside the cluster to a `Local`
+/// Service's external addresses to every endpoint as well). The tc programs never look it up.
+pub const LB_FAMILY_IN_CLUSTER: u8 = 0x80;
 
 /// The [`LbAddr`] of an IPv4 address given as the kernel stores it (`user_ip4`: network byte
 /// order in memory).

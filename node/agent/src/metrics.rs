@@ -422,6 +422,7 @@ mod tests {
                 ip: "10.96.0.10".into(),
                 port: 80,
                 protocol: "TCP".into(),
+                in_cluster: false,
                 session_affinity: "None".into(),
                 affinity_timeout_seconds: None,
                 backends: vec![

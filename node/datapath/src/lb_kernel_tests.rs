@@ -143,6 +143,54 @@ fn a_service_without_backends_refuses_at_once() {
     assert_eq!(lb.state().backend_count(), 0);
 }
 
+/// A `Local` frontend (no backend on this node) refuses connections made on the node until
+/// its in-cluster view exists; then they go to the view's backends, and getpeername still
+/// shows the frontend.
+#[test]
+fn a_local_frontend_balances_connections_made_on_the_node_over_its_in_cluster_view() {
+    let mut fx = LbFixture::new();
+    let mut lb = fx.load_attached();
+    let local = ServiceParams {
+        node_port: true,
+        local: true,
+        ..ServiceParams::default()
+    };
+    lb.sync_service(tcp_frontend(), local, &[])
+        .expect("program");
+    let v = fx.client(&["refused", &VIP.to_string(), &TCP_PORT.to_string()]);
+    assert_eq!(v["errno"], libc::ECONNREFUSED, "no view yet: {v}");
+    lb.sync_service(
+        tcp_frontend().in_cluster_view(),
+        ServiceParams::default(),
+        &tcp_backends(&[1, 2]),
+    )
+    .expect("program the view");
+    let (names, peers) = fx.connects(40);
+    assert_eq!(names.values().sum::<u64>(), 40, "{names:?}");
+    assert!(names.keys().all(|b| b == "b1" || b == "b2"), "{names:?}");
+    assert_eq!(
+        peers,
+        [format!("{VIP}:{TCP_PORT}")],
+        "getpeername shows the frontend"
+    );
+    let dump = lb.dump().expect("dump");
+    let view = dump
+        .iter()
+        .find(|s| s.in_cluster)
+        .expect("the view in the dump");
+    assert_eq!(view.frontend, format!("{VIP}:{TCP_PORT}/TCP (in-cluster)"));
+    assert_eq!(view.connects, 40);
+    // A reload from the pins recovers the view as a view.
+    drop(lb);
+    let lb = fx.load();
+    assert!(
+        lb.dump()
+            .unwrap()
+            .iter()
+            .any(|s| s.in_cluster && s.backends.len() == 2)
+    );
+}
+
 /// (e) a removed backend gets no new connections; its established one keeps working.
 #[test]
 fn a_removed_backend_keeps_its_connections_and_gets_no_new_ones() {

@@ -310,11 +310,7 @@ impl Drop for NpFixture {
 }
 
 fn frontend(port: u16, protocol: Protocol) -> Frontend {
-    Frontend {
-        ip: IpAddr::V4(NODE_IP),
-        port,
-        protocol,
-    }
+    Frontend::new(IpAddr::V4(NODE_IP), port, protocol)
 }
 
 fn backends(which: &[usize]) -> Vec<BackendAddr> {
@@ -677,11 +673,7 @@ fn load_balancer_addresses_are_answered_and_snated_to_the_node_address() {
     let fx = NpFixture::new();
     let mut lb = fx.load();
     let lb_ip = Ipv4Addr::new(10, 201, 0, 240);
-    let front = Frontend {
-        ip: IpAddr::V4(lb_ip),
-        port: 80,
-        protocol: Protocol::Tcp,
-    };
+    let front = Frontend::new(IpAddr::V4(lb_ip), 80, Protocol::Tcp);
     lb.sync_service(front, NODE_PORT, &backends(&[1, 2]))
         .expect("program the LoadBalancer frontend");
     fx.attach(&mut lb);

@@ -106,27 +106,15 @@ pub fn backend_name(ip: IpAddr) -> String {
 }
 
 pub fn tcp_frontend() -> Frontend {
-    Frontend {
-        ip: IpAddr::V4(VIP),
-        port: TCP_PORT,
-        protocol: Protocol::Tcp,
-    }
+    Frontend::new(IpAddr::V4(VIP), TCP_PORT, Protocol::Tcp)
 }
 
 pub fn udp_frontend() -> Frontend {
-    Frontend {
-        ip: IpAddr::V4(VIP),
-        port: UDP_PORT,
-        protocol: Protocol::Udp,
-    }
+    Frontend::new(IpAddr::V4(VIP), UDP_PORT, Protocol::Udp)
 }
 
 pub fn frontend6(port: u16, protocol: Protocol) -> Frontend {
-    Frontend {
-        ip: IpAddr::V6(VIP6),
-        port,
-        protocol,
-    }
+    Frontend::new(IpAddr::V6(VIP6), port, protocol)
 }
 
 pub fn backends6(which: &[usize], port: u16) -> Vec<BackendAddr> {

@@ -171,6 +171,11 @@ pub struct BpfService {
     pub port: u16,
     #[serde(default)]
     pub protocol: String,
+    /// The in-cluster view of an externalTrafficPolicy `Local` frontend (every ready
+    /// backend, for connections made on the node); the frontend string ends in
+    /// ` (in-cluster)`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_cluster: bool,
     /// `None` or `ClientIP`.
     #[serde(default)]
     pub session_affinity: String,

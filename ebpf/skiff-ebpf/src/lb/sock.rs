@@ -1,7 +1,9 @@
 //! The socket load balancer: the eight `cgroup_sock_addr` programs (connect, sendmsg,
 //! recvmsg, getpeername for IPv4 and IPv6). One generic body per hook ([`forward`],
 //! [`reverse`]) is instantiated per address family through [`Family`], which only says where
-//! `bpf_sock_addr` keeps the address.
+//! `bpf_sock_addr` keeps the address. A frontend with `LB_FLAG_LOCAL` is balanced over its
+//! in-cluster view (`LB_FAMILY_IN_CLUSTER`) when the agent wrote one: connections made on the
+//! node reach every ready backend, not only this node's.
 
 use super::*;
 
@@ -145,10 +147,24 @@ fn forward<F: Family>(ctx: &SockAddrContext, kind: Kind) -> i32 {
     };
     // SAFETY: only the agent writes LB_SERVICES, replacing whole values (never in place), so
     // the value read here is a consistent snapshot.
-    let Some(svc) = (unsafe { LB_SERVICES.get(key) }).copied() else {
+    let Some(mut svc) = (unsafe { LB_SERVICES.get(key) }).copied() else {
         return ALLOW;
     };
-    let Some(picked) = pick(ctx, &key, &svc) else {
+    // A `Local` frontend: connections made on the node balance over its in-cluster view
+    // (every ready backend), when the agent wrote one.
+    let mut pick_key = key;
+    if svc.flags & LB_FLAG_LOCAL != 0 {
+        let view = LbServiceKey {
+            family: key.family | LB_FAMILY_IN_CLUSTER,
+            ..key
+        };
+        // SAFETY: as above.
+        if let Some(s) = (unsafe { LB_SERVICES.get(view) }).copied() {
+            svc = s;
+            pick_key = view;
+        }
+    }
+    let Some(picked) = pick(ctx, &pick_key, &svc) else {
         // No backend (none configured, or all vanished under concurrent updates): refuse at
         // once instead of letting the client wait for a virtual IP nobody answers.
         // SAFETY: bpf_set_retval is allowed in connect/sendmsg programs (kernel >= 5.18); a
@@ -212,7 +228,7 @@ fn pick(ctx: &SockAddrContext, key: &LbServiceKey, svc: &LbService) -> Option<Pi
         if let Some(a) = unsafe { LB_AFFINITY.get(aff_key) }.copied() {
             let timeout_ns = u64::from(svc.affinity_timeout_s) * 1_000_000_000;
             if now.wrapping_sub(a.last_used_ns) <= timeout_ns
-                && let Some(b) = backend_of(a.backend_id, svc.id, key.family)
+                && let Some(b) = backend_of(a.backend_id, svc.id, key.family & !LB_FAMILY_IN_CLUSTER)
             {
                 touch(&aff_key, a.backend_id, now);
                 return Some(Picked {

@@ -47,7 +47,11 @@ fn has_node_ports(service_type: &str) -> bool {
 /// frontends balance over every ready backend of the cluster (externalTrafficPolicy
 /// `Cluster`), or with `externalTrafficPolicy: Local` over the ready backends whose
 /// Endpoints address has `nodeName` = `node` only, without SNAT ([`ServiceParams::local`];
-/// no local backend: the frontend drops new flows, as kube-proxy does).
+/// no local backend: the frontend drops new flows, as kube-proxy does). Each such `Local`
+/// frontend also gets its in-cluster view ([`Frontend::in_cluster_view`]) over every ready
+/// backend: connections made on the node (pods, the host) are balanced over the cluster, as
+/// kube-proxy sends traffic from inside the cluster to a `Local` Service's external
+/// addresses.
 ///
 /// A Service of type LoadBalancer also gets, for each IPv4 address of its
 /// `status.loadBalancer.ingress` ([`load_balancer_ips`]) and each ServicePort, the frontend
@@ -96,11 +100,7 @@ pub fn desired_on(
         let (backends, local_backends) = backends_of(eps, &sp.name, protocol, node);
         for ip in &ips {
             out.push(DesiredPort {
-                frontend: Frontend {
-                    ip: *ip,
-                    port,
-                    protocol,
-                },
+                frontend: Frontend::new(*ip, port, protocol),
                 port_name: sp.name.clone(),
                 params,
                 // A frontend gets the backends of its own family.
@@ -117,21 +117,28 @@ pub fn desired_on(
             .filter(|ip| ip.is_ipv4() && node_ports && node_port != 0)
             .map(|ip| (*ip, node_port))
             .chain(lb_ips.iter().map(|ip| (IpAddr::V4(*ip), port)));
+        let v4 = |bs: &[BackendAddr]| bs.iter().filter(|b| b.ip.is_ipv4()).copied().collect();
         for (ip, port) in from_outside {
+            let frontend = Frontend::new(ip, port, protocol);
             out.push(DesiredPort {
-                frontend: Frontend { ip, port, protocol },
+                frontend,
                 port_name: sp.name.clone(),
                 params: ServiceParams {
                     node_port: true,
                     local,
                     ..params
                 },
-                backends: if local { &local_backends } else { &backends }
-                    .iter()
-                    .filter(|b| b.ip.is_ipv4())
-                    .copied()
-                    .collect(),
+                backends: v4(if local { &local_backends } else { &backends }),
             });
+            if local {
+                // Connections made inside the cluster go to every ready backend.
+                out.push(DesiredPort {
+                    frontend: frontend.in_cluster_view(),
+                    port_name: sp.name.clone(),
+                    params,
+                    backends: v4(&backends),
+                });
+            }
         }
     }
     out
@@ -359,8 +366,18 @@ mod tests {
         let e = eps(vec![sub]);
         let nodes: Vec<IpAddr> = vec!["192.168.100.2".parse().unwrap()];
         let d = desired_on(Some(&s), Some(&e), "node-1", &nodes);
-        assert_eq!(d.len(), 2);
+        assert_eq!(
+            d.len(),
+            3,
+            "clusterIP, nodePort and the nodePort's in-cluster view"
+        );
         assert_eq!(d[0].backends.len(), 3, "the clusterIP keeps every backend");
+        assert!(d[2].frontend.in_cluster && !d[2].params.local);
+        assert_eq!(
+            d[2].backends.len(),
+            3,
+            "connections from inside: every backend"
+        );
         assert!(d[1].params.node_port && d[1].params.local);
         assert_eq!(
             d[1].backends,
@@ -373,6 +390,7 @@ mod tests {
         let d = desired_on(Some(&s), Some(&e), "node-1", &nodes);
         assert!(!d[1].params.local);
         assert_eq!(d[1].backends.len(), 3);
+        assert_eq!(d.len(), 2, "Cluster: no in-cluster view");
     }
 
     #[test]
@@ -412,16 +430,35 @@ mod tests {
         );
         assert!(d[2].params.node_port && !d[2].params.local);
         assert_eq!(d[2].backends.len(), 2);
-        // Local: this node's backends only, no SNAT.
+        // Local: this node's backends only, no SNAT; connections made inside the cluster
+        // (the in-cluster view of each outside frontend) go to every backend, as kube-proxy
+        // sends them.
         s.spec.as_mut().unwrap().external_traffic_policy = "Local".into();
-        let d = desired_on(Some(&s), Some(&e), "node-1", &nodes);
-        assert!(d[2].params.local);
-        assert_eq!(d[2].backends, [b("10.244.0.5", 8080)]);
+        let d = desired_on(Some(&s), Some(&e), "node-2", &nodes);
+        let names: Vec<String> = d.iter().map(|d| d.frontend.to_string()).collect();
+        assert_eq!(
+            names,
+            [
+                "10.96.0.22:80/TCP",
+                "192.168.100.2:30082/TCP",
+                "192.168.100.2:30082/TCP (in-cluster)",
+                "192.168.100.240:80/TCP",
+                "192.168.100.240:80/TCP (in-cluster)"
+            ]
+        );
+        assert!(d[3].params.local && d[3].params.node_port);
+        assert_eq!(d[3].backends, [b("10.244.1.6", 8080)]);
+        assert!(!d[4].params.local && !d[4].params.node_port);
+        assert_eq!(d[4].backends.len(), 2);
+        assert_eq!(
+            d[4].frontend.key().family,
+            d[3].frontend.key().family | 0x80
+        );
         // Also on a node without addresses; not for another type.
-        assert_eq!(desired_on(Some(&s), Some(&e), "node-1", &[]).len(), 2);
+        assert_eq!(desired_on(Some(&s), Some(&e), "node-1", &[]).len(), 3);
         s.spec.as_mut().unwrap().r#type = "NodePort".into();
         assert!(load_balancer_ips(&s).is_empty());
-        assert_eq!(desired_on(Some(&s), Some(&e), "node-1", &nodes).len(), 2);
+        assert_eq!(desired_on(Some(&s), Some(&e), "node-1", &nodes).len(), 3);
     }
 
     #[test]

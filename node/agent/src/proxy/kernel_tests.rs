@@ -390,11 +390,11 @@ async fn create_service_without_backends(
         .create(&service("gone", "10.96.0.20", &[("", 80, "TCP")]))
         .await
         .unwrap();
-    let gone = Frontend {
-        ip: "10.96.0.20".parse().unwrap(),
-        port: 80,
-        protocol: skiff_datapath::lb::Protocol::Tcp,
-    };
+    let gone = Frontend::new(
+        "10.96.0.20".parse().unwrap(),
+        80,
+        skiff_datapath::lb::Protocol::Tcp,
+    );
     eventually("gone programmed (no backends)", || async {
         programmed(p, &gone)
     })

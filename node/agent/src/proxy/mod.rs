@@ -16,7 +16,10 @@
 //! NodePort and LoadBalancer Services also get frontends served from outside by the tc
 //! program: `<node IP>:<nodePort>`, and `<ingress IP>:<port>` for each IPv4 address of a
 //! LoadBalancer Service's `status.loadBalancer.ingress` (on every node; which node the
-//! traffic reaches is the L2 announcement's choice, [`crate::l2`]).
+//! traffic reaches is the L2 announcement's choice, [`crate::l2`]). With
+//! `externalTrafficPolicy: Local` those keep this node's backends only, and each gets an
+//! in-cluster view over every backend, which the socket programs use for connections made on
+//! the node (as kube-proxy sends pods' traffic to such addresses to every endpoint).
 //! `notReadyAddresses` get no new connections (terminating pods are not in Endpoints at all).
 //! `sessionAffinity: ClientIP` becomes per-client-netns affinity with the Service's timeout.
 //!
@@ -314,11 +317,7 @@ impl Proxy {
         let inner = self.lock();
         let (ip, fport) = inner.lb.frontend_of(cookie, backend, port)?;
         let protocol = Protocol::from_number(proto)?;
-        let owner = inner.owners.get(&Frontend {
-            ip,
-            port: fport,
-            protocol,
-        })?;
+        let owner = inner.owners.get(&Frontend::new(ip, fport, protocol))?;
         Some(format!(
             "{}/{}:{fport}",
             owner.key.namespace, owner.key.name

@@ -127,6 +127,7 @@ fn service_entry(d: ServiceDump, owner: Option<&Owner>) -> BpfService {
         ip: d.ip.to_string(),
         port: d.port,
         protocol: d.protocol.to_string(),
+        in_cluster: d.in_cluster,
         session_affinity: d.session_affinity.to_string(),
         affinity_timeout_seconds: d.affinity_timeout_seconds,
         service: owner.map(|o| o.key.to_string()),
@@ -156,6 +157,7 @@ fn frontend_of(d: &ServiceDump) -> Frontend {
         ip: d.ip,
         port: d.port,
         protocol: Protocol::parse(d.protocol).unwrap_or(Protocol::Tcp),
+        in_cluster: d.in_cluster,
     }
 }
 

@@ -364,6 +364,9 @@ pub struct ServiceDump {
     pub ip: IpAddr,
     pub port: u16,
     pub protocol: &'static str,
+    /// The in-cluster view of an externalTrafficPolicy `Local` frontend
+    /// ([`Frontend::in_cluster`]).
+    pub in_cluster: bool,
     /// `None` or `ClientIP`.
     pub session_affinity: &'static str,
     pub affinity_timeout_seconds: Option<u32>,

@@ -29,8 +29,9 @@ use std::fmt;
 use std::net::IpAddr;
 
 use skiff_common::lb::{
-    AF_INET, AF_INET6, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, LB_FLAG_AFFINITY, LB_FLAG_LOCAL,
-    LB_FLAG_NODEPORT, LbAddr, LbBackend, LbService, LbServiceKey, LbSlotKey,
+    AF_INET, AF_INET6, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, LB_FAMILY_IN_CLUSTER,
+    LB_FLAG_AFFINITY, LB_FLAG_LOCAL, LB_FLAG_NODEPORT, LbAddr, LbBackend, LbService, LbServiceKey,
+    LbSlotKey,
 };
 
 /// A transport protocol of a Service port.
@@ -91,15 +92,43 @@ pub struct Frontend {
     pub ip: IpAddr,
     pub port: u16,
     pub protocol: Protocol,
+    /// The in-cluster view of an externalTrafficPolicy `Local` frontend (same address, port
+    /// and protocol; every ready backend), which only the socket programs use
+    /// ([`LB_FAMILY_IN_CLUSTER`]).
+    pub in_cluster: bool,
+}
+
+impl Frontend {
+    /// The frontend `ip:port/protocol`.
+    pub const fn new(ip: IpAddr, port: u16, protocol: Protocol) -> Frontend {
+        Frontend {
+            ip,
+            port,
+            protocol,
+            in_cluster: false,
+        }
+    }
+
+    /// Its in-cluster view.
+    pub const fn in_cluster_view(self) -> Frontend {
+        Frontend {
+            in_cluster: true,
+            ..self
+        }
+    }
 }
 
 impl fmt::Display for Frontend {
-    /// `10.96.0.10:80/TCP`, `[fd00::1]:53/UDP`.
+    /// `10.96.0.10:80/TCP`, `[fd00::1]:53/UDP`; an in-cluster view ends in ` (in-cluster)`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.ip {
-            IpAddr::V4(ip) => write!(f, "{ip}:{}/{}", self.port, self.protocol),
-            IpAddr::V6(ip) => write!(f, "[{ip}]:{}/{}", self.port, self.protocol),
+            IpAddr::V4(ip) => write!(f, "{ip}:{}/{}", self.port, self.protocol)?,
+            IpAddr::V6(ip) => write!(f, "[{ip}]:{}/{}", self.port, self.protocol)?,
         }
+        if self.in_cluster {
+            f.write_str(" (in-cluster)")?;
+        }
+        Ok(())
     }
 }
 
@@ -383,6 +412,7 @@ impl LbState {
                 ip: f.ip,
                 port: f.port,
                 protocol: f.protocol.as_str(),
+                in_cluster: f.in_cluster,
                 session_affinity: if view.params.affinity_timeout_s.is_some() {
                     "ClientIP"
                 } else {
@@ -716,15 +746,20 @@ impl Frontend {
             addr,
             port: self.port,
             proto: self.protocol.number(),
-            family,
+            family: if self.in_cluster {
+                family | LB_FAMILY_IN_CLUSTER
+            } else {
+                family
+            },
         }
     }
 
     pub fn from_key(key: &LbServiceKey) -> Option<Self> {
         Some(Frontend {
-            ip: ip_of(&key.addr, key.family)?,
+            ip: ip_of(&key.addr, key.family & !LB_FAMILY_IN_CLUSTER)?,
             port: key.port,
             protocol: Protocol::from_number(key.proto)?,
+            in_cluster: key.family & LB_FAMILY_IN_CLUSTER != 0,
         })
     }
 }
@@ -889,11 +924,11 @@ mod tests {
     use std::net::Ipv4Addr;
 
     fn fe(last: u8, port: u16) -> Frontend {
-        Frontend {
-            ip: IpAddr::V4(Ipv4Addr::new(10, 96, 0, last)),
+        Frontend::new(
+            IpAddr::V4(Ipv4Addr::new(10, 96, 0, last)),
             port,
-            protocol: Protocol::Tcp,
-        }
+            Protocol::Tcp,
+        )
     }
 
     fn be(last: u8) -> BackendAddr {
@@ -1417,11 +1452,7 @@ mod tests {
         let f = fe(10, 443);
         assert_eq!(f.to_string(), "10.96.0.10:443/TCP");
         assert_eq!(Frontend::from_key(&f.key()), Some(f));
-        let v6 = Frontend {
-            ip: "fd00::a".parse().unwrap(),
-            port: 53,
-            protocol: Protocol::Udp,
-        };
+        let v6 = Frontend::new("fd00::a".parse().unwrap(), 53, Protocol::Udp);
         assert_eq!(v6.to_string(), "[fd00::a]:53/UDP");
         assert_eq!(Frontend::from_key(&v6.key()), Some(v6));
         assert_eq!(Protocol::parse("SCTP"), Some(Protocol::Sctp));
