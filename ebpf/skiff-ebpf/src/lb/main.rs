@@ -54,10 +54,10 @@ use skiff_common::l2::{L2_ANNOUNCE_DEFAULT_MAX, L2Announce};
 use skiff_common::lb::{
     AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, LB_DEFAULT_MAX_AFFINITY, LB_DEFAULT_MAX_BACKENDS,
     LB_DEFAULT_MAX_NP_CT, LB_DEFAULT_MAX_REVNAT, LB_DEFAULT_MAX_SERVICES, LB_FAMILY_IN_CLUSTER,
-    LB_FLAG_AFFINITY, LB_FLAG_LOCAL, LB_FLAG_NODEPORT, LB_MAGLEV_MAX_M, LbAddr, LbAffinity, LbAffinityKey, LbBackend,
-    LbCounters, LbMaglev, LbRevNat, LbRevNatKey, LbService, LbServiceKey, LbSlotKey, NP_CT_FORWARD,
-    NP_CT_REPLY, NP_NAT_PORT_MAX, NP_NAT_PORT_MIN, NpCtEntry, NpCtKey, np_flow_hash, v4_addr,
-    v4_be,
+    LB_FLAG_AFFINITY, LB_FLAG_LOCAL, LB_FLAG_NODEPORT, LB_MAGLEV_MAX_M, LbAddr, LbAffinity,
+    LbAffinityKey, LbBackend, LbCounters, LbMaglev, LbRevNat, LbRevNatKey, LbService, LbServiceKey,
+    LbSlotKey, NP_CT_FORWARD, NP_CT_REPLY, NP_NAT_PORT_MAX, NP_NAT_PORT_MIN, NpCtEntry, NpCtKey,
+    np_flow_hash, v4_addr, v4_be,
 };
 use skiff_common::podnet::{
     FastPathCounters, POD_ENDPOINTS_DEFAULT_MAX, PodEndpoint, PodEndpointKey,

@@ -228,7 +228,8 @@ fn pick(ctx: &SockAddrContext, key: &LbServiceKey, svc: &LbService) -> Option<Pi
         if let Some(a) = unsafe { LB_AFFINITY.get(aff_key) }.copied() {
             let timeout_ns = u64::from(svc.affinity_timeout_s) * 1_000_000_000;
             if now.wrapping_sub(a.last_used_ns) <= timeout_ns
-                && let Some(b) = backend_of(a.backend_id, svc.id, key.family & !LB_FAMILY_IN_CLUSTER)
+                && let Some(b) =
+                    backend_of(a.backend_id, svc.id, key.family & !LB_FAMILY_IN_CLUSTER)
             {
                 touch(&aff_key, a.backend_id, now);
                 return Some(Picked {
