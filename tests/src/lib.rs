@@ -470,24 +470,22 @@ fn assert_loopback_server(path: &Path) {
     let Ok(k) = skiff_pki::kubeconfig::load(path) else {
         return; // kubectl reports an unreadable kubeconfig itself
     };
-    {
-        let server = &k.server;
-        let hostport = server
-            .split("://")
-            .nth(1)
-            .and_then(|rest| rest.split('/').next())
-            .unwrap_or_default();
-        let loopback = hostport.starts_with("localhost:")
-            || hostport
-                .parse::<SocketAddr>()
-                .is_ok_and(|a| a.ip().is_loopback());
-        assert!(
-            loopback,
-            "{} names {server}: the test process reaches API servers only through loopback \
-             (a kubeconfig of ApiServer::user_kubeconfig, or run it on a machine)",
-            path.display()
-        );
-    }
+    let server = &k.server;
+    let hostport = server
+        .split("://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_default();
+    let loopback = hostport.starts_with("localhost:")
+        || hostport
+            .parse::<SocketAddr>()
+            .is_ok_and(|a| a.ip().is_loopback());
+    assert!(
+        loopback,
+        "{} names {server}: the test process reaches API servers only through loopback \
+         (a kubeconfig of ApiServer::user_kubeconfig, or run it on a machine)",
+        path.display()
+    );
 }
 
 fn spawn_apiserver(args: &[std::ffi::OsString], dir: &Path, on: Option<&OnMachine>) -> Child {

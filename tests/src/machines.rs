@@ -139,15 +139,10 @@ impl Drop for Process {
     }
 }
 
-/// A real etcd on `machine`, on that machine's loopback (reached only by the API server
-/// beside it), logging to `dir/etcd.log`; waits until it listens.
+/// A real etcd on `machine`'s own loopback (reached only by the API server beside it),
+/// logging to `dir/etcd.log`; waits until it listens.
 pub(crate) fn etcd_on(machine: &Machine, dir: &Path) -> Process {
-    etcd_at(machine, dir, "127.0.0.1".parse().expect("an address"))
-}
-
-/// A real etcd on `machine` listening on `ip` (the machine's loopback, or its fabric address
-/// for API servers on other machines).
-fn etcd_at(machine: &Machine, dir: &Path, ip: IpAddr) -> Process {
+    let ip = std::net::Ipv4Addr::LOCALHOST;
     let log = std::fs::File::create(dir.join("etcd.log")).expect("etcd log");
     let client_url = format!("http://{ip}:{ETCD_CLIENT_PORT}");
     let peer_url = format!("http://{ip}:{}", ETCD_CLIENT_PORT + 1);
