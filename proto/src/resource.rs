@@ -372,7 +372,20 @@ pub trait DynKind: Send + Sync {
     fn proto_to_json(&self, bytes: &[u8]) -> Result<serde_json::Value, prost::DecodeError>;
 }
 
-struct KindOf<T>(PhantomData<fn() -> T>);
+/// The [`DynKind`] of a typed kind.
+pub struct KindOf<T>(PhantomData<fn() -> T>);
+
+impl<T> Default for KindOf<T> {
+    fn default() -> Self {
+        KindOf(PhantomData)
+    }
+}
+
+impl<T: Resource> std::fmt::Debug for KindOf<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(T::INFO.kind)
+    }
+}
 
 impl<T: Resource> DynKind for KindOf<T> {
     fn info(&self) -> &'static KindInfo {

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
-use skiff_api::Resource;
+use skiff_api::DynKind;
 use skiff_api::rpc;
 use skiff_api::selector::{FieldSelector, Selector};
 use skiff_store::{Listing, Store, StoreError, WatchEvent as StoreEvent};
@@ -38,6 +38,7 @@ use tonic::Status;
 use tracing::{debug, error, info, warn};
 
 use crate::error::ApiError;
+use crate::object::Object;
 use crate::stored::{decode, key_prefix};
 
 /// Events a watcher copies out of the buffer per lock acquisition.
@@ -58,10 +59,10 @@ pub(crate) struct CachedObject<T> {
     pub revision: i64,
 }
 
-impl<T: Resource> CachedObject<T> {
+impl<T: Object> CachedObject<T> {
     fn new(mut obj: T, revision: i64) -> Self {
         obj.metadata_mut().resource_version = revision.to_string();
-        let bytes = obj.encode_to_vec();
+        let bytes = obj.encode();
         CachedObject {
             obj,
             bytes,
@@ -110,7 +111,7 @@ pub(crate) struct Filter {
 const NO_LABELS: &BTreeMap<String, String> = &BTreeMap::new();
 
 impl Filter {
-    pub fn matches<T: Resource>(&self, o: &T) -> bool {
+    pub fn matches<T: Object>(&self, o: &T) -> bool {
         (self.namespace.is_empty() || o.namespace() == self.namespace)
             && self
                 .labels
@@ -121,7 +122,7 @@ impl Filter {
     /// The client-facing event for a cache event, applying Kubernetes' rules for objects that
     /// start or stop matching: a change that makes an object match is ADDED, one that makes
     /// it stop matching is DELETED (carrying the previous state at the event's revision).
-    fn convert<T: Resource>(&self, ev: &CachedEvent<T>) -> Option<rpc::WatchEvent> {
+    fn convert<T: Object>(&self, ev: &CachedEvent<T>) -> Option<rpc::WatchEvent> {
         let now = self.matches(&ev.object.obj);
         let event = |ty: &str, object: Vec<u8>| rpc::WatchEvent {
             r#type: ty.to_string(),
@@ -139,7 +140,7 @@ impl Filter {
                         let prev = ev.prev.as_ref()?;
                         let mut last = prev.obj.clone();
                         last.metadata_mut().resource_version = ev.revision.to_string();
-                        Some(event("DELETED", last.encode_to_vec()))
+                        Some(event("DELETED", last.encode()))
                     }
                     _ => None,
                 }
@@ -158,7 +159,8 @@ pub(crate) enum WatchStart {
 }
 
 /// The watch cache of one resource type. See the module documentation.
-pub(crate) struct WatchCache<T> {
+pub(crate) struct WatchCache<T: Object> {
+    kind: Arc<T::Kind>,
     plural: &'static str,
     prefix: String,
     store: Arc<dyn Store>,
@@ -169,13 +171,19 @@ pub(crate) struct WatchCache<T> {
     feeder: Mutex<Option<JoinHandle<()>>>,
 }
 
-impl<T: Resource> WatchCache<T> {
+impl<T: Object> WatchCache<T> {
     /// Lists the resource's prefix and starts following it. Fails if the initial list fails.
-    pub async fn start(store: Arc<dyn Store>, capacity: usize) -> Result<Arc<Self>, StoreError> {
-        let prefix = key_prefix(&T::INFO);
+    pub async fn start(
+        kind: Arc<T::Kind>,
+        store: Arc<dyn Store>,
+        capacity: usize,
+    ) -> Result<Arc<Self>, StoreError> {
+        let info = kind.info();
+        let prefix = key_prefix(info);
         let listing = store.list(&prefix, None).await?;
         let cache = Arc::new(WatchCache {
-            plural: T::INFO.plural,
+            kind,
+            plural: info.plural,
             prefix,
             store,
             capacity: capacity.max(1),
@@ -227,7 +235,7 @@ impl<T: Resource> WatchCache<T> {
     fn replace(&self, listing: Listing, gap: bool) {
         let mut objects = HashMap::with_capacity(listing.items.len());
         for kv in listing.items {
-            match decode::<T>(&kv.value, kv.mod_revision) {
+            match decode::<T>(self.kind.as_ref(), &kv.value, kv.mod_revision) {
                 Ok(obj) => {
                     objects.insert(kv.key, Arc::new(CachedObject::new(obj, kv.mod_revision)));
                 }
@@ -258,7 +266,7 @@ impl<T: Resource> WatchCache<T> {
                     StoreEvent::Delete { prev, .. } => (EventKind::Delete, prev),
                 };
                 // A delete carries the last state, at the delete's revision.
-                match decode::<T>(&kv.value, revision) {
+                match decode::<T>(self.kind.as_ref(), &kv.value, revision) {
                     Ok(obj) => Some((
                         kv.key,
                         kind,
@@ -519,7 +527,6 @@ impl<T: Resource> WatchCache<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prost::Message;
     use skiff_api::api::{ObjectMeta, Pod};
 
     fn pod(name: &str, labels: &[(&str, &str)]) -> Pod {
@@ -571,7 +578,7 @@ mod tests {
             .convert(&event(EventKind::Put, db.clone(), Some(web.clone())))
             .expect("deleted");
         assert_eq!(gone.r#type, "DELETED");
-        let last = Pod::decode(gone.object.as_slice()).expect("decode");
+        let last = <Pod as prost::Message>::decode(gone.object.as_slice()).expect("decode");
         assert_eq!(
             last.metadata.as_ref().map(|m| m.labels["app"].as_str()),
             Some("web")

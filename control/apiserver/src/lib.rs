@@ -14,7 +14,7 @@
 //!
 //! <!-- module-layers: checked by `cargo test -p xtask modules` -->
 //! ```text
-//! error, request                        # leaf types: errors; who asks, for what, audit record
+//! error, request, object                # leaf types: errors; who asks, for what, audit record; objects
 //! validation, stored, status, audit     # names and metadata; store layout; answers; audit log
 //! strategy                              # per-kind rules
 //! cache, encryption, admission::interface  # watch cache; at-rest transformer; what admission is
@@ -74,6 +74,7 @@ pub mod encryption;
 pub mod error;
 pub mod kubernetes_service;
 pub mod limits;
+pub mod object;
 pub mod registry;
 pub mod request;
 mod rest;

@@ -27,14 +27,15 @@ use skiff_api::api::{
 };
 use skiff_api::rpc::{DeleteRequest, ListRequest, ListResponse, WatchRequest};
 use skiff_api::selector::{FieldSelector, Selector};
-use skiff_api::{KindInfo, Resource};
+use skiff_api::{DynKind, KindInfo};
 use skiff_store::{KeyValue, Store, StoreError};
 use tracing::debug;
 
 use crate::admission::interface::{self as admission, Admit, Operation};
 use crate::cache::{Filter, WatchCache, WatchReceiver, WatchStart};
 use crate::error::{ApiError, FieldError};
-use crate::stored::{decode_kv, encode_for_store, key_prefix, object_key, with_revision};
+use crate::object::Object;
+use crate::stored::{decode, encode_for_store, key_prefix, object_key, with_revision};
 use crate::strategy::{
     DeleteContext, DeleteDecision, Strategy, now_rfc3339, random_suffix, rfc3339_in,
 };
@@ -53,12 +54,19 @@ fn decode_request<T: Message + Default>(bytes: &[u8], kind: &str) -> Result<T, A
         .map_err(|e| ApiError::BadRequest(format!("cannot decode the {kind} object: {e}")))
 }
 
+fn decode_object<T: Object>(kind: &T::Kind, bytes: &[u8]) -> Result<T, ApiError> {
+    T::decode(kind, bytes).map_err(|e| {
+        ApiError::BadRequest(format!("cannot decode the {} object: {e}", kind.info().kind))
+    })
+}
+
 fn parse_revision(rv: &str) -> Option<i64> {
     rv.parse::<i64>().ok().filter(|r| *r >= 0)
 }
 
 /// Parses the selectors of a list or watch, rejecting field paths the type has no value for.
-fn parse_filter<T: Resource>(
+fn parse_filter<T: Object>(
+    kind: &T::Kind,
     namespace: &str,
     label_selector: &str,
     field_selector: &str,
@@ -67,15 +75,15 @@ fn parse_filter<T: Resource>(
         Selector::parse(label_selector).map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let fields =
         FieldSelector::parse(field_selector).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    let probe = <T as Default>::default();
-    if let Some(bad) = fields.paths().find(|p| probe.field(p).is_none()) {
+    let info = kind.info();
+    if let Some(bad) = fields.paths().find(|p| !T::selectable(kind, p)) {
         return Err(ApiError::BadRequest(format!(
             "field label not supported for {}: {bad}",
-            T::INFO.qualified()
+            info.qualified()
         )));
     }
     Ok(Filter {
-        namespace: if T::INFO.namespaced {
+        namespace: if info.namespaced {
             namespace.to_string()
         } else {
             String::new()
@@ -110,6 +118,9 @@ impl WriteOptions {
 #[async_trait]
 pub trait ResourceHandler: Send + Sync {
     fn info(&self) -> &'static KindInfo;
+    /// The kind's JSON codec (the REST layer's view of the bytes this handler takes and
+    /// returns).
+    fn codec(&self) -> &dyn DynKind;
     async fn create(
         &self,
         namespace: &str,
@@ -144,6 +155,7 @@ pub trait ResourceHandler: Send + Sync {
 
 /// Every operation of one resource type, implemented once for all types.
 pub struct Handler<T: Strategy> {
+    kind: Arc<T::Kind>,
     store: Arc<dyn Store>,
     cache: Arc<WatchCache<T>>,
     admission: Arc<dyn Admit>,
@@ -152,20 +164,23 @@ pub struct Handler<T: Strategy> {
 impl<T: Strategy> std::fmt::Debug for Handler<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Handler")
-            .field("kind", &T::INFO.kind)
+            .field("kind", &self.info().kind)
             .finish_non_exhaustive()
     }
 }
 
 impl<T: Strategy> Handler<T> {
-    /// Starts the type's watch cache (listing its objects) and returns the handler.
+    /// Starts the kind's watch cache (listing its objects) and returns the handler.
     pub(crate) async fn start(
+        kind: Arc<T::Kind>,
         store: Arc<dyn Store>,
         cache_capacity: usize,
         admission: Arc<dyn Admit>,
     ) -> Result<Self, StoreError> {
-        let cache = WatchCache::start(Arc::clone(&store), cache_capacity).await?;
+        let cache =
+            WatchCache::start(Arc::clone(&kind), Arc::clone(&store), cache_capacity).await?;
         Ok(Handler {
+            kind,
             store,
             cache,
             admission,
@@ -185,7 +200,7 @@ impl<T: Strategy> Handler<T> {
     ) -> admission::Request<'a> {
         admission::Request::new(
             operation,
-            Self::info(),
+            self.info(),
             subresource,
             namespace,
             name,
@@ -195,17 +210,17 @@ impl<T: Strategy> Handler<T> {
         )
     }
 
-    fn info() -> &'static KindInfo {
-        &T::INFO
+    fn info(&self) -> &'static KindInfo {
+        self.kind.info()
     }
 
-    fn invalid(name: &str, errors: Vec<FieldError>) -> ApiError {
-        ApiError::invalid(Self::info(), name, errors)
+    fn invalid(&self, name: &str, errors: Vec<FieldError>) -> ApiError {
+        ApiError::invalid(self.info(), name, errors)
     }
 
     /// apiVersion and kind must be empty or this type's.
-    fn check_type_meta(obj: &T, errors: &mut Vec<FieldError>) {
-        let info = Self::info();
+    fn check_type_meta(&self, obj: &T, errors: &mut Vec<FieldError>) {
+        let info = self.info();
         if !obj.api_version().is_empty() && obj.api_version() != info.api_version {
             errors.push(FieldError::invalid(
                 "apiVersion",
@@ -225,17 +240,17 @@ impl<T: Strategy> Handler<T> {
     /// The namespace of a write: the request's and the object's must agree; namespaced kinds
     /// need one, cluster-scoped kinds must not have one in the object (a request namespace is
     /// ignored for them, as kubectl does).
-    fn write_namespace(req_ns: &str, obj: &T) -> Result<String, ApiError> {
+    fn write_namespace(&self, req_ns: &str, obj: &T) -> Result<String, ApiError> {
         let obj_ns = obj.namespace();
-        if !Self::info().namespaced {
+        if !self.info().namespaced {
             if !obj_ns.is_empty() {
-                return Err(Self::invalid(
+                return Err(self.invalid(
                     obj.name(),
                     vec![FieldError::forbidden(
                         "metadata.namespace",
                         format!(
                             "not allowed on this type ({} are cluster-scoped)",
-                            Self::info().plural
+                            self.info().plural
                         ),
                     )],
                 ));
@@ -243,7 +258,7 @@ impl<T: Strategy> Handler<T> {
             return Ok(String::new());
         }
         match (req_ns, obj_ns) {
-            ("", "") => Err(Self::invalid(
+            ("", "") => Err(self.invalid(
                 obj.name(),
                 vec![FieldError::required("metadata.namespace", "")],
             )),
@@ -258,21 +273,21 @@ impl<T: Strategy> Handler<T> {
     }
 
     /// The namespace of a read or delete by name.
-    fn read_namespace(req_ns: &str) -> Result<&str, ApiError> {
-        if !Self::info().namespaced {
+    fn read_namespace<'a>(&self, req_ns: &'a str) -> Result<&'a str, ApiError> {
+        if !self.info().namespaced {
             Ok("")
         } else if req_ns.is_empty() {
             Err(ApiError::BadRequest(format!(
                 "a namespace is required for {}",
-                Self::info().plural
+                self.info().plural
             )))
         } else {
             Ok(req_ns)
         }
     }
 
-    fn key(namespace: &str, name: &str) -> String {
-        object_key(Self::info(), namespace, name)
+    fn key(&self, namespace: &str, name: &str) -> String {
+        object_key(self.info(), namespace, name)
     }
 
     async fn read(&self, key: &str, name: &str) -> Result<(KeyValue, T), ApiError> {
@@ -281,8 +296,8 @@ impl<T: Strategy> Handler<T> {
             .get(key)
             .await
             .map_err(ApiError::from_store)?
-            .ok_or_else(|| ApiError::not_found(Self::info(), name))?;
-        let obj = decode_kv(&kv)?;
+            .ok_or_else(|| ApiError::not_found(self.info(), name))?;
+        let obj = decode(self.kind.as_ref(), &kv.value, kv.mod_revision)?;
         Ok((kv, obj))
     }
 
@@ -295,10 +310,10 @@ impl<T: Strategy> Handler<T> {
         mut obj: T,
         opts: WriteOptions,
     ) -> Result<T, ApiError> {
-        let info = Self::info();
+        let info = self.info();
         let mut errors = Vec::new();
-        Self::check_type_meta(&obj, &mut errors);
-        let namespace = Self::write_namespace(req_ns, &obj)?;
+        self.check_type_meta(&obj, &mut errors);
+        let namespace = self.write_namespace(req_ns, &obj)?;
         {
             let m = obj.metadata_mut();
             m.namespace = namespace.clone();
@@ -323,7 +338,7 @@ impl<T: Strategy> Handler<T> {
         // What a client sends as status is not stored (kube-apiserver's strategies reset
         // it), except for kinds whose creator reports it (a Node registering itself).
         if info.has_status && T::RESET_STATUS_ON_CREATE {
-            obj.copy_status_from(&<T as Default>::default());
+            obj.clear_status();
         }
         obj.prepare_create();
         if let Some(user) = &opts.requester {
@@ -341,14 +356,14 @@ impl<T: Strategy> Handler<T> {
         }
         errors.extend(obj.validate());
         if !errors.is_empty() {
-            return Err(Self::invalid(&shown_name, errors));
+            return Err(self.invalid(&shown_name, errors));
         }
         self.admission
             .validate(&req, &obj)
             .await
             .map_err(|r| opts.refused(r))?;
         if opts.dry_run {
-            let key = Self::key(&namespace, obj.name());
+            let key = self.key(&namespace, obj.name());
             if self
                 .store
                 .get(&key)
@@ -363,7 +378,7 @@ impl<T: Strategy> Handler<T> {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let key = Self::key(&namespace, obj.name());
+            let key = self.key(&namespace, obj.name());
             match self.store.create(&key, encode_for_store(&obj)).await {
                 Ok(kv) => {
                     debug!(
@@ -389,8 +404,8 @@ impl<T: Strategy> Handler<T> {
     }
 
     pub async fn get_object(&self, req_ns: &str, name: &str) -> Result<T, ApiError> {
-        let namespace = Self::read_namespace(req_ns)?;
-        Ok(self.read(&Self::key(namespace, name), name).await?.1)
+        let namespace = self.read_namespace(req_ns)?;
+        Ok(self.read(&self.key(namespace, name), name).await?.1)
     }
 
     /// A consistent list from the store, filtered; returns the items and the listing
@@ -400,11 +415,11 @@ impl<T: Strategy> Handler<T> {
         req: &ListRequest,
         at: Option<i64>,
     ) -> Result<(Vec<T>, i64), ApiError> {
-        let filter = parse_filter::<T>(&req.namespace, &req.label_selector, &req.field_selector)?;
+        let filter = parse_filter::<T>(self.kind.as_ref(), &req.namespace, &req.label_selector, &req.field_selector)?;
         let prefix = if filter.namespace.is_empty() {
-            key_prefix(Self::info())
+            key_prefix(self.info())
         } else {
-            format!("{}{}/", key_prefix(Self::info()), filter.namespace)
+            format!("{}{}/", key_prefix(self.info()), filter.namespace)
         };
         let listing = self
             .store
@@ -413,7 +428,7 @@ impl<T: Strategy> Handler<T> {
             .map_err(ApiError::from_store)?;
         let mut items = Vec::new();
         for kv in &listing.items {
-            let obj: T = decode_kv(kv)?;
+            let obj: T = decode(self.kind.as_ref(), &kv.value, kv.mod_revision)?;
             if filter.matches(&obj) {
                 items.push(obj);
             }
@@ -436,13 +451,13 @@ impl<T: Strategy> Handler<T> {
         subresource: &str,
         opts: WriteOptions,
     ) -> Result<T, ApiError> {
-        let info = Self::info();
+        let info = self.info();
         // "": the object; "status" or another subresource of the kind: only what that
         // subresource covers, copied into the stored object below.
         let status_only = match subresource {
             "" => false,
             "status" if info.has_status => true,
-            other if <T as Default>::default().copy_subresource_from(&new, other) => true,
+            other if new.clone().copy_subresource_from(&new, other) => true,
             other => {
                 return Err(ApiError::BadRequest(format!(
                     "{} has no subresource {other:?}",
@@ -451,8 +466,8 @@ impl<T: Strategy> Handler<T> {
             }
         };
         let mut errors = Vec::new();
-        Self::check_type_meta(&new, &mut errors);
-        let namespace = Self::write_namespace(req_ns, &new)?;
+        self.check_type_meta(&new, &mut errors);
+        let namespace = self.write_namespace(req_ns, &new)?;
         let name = new.name().to_string();
         if name.is_empty() {
             errors.push(FieldError::required("metadata.name", ""));
@@ -476,9 +491,9 @@ impl<T: Strategy> Handler<T> {
             parsed
         };
         let Some(expected) = expected.filter(|_| errors.is_empty()) else {
-            return Err(Self::invalid(&name, errors));
+            return Err(self.invalid(&name, errors));
         };
-        let key = Self::key(&namespace, &name);
+        let key = self.key(&namespace, &name);
         let (kv, old) = self.read(&key, &name).await?;
         if kv.mod_revision != expected {
             return Err(ApiError::modified(info, &name));
@@ -551,7 +566,7 @@ impl<T: Strategy> Handler<T> {
         errors.extend(obj.validate());
         errors.extend(obj.validate_update(&old));
         if !errors.is_empty() {
-            return Err(Self::invalid(&name, errors));
+            return Err(self.invalid(&name, errors));
         }
         if obj == old {
             return Ok(old);
@@ -619,7 +634,7 @@ impl<T: Strategy> Handler<T> {
         req: &DeleteRequest,
         opts: WriteOptions,
     ) -> Result<T, ApiError> {
-        let info = Self::info();
+        let info = self.info();
         let policy_finalizer = match req.propagation_policy.as_str() {
             "" | "Background" => None,
             "Foreground" => Some(FOREGROUND_FINALIZER),
@@ -633,9 +648,9 @@ impl<T: Strategy> Handler<T> {
         };
         // Kubernetes treats negative grace periods as 1 s.
         let grace = req.grace_period_seconds.map(|g| if g < 0 { 1 } else { g });
-        let namespace = Self::read_namespace(&req.namespace)?;
+        let namespace = self.read_namespace(&req.namespace)?;
         let name = req.name.as_str();
-        let key = Self::key(namespace, name);
+        let key = self.key(namespace, name);
         let precondition_rv = if req.precondition_resource_version.is_empty() {
             None
         } else {
@@ -752,7 +767,7 @@ impl<T: Strategy> Handler<T> {
         binding: Binding,
         opts: WriteOptions,
     ) -> Result<T, ApiError> {
-        let info = Self::info();
+        let info = self.info();
         let meta = binding.metadata.clone().unwrap_or_default();
         if meta.name.is_empty() {
             return Err(ApiError::Invalid {
@@ -771,9 +786,9 @@ impl<T: Strategy> Handler<T> {
             ("", o) => o,
             (r, _) => r,
         };
-        let namespace = Self::read_namespace(namespace)?;
+        let namespace = self.read_namespace(namespace)?;
         let name = meta.name.as_str();
-        let key = Self::key(namespace, name);
+        let key = self.key(namespace, name);
         for _ in 0..RETRIES {
             let (kv, obj) = self.read(&key, name).await?;
             if !meta.uid.is_empty() && obj.metadata().is_some_and(|m| m.uid != meta.uid) {
@@ -795,7 +810,7 @@ impl<T: Strategy> Handler<T> {
             }
             errors.extend(bound.validate());
             if !errors.is_empty() {
-                return Err(Self::invalid(name, errors));
+                return Err(self.invalid(name, errors));
             }
             let req = self.admission_request(
                 Operation::Update,
@@ -825,7 +840,7 @@ impl<T: Strategy> Handler<T> {
 
     /// A client watch served from the watch cache.
     pub async fn watch_objects(&self, req: &WatchRequest) -> Result<WatchReceiver, ApiError> {
-        let filter = parse_filter::<T>(&req.namespace, &req.label_selector, &req.field_selector)?;
+        let filter = parse_filter::<T>(self.kind.as_ref(), &req.namespace, &req.label_selector, &req.field_selector)?;
         let start =
             match req.resource_version.as_str() {
                 "" | "0" => WatchStart::Snapshot,
@@ -848,7 +863,11 @@ impl<T: Strategy> Drop for Handler<T> {
 #[async_trait]
 impl<T: Strategy> ResourceHandler for Handler<T> {
     fn info(&self) -> &'static KindInfo {
-        Self::info()
+        self.kind.info()
+    }
+
+    fn codec(&self) -> &dyn DynKind {
+        self.kind.as_ref()
     }
 
     async fn create(
@@ -857,21 +876,21 @@ impl<T: Strategy> ResourceHandler for Handler<T> {
         object: &[u8],
         opts: WriteOptions,
     ) -> Result<Vec<u8>, ApiError> {
-        let obj = decode_request::<T>(object, T::INFO.kind)?;
+        let obj = decode_object::<T>(self.kind.as_ref(), object)?;
         Ok(self
             .create_object(namespace, obj, opts)
             .await?
-            .encode_to_vec())
+            .encode())
     }
 
     async fn get(&self, namespace: &str, name: &str) -> Result<Vec<u8>, ApiError> {
-        Ok(self.get_object(namespace, name).await?.encode_to_vec())
+        Ok(self.get_object(namespace, name).await?.encode())
     }
 
     async fn list(&self, req: &ListRequest, at: Option<i64>) -> Result<ListResponse, ApiError> {
         let (items, revision) = self.list_objects(req, at).await?;
         Ok(ListResponse {
-            items: items.iter().map(Message::encode_to_vec).collect(),
+            items: items.iter().map(Object::encode).collect(),
             resource_version: revision.to_string(),
         })
     }
@@ -883,15 +902,15 @@ impl<T: Strategy> ResourceHandler for Handler<T> {
         subresource: &str,
         opts: WriteOptions,
     ) -> Result<Vec<u8>, ApiError> {
-        let obj = decode_request::<T>(object, T::INFO.kind)?;
+        let obj = decode_object::<T>(self.kind.as_ref(), object)?;
         Ok(self
             .update_object(namespace, obj, subresource, opts)
             .await?
-            .encode_to_vec())
+            .encode())
     }
 
     async fn delete(&self, req: &DeleteRequest, opts: WriteOptions) -> Result<Vec<u8>, ApiError> {
-        Ok(self.delete_object(req, opts).await?.encode_to_vec())
+        Ok(self.delete_object(req, opts).await?.encode())
     }
 
     async fn watch(&self, req: &WatchRequest) -> Result<WatchReceiver, ApiError> {
@@ -908,7 +927,7 @@ impl<T: Strategy> ResourceHandler for Handler<T> {
         Ok(self
             .bind_object(namespace, binding, opts)
             .await?
-            .encode_to_vec())
+            .encode())
     }
 
     fn store_watches(&self) -> u64 {
@@ -950,14 +969,18 @@ impl Registry {
         async fn add<T: Strategy>(
             handlers: &mut BTreeMap<&'static str, Arc<dyn ResourceHandler>>,
             shared: &Shared,
-        ) -> Result<(), StoreError> {
+        ) -> Result<(), StoreError>
+        where
+            T::Kind: Default,
+        {
             let handler = Handler::<T>::start(
+                Arc::new(T::Kind::default()),
                 Arc::clone(&shared.store),
                 shared.capacity,
                 Arc::clone(&shared.admission),
             )
             .await?;
-            handlers.insert(T::INFO.plural, Arc::new(handler));
+            handlers.insert(handler.info().plural, Arc::new(handler));
             Ok(())
         }
         let shared = Shared {
@@ -1056,6 +1079,7 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use skiff_api::{KindOf, Resource};
 
     #[test]
     fn keys() {
@@ -1083,9 +1107,9 @@ mod tests {
 
     #[test]
     fn field_selectors_are_checked_per_type() {
-        assert!(parse_filter::<Pod>("", "", "spec.nodeName=n1,status.phase!=Failed").is_ok());
-        let err = parse_filter::<Deployment>("", "", "spec.nodeName=n1").expect_err("unsupported");
+        assert!(parse_filter::<Pod>(&KindOf::default(), "", "", "spec.nodeName=n1,status.phase!=Failed").is_ok());
+        let err = parse_filter::<Deployment>(&KindOf::default(), "", "", "spec.nodeName=n1").expect_err("unsupported");
         assert!(err.to_string().contains("spec.nodeName"), "{err}");
-        assert!(parse_filter::<Pod>("", "a in (", "").is_err());
+        assert!(parse_filter::<Pod>(&KindOf::default(), "", "a in (", "").is_err());
     }
 }

@@ -5,10 +5,11 @@
 //! The registry, the watch cache, admission's lookups and encryption at rest all read and
 //! write through these few functions, so the layout is written once.
 
-use skiff_api::{KindInfo, Resource};
+use skiff_api::{DynKind, KindInfo, KindOf, Resource};
 use skiff_store::KeyValue;
 
 use crate::error::ApiError;
+use crate::object::Object;
 
 /// `/registry/<plural>/`.
 pub fn key_prefix(info: &KindInfo) -> String {
@@ -23,28 +24,31 @@ pub(crate) fn object_key(info: &KindInfo, namespace: &str, name: &str) -> String
     }
 }
 
-/// Decodes a stored object, setting its type meta and its resourceVersion from `revision`.
-pub(crate) fn decode<T: Resource>(bytes: &[u8], revision: i64) -> Result<T, ApiError> {
-    let mut obj = T::decode(bytes)
-        .map_err(|e| ApiError::Internal(format!("cannot decode a stored {}: {e}", T::INFO.kind)))?;
+/// Decodes a stored object of `kind`, setting its type meta and its resourceVersion from
+/// `revision`.
+pub(crate) fn decode<T: Object>(kind: &T::Kind, bytes: &[u8], revision: i64) -> Result<T, ApiError> {
+    let mut obj = T::decode(kind, bytes).map_err(|e| {
+        ApiError::Internal(format!("cannot decode a stored {}: {e}", kind.info().kind))
+    })?;
     obj.set_type_meta();
     obj.metadata_mut().resource_version = revision.to_string();
     Ok(obj)
 }
 
+/// Decodes a stored object of a typed kind.
 pub(crate) fn decode_kv<T: Resource>(kv: &KeyValue) -> Result<T, ApiError> {
-    decode(&kv.value, kv.mod_revision)
+    decode(&KindOf::<T>::default(), &kv.value, kv.mod_revision)
 }
 
 /// The stored encoding: type meta set, resourceVersion cleared.
-pub(crate) fn encode_for_store<T: Resource>(obj: &T) -> Vec<u8> {
+pub(crate) fn encode_for_store<T: Object>(obj: &T) -> Vec<u8> {
     let mut o = obj.clone();
     o.set_type_meta();
     o.metadata_mut().resource_version.clear();
-    o.encode_to_vec()
+    o.encode()
 }
 
-pub(crate) fn with_revision<T: Resource>(mut obj: T, revision: i64) -> T {
+pub(crate) fn with_revision<T: Object>(mut obj: T, revision: i64) -> T {
     obj.metadata_mut().resource_version = revision.to_string();
     obj
 }

@@ -106,7 +106,7 @@ impl<'a> Request<'a> {
             format!("{}{name}", crate::stored::key_prefix(&T::INFO))
         };
         match self.store.get(&key).await.map_err(ApiError::from_store)? {
-            Some(kv) => crate::stored::decode(&kv.value, kv.mod_revision).map(Some),
+            Some(kv) => crate::stored::decode_kv(&kv).map(Some),
             None => Ok(None),
         }
     }
@@ -127,7 +127,7 @@ impl<'a> Request<'a> {
         listing
             .items
             .iter()
-            .map(|kv| crate::stored::decode(&kv.value, kv.mod_revision))
+            .map(crate::stored::decode_kv)
             .collect()
     }
 }

@@ -48,7 +48,7 @@ pub(crate) struct Call<'a> {
     /// The request's audit record (admission refusals are noted in it).
     pub audit: Option<crate::request::AuditSlot>,
     pub info: &'static KindInfo,
-    pub kind: &'static dyn DynKind,
+    pub kind: &'a dyn DynKind,
     /// The request's namespace ("" for cluster-scoped kinds and all-namespace lists).
     pub namespace: String,
     pub name: String,

@@ -9,7 +9,7 @@ use axum::response::Response;
 use base64::Engine as _;
 use serde_json::{Value, json};
 use skiff_api::rpc::{DeleteRequest, ListRequest};
-use skiff_api::{DynKind, kinds};
+use skiff_api::kinds;
 
 use super::call::{CSRS, Call, FieldValidation, dry_run, encode_with, not_acceptable, parse_body};
 use super::context::Rest;
@@ -19,11 +19,6 @@ use super::{patch, watch};
 use crate::error::{ApiError, FieldError};
 use crate::registry::WriteOptions;
 use crate::status::{Format, plain_failure, respond};
-
-/// The kind a registry resource is served as.
-fn dyn_kind(plural: &str) -> Option<&'static dyn DynKind> {
-    kinds().iter().copied().find(|k| k.info().plural == plural)
-}
 
 /// Serves one resource request.
 #[allow(clippy::too_many_arguments)]
@@ -54,9 +49,10 @@ pub(crate) async fn serve(
     } else {
         format!("{}/{}", p.group, p.version)
     };
-    let Some(kind) = dyn_kind(info.plural).filter(|_| gv == info.api_version) else {
+    if gv != info.api_version {
         return not_found();
-    };
+    }
+    let kind = handler.codec();
     if !info.namespaced && p.namespace.is_some() {
         return not_found();
     }
@@ -674,7 +670,7 @@ mod tests {
 
     #[test]
     fn field_validation_modes() {
-        let kind = dyn_kind("deployments").expect("deployments");
+        let kind = skiff_api::find_kind("deployments").expect("deployments");
         let body = json!({"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": "web"}, "spec": {"replicas": 1, "replicass": 2}});
         let err = encode_with(kind, body.clone(), FieldValidation::Strict).unwrap_err();

@@ -232,7 +232,7 @@ pub(crate) async fn serve(call: &Call<'_>) -> Response {
         Err(e @ ApiError::Expired(_)) => return error_stream(&e, call),
         Err(e) => return call.fail(&e),
         Ok(mut events) => {
-            let kind = call.kind;
+            let handler = std::sync::Arc::clone(call.handler);
             let info = call.info;
             // `kubectl get -w` asks for Tables (each event's object is a one-row Table),
             // metadata watchers for PartialObjectMetadata.
@@ -270,7 +270,7 @@ pub(crate) async fn serve(call: &Call<'_>) -> Response {
                             None => break,
                             Some(Ok(ev)) => {
                                 last_rv = ev.resource_version.clone();
-                                match kind.proto_to_json(&ev.object) {
+                                match handler.codec().proto_to_json(&ev.object) {
                                     Ok(obj) => json!({
                                         "type": ev.r#type,
                                         "object": shape(obj, format, info, &query),

@@ -88,7 +88,7 @@ impl DeleteContext<'_> {
 /// the status subresource: (the stored object with the new status),
 /// [`Strategy::prepare_status_update`], then as an update.
 #[async_trait]
-pub trait Strategy: Resource {
+pub trait Strategy: crate::object::Object {
     /// Which DNS rule names of this kind follow.
     const NAME_RULE: NameRule = NameRule::Subdomain;
 
@@ -146,8 +146,8 @@ pub trait Strategy: Resource {
     /// The binding subresource. `now` is the RFC 3339 time of the request.
     fn bind(&mut self, _binding: &Binding, _now: &str) -> Result<(), ApiError> {
         Err(ApiError::BadRequest(format!(
-            "{} do not support binding",
-            Self::INFO.plural
+            "{} does not support binding",
+            self.kind()
         )))
     }
 }

@@ -774,7 +774,7 @@ mod tests {
     use serde_json::json;
     use skiff_api::api::ObjectMeta;
 
-    fn decode<T: Strategy>(v: serde_json::Value) -> T {
+    fn decode<T: Strategy + skiff_api::Resource>(v: serde_json::Value) -> T {
         match serde_json::from_value(v) {
             Ok(t) => t,
             Err(e) => panic!("not a {}: {e}", T::INFO.kind),
