@@ -10,7 +10,7 @@ use prost_types::field_descriptor_proto::{Label, Type};
 use prost_types::{DescriptorProto, FileDescriptorSet};
 
 /// Kubernetes spells these with capitalised initialisms, which camelCase can't derive.
-const RENAMES: [(&str, &str); 23] = [
+const RENAMES: [(&str, &str); 24] = [
     ("NodeSpec.pod_cidr", "podCIDR"),
     ("NodeSpec.pod_cidrs", "podCIDRs"),
     ("NodeSpec.provider_id", "providerID"),
@@ -35,6 +35,10 @@ const RENAMES: [(&str, &str); 23] = [
     ("Volume.downward_api", "downwardAPI"),
     ("VolumeProjection.downward_api", "downwardAPI"),
     ("PolicyRule.non_resource_urls", "nonResourceURLs"),
+    (
+        "CustomResourceValidation.open_api_v3_schema",
+        "openAPIV3Schema",
+    ),
 ];
 
 /// IntOrString: a port number or a name, a count or a percentage.
@@ -69,7 +73,10 @@ const QUANTITY_MAPS: [&str; 8] = [
 /// (`kubectl wait` compares a condition's observedGeneration with the object's generation).
 /// Fields without `omitempty` in Kubernetes (restartCount, ready, exitCode, ports,
 /// ReplicaSetStatus.replicas, weights) stay, and `optional` fields are `None` when unset.
-const OMIT_ZERO: [&str; 42] = [
+const OMIT_ZERO: [&str; 45] = [
+    "CustomResourceDefinitionVersion.deprecated",
+    "CustomResourceColumnDefinition.priority",
+    "CustomResourceDefinitionSpec.preserve_unknown_fields",
     "ObjectMeta.generation",
     "StatefulSetSpec.min_ready_seconds",
     "StatefulSetStatus.observed_generation",
@@ -115,13 +122,17 @@ const OMIT_ZERO: [&str; 42] = [
 ];
 
 /// Opaque JSON kept as its text in protobuf and written as JSON (FieldsV1).
-const RAW_JSON: [&str; 1] = ["ManagedFieldsEntry.fields_v1"];
+const RAW_JSON: [&str; 2] = [
+    "ManagedFieldsEntry.fields_v1",
+    "CustomResourceValidation.open_api_v3_schema",
+];
 
 /// Maps of bytes, written as base64 strings in JSON (Secret.data).
 const BASE64_MAPS: [&str; 2] = ["Secret.data", "ConfigMap.binary_data"];
 
 /// Bytes written as base64 strings in JSON (PEM blocks of certificate requests).
-const BASE64_BYTES: [&str; 2] = [
+const BASE64_BYTES: [&str; 3] = [
+    "WebhookClientConfig.ca_bundle",
     "CertificateSigningRequestSpec.request",
     "CertificateSigningRequestStatus.certificate",
 ];
@@ -139,6 +150,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/skiff/networking.proto",
         "proto/skiff/storage.proto",
         "proto/skiff/loadbalancer.proto",
+        "proto/skiff/apiextensions.proto",
         "proto/skiff/rpc.proto",
     ];
     let mut builder = tonic_prost_build::configure()

@@ -176,7 +176,7 @@ pub fn headers(kind: &str, wide: bool) -> Vec<String> {
         "Secret" => (&["NAME", "TYPE", "DATA", "AGE"], &[]),
         "ConfigMap" => (&["NAME", "DATA", "AGE"], &[]),
         "ServiceAccount" => (&["NAME", "SECRETS", "AGE"], &[]),
-        "Role" | "ClusterRole" => (&["NAME", "CREATED AT"], &[]),
+        "Role" | "ClusterRole" | "CustomResourceDefinition" => (&["NAME", "CREATED AT"], &[]),
         "CertificateSigningRequest" => (
             &[
                 "NAME",
@@ -626,7 +626,7 @@ pub fn cells(kind: &str, obj: &Value, wide: bool, now: DateTime<Utc>) -> Vec<Str
             }
             c
         }
-        "Role" | "ClusterRole" => {
+        "Role" | "ClusterRole" | "CustomResourceDefinition" => {
             let at = obj["metadata"]["creationTimestamp"]
                 .as_str()
                 .unwrap_or_default()

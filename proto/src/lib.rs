@@ -64,7 +64,9 @@ pub mod strategic;
 pub mod taints;
 pub mod wellknown;
 
-pub use resource::{DynKind, KindInfo, KindOf, Resource, find_kind, kinds};
+pub use resource::{
+    DynKind, KindInfo, KindOf, Resource, find_kind, intern_kind, is_typed, json_kind, kinds,
+};
 
 /// The finalizer a delete with propagation policy Foreground adds: the object stays (with its
 /// `deletionTimestamp`) until the garbage collector has deleted every dependent that has

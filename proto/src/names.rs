@@ -39,6 +39,27 @@ pub fn dns1123_label(s: &str) -> Vec<String> {
     errs
 }
 
+/// Problems with `s` as a DNS-1035 label (`[a-z]([-a-z0-9]*[a-z0-9])?`, at most 63): the
+/// rule for CRD version names and resource names.
+pub fn dns1035_label(s: &str) -> Vec<String> {
+    let mut errs = Vec::new();
+    if s.len() > DNS1123_LABEL_MAX {
+        errs.push(format!(
+            "must be no more than {DNS1123_LABEL_MAX} characters"
+        ));
+    }
+    if !is_label_shape(s) || !s.as_bytes()[0].is_ascii_lowercase() {
+        errs.push(
+            "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start \
+             with an alphabetic character, and end with an alphanumeric character (e.g. \
+             'my-name',  or 'abc-123', regex used for validation is \
+             '[a-z]([-a-z0-9]*[a-z0-9])?')"
+                .to_string(),
+        );
+    }
+    errs
+}
+
 /// Problems with `s` as an RFC 1123 subdomain (dot-separated labels, at most 253).
 pub fn dns1123_subdomain(s: &str) -> Vec<String> {
     let mut errs = Vec::new();

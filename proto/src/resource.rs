@@ -362,6 +362,15 @@ resource!(
     status
 );
 
+resource!(
+    CustomResourceDefinition,
+    "apiextensions.k8s.io/v1",
+    "customresourcedefinitions",
+    ["crd", "crds"],
+    false,
+    status
+);
+
 /// A resource type handled by name, for code that does not know the type statically
 /// (the CLI reading manifests, the API server's discovery).
 pub trait DynKind: Send + Sync {
@@ -404,7 +413,7 @@ impl<T: Resource> DynKind for KindOf<T> {
     }
 }
 
-static KINDS: [&dyn DynKind; 28] = [
+static KINDS: [&dyn DynKind; 29] = [
     &KindOf::<Namespace>(PhantomData),
     &KindOf::<Node>(PhantomData),
     &KindOf::<Pod>(PhantomData),
@@ -433,7 +442,90 @@ static KINDS: [&dyn DynKind; 28] = [
     &KindOf::<ClusterRoleBinding>(PhantomData),
     &KindOf::<CertificateSigningRequest>(PhantomData),
     &KindOf::<LoadBalancerIpPool>(PhantomData),
+    &KindOf::<CustomResourceDefinition>(PhantomData),
 ];
+
+/// Interns a kind known only at run time (a custom kind): the same facts give the same
+/// `&'static`, so kinds that come and go leak at most one [`KindInfo`] per distinct shape.
+pub fn intern_kind(
+    api_version: &str,
+    kind: &str,
+    plural: &str,
+    short_names: &[String],
+    namespaced: bool,
+    has_status: bool,
+) -> &'static KindInfo {
+    type Key = (String, String, String, Vec<String>, bool, bool);
+    static TABLE: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::BTreeMap<Key, &'static KindInfo>>,
+    > = std::sync::OnceLock::new();
+    let key: Key = (
+        api_version.to_string(),
+        kind.to_string(),
+        plural.to_string(),
+        short_names.to_vec(),
+        namespaced,
+        has_status,
+    );
+    let mut table = TABLE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(info) = table.get(&key) {
+        return info;
+    }
+    let leak = |s: &str| -> &'static str { Box::leak(s.to_string().into_boxed_str()) };
+    let shorts: Vec<&'static str> = short_names.iter().map(|s| leak(s)).collect();
+    let info: &'static KindInfo = Box::leak(Box::new(KindInfo {
+        api_version: leak(api_version),
+        kind: leak(kind),
+        plural: leak(plural),
+        short_names: Box::leak(shorts.into_boxed_slice()),
+        namespaced,
+        has_status,
+    }));
+    table.insert(key, info);
+    info
+}
+
+/// The codec of a kind whose objects travel as JSON (custom kinds: the API server stores and
+/// serves them as JSON over gRPC too).
+#[derive(Debug)]
+struct JsonKind(&'static KindInfo);
+
+impl DynKind for JsonKind {
+    fn info(&self) -> &'static KindInfo {
+        self.0
+    }
+
+    fn json_to_proto(&self, value: serde_json::Value) -> Result<Vec<u8>, ManifestError> {
+        serde_json::to_vec(&value).map_err(|e| ManifestError::new("", e.to_string()))
+    }
+
+    fn proto_to_json(&self, bytes: &[u8]) -> Result<serde_json::Value, prost::DecodeError> {
+        #[allow(deprecated, reason = "prost offers no other way to make a DecodeError")]
+        serde_json::from_slice(bytes).map_err(|e| prost::DecodeError::new(e.to_string()))
+    }
+}
+
+/// The JSON codec of an interned kind ([`intern_kind`]); one per kind, kept for the process.
+pub fn json_kind(info: &'static KindInfo) -> &'static dyn DynKind {
+    static TABLE: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::BTreeMap<usize, &'static JsonKind>>,
+    > = std::sync::OnceLock::new();
+    let mut table = TABLE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    *table
+        .entry(info as *const KindInfo as usize)
+        .or_insert_with(|| Box::leak(Box::new(JsonKind(info))))
+}
+
+/// Whether `info` is one of Skiff's typed kinds ([`kinds`]) rather than a custom kind.
+pub fn is_typed(info: &KindInfo) -> bool {
+    kinds().iter().any(|k| k.info() == info)
+}
 
 /// Every resource type Skiff serves.
 pub fn kinds() -> &'static [&'static dyn DynKind] {

@@ -33,6 +33,10 @@ pub enum FieldErrorKind {
     TooLong,
     /// `Not found` (a reference to something the object does not have).
     NotFound,
+    /// `Too many` (a list or map longer than its schema allows).
+    TooMany,
+    /// `Invalid value` of the wrong type (`FieldValueTypeInvalid`).
+    TypeInvalid,
 }
 
 /// One invalid field of an object, with the path of the field (`spec.containers[0].image`).
@@ -143,6 +147,8 @@ impl FieldError {
             FieldErrorKind::Forbidden => "FieldValueForbidden",
             FieldErrorKind::TooLong => "FieldValueTooLong",
             FieldErrorKind::NotFound => "FieldValueNotFound",
+            FieldErrorKind::TooMany => "FieldValueTooMany",
+            FieldErrorKind::TypeInvalid => "FieldValueTypeInvalid",
         }
     }
 
@@ -168,6 +174,8 @@ impl fmt::Display for FieldError {
             FieldErrorKind::Forbidden => "Forbidden",
             FieldErrorKind::TooLong => "Too long",
             FieldErrorKind::NotFound => "Not found",
+            FieldErrorKind::TooMany => "Too many",
+            FieldErrorKind::TypeInvalid => "Invalid value",
         };
         write!(f, "{}: {what}", self.path)?;
         if let Some(v) = &self.value {

@@ -17,9 +17,11 @@
 //! error, request, object                # leaf types: errors; who asks, for what, audit record; objects
 //! validation, stored, status, audit     # names and metadata; store layout; answers; audit log
 //! strategy                              # per-kind rules
+//! custom                                # custom kinds and their objects
 //! cache, encryption, admission::interface  # watch cache; at-rest transformer; what admission is
 //! registry                              # every verb once for every kind
 //! auth                                  # authenticators, authorizers (RBAC, Node), escalation
+//! definitions                           # custom kinds served while their definitions live
 //! admission                             # the plug-ins and their order
 //! limits, pipeline                      # the handler chain
 //! rest, service, kubernetes_service, serve  # front ends, the `kubernetes` Service, the listener
@@ -70,6 +72,8 @@ pub mod admission;
 pub mod audit;
 pub mod auth;
 mod cache;
+pub mod custom;
+mod definitions;
 pub mod encryption;
 pub mod error;
 pub mod kubernetes_service;
@@ -599,6 +603,13 @@ pub async fn spawn(
     if let Err(e) = bootstrap(&registry, &opts.bootstrap_namespaces).await {
         registry.stop();
         return Err(e);
+    }
+    if let Err(source) = definitions::start(&registry).await {
+        registry.stop();
+        return Err(ApiServerError::Bootstrap {
+            object: "the custom kinds of the stored definitions".into(),
+            source,
+        });
     }
     // With authentication on, every request is authorized too (RBAC, the Node authorizer).
     let authorizer = match &opts.security {

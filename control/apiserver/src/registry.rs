@@ -20,10 +20,10 @@ use async_trait::async_trait;
 use prost::Message;
 use skiff_api::api::{
     Binding, CertificateSigningRequest, ClusterRole, ClusterRoleBinding, ConfigMap, CronJob,
-    DaemonSet, Deployment, Endpoints, Event, HorizontalPodAutoscaler, Job, Lease,
-    LoadBalancerIpPool, Namespace, NetworkPolicy, Node, PersistentVolume, PersistentVolumeClaim,
-    Pod, PodDisruptionBudget, ReplicaSet, Role, RoleBinding, Secret, Service, ServiceAccount,
-    StatefulSet, StorageClass,
+    CustomResourceDefinition, DaemonSet, Deployment, Endpoints, Event, HorizontalPodAutoscaler,
+    Job, Lease, LoadBalancerIpPool, Namespace, NetworkPolicy, Node, PersistentVolume,
+    PersistentVolumeClaim, Pod, PodDisruptionBudget, ReplicaSet, Role, RoleBinding, Secret,
+    Service, ServiceAccount, StatefulSet, StorageClass,
 };
 use skiff_api::rpc::{DeleteRequest, ListRequest, ListResponse, WatchRequest};
 use skiff_api::selector::{FieldSelector, Selector};
@@ -33,11 +33,12 @@ use tracing::debug;
 
 use crate::admission::interface::{self as admission, Admit, Operation};
 use crate::cache::{Filter, WatchCache, WatchReceiver, WatchStart};
+use crate::custom::{CustomKind, Unstructured};
 use crate::error::{ApiError, FieldError};
 use crate::object::Object;
 use crate::stored::{decode, encode_for_store, key_prefix, object_key, with_revision};
 use crate::strategy::{
-    DeleteContext, DeleteDecision, Strategy, now_rfc3339, random_suffix, rfc3339_in,
+    CustomPrefixes, DeleteContext, DeleteDecision, Strategy, now_rfc3339, random_suffix, rfc3339_in,
 };
 use crate::validation::check_object_meta;
 
@@ -56,7 +57,10 @@ fn decode_request<T: Message + Default>(bytes: &[u8], kind: &str) -> Result<T, A
 
 fn decode_object<T: Object>(kind: &T::Kind, bytes: &[u8]) -> Result<T, ApiError> {
     T::decode(kind, bytes).map_err(|e| {
-        ApiError::BadRequest(format!("cannot decode the {} object: {e}", kind.info().kind))
+        ApiError::BadRequest(format!(
+            "cannot decode the {} object: {e}",
+            kind.info().kind
+        ))
     })
 }
 
@@ -157,6 +161,7 @@ pub trait ResourceHandler: Send + Sync {
 pub struct Handler<T: Strategy> {
     kind: Arc<T::Kind>,
     store: Arc<dyn Store>,
+    custom_prefixes: CustomPrefixes,
     cache: Arc<WatchCache<T>>,
     admission: Arc<dyn Admit>,
 }
@@ -176,12 +181,14 @@ impl<T: Strategy> Handler<T> {
         store: Arc<dyn Store>,
         cache_capacity: usize,
         admission: Arc<dyn Admit>,
+        custom_prefixes: CustomPrefixes,
     ) -> Result<Self, StoreError> {
         let cache =
             WatchCache::start(Arc::clone(&kind), Arc::clone(&store), cache_capacity).await?;
         Ok(Handler {
             kind,
             store,
+            custom_prefixes,
             cache,
             admission,
         })
@@ -415,7 +422,12 @@ impl<T: Strategy> Handler<T> {
         req: &ListRequest,
         at: Option<i64>,
     ) -> Result<(Vec<T>, i64), ApiError> {
-        let filter = parse_filter::<T>(self.kind.as_ref(), &req.namespace, &req.label_selector, &req.field_selector)?;
+        let filter = parse_filter::<T>(
+            self.kind.as_ref(),
+            &req.namespace,
+            &req.label_selector,
+            &req.field_selector,
+        )?;
         let prefix = if filter.namespace.is_empty() {
             key_prefix(self.info())
         } else {
@@ -587,6 +599,7 @@ impl<T: Strategy> Handler<T> {
         let finalized = finalized && {
             let ctx = DeleteContext {
                 store: self.store.as_ref(),
+                custom_prefixes: &self.custom_prefixes,
                 grace_period_seconds: Some(0),
             };
             obj.clone().delete_decision(&ctx).await? == DeleteDecision::Now
@@ -689,6 +702,7 @@ impl<T: Strategy> Handler<T> {
             }
             let ctx = DeleteContext {
                 store: self.store.as_ref(),
+                custom_prefixes: &self.custom_prefixes,
                 grace_period_seconds: grace,
             };
             let req =
@@ -840,7 +854,12 @@ impl<T: Strategy> Handler<T> {
 
     /// A client watch served from the watch cache.
     pub async fn watch_objects(&self, req: &WatchRequest) -> Result<WatchReceiver, ApiError> {
-        let filter = parse_filter::<T>(self.kind.as_ref(), &req.namespace, &req.label_selector, &req.field_selector)?;
+        let filter = parse_filter::<T>(
+            self.kind.as_ref(),
+            &req.namespace,
+            &req.label_selector,
+            &req.field_selector,
+        )?;
         let start =
             match req.resource_version.as_str() {
                 "" | "0" => WatchStart::Snapshot,
@@ -877,10 +896,7 @@ impl<T: Strategy> ResourceHandler for Handler<T> {
         opts: WriteOptions,
     ) -> Result<Vec<u8>, ApiError> {
         let obj = decode_object::<T>(self.kind.as_ref(), object)?;
-        Ok(self
-            .create_object(namespace, obj, opts)
-            .await?
-            .encode())
+        Ok(self.create_object(namespace, obj, opts).await?.encode())
     }
 
     async fn get(&self, namespace: &str, name: &str) -> Result<Vec<u8>, ApiError> {
@@ -924,10 +940,7 @@ impl<T: Strategy> ResourceHandler for Handler<T> {
         opts: WriteOptions,
     ) -> Result<Vec<u8>, ApiError> {
         let binding = decode_request::<Binding>(binding, "Binding")?;
-        Ok(self
-            .bind_object(namespace, binding, opts)
-            .await?
-            .encode())
+        Ok(self.bind_object(namespace, binding, opts).await?.encode())
     }
 
     fn store_watches(&self) -> u64 {
@@ -939,11 +952,24 @@ impl<T: Strategy> ResourceHandler for Handler<T> {
     }
 }
 
-/// Every served resource type by plural name.
+/// A served custom kind: its handler and the definition it was made from.
+struct Installed {
+    kind: CustomKind,
+    handler: Arc<dyn ResourceHandler>,
+    /// The definition's uid and generation the handler reflects.
+    source: (String, i64),
+}
+
+/// Every served resource type: the typed kinds by plural name, fixed at start, and the
+/// custom kinds by (group, plural), installed and removed as their definitions come and go.
 pub struct Registry {
     handlers: BTreeMap<&'static str, Arc<dyn ResourceHandler>>,
+    custom: std::sync::RwLock<BTreeMap<(String, String), Installed>>,
     /// The store itself, for what is not per kind (snapshots).
     store: Arc<dyn Store>,
+    cache_capacity: usize,
+    admission: Arc<dyn Admit>,
+    custom_prefixes: CustomPrefixes,
 }
 
 impl std::fmt::Debug for Registry {
@@ -965,6 +991,7 @@ impl Registry {
             store: Arc<dyn Store>,
             capacity: usize,
             admission: Arc<dyn Admit>,
+            custom_prefixes: CustomPrefixes,
         }
         async fn add<T: Strategy>(
             handlers: &mut BTreeMap<&'static str, Arc<dyn ResourceHandler>>,
@@ -978,15 +1005,18 @@ impl Registry {
                 Arc::clone(&shared.store),
                 shared.capacity,
                 Arc::clone(&shared.admission),
+                Arc::clone(&shared.custom_prefixes),
             )
             .await?;
             handlers.insert(handler.info().plural, Arc::new(handler));
             Ok(())
         }
+        let custom_prefixes = CustomPrefixes::default();
         let shared = Shared {
             store: Arc::clone(&store),
             capacity: cache_capacity,
-            admission,
+            admission: Arc::clone(&admission),
+            custom_prefixes: Arc::clone(&custom_prefixes),
         };
         let mut handlers = BTreeMap::new();
         let h = &mut handlers;
@@ -1019,7 +1049,118 @@ impl Registry {
         add::<RoleBinding>(h, &shared).await?;
         add::<ClusterRoleBinding>(h, &shared).await?;
         add::<LoadBalancerIpPool>(h, &shared).await?;
-        Ok(Registry { handlers, store })
+        add::<CustomResourceDefinition>(h, &shared).await?;
+        Ok(Registry {
+            handlers,
+            custom: Default::default(),
+            store,
+            cache_capacity,
+            admission,
+            custom_prefixes,
+        })
+    }
+
+    /// Publishes the namespaced custom kinds' key prefixes to the handlers.
+    fn refresh_custom_prefixes(&self) {
+        let prefixes: Vec<String> = self
+            .installed()
+            .values()
+            .map(|i| i.kind.info())
+            .filter(|info| info.namespaced)
+            .map(key_prefix)
+            .collect();
+        *self
+            .custom_prefixes
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = prefixes;
+    }
+
+    fn installed(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<(String, String), Installed>> {
+        self.custom.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Serves a custom kind (replacing the handler of an older generation of its
+    /// definition, whose watchers end). A definition already served at this generation is
+    /// left alone. Returns whether a handler was started.
+    pub(crate) async fn install(
+        &self,
+        kind: CustomKind,
+        generation: i64,
+    ) -> Result<bool, StoreError> {
+        let key = (kind.group.clone(), kind.info().plural.to_string());
+        let source = (kind.crd_uid.clone(), generation);
+        if self
+            .installed()
+            .get(&key)
+            .is_some_and(|i| i.source == source)
+        {
+            return Ok(false);
+        }
+        let handler = Handler::<Unstructured>::start(
+            Arc::new(kind.clone()),
+            Arc::clone(&self.store),
+            self.cache_capacity,
+            Arc::clone(&self.admission),
+            Arc::clone(&self.custom_prefixes),
+        )
+        .await?;
+        let old = self
+            .custom
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                key,
+                Installed {
+                    kind,
+                    handler: Arc::new(handler),
+                    source,
+                },
+            );
+        if let Some(old) = old {
+            old.handler.stop();
+        }
+        self.refresh_custom_prefixes();
+        Ok(true)
+    }
+
+    /// Stops serving a custom kind.
+    pub(crate) fn uninstall(&self, group: &str, plural: &str) {
+        let old = self
+            .custom
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(group.to_string(), plural.to_string()));
+        if let Some(old) = old {
+            old.handler.stop();
+        }
+        self.refresh_custom_prefixes();
+    }
+
+    /// The custom kind served as `resource` of `group`.
+    pub fn custom_kind(&self, group: &str, resource: &str) -> Option<CustomKind> {
+        self.installed()
+            .get(&(group.to_string(), resource.to_string()))
+            .map(|i| i.kind.clone())
+    }
+
+    /// Every served custom kind.
+    pub fn custom_kinds(&self) -> Vec<CustomKind> {
+        self.installed().values().map(|i| i.kind.clone()).collect()
+    }
+
+    /// The handler serving `resource` (a plural) of `group`: a typed kind's of that group,
+    /// else a custom kind's (a definition never shadows a typed kind).
+    pub fn resolve(&self, group: &str, resource: &str) -> Option<Arc<dyn ResourceHandler>> {
+        if let Some(h) = self
+            .handlers
+            .get(resource)
+            .filter(|h| h.info().group() == group)
+        {
+            return Some(Arc::clone(h));
+        }
+        self.installed()
+            .get(&(group.to_string(), resource.to_string()))
+            .map(|i| Arc::clone(&i.handler))
     }
 
     /// Kinds in [`skiff_api::kinds`] without a handler (empty unless the list above is
@@ -1033,17 +1174,25 @@ impl Registry {
     }
 
     /// The handler for a resource named by plural (or any name `find_kind` understands:
-    /// `po`, `Pod`, `deployments.apps`).
-    pub fn handler(&self, resource: &str) -> Result<&Arc<dyn ResourceHandler>, ApiError> {
-        self.handlers
-            .get(resource)
-            .or_else(|| {
-                skiff_api::find_kind(resource).and_then(|k| self.handlers.get(k.info().plural))
+    /// `po`, `Pod`, `deployments.apps`), or a custom kind as `<plural>.<group>`.
+    pub fn handler(&self, resource: &str) -> Result<Arc<dyn ResourceHandler>, ApiError> {
+        if let Some(h) = self.handlers.get(resource).or_else(|| {
+            skiff_api::find_kind(resource).and_then(|k| self.handlers.get(k.info().plural))
+        }) {
+            return Ok(Arc::clone(h));
+        }
+        resource
+            .split_once('.')
+            .and_then(|(plural, group)| {
+                self.installed()
+                    .get(&(group.to_string(), plural.to_string()))
+                    .map(|i| Arc::clone(&i.handler))
             })
             .ok_or_else(|| ApiError::UnknownResource(resource.to_string()))
     }
 
-    /// Every served type, in the order of [`skiff_api::kinds`].
+    /// Every served typed kind, in the order of [`skiff_api::kinds`] (the custom ones:
+    /// [`Registry::custom_kinds`]).
     pub fn infos(&self) -> Vec<&'static KindInfo> {
         skiff_api::kinds()
             .iter()
@@ -1062,16 +1211,24 @@ impl Registry {
 
     /// Store watches opened by each type's watch cache.
     pub fn store_watches(&self) -> BTreeMap<&'static str, u64> {
-        self.handlers
+        let mut all: BTreeMap<&'static str, u64> = self
+            .handlers
             .iter()
             .map(|(p, h)| (*p, h.store_watches()))
-            .collect()
+            .collect();
+        for i in self.installed().values() {
+            *all.entry(i.kind.info().plural).or_default() += i.handler.store_watches();
+        }
+        all
     }
 
     /// Stops every watch cache (ending all watchers).
     pub fn stop(&self) {
         for h in self.handlers.values() {
             h.stop();
+        }
+        for i in self.installed().values() {
+            i.handler.stop();
         }
     }
 }
@@ -1107,8 +1264,17 @@ mod tests {
 
     #[test]
     fn field_selectors_are_checked_per_type() {
-        assert!(parse_filter::<Pod>(&KindOf::default(), "", "", "spec.nodeName=n1,status.phase!=Failed").is_ok());
-        let err = parse_filter::<Deployment>(&KindOf::default(), "", "", "spec.nodeName=n1").expect_err("unsupported");
+        assert!(
+            parse_filter::<Pod>(
+                &KindOf::default(),
+                "",
+                "",
+                "spec.nodeName=n1,status.phase!=Failed"
+            )
+            .is_ok()
+        );
+        let err = parse_filter::<Deployment>(&KindOf::default(), "", "", "spec.nodeName=n1")
+            .expect_err("unsupported");
         assert!(err.to_string().contains("spec.nodeName"), "{err}");
         assert!(parse_filter::<Pod>(&KindOf::default(), "", "a in (", "").is_err());
     }

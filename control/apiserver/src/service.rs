@@ -68,15 +68,16 @@ impl ApiService {
         if self.authorizer.is_none() {
             return Ok(());
         }
-        let group = self
+        // A custom kind is named `<plural>.<group>`; rules name its plural and group.
+        let (group, resource) = self
             .registry
             .handler(call.resource)
-            .map(|h| h.info().group().to_string())
-            .unwrap_or_default();
+            .map(|h| (h.info().group().to_string(), h.info().plural.to_string()))
+            .unwrap_or_else(|_| (String::new(), call.resource.to_string()));
         let mut a = Attributes::resource(
             call.verb,
             &group,
-            call.resource,
+            &resource,
             call.subresource,
             call.namespace,
             &call.name,
@@ -319,10 +320,12 @@ impl Api for ApiService {
         &self,
         _request: Request<DiscoveryRequest>,
     ) -> Result<Response<DiscoveryResponse>, Status> {
+        let custom = self.registry.custom_kinds();
         let resources = self
             .registry
             .infos()
             .into_iter()
+            .chain(custom.iter().map(|k| k.info()))
             .map(|i| ResourceInfo {
                 api_version: i.api_version.to_string(),
                 kind: i.kind.to_string(),

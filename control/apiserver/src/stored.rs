@@ -11,9 +11,14 @@ use skiff_store::KeyValue;
 use crate::error::ApiError;
 use crate::object::Object;
 
-/// `/registry/<plural>/`.
+/// `/registry/<plural>/` for the typed kinds, `/registry/<group>/<plural>/` for custom ones
+/// (whose plurals may repeat across groups), as kube-apiserver lays them out.
 pub fn key_prefix(info: &KindInfo) -> String {
-    format!("/registry/{}/", info.plural)
+    if skiff_api::is_typed(info) {
+        format!("/registry/{}/", info.plural)
+    } else {
+        format!("/registry/{}/{}/", info.group(), info.plural)
+    }
 }
 
 pub(crate) fn object_key(info: &KindInfo, namespace: &str, name: &str) -> String {
@@ -26,7 +31,11 @@ pub(crate) fn object_key(info: &KindInfo, namespace: &str, name: &str) -> String
 
 /// Decodes a stored object of `kind`, setting its type meta and its resourceVersion from
 /// `revision`.
-pub(crate) fn decode<T: Object>(kind: &T::Kind, bytes: &[u8], revision: i64) -> Result<T, ApiError> {
+pub(crate) fn decode<T: Object>(
+    kind: &T::Kind,
+    bytes: &[u8],
+    revision: i64,
+) -> Result<T, ApiError> {
     let mut obj = T::decode(kind, bytes).map_err(|e| {
         ApiError::Internal(format!("cannot decode a stored {}: {e}", kind.info().kind))
     })?;

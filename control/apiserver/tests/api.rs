@@ -241,7 +241,8 @@ async fn crud_and_selectors(s: TestServer) {
             "rolebindings",
             "clusterrolebindings",
             "certificatesigningrequests",
-            "loadbalancerippools"
+            "loadbalancerippools",
+            "customresourcedefinitions"
         ]
     );
 

@@ -409,10 +409,16 @@ impl Client {
     }
 
     /// An API for a resource type known only at run time.
+    /// A custom kind ([`skiff_api::json_kind`]) is addressed as `<plural>.<group>`.
     pub fn dynamic(&self, kind: &'static dyn DynKind, namespace: Option<&str>) -> DynamicApi {
         let info = kind.info();
+        let resource: std::borrow::Cow<'static, str> = if skiff_api::is_typed(info) {
+            info.plural.into()
+        } else {
+            format!("{}.{}", info.plural, info.group()).into()
+        };
         DynamicApi {
-            raw: Raw::new(self, info.plural, info.namespaced, namespace),
+            raw: Raw::new(self, resource, info.namespaced, namespace),
             kind,
         }
     }
@@ -584,7 +590,8 @@ pub type WatchStream<T> = BoxStream<'static, Result<WatchEvent<T>, ClientError>>
 #[derive(Clone)]
 struct Raw {
     client: Client,
-    resource: &'static str,
+    /// A typed kind's plural, or a custom kind's `<plural>.<group>`.
+    resource: std::borrow::Cow<'static, str>,
     namespaced: bool,
     /// Empty: all namespaces (or cluster-scoped).
     namespace: String,
@@ -593,10 +600,11 @@ struct Raw {
 impl Raw {
     fn new(
         client: &Client,
-        resource: &'static str,
+        resource: impl Into<std::borrow::Cow<'static, str>>,
         namespaced: bool,
         namespace: Option<&str>,
     ) -> Raw {
+        let resource = resource.into();
         Raw {
             client: client.clone(),
             resource,
@@ -629,7 +637,7 @@ impl Raw {
     }
 
     async fn create(&self, namespace: String, object: Vec<u8>) -> Result<Vec<u8>, ClientError> {
-        tracing::debug!(resource = self.resource, %namespace, "create");
+        tracing::debug!(resource = %self.resource, %namespace, "create");
         let resp = self
             .rpc()
             .create(rpc::CreateRequest {
@@ -643,7 +651,7 @@ impl Raw {
     }
 
     async fn get(&self, name: &str) -> Result<Vec<u8>, ClientError> {
-        tracing::debug!(resource = self.resource, namespace = %self.namespace, name, "get");
+        tracing::debug!(resource = %self.resource, namespace = %self.namespace, name, "get");
         let resp = self
             .rpc()
             .get(rpc::GetRequest {
@@ -657,7 +665,7 @@ impl Raw {
     }
 
     async fn list(&self, lp: &ListParams) -> Result<ObjectList<Vec<u8>>, ClientError> {
-        tracing::debug!(resource = self.resource, namespace = %self.namespace, ?lp, "list");
+        tracing::debug!(resource = %self.resource, namespace = %self.namespace, ?lp, "list");
         let resp = self
             .rpc()
             .list(rpc::ListRequest {
@@ -681,7 +689,7 @@ impl Raw {
         object: Vec<u8>,
         subresource: &str,
     ) -> Result<Vec<u8>, ClientError> {
-        tracing::debug!(resource = self.resource, %namespace, subresource, "update");
+        tracing::debug!(resource = %self.resource, %namespace, subresource, "update");
         let resp = self
             .rpc()
             .update(rpc::UpdateRequest {
@@ -696,7 +704,7 @@ impl Raw {
     }
 
     async fn delete(&self, name: &str, dp: &DeleteParams) -> Result<Vec<u8>, ClientError> {
-        tracing::debug!(resource = self.resource, namespace = %self.namespace, name, "delete");
+        tracing::debug!(resource = %self.resource, namespace = %self.namespace, name, "delete");
         let pre = dp.preconditions.clone().unwrap_or_default();
         let resp = self
             .rpc()
@@ -722,7 +730,7 @@ impl Raw {
         lp: &ListParams,
         resource_version: &str,
     ) -> BoxStream<'static, Result<rpc::WatchEvent, ClientError>> {
-        tracing::debug!(resource = self.resource, namespace = %self.namespace, ?lp,
+        tracing::debug!(resource = %self.resource, namespace = %self.namespace, ?lp,
             resource_version, "watch");
         let mut rpc = self.rpc();
         let client = self.client.clone();

@@ -2,8 +2,8 @@
 //!
 //! A delete of a namespace that still holds objects only marks it (`deletionTimestamp`, phase
 //! Terminating: the API server refuses creates in it). For such a namespace this controller
-//! lists every namespaced kind ([`skiff_api::kinds`], through the dynamic API: one code path
-//! for all kinds) and deletes what is not already being deleted (Background propagation),
+//! lists every namespaced kind ([`skiff_api::kinds`] and the custom kinds discovery lists,
+//! through the dynamic API: one code path for all kinds) and deletes what is not already being deleted (Background propagation),
 //! re-checking every [`RECHECK`] while anything remains (pods on nodes take their grace
 //! period, objects with finalizers wait for them). Once every list is empty it deletes the
 //! namespace again, and the API server removes it. Progress is reported as Kubernetes does,
@@ -189,13 +189,40 @@ impl NamespaceController {
     /// replace what was just deleted (the API server would refuse it anyway).
     pub async fn delete_content(&self, namespace: &str) -> ContentReport {
         let mut report = ContentReport::default();
-        for kind in skiff_api::kinds()
+        // Custom kinds first (their objects may own typed ones), as discovery lists them.
+        let custom: Vec<&'static dyn skiff_api::DynKind> = match self.client.discovery().await {
+            Ok(served) => served
+                .iter()
+                .filter(|r| r.namespaced)
+                .map(|r| {
+                    skiff_api::intern_kind(
+                        &r.api_version,
+                        &r.kind,
+                        &r.plural,
+                        &r.short_names,
+                        r.namespaced,
+                        r.has_status,
+                    )
+                })
+                .filter(|info| !skiff_api::is_typed(info))
+                .map(skiff_api::json_kind)
+                .collect(),
+            Err(e) => {
+                report.failures.push((
+                    "discovery",
+                    format!("listing the custom kinds: {}", crate::error_chain(&e)),
+                ));
+                Vec::new()
+            }
+        };
+        let typed = skiff_api::kinds()
             .iter()
             .rev()
-            .filter(|k| k.info().namespaced)
-        {
+            .copied()
+            .filter(|k| k.info().namespaced);
+        for kind in custom.into_iter().chain(typed) {
             let resource = kind.info().plural;
-            let api = self.client.dynamic(*kind, Some(namespace));
+            let api = self.client.dynamic(kind, Some(namespace));
             let items = match api.list(&ListParams::default()).await {
                 Ok(list) => list.items,
                 Err(e) => {

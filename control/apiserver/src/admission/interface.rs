@@ -124,11 +124,7 @@ impl<'a> Request<'a> {
             .list(&prefix, None)
             .await
             .map_err(ApiError::from_store)?;
-        listing
-            .items
-            .iter()
-            .map(crate::stored::decode_kv)
-            .collect()
+        listing.items.iter().map(crate::stored::decode_kv).collect()
     }
 }
 

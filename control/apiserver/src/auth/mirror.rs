@@ -37,7 +37,7 @@ impl<T: Resource + Send + Sync + 'static> Mirror<T> {
     /// Lists the kind (so the mirror is complete when this returns) and keeps it current in
     /// a background task.
     pub async fn start(registry: &Registry) -> Result<Arc<Mirror<T>>, ApiError> {
-        let handler = Arc::clone(registry.handler(T::INFO.plural)?);
+        let handler = registry.handler(T::INFO.plural)?;
         let (items, rv) = list::<T>(handler.as_ref()).await?;
         let mirror = Arc::new(Mirror {
             items: RwLock::new(items),

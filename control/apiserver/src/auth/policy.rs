@@ -189,13 +189,30 @@ fn admin_rules() -> Vec<PolicyRule> {
 
 /// What the namespace controller needs to empty a terminating namespace: to list and delete
 /// every namespaced kind the API serves. Derived from the one list of kinds, so a kind added
-/// later is never left behind (a namespace would stay Terminating for ever).
+/// later is never left behind (a namespace would stay Terminating for ever); custom kinds
+/// come through [`CUSTOM_KINDS_ROLE`].
 fn namespace_deleter_rules() -> Vec<PolicyRule> {
+    let typed: Vec<(String, String)> = skiff_api::kinds()
+        .iter()
+        .map(|k| k.info())
+        .filter(|info| info.namespaced)
+        .map(|info| (info.group().to_string(), info.plural.to_string()))
+        .collect();
+    custom_kind_rules(&typed)
+}
+
+/// The ClusterRole through which the controller manager's namespace controller reaches the
+/// custom kinds; its rules follow the served namespaced custom kinds (the API server's
+/// definitions loop writes them: [`custom_kind_rules`]), so the controller manager gets no
+/// more than the kinds that exist.
+pub const CUSTOM_KINDS_ROLE: &str = "system:controller:custom-kinds";
+
+/// What emptying a namespace of the `(group, plural)` kinds takes (the rules of
+/// [`CUSTOM_KINDS_ROLE`] for the custom kinds).
+pub fn custom_kind_rules(kinds: &[(String, String)]) -> Vec<PolicyRule> {
     let mut by_group: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
-    for info in skiff_api::kinds().iter().map(|k| k.info()) {
-        if info.namespaced {
-            by_group.entry(info.group()).or_default().push(info.plural);
-        }
+    for (group, plural) in kinds {
+        by_group.entry(group).or_default().push(plural);
     }
     by_group
         .into_iter()
@@ -220,6 +237,7 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
     let all = |v: &[&str]| rule(v, &["*"], &["*"]);
     vec![
         role("cluster-admin", vec![all(&["*"]), urls(&["*"], &["*"])]),
+        role(CUSTOM_KINDS_ROLE, Vec::new()),
         role("admin", admin_rules()),
         role("edit", edit_rules()),
         role("view", view_rules()),
@@ -577,6 +595,11 @@ pub fn cluster_role_bindings() -> Vec<ClusterRoleBinding> {
         binding(
             "system:kube-controller-manager",
             "system:kube-controller-manager",
+            &[("User", "system:kube-controller-manager")],
+        ),
+        binding(
+            CUSTOM_KINDS_ROLE,
+            CUSTOM_KINDS_ROLE,
             &[("User", "system:kube-controller-manager")],
         ),
         binding(

@@ -49,6 +49,8 @@ pub(crate) struct Call<'a> {
     pub audit: Option<crate::request::AuditSlot>,
     pub info: &'static KindInfo,
     pub kind: &'a dyn DynKind,
+    /// The custom kind, when the request is for one.
+    pub custom: Option<crate::custom::CustomKind>,
     /// The request's namespace ("" for cluster-scoped kinds and all-namespace lists).
     pub namespace: String,
     pub name: String,
@@ -147,12 +149,22 @@ impl Call<'_> {
             .map_err(|e| ApiError::Internal(format!("encoding a {}: {e}", self.info.kind)))
     }
 
+    /// A custom kind's printer columns (`None` for typed kinds).
+    pub fn printer_columns(&self) -> Option<&[crate::custom::Column]> {
+        self.custom.as_ref().map(|c| c.columns.as_slice())
+    }
+
     /// An object answer: JSON, YAML, a one-row Table or the object's metadata.
     pub fn object(&self, code: u16, obj: &Value, warnings: &[String]) -> Response {
         match self.format {
             Format::Table => respond(
                 code,
-                &table::of(self.info, std::slice::from_ref(obj), "", self.query),
+                &table::of(
+                    self.info,
+                    self.printer_columns(),
+                    std::slice::from_ref(obj),
+                    self.query,
+                ),
                 Format::Json,
                 warnings,
             ),
@@ -179,7 +191,7 @@ impl Call<'_> {
     pub fn collection(&self, items: Vec<Value>, meta: Value) -> Response {
         match self.format {
             Format::Table => {
-                let mut t = table::of(self.info, &items, &self.namespace, self.query);
+                let mut t = table::of(self.info, self.printer_columns(), &items, self.query);
                 t["metadata"] = meta;
                 respond(200, &t, Format::Json, &[])
             }

@@ -41,13 +41,39 @@ fn verbs_of(info: &KindInfo) -> &'static [&'static str] {
     }
 }
 
-/// Whether a kind serves the `scale` subresource (its `spec.replicas`).
+/// Whether a typed kind serves the `scale` subresource (its `spec.replicas`).
 pub fn scalable(info: &KindInfo) -> bool {
     matches!(info.plural, "deployments" | "replicasets" | "statefulsets")
 }
 
+/// A served kind as discovery and OpenAPI describe it: a typed kind, or a custom kind with
+/// what its definition says.
+#[derive(Debug, Clone)]
+pub struct Served {
+    pub info: &'static KindInfo,
+    pub singular: String,
+    pub categories: Vec<String>,
+    /// Whether it serves the `scale` subresource.
+    pub scale: bool,
+    /// A custom kind's OpenAPI v3 schema (typed kinds' come from their messages).
+    pub schema: Option<Value>,
+}
+
+impl Served {
+    pub fn typed(info: &'static KindInfo) -> Served {
+        Served {
+            info,
+            singular: info.kind.to_lowercase(),
+            categories: categories(info).iter().map(|c| c.to_string()).collect(),
+            scale: scalable(info),
+            schema: None,
+        }
+    }
+}
+
 /// The subresources a kind serves.
-pub fn subresources(info: &KindInfo) -> Vec<Subresource> {
+pub fn subresources(served: &Served) -> Vec<Subresource> {
+    let info = served.info;
     let mut out = Vec::new();
     if info.has_status {
         out.push(Subresource {
@@ -56,7 +82,7 @@ pub fn subresources(info: &KindInfo) -> Vec<Subresource> {
             response: None,
         });
     }
-    if scalable(info) {
+    if served.scale {
         out.push(Subresource {
             name: "scale",
             verbs: &["get", "patch", "update"],
@@ -118,10 +144,6 @@ fn categories(info: &KindInfo) -> &'static [&'static str] {
     }
 }
 
-fn singular(info: &KindInfo) -> String {
-    info.kind.to_lowercase()
-}
-
 fn version_of(info: &KindInfo) -> &'static str {
     info.api_version
         .rsplit_once('/')
@@ -129,16 +151,14 @@ fn version_of(info: &KindInfo) -> &'static str {
 }
 
 /// Group → versions → kinds, core group `""` included.
-pub fn groups(
-    infos: &[&'static KindInfo],
-) -> BTreeMap<&'static str, BTreeMap<&'static str, Vec<&'static KindInfo>>> {
+pub fn groups(infos: &[Served]) -> BTreeMap<&'static str, BTreeMap<&'static str, Vec<&Served>>> {
     let mut g: BTreeMap<_, BTreeMap<_, Vec<_>>> = BTreeMap::new();
-    for i in infos {
-        g.entry(i.group())
+    for s in infos {
+        g.entry(s.info.group())
             .or_default()
-            .entry(version_of(i))
+            .entry(version_of(s.info))
             .or_default()
-            .push(*i);
+            .push(s);
     }
     g
 }
@@ -154,7 +174,7 @@ pub fn core_versions(server_address: &str) -> Value {
     })
 }
 
-fn group_doc(name: &str, versions: &BTreeMap<&'static str, Vec<&'static KindInfo>>) -> Value {
+fn group_doc(name: &str, versions: &BTreeMap<&'static str, Vec<&Served>>) -> Value {
     let vs: Vec<Value> = versions
         .keys()
         .map(|v| json!({"groupVersion": format!("{name}/{v}"), "version": v}))
@@ -167,7 +187,7 @@ fn group_doc(name: &str, versions: &BTreeMap<&'static str, Vec<&'static KindInfo
 }
 
 /// `GET /apis`.
-pub fn group_list(infos: &[&'static KindInfo]) -> Value {
+pub fn group_list(infos: &[Served]) -> Value {
     let groups: Vec<Value> = groups(infos)
         .iter()
         .filter(|(g, _)| !g.is_empty())
@@ -177,7 +197,7 @@ pub fn group_list(infos: &[&'static KindInfo]) -> Value {
 }
 
 /// `GET /apis/<group>`, `None` if no such group.
-pub fn group(infos: &[&'static KindInfo], name: &str) -> Option<Value> {
+pub fn group(infos: &[Served], name: &str) -> Option<Value> {
     let all = groups(infos);
     let vs = all.get(name).filter(|_| !name.is_empty())?;
     let mut doc = group_doc(name, vs);
@@ -187,14 +207,15 @@ pub fn group(infos: &[&'static KindInfo], name: &str) -> Option<Value> {
 }
 
 /// `GET /api/v1` or `/apis/<group>/<version>`, `None` if no such group-version.
-pub fn resource_list(infos: &[&'static KindInfo], group: &str, version: &str) -> Option<Value> {
+pub fn resource_list(infos: &[Served], group: &str, version: &str) -> Option<Value> {
     let all = groups(infos);
     let kinds = all.get(group)?.get(version)?;
     let mut resources = Vec::new();
-    for i in kinds {
+    for served in kinds {
+        let i = served.info;
         let mut r = json!({
             "name": i.plural,
-            "singularName": singular(i),
+            "singularName": served.singular,
             "namespaced": i.namespaced,
             "kind": i.kind,
             "verbs": verbs_of(i),
@@ -202,11 +223,11 @@ pub fn resource_list(infos: &[&'static KindInfo], group: &str, version: &str) ->
         if !i.short_names.is_empty() {
             r["shortNames"] = json!(i.short_names);
         }
-        if !categories(i).is_empty() {
-            r["categories"] = json!(categories(i));
+        if !served.categories.is_empty() {
+            r["categories"] = json!(served.categories);
         }
         resources.push(r);
-        for s in subresources(i) {
+        for s in subresources(served) {
             let mut sub = json!({
                 "name": format!("{}/{}", i.plural, s.name),
                 "singularName": "",
@@ -238,7 +259,7 @@ pub fn resource_list(infos: &[&'static KindInfo], group: &str, version: &str) ->
 
 /// Aggregated discovery (`apidiscovery.k8s.io/v2` `APIGroupDiscoveryList`) of the core group
 /// (`core == true`, for `/api`) or of every named group (`/apis`).
-pub fn aggregated(infos: &[&'static KindInfo], core: bool) -> Value {
+pub fn aggregated(infos: &[Served], core: bool) -> Value {
     let items: Vec<Value> = groups(infos)
         .iter()
         .filter(|(g, _)| g.is_empty() == core)
@@ -248,21 +269,22 @@ pub fn aggregated(infos: &[&'static KindInfo], core: bool) -> Value {
                 .map(|(v, kinds)| {
                     let resources: Vec<Value> = kinds
                         .iter()
-                        .map(|i| {
+                        .map(|served| {
+                            let i = served.info;
                             let mut r = json!({
                                 "resource": i.plural,
                                 "responseKind": {"group": g, "version": v, "kind": i.kind},
                                 "scope": if i.namespaced { "Namespaced" } else { "Cluster" },
-                                "singularResource": singular(i),
+                                "singularResource": served.singular,
                                 "verbs": verbs_of(i),
                             });
                             if !i.short_names.is_empty() {
                                 r["shortNames"] = json!(i.short_names);
                             }
-                            if !categories(i).is_empty() {
-                                r["categories"] = json!(categories(i));
+                            if !served.categories.is_empty() {
+                                r["categories"] = json!(served.categories);
                             }
-                            let subs: Vec<Value> = subresources(i)
+                            let subs: Vec<Value> = subresources(served)
                                 .iter()
                                 .map(|s| {
                                     let (rg, rv, rk) = s.response.unwrap_or((g, v, i.kind));
@@ -301,8 +323,11 @@ pub const AGGREGATED_CONTENT_TYPE: &str =
 mod tests {
     use super::*;
 
-    fn infos() -> Vec<&'static KindInfo> {
-        skiff_api::kinds().iter().map(|k| k.info()).collect()
+    fn infos() -> Vec<Served> {
+        skiff_api::kinds()
+            .iter()
+            .map(|k| Served::typed(k.info()))
+            .collect()
     }
 
     #[test]

@@ -143,10 +143,35 @@ fn infos(rest: &Rest) -> Vec<&'static KindInfo> {
     rest.registry.infos()
 }
 
+/// The served kinds, typed and custom, as discovery and OpenAPI describe them.
+fn served(rest: &Rest) -> Vec<discovery::Served> {
+    let mut all: Vec<discovery::Served> = infos(rest)
+        .into_iter()
+        .map(discovery::Served::typed)
+        .collect();
+    all.extend(
+        rest.registry
+            .custom_kinds()
+            .iter()
+            .map(|k| discovery::Served {
+                info: k.info(),
+                singular: k.singular.clone(),
+                categories: k.categories.clone(),
+                scale: k.scale.is_some(),
+                schema: Some(k.openapi()),
+            }),
+    );
+    all
+}
+
 /// What discovery lists: the served kinds and the metrics API's two.
-fn discovery_infos(rest: &Rest) -> Vec<&'static KindInfo> {
-    let mut all = infos(rest);
-    all.extend([&metrics::NODE_METRICS, &metrics::POD_METRICS]);
+fn discovery_infos(rest: &Rest) -> Vec<discovery::Served> {
+    let mut all = served(rest);
+    all.extend(
+        [&metrics::NODE_METRICS, &metrics::POD_METRICS]
+            .into_iter()
+            .map(discovery::Served::typed),
+    );
     all
 }
 
@@ -336,10 +361,10 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
             .await
         }
         Target::OpenApiV3Index if get => {
-            respond(200, &openapi::index(&infos(&rest)), Format::Json, &[])
+            respond(200, &openapi::index(&served(&rest)), Format::Json, &[])
         }
         Target::OpenApiV3 { group, version } if get => {
-            match openapi::document(&infos(&rest), &group, &version) {
+            match openapi::document(&served(&rest), &group, &version) {
                 Some(doc) => respond(200, &doc, Format::Json, &[]),
                 None => not_found(),
             }

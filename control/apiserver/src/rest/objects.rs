@@ -8,8 +8,8 @@ use axum::http::{HeaderMap, Method};
 use axum::response::Response;
 use base64::Engine as _;
 use serde_json::{Value, json};
-use skiff_api::rpc::{DeleteRequest, ListRequest};
 use skiff_api::kinds;
+use skiff_api::rpc::{DeleteRequest, ListRequest};
 
 use super::call::{CSRS, Call, FieldValidation, dry_run, encode_with, not_acceptable, parse_body};
 use super::context::Rest;
@@ -40,9 +40,10 @@ pub(crate) async fn serve(
             "the server could not find the requested resource",
         )
     };
-    let Ok(handler) = rest.registry.handler(&p.resource) else {
+    let Some(handler) = rest.registry.resolve(&p.group, &p.resource) else {
         return not_found();
     };
+    let handler = &handler;
     let info = handler.info();
     let gv = if p.group.is_empty() {
         p.version.clone()
@@ -52,6 +53,10 @@ pub(crate) async fn serve(
     if gv != info.api_version {
         return not_found();
     }
+    let custom = rest.registry.custom_kind(&p.group, &p.resource);
+    let scalable = custom
+        .as_ref()
+        .map_or(super::discovery::scalable(info), |c| c.scale.is_some());
     let kind = handler.codec();
     if !info.namespaced && p.namespace.is_some() {
         return not_found();
@@ -69,6 +74,7 @@ pub(crate) async fn serve(
         audit,
         info,
         kind,
+        custom,
         namespace: p.namespace.clone().unwrap_or_default(),
         name: p.name.clone().unwrap_or_default(),
         query: &query,
@@ -96,9 +102,7 @@ pub(crate) async fn serve(
             patch::serve(&call, &body, "status").await
         }
         (&Method::DELETE, Some(_), None) => delete(&call, &body).await,
-        (_, Some(_), Some("scale")) if super::discovery::scalable(info) => {
-            patch::scale(&call, &method, &body).await
-        }
+        (_, Some(_), Some("scale")) if scalable => patch::scale(&call, &method, &body).await,
         (&Method::POST, Some(_), Some("binding")) if info.plural == "pods" => {
             bind(&call, &body).await
         }

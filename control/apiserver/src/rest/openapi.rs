@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 use skiff_api::KindInfo;
 use skiff_api::schema::{self, Field, PatchStrategy, Ty};
 
-use super::discovery::{groups, subresources};
+use super::discovery::{Served, groups, subresources};
 
 /// The component name of a message.
 fn component(message: &str) -> String {
@@ -203,8 +203,25 @@ fn patch_body() -> Value {
     json!({"type": "object", "description": "A JSON patch, merge patch, strategic merge patch or apply configuration."})
 }
 
+/// The component name of a kind's schema: its message's for a typed kind, the reversed
+/// group, version and kind for a custom one (`com.example.v1.Widget`, as kube-apiserver
+/// names them).
+fn kind_component(served: &Served) -> String {
+    let info = served.info;
+    if served.schema.is_none() {
+        return component(info.kind);
+    }
+    let (group, version) = info
+        .api_version
+        .rsplit_once('/')
+        .unwrap_or(("", info.api_version));
+    let reversed: Vec<&str> = group.split('.').rev().collect();
+    format!("{}.{version}.{}", reversed.join("."), info.kind)
+}
+
 /// The paths of one kind.
-fn kind_paths(info: &KindInfo, paths: &mut Map<String, Value>) {
+fn kind_paths(served: &Served, paths: &mut Map<String, Value>) {
+    let info = served.info;
     let (group, version) = info
         .api_version
         .rsplit_once('/')
@@ -223,9 +240,9 @@ fn kind_paths(info: &KindInfo, paths: &mut Map<String, Value>) {
         let ns = if info.namespaced { "Namespaced" } else { "" };
         format!("{verb}{ns}{}{suffix}", info.kind)
     };
-    let obj = reference(info.kind);
+    let obj = json!({"$ref": format!("#/components/schemas/{}", kind_component(served))});
     let list_schema = json!({"type": "object", "properties": {
-        "items": {"type": "array", "items": reference(info.kind)}
+        "items": {"type": "array", "items": obj.clone()}
     }});
     let ns_param = |mut v: Vec<Value>| {
         if info.namespaced {
@@ -320,7 +337,7 @@ fn kind_paths(info: &KindInfo, paths: &mut Map<String, Value>) {
     ]), None, &obj, None));
     paths.insert(format!("{scope}/{{name}}"), Value::Object(item));
 
-    for sub in subresources(info) {
+    for sub in subresources(served) {
         if sub.name == "binding" {
             continue;
         }
@@ -397,16 +414,44 @@ fn kind_paths(info: &KindInfo, paths: &mut Map<String, Value>) {
 }
 
 /// The document of one group-version, `None` if it is not served.
-pub fn document(infos: &[&'static KindInfo], group: &str, version: &str) -> Option<Value> {
+pub fn document(infos: &[Served], group: &str, version: &str) -> Option<Value> {
     let all = groups(infos);
     let kinds = all.get(group)?.get(version)?;
     let mut paths = Map::new();
-    for info in kinds {
-        kind_paths(info, &mut paths);
+    for served in kinds {
+        kind_paths(served, &mut paths);
     }
-    let roots: Vec<&str> = kinds.iter().map(|i| i.kind).collect();
+    let mut roots: Vec<&str> = kinds
+        .iter()
+        .filter(|s| s.schema.is_none())
+        .map(|s| s.info.kind)
+        .collect();
     let mut schemas = Map::new();
-    let by_kind: BTreeMap<&str, &KindInfo> = kinds.iter().map(|i| (i.kind, *i)).collect();
+    // A custom kind's schema as its definition gives it, with the type meta and the
+    // metadata every object has.
+    for served in kinds {
+        let Some(schema) = &served.schema else {
+            continue;
+        };
+        roots.push("ObjectMeta");
+        let mut s = schema.clone();
+        if let Some(props) = s
+            .as_object_mut()
+            .map(|o| o.entry("properties").or_insert_with(|| json!({})))
+            .and_then(Value::as_object_mut)
+        {
+            props.insert("apiVersion".into(), json!({"type": "string"}));
+            props.insert("kind".into(), json!({"type": "string"}));
+            props.insert("metadata".into(), reference("ObjectMeta"));
+        }
+        s["x-kubernetes-group-version-kind"] = json!([gvk(served.info)]);
+        schemas.insert(kind_component(served), s);
+    }
+    let by_kind: BTreeMap<&str, &KindInfo> = kinds
+        .iter()
+        .filter(|s| s.schema.is_none())
+        .map(|s| (s.info.kind, s.info))
+        .collect();
     for name in reachable(&roots) {
         let Some(m) = schema::message(name) else {
             continue;
@@ -480,7 +525,10 @@ pub fn v2_document(protobuf: bool) -> (Vec<u8>, &'static str) {
 }
 
 /// `GET /openapi/v3`: where each group-version's document is.
-pub fn index(infos: &[&'static KindInfo]) -> Value {
+/// Each document's URL carries a hash of its content, so clients that cache documents by
+/// URL (kubectl) see a custom kind's new schema.
+pub fn index(infos: &[Served]) -> Value {
+    use sha2::Digest as _;
     let mut paths = Map::new();
     for (group, versions) in groups(infos) {
         for version in versions.keys() {
@@ -489,9 +537,12 @@ pub fn index(infos: &[&'static KindInfo]) -> Value {
             } else {
                 format!("apis/{group}/{version}")
             };
+            let doc = document(infos, group, version).unwrap_or_default();
+            let digest = sha2::Sha256::digest(doc.to_string().as_bytes());
+            let hash: String = digest[..16].iter().map(|b| format!("{b:02X}")).collect();
             paths.insert(
                 key.clone(),
-                json!({"serverRelativeURL": format!("/openapi/v3/{key}?hash={}", env!("CARGO_PKG_VERSION"))}),
+                json!({"serverRelativeURL": format!("/openapi/v3/{key}?hash={hash}")}),
             );
         }
     }
@@ -502,8 +553,11 @@ pub fn index(infos: &[&'static KindInfo]) -> Value {
 mod tests {
     use super::*;
 
-    fn infos() -> Vec<&'static KindInfo> {
-        skiff_api::kinds().iter().map(|k| k.info()).collect()
+    fn infos() -> Vec<Served> {
+        skiff_api::kinds()
+            .iter()
+            .map(|k| Served::typed(k.info()))
+            .collect()
     }
 
     /// What kubectl's query-param verifier looks for: every PATCH of the GVK carries

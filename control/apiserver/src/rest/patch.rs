@@ -312,19 +312,76 @@ async fn server_side_apply(
 }
 
 /// The `autoscaling/v1` Scale view of a Deployment or ReplicaSet.
-fn scale_of(obj: &Value) -> Value {
-    let selector = obj
-        .pointer("/spec/selector/matchLabels")
-        .and_then(Value::as_object)
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
-                .collect::<Vec<_>>()
-                .join(",")
-        })
-        .unwrap_or_default();
+/// Where a kind keeps what its Scale shows: JSON pointers of the wanted and the current
+/// replica count and of the selector (a typed kind's `matchLabels`, a custom kind's string).
+struct ScalePaths {
+    spec: String,
+    status: String,
+    selector: Option<String>,
+    typed: bool,
+}
+
+impl ScalePaths {
+    fn of(call: &Call<'_>) -> ScalePaths {
+        let pointer = |p: &str| format!("/{}", p.replace('.', "/"));
+        match call.custom.as_ref().and_then(|c| c.scale.clone()) {
+            Some((spec, status, selector)) => ScalePaths {
+                spec: pointer(&spec),
+                status: pointer(&status),
+                selector: selector.as_deref().map(pointer),
+                typed: false,
+            },
+            None => ScalePaths {
+                spec: "/spec/replicas".into(),
+                status: "/status/replicas".into(),
+                selector: Some("/spec/selector/matchLabels".into()),
+                typed: true,
+            },
+        }
+    }
+}
+
+/// Sets the value at a JSON pointer, making the objects on its way.
+fn set_pointer(value: &mut Value, pointer: &str, v: Value) {
+    let mut cur = value;
+    let parts: Vec<&str> = pointer.trim_start_matches('/').split('/').collect();
+    for (i, part) in parts.iter().enumerate() {
+        if !cur.is_object() {
+            *cur = json!({});
+        }
+        let Some(map) = cur.as_object_mut() else {
+            return;
+        };
+        if i == parts.len() - 1 {
+            map.insert((*part).to_string(), v);
+            return;
+        }
+        cur = map.entry((*part).to_string()).or_insert_with(|| json!({}));
+    }
+}
+
+fn scale_of(obj: &Value, paths: &ScalePaths) -> Value {
+    let selector = match &paths.selector {
+        Some(p) if paths.typed => obj
+            .pointer(p)
+            .and_then(Value::as_object)
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .unwrap_or_default(),
+        Some(p) => obj
+            .pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string(),
+        None => String::new(),
+    };
     let meta = obj.get("metadata").cloned().unwrap_or(Value::Null);
     let pick = |k: &str| meta.get(k).cloned().unwrap_or(Value::Null);
+    let unset = if paths.typed { json!(1) } else { json!(0) };
     let mut scale = json!({
         "kind": "Scale",
         "apiVersion": "autoscaling/v1",
@@ -335,9 +392,9 @@ fn scale_of(obj: &Value) -> Value {
             "resourceVersion": pick("resourceVersion"),
             "creationTimestamp": pick("creationTimestamp"),
         },
-        "spec": {"replicas": obj.pointer("/spec/replicas").cloned().unwrap_or(json!(1))},
+        "spec": {"replicas": obj.pointer(&paths.spec).cloned().unwrap_or(unset)},
         "status": {
-            "replicas": obj.pointer("/status/replicas").cloned().unwrap_or(json!(0)),
+            "replicas": obj.pointer(&paths.status).cloned().unwrap_or(json!(0)),
         },
     });
     if !selector.is_empty() {
@@ -346,15 +403,17 @@ fn scale_of(obj: &Value) -> Value {
     scale
 }
 
-/// GET, PUT and PATCH of `<deployments|replicasets|statefulsets>/<name>/scale`.
+/// GET, PUT and PATCH of `<deployments|replicasets|statefulsets>/<name>/scale`, and of a
+/// custom kind's scale subresource (through its definition's paths).
 pub(crate) async fn scale(
     call: &Call<'_>,
     method: &Method,
     body: &[u8],
 ) -> Result<Response, ApiError> {
+    let paths = ScalePaths::of(call);
     if method == Method::GET {
         let obj = call.to_json(&call.handler.get(&call.namespace, &call.name).await?)?;
-        return Ok(respond(200, &scale_of(&obj), call.format, &[]));
+        return Ok(respond(200, &scale_of(&obj, &paths), call.format, &[]));
     }
     let opts = call.write_options()?;
     let (ty, input) = match *method {
@@ -372,7 +431,7 @@ pub(crate) async fn scale(
     };
     for _ in 0..RETRIES {
         let current = call.to_json(&call.handler.get(&call.namespace, &call.name).await?)?;
-        let view = scale_of(&current);
+        let view = scale_of(&current, &paths);
         let wanted = match ty {
             None => input.clone(),
             Some(PatchType::Strategic) => apply("Scale", &view, &input, PatchType::Merge)?,
@@ -393,7 +452,7 @@ pub(crate) async fn scale(
             )));
         }
         let mut updated = current.clone();
-        updated["spec"]["replicas"] = replicas.into();
+        set_pointer(&mut updated, &paths.spec, replicas.into());
         call.record_write(Some(&current), &mut updated)?;
         let (bytes, _) = call.encode(updated)?;
         match call
@@ -404,7 +463,7 @@ pub(crate) async fn scale(
             Ok(obj) => {
                 return Ok(respond(
                     200,
-                    &scale_of(&call.to_json(&obj)?),
+                    &scale_of(&call.to_json(&obj)?, &paths),
                     call.format,
                     &[],
                 ));
@@ -474,11 +533,32 @@ mod tests {
         let d = json!({"metadata": {"name": "web", "namespace": "shop", "resourceVersion": "7"},
             "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}}},
             "status": {"replicas": 2}});
-        let s = scale_of(&d);
+        let typed = ScalePaths {
+            spec: "/spec/replicas".into(),
+            status: "/status/replicas".into(),
+            selector: Some("/spec/selector/matchLabels".into()),
+            typed: true,
+        };
+        let s = scale_of(&d, &typed);
         assert_eq!(s["kind"], "Scale");
         assert_eq!(s["spec"]["replicas"], 3);
         assert_eq!(s["status"]["replicas"], 2);
         assert_eq!(s["status"]["selector"], "app=web");
         assert_eq!(s["metadata"]["resourceVersion"], "7");
+        // A custom kind's paths, its selector a string; unset replicas are 0.
+        let custom = ScalePaths {
+            spec: "/spec/size".into(),
+            status: "/status/ready".into(),
+            selector: Some("/status/selector".into()),
+            typed: false,
+        };
+        let w = json!({"metadata": {"name": "w"}, "status": {"ready": 1, "selector": "app=w"}});
+        let s = scale_of(&w, &custom);
+        assert_eq!(s["spec"]["replicas"], 0);
+        assert_eq!(s["status"]["replicas"], 1);
+        assert_eq!(s["status"]["selector"], "app=w");
+        let mut w = w;
+        set_pointer(&mut w, "/spec/size", json!(4));
+        assert_eq!(w["spec"]["size"], 4);
     }
 }

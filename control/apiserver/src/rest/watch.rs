@@ -99,9 +99,15 @@ pub(crate) fn send_initial_events(q: &Query) -> Result<Option<bool>, ApiError> {
 }
 
 /// An object of a watch event in the asked representation.
-fn shape(obj: Value, format: Format, info: &skiff_api::KindInfo, table: &Query) -> Value {
+fn shape(
+    obj: Value,
+    format: Format,
+    info: &skiff_api::KindInfo,
+    printer: Option<&[crate::custom::Column]>,
+    table: &Query,
+) -> Value {
     match format {
-        Format::Table => super::table::of(info, &[obj], "", table),
+        Format::Table => super::table::of(info, printer, &[obj], table),
         Format::Metadata { v1beta1, .. } => partial_metadata(&obj, v1beta1),
         _ => obj,
     }
@@ -165,7 +171,13 @@ async fn initial_events(
     let mut lines = Vec::new();
     if send == Some(true) {
         for bytes in &listing.items {
-            let obj = shape(call.to_json(bytes)?, call.format, call.info, call.query);
+            let obj = shape(
+                call.to_json(bytes)?,
+                call.format,
+                call.info,
+                call.printer_columns(),
+                call.query,
+            );
             lines.push(line(&json!({"type": "ADDED", "object": obj})));
         }
         if bookmarks {
@@ -233,6 +245,7 @@ pub(crate) async fn serve(call: &Call<'_>) -> Response {
         Err(e) => return call.fail(&e),
         Ok(mut events) => {
             let handler = std::sync::Arc::clone(call.handler);
+            let printer = call.printer_columns().map(<[_]>::to_vec);
             let info = call.info;
             // `kubectl get -w` asks for Tables (each event's object is a one-row Table),
             // metadata watchers for PartialObjectMetadata.
@@ -273,7 +286,7 @@ pub(crate) async fn serve(call: &Call<'_>) -> Response {
                                 match handler.codec().proto_to_json(&ev.object) {
                                     Ok(obj) => json!({
                                         "type": ev.r#type,
-                                        "object": shape(obj, format, info, &query),
+                                        "object": shape(obj, format, info, printer.as_deref(), &query),
                                     }),
                                     Err(e) => subject_err(&ApiError::Internal(e.to_string())),
                                 }

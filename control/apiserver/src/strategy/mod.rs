@@ -16,6 +16,7 @@ use rand::Rng;
 use crate::stored::key_prefix;
 use crate::validation::{self as v, NameRule};
 
+pub mod apiextensions;
 mod apps;
 mod autoscaling;
 pub mod batch;
@@ -42,9 +43,14 @@ pub enum DeleteDecision {
     Defer { grace_period_seconds: i64 },
 }
 
+/// The store key prefixes of the namespaced custom kinds being served (the registry keeps
+/// it current; a namespace is not empty while any holds an object in it).
+pub type CustomPrefixes = std::sync::Arc<std::sync::RwLock<Vec<String>>>;
+
 /// What a delete hook may consult.
 pub struct DeleteContext<'a> {
     pub(crate) store: &'a dyn Store,
+    pub(crate) custom_prefixes: &'a CustomPrefixes,
     /// The grace period the client asked for, if any.
     pub grace_period_seconds: Option<i64>,
 }
@@ -58,14 +64,23 @@ impl std::fmt::Debug for DeleteContext<'_> {
 }
 
 impl DeleteContext<'_> {
-    /// Whether any namespaced resource has an object in `namespace`.
+    /// Whether any namespaced resource, typed or custom, has an object in `namespace`.
     pub async fn namespace_has_content(&self, namespace: &str) -> Result<bool, ApiError> {
-        for kind in skiff_api::kinds() {
-            let info = kind.info();
-            if !info.namespaced {
-                continue;
-            }
-            let prefix = format!("{}{namespace}/", key_prefix(info));
+        let mut prefixes: Vec<String> = skiff_api::kinds()
+            .iter()
+            .map(|k| k.info())
+            .filter(|info| info.namespaced)
+            .map(key_prefix)
+            .collect();
+        prefixes.extend(
+            self.custom_prefixes
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .cloned(),
+        );
+        for kind_prefix in prefixes {
+            let prefix = format!("{kind_prefix}{namespace}/");
             let listing = self
                 .store
                 .list(&prefix, None)

@@ -1,0 +1,388 @@
+//! Custom resources: the kinds a CustomResourceDefinition adds, served by the same generic
+//! handler as every typed kind.
+//!
+//! A definition becomes a [`CustomKind`] (its names, scope, subresources, selectable fields
+//! and its storage version's structural schema); its objects are [`Unstructured`]: JSON
+//! with a typed `metadata`, stored as JSON under `/registry/<group>/<plural>/`, as
+//! kube-apiserver stores them. The kind is the objects' codec too: decoding a request prunes
+//! the fields the schema does not specify (named as unknown fields, so `fieldValidation`
+//! Strict refuses them and Warn names them), and the strategy defaults and validates against
+//! the schema.
+//!
+//! Kind facts are `&'static` in the registry; each distinct [`KindInfo`] a definition yields
+//! is interned once ([`skiff_api::intern_kind`]), so updating or recreating a definition
+//! leaks nothing new.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::{Map, Value};
+use skiff_api::api::{CustomResourceDefinition, ObjectMeta};
+use skiff_api::manifest::ManifestError;
+use skiff_api::{DynKind, KindInfo};
+
+use crate::error::FieldError;
+use crate::object::Object;
+use crate::strategy::Strategy;
+use crate::strategy::apiextensions::schema_errors;
+
+/// A printer column of a definition's storage version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Column {
+    pub name: String,
+    pub r#type: String,
+    pub json_path: String,
+    pub priority: i32,
+}
+
+/// One custom kind, from its definition; cheap to clone (objects carry it).
+#[derive(Debug, Clone)]
+pub struct CustomKind(Arc<Definition>);
+
+impl std::ops::Deref for CustomKind {
+    type Target = Definition;
+    fn deref(&self) -> &Definition {
+        &self.0
+    }
+}
+
+/// What a definition says about its kind.
+pub struct Definition {
+    info: &'static KindInfo,
+    /// `<plural>.<group>`.
+    pub crd_name: String,
+    pub crd_uid: String,
+    pub group: String,
+    /// Every served version (the storage version among them).
+    pub served: Vec<String>,
+    pub categories: Vec<String>,
+    pub singular: String,
+    pub columns: Vec<Column>,
+    /// Field paths (`spec.color`) field selectors may name, besides metadata.name and
+    /// metadata.namespace.
+    pub selectable: Vec<String>,
+    /// The scale subresource's paths (spec replicas, status replicas, label selector).
+    pub scale: Option<(String, String, Option<String>)>,
+    schema: skiff_schema::Schema,
+}
+
+impl std::fmt::Debug for Definition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CustomKind")
+            .field("crd", &self.crd_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Definition {
+    /// The kind's facts (its storage version's).
+    pub fn info(&self) -> &'static KindInfo {
+        self.info
+    }
+}
+
+impl CustomKind {
+    /// The kind a definition defines, from its storage version; `None` when the definition
+    /// has no storage version or its schema does not compile (validation refuses such
+    /// definitions, so this is only a stored object written by something else).
+    pub fn from_crd(crd: &CustomResourceDefinition) -> Option<CustomKind> {
+        let spec = crd.spec.as_ref()?;
+        let names = spec.names.as_ref()?;
+        let storage = spec.versions.iter().find(|v| v.storage)?;
+        let raw: Value = storage
+            .schema
+            .as_ref()
+            .map(|s| serde_json::from_str(&s.open_api_v3_schema))
+            .transpose()
+            .ok()?
+            .unwrap_or_else(|| Value::Object(Map::new()));
+        let schema = skiff_schema::Schema::new(&raw, "openAPIV3Schema").ok()?;
+        let subresources = storage.subresources.clone().unwrap_or_default();
+        let api_version = format!("{}/{}", spec.group, storage.name);
+        let info = skiff_api::intern_kind(
+            &api_version,
+            &names.kind,
+            &names.plural,
+            &names.short_names,
+            spec.scope == "Namespaced",
+            subresources.status.is_some(),
+        );
+        let trim = |p: &str| p.trim_start_matches('.').to_string();
+        Some(CustomKind(Arc::new(Definition {
+            info,
+            crd_name: crd
+                .metadata
+                .as_ref()
+                .map(|m| m.name.clone())
+                .unwrap_or_default(),
+            crd_uid: crd
+                .metadata
+                .as_ref()
+                .map(|m| m.uid.clone())
+                .unwrap_or_default(),
+            group: spec.group.clone(),
+            served: spec
+                .versions
+                .iter()
+                .filter(|v| v.served)
+                .map(|v| v.name.clone())
+                .collect(),
+            categories: names.categories.clone(),
+            singular: if names.singular.is_empty() {
+                names.kind.to_lowercase()
+            } else {
+                names.singular.clone()
+            },
+            columns: storage
+                .additional_printer_columns
+                .iter()
+                .map(|c| Column {
+                    name: c.name.clone(),
+                    r#type: c.r#type.clone(),
+                    json_path: c.json_path.clone(),
+                    priority: c.priority,
+                })
+                .collect(),
+            selectable: storage
+                .selectable_fields
+                .iter()
+                .map(|f| trim(&f.json_path))
+                .collect(),
+            scale: subresources.scale.map(|s| {
+                (
+                    trim(&s.spec_replicas_path),
+                    trim(&s.status_replicas_path),
+                    s.label_selector_path.as_deref().map(trim),
+                )
+            }),
+            schema,
+        })))
+    }
+
+    /// The schema's OpenAPI v3 form, for publishing.
+    pub fn openapi(&self) -> Value {
+        self.schema.openapi()
+    }
+
+    /// The string value at a dotted field path of an object, as field selectors compare it.
+    fn value_at(obj: &Map<String, Value>, path: &str) -> Option<String> {
+        let mut parts = path.split('.');
+        let mut cur = obj.get(parts.next()?)?;
+        for p in parts {
+            cur = cur.get(p)?;
+        }
+        Some(match cur {
+            Value::String(s) => s.clone(),
+            Value::Null => String::new(),
+            other => other.to_string(),
+        })
+    }
+}
+
+impl DynKind for CustomKind {
+    fn info(&self) -> &'static KindInfo {
+        self.info
+    }
+
+    /// Prunes what the schema does not specify; the first pruned field is reported as an
+    /// unknown field (the caller removes it, warns or refuses, by `fieldValidation`, and
+    /// asks again).
+    fn json_to_proto(&self, mut value: Value) -> Result<Vec<u8>, ManifestError> {
+        if !value.is_object() {
+            return Err(ManifestError::new("", "expected an object"));
+        }
+        let meta = value.get("metadata").cloned().unwrap_or(Value::Null);
+        if !meta.is_null() {
+            skiff_api::manifest::decode::<ObjectMeta>(meta).map_err(|mut e| {
+                e.path = if e.path.is_empty() {
+                    "metadata".into()
+                } else {
+                    format!("metadata.{}", e.path)
+                };
+                e
+            })?;
+        }
+        let unknown = self.schema.prune(&mut value);
+        if let Some(first) = unknown.into_iter().next() {
+            return Err(ManifestError::new(first, "unknown field"));
+        }
+        serde_json::to_vec(&value).map_err(|e| ManifestError::new("", e.to_string()))
+    }
+
+    fn proto_to_json(&self, bytes: &[u8]) -> Result<Value, prost::DecodeError> {
+        skiff_api::json_kind(self.info).proto_to_json(bytes)
+    }
+}
+
+/// An object of a custom kind: its metadata typed, the rest as JSON.
+#[derive(Clone)]
+pub struct Unstructured {
+    kind: CustomKind,
+    meta: ObjectMeta,
+    /// Every top-level field but `metadata`.
+    rest: Map<String, Value>,
+}
+
+impl std::fmt::Debug for Unstructured {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Unstructured")
+            .field("kind", &self.kind.0.info.kind)
+            .field("name", &self.meta.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for Unstructured {
+    fn eq(&self, other: &Self) -> bool {
+        self.meta == other.meta && self.rest == other.rest
+    }
+}
+
+impl Unstructured {
+    /// The whole object as JSON.
+    pub fn to_value(&self) -> Value {
+        let mut map = self.rest.clone();
+        let mut meta = serde_json::to_value(&self.meta).unwrap_or(Value::Null);
+        skiff_api::serde_util::prune_message("ObjectMeta", &mut meta);
+        map.insert("metadata".into(), meta);
+        Value::Object(map)
+    }
+
+    fn status_is_subresource(&self) -> bool {
+        self.kind.info.has_status
+    }
+}
+
+impl Object for Unstructured {
+    type Kind = CustomKind;
+
+    fn decode(kind: &CustomKind, bytes: &[u8]) -> Result<Self, String> {
+        let kind = kind.clone();
+        let value: Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+        let Value::Object(mut rest) = value else {
+            return Err("expected an object".into());
+        };
+        let meta = match rest.remove("metadata") {
+            None | Some(Value::Null) => ObjectMeta::default(),
+            Some(m) => skiff_api::manifest::decode::<ObjectMeta>(m)
+                .map_err(|e| format!("metadata: {e}"))?,
+        };
+        Ok(Unstructured { kind, meta, rest })
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.to_value()).unwrap_or_default()
+    }
+
+    fn metadata(&self) -> Option<&ObjectMeta> {
+        Some(&self.meta)
+    }
+
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.meta
+    }
+
+    fn api_version(&self) -> &str {
+        self.rest
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+    }
+
+    fn kind(&self) -> &str {
+        self.rest.get("kind").and_then(Value::as_str).unwrap_or("")
+    }
+
+    fn set_type_meta(&mut self) {
+        let info = self.kind.info;
+        self.rest
+            .insert("apiVersion".into(), Value::from(info.api_version));
+        self.rest.insert("kind".into(), Value::from(info.kind));
+    }
+
+    fn clear_status(&mut self) {
+        if self.status_is_subresource() {
+            self.rest.remove("status");
+        }
+    }
+
+    fn copy_status_from(&mut self, other: &Self) {
+        if !self.status_is_subresource() {
+            return;
+        }
+        match other.rest.get("status") {
+            Some(s) => self.rest.insert("status".into(), s.clone()),
+            None => self.rest.remove("status"),
+        };
+    }
+
+    fn field(&self, path: &str) -> Option<String> {
+        match path {
+            "metadata.name" => Some(self.meta.name.clone()),
+            "metadata.namespace" => Some(self.meta.namespace.clone()),
+            p if self.kind.selectable.iter().any(|s| s == p) => {
+                Some(CustomKind::value_at(&self.rest, p).unwrap_or_default())
+            }
+            _ => None,
+        }
+    }
+
+    fn selectable(kind: &CustomKind, path: &str) -> bool {
+        matches!(path, "metadata.name" | "metadata.namespace")
+            || kind.selectable.iter().any(|s| s == path)
+    }
+
+    fn spec_eq(&self, other: &Self) -> bool {
+        let strip = |o: &Self| {
+            let mut m = o.rest.clone();
+            m.remove("apiVersion");
+            m.remove("kind");
+            if o.status_is_subresource() {
+                m.remove("status");
+            }
+            m
+        };
+        strip(self) == strip(other)
+    }
+}
+
+#[async_trait]
+impl Strategy for Unstructured {
+    /// The schema's defaults.
+    fn default(&mut self) {
+        let mut v = Value::Object(std::mem::take(&mut self.rest));
+        self.kind.schema.apply_defaults(&mut v);
+        if let Value::Object(m) = v {
+            self.rest = m;
+        }
+    }
+
+    /// The storage version's schema, with its CEL rules (transition rules see no old object
+    /// on create).
+    fn validate(&self) -> Vec<FieldError> {
+        schema_errors(self.kind.schema.validate(&self.to_value(), None))
+    }
+
+    /// The schema again, with the stored object for transition rules.
+    fn validate_update(&self, old: &Self) -> Vec<FieldError> {
+        // `validate` already reported the rules that need no old object.
+        let with_old = self
+            .kind
+            .schema
+            .validate(&self.to_value(), Some(&old.to_value()));
+        let without: HashSet<String> = self
+            .kind
+            .schema
+            .validate(&self.to_value(), None)
+            .into_iter()
+            .map(|e| e.to_string())
+            .collect();
+        schema_errors(
+            with_old
+                .into_iter()
+                .filter(|e| !without.contains(&e.to_string()))
+                .collect(),
+        )
+    }
+}
