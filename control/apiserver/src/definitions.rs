@@ -16,8 +16,9 @@
 //!   has every object of its kind deleted; once none is left, the handler stops and the
 //!   finalizer is removed, which lets the store drop the definition.
 //!
-//! The ClusterRole `system:controller:custom-kinds` follows the served namespaced kinds, so
-//! the controller manager may empty namespaces of them and of nothing else.
+//! The ClusterRole `system:controller:custom-kinds` follows the served custom kinds, so the
+//! controller manager may empty namespaces of them and collect their garbage, and reach no
+//! other custom kind.
 //!
 //! Every API server runs this loop; their writes are compare-and-swap, so two servers
 //! converge on the same status. Before the server serves, [`start`] installs the kinds of
@@ -86,12 +87,11 @@ pub(crate) async fn start(registry: &Arc<Registry>) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Writes [`CUSTOM_KINDS_ROLE`]'s rules for the namespaced custom kinds now served.
+/// Writes [`CUSTOM_KINDS_ROLE`]'s rules for the custom kinds now served.
 async fn sync_role(registry: &Registry) -> Result<(), ApiError> {
     let mut kinds: Vec<(String, String)> = registry
         .custom_kinds()
         .iter()
-        .filter(|k| k.info().namespaced)
         .map(|k| (k.group.clone(), k.info().plural.to_string()))
         .collect();
     kinds.sort();

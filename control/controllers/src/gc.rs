@@ -25,19 +25,25 @@
 //!   from every dependent (read, edit, update with the resourceVersion read; a conflict is
 //!   retried through the work queue), then the finalizer.
 //!
+//! Custom kinds (a CustomResourceDefinition's) own typed objects too: such an owner is never
+//! cached; its state is read from the API server through discovery and the dynamic API
+//! ([`CustomOwners`]), one watch per established custom kind queues its objects' dependents
+//! when they go, and the same watch finishes custom owners deleted with Orphan or Foreground
+//! (their kinds have no collector of their own). Custom objects are not collected as
+//! dependents.
+//!
 //! Before a finalizer is removed, kinds whose informer has not yet seen the owner's
 //! resourceVersion are listed on the API server too, so a lagging cache cannot hide a
 //! dependent. A dependent's change queues its owners that are being deleted; an owner that is
 //! being deleted or is gone queues its dependents.
 
-use std::collections::BTreeSet;
-use std::future::Future;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use futures::future::{BoxFuture, FutureExt, join_all};
 use skiff_api::api::{
-    CronJob, DaemonSet, Deployment, Endpoints, Job, ObjectMeta, OwnerReference, Pod, ReplicaSet,
-    Service, StatefulSet,
+    CronJob, CustomResourceDefinition, DaemonSet, Deployment, Endpoints, Job, ObjectMeta,
+    OwnerReference, Pod, ReplicaSet, Service, StatefulSet,
 };
 use skiff_api::{FOREGROUND_FINALIZER, KindInfo, ORPHAN_FINALIZER, Resource};
 use skiff_client::controller::{
@@ -138,6 +144,112 @@ pub async fn owner_state<T: Resource>(
     } else {
         OwnerState::Solid
     })
+}
+
+/// Owners of custom kinds (a CustomResourceDefinition's): found through discovery and read
+/// through the dynamic API, never cached, so a dependent's custom owner is Gone only when
+/// the API server says so. A kind discovery does not know (its definition is gone) is
+/// [`OwnerState::Unknown`]: its dependents stay, as Kubernetes keeps dependents of owners
+/// it cannot resolve.
+pub struct CustomOwners {
+    client: Client,
+    kinds: tokio::sync::Mutex<Discovered>,
+}
+
+/// When discovery was last asked, and the custom kinds it listed by `(apiVersion, kind)`.
+type Discovered = (
+    Option<std::time::Instant>,
+    HashMap<(String, String), &'static dyn skiff_api::DynKind>,
+);
+
+impl std::fmt::Debug for CustomOwners {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CustomOwners").finish_non_exhaustive()
+    }
+}
+
+/// How often a lookup that misses may ask discovery again.
+const DISCOVERY_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl CustomOwners {
+    pub fn new(client: Client) -> Self {
+        CustomOwners {
+            client,
+            kinds: tokio::sync::Mutex::new((None, HashMap::new())),
+        }
+    }
+
+    /// The served custom kind `(api_version, kind)`, asking discovery again on a miss.
+    async fn kind(
+        &self,
+        api_version: &str,
+        kind: &str,
+    ) -> Result<Option<&'static dyn skiff_api::DynKind>, ClientError> {
+        let key = (api_version.to_string(), kind.to_string());
+        let mut state = self.kinds.lock().await;
+        if let Some(k) = state.1.get(&key) {
+            return Ok(Some(*k));
+        }
+        if state.0.is_some_and(|at| at.elapsed() < DISCOVERY_EVERY) {
+            return Ok(None);
+        }
+        let served = self.client.discovery().await?;
+        state.0 = Some(std::time::Instant::now());
+        state.1 = served
+            .iter()
+            .map(|r| {
+                skiff_api::intern_kind(
+                    &r.api_version,
+                    &r.kind,
+                    &r.plural,
+                    &r.short_names,
+                    r.namespaced,
+                    r.has_status,
+                )
+            })
+            .filter(|info| !skiff_api::is_typed(info))
+            .map(|info| {
+                (
+                    (info.api_version.to_string(), info.kind.to_string()),
+                    skiff_api::json_kind(info),
+                )
+            })
+            .collect();
+        Ok(state.1.get(&key).copied())
+    }
+
+    /// The state of the custom owner `r` of a dependent in `namespace`.
+    async fn owner_state(
+        &self,
+        namespace: &str,
+        r: &OwnerReference,
+    ) -> Result<OwnerState, ClientError> {
+        let Some(kind) = self.kind(&r.api_version, &r.kind).await? else {
+            return Ok(OwnerState::Unknown);
+        };
+        let Some(key) = owner_key(kind.info(), namespace, r) else {
+            return Ok(OwnerState::Unknown);
+        };
+        let api = self.client.dynamic(
+            kind,
+            kind.info().namespaced.then_some(key.namespace.as_str()),
+        );
+        let meta = api
+            .get_opt(&key.name)
+            .await?
+            .and_then(|o| serde_json::from_value::<ObjectMeta>(o["metadata"].clone()).ok())
+            .filter(|m| m.uid == r.uid);
+        Ok(match meta {
+            None => OwnerState::Gone,
+            Some(m) if is_waiting_for_dependents(&m) => OwnerState::Waiting,
+            Some(_) => OwnerState::Solid,
+        })
+    }
+}
+
+/// Whether `r` names a kind Skiff has types for (so not a custom kind).
+fn typed_kind(r: &OwnerReference) -> bool {
+    skiff_api::kinds().iter().any(|k| refers_to(r, k.info()))
 }
 
 /// One kind's part of the object graph. Object-safe, so the collector can reach owners and
@@ -340,6 +452,7 @@ impl Dependent {
 /// The object graph: every kind the collector handles.
 pub struct Graph {
     kinds: Vec<Arc<dyn GraphKind>>,
+    custom: CustomOwners,
 }
 
 impl std::fmt::Debug for Graph {
@@ -363,7 +476,10 @@ impl Graph {
         r: &OwnerReference,
     ) -> Result<OwnerState, ClientError> {
         let Some(kind) = self.kind_of(r) else {
-            return Ok(OwnerState::Unknown);
+            if typed_kind(r) {
+                return Ok(OwnerState::Unknown);
+            }
+            return self.custom.owner_state(namespace, r).await;
         };
         let Some(key) = owner_key(kind.info(), namespace, r) else {
             return Ok(OwnerState::Unknown);
@@ -372,10 +488,11 @@ impl Graph {
     }
 
     /// The state of the owner `r` of a dependent in `namespace` from the caches only; `None`
-    /// when the caches cannot tell (the owner is not cached with that uid).
+    /// when the caches cannot tell (the owner is not cached with that uid, or is of a custom
+    /// kind, which is never cached).
     fn cached_owner_state(&self, namespace: &str, r: &OwnerReference) -> Option<OwnerState> {
         let Some(kind) = self.kind_of(r) else {
-            return Some(OwnerState::Unknown);
+            return typed_kind(r).then_some(OwnerState::Unknown);
         };
         let Some(key) = owner_key(kind.info(), namespace, r) else {
             return Some(OwnerState::Unknown);
@@ -493,6 +610,244 @@ fn watch_kind<T: Resource, C: Resource>(
     controller.watches(&of_c.clone(), move |c: &C| related_keys(c, &owners, &of_c))
 }
 
+/// Queues, in one collector, that collector's kind's dependents of an owner uid.
+type Trigger = Box<dyn Fn(&str) + Send + Sync>;
+
+/// The codec of a definition's kind, once it is established.
+fn established_kind(crd: &CustomResourceDefinition) -> Option<&'static dyn skiff_api::DynKind> {
+    let status = crd.status.as_ref()?;
+    if !status
+        .conditions
+        .iter()
+        .any(|c| c.r#type == "Established" && c.status == "True")
+    {
+        return None;
+    }
+    let spec = crd.spec.as_ref()?;
+    let names = status.accepted_names.as_ref()?;
+    let storage = spec.versions.iter().find(|v| v.storage)?;
+    let has_status = storage
+        .subresources
+        .as_ref()
+        .is_some_and(|s| s.status.is_some());
+    Some(skiff_api::json_kind(skiff_api::intern_kind(
+        &format!("{}/{}", spec.group, storage.name),
+        &names.kind,
+        &names.plural,
+        &names.short_names,
+        spec.scope == "Namespaced",
+        has_status,
+    )))
+}
+
+/// Follows every established custom kind (a watch each, started and stopped as the
+/// definitions come and go): when one of its objects is deleted or starts being deleted,
+/// every collector looks at that object's dependents again ([`follow_custom_kind`]).
+async fn watch_custom_owners(
+    definitions: Informer<CustomResourceDefinition>,
+    client: Client,
+    graph: Arc<Graph>,
+    triggers: Arc<Vec<Trigger>>,
+    stop: CancelToken,
+) {
+    let mut changes = definitions.subscribe();
+    let mut watching: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
+    loop {
+        let wanted: HashMap<String, &'static dyn skiff_api::DynKind> = definitions
+            .list()
+            .iter()
+            .filter_map(|crd| Some((crd.name().to_string(), established_kind(crd)?)))
+            .collect();
+        watching.retain(|name, task| {
+            let keep = wanted.contains_key(name) && !task.is_finished();
+            if !keep {
+                task.abort();
+            }
+            keep
+        });
+        for (name, kind) in wanted {
+            watching.entry(name).or_insert_with(|| {
+                tokio::spawn(follow_custom_kind(
+                    client.clone(),
+                    kind,
+                    Arc::clone(&graph),
+                    Arc::clone(&triggers),
+                ))
+            });
+        }
+        tokio::select! {
+            () = stop.cancelled() => break,
+            change = changes.recv() => if change.is_none() { break },
+        }
+    }
+    for task in watching.values() {
+        task.abort();
+    }
+}
+
+/// How soon a custom owner deleted in the foreground is looked at again while dependents
+/// still block it.
+const CUSTOM_OWNER_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// One custom kind's watch (relisted when it ends): deletions queue the dependents, and
+/// objects deleted with the Orphan or Foreground policy are finished here (their kind has
+/// no collector): references to an orphaning owner are removed from its dependents, a
+/// foreground owner waits until no dependent blocks it; then the finalizer goes.
+async fn follow_custom_kind(
+    client: Client,
+    kind: &'static dyn skiff_api::DynKind,
+    graph: Arc<Graph>,
+    triggers: Arc<Vec<Trigger>>,
+) {
+    use futures::StreamExt as _;
+    loop {
+        let api = client.dynamic(kind, None);
+        let mut events = api.watch(&ListParams::default(), "");
+        // Owners being deleted with a policy finalizer, by uid.
+        let mut finishing: HashMap<String, Finishing> = HashMap::new();
+        loop {
+            let next = if finishing.is_empty() {
+                events.next().await
+            } else {
+                match tokio::time::timeout(CUSTOM_OWNER_RETRY, events.next()).await {
+                    Ok(next) => next,
+                    Err(_) => {
+                        finish_custom_owners(&client, kind, &graph, &mut finishing).await;
+                        continue;
+                    }
+                }
+            };
+            let Some(Ok(event)) = next else {
+                break;
+            };
+            let obj = event.object();
+            let Ok(meta) = serde_json::from_value::<ObjectMeta>(obj["metadata"].clone()) else {
+                continue;
+            };
+            let deleted = matches!(event, skiff_client::WatchEvent::Deleted(_));
+            if deleted || is_deleting(&meta) {
+                for trigger in triggers.iter() {
+                    trigger(&meta.uid);
+                }
+            }
+            if deleted {
+                finishing.remove(&meta.uid);
+            } else if is_deleting(&meta)
+                && (has_finalizer(&meta, ORPHAN_FINALIZER)
+                    || has_finalizer(&meta, FOREGROUND_FINALIZER))
+            {
+                finishing.insert(
+                    meta.uid.clone(),
+                    Finishing {
+                        owner: meta,
+                        next: std::time::Instant::now(),
+                        backoff: CUSTOM_OWNER_RETRY,
+                    },
+                );
+                finish_custom_owners(&client, kind, &graph, &mut finishing).await;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
+/// A custom owner whose Orphan or Foreground deletion is not finished, and when to try
+/// again (failures back off, so a refused write is not retried twice a second).
+struct Finishing {
+    owner: ObjectMeta,
+    next: std::time::Instant,
+    backoff: std::time::Duration,
+}
+
+/// Finishes what can be finished of custom owners deleted with Orphan or Foreground; those
+/// still waiting for dependents stay in `finishing`.
+async fn finish_custom_owners(
+    client: &Client,
+    kind: &'static dyn skiff_api::DynKind,
+    graph: &Graph,
+    finishing: &mut HashMap<String, Finishing>,
+) {
+    let info = kind.info();
+    let mut done = Vec::new();
+    let now = std::time::Instant::now();
+    for (uid, state) in finishing.iter_mut().filter(|(_, s)| s.next <= now) {
+        let owner = &state.owner;
+        let result = async {
+            let dependents = graph.all_dependents(info, owner).await?;
+            let finalizer = if has_finalizer(owner, ORPHAN_FINALIZER) {
+                let edit = |m: &mut ObjectMeta| {
+                    let before = m.owner_references.len();
+                    m.owner_references.retain(|r| r.uid != owner.uid);
+                    m.owner_references.len() != before
+                };
+                for d in &dependents {
+                    d.kind
+                        .edit_metadata(&key_of(&d.meta), &d.meta.uid, &edit)
+                        .await?;
+                }
+                ORPHAN_FINALIZER
+            } else if dependents.iter().any(|d| d.blocks(&owner.uid)) {
+                return Ok(false);
+            } else {
+                FOREGROUND_FINALIZER
+            };
+            remove_custom_finalizer(client, kind, owner, finalizer).await?;
+            Ok::<bool, ClientError>(true)
+        }
+        .await;
+        match result {
+            Ok(true) => done.push(uid.clone()),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(kind = info.kind, object = %key_of(owner),
+                    error = %crate::error_chain(&e), retry_in = ?state.backoff,
+                    "finishing the deletion of a custom owner");
+                state.next = now + state.backoff;
+                state.backoff = (state.backoff * 2).min(std::time::Duration::from_secs(30));
+            }
+        }
+    }
+    for uid in done {
+        finishing.remove(&uid);
+    }
+}
+
+/// Removes `finalizer` from the custom object `owner` (if it is still that object).
+async fn remove_custom_finalizer(
+    client: &Client,
+    kind: &'static dyn skiff_api::DynKind,
+    owner: &ObjectMeta,
+    finalizer: &str,
+) -> Result<(), ClientError> {
+    let api = client.dynamic(
+        kind,
+        kind.info().namespaced.then_some(owner.namespace.as_str()),
+    );
+    let Some(mut obj) = api.get_opt(&owner.name).await? else {
+        return Ok(());
+    };
+    if obj["metadata"]["uid"].as_str() != Some(owner.uid.as_str()) {
+        return Ok(());
+    }
+    let Some(finalizers) = obj["metadata"]["finalizers"].as_array_mut() else {
+        return Ok(());
+    };
+    let before = finalizers.len();
+    finalizers.retain(|f| f.as_str() != Some(finalizer));
+    if finalizers.len() == before {
+        return Ok(());
+    }
+    match api.update(&obj).await {
+        Ok(_) => {
+            tracing::info!(kind = kind.info().kind, object = %key_of(owner), finalizer,
+                "removed finalizer");
+            Ok(())
+        }
+        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// The kinds the collector handles: the one list, used for the graph, the watches and the
 /// collectors.
 macro_rules! graph_kinds {
@@ -501,6 +856,7 @@ macro_rules! graph_kinds {
         pub fn graph(informers: &Informers) -> Graph {
             Graph {
                 kinds: vec![$(Arc::new(KindGraph::<$t>::new(informers)) as Arc<dyn GraphKind>),*],
+                custom: CustomOwners::new(informers.client().clone()),
             }
         }
 
@@ -510,7 +866,8 @@ macro_rules! graph_kinds {
             controller
         }
 
-        /// One collector per kind.
+        /// One collector per kind, and the watch of the custom kinds that queues the
+        /// dependents of custom owners as they go.
         fn collectors(
             informers: &Informers,
             graph: &Arc<Graph>,
@@ -518,7 +875,36 @@ macro_rules! graph_kinds {
             workers: usize,
             stop: &CancelToken,
         ) -> Vec<BoxFuture<'static, ()>> {
-            vec![$(Collector::<$t>::run(informers, graph, recorder, workers, stop).boxed()),*]
+            let mut triggers: Vec<Trigger> = Vec::new();
+            let mut runs: Vec<BoxFuture<'static, ()>> = Vec::new();
+            $(
+                let controller = Collector::<$t>::controller(informers)
+                    .graceful_shutdown_on(stop.clone());
+                let queue = controller.queue();
+                let dependents = informers.get::<$t>();
+                triggers.push(Box::new(move |uid: &str| {
+                    for d in dependents.by_owner_ref(uid) {
+                        queue.add(ObjectKey::of(&*d));
+                    }
+                }));
+                let reconciler = Arc::new(Collector::<$t>::new(
+                    informers,
+                    Arc::clone(graph),
+                    recorder.clone(),
+                ));
+                runs.push(controller.run(reconciler, workers).boxed());
+            )*
+            runs.push(
+                watch_custom_owners(
+                    informers.get::<CustomResourceDefinition>(),
+                    informers.client().clone(),
+                    Arc::clone(graph),
+                    Arc::new(triggers),
+                    stop.clone(),
+                )
+                .boxed(),
+            );
+            runs
         }
     };
 }
@@ -561,23 +947,6 @@ impl<T: Resource> Collector<T> {
         let controller =
             Controller::<T>::new(informers).named(&format!("garbagecollector/{}", T::INFO.plural));
         watch_graph(controller, informers)
-    }
-
-    fn run(
-        informers: &Informers,
-        graph: &Arc<Graph>,
-        recorder: &EventRecorder,
-        workers: usize,
-        stop: &CancelToken,
-    ) -> impl Future<Output = ()> + Send + 'static {
-        let reconciler = Arc::new(Collector::<T>::new(
-            informers,
-            Arc::clone(graph),
-            recorder.clone(),
-        ));
-        Self::controller(informers)
-            .graceful_shutdown_on(stop.clone())
-            .run(reconciler, workers)
     }
 
     /// A dependent: delete it when no owner is solid; drop references to gone and waiting

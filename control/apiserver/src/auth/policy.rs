@@ -198,32 +198,45 @@ fn namespace_deleter_rules() -> Vec<PolicyRule> {
         .filter(|info| info.namespaced)
         .map(|info| (info.group().to_string(), info.plural.to_string()))
         .collect();
-    custom_kind_rules(&typed)
+    kind_rules(
+        &["get", "list", "watch", "delete", "deletecollection"],
+        &typed,
+    )
 }
 
-/// The ClusterRole through which the controller manager's namespace controller reaches the
-/// custom kinds; its rules follow the served namespaced custom kinds (the API server's
-/// definitions loop writes them: [`custom_kind_rules`]), so the controller manager gets no
-/// more than the kinds that exist.
+/// The ClusterRole through which the controller manager's namespace controller and garbage
+/// collector reach the custom kinds; its rules follow the served custom kinds (the API
+/// server's definitions loop writes them: [`custom_kind_rules`]), so the controller manager
+/// gets no more than the kinds that exist.
 pub const CUSTOM_KINDS_ROLE: &str = "system:controller:custom-kinds";
 
-/// What emptying a namespace of the `(group, plural)` kinds takes (the rules of
-/// [`CUSTOM_KINDS_ROLE`] for the custom kinds).
-pub fn custom_kind_rules(kinds: &[(String, String)]) -> Vec<PolicyRule> {
+/// `verbs` on the `(group, plural)` kinds, one rule per group.
+fn kind_rules(verbs: &[&str], kinds: &[(String, String)]) -> Vec<PolicyRule> {
     let mut by_group: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
     for (group, plural) in kinds {
         by_group.entry(group).or_default().push(plural);
     }
     by_group
         .into_iter()
-        .map(|(group, plurals)| {
-            rule(
-                &["get", "list", "watch", "delete", "deletecollection"],
-                &[group],
-                &plurals,
-            )
-        })
+        .map(|(group, plurals)| rule(verbs, &[group], &plurals))
         .collect()
+}
+
+/// The rules of [`CUSTOM_KINDS_ROLE`] for the `(group, plural)` custom kinds: reading and
+/// deleting them (emptying a namespace, collecting garbage) and updating them (the garbage
+/// collector removes the Orphan and Foreground finalizers of custom owners).
+pub fn custom_kind_rules(kinds: &[(String, String)]) -> Vec<PolicyRule> {
+    kind_rules(
+        &[
+            "get",
+            "list",
+            "watch",
+            "update",
+            "delete",
+            "deletecollection",
+        ],
+        kinds,
+    )
 }
 
 /// `r` limited to the objects named `names`.
@@ -432,6 +445,13 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                         "persistentvolumeclaims",
                         "persistentvolumeclaims/status",
                     ],
+                ),
+                // The garbage collector follows the custom kinds their definitions add (the
+                // kinds themselves: `CUSTOM_KINDS_ROLE`).
+                rule(
+                    &["get", "list", "watch"],
+                    &["apiextensions.k8s.io"],
+                    &["customresourcedefinitions"],
                 ),
                 // The volume controllers read classes (and may create the default one).
                 rule(
