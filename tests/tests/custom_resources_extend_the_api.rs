@@ -30,7 +30,7 @@ spec:
     - name: v1
       served: true
       storage: true
-      schema:
+      schema: &schema
         openAPIV3Schema:
           type: object
           properties:
@@ -77,6 +77,10 @@ spec:
           jsonPath: .metadata.creationTimestamp
       selectableFields:
         - jsonPath: .spec.color
+    - name: v1beta1
+      served: true
+      storage: false
+      schema: *schema
   scope: Namespaced
   names:
     plural: crontabs
@@ -148,6 +152,13 @@ async fn custom_resources_extend_the_api() {
     assert!(ok, "{err}");
     assert!(out.contains("cronSpec"), "{out}");
     assert!(out.contains("What the cron job runs"), "{out}");
+
+    // Both versions are served (the None conversion: only apiVersion differs); v1 is
+    // preferred.
+    let (_, out, _) = kubectl(&["get", "--raw", "/apis/stable.example.com"]);
+    let group: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(group["preferredVersion"]["version"], "v1", "{group}");
+    assert_eq!(group["versions"][1]["version"], "v1beta1", "{group}");
 
     // An object: defaults filled, unknown fields refused by kubectl's strict validation.
     let good = r#"
@@ -279,6 +290,33 @@ spec:
         "jsonpath={.metadata.generation}",
     ]);
     assert_eq!(out, "2", "a spec change bumps the generation");
+
+    // Written at v1beta1, stored at v1, read at either.
+    let (ok, _, err) = apply(
+        &good
+            .replace("my-new-cron-object", "beta-one")
+            .replace("stable.example.com/v1", "stable.example.com/v1beta1"),
+    );
+    assert!(ok, "{err}");
+    let path = "/namespaces/default/crontabs/beta-one";
+    let (_, out, _) = kubectl(&[
+        "get",
+        "--raw",
+        &format!("/apis/stable.example.com/v1{path}"),
+    ]);
+    let v1: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v1["apiVersion"], "stable.example.com/v1", "{v1}");
+    assert_eq!(v1["spec"]["replicas"], 1, "defaulted: {v1}");
+    let (_, out, _) = kubectl(&[
+        "get",
+        "--raw",
+        &format!("/apis/stable.example.com/v1beta1{path}"),
+    ]);
+    let beta: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(beta["apiVersion"], "stable.example.com/v1beta1", "{beta}");
+    assert_eq!(beta["metadata"]["uid"], v1["metadata"]["uid"]);
+    let (ok, out, err) = kubectl(&["delete", "crontabs.v1beta1.stable.example.com", "beta-one"]);
+    assert!(ok, "{out}{err}");
 
     // Field selectors on the definition's selectable fields.
     let (ok, _, err) = apply(

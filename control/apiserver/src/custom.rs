@@ -1,13 +1,15 @@
 //! Custom resources: the kinds a CustomResourceDefinition adds, served by the same generic
 //! handler as every typed kind.
 //!
-//! A definition becomes a [`CustomKind`] (its names, scope, subresources, selectable fields
-//! and its storage version's structural schema); its objects are [`Unstructured`]: JSON
-//! with a typed `metadata`, stored as JSON under `/registry/<group>/<plural>/`, as
-//! kube-apiserver stores them. The kind is the objects' codec too: decoding a request prunes
-//! the fields the schema does not specify (named as unknown fields, so `fieldValidation`
-//! Strict refuses them and Warn names them), and the strategy defaults and validates against
-//! the schema.
+//! A definition becomes a [`CustomKind`] (its names, scope, and per served version the
+//! structural schema, subresources, printer columns and selectable fields); its objects are
+//! [`Unstructured`]: JSON with a typed `metadata`, stored as JSON under
+//! `/registry/<group>/<plural>/` in the storage version, as kube-apiserver stores them. The
+//! kind at a version is the codec of requests for that version: decoding prunes the fields
+//! its schema does not specify (named as unknown fields, so `fieldValidation` Strict refuses
+//! them and Warn names them) and converts to the storage version, encoding converts back
+//! (the None strategy: only `apiVersion` changes). The handler defaults and validates with
+//! the storage version's schema.
 //!
 //! Kind facts are `&'static` in the registry; each distinct [`KindInfo`] a definition yields
 //! is interned once ([`skiff_api::intern_kind`]), so updating or recreating a definition
@@ -36,133 +38,203 @@ pub struct Column {
     pub priority: i32,
 }
 
-/// One custom kind, from its definition; cheap to clone (objects carry it).
+/// One custom kind at one of its served versions (the handler's: the storage version), from
+/// its definition; cheap to clone (objects carry it).
 #[derive(Debug, Clone)]
-pub struct CustomKind(Arc<Definition>);
+pub struct CustomKind {
+    def: Arc<Definition>,
+    /// Index into `def.versions`.
+    at: usize,
+}
 
 impl std::ops::Deref for CustomKind {
     type Target = Definition;
     fn deref(&self) -> &Definition {
-        &self.0
+        &self.def
     }
 }
 
 /// What a definition says about its kind.
 pub struct Definition {
-    info: &'static KindInfo,
     /// `<plural>.<group>`.
     pub crd_name: String,
     pub crd_uid: String,
     pub group: String,
-    /// Every served version (the storage version among them).
-    pub served: Vec<String>,
     pub categories: Vec<String>,
     pub singular: String,
-    pub columns: Vec<Column>,
+    /// The served versions; `storage` indexes the one objects are stored in.
+    versions: Vec<Version>,
+    storage: usize,
+}
+
+/// One served version of a custom kind.
+struct Version {
+    name: String,
+    served: bool,
+    info: &'static KindInfo,
+    schema: skiff_schema::Schema,
+    columns: Vec<Column>,
     /// Field paths (`spec.color`) field selectors may name, besides metadata.name and
     /// metadata.namespace.
-    pub selectable: Vec<String>,
+    selectable: Vec<String>,
     /// The scale subresource's paths (spec replicas, status replicas, label selector).
-    pub scale: Option<(String, String, Option<String>)>,
-    schema: skiff_schema::Schema,
+    scale: Option<(String, String, Option<String>)>,
 }
 
 impl std::fmt::Debug for Definition {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CustomKind")
+        f.debug_struct("Definition")
             .field("crd", &self.crd_name)
             .finish_non_exhaustive()
     }
 }
 
-impl Definition {
-    /// The kind's facts (its storage version's).
-    pub fn info(&self) -> &'static KindInfo {
-        self.info
-    }
-}
-
 impl CustomKind {
-    /// The kind a definition defines, from its storage version; `None` when the definition
-    /// has no storage version or its schema does not compile (validation refuses such
+    /// The kind a definition defines, at its storage version; `None` when the definition has
+    /// no served storage version or a schema does not compile (validation refuses such
     /// definitions, so this is only a stored object written by something else).
     pub fn from_crd(crd: &CustomResourceDefinition) -> Option<CustomKind> {
         let spec = crd.spec.as_ref()?;
         let names = spec.names.as_ref()?;
-        let storage = spec.versions.iter().find(|v| v.storage)?;
-        let raw: Value = storage
-            .schema
-            .as_ref()
-            .map(|s| serde_json::from_str(&s.open_api_v3_schema))
-            .transpose()
-            .ok()?
-            .unwrap_or_else(|| Value::Object(Map::new()));
-        let schema = skiff_schema::Schema::new(&raw, "openAPIV3Schema").ok()?;
-        let subresources = storage.subresources.clone().unwrap_or_default();
-        let api_version = format!("{}/{}", spec.group, storage.name);
-        let info = skiff_api::intern_kind(
-            &api_version,
-            &names.kind,
-            &names.plural,
-            &names.short_names,
-            spec.scope == "Namespaced",
-            subresources.status.is_some(),
-        );
         let trim = |p: &str| p.trim_start_matches('.').to_string();
-        Some(CustomKind(Arc::new(Definition {
-            info,
-            crd_name: crd
-                .metadata
+        let mut versions = Vec::new();
+        let mut storage = None;
+        for v in spec.versions.iter().filter(|v| v.served || v.storage) {
+            let raw: Value = v
+                .schema
                 .as_ref()
-                .map(|m| m.name.clone())
-                .unwrap_or_default(),
-            crd_uid: crd
-                .metadata
-                .as_ref()
-                .map(|m| m.uid.clone())
-                .unwrap_or_default(),
-            group: spec.group.clone(),
-            served: spec
-                .versions
-                .iter()
-                .filter(|v| v.served)
-                .map(|v| v.name.clone())
-                .collect(),
-            categories: names.categories.clone(),
-            singular: if names.singular.is_empty() {
-                names.kind.to_lowercase()
-            } else {
-                names.singular.clone()
-            },
-            columns: storage
-                .additional_printer_columns
-                .iter()
-                .map(|c| Column {
-                    name: c.name.clone(),
-                    r#type: c.r#type.clone(),
-                    json_path: c.json_path.clone(),
-                    priority: c.priority,
-                })
-                .collect(),
-            selectable: storage
-                .selectable_fields
-                .iter()
-                .map(|f| trim(&f.json_path))
-                .collect(),
-            scale: subresources.scale.map(|s| {
-                (
-                    trim(&s.spec_replicas_path),
-                    trim(&s.status_replicas_path),
-                    s.label_selector_path.as_deref().map(trim),
-                )
+                .map(|s| serde_json::from_str(&s.open_api_v3_schema))
+                .transpose()
+                .ok()?
+                .unwrap_or_else(|| Value::Object(Map::new()));
+            let subresources = v.subresources.clone().unwrap_or_default();
+            if v.storage {
+                storage = Some(versions.len());
+            }
+            versions.push(Version {
+                name: v.name.clone(),
+                served: v.served,
+                info: skiff_api::intern_kind(
+                    &format!("{}/{}", spec.group, v.name),
+                    &names.kind,
+                    &names.plural,
+                    &names.short_names,
+                    spec.scope == "Namespaced",
+                    subresources.status.is_some(),
+                ),
+                schema: skiff_schema::Schema::new(&raw, "openAPIV3Schema").ok()?,
+                columns: v
+                    .additional_printer_columns
+                    .iter()
+                    .map(|c| Column {
+                        name: c.name.clone(),
+                        r#type: c.r#type.clone(),
+                        json_path: c.json_path.clone(),
+                        priority: c.priority,
+                    })
+                    .collect(),
+                selectable: v
+                    .selectable_fields
+                    .iter()
+                    .map(|f| trim(&f.json_path))
+                    .collect(),
+                scale: subresources.scale.map(|s| {
+                    (
+                        trim(&s.spec_replicas_path),
+                        trim(&s.status_replicas_path),
+                        s.label_selector_path.as_deref().map(trim),
+                    )
+                }),
+            });
+        }
+        let storage = storage?;
+        let meta = crd.metadata.clone().unwrap_or_default();
+        Some(CustomKind {
+            def: Arc::new(Definition {
+                crd_name: meta.name,
+                crd_uid: meta.uid,
+                group: spec.group.clone(),
+                categories: names.categories.clone(),
+                singular: if names.singular.is_empty() {
+                    names.kind.to_lowercase()
+                } else {
+                    names.singular.clone()
+                },
+                versions,
+                storage,
             }),
-            schema,
-        })))
+            at: storage,
+        })
+    }
+
+    fn version(&self) -> &Version {
+        &self.def.versions[self.at]
+    }
+
+    /// The kind's facts at this version.
+    pub fn info(&self) -> &'static KindInfo {
+        self.version().info
+    }
+
+    /// The kind at served version `name` (objects read through it are converted from the
+    /// storage version, and written ones to it: the None strategy).
+    pub fn at_version(&self, name: &str) -> Option<CustomKind> {
+        let at = self
+            .def
+            .versions
+            .iter()
+            .position(|v| v.name == name && v.served)?;
+        Some(CustomKind {
+            def: Arc::clone(&self.def),
+            at,
+        })
+    }
+
+    /// The kind at each of its served versions.
+    pub fn served_versions(&self) -> Vec<CustomKind> {
+        (0..self.def.versions.len())
+            .filter(|at| self.def.versions[*at].served)
+            .map(|at| CustomKind {
+                def: Arc::clone(&self.def),
+                at,
+            })
+            .collect()
+    }
+
+    /// The kind at its storage version.
+    pub fn storage(&self) -> CustomKind {
+        CustomKind {
+            def: Arc::clone(&self.def),
+            at: self.def.storage,
+        }
+    }
+
+    pub fn columns(&self) -> &[Column] {
+        &self.version().columns
+    }
+
+    pub fn scale(&self) -> Option<&(String, String, Option<String>)> {
+        self.version().scale.as_ref()
+    }
+
+    fn selectable(&self) -> &[String] {
+        &self.version().selectable
+    }
+
+    fn schema(&self) -> &skiff_schema::Schema {
+        &self.version().schema
     }
 
     /// The schema's OpenAPI v3 form, for publishing.
     pub fn openapi(&self) -> Value {
-        self.schema.openapi()
+        self.schema().openapi()
+    }
+
+    /// Sets an object's apiVersion to this version's (the None conversion).
+    fn convert(&self, value: &mut Value) {
+        if let Some(m) = value.as_object_mut() {
+            m.insert("apiVersion".into(), Value::from(self.info().api_version));
+        }
     }
 
     /// The string value at a dotted field path of an object, as field selectors compare it.
@@ -180,9 +252,11 @@ impl CustomKind {
     }
 }
 
+/// The codec of one version: a request's object is pruned by this version's schema and
+/// converted to the storage version; a stored object is converted to this version.
 impl DynKind for CustomKind {
     fn info(&self) -> &'static KindInfo {
-        self.info
+        self.version().info
     }
 
     /// Prunes what the schema does not specify; the first pruned field is reported as an
@@ -203,15 +277,22 @@ impl DynKind for CustomKind {
                 e
             })?;
         }
-        let unknown = self.schema.prune(&mut value);
+        let unknown = self.schema().prune(&mut value);
         if let Some(first) = unknown.into_iter().next() {
             return Err(ManifestError::new(first, "unknown field"));
+        }
+        // A kind and apiVersion of another kind are refused by the caller; only this
+        // version's become the storage version's.
+        if value["apiVersion"].as_str() == Some(self.info().api_version) {
+            self.storage().convert(&mut value);
         }
         serde_json::to_vec(&value).map_err(|e| ManifestError::new("", e.to_string()))
     }
 
     fn proto_to_json(&self, bytes: &[u8]) -> Result<Value, prost::DecodeError> {
-        skiff_api::json_kind(self.info).proto_to_json(bytes)
+        let mut value = skiff_api::json_kind(self.info()).proto_to_json(bytes)?;
+        self.convert(&mut value);
+        Ok(value)
     }
 }
 
@@ -227,7 +308,7 @@ pub struct Unstructured {
 impl std::fmt::Debug for Unstructured {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Unstructured")
-            .field("kind", &self.kind.0.info.kind)
+            .field("kind", &self.kind.info().kind)
             .field("name", &self.meta.name)
             .finish_non_exhaustive()
     }
@@ -250,7 +331,7 @@ impl Unstructured {
     }
 
     fn status_is_subresource(&self) -> bool {
-        self.kind.info.has_status
+        self.kind.info().has_status
     }
 }
 
@@ -295,7 +376,7 @@ impl Object for Unstructured {
     }
 
     fn set_type_meta(&mut self) {
-        let info = self.kind.info;
+        let info = self.kind.info();
         self.rest
             .insert("apiVersion".into(), Value::from(info.api_version));
         self.rest.insert("kind".into(), Value::from(info.kind));
@@ -321,7 +402,7 @@ impl Object for Unstructured {
         match path {
             "metadata.name" => Some(self.meta.name.clone()),
             "metadata.namespace" => Some(self.meta.namespace.clone()),
-            p if self.kind.selectable.iter().any(|s| s == p) => {
+            p if self.kind.selectable().iter().any(|s| s == p) => {
                 Some(CustomKind::value_at(&self.rest, p).unwrap_or_default())
             }
             _ => None,
@@ -330,7 +411,7 @@ impl Object for Unstructured {
 
     fn selectable(kind: &CustomKind, path: &str) -> bool {
         matches!(path, "metadata.name" | "metadata.namespace")
-            || kind.selectable.iter().any(|s| s == path)
+            || kind.selectable().iter().any(|s| s == path)
     }
 
     fn spec_eq(&self, other: &Self) -> bool {
@@ -352,7 +433,7 @@ impl Strategy for Unstructured {
     /// The schema's defaults.
     fn default(&mut self) {
         let mut v = Value::Object(std::mem::take(&mut self.rest));
-        self.kind.schema.apply_defaults(&mut v);
+        self.kind.schema().apply_defaults(&mut v);
         if let Value::Object(m) = v {
             self.rest = m;
         }
@@ -361,7 +442,7 @@ impl Strategy for Unstructured {
     /// The storage version's schema, with its CEL rules (transition rules see no old object
     /// on create).
     fn validate(&self) -> Vec<FieldError> {
-        schema_errors(self.kind.schema.validate(&self.to_value(), None))
+        schema_errors(self.kind.schema().validate(&self.to_value(), None))
     }
 
     /// The schema again, with the stored object for transition rules.
@@ -369,11 +450,11 @@ impl Strategy for Unstructured {
         // `validate` already reported the rules that need no old object.
         let with_old = self
             .kind
-            .schema
+            .schema()
             .validate(&self.to_value(), Some(&old.to_value()));
         let without: HashSet<String> = self
             .kind
-            .schema
+            .schema()
             .validate(&self.to_value(), None)
             .into_iter()
             .map(|e| e.to_string())

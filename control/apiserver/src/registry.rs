@@ -124,7 +124,7 @@ pub trait ResourceHandler: Send + Sync {
     fn info(&self) -> &'static KindInfo;
     /// The kind's JSON codec (the REST layer's view of the bytes this handler takes and
     /// returns).
-    fn codec(&self) -> &dyn DynKind;
+    fn codec(&self) -> Arc<dyn DynKind>;
     async fn create(
         &self,
         namespace: &str,
@@ -885,8 +885,8 @@ impl<T: Strategy> ResourceHandler for Handler<T> {
         self.kind.info()
     }
 
-    fn codec(&self) -> &dyn DynKind {
-        self.kind.as_ref()
+    fn codec(&self) -> Arc<dyn DynKind> {
+        Arc::clone(&self.kind) as Arc<dyn DynKind>
     }
 
     async fn create(

@@ -48,7 +48,8 @@ pub(crate) struct Call<'a> {
     /// The request's audit record (admission refusals are noted in it).
     pub audit: Option<crate::request::AuditSlot>,
     pub info: &'static KindInfo,
-    pub kind: &'a dyn DynKind,
+    /// The codec of the kind at the request's version.
+    pub kind: std::sync::Arc<dyn DynKind>,
     /// The custom kind, when the request is for one.
     pub custom: Option<crate::custom::CustomKind>,
     /// The request's namespace ("" for cluster-scoped kinds and all-namespace lists).
@@ -151,7 +152,7 @@ impl Call<'_> {
 
     /// A custom kind's printer columns (`None` for typed kinds).
     pub fn printer_columns(&self) -> Option<&[crate::custom::Column]> {
-        self.custom.as_ref().map(|c| c.columns.as_slice())
+        self.custom.as_ref().map(|c| c.columns())
     }
 
     /// An object answer: JSON, YAML, a one-row Table or the object's metadata.
@@ -259,7 +260,7 @@ impl Call<'_> {
     /// `value` as protobuf, with unknown fields handled per `fieldValidation`.
     pub fn encode(&self, value: Value) -> Result<(Vec<u8>, Vec<String>), ApiError> {
         let mode = FieldValidation::parse(self.query)?;
-        encode_with(self.kind, value, mode)
+        encode_with(self.kind.as_ref(), value, mode)
     }
 }
 

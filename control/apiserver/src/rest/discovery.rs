@@ -174,10 +174,49 @@ pub fn core_versions(server_address: &str) -> Value {
     })
 }
 
+/// Kubernetes' version priority (`k8s.io/apimachinery/pkg/version.CompareKubeAwareVersionStrings`):
+/// GA before beta before alpha, higher numbers first, then other names alphabetically.
+fn version_priority(v: &str) -> (u8, std::cmp::Reverse<u64>, std::cmp::Reverse<u64>, String) {
+    let other = (3, std::cmp::Reverse(0), std::cmp::Reverse(0), v.to_string());
+    let Some(rest) = v.strip_prefix('v') else {
+        return other;
+    };
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    let Ok(major) = digits.parse::<u64>() else {
+        return other;
+    };
+    let tail = &rest[digits.len()..];
+    let (tier, minor) = if tail.is_empty() {
+        (0, "0")
+    } else if let Some(m) = tail.strip_prefix("beta") {
+        (1, m)
+    } else if let Some(m) = tail.strip_prefix("alpha") {
+        (2, m)
+    } else {
+        return other;
+    };
+    let Ok(minor) = minor.parse::<u64>() else {
+        return other;
+    };
+    (
+        tier,
+        std::cmp::Reverse(major),
+        std::cmp::Reverse(minor),
+        String::new(),
+    )
+}
+
+/// A group's versions, preferred first.
+fn ordered<'a, T>(versions: &'a BTreeMap<&'static str, T>) -> Vec<(&'static str, &'a T)> {
+    let mut out: Vec<(&'static str, &T)> = versions.iter().map(|(v, t)| (*v, t)).collect();
+    out.sort_by_key(|(v, _)| version_priority(v));
+    out
+}
+
 fn group_doc(name: &str, versions: &BTreeMap<&'static str, Vec<&Served>>) -> Value {
-    let vs: Vec<Value> = versions
-        .keys()
-        .map(|v| json!({"groupVersion": format!("{name}/{v}"), "version": v}))
+    let vs: Vec<Value> = ordered(versions)
+        .into_iter()
+        .map(|(v, _)| json!({"groupVersion": format!("{name}/{v}"), "version": v}))
         .collect();
     json!({
         "name": name,
@@ -264,8 +303,8 @@ pub fn aggregated(infos: &[Served], core: bool) -> Value {
         .iter()
         .filter(|(g, _)| g.is_empty() == core)
         .map(|(g, vs)| {
-            let versions: Vec<Value> = vs
-                .iter()
+            let versions: Vec<Value> = ordered(vs)
+                .into_iter()
                 .map(|(v, kinds)| {
                     let resources: Vec<Value> = kinds
                         .iter()
@@ -408,6 +447,20 @@ mod tests {
         );
         assert!(resource_list(&i, "apps", "v2").is_none());
         assert!(group(&i, "apps").is_some() && group(&i, "nope").is_none());
+    }
+
+    #[test]
+    fn versions_are_in_kubernetes_priority() {
+        let mut v = vec![
+            "v1alpha1", "v2beta1", "v1", "v1beta2", "v2", "v1beta1", "foo", "v10",
+        ];
+        v.sort_by_key(|x| version_priority(x));
+        assert_eq!(
+            v,
+            [
+                "v10", "v2", "v1", "v2beta1", "v1beta2", "v1beta1", "v1alpha1", "foo"
+            ]
+        );
     }
 
     #[test]

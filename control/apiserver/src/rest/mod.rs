@@ -153,11 +153,12 @@ fn served(rest: &Rest) -> Vec<discovery::Served> {
         rest.registry
             .custom_kinds()
             .iter()
+            .flat_map(|k| k.served_versions())
             .map(|k| discovery::Served {
                 info: k.info(),
                 singular: k.singular.clone(),
                 categories: k.categories.clone(),
-                scale: k.scale.is_some(),
+                scale: k.scale().is_some(),
                 schema: Some(k.openapi()),
             }),
     );

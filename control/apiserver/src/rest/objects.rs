@@ -8,8 +8,10 @@ use axum::http::{HeaderMap, Method};
 use axum::response::Response;
 use base64::Engine as _;
 use serde_json::{Value, json};
-use skiff_api::kinds;
+use std::sync::Arc;
+
 use skiff_api::rpc::{DeleteRequest, ListRequest};
+use skiff_api::{DynKind, KindInfo, kinds};
 
 use super::call::{CSRS, Call, FieldValidation, dry_run, encode_with, not_acceptable, parse_body};
 use super::context::Rest;
@@ -44,20 +46,33 @@ pub(crate) async fn serve(
         return not_found();
     };
     let handler = &handler;
-    let info = handler.info();
-    let gv = if p.group.is_empty() {
-        p.version.clone()
-    } else {
-        format!("{}/{}", p.group, p.version)
+    // A custom kind is served at each of its served versions (its codec converts); a typed
+    // kind at its one version.
+    let custom = match rest.registry.custom_kind(&p.group, &p.resource) {
+        Some(k) => match k.at_version(&p.version) {
+            Some(view) => Some(view),
+            None => return not_found(),
+        },
+        None => None,
     };
-    if gv != info.api_version {
-        return not_found();
-    }
-    let custom = rest.registry.custom_kind(&p.group, &p.resource);
+    let (info, kind): (&'static KindInfo, Arc<dyn DynKind>) = match &custom {
+        Some(view) => (view.info(), Arc::new(view.clone())),
+        None => {
+            let info = handler.info();
+            let gv = if p.group.is_empty() {
+                p.version.clone()
+            } else {
+                format!("{}/{}", p.group, p.version)
+            };
+            if gv != info.api_version {
+                return not_found();
+            }
+            (info, handler.codec())
+        }
+    };
     let scalable = custom
         .as_ref()
-        .map_or(super::discovery::scalable(info), |c| c.scale.is_some());
-    let kind = handler.codec();
+        .map_or(super::discovery::scalable(info), |c| c.scale().is_some());
     if !info.namespaced && p.namespace.is_some() {
         return not_found();
     }

@@ -324,7 +324,7 @@ struct ScalePaths {
 impl ScalePaths {
     fn of(call: &Call<'_>) -> ScalePaths {
         let pointer = |p: &str| format!("/{}", p.replace('.', "/"));
-        match call.custom.as_ref().and_then(|c| c.scale.clone()) {
+        match call.custom.as_ref().and_then(|c| c.scale().cloned()) {
             Some((spec, status, selector)) => ScalePaths {
                 spec: pointer(&spec),
                 status: pointer(&status),

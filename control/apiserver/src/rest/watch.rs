@@ -244,7 +244,7 @@ pub(crate) async fn serve(call: &Call<'_>) -> Response {
         Err(e @ ApiError::Expired(_)) => return error_stream(&e, call),
         Err(e) => return call.fail(&e),
         Ok(mut events) => {
-            let handler = std::sync::Arc::clone(call.handler);
+            let codec = std::sync::Arc::clone(&call.kind);
             let printer = call.printer_columns().map(<[_]>::to_vec);
             let info = call.info;
             // `kubectl get -w` asks for Tables (each event's object is a one-row Table),
@@ -283,7 +283,7 @@ pub(crate) async fn serve(call: &Call<'_>) -> Response {
                             None => break,
                             Some(Ok(ev)) => {
                                 last_rv = ev.resource_version.clone();
-                                match handler.codec().proto_to_json(&ev.object) {
+                                match codec.proto_to_json(&ev.object) {
                                     Ok(obj) => json!({
                                         "type": ev.r#type,
                                         "object": shape(obj, format, info, printer.as_deref(), &query),
