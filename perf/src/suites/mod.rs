@@ -15,6 +15,7 @@ use crate::report::SuiteReport;
 
 pub mod auth;
 pub mod control_plane;
+pub mod custom_resources;
 pub mod ha;
 pub mod images;
 pub mod lb_programming;
@@ -126,6 +127,12 @@ pub static SUITES: &[Suite] = &[
         title: rest_api::TITLE,
         section: 5,
         run: rest_api::run,
+    },
+    Suite {
+        name: custom_resources::NAME,
+        title: custom_resources::TITLE,
+        section: 5,
+        run: custom_resources::run,
     },
     Suite {
         name: scheduler::NAME,
