@@ -423,6 +423,28 @@ impl Client {
         }
     }
 
+    /// The custom kinds the server serves (what discovery lists beyond Skiff's typed kinds),
+    /// each with its JSON codec for [`Client::dynamic`].
+    pub async fn custom_kinds(&self) -> Result<Vec<&'static dyn DynKind>, ClientError> {
+        Ok(self
+            .discovery()
+            .await?
+            .iter()
+            .map(|r| {
+                skiff_api::intern_kind(
+                    &r.api_version,
+                    &r.kind,
+                    &r.plural,
+                    &r.short_names,
+                    r.namespaced,
+                    r.has_status,
+                )
+            })
+            .filter(|info| !skiff_api::is_typed(info))
+            .map(skiff_api::json_kind)
+            .collect())
+    }
+
     /// The resource types the server serves.
     pub async fn discovery(&self) -> Result<Vec<rpc::ResourceInfo>, ClientError> {
         let resp = self

@@ -193,26 +193,13 @@ impl CustomOwners {
         if state.0.is_some_and(|at| at.elapsed() < DISCOVERY_EVERY) {
             return Ok(None);
         }
-        let served = self.client.discovery().await?;
+        let served = self.client.custom_kinds().await?;
         state.0 = Some(std::time::Instant::now());
         state.1 = served
-            .iter()
-            .map(|r| {
-                skiff_api::intern_kind(
-                    &r.api_version,
-                    &r.kind,
-                    &r.plural,
-                    &r.short_names,
-                    r.namespaced,
-                    r.has_status,
-                )
-            })
-            .filter(|info| !skiff_api::is_typed(info))
-            .map(|info| {
-                (
-                    (info.api_version.to_string(), info.kind.to_string()),
-                    skiff_api::json_kind(info),
-                )
+            .into_iter()
+            .map(|k| {
+                let info = k.info();
+                ((info.api_version.to_string(), info.kind.to_string()), k)
             })
             .collect();
         Ok(state.1.get(&key).copied())

@@ -190,23 +190,8 @@ impl NamespaceController {
     pub async fn delete_content(&self, namespace: &str) -> ContentReport {
         let mut report = ContentReport::default();
         // Custom kinds first (their objects may own typed ones), as discovery lists them.
-        let custom: Vec<&'static dyn skiff_api::DynKind> = match self.client.discovery().await {
-            Ok(served) => served
-                .iter()
-                .filter(|r| r.namespaced)
-                .map(|r| {
-                    skiff_api::intern_kind(
-                        &r.api_version,
-                        &r.kind,
-                        &r.plural,
-                        &r.short_names,
-                        r.namespaced,
-                        r.has_status,
-                    )
-                })
-                .filter(|info| !skiff_api::is_typed(info))
-                .map(skiff_api::json_kind)
-                .collect(),
+        let custom: Vec<&'static dyn skiff_api::DynKind> = match self.client.custom_kinds().await {
+            Ok(kinds) => kinds.into_iter().filter(|k| k.info().namespaced).collect(),
             Err(e) => {
                 report.failures.push((
                     "discovery",
