@@ -151,6 +151,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/skiff/storage.proto",
         "proto/skiff/loadbalancer.proto",
         "proto/skiff/apiextensions.proto",
+        "proto/skiff/admissionregistration.proto",
         "proto/skiff/rpc.proto",
     ];
     let mut builder = tonic_prost_build::configure()

@@ -176,6 +176,9 @@ pub fn headers(kind: &str, wide: bool) -> Vec<String> {
         "Secret" => (&["NAME", "TYPE", "DATA", "AGE"], &[]),
         "ConfigMap" => (&["NAME", "DATA", "AGE"], &[]),
         "ServiceAccount" => (&["NAME", "SECRETS", "AGE"], &[]),
+        "ValidatingWebhookConfiguration" | "MutatingWebhookConfiguration" => {
+            (&["NAME", "WEBHOOKS", "AGE"], &[])
+        }
         "Role" | "ClusterRole" | "CustomResourceDefinition" => (&["NAME", "CREATED AT"], &[]),
         "CertificateSigningRequest" => (
             &[
@@ -660,6 +663,10 @@ pub fn cells(kind: &str, obj: &Value, wide: bool, now: DateTime<Utc>) -> Vec<Str
         "ServiceAccount" => {
             let secrets = obj["secrets"].as_array().map(Vec::len).unwrap_or(0);
             vec![name, secrets.to_string(), created]
+        }
+        "ValidatingWebhookConfiguration" | "MutatingWebhookConfiguration" => {
+            let hooks = obj["webhooks"].as_array().map(Vec::len).unwrap_or(0);
+            vec![name, hooks.to_string(), created]
         }
         "ConfigMap" => {
             let m: ConfigMap = typed(obj);

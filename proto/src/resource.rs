@@ -371,6 +371,24 @@ resource!(
     status
 );
 
+resource!(
+    ValidatingWebhookConfiguration,
+    "admissionregistration.k8s.io/v1",
+    "validatingwebhookconfigurations",
+    [],
+    false,
+    no_status
+);
+
+resource!(
+    MutatingWebhookConfiguration,
+    "admissionregistration.k8s.io/v1",
+    "mutatingwebhookconfigurations",
+    [],
+    false,
+    no_status
+);
+
 /// A resource type handled by name, for code that does not know the type statically
 /// (the CLI reading manifests, the API server's discovery).
 pub trait DynKind: Send + Sync {
@@ -413,7 +431,7 @@ impl<T: Resource> DynKind for KindOf<T> {
     }
 }
 
-static KINDS: [&dyn DynKind; 29] = [
+static KINDS: [&dyn DynKind; 31] = [
     &KindOf::<Namespace>(PhantomData),
     &KindOf::<Node>(PhantomData),
     &KindOf::<Pod>(PhantomData),
@@ -443,6 +461,8 @@ static KINDS: [&dyn DynKind; 29] = [
     &KindOf::<CertificateSigningRequest>(PhantomData),
     &KindOf::<LoadBalancerIpPool>(PhantomData),
     &KindOf::<CustomResourceDefinition>(PhantomData),
+    &KindOf::<ValidatingWebhookConfiguration>(PhantomData),
+    &KindOf::<MutatingWebhookConfiguration>(PhantomData),
 ];
 
 /// Interns a kind known only at run time (a custom kind): the same facts give the same

@@ -130,6 +130,35 @@ impl Cluster {
         .await;
     }
 
+    /// Gives the control machine a route to every node's pod CIDR through the node's fabric
+    /// address, as the network under a cluster does (a cloud's route table, BGP): what the
+    /// API server needs to call webhooks and extension servers running in pods. The control
+    /// machine runs no agent, so it has no other way to pods.
+    pub async fn route_pods_from_control(&self) {
+        for node in &self.nodes {
+            let n = self
+                .client
+                .cluster::<ApiNode>()
+                .get(&node.name)
+                .await
+                .expect("reading the node");
+            let cidr = n.spec.map(|s| s.pod_cidr).unwrap_or_default();
+            assert!(!cidr.is_empty(), "node {} has no pod CIDR", node.name);
+            let out = self
+                .control
+                .command("ip")
+                .args(["route", "replace", &cidr, "via", &node.node_ip])
+                .output()
+                .expect("running ip");
+            assert!(
+                out.status.success(),
+                "ip route replace {cidr} via {}: {}",
+                node.node_ip,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+
     /// The components' logs, for failure messages.
     pub fn logs(&self) -> String {
         let mut out = format!(

@@ -426,6 +426,17 @@ impl Object for Unstructured {
         };
         strip(self) == strip(other)
     }
+
+    fn to_json(&self) -> Value {
+        self.to_value()
+    }
+
+    /// Pruned by the schema (an unknown field is refused) and converted to the storage
+    /// version, as a request body is.
+    fn from_json(kind: &CustomKind, value: Value) -> Result<Self, String> {
+        let bytes = skiff_api::DynKind::json_to_proto(kind, value).map_err(|e| e.to_string())?;
+        Self::decode(kind, &bytes)
+    }
 }
 
 #[async_trait]

@@ -278,6 +278,46 @@ pub enum ApiError {
     /// A bug or corrupt data.
     #[error("internal error: {0}")]
     Internal(String),
+    /// An answer someone else chose (an admission webhook's refusal, a failed webhook call):
+    /// its HTTP code (400 or more), Kubernetes reason (a known reason or "") and message.
+    #[error("{message}")]
+    Status {
+        code: u16,
+        reason: &'static str,
+        message: String,
+    },
+}
+
+/// Kubernetes' `StatusReason`s, for answers whose reason comes from outside.
+const KNOWN_REASONS: &[&str] = &[
+    "Unauthorized",
+    "Forbidden",
+    "NotFound",
+    "AlreadyExists",
+    "Conflict",
+    "Gone",
+    "Invalid",
+    "ServerTimeout",
+    "StoreReadError",
+    "Timeout",
+    "TooManyRequests",
+    "BadRequest",
+    "MethodNotAllowed",
+    "NotAcceptable",
+    "RequestEntityTooLarge",
+    "UnsupportedMediaType",
+    "InternalError",
+    "Expired",
+    "ServiceUnavailable",
+];
+
+/// `reason` as a known `StatusReason`, or "" (StatusReasonUnknown).
+pub(crate) fn known_reason(reason: &str) -> &'static str {
+    KNOWN_REASONS
+        .iter()
+        .find(|r| **r == reason)
+        .copied()
+        .unwrap_or("")
 }
 
 impl ApiError {
@@ -299,6 +339,17 @@ impl ApiError {
             ApiError::Unavailable(_) => Code::Unavailable,
             ApiError::TooManyRequests { .. } => Code::ResourceExhausted,
             ApiError::Internal(_) => Code::Internal,
+            ApiError::Status { code, .. } => match code {
+                401 => Code::Unauthenticated,
+                403 => Code::PermissionDenied,
+                404 => Code::NotFound,
+                409 => Code::Aborted,
+                429 => Code::ResourceExhausted,
+                503 => Code::Unavailable,
+                504 => Code::DeadlineExceeded,
+                500.. => Code::Internal,
+                _ => Code::InvalidArgument,
+            },
         }
     }
 
@@ -319,6 +370,7 @@ impl ApiError {
             ApiError::Unavailable(_) => "Unavailable",
             ApiError::TooManyRequests { .. } => "TooManyRequests",
             ApiError::Internal(_) => "Internal",
+            ApiError::Status { reason, .. } => reason,
         }
     }
 
@@ -340,6 +392,7 @@ impl ApiError {
             ApiError::Unavailable(_) => (503, "ServiceUnavailable"),
             ApiError::TooManyRequests { .. } => (429, "TooManyRequests"),
             ApiError::Internal(_) => (500, "InternalError"),
+            ApiError::Status { code, reason, .. } => (*code, reason),
         }
     }
 

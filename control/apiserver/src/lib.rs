@@ -17,6 +17,7 @@
 //! error, request, object                # leaf types: errors; who asks, for what, audit record; objects
 //! validation, stored, status, audit     # names and metadata; store layout; answers; audit log
 //! strategy                              # per-kind rules
+//! outbound                              # calls to extension servers (webhooks)
 //! custom                                # custom kinds and their objects
 //! cache, encryption, admission::interface  # watch cache; at-rest transformer; what admission is
 //! registry                              # every verb once for every kind
@@ -79,6 +80,7 @@ pub mod error;
 pub mod kubernetes_service;
 pub mod limits;
 pub mod object;
+mod outbound;
 pub mod registry;
 pub mod request;
 mod rest;
@@ -603,6 +605,13 @@ pub async fn spawn(
     if let Err(e) = bootstrap(&registry, &opts.bootstrap_namespaces).await {
         registry.stop();
         return Err(e);
+    }
+    if let Err(source) = admission.start_webhooks(&registry).await {
+        registry.stop();
+        return Err(ApiServerError::Bootstrap {
+            object: "the admission webhook configurations".into(),
+            source,
+        });
     }
     if let Err(source) = definitions::start(&registry).await {
         registry.stop();

@@ -36,6 +36,11 @@ pub trait Object: Clone + PartialEq + Send + Sync + 'static {
     /// Whether two objects have the same desired state (everything but metadata, type meta
     /// and status); `generation` is bumped when not.
     fn spec_eq(&self, other: &Self) -> bool;
+    /// The object as Kubernetes' JSON (what admission webhooks are sent).
+    fn to_json(&self) -> serde_json::Value;
+    /// An object from Kubernetes' JSON, decoded as a request body of `kind` is (what a
+    /// mutating webhook's patch made of it).
+    fn from_json(kind: &Self::Kind, value: serde_json::Value) -> Result<Self, String>;
 
     fn name(&self) -> &str {
         self.metadata().map(|m| m.name.as_str()).unwrap_or("")
@@ -90,5 +95,11 @@ impl<T: Resource> Object for T {
     }
     fn spec_eq(&self, other: &Self) -> bool {
         Resource::spec_eq(self, other)
+    }
+    fn to_json(&self) -> serde_json::Value {
+        Resource::to_json(self)
+    }
+    fn from_json(_kind: &KindOf<T>, value: serde_json::Value) -> Result<Self, String> {
+        skiff_api::manifest::decode::<T>(value).map_err(|e| e.to_string())
     }
 }

@@ -21,9 +21,10 @@ use prost::Message;
 use skiff_api::api::{
     Binding, CertificateSigningRequest, ClusterRole, ClusterRoleBinding, ConfigMap, CronJob,
     CustomResourceDefinition, DaemonSet, Deployment, Endpoints, Event, HorizontalPodAutoscaler,
-    Job, Lease, LoadBalancerIpPool, Namespace, NetworkPolicy, Node, PersistentVolume,
-    PersistentVolumeClaim, Pod, PodDisruptionBudget, ReplicaSet, Role, RoleBinding, Secret,
-    Service, ServiceAccount, StatefulSet, StorageClass,
+    Job, Lease, LoadBalancerIpPool, MutatingWebhookConfiguration, Namespace, NetworkPolicy, Node,
+    PersistentVolume, PersistentVolumeClaim, Pod, PodDisruptionBudget, ReplicaSet, Role,
+    RoleBinding, Secret, Service, ServiceAccount, StatefulSet, StorageClass,
+    ValidatingWebhookConfiguration,
 };
 use skiff_api::rpc::{DeleteRequest, ListRequest, ListResponse, WatchRequest};
 use skiff_api::selector::{FieldSelector, Selector};
@@ -164,6 +165,8 @@ pub struct Handler<T: Strategy> {
     custom_prefixes: CustomPrefixes,
     cache: Arc<WatchCache<T>>,
     admission: Arc<dyn Admit>,
+    /// The objects' JSON, for admission webhooks.
+    json: admission::JsonOf<T>,
 }
 
 impl<T: Strategy> std::fmt::Debug for Handler<T> {
@@ -186,6 +189,7 @@ impl<T: Strategy> Handler<T> {
         let cache =
             WatchCache::start(Arc::clone(&kind), Arc::clone(&store), cache_capacity).await?;
         Ok(Handler {
+            json: admission::JsonOf(Arc::clone(&kind)),
             kind,
             store,
             custom_prefixes,
@@ -213,6 +217,8 @@ impl<T: Strategy> Handler<T> {
             name,
             old.map(|o| o as &(dyn std::any::Any + Send + Sync)),
             opts.requester.as_ref(),
+            opts.dry_run,
+            &self.json,
             self.store.as_ref(),
         )
     }
@@ -1050,6 +1056,8 @@ impl Registry {
         add::<ClusterRoleBinding>(h, &shared).await?;
         add::<LoadBalancerIpPool>(h, &shared).await?;
         add::<CustomResourceDefinition>(h, &shared).await?;
+        add::<ValidatingWebhookConfiguration>(h, &shared).await?;
+        add::<MutatingWebhookConfiguration>(h, &shared).await?;
         Ok(Registry {
             handlers,
             custom: Default::default(),

@@ -49,6 +49,19 @@ pub(crate) fn decode_kv<T: Resource>(kv: &KeyValue) -> Result<T, ApiError> {
     decode(&KindOf::<T>::default(), &kv.value, kv.mod_revision)
 }
 
+/// The object `name` of the typed kind `T` in `namespace`, as the store has it now.
+pub(crate) async fn get<T: Resource>(
+    store: &dyn skiff_store::Store,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<T>, ApiError> {
+    let key = object_key(&T::INFO, namespace, name);
+    match store.get(&key).await.map_err(ApiError::from_store)? {
+        Some(kv) => decode_kv(&kv).map(Some),
+        None => Ok(None),
+    }
+}
+
 /// The stored encoding: type meta set, resourceVersion cleared.
 pub(crate) fn encode_for_store<T: Object>(obj: &T) -> Vec<u8> {
     let mut o = obj.clone();

@@ -242,7 +242,9 @@ async fn crud_and_selectors(s: TestServer) {
             "clusterrolebindings",
             "certificatesigningrequests",
             "loadbalancerippools",
-            "customresourcedefinitions"
+            "customresourcedefinitions",
+            "validatingwebhookconfigurations",
+            "mutatingwebhookconfigurations"
         ]
     );
 

@@ -269,7 +269,7 @@ fn compile_node(
         if spec.rule.trim().is_empty() {
             continue;
         }
-        let expr = match compile_expr(&spec.rule) {
+        let expr = match compile_expr(&spec.rule, RULE_VARS) {
             Ok(e) => e,
             Err(msg) => {
                 errs.push(FieldError::invalid(
@@ -283,7 +283,7 @@ fn compile_node(
         let message_expr = if spec.message_expression.trim().is_empty() {
             None
         } else {
-            match compile_expr(&spec.message_expression) {
+            match compile_expr(&spec.message_expression, RULE_VARS) {
                 Ok(e) => Some(Arc::new(e.0)),
                 Err(msg) => {
                     errs.push(FieldError::invalid(
@@ -365,7 +365,12 @@ fn compile_node(
 }
 
 /// Parses, checks the variables, the depth, and rewrites for cost.
-fn compile_expr(src: &str) -> Result<(IdedExpr, bool), String> {
+/// The variables of a schema's rules.
+const RULE_VARS: &[&str] = &["self", "oldSelf"];
+
+/// Compiles `src`, whose free variables must be among `vars`; returns the rewritten
+/// (cost-charging) expression and whether it uses `vars[1]` (`oldSelf`).
+fn compile_expr(src: &str, vars: &[&str]) -> Result<(IdedExpr, bool), String> {
     if src.len() > MAX_RULE_LEN {
         return Err(format!("expression longer than {MAX_RULE_LEN} bytes"));
     }
@@ -381,12 +386,7 @@ fn compile_expr(src: &str) -> Result<(IdedExpr, bool), String> {
     let mut undeclared: Vec<&str> = refs
         .variables()
         .into_iter()
-        .filter(|v| {
-            *v != "self"
-                && *v != "oldSelf"
-                && !bound.iter().any(|b| b == v)
-                && !TYPE_NAMES.contains(v)
-        })
+        .filter(|v| !vars.contains(v) && !bound.iter().any(|b| b == v) && !TYPE_NAMES.contains(v))
         .collect();
     undeclared.sort();
     if let Some(v) = undeclared.first() {
@@ -394,9 +394,9 @@ fn compile_expr(src: &str) -> Result<(IdedExpr, bool), String> {
             "ERROR: <input>:1:1: undeclared reference to '{v}' (in container '')"
         ));
     }
-    let uses_old_self = refs.has_variable("oldSelf");
+    let uses_old_self = vars.get(1).is_some_and(|v| refs.has_variable(v));
     let mut ids = u64::MAX / 2;
-    let vars = vec!["self".to_string(), "oldSelf".to_string()];
+    let vars: Vec<String> = vars.iter().map(|v| v.to_string()).collect();
     Ok((rewrite(expr, &vars, &mut ids), uses_old_self))
 }
 
@@ -729,12 +729,20 @@ struct Eval {
 }
 
 fn evaluate(expr: &IdedExpr, self_val: &CelValue, old: Option<&CelValue>, limit: u64) -> Eval {
+    let mut vars = vec![("self", self_val.clone())];
+    if let Some(o) = old {
+        vars.push(("oldSelf", o.clone()));
+    }
+    evaluate_with(expr, vars, limit)
+}
+
+/// Evaluates `expr` with these variables, cancelled once it has cost `limit`.
+fn evaluate_with(expr: &IdedExpr, vars: Vec<(&str, CelValue)>, limit: u64) -> Eval {
     let used = Arc::new(AtomicU64::new(0));
     let cancelled = Arc::new(AtomicBool::new(false));
     let mut ctx = Context::with_env(Arc::clone(env()));
-    ctx.add_variable_from_value("self", self_val.clone());
-    if let Some(o) = old {
-        ctx.add_variable_from_value("oldSelf", o.clone());
+    for (name, value) in vars {
+        ctx.add_variable_from_value(name, value);
     }
     let (u, c) = (Arc::clone(&used), Arc::clone(&cancelled));
     let added = ctx.add_function(
@@ -1033,4 +1041,57 @@ fn optional_of(v: Option<&CelValue>) -> CelValue {
         ctx.add_variable_from_value("x", v.clone());
     }
     program.execute(&ctx).unwrap_or(CelValue::Null)
+}
+
+/// A CEL expression over JSON variables, outside any schema (an admission webhook's
+/// matchConditions: `object`, `oldObject`, `request`), compiled once and evaluated with the
+/// per-call cost limit.
+#[derive(Debug, Clone)]
+pub struct Expression {
+    expr: Arc<IdedExpr>,
+    vars: Vec<String>,
+}
+
+impl Expression {
+    /// Compiles `src`; every free variable must be one of `vars`. The error is CEL's
+    /// (`ERROR: <input>:1:1: undeclared reference to 'x' (in container '')`).
+    pub fn compile(src: &str, vars: &[&str]) -> Result<Expression, String> {
+        let compiled = std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .stack_size(64 << 20)
+                .spawn_scoped(scope, || compile_expr(src, vars))
+                .map(|h| h.join())
+        });
+        match compiled {
+            Ok(Ok(Ok((expr, _)))) => Ok(Expression {
+                expr: Arc::new(expr),
+                vars: vars.iter().map(|v| v.to_string()).collect(),
+            }),
+            Ok(Ok(Err(e))) => Err(e),
+            _ => Err("internal error: compilation failed".into()),
+        }
+    }
+
+    /// Evaluates to a boolean with `values` (in the order of the compiled variables; a
+    /// missing value is `null`).
+    pub fn eval_bool(&self, values: &[&Value]) -> Result<bool, String> {
+        let vars: Vec<(&str, CelValue)> = self
+            .vars
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let v = values.get(i).copied().unwrap_or(&Value::Null);
+                (name.as_str(), to_cel(v, None, false))
+            })
+            .collect();
+        let ev = evaluate_with(&self.expr, vars, PER_CALL_LIMIT);
+        if ev.cancelled {
+            return Err("operation cancelled: actual cost limit exceeded".into());
+        }
+        match ev.result {
+            Ok(CelValue::Bool(b)) => Ok(b),
+            Ok(other) => Err(format!("expected a boolean, got {:?}", other.type_of())),
+            Err(e) => Err(e.to_string()),
+        }
+    }
 }

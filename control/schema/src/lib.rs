@@ -45,6 +45,7 @@ mod validate;
 
 use serde_json::Value;
 
+pub use cel::Expression;
 use error::FPath;
 pub use error::{ErrorKind, FieldError};
 use node::Node;

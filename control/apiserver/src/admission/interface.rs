@@ -12,7 +12,42 @@ use skiff_api::{KindInfo, Resource};
 use skiff_store::Store;
 
 use crate::error::ApiError;
+use crate::object::Object;
 use crate::request::UserInfo;
+
+/// The JSON of a kind's objects, for plug-ins that hand objects to servers outside the API
+/// server (admission webhooks).
+pub trait ObjectJson: Send + Sync {
+    /// Kubernetes' JSON of `object`; `None` if it is not of this kind.
+    fn to_json(&self, object: &(dyn Any + Send + Sync)) -> Option<serde_json::Value>;
+    /// Replaces `object` with what `value` decodes to (as a request body of the kind).
+    fn replace_from_json(
+        &self,
+        object: &mut (dyn Any + Send + Sync),
+        value: serde_json::Value,
+    ) -> Result<(), String>;
+}
+
+/// The [`ObjectJson`] of the kind `T` (its codec for custom kinds).
+pub(crate) struct JsonOf<T: Object>(pub std::sync::Arc<T::Kind>);
+
+impl<T: Object> ObjectJson for JsonOf<T> {
+    fn to_json(&self, object: &(dyn Any + Send + Sync)) -> Option<serde_json::Value> {
+        object.downcast_ref::<T>().map(Object::to_json)
+    }
+
+    fn replace_from_json(
+        &self,
+        object: &mut (dyn Any + Send + Sync),
+        value: serde_json::Value,
+    ) -> Result<(), String> {
+        let slot = object
+            .downcast_mut::<T>()
+            .ok_or_else(|| "the object is not of this kind".to_string())?;
+        *slot = T::from_json(&self.0, value)?;
+        Ok(())
+    }
+}
 
 /// What a write does to its object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +70,11 @@ pub struct Request<'a> {
     pub old: Option<&'a (dyn Any + Send + Sync)>,
     /// Who asks; `None` only on in-process servers without authentication.
     pub user: Option<&'a UserInfo>,
-    store: &'a dyn Store,
+    /// A dry run: nothing will be written.
+    pub dry_run: bool,
+    /// The objects' JSON.
+    pub json: &'a dyn ObjectJson,
+    pub(crate) store: &'a dyn Store,
     namespace_object: tokio::sync::OnceCell<Option<Namespace>>,
 }
 
@@ -61,6 +100,8 @@ impl<'a> Request<'a> {
         name: &'a str,
         old: Option<&'a (dyn Any + Send + Sync)>,
         user: Option<&'a UserInfo>,
+        dry_run: bool,
+        json: &'a dyn ObjectJson,
         store: &'a dyn Store,
     ) -> Self {
         Request {
@@ -71,6 +112,8 @@ impl<'a> Request<'a> {
             name,
             old,
             user,
+            dry_run,
+            json,
             store,
             namespace_object: tokio::sync::OnceCell::new(),
         }
@@ -100,15 +143,7 @@ impl<'a> Request<'a> {
         namespace: &str,
         name: &str,
     ) -> Result<Option<T>, ApiError> {
-        let key = if T::INFO.namespaced {
-            format!("{}{namespace}/{name}", crate::stored::key_prefix(&T::INFO))
-        } else {
-            format!("{}{name}", crate::stored::key_prefix(&T::INFO))
-        };
-        match self.store.get(&key).await.map_err(ApiError::from_store)? {
-            Some(kv) => crate::stored::decode_kv(&kv).map(Some),
-            None => Ok(None),
-        }
+        crate::stored::get(self.store, namespace, name).await
     }
 
     /// Every object of kind `T` (in `namespace` for a namespaced kind), as the store has

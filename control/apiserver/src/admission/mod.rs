@@ -24,6 +24,8 @@
 //! | `CertificateApproval` | approving a CertificateSigningRequest takes `approve` on `signers/<signerName>` |
 //! | `CertificateSigning` | writing its certificate takes `sign` on `signers/<signerName>` |
 //! | `CertificateSubjectRestriction` | no `system:masters` request of the API server's client signer |
+//! | `MutatingAdmissionWebhook` | the MutatingWebhookConfigurations' webhooks, in turn, may patch the object ([`webhooks`]) |
+//! | `ValidatingAdmissionWebhook` | the ValidatingWebhookConfigurations' webhooks, in parallel, may refuse |
 //!
 //! A plug-in sees the typed object as `dyn Any` and acts on the kinds it knows, as
 //! kube-apiserver's plug-ins switch on the object's type.
@@ -39,6 +41,7 @@ use crate::auth::authz::Authorizer;
 pub mod interface;
 mod lb_pools;
 mod plugins;
+pub mod webhooks;
 
 pub use interface::{Admit, Operation, Plugin, Refusal, Request};
 
@@ -59,6 +62,9 @@ pub struct Chain {
     /// RBAC's escalation check needs the authorizer, which starts after the registry (it
     /// mirrors RBAC objects through it): set once by the server when it has one.
     authorizer: Arc<OnceLock<Arc<Authorizer>>>,
+    /// The webhook plug-ins read their configurations through the registry, which starts
+    /// after the chain: [`Chain::start_webhooks`].
+    webhooks: Arc<webhooks::Webhooks>,
 }
 
 impl std::fmt::Debug for Chain {
@@ -73,6 +79,7 @@ impl Chain {
     /// The list every server runs, in order.
     pub fn new(config: Config) -> Chain {
         let authorizer: Arc<OnceLock<Arc<Authorizer>>> = Arc::default();
+        let hooks: Arc<webhooks::Webhooks> = Arc::default();
         let plugins: Vec<Box<dyn Plugin>> = vec![
             Box::new(plugins::NamespaceLifecycle),
             Box::new(plugins::ServiceAccount),
@@ -104,16 +111,27 @@ impl Chain {
                 authorizer: Arc::clone(&authorizer),
             }),
             Box::new(plugins::CertificateSubjectRestriction),
+            Box::new(webhooks::MutatingAdmissionWebhook(Arc::clone(&hooks))),
+            Box::new(webhooks::ValidatingAdmissionWebhook(Arc::clone(&hooks))),
         ];
         Chain {
             plugins,
             authorizer,
+            webhooks: hooks,
         }
     }
 
     /// The plug-ins' names, in order.
     pub fn names(&self) -> Vec<&'static str> {
         self.plugins.iter().map(|p| p.name()).collect()
+    }
+
+    /// Starts reading the webhook configurations through the registry.
+    pub(crate) async fn start_webhooks(
+        &self,
+        registry: &crate::registry::Registry,
+    ) -> Result<(), crate::error::ApiError> {
+        self.webhooks.start(registry).await
     }
 
     /// Gives the chain the server's authorizer (once; later calls are ignored).

@@ -31,7 +31,7 @@ pub mod escalation;
 /// The credential parsers for `cargo fuzz` (feature `fuzzing`).
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
-mod mirror;
+pub(crate) mod mirror;
 pub mod node;
 pub mod policy;
 pub mod throttle;

@@ -221,77 +221,11 @@ fn check_conversion(out: &mut Vec<FieldError>, conv: &CustomResourceConversion, 
             ));
             return;
         };
-        let p = format!("{path}.webhook.clientConfig");
-        match (&cc.url, &cc.service) {
-            (Some(_), Some(_)) | (None, None) => out.push(FieldError::required(
-                p,
-                "exactly one of url or service is required",
-            )),
-            (Some(url), None) => {
-                let ok = url::Url::parse(url).ok();
-                match ok {
-                    Some(u) if u.scheme() == "https" => {
-                        if u.fragment().is_some() {
-                            out.push(FieldError::invalid(
-                                format!("{p}.url"),
-                                url,
-                                "fragments are not permitted in the URL",
-                            ));
-                        }
-                        if u.query().is_some() {
-                            out.push(FieldError::invalid(
-                                format!("{p}.url"),
-                                url,
-                                "query parameters are not permitted in the URL",
-                            ));
-                        }
-                    }
-                    Some(_) => out.push(FieldError::invalid(
-                        format!("{p}.url"),
-                        url,
-                        "'https' is the only allowed URL scheme",
-                    )),
-                    None => out.push(FieldError::invalid(
-                        format!("{p}.url"),
-                        url,
-                        "url must be a valid URL",
-                    )),
-                }
-            }
-            (None, Some(svc)) => {
-                let sp = format!("{p}.service");
-                if svc.name.is_empty() {
-                    out.push(FieldError::required(
-                        format!("{sp}.name"),
-                        "service name is required",
-                    ));
-                }
-                if svc.namespace.is_empty() {
-                    out.push(FieldError::required(
-                        format!("{sp}.namespace"),
-                        "service namespace is required",
-                    ));
-                }
-                if let Some(port) = svc.port
-                    && !(1..=65535).contains(&port)
-                {
-                    out.push(FieldError::invalid(
-                        format!("{sp}.port"),
-                        port,
-                        "port is not valid: must be between 1 and 65535, inclusive",
-                    ));
-                }
-                if let Some(path) = svc.path.as_deref()
-                    && !path.starts_with('/')
-                {
-                    out.push(FieldError::invalid(
-                        format!("{sp}.path"),
-                        path,
-                        "must start with a '/'",
-                    ));
-                }
-            }
-        }
+        super::admissionregistration::check_client_config(
+            out,
+            cc,
+            &format!("{path}.webhook.clientConfig"),
+        );
         let versions = conv
             .webhook
             .as_ref()

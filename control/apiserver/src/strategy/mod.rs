@@ -16,6 +16,7 @@ use rand::Rng;
 use crate::stored::key_prefix;
 use crate::validation::{self as v, NameRule};
 
+pub mod admissionregistration;
 pub mod apiextensions;
 mod apps;
 mod autoscaling;

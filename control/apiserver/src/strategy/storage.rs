@@ -1294,6 +1294,7 @@ mod tests {
             skiff_store::EmbeddedOptions::default(),
         )
         .expect("store");
+        let json = crate::admission::interface::JsonOf::<PersistentVolumeClaim>(Default::default());
         let req = crate::admission::Request::new(
             crate::admission::Operation::Create,
             &PersistentVolumeClaim::INFO,
@@ -1302,6 +1303,8 @@ mod tests {
             "",
             None,
             None,
+            false,
+            &json,
             &store,
         );
         let mut pvc = claim(json!({"accessModes": ["ReadWriteOnce"],

@@ -1,0 +1,317 @@
+//! Calls from the API server to servers that extend it, named by a `WebhookClientConfig`:
+//! admission webhooks now (conversion webhooks and aggregated APIs name their servers the
+//! same way).
+//!
+//! A `service` reference is resolved the way kube-apiserver does with
+//! `--enable-aggregator-routing`: the Service's port (443 by default) to one of its ready
+//! endpoints, dialled at the pod's address, while TLS checks the certificate for
+//! `<service>.<namespace>.svc` against the configuration's `caBundle` and nothing else. (The
+//! control plane's machines need not run the data plane, so a ClusterIP is not dialled.) A
+//! `url` is dialled as written.
+//!
+//! Written over hyper's connection API rather than a pooled client crate because every call
+//! has its own trust roots and a server name that is not the address dialled. Connections
+//! are kept alive and reused per (address, server name, CA bundle). Redirects are never
+//! followed and an answer other than 200 is an error that does not repeat the body (the
+//! CVE-2020-8561 class: a webhook must not make the API server fetch or log what it points
+//! at); answers are capped at [`MAX_RESPONSE_BYTES`]; the whole call, connecting included,
+//! ends at its deadline.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use skiff_api::api::{Endpoints, Service, WebhookClientConfig};
+use skiff_store::Store;
+
+use crate::error::ApiError;
+
+/// The largest answer read from an extension server.
+pub const MAX_RESPONSE_BYTES: usize = 3 << 20;
+/// Idle connections kept per server.
+const MAX_IDLE_PER_SERVER: usize = 16;
+
+/// Why a call failed, worded as kube-apiserver's webhook client words it.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CallError {
+    /// No client can be made (the CA bundle is not PEM).
+    #[error("could not get REST client: {0}")]
+    Client(String),
+    /// The Service reference leads nowhere.
+    #[error("failed to call webhook: {0}")]
+    Resolve(String),
+    /// Connecting, TLS, the exchange or the deadline.
+    #[error("failed to call webhook: Post {url:?}: {reason}")]
+    Call { url: String, reason: String },
+}
+
+/// Where one call goes.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// The address dialled.
+    pub addr: SocketAddr,
+    /// The name the server's certificate must carry (and the Host header).
+    pub server_name: String,
+    /// Path (and nothing else) of the request.
+    pub path: String,
+    /// `https://<server name>:<port><path>`, for messages.
+    pub url: String,
+}
+
+/// Resolves a client configuration to an address (for a Service: one of its ready endpoints).
+pub async fn resolve(store: &dyn Store, cc: &WebhookClientConfig) -> Result<Target, CallError> {
+    match (&cc.url, &cc.service) {
+        (Some(url), _) => resolve_url(url).await,
+        (None, Some(svc)) => {
+            let port = svc.port.unwrap_or(443);
+            let path = svc.path.clone().unwrap_or_default();
+            let path = if path.is_empty() {
+                "/".to_string()
+            } else {
+                path
+            };
+            let server_name = format!("{}.{}.svc", svc.name, svc.namespace);
+            let addr = service_endpoint(store, &svc.namespace, &svc.name, port).await?;
+            Ok(Target {
+                addr,
+                url: format!("https://{server_name}:{port}{path}"),
+                server_name,
+                path,
+            })
+        }
+        (None, None) => Err(CallError::Resolve(
+            "neither url nor service is set".to_string(),
+        )),
+    }
+}
+
+async fn resolve_url(url: &str) -> Result<Target, CallError> {
+    let bad = |reason: String| CallError::Resolve(format!("{url:?}: {reason}"));
+    let u = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
+    if u.scheme() != "https" {
+        return Err(bad("only https is allowed".into()));
+    }
+    let host = u
+        .host_str()
+        .ok_or_else(|| bad("no host".into()))?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let port = u.port().unwrap_or(443);
+    let addr = match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => SocketAddr::new(ip, port),
+        Err(_) => tokio::net::lookup_host((host.as_str(), port))
+            .await
+            .map_err(|e| bad(e.to_string()))?
+            .next()
+            .ok_or_else(|| bad(format!("no address for {host}")))?,
+    };
+    let path = u.path().to_string();
+    Ok(Target {
+        addr,
+        url: url.to_string(),
+        server_name: host,
+        path,
+    })
+}
+
+/// A ready endpoint of the Service's `port`.
+async fn service_endpoint(
+    store: &dyn Store,
+    namespace: &str,
+    name: &str,
+    port: i32,
+) -> Result<SocketAddr, CallError> {
+    let read = |e: ApiError| CallError::Resolve(e.to_string());
+    let svc = crate::stored::get::<Service>(store, namespace, name)
+        .await
+        .map_err(read)?
+        .ok_or_else(|| CallError::Resolve(format!("service {name:?} not found")))?;
+    let spec = svc.spec.unwrap_or_default();
+    if spec.r#type == "ExternalName" {
+        return Err(CallError::Resolve(format!(
+            "service {name:?} is an ExternalName service, which is not dialled"
+        )));
+    }
+    let svc_port = spec.ports.iter().find(|p| p.port == port).ok_or_else(|| {
+        CallError::Resolve(format!("no service port {port} found for service {name:?}"))
+    })?;
+    let no_endpoints =
+        || CallError::Resolve(format!("no endpoints available for service {name:?}"));
+    let endpoints = crate::stored::get::<Endpoints>(store, namespace, name)
+        .await
+        .map_err(read)?
+        .ok_or_else(no_endpoints)?;
+    let mut candidates = Vec::new();
+    for subset in &endpoints.subsets {
+        let ep_port = if svc_port.name.is_empty() && subset.ports.len() == 1 {
+            subset.ports.first()
+        } else {
+            subset.ports.iter().find(|p| p.name == svc_port.name)
+        };
+        let Some(ep_port) = ep_port else { continue };
+        let Ok(p) = u16::try_from(ep_port.port) else {
+            continue;
+        };
+        for a in &subset.addresses {
+            if let Ok(ip) = a.ip.parse::<std::net::IpAddr>() {
+                candidates.push(SocketAddr::new(ip, p));
+            }
+        }
+    }
+    if candidates.is_empty() {
+        return Err(no_endpoints());
+    }
+    let i = rand::random_range(0..candidates.len());
+    Ok(candidates[i])
+}
+
+type PoolKey = (SocketAddr, String, [u8; 32]);
+
+/// The client: TLS configurations per CA bundle and idle connections per server.
+#[derive(Default)]
+pub struct Outbound {
+    tls: Mutex<HashMap<[u8; 32], Arc<rustls::ClientConfig>>>,
+    idle: Mutex<HashMap<PoolKey, Vec<SendRequest<Full<Bytes>>>>>,
+}
+
+impl std::fmt::Debug for Outbound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outbound").finish_non_exhaustive()
+    }
+}
+
+impl Outbound {
+    /// POSTs `body` (JSON) to `target` over TLS trusting only `ca_bundle`, with the
+    /// `?timeout=` kube-apiserver adds; the answer's body when the status is 200.
+    pub async fn post(
+        &self,
+        target: &Target,
+        ca_bundle: &[u8],
+        body: Bytes,
+        timeout: Duration,
+    ) -> Result<Bytes, CallError> {
+        let (hash, tls) = self.tls_for(ca_bundle)?;
+        let query = format!("timeout={}s", timeout.as_secs().max(1));
+        let url = format!("{}?{query}", target.url);
+        let fail = |reason: String| CallError::Call {
+            url: url.clone(),
+            reason,
+        };
+        let key: PoolKey = (target.addr, target.server_name.clone(), hash);
+        let path = format!("{}?{query}", target.path);
+        let exchange = async {
+            let mut sender = match self.idle_sender(&key).await {
+                Some(s) => s,
+                None => self.connect(target, tls).await.map_err(&fail)?,
+            };
+            let req = hyper::Request::post(path.as_str())
+                .header(hyper::header::HOST, &target.server_name)
+                .header(hyper::header::CONTENT_TYPE, "application/json")
+                .header(hyper::header::ACCEPT, "application/json")
+                .body(Full::new(body))
+                .map_err(|e| fail(e.to_string()))?;
+            let resp = sender
+                .send_request(req)
+                .await
+                .map_err(|e| fail(e.to_string()))?;
+            let status = resp.status();
+            let body = http_body_util::Limited::new(resp.into_body(), MAX_RESPONSE_BYTES)
+                .collect()
+                .await
+                .map_err(|e| fail(format!("reading the answer: {e}")))?
+                .to_bytes();
+            self.keep(key.clone(), sender);
+            if status != hyper::StatusCode::OK {
+                return Err(fail(format!(
+                    "the server answered {} (only 200 is accepted; redirects are not followed)",
+                    status.as_u16()
+                )));
+            }
+            Ok(body)
+        };
+        tokio::time::timeout(timeout, exchange)
+            .await
+            .unwrap_or_else(|_| Err(fail("context deadline exceeded".into())))
+    }
+
+    /// The TLS configuration trusting exactly `ca_bundle` (cached by its hash).
+    fn tls_for(
+        &self,
+        ca_bundle: &[u8],
+    ) -> Result<([u8; 32], Arc<rustls::ClientConfig>), CallError> {
+        use sha2::Digest;
+        let hash: [u8; 32] = sha2::Sha256::digest(ca_bundle).into();
+        let mut cache = self.tls.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = cache.get(&hash) {
+            return Ok((hash, Arc::clone(c)));
+        }
+        let unparsable = || {
+            CallError::Client(
+                "unable to load root certificates: unable to parse bytes as PEM block".into(),
+            )
+        };
+        let pem = std::str::from_utf8(ca_bundle).map_err(|_| unparsable())?;
+        let mut config = skiff_pki::tls::client_config(pem, None).map_err(|_| unparsable())?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let config = Arc::new(config);
+        cache.insert(hash, Arc::clone(&config));
+        Ok((hash, config))
+    }
+
+    /// A kept connection that is still open, if any.
+    async fn idle_sender(&self, key: &PoolKey) -> Option<SendRequest<Full<Bytes>>> {
+        loop {
+            let candidate = {
+                let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+                idle.get_mut(key).and_then(Vec::pop)
+            }?;
+            let mut s = candidate;
+            if !s.is_closed() && s.ready().await.is_ok() {
+                return Some(s);
+            }
+        }
+    }
+
+    fn keep(&self, key: PoolKey, sender: SendRequest<Full<Bytes>>) {
+        if sender.is_closed() {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let list = idle.entry(key).or_default();
+        if list.len() < MAX_IDLE_PER_SERVER {
+            list.push(sender);
+        }
+    }
+
+    async fn connect(
+        &self,
+        target: &Target,
+        tls: Arc<rustls::ClientConfig>,
+    ) -> Result<SendRequest<Full<Bytes>>, String> {
+        let tcp = tokio::net::TcpStream::connect(target.addr)
+            .await
+            .map_err(|e| format!("dial tcp {}: {e}", target.addr))?;
+        let _ = tcp.set_nodelay(true);
+        let name = rustls::pki_types::ServerName::try_from(target.server_name.clone())
+            .map_err(|e| format!("server name {:?}: {e}", target.server_name))?;
+        let stream = tokio_rustls::TlsConnector::from(tls)
+            .connect(name, tcp)
+            .await
+            .map_err(|e| format!("tls: {e}"))?;
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "extension server connection");
+            }
+        });
+        Ok(sender)
+    }
+}
