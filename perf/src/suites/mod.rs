@@ -13,6 +13,7 @@ use futures::future::LocalBoxFuture;
 
 use crate::report::SuiteReport;
 
+pub mod admission_webhooks;
 pub mod auth;
 pub mod control_plane;
 pub mod custom_resources;
@@ -133,6 +134,12 @@ pub static SUITES: &[Suite] = &[
         title: custom_resources::TITLE,
         section: 5,
         run: custom_resources::run,
+    },
+    Suite {
+        name: admission_webhooks::NAME,
+        title: admission_webhooks::TITLE,
+        section: 5,
+        run: admission_webhooks::run,
     },
     Suite {
         name: scheduler::NAME,
