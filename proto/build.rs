@@ -73,7 +73,7 @@ const QUANTITY_MAPS: [&str; 8] = [
 /// (`kubectl wait` compares a condition's observedGeneration with the object's generation).
 /// Fields without `omitempty` in Kubernetes (restartCount, ready, exitCode, ports,
 /// ReplicaSetStatus.replicas, weights) stay, and `optional` fields are `None` when unset.
-const OMIT_ZERO: [&str; 45] = [
+const OMIT_ZERO: [&str; 46] = [
     "CustomResourceDefinitionVersion.deprecated",
     "CustomResourceColumnDefinition.priority",
     "CustomResourceDefinitionSpec.preserve_unknown_fields",
@@ -96,6 +96,7 @@ const OMIT_ZERO: [&str; 45] = [
     "DaemonSetStatus.number_unavailable",
     "Condition.observed_generation",
     "ReplicaSetSpec.min_ready_seconds",
+    "ReplicationControllerSpec.min_ready_seconds",
     "ReplicaSetStatus.fully_labeled_replicas",
     "ReplicaSetStatus.ready_replicas",
     "ReplicaSetStatus.available_replicas",

@@ -7,8 +7,8 @@ use crate::api::{
     CertificateSigningRequest, ConfigMap, ContainerStatus, CronJob, DaemonSet, Deployment,
     Endpoints, Event, HorizontalPodAutoscaler, Job, LabelSelector, Lease, LoadBalancerIpPool,
     Namespace, NetworkPolicy, Node, PersistentVolume, PersistentVolumeClaim, Pod,
-    PodDisruptionBudget, PodTemplateSpec, ReplicaSet, RoleBinding, Secret, Service, ServicePort,
-    StatefulSet, StorageClass,
+    PodDisruptionBudget, PodTemplateSpec, ReplicaSet, ReplicaSetSpec, ReplicationController,
+    RoleBinding, Secret, Service, ServicePort, StatefulSet, StorageClass,
 };
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::de::DeserializeOwned;
@@ -76,7 +76,7 @@ pub fn headers(kind: &str, wide: bool) -> Vec<String> {
             &["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE"],
             &["CONTAINERS", "IMAGES", "SELECTOR"],
         ),
-        "ReplicaSet" => (
+        "ReplicaSet" | "ReplicationController" => (
             &["NAME", "DESIRED", "CURRENT", "READY", "AGE"],
             &["CONTAINERS", "IMAGES", "SELECTOR"],
         ),
@@ -369,8 +369,27 @@ pub fn cells(kind: &str, obj: &Value, wide: bool, now: DateTime<Utc>) -> Vec<Str
             }
             c
         }
-        "ReplicaSet" => {
-            let r: ReplicaSet = typed(obj);
+        "ReplicaSet" | "ReplicationController" => {
+            // A ReplicationController is a ReplicaSet with an equality-only selector.
+            let r: ReplicaSet = if kind == "ReplicaSet" {
+                typed(obj)
+            } else {
+                let rc: ReplicationController = typed(obj);
+                let spec = rc.spec.unwrap_or_default();
+                ReplicaSet {
+                    spec: Some(ReplicaSetSpec {
+                        replicas: spec.replicas,
+                        selector: Some(LabelSelector {
+                            match_labels: spec.selector,
+                            ..Default::default()
+                        }),
+                        template: spec.template,
+                        ..Default::default()
+                    }),
+                    status: rc.status,
+                    ..Default::default()
+                }
+            };
             let spec = r.spec.clone().unwrap_or_default();
             let st = r.status.clone().unwrap_or_default();
             let mut c = vec![

@@ -237,6 +237,14 @@ resource!(Event, "v1", "events", ["ev"], true, no_status,
     "type" => |o| o.r#type.clone());
 resource!(ReplicaSet, "apps/v1", "replicasets", ["rs"], true, status);
 resource!(
+    ReplicationController,
+    "v1",
+    "replicationcontrollers",
+    ["rc"],
+    true,
+    status
+);
+resource!(
     Deployment,
     "apps/v1",
     "deployments",
@@ -431,7 +439,7 @@ impl<T: Resource> DynKind for KindOf<T> {
     }
 }
 
-static KINDS: [&dyn DynKind; 31] = [
+static KINDS: [&dyn DynKind; 32] = [
     &KindOf::<Namespace>(PhantomData),
     &KindOf::<Node>(PhantomData),
     &KindOf::<Pod>(PhantomData),
@@ -463,6 +471,7 @@ static KINDS: [&dyn DynKind; 31] = [
     &KindOf::<CustomResourceDefinition>(PhantomData),
     &KindOf::<ValidatingWebhookConfiguration>(PhantomData),
     &KindOf::<MutatingWebhookConfiguration>(PhantomData),
+    &KindOf::<ReplicationController>(PhantomData),
 ];
 
 /// Interns a kind known only at run time (a custom kind): the same facts give the same

@@ -22,9 +22,9 @@ use skiff_api::api::{
     Binding, CertificateSigningRequest, ClusterRole, ClusterRoleBinding, ConfigMap, CronJob,
     CustomResourceDefinition, DaemonSet, Deployment, Endpoints, Event, HorizontalPodAutoscaler,
     Job, Lease, LoadBalancerIpPool, MutatingWebhookConfiguration, Namespace, NetworkPolicy, Node,
-    PersistentVolume, PersistentVolumeClaim, Pod, PodDisruptionBudget, ReplicaSet, Role,
-    RoleBinding, Secret, Service, ServiceAccount, StatefulSet, StorageClass,
-    ValidatingWebhookConfiguration,
+    PersistentVolume, PersistentVolumeClaim, Pod, PodDisruptionBudget, ReplicaSet,
+    ReplicationController, Role, RoleBinding, Secret, Service, ServiceAccount, StatefulSet,
+    StorageClass, ValidatingWebhookConfiguration,
 };
 use skiff_api::rpc::{DeleteRequest, ListRequest, ListResponse, WatchRequest};
 use skiff_api::selector::{FieldSelector, Selector};
@@ -1038,6 +1038,7 @@ impl Registry {
         add::<CertificateSigningRequest>(h, &shared).await?;
         add::<Event>(h, &shared).await?;
         add::<ReplicaSet>(h, &shared).await?;
+        add::<ReplicationController>(h, &shared).await?;
         add::<Deployment>(h, &shared).await?;
         add::<DaemonSet>(h, &shared).await?;
         add::<StatefulSet>(h, &shared).await?;

@@ -185,9 +185,19 @@ pub fn check_selector_matches_template(
     {
         out.push(FieldError::invalid(
             "spec.template.metadata.labels",
-            template_labels,
+            GoMap(template_labels),
             "`selector` does not match template `labels`",
         ));
+    }
+}
+
+/// Go's `%#v` of a `map[string]string`, the value Kubernetes shows for bad labels.
+struct GoMap<'a>(&'a BTreeMap<String, String>);
+
+impl std::fmt::Debug for GoMap<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let items: Vec<String> = self.0.iter().map(|(k, v)| format!("{k:?}:{v:?}")).collect();
+        write!(f, "map[string]string{{{}}}", items.join(", "))
     }
 }
 

@@ -244,7 +244,8 @@ async fn crud_and_selectors(s: TestServer) {
             "loadbalancerippools",
             "customresourcedefinitions",
             "validatingwebhookconfigurations",
-            "mutatingwebhookconfigurations"
+            "mutatingwebhookconfigurations",
+            "replicationcontrollers"
         ]
     );
 

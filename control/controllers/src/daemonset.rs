@@ -416,7 +416,10 @@ impl DaemonSetController {
             .watches_owned::<Pod>()
             .watches(&pods, move |pod: &Pod| {
                 adopters(&daemon_sets, pod, |o| {
-                    o.spec.as_ref().and_then(|s| s.selector.as_ref())
+                    o.spec
+                        .as_ref()
+                        .and_then(|s| s.selector.as_ref())
+                        .map(std::borrow::Cow::Borrowed)
                 })
             })
             .watches(&nodes, move |_: &Node| {

@@ -43,7 +43,7 @@ use std::sync::Arc;
 use futures::future::{BoxFuture, FutureExt, join_all};
 use skiff_api::api::{
     CronJob, CustomResourceDefinition, DaemonSet, Deployment, Endpoints, Job, ObjectMeta,
-    OwnerReference, Pod, ReplicaSet, Service, StatefulSet,
+    OwnerReference, Pod, ReplicaSet, ReplicationController, Service, StatefulSet,
 };
 use skiff_api::{FOREGROUND_FINALIZER, KindInfo, ORPHAN_FINALIZER, Resource};
 use skiff_client::controller::{
@@ -903,6 +903,7 @@ graph_kinds!(
     CronJob,
     Job,
     ReplicaSet,
+    ReplicationController,
     Pod,
     Service,
     Endpoints

@@ -495,7 +495,10 @@ impl JobController {
             .watches_owned::<Pod>()
             .watches(&pods, move |pod: &Pod| {
                 adopters(&jobs, pod, |j| {
-                    j.spec.as_ref().and_then(|s| s.selector.as_ref())
+                    j.spec
+                        .as_ref()
+                        .and_then(|s| s.selector.as_ref())
+                        .map(std::borrow::Cow::Borrowed)
                 })
             })
     }

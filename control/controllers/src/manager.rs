@@ -23,6 +23,7 @@ use crate::ranges::{
 use crate::replicaset::ReplicaSetController;
 use crate::serviceip::ServiceRanges;
 use crate::{nodeipam, serviceip};
+use skiff_api::api::{ReplicaSet, ReplicationController};
 
 /// The component name in Events and the default Lease name.
 pub const COMPONENT: &str = "skiff-controller-manager";
@@ -31,6 +32,7 @@ pub const COMPONENT: &str = "skiff-controller-manager";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ControllerName {
     ReplicaSet,
+    ReplicationController,
     Deployment,
     DaemonSet,
     StatefulSet,
@@ -53,8 +55,9 @@ pub enum ControllerName {
 }
 
 impl ControllerName {
-    pub const ALL: [ControllerName; 20] = [
+    pub const ALL: [ControllerName; 21] = [
         ControllerName::ReplicaSet,
+        ControllerName::ReplicationController,
         ControllerName::Deployment,
         ControllerName::DaemonSet,
         ControllerName::StatefulSet,
@@ -79,6 +82,7 @@ impl ControllerName {
     pub fn as_str(&self) -> &'static str {
         match self {
             ControllerName::ReplicaSet => "replicaset",
+            ControllerName::ReplicationController => "replicationcontroller",
             ControllerName::Deployment => "deployment",
             ControllerName::DaemonSet => "daemonset",
             ControllerName::StatefulSet => "statefulset",
@@ -105,6 +109,7 @@ impl ControllerName {
     pub fn component(&self) -> &'static str {
         match self {
             ControllerName::ReplicaSet => "replicaset-controller",
+            ControllerName::ReplicationController => "replication-controller",
             ControllerName::Deployment => "deployment-controller",
             ControllerName::DaemonSet => "daemonset-controller",
             ControllerName::StatefulSet => "statefulset-controller",
@@ -250,12 +255,20 @@ pub async fn run_controllers(client: Client, config: &ManagerConfig, stop: Cance
     for c in &config.controllers {
         tracing::info!(controller = %c, "starting controller");
         let fut: futures::future::BoxFuture<'_, ()> = match c {
-            ControllerName::ReplicaSet => Box::pin(ReplicaSetController::run(
+            ControllerName::ReplicaSet => Box::pin(ReplicaSetController::<ReplicaSet>::run(
                 &informers,
                 recorder(*c),
                 config.workers,
                 stop.clone(),
             )),
+            ControllerName::ReplicationController => {
+                Box::pin(ReplicaSetController::<ReplicationController>::run(
+                    &informers,
+                    recorder(*c),
+                    config.workers,
+                    stop.clone(),
+                ))
+            }
             ControllerName::Deployment => Box::pin(DeploymentController::run(
                 &informers,
                 recorder(*c),
@@ -444,7 +457,7 @@ mod tests {
     fn controller_lists() {
         use ControllerName::*;
         let all: BTreeSet<_> = ControllerName::ALL.into_iter().collect();
-        assert_eq!(all.len(), 20);
+        assert_eq!(all.len(), 21);
         assert_eq!(parse_controllers("*").unwrap(), all);
         assert_eq!(parse_controllers("").unwrap(), all);
         assert_eq!(
@@ -455,6 +468,7 @@ mod tests {
             parse_controllers("-deployment").unwrap(),
             [
                 ReplicaSet,
+                ReplicationController,
                 DaemonSet,
                 StatefulSet,
                 Disruption,
@@ -478,7 +492,7 @@ mod tests {
         );
         assert_eq!(
             parse_controllers(
-                "*,-replicaset,-garbagecollector,-namespace,-nodelifecycle,-serviceaccount,\
+                "*,-replicaset,-replicationcontroller,-garbagecollector,-namespace,-nodelifecycle,-serviceaccount,\
                  -certificatesigningrequest,-root-ca-cert-publisher,-daemonset,-disruption,-job,-cronjob,-statefulset,-horizontalpodautoscaling,-persistentvolume-binder,\
                  -clusterrole-aggregation,-lbipam"
             )
@@ -487,7 +501,7 @@ mod tests {
         );
         assert_eq!(
             parse_controllers(
-                "ReplicaSet, deployment, daemonset, statefulset, disruption, job, cronjob, horizontalpodautoscaling, endpoints, service-allocator, nodeipam, garbagecollector, Namespace, NodeLifecycle, serviceaccount, certificatesigningrequest, root-ca-cert-publisher, persistentvolume-binder, clusterrole-aggregation, lbipam"
+                "ReplicaSet, replicationcontroller, deployment, daemonset, statefulset, disruption, job, cronjob, horizontalpodautoscaling, endpoints, service-allocator, nodeipam, garbagecollector, Namespace, NodeLifecycle, serviceaccount, certificatesigningrequest, root-ca-cert-publisher, persistentvolume-binder, clusterrole-aggregation, lbipam"
             )
             .unwrap(),
             all

@@ -98,7 +98,7 @@ impl Expectations {
 pub fn adopters<T: Resource>(
     owners: &Informer<T>,
     pod: &Pod,
-    selector_of: impl Fn(&T) -> Option<&LabelSelector>,
+    selector_of: impl Fn(&T) -> Option<std::borrow::Cow<'_, LabelSelector>>,
 ) -> Vec<ObjectKey> {
     if controller_of(pod).is_some() || is_terminating(pod) {
         return Vec::new();
@@ -106,7 +106,9 @@ pub fn adopters<T: Resource>(
     owners
         .by_namespace(pod.namespace())
         .iter()
-        .filter(|o| workload_selector(selector_of(o)).is_ok_and(|sel| sel.matches(labels(pod))))
+        .filter(|o| {
+            workload_selector(selector_of(o).as_deref()).is_ok_and(|sel| sel.matches(labels(pod)))
+        })
         .map(|o| ObjectKey::of(&**o))
         .collect()
 }

@@ -1,4 +1,6 @@
-//! The ReplicaSet controller: keeps `spec.replicas` active pods for each ReplicaSet.
+//! The ReplicaSet controller: keeps `spec.replicas` active pods for each ReplicaSet, and,
+//! the same code run over [`Replicated`], for each ReplicationController (as Kubernetes runs
+//! its ReplicaSet controller over ReplicationControllers converted to ReplicaSets).
 //!
 //! A pod belongs to a ReplicaSet when its controller ownerReference names it and the
 //! ReplicaSet's selector matches its labels. Orphans that match are adopted; owned pods that
@@ -10,13 +12,17 @@
 //! create duplicates, in-flight creates and deletes are remembered per ReplicaSet
 //! ([`crate::podcontrol::Expectations`]) and replicas are not managed again until the informer has caught up.
 
+use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::sync::Arc;
 
 use chrono::Utc;
 use futures::future::join_all;
 use skiff_api::Resource;
-use skiff_api::api::{Condition, ObjectMeta, Pod, ReplicaSet, ReplicaSetStatus};
+use skiff_api::api::{
+    Condition, LabelSelector, ObjectMeta, Pod, PodTemplateSpec, ReplicaSet, ReplicaSetStatus,
+    ReplicationController,
+};
 use skiff_client::controller::{
     Action, CancelToken, Controller, EventRecorder, Informer, Informers, ObjectKey, Reconciler,
 };
@@ -31,13 +37,68 @@ use crate::{Context, Error};
 /// Most pods created or deleted for one ReplicaSet in one reconcile.
 const BURST: usize = 500;
 
-/// The reconciler of ReplicaSets.
-pub struct ReplicaSetController {
-    replica_sets: Informer<ReplicaSet>,
+/// What the controller reads and writes of a ReplicaSet or a ReplicationController.
+pub trait Replicated: skiff_api::Resource + Clone + Send + Sync + 'static {
+    /// The controller's name (for its queue and logs).
+    const CONTROLLER: &'static str;
+    fn replicas(&self) -> i32;
+    fn min_ready_seconds(&self) -> i32;
+    fn selector(&self) -> Option<Cow<'_, LabelSelector>>;
+    fn template(&self) -> Option<&PodTemplateSpec>;
+    fn replica_status(&self) -> Option<&ReplicaSetStatus>;
+    fn set_replica_status(&mut self, status: ReplicaSetStatus);
+}
+
+/// The fields ReplicaSets and ReplicationControllers share (the same names and types).
+macro_rules! replicated {
+    ($ty:ty, $name:literal, |$o:ident| $selector:expr) => {
+        impl Replicated for $ty {
+            const CONTROLLER: &'static str = $name;
+            fn replicas(&self) -> i32 {
+                self.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)
+            }
+            fn min_ready_seconds(&self) -> i32 {
+                self.spec.as_ref().map(|s| s.min_ready_seconds).unwrap_or(0)
+            }
+            fn selector(&self) -> Option<Cow<'_, LabelSelector>> {
+                let $o = self.spec.as_ref()?;
+                $selector
+            }
+            fn template(&self) -> Option<&PodTemplateSpec> {
+                self.spec.as_ref().and_then(|s| s.template.as_ref())
+            }
+            fn replica_status(&self) -> Option<&ReplicaSetStatus> {
+                self.status.as_ref()
+            }
+            fn set_replica_status(&mut self, status: ReplicaSetStatus) {
+                self.status = Some(status);
+            }
+        }
+    };
+}
+
+replicated!(ReplicaSet, "replicaset", |spec| spec
+    .selector
+    .as_ref()
+    .map(Cow::Borrowed));
+// The equality selector as a label selector (an empty one selects nothing here: validation
+// refuses it).
+replicated!(ReplicationController, "replicationcontroller", |spec| {
+    (!spec.selector.is_empty()).then(|| {
+        Cow::Owned(LabelSelector {
+            match_labels: spec.selector.clone(),
+            ..Default::default()
+        })
+    })
+});
+
+/// The reconciler of ReplicaSets (or, with `T` = ReplicationController, of those).
+pub struct ReplicaSetController<T: Replicated = ReplicaSet> {
+    replica_sets: Informer<T>,
     pods: PodControl,
 }
 
-impl std::fmt::Debug for ReplicaSetController {
+impl<T: Replicated> std::fmt::Debug for ReplicaSetController<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReplicaSetController")
             .finish_non_exhaustive()
@@ -45,12 +106,8 @@ impl std::fmt::Debug for ReplicaSetController {
 }
 
 /// A pod of `rs` as its template describes it (the server picks the name).
-pub fn pod_from_template(rs: &ReplicaSet) -> Pod {
-    let template = rs
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.clone())
-        .unwrap_or_default();
+pub fn pod_from_template<T: Replicated>(rs: &T) -> Pod {
+    let template = rs.template().cloned().unwrap_or_default();
     let tm = template.metadata.unwrap_or_default();
     Pod {
         metadata: Some(ObjectMeta {
@@ -96,25 +153,23 @@ pub fn deletion_order(pods: &mut [Arc<Pod>]) {
     });
 }
 
-impl ReplicaSetController {
+impl<T: Replicated> ReplicaSetController<T> {
     pub fn new(informers: &Informers, recorder: EventRecorder) -> Self {
         ReplicaSetController {
-            replica_sets: informers.get::<ReplicaSet>(),
+            replica_sets: informers.get::<T>(),
             pods: PodControl::new(informers.client().clone(), recorder, informers.get::<Pod>()),
         }
     }
 
     /// The controller: ReplicaSets, the pods they own, and orphan pods their selectors match.
-    pub fn controller(informers: &Informers) -> Controller<ReplicaSet> {
-        let replica_sets = informers.get::<ReplicaSet>();
+    pub fn controller(informers: &Informers) -> Controller<T> {
+        let replica_sets = informers.get::<T>();
         let pods = informers.get::<Pod>();
-        Controller::<ReplicaSet>::new(informers)
-            .named("replicaset")
+        Controller::<T>::new(informers)
+            .named(T::CONTROLLER)
             .watches_owned::<Pod>()
             .watches(&pods, move |pod: &Pod| {
-                adopters(&replica_sets, pod, |o| {
-                    o.spec.as_ref().and_then(|s| s.selector.as_ref())
-                })
+                adopters(&replica_sets, pod, |o| o.selector())
             })
     }
 
@@ -125,7 +180,7 @@ impl ReplicaSetController {
         workers: usize,
         stop: CancelToken,
     ) {
-        let reconciler = Arc::new(ReplicaSetController::new(informers, recorder));
+        let reconciler = Arc::new(ReplicaSetController::<T>::new(informers, recorder));
         Self::controller(informers)
             .graceful_shutdown_on(stop)
             .run(reconciler, workers)
@@ -133,14 +188,8 @@ impl ReplicaSetController {
     }
 
     /// Creates or deletes pods so `active` matches `spec.replicas`.
-    async fn manage(
-        &self,
-        key: &ObjectKey,
-        rs: &ReplicaSet,
-        active: &[Arc<Pod>],
-    ) -> Result<(), Error> {
-        let want =
-            usize::try_from(rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)).unwrap_or(0);
+    async fn manage(&self, key: &ObjectKey, rs: &T, active: &[Arc<Pod>]) -> Result<(), Error> {
+        let want = usize::try_from(rs.replicas()).unwrap_or(0);
         let have = active.len();
         if have < want {
             let mut remaining = (want - have).min(BURST);
@@ -174,29 +223,27 @@ impl ReplicaSetController {
 
     async fn update_status(
         &self,
-        rs: &ReplicaSet,
+        rs: &T,
         active: &[Arc<Pod>],
         failure: Option<(&str, String)>,
     ) -> Result<(), Error> {
         let now = Utc::now();
-        let spec = rs.spec.clone().unwrap_or_default();
-        let template_labels = spec
-            .template
-            .as_ref()
+        let template_labels = rs
+            .template()
             .and_then(|t| t.metadata.as_ref())
             .map(|m| m.labels.clone())
             .unwrap_or_default();
         let count = |f: &dyn Fn(&Pod) -> bool| {
             i32::try_from(active.iter().filter(|p| f(p)).count()).unwrap_or(i32::MAX)
         };
-        let mut status = rs.status.clone().unwrap_or_default();
+        let mut status = rs.replica_status().cloned().unwrap_or_default();
         status.replicas = count(&|_| true);
         status.fully_labeled_replicas = count(&|p| {
             let l = labels(p);
             template_labels.iter().all(|(k, v)| l.get(k) == Some(v))
         });
         status.ready_replicas = count(&|p| p.is_ready());
-        status.available_replicas = count(&|p| is_pod_available(p, spec.min_ready_seconds, now));
+        status.available_replicas = count(&|p| is_pod_available(p, rs.min_ready_seconds(), now));
         status.observed_generation = util::generation(rs);
         match failure {
             Some((reason, message)) => {
@@ -216,16 +263,16 @@ impl ReplicaSetController {
                 util::remove_condition(&mut status.conditions, "ReplicaFailure");
             }
         }
-        if rs.status.as_ref() == Some(&status)
-            || (rs.status.is_none() && status == ReplicaSetStatus::default())
+        if rs.replica_status() == Some(&status)
+            || (rs.replica_status().is_none() && status == ReplicaSetStatus::default())
         {
             return Ok(());
         }
         let mut updated = rs.clone();
-        updated.status = Some(status);
+        updated.set_replica_status(status);
         self.pods
             .client
-            .namespaced::<ReplicaSet>(rs.namespace())
+            .namespaced::<T>(rs.namespace())
             .update_status(&updated)
             .await
             .during(|| format!("updating the status of replica set {}", rs.name()))?;
@@ -233,7 +280,7 @@ impl ReplicaSetController {
     }
 }
 
-impl Reconciler for ReplicaSetController {
+impl<T: Replicated> Reconciler for ReplicaSetController<T> {
     type Error = Error;
 
     async fn reconcile(&self, key: &ObjectKey) -> Result<Action, Error> {
@@ -241,8 +288,8 @@ impl Reconciler for ReplicaSetController {
             self.pods.expectations.forget(key);
             return Ok(Action::Done);
         };
-        let selector = rs.spec.as_ref().and_then(|s| s.selector.as_ref());
-        let Some(owned) = self.pods.claim(&*rs, selector).await? else {
+        let selector = rs.selector();
+        let Some(owned) = self.pods.claim(&*rs, selector.as_deref()).await? else {
             return Ok(Action::Done);
         };
         let active: Vec<Arc<Pod>> = owned.into_iter().filter(|p| is_pod_active(p)).collect();
@@ -251,7 +298,7 @@ impl Reconciler for ReplicaSetController {
         if pending.is_none() && !is_terminating(&*rs) {
             managed = self.manage(key, &rs, &active).await;
         }
-        let want = rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+        let want = rs.replicas();
         let failure = managed.as_ref().err().map(|e| {
             let reason = if active.len() < usize::try_from(want).unwrap_or(0) {
                 "FailedCreate"
@@ -262,7 +309,7 @@ impl Reconciler for ReplicaSetController {
         });
         self.update_status(&rs, &active, failure).await?;
         managed?;
-        let min_ready = rs.spec.as_ref().map(|s| s.min_ready_seconds).unwrap_or(0);
+        let min_ready = rs.min_ready_seconds();
         let next = util::requeue_for_availability(pending, &active, min_ready, Utc::now());
         Ok(next.map_or(Action::Done, Action::RequeueAfter))
     }

@@ -337,7 +337,10 @@ impl StatefulSetController {
             .watches_owned::<Pod>()
             .watches(&pods, move |pod: &Pod| {
                 adopters(&sets, pod, |s| {
-                    s.spec.as_ref().and_then(|s| s.selector.as_ref())
+                    s.spec
+                        .as_ref()
+                        .and_then(|s| s.selector.as_ref())
+                        .map(std::borrow::Cow::Borrowed)
                 })
             })
     }

@@ -72,6 +72,9 @@ fn role(name: &str, rules: Vec<PolicyRule>) -> ClusterRole {
 /// What `view` may read: everything in the namespace but Secrets (and RBAC).
 const VIEWABLE: &[&str] = &[
     "configmaps",
+    "replicationcontrollers",
+    "replicationcontrollers/scale",
+    "replicationcontrollers/status",
     "pods",
     "pods/log",
     "pods/status",
@@ -137,6 +140,8 @@ fn edit_rules() -> Vec<PolicyRule> {
             &[
                 "configmaps",
                 "pods",
+                "replicationcontrollers",
+                "replicationcontrollers/scale",
                 "services",
                 "endpoints",
                 "secrets",
@@ -428,6 +433,8 @@ pub fn cluster_roles() -> Vec<ClusterRole> {
                     &[
                         "pods",
                         "pods/status",
+                        "replicationcontrollers",
+                        "replicationcontrollers/status",
                         "services",
                         "services/status",
                         "endpoints",

@@ -43,7 +43,10 @@ fn verbs_of(info: &KindInfo) -> &'static [&'static str] {
 
 /// Whether a typed kind serves the `scale` subresource (its `spec.replicas`).
 pub fn scalable(info: &KindInfo) -> bool {
-    matches!(info.plural, "deployments" | "replicasets" | "statefulsets")
+    matches!(
+        info.plural,
+        "deployments" | "replicasets" | "statefulsets" | "replicationcontrollers"
+    )
 }
 
 /// A served kind as discovery and OpenAPI describe it: a typed kind, or a custom kind with

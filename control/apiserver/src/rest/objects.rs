@@ -323,11 +323,18 @@ async fn create(call: &Call<'_>, body: &[u8]) -> Result<Response, ApiError> {
 /// a namespace whose `pod-security.kubernetes.io/warn` level it violates.
 async fn pod_security_warning(call: &Call<'_>, bytes: &[u8]) -> Option<String> {
     use prost::Message as _;
-    use skiff_api::api::{Deployment, Namespace, Pod, ReplicaSet};
+    use skiff_api::api::{Deployment, Namespace, Pod, ReplicaSet, ReplicationController};
     let spec = match call.info.plural {
         "pods" => Pod::decode(bytes).ok()?.spec?,
         "deployments" => Deployment::decode(bytes).ok()?.spec?.template?.spec?,
         "replicasets" => ReplicaSet::decode(bytes).ok()?.spec?.template?.spec?,
+        "replicationcontrollers" => {
+            ReplicationController::decode(bytes)
+                .ok()?
+                .spec?
+                .template?
+                .spec?
+        }
         _ => return None,
     };
     let ns = call

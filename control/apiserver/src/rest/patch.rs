@@ -331,10 +331,15 @@ impl ScalePaths {
                 selector: selector.as_deref().map(pointer),
                 typed: false,
             },
+            // A ReplicationController's selector is a plain map.
             None => ScalePaths {
                 spec: "/spec/replicas".into(),
                 status: "/status/replicas".into(),
-                selector: Some("/spec/selector/matchLabels".into()),
+                selector: Some(if call.info.plural == "replicationcontrollers" {
+                    "/spec/selector".into()
+                } else {
+                    "/spec/selector/matchLabels".into()
+                }),
                 typed: true,
             },
         }

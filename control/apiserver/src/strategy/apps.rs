@@ -3,9 +3,9 @@
 
 use skiff_api::api::{
     DaemonSet, DaemonSetUpdateStrategy, Deployment, DeploymentStrategy, LabelSelector,
-    PodTemplateSpec, ReplicaSet, RollingUpdateDaemonSet, RollingUpdateDeployment,
-    RollingUpdateStatefulSetStrategy, StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy,
-    StatefulSetSpec, StatefulSetUpdateStrategy,
+    PodTemplateSpec, ReplicaSet, ReplicationController, RollingUpdateDaemonSet,
+    RollingUpdateDeployment, RollingUpdateStatefulSetStrategy, StatefulSet,
+    StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec, StatefulSetUpdateStrategy,
 };
 
 use skiff_api::Resource;
@@ -113,6 +113,58 @@ impl Strategy for ReplicaSet {
             &mut out,
             self.spec.as_ref().and_then(|s| s.selector.as_ref()),
             old.spec.as_ref().and_then(|s| s.selector.as_ref()),
+        );
+        out
+    }
+}
+
+/// A ReplicationController: a ReplicaSet whose selector is a map of labels (and may change).
+impl Strategy for ReplicationController {
+    /// replicas 1; an empty selector, and empty labels, are the template's labels
+    /// (SetDefaults_ReplicationController); the template's pod spec gets pod defaults.
+    fn default(&mut self) {
+        let Some(spec) = self.spec.as_mut() else {
+            return;
+        };
+        spec.replicas.get_or_insert(1);
+        let template_labels = spec
+            .template
+            .as_ref()
+            .and_then(|t| t.metadata.as_ref())
+            .map(|m| m.labels.clone())
+            .unwrap_or_default();
+        if spec.selector.is_empty() {
+            spec.selector = template_labels.clone();
+        }
+        default_template(spec.template.as_mut());
+        if let Some(m) = self.metadata.as_mut()
+            && m.labels.is_empty()
+        {
+            m.labels = template_labels;
+        }
+    }
+
+    fn validate(&self) -> Vec<FieldError> {
+        let mut out = Vec::new();
+        let Some(spec) = &self.spec else {
+            out.push(FieldError::required("spec", ""));
+            return out;
+        };
+        if spec.selector.is_empty() {
+            out.push(FieldError::required("spec.selector", ""));
+        }
+        v::check_labels(&mut out, "spec.selector", &spec.selector);
+        let selector = LabelSelector {
+            match_labels: spec.selector.clone(),
+            ..Default::default()
+        };
+        validate_replicated(
+            &mut out,
+            spec.replicas,
+            (!spec.selector.is_empty()).then_some(&selector),
+            spec.template.as_ref(),
+            spec.min_ready_seconds,
+            &[],
         );
         out
     }
