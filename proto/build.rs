@@ -10,12 +10,13 @@ use prost_types::field_descriptor_proto::{Label, Type};
 use prost_types::{DescriptorProto, FileDescriptorSet};
 
 /// Kubernetes spells these with capitalised initialisms, which camelCase can't derive.
-const RENAMES: [(&str, &str); 24] = [
+const RENAMES: [(&str, &str); 25] = [
     ("NodeSpec.pod_cidr", "podCIDR"),
     ("NodeSpec.pod_cidrs", "podCIDRs"),
     ("NodeSpec.provider_id", "providerID"),
     ("NodeSystemInfo.machine_id", "machineID"),
     ("NodeSystemInfo.boot_id", "bootID"),
+    ("NodeSystemInfo.system_uuid", "systemUUID"),
     ("PodSpec.host_pid", "hostPID"),
     ("PodStatus.host_ip", "hostIP"),
     ("PodStatus.host_ips", "hostIPs"),
@@ -120,6 +121,29 @@ const OMIT_ZERO: [&str; 46] = [
     "ContainerStateTerminated.signal",
     "VolumeMount.read_only",
     "PersistentVolumeClaimVolumeSource.read_only",
+];
+
+/// Fields Kubernetes always writes, empty or not: Go fields without `omitempty` (strings
+/// written as "") and struct-valued fields (written as `{}` with their own such fields).
+/// Clients with strict models (the Python client) refuse an object where one is missing.
+const ALWAYS: [&str; 17] = [
+    "ContainerStatus.name",
+    "ContainerStatus.image",
+    "ContainerStatus.image_id",
+    "NodeSystemInfo.machine_id",
+    "NodeSystemInfo.boot_id",
+    "NodeSystemInfo.kernel_version",
+    "NodeSystemInfo.os_image",
+    "NodeSystemInfo.operating_system",
+    "NodeSystemInfo.architecture",
+    "NodeSystemInfo.kubelet_version",
+    "NodeSystemInfo.container_runtime_version",
+    "NodeSystemInfo.system_uuid",
+    "NodeSystemInfo.kube_proxy_version",
+    "Service.status",
+    "ServiceStatus.load_balancer",
+    "NodeAddress.type",
+    "NodeAddress.address",
 ];
 
 /// Opaque JSON kept as its text in protobuf and written as JSON (FieldsV1).
@@ -327,8 +351,9 @@ fn schema(set: &FileDescriptorSet) -> String {
                 };
                 let _ = writeln!(
                     out,
-                    "        Field {{ json: {json:?}, ty: {ty}, list: {list}, map: {map}, optional: {}, doc: {:?} }},",
+                    "        Field {{ json: {json:?}, ty: {ty}, list: {list}, map: {map}, optional: {}, always: {}, doc: {:?} }},",
                     f.proto3_optional(),
+                    ALWAYS.contains(&qualified.as_str()),
                     doc_of(file, &[4, mi as i32, 2, fi as i32])
                 );
             }

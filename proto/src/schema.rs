@@ -37,6 +37,8 @@ pub struct Field {
     pub map: bool,
     /// A `proto3 optional` scalar (absent and zero differ).
     pub optional: bool,
+    /// Kubernetes always writes it: empty, it is "" (a string) or `{}` (a message).
+    pub always: bool,
     pub doc: &'static str,
 }
 

@@ -225,10 +225,48 @@ fn prune_in(msg: Option<&'static crate::schema::Message>, value: &mut serde_json
                             || (v.is_string() && f.optional))
                 })
             };
-            map.retain(|k, v| OPAQUE.contains(&k.as_str()) || !is_empty(v) || kept_empty(k, v));
+            map.retain(|k, v| {
+                OPAQUE.contains(&k.as_str())
+                    || !is_empty(v)
+                    || kept_empty(k, v)
+                    || msg.field(k).is_some_and(|f| f.always)
+            });
+            fill_always(msg, map);
         }
         Value::Array(items) => items.iter_mut().for_each(|i| prune_in(Some(msg), i)),
         _ => {}
+    }
+}
+
+/// Writes the fields Kubernetes always writes ([`crate::schema::Field::always`]) that are
+/// absent or null: "" for text, `{}` (with its own such fields) for a message.
+fn fill_always(
+    msg: &'static crate::schema::Message,
+    map: &mut serde_json::Map<String, serde_json::Value>,
+) {
+    use crate::schema::Ty;
+    use serde_json::Value;
+    for f in msg.fields.iter().filter(|f| f.always && !f.list && !f.map) {
+        let present = map.get(f.json).filter(|v| !v.is_null());
+        match (f.ty, present) {
+            (Ty::String, None) => {
+                map.insert(f.json.into(), Value::String(String::new()));
+            }
+            (Ty::Message(name), None | Some(Value::Object(_))) => {
+                let slot = map
+                    .entry(f.json)
+                    .and_modify(|v| {
+                        if v.is_null() {
+                            *v = Value::Object(serde_json::Map::new());
+                        }
+                    })
+                    .or_insert_with(|| Value::Object(serde_json::Map::new()));
+                if let (Some(m), Value::Object(inner)) = (crate::schema::message(name), slot) {
+                    fill_always(m, inner);
+                }
+            }
+            _ => {}
+        }
     }
 }
 
@@ -247,6 +285,48 @@ fn is_empty(v: &serde_json::Value) -> bool {
 mod tests {
     use super::*;
     use crate::api::{RollingUpdateDeployment, ServicePort};
+
+    /// Kubernetes writes these even when empty (Go fields without omitempty, structs); the
+    /// Python client's models refuse objects without them.
+    #[test]
+    fn fields_kubernetes_always_writes_are_written_empty() {
+        use crate::Resource;
+        use crate::api::{ContainerStatus, Node, NodeStatus, NodeSystemInfo, Pod, PodStatus};
+        let svc = crate::api::Service::default();
+        let v = svc.to_json();
+        assert_eq!(v["status"], serde_json::json!({"loadBalancer": {}}), "{v}");
+        let pod = Pod {
+            status: Some(PodStatus {
+                container_statuses: vec![ContainerStatus {
+                    name: "web".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let v = pod.to_json();
+        let cs = &v["status"]["containerStatuses"][0];
+        assert_eq!(
+            (&cs["imageID"], &cs["image"]),
+            (&serde_json::json!(""), &serde_json::json!("")),
+            "{v}"
+        );
+        assert!(
+            cs.get("containerID").is_none(),
+            "omitempty in Kubernetes: {v}"
+        );
+        let node = Node {
+            status: Some(NodeStatus {
+                node_info: Some(NodeSystemInfo::default()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let v = node.to_json();
+        assert_eq!(v["status"]["nodeInfo"]["kubeProxyVersion"], "", "{v}");
+        assert_eq!(v["status"]["nodeInfo"]["systemUUID"], "", "{v}");
+    }
 
     #[test]
     fn int_or_string_round_trips() {

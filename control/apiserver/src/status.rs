@@ -218,7 +218,10 @@ pub(crate) fn respond(code: u16, body: &Value, format: Format, warnings: &[Strin
             "application/yaml",
             yaml_serde::to_string(body).unwrap_or_default(),
         ),
-        _ => ("application/json", body.to_string()),
+        _ => (
+            "application/json",
+            status_in_order(body).unwrap_or_else(|| body.to_string()),
+        ),
     };
     let mut resp = (status, [(header::CONTENT_TYPE, content_type)], text).into_response();
     for w in warnings {
@@ -229,6 +232,39 @@ pub(crate) fn respond(code: u16, body: &Value, format: Format, warnings: &[Strin
         }
     }
     resp
+}
+
+/// A `Status` as kube-apiserver writes it, in its Go field order (kind, apiVersion, metadata,
+/// status, message, reason, details, code), which clients that print or compare the bytes
+/// see; `None` for anything else. (JSON objects here are maps sorted by key.)
+fn status_in_order(body: &Value) -> Option<String> {
+    const ORDER: [&str; 8] = [
+        "kind",
+        "apiVersion",
+        "metadata",
+        "status",
+        "message",
+        "reason",
+        "details",
+        "code",
+    ];
+    let map = body.as_object()?;
+    if map.get("kind").and_then(Value::as_str) != Some("Status") {
+        return None;
+    }
+    let keys = ORDER
+        .iter()
+        .copied()
+        .filter(|k| map.contains_key(*k))
+        .chain(
+            map.keys()
+                .map(String::as_str)
+                .filter(|k| !ORDER.contains(k)),
+        );
+    let fields: Vec<String> = keys
+        .map(|k| format!("{}:{}", Value::from(k), map[k]))
+        .collect();
+    Some(format!("{{{}}}", fields.join(",")))
 }
 
 /// A `Status` failure as the answer.
@@ -246,6 +282,29 @@ pub(crate) fn plain_failure(code: u16, reason: &str, message: &str) -> Response 
 mod tests {
     use super::*;
     use crate::error::FieldError;
+
+    #[test]
+    fn statuses_are_written_in_kubernetes_field_order() {
+        let (_, body) = failure(
+            &ApiError::NotFound {
+                resource: "pods".into(),
+                name: "web".into(),
+            },
+            &Subject {
+                name: "web",
+                group: "",
+                resource: "pods",
+            },
+        );
+        let text = status_in_order(&body).expect("a Status");
+        assert_eq!(
+            text,
+            r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"pods \"web\" not found","reason":"NotFound","details":{"kind":"pods","name":"web"},"code":404}"#
+        );
+        let back: Value = serde_json::from_str(&text).expect("JSON");
+        assert_eq!(back, body);
+        assert_eq!(status_in_order(&json!({"kind": "Pod"})), None);
+    }
 
     #[test]
     fn invalid_objects_list_their_fields() {

@@ -43,9 +43,34 @@ pub(crate) fn meminfo_total_kib() -> Option<u64> {
 }
 
 fn kernel_version() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
+    first_line("/proc/sys/kernel/osrelease")
+}
+
+/// The first line of a file, trimmed; "" when unreadable.
+fn first_line(path: &str) -> String {
+    std::fs::read_to_string(path)
+        .map(|s| s.lines().next().unwrap_or("").trim().to_string())
         .unwrap_or_default()
+}
+
+/// The machine's identity as a kubelet reports it in `status.nodeInfo` (read from the same
+/// files: machine-id, boot_id, the DMI product UUID, os-release's PRETTY_NAME).
+fn host_identity() -> &'static (String, String, String, String) {
+    static ID: std::sync::OnceLock<(String, String, String, String)> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        let os_image = std::fs::read_to_string("/etc/os-release")
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+            .map(|v| v.trim_matches('"').to_string())
+            .unwrap_or_default();
+        (
+            first_line("/etc/machine-id"),
+            first_line("/proc/sys/kernel/random/boot_id"),
+            first_line("/sys/class/dmi/id/product_uuid"),
+            os_image,
+        )
+    })
 }
 
 /// The node's CPUs.
@@ -224,6 +249,10 @@ impl NodeFacts {
             ),
             addresses,
             node_info: Some(NodeSystemInfo {
+                machine_id: host_identity().0.clone(),
+                boot_id: host_identity().1.clone(),
+                system_uuid: host_identity().2.clone(),
+                os_image: host_identity().3.clone(),
                 kernel_version: kernel_version(),
                 operating_system: "linux".into(),
                 architecture: std::env::consts::ARCH.into(),
