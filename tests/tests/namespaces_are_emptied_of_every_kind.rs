@@ -39,6 +39,15 @@ items:
     template:
       metadata: {labels: {app: rs}}
       spec: {containers: [{name: c, image: host, command: [sleep, "3600"]}]}
+- apiVersion: v1
+  kind: ReplicationController
+  metadata: {name: rc}
+  spec:
+    replicas: 0
+    selector: {app: rc}
+    template:
+      metadata: {labels: {app: rc}}
+      spec: {containers: [{name: c, image: host, command: [sleep, "3600"]}]}
 - apiVersion: apps/v1
   kind: Deployment
   metadata: {name: d}
