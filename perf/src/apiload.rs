@@ -1,4 +1,5 @@
-//! What the API server suites (`control-plane`, `rest-api`) share: the load's shape (creates
+//! What the API server suites (`control-plane`, `rest-api`, `custom-resources`,
+//! `admission-webhooks`) share: REST creates timed with the server's CPU time, the load's shape (creates
 //! in flight, watch streams per connection), timed calls with a fixed number in flight (from
 //! one caller, or from workers with a connection each), gRPC watchers, and the receipts of many
 //! watchers (when each received each item).
@@ -48,6 +49,77 @@ where
             .await?;
     out.sort_by_key(|(i, ..)| *i);
     Ok(out.into_iter().map(|(_, s, e)| (s, e)).collect())
+}
+
+/// `POST` of `obj` to `path` on the REST API, answered 201 Created; the answer is decoded
+/// and must carry a resourceVersion (what a client does with a create's answer).
+pub async fn post_created(
+    pool: &crate::http1::Pool,
+    path: &str,
+    obj: &serde_json::Value,
+) -> Result<()> {
+    let body = serde_json::to_vec(obj).context("encoding the object")?;
+    let (status, answer) = pool
+        .request(hyper::Method::POST, path, Some(body.into()))
+        .await?;
+    if status != hyper::StatusCode::CREATED {
+        let text = String::from_utf8_lossy(&answer[..answer.len().min(500)]).into_owned();
+        bail!("POST {path}: {status}: {text}");
+    }
+    let created: serde_json::Value =
+        serde_json::from_slice(&answer).context("decoding the answer")?;
+    if created["metadata"]["resourceVersion"].as_str().is_none() {
+        bail!("POST {path}: the answer has no resourceVersion");
+    }
+    Ok(())
+}
+
+/// One series of REST creates: each call's duration, first start → last end, and the API
+/// server's CPU time meanwhile.
+#[derive(Debug, Clone)]
+pub struct RestCreates {
+    pub calls: Vec<Duration>,
+    pub wall: Duration,
+    pub api_cpu: Duration,
+}
+
+impl RestCreates {
+    pub fn throughput(&self) -> f64 {
+        self.calls.len() as f64 / self.wall.as_secs_f64().max(f64::EPSILON)
+    }
+
+    pub fn p50(&self) -> Duration {
+        let mut secs: Vec<f64> = self.calls.iter().map(Duration::as_secs_f64).collect();
+        secs.sort_by(f64::total_cmp);
+        Duration::from_secs_f64(crate::stats::percentile(&secs, 50.0))
+    }
+}
+
+/// [`post_created`] of every object to `path`, `in_flight` at once, timed, with the CPU time
+/// of the API server process `api_pid` meanwhile.
+pub async fn rest_creates(
+    pool: &crate::http1::Pool,
+    path: &str,
+    objects: Vec<serde_json::Value>,
+    in_flight: usize,
+    api_pid: u32,
+) -> Result<RestCreates> {
+    let before = crate::procfs::usage(api_pid)?.cpu;
+    let starts = timed_all(objects, in_flight, |o| async move {
+        post_created(pool, path, &o).await
+    })
+    .await?;
+    let api_cpu = crate::procfs::usage(api_pid)?.cpu.saturating_sub(before);
+    let first = starts.first().context("no creates")?.0;
+    let last = starts.iter().map(|s| s.1).max().context("no creates")?;
+    Ok(RestCreates {
+        calls: starts
+            .iter()
+            .map(|(s, e)| e.saturating_duration_since(*s))
+            .collect(),
+        wall: last.saturating_duration_since(first),
+        api_cpu,
+    })
 }
 
 /// Like [`timed_all`] with one call in flight per worker: `workers` workers each take the next

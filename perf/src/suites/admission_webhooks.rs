@@ -6,7 +6,8 @@
 //! The webhook server is this process's: HTTP/1.1 over TLS (a certificate of a throwaway CA
 //! for 127.0.0.1, the configuration's `caBundle`), answering every AdmissionReview
 //! "allowed" at once, so what is measured is the API server's side of the call (building the
-//! review, the TLS connection pool, the round trip, reading the answer). Latency is measured
+//! review, the TLS connection pool, the round trip, reading the answer). Each create's answer
+//! is decoded, as a client's would be. Latency is measured
 //! one create at a time, throughput at [`CREATE_CONCURRENCY`] in flight; the two series take
 //! turns going first, R runs (default 3), each series' median run reported. Every process
 //! started is killed by pid when its guard drops, also on error.
@@ -21,18 +22,18 @@ use base64::Engine;
 use bytes::Bytes;
 use futures::future::LocalBoxFuture;
 use http_body_util::{BodyExt, Full};
-use hyper::{Method, StatusCode};
+use hyper::StatusCode;
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use skiff_tests::{ApiServer, Backend, EtcdServer};
 use tracing::info;
 
 use super::Options;
-use crate::apiload::{self, CREATE_CONCURRENCY};
+use crate::apiload::{self, CREATE_CONCURRENCY, RestCreates as Creates, post_created as post};
+use crate::host;
 use crate::http1::{Pool, Tls};
 use crate::report::{Measured, Role, Series, SuiteReport};
 use crate::stats;
-use crate::{host, procfs};
 
 pub const NAME: &str = "admission-webhooks";
 pub const TITLE: &str = "ConfigMap creates with one validating webhook against none";
@@ -142,36 +143,6 @@ fn config_map(name: &str, hooked: bool) -> Value {
     cm
 }
 
-async fn post(pool: &Pool, path: &str, obj: &Value) -> Result<()> {
-    let body = serde_json::to_vec(obj).context("encoding the object")?;
-    let (status, answer) = pool.request(Method::POST, path, Some(body.into())).await?;
-    if status != StatusCode::CREATED {
-        let text = String::from_utf8_lossy(&answer[..answer.len().min(500)]).into_owned();
-        bail!("POST {path}: {status}: {text}");
-    }
-    Ok(())
-}
-
-/// One series' creates at `in_flight`: call durations and first start → last end.
-#[derive(Debug, Clone)]
-struct Creates {
-    calls: Vec<Duration>,
-    wall: Duration,
-    api_cpu: Duration,
-}
-
-impl Creates {
-    fn throughput(&self) -> f64 {
-        self.calls.len() as f64 / self.wall.as_secs_f64().max(f64::EPSILON)
-    }
-
-    fn p50(&self) -> Duration {
-        let mut ms: Vec<f64> = self.calls.iter().map(|d| d.as_secs_f64()).collect();
-        ms.sort_by(f64::total_cmp);
-        Duration::from_secs_f64(stats::percentile(&ms, 50.0))
-    }
-}
-
 async fn creates(
     pool: &Pool,
     path: &str,
@@ -184,24 +155,7 @@ async fn creates(
     let objects: Vec<Value> = (0..n)
         .map(|i| config_map(&format!("{prefix}-{i:05}"), hooked))
         .collect();
-    let before = procfs::usage(api_pid)?.cpu;
-    let starts = apiload::timed_all(
-        objects,
-        in_flight,
-        |o| async move { post(pool, path, &o).await },
-    )
-    .await?;
-    let api_cpu = procfs::usage(api_pid)?.cpu.saturating_sub(before);
-    let first = starts.first().context("no creates")?.0;
-    let last = starts.iter().map(|s| s.1).max().context("no creates")?;
-    Ok(Creates {
-        calls: starts
-            .iter()
-            .map(|(s, e)| e.saturating_duration_since(*s))
-            .collect(),
-        wall: last.saturating_duration_since(first),
-        api_cpu,
-    })
+    apiload::rest_creates(pool, path, objects, in_flight, api_pid).await
 }
 
 /// Per run: (hooked, plain) at 1 in flight, then at [`CREATE_CONCURRENCY`].

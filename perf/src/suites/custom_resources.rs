@@ -24,10 +24,10 @@ use skiff_tests::{ApiServer, Backend, EtcdServer};
 use tracing::info;
 
 use super::Options;
-use crate::apiload::{self, CREATE_CONCURRENCY};
+use crate::apiload::{self, CREATE_CONCURRENCY, RestCreates as Creates, post_created as post};
+use crate::host;
 use crate::http1::{Pool, Tls};
 use crate::report::{Measured, Role, Series, SuiteReport, fmt_share};
-use crate::{host, procfs};
 
 pub const NAME: &str = "custom-resources";
 pub const TITLE: &str = "Custom resources (a Deployment-sized schema) against ConfigMaps";
@@ -170,35 +170,6 @@ impl Kind {
     }
 }
 
-/// `POST` of `obj` to `path`, the answer decoded.
-async fn post(pool: &Pool, path: &str, obj: &Value) -> Result<()> {
-    let body = serde_json::to_vec(obj).context("encoding the object")?;
-    let (status, answer) = pool.request(Method::POST, path, Some(body.into())).await?;
-    if status != StatusCode::CREATED {
-        let text = String::from_utf8_lossy(&answer[..answer.len().min(500)]).into_owned();
-        bail!("POST {path}: {status}: {text}");
-    }
-    let created: Value = serde_json::from_slice(&answer).context("decoding the answer")?;
-    if created["metadata"]["resourceVersion"].as_str().is_none() {
-        bail!("POST {path}: the answer has no resourceVersion");
-    }
-    Ok(())
-}
-
-/// One kind's creates: call durations and first start → last end.
-#[derive(Debug, Clone)]
-struct Creates {
-    calls: Vec<Duration>,
-    wall: Duration,
-    api_cpu: Duration,
-}
-
-impl Creates {
-    fn throughput(&self) -> f64 {
-        self.calls.len() as f64 / self.wall.as_secs_f64().max(f64::EPSILON)
-    }
-}
-
 async fn creates(pool: &Pool, kind: Kind, ns: &str, n: usize, api_pid: u32) -> Result<Creates> {
     let spec = deployment_spec();
     let path = kind.collection(ns);
@@ -208,23 +179,7 @@ async fn creates(pool: &Pool, kind: Kind, ns: &str, n: usize, api_pid: u32) -> R
     let objects: Vec<Value> = (0..n)
         .map(|i| kind.object(&format!("o-{i:05}"), &spec))
         .collect();
-    let before = procfs::usage(api_pid)?.cpu;
-    let path = &path;
-    let starts = apiload::timed_all(objects, CREATE_CONCURRENCY, |o| async move {
-        post(pool, path, &o).await
-    })
-    .await?;
-    let api_cpu = procfs::usage(api_pid)?.cpu.saturating_sub(before);
-    let first = starts.first().context("no creates")?.0;
-    let last = starts.iter().map(|s| s.1).max().context("no creates")?;
-    Ok(Creates {
-        calls: starts
-            .iter()
-            .map(|(s, e)| e.saturating_duration_since(*s))
-            .collect(),
-        wall: last.saturating_duration_since(first),
-        api_cpu,
-    })
+    apiload::rest_creates(pool, &path, objects, CREATE_CONCURRENCY, api_pid).await
 }
 
 async fn measure(opts: &Options) -> Result<SuiteReport> {
