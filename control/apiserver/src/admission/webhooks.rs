@@ -213,7 +213,13 @@ impl Webhooks {
         if exempt(req) {
             return None;
         }
-        let hooks = self.hooks(mutating);
+        // Rules are checked first: they are cheap, and a write no rule covers is never
+        // turned into JSON.
+        let hooks: Vec<Arc<Hook>> = self
+            .hooks(mutating)
+            .into_iter()
+            .filter(|h| h.rules.iter().any(|r| rule_matches(r, req)))
+            .collect();
         if hooks.is_empty() {
             return None;
         }
@@ -224,7 +230,7 @@ impl Webhooks {
         Some((hooks, old))
     }
 
-    /// Whether `hook` wants this request (rules, selectors, match conditions). An error is a
+    /// Whether `hook`, whose rules cover the request, wants it (selectors, match conditions). An error is a
     /// failure of the webhook (under its failure policy).
     async fn wants(
         &self,
@@ -234,9 +240,6 @@ impl Webhooks {
         old: &Value,
         request: &Value,
     ) -> Result<bool, String> {
-        if !hook.rules.iter().any(|r| rule_matches(r, req)) {
-            return Ok(false);
-        }
         let labels = |v: &Value| -> std::collections::BTreeMap<String, String> {
             serde_json::from_value(v["metadata"]["labels"].clone()).unwrap_or_default()
         };
