@@ -27,6 +27,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 pub mod cluster;
+pub mod extension;
 pub mod ha;
 pub mod interactive;
 pub mod machines;

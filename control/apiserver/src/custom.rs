@@ -8,8 +8,10 @@
 //! kind at a version is the codec of requests for that version: decoding prunes the fields
 //! its schema does not specify (named as unknown fields, so `fieldValidation` Strict refuses
 //! them and Warn names them) and converts to the storage version, encoding converts back
-//! (the None strategy: only `apiVersion` changes). The handler defaults and validates with
-//! the storage version's schema.
+//! (the None strategy: only `apiVersion` changes). With the Webhook strategy the codec leaves
+//! `apiVersion` alone and the REST layer's codec calls the definition's conversion webhook
+//! ([`crate::conversion`]). The handler defaults and validates with the storage version's
+//! schema.
 //!
 //! Kind facts are `&'static` in the registry; each distinct [`KindInfo`] a definition yields
 //! is interned once ([`skiff_api::intern_kind`]), so updating or recreating a definition
@@ -65,6 +67,8 @@ pub struct Definition {
     /// The served versions; `storage` indexes the one objects are stored in.
     versions: Vec<Version>,
     storage: usize,
+    /// The conversion webhook (strategy `Webhook`); `None` for the None strategy.
+    webhook: Option<crate::conversion::Webhook>,
 }
 
 /// One served version of a custom kind.
@@ -162,6 +166,15 @@ impl CustomKind {
                 },
                 versions,
                 storage,
+                webhook: spec
+                    .conversion
+                    .as_ref()
+                    .filter(|c| c.strategy == "Webhook")
+                    .and_then(|c| c.webhook.as_ref())
+                    .map(|w| crate::conversion::Webhook {
+                        client: w.client_config.clone().unwrap_or_default(),
+                        review_versions: w.conversion_review_versions.clone(),
+                    }),
             }),
             at: storage,
         })
@@ -230,11 +243,31 @@ impl CustomKind {
         self.schema().openapi()
     }
 
-    /// Sets an object's apiVersion to this version's (the None conversion).
+    /// Sets an object's apiVersion to this version's (the None conversion); objects of a
+    /// kind a webhook converts keep theirs (the caller converts them, [`Self::webhook`]).
     fn convert(&self, value: &mut Value) {
+        if self.def.webhook.is_some() {
+            return;
+        }
         if let Some(m) = value.as_object_mut() {
             m.insert("apiVersion".into(), Value::from(self.info().api_version));
         }
+    }
+
+    /// The conversion webhook, when the definition's strategy is `Webhook`.
+    pub fn webhook(&self) -> Option<&crate::conversion::Webhook> {
+        self.def.webhook.as_ref()
+    }
+
+    /// Whether this is the storage version.
+    pub fn is_storage(&self) -> bool {
+        self.at == self.def.storage
+    }
+
+    /// Removes what this version's schema does not specify, silently (a conversion
+    /// webhook's answer is pruned so, as kube-apiserver prunes it).
+    pub fn prune(&self, value: &mut Value) {
+        self.schema().prune(value);
     }
 
     /// The string value at a dotted field path of an object, as field selectors compare it.

@@ -288,6 +288,18 @@ pub enum ApiError {
     },
 }
 
+impl ApiError {
+    /// kube-apiserver's `InternalError` answer for a failure outside the server (a webhook's):
+    /// 500, `Internal error occurred: <message>`.
+    pub fn internal_error(message: impl std::fmt::Display) -> ApiError {
+        ApiError::Status {
+            code: 500,
+            reason: "InternalError",
+            message: format!("Internal error occurred: {message}"),
+        }
+    }
+}
+
 /// Kubernetes' `StatusReason`s, for answers whose reason comes from outside.
 const KNOWN_REASONS: &[&str] = &[
     "Unauthorized",

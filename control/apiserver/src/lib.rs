@@ -17,7 +17,7 @@
 //! error, request, object                # leaf types: errors; who asks, for what, audit record; objects
 //! validation, stored, status, audit     # names and metadata; store layout; answers; audit log
 //! strategy                              # per-kind rules
-//! outbound                              # calls to extension servers (webhooks)
+//! outbound, conversion                  # calls to extension servers; conversion webhooks
 //! custom                                # custom kinds and their objects
 //! cache, encryption, admission::interface  # watch cache; at-rest transformer; what admission is
 //! registry                              # every verb once for every kind
@@ -73,6 +73,7 @@ pub mod admission;
 pub mod audit;
 pub mod auth;
 mod cache;
+mod conversion;
 pub mod custom;
 mod definitions;
 pub mod encryption;

@@ -50,6 +50,18 @@ pub enum CallError {
     Call { url: String, reason: String },
 }
 
+impl CallError {
+    /// What went wrong, without the webhook framing (`Post "<url>": <reason>`), for callers
+    /// that word their own (conversion webhooks).
+    pub fn reason(&self) -> String {
+        match self {
+            CallError::Client(m) => format!("could not get REST client: {m}"),
+            CallError::Resolve(m) => m.clone(),
+            CallError::Call { url, reason } => format!("Post {url:?}: {reason}"),
+        }
+    }
+}
+
 /// Where one call goes.
 #[derive(Debug, Clone)]
 pub struct Target {

@@ -976,6 +976,8 @@ pub struct Registry {
     cache_capacity: usize,
     admission: Arc<dyn Admit>,
     custom_prefixes: CustomPrefixes,
+    /// Conversion webhooks' client, shared by every request.
+    converter: Arc<crate::conversion::Converter>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -1062,11 +1064,17 @@ impl Registry {
         Ok(Registry {
             handlers,
             custom: Default::default(),
+            converter: Arc::new(crate::conversion::Converter::new(Arc::clone(&store))),
             store,
             cache_capacity,
             admission,
             custom_prefixes,
         })
+    }
+
+    /// The client of custom kinds' conversion webhooks.
+    pub(crate) fn converter(&self) -> &Arc<crate::conversion::Converter> {
+        &self.converter
     }
 
     /// Publishes the namespaced custom kinds' key prefixes to the handlers.

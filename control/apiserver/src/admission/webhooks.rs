@@ -394,11 +394,7 @@ impl Webhooks {
     fn failed(hook: &Hook, reason: &dyn std::fmt::Display) -> Option<ApiError> {
         let message = format!("failed calling webhook {:?}: {reason}", hook.name);
         if hook.fail_closed {
-            Some(ApiError::Status {
-                code: 500,
-                reason: "InternalError",
-                message: format!("Internal error occurred: {message}"),
-            })
+            Some(internal(message))
         } else {
             warn!(webhook = %hook.name, "{message}; failurePolicy Ignore: admitted");
             None
@@ -584,11 +580,7 @@ impl Plugin for MutatingAdmissionWebhook {
 }
 
 fn internal(message: String) -> ApiError {
-    ApiError::Status {
-        code: 500,
-        reason: "InternalError",
-        message: format!("Internal error occurred: {message}"),
-    }
+    ApiError::internal_error(message)
 }
 
 #[async_trait]

@@ -143,11 +143,25 @@ impl Call<'_> {
         Ok(())
     }
 
+    /// How objects are read and written at the request's version.
+    pub fn codec(&self) -> Codec {
+        Codec {
+            kind: Arc::clone(&self.kind),
+            webhook: self.custom.as_ref().and_then(|c| {
+                c.webhook()
+                    .map(|_| (c.clone(), Arc::clone(self.registry.converter())))
+            }),
+        }
+    }
+
     /// The object as Kubernetes JSON.
-    pub fn to_json(&self, bytes: &[u8]) -> Result<Value, ApiError> {
-        self.kind
-            .proto_to_json(bytes)
-            .map_err(|e| ApiError::Internal(format!("encoding a {}: {e}", self.info.kind)))
+    pub async fn to_json(&self, bytes: &[u8]) -> Result<Value, ApiError> {
+        self.codec().to_json(bytes).await
+    }
+
+    /// Objects as Kubernetes JSON (one conversion call for all).
+    pub async fn to_json_many(&self, items: &[Vec<u8>]) -> Result<Vec<Value>, ApiError> {
+        self.codec().to_json_many(items).await
     }
 
     /// A custom kind's printer columns (`None` for typed kinds).
@@ -258,9 +272,81 @@ impl Call<'_> {
     }
 
     /// `value` as protobuf, with unknown fields handled per `fieldValidation`.
-    pub fn encode(&self, value: Value) -> Result<(Vec<u8>, Vec<String>), ApiError> {
+    pub async fn encode(&self, value: Value) -> Result<(Vec<u8>, Vec<String>), ApiError> {
         let mode = FieldValidation::parse(self.query)?;
-        encode_with(self.kind.as_ref(), value, mode)
+        self.codec().encode(value, mode).await
+    }
+}
+
+/// How objects of one kind are read and written at one version: the version's codec, and
+/// for a custom kind whose versions a webhook converts, the conversion
+/// ([`crate::conversion`]). Cheap to clone (a watch keeps one).
+#[derive(Clone)]
+pub(crate) struct Codec {
+    kind: Arc<dyn DynKind>,
+    webhook: Option<(crate::custom::CustomKind, Arc<crate::conversion::Converter>)>,
+}
+
+impl Codec {
+    /// A stored object as Kubernetes JSON at this version.
+    pub async fn to_json(&self, bytes: &[u8]) -> Result<Value, ApiError> {
+        let mut all = self.to_json_many(std::slice::from_ref(&bytes)).await?;
+        all.pop()
+            .ok_or_else(|| ApiError::Internal("conversion returned nothing".into()))
+    }
+
+    /// Stored objects as Kubernetes JSON at this version, converted in one call.
+    pub async fn to_json_many<B: AsRef<[u8]>>(&self, items: &[B]) -> Result<Vec<Value>, ApiError> {
+        let info = self.kind.info();
+        let values = items
+            .iter()
+            .map(|b| {
+                self.kind
+                    .proto_to_json(b.as_ref())
+                    .map_err(|e| ApiError::Internal(format!("encoding a {}: {e}", info.kind)))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let Some((view, converter)) = &self.webhook else {
+            return Ok(values);
+        };
+        let Some(hook) = view.webhook() else {
+            return Ok(values);
+        };
+        let mut out = converter.convert(hook, values, info.api_version).await?;
+        for v in &mut out {
+            view.prune(v);
+        }
+        Ok(out)
+    }
+
+    /// A written object (at this version) as the stored bytes, with unknown fields handled
+    /// per `mode`; a webhook converts it to the storage version, and what the storage
+    /// version does not specify is dropped.
+    pub async fn encode(
+        &self,
+        value: Value,
+        mode: FieldValidation,
+    ) -> Result<(Vec<u8>, Vec<String>), ApiError> {
+        let (bytes, warnings) = encode_with(self.kind.as_ref(), value, mode)?;
+        let Some((view, converter)) = &self.webhook else {
+            return Ok((bytes, warnings));
+        };
+        if view.is_storage() {
+            return Ok((bytes, warnings));
+        }
+        let Some(hook) = view.webhook() else {
+            return Ok((bytes, warnings));
+        };
+        let value: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::Internal(format!("re-reading a {}: {e}", view.info().kind)))?;
+        let storage = view.storage();
+        let converted = converter
+            .convert(hook, vec![value], storage.info().api_version)
+            .await?
+            .pop()
+            .ok_or_else(|| ApiError::Internal("conversion returned nothing".into()))?;
+        let (bytes, _) = encode_with(&storage, converted, FieldValidation::Ignore)?;
+        Ok((bytes, warnings))
     }
 }
 

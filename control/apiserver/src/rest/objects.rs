@@ -157,7 +157,7 @@ const EPHEMERAL: &str = "ephemeralcontainers";
 
 async fn get(call: &Call<'_>) -> Result<Response, ApiError> {
     let bytes = call.handler.get(&call.namespace, &call.name).await?;
-    Ok(call.object(200, &call.to_json(&bytes)?, &[]))
+    Ok(call.object(200, &call.to_json(&bytes).await?, &[]))
 }
 
 /// A `continue` token: the list's revision and the last key returned.
@@ -284,10 +284,7 @@ async fn list(call: &Call<'_>) -> Result<Response, ApiError> {
         }
         other => other?,
     };
-    let mut items = Vec::with_capacity(listing.items.len());
-    for bytes in &listing.items {
-        items.push(call.to_json(bytes)?);
-    }
+    let mut items = call.to_json_many(&listing.items).await?;
     if let Some(c) = &cont {
         items.retain(|o| sort_key(o) > c.start);
     }
@@ -313,10 +310,10 @@ async fn create(call: &Call<'_>, body: &[u8]) -> Result<Response, ApiError> {
     let opts = call.write_options()?;
     let mut value = call.decode(body)?;
     call.record_write(None, &mut value)?;
-    let (bytes, mut warnings) = call.encode(value)?;
+    let (bytes, mut warnings) = call.encode(value).await?;
     warnings.extend(pod_security_warning(call, &bytes).await);
     let created = call.handler.create(&call.namespace, &bytes, opts).await?;
-    Ok(call.object(201, &call.to_json(&created)?, &warnings))
+    Ok(call.object(201, &call.to_json(&created).await?, &warnings))
 }
 
 /// Pod Security's warning for a new pod, or a Deployment's or ReplicaSet's pod template, in
@@ -373,7 +370,7 @@ async fn update(call: &Call<'_>, body: &[u8], sub: &str) -> Result<Response, Api
         // The current object: the version an unconditional update replaces, and what the
         // field managers' changes are measured against (a stale one fails the CAS anyway).
         let current = call.handler.get(&call.namespace, &call.name).await?;
-        let current = call.to_json(&current)?;
+        let current = call.to_json(&current).await?;
         if unconditional {
             value["metadata"]["resourceVersion"] = current
                 .pointer("/metadata/resourceVersion")
@@ -384,13 +381,13 @@ async fn update(call: &Call<'_>, body: &[u8], sub: &str) -> Result<Response, Api
         if sub.is_empty() {
             call.record_write(Some(&current), &mut value)?;
         }
-        let (bytes, warnings) = call.encode(value)?;
+        let (bytes, warnings) = call.encode(value).await?;
         match call
             .handler
             .update(&call.namespace, &bytes, sub, opts.clone())
             .await
         {
-            Ok(updated) => return Ok(call.object(200, &call.to_json(&updated)?, &warnings)),
+            Ok(updated) => return Ok(call.object(200, &call.to_json(&updated).await?, &warnings)),
             Err(ApiError::Conflict(_)) if unconditional => continue,
             Err(e) => return Err(e),
         }
@@ -472,7 +469,7 @@ async fn delete(call: &Call<'_>, body: &[u8]) -> Result<Response, ApiError> {
     let options = delete_body(call, body)?;
     let (req, opts) = delete_options(call, &options, &call.name)?;
     let last = call.handler.delete(&req, opts).await?;
-    let obj = call.to_json(&last)?;
+    let obj = call.to_json(&last).await?;
     let pending = obj
         .pointer("/metadata/deletionTimestamp")
         .and_then(Value::as_str)
@@ -509,8 +506,7 @@ async fn delete_collection(call: &Call<'_>, body: &[u8]) -> Result<Response, Api
     };
     let listing = call.handler.list(&req, None).await?;
     let mut items = Vec::new();
-    for bytes in &listing.items {
-        let obj = call.to_json(bytes)?;
+    for obj in call.to_json_many(&listing.items).await? {
         let name = obj
             .pointer("/metadata/name")
             .and_then(Value::as_str)
@@ -524,7 +520,7 @@ async fn delete_collection(call: &Call<'_>, body: &[u8]) -> Result<Response, Api
         let (mut del, opts) = delete_request(call, body, &name)?;
         del.namespace = ns;
         match call.handler.delete(&del, opts).await {
-            Ok(last) => items.push(call.to_json(&last)?),
+            Ok(last) => items.push(call.to_json(&last).await?),
             Err(ApiError::NotFound { .. }) => {}
             Err(e) => return Err(e),
         }

@@ -146,7 +146,9 @@ pub(crate) async fn serve(call: &Call<'_>, body: &[u8], sub: &str) -> Result<Res
     }
     let pinned = rv_of(&patch);
     for _ in 0..RETRIES {
-        let current = call.to_json(&call.handler.get(&call.namespace, &call.name).await?)?;
+        let current = call
+            .to_json(&call.handler.get(&call.namespace, &call.name).await?)
+            .await?;
         let mut patched = apply(call.info.kind, &current, &patch, ty)?;
         // The patch may not move the object elsewhere.
         for (k, want) in [
@@ -173,13 +175,13 @@ pub(crate) async fn serve(call: &Call<'_>, body: &[u8], sub: &str) -> Result<Res
                 .cloned()
                 .unwrap_or(Value::Null);
         }
-        let (bytes, warnings) = call.encode(patched)?;
+        let (bytes, warnings) = call.encode(patched).await?;
         match call
             .handler
             .update(&call.namespace, &bytes, sub, opts.clone())
             .await
         {
-            Ok(updated) => return Ok(call.object(200, &call.to_json(&updated)?, &warnings)),
+            Ok(updated) => return Ok(call.object(200, &call.to_json(&updated).await?, &warnings)),
             Err(ApiError::Conflict(_)) if pinned.is_none() => continue,
             Err(e) => return Err(e),
         }
@@ -270,7 +272,7 @@ async fn server_side_apply(
             time: &time,
         };
         let current = match call.handler.get(&call.namespace, &call.name).await {
-            Ok(bytes) => Some(call.to_json(&bytes)?),
+            Ok(bytes) => Some(call.to_json(&bytes).await?),
             Err(ApiError::NotFound { .. }) if pinned.is_none() => None,
             Err(e) => return Err(e),
         };
@@ -279,13 +281,15 @@ async fn server_side_apply(
             // Applying a missing object creates it: that takes `create`, not only the
             // `patch` the request was authorized for (kube-apiserver's check).
             call.authorize_also("create")?;
-            let (bytes, warnings) = call.encode(result)?;
+            let (bytes, warnings) = call.encode(result).await?;
             match call
                 .handler
                 .create(&call.namespace, &bytes, opts.clone())
                 .await
             {
-                Ok(created) => return Ok(call.object(201, &call.to_json(&created)?, &warnings)),
+                Ok(created) => {
+                    return Ok(call.object(201, &call.to_json(&created).await?, &warnings));
+                }
                 Err(ApiError::AlreadyExists { .. }) => continue,
                 Err(e) => return Err(e),
             }
@@ -297,13 +301,13 @@ async fn server_side_apply(
                 .cloned()
                 .unwrap_or(Value::Null),
         };
-        let (bytes, warnings) = call.encode(result)?;
+        let (bytes, warnings) = call.encode(result).await?;
         match call
             .handler
             .update(&call.namespace, &bytes, "", opts.clone())
             .await
         {
-            Ok(updated) => return Ok(call.object(200, &call.to_json(&updated)?, &warnings)),
+            Ok(updated) => return Ok(call.object(200, &call.to_json(&updated).await?, &warnings)),
             Err(ApiError::Conflict(_)) if pinned.is_none() => continue,
             Err(e) => return Err(e),
         }
@@ -417,7 +421,9 @@ pub(crate) async fn scale(
 ) -> Result<Response, ApiError> {
     let paths = ScalePaths::of(call);
     if method == Method::GET {
-        let obj = call.to_json(&call.handler.get(&call.namespace, &call.name).await?)?;
+        let obj = call
+            .to_json(&call.handler.get(&call.namespace, &call.name).await?)
+            .await?;
         return Ok(respond(200, &scale_of(&obj, &paths), call.format, &[]));
     }
     let opts = call.write_options()?;
@@ -435,7 +441,9 @@ pub(crate) async fn scale(
         }
     };
     for _ in 0..RETRIES {
-        let current = call.to_json(&call.handler.get(&call.namespace, &call.name).await?)?;
+        let current = call
+            .to_json(&call.handler.get(&call.namespace, &call.name).await?)
+            .await?;
         let view = scale_of(&current, &paths);
         let wanted = match ty {
             None => input.clone(),
@@ -459,7 +467,7 @@ pub(crate) async fn scale(
         let mut updated = current.clone();
         set_pointer(&mut updated, &paths.spec, replicas.into());
         call.record_write(Some(&current), &mut updated)?;
-        let (bytes, _) = call.encode(updated)?;
+        let (bytes, _) = call.encode(updated).await?;
         match call
             .handler
             .update(&call.namespace, &bytes, "", opts.clone())
@@ -468,7 +476,7 @@ pub(crate) async fn scale(
             Ok(obj) => {
                 return Ok(respond(
                     200,
-                    &scale_of(&call.to_json(&obj)?, &paths),
+                    &scale_of(&call.to_json(&obj).await?, &paths),
                     call.format,
                     &[],
                 ));

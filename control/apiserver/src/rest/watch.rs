@@ -170,9 +170,9 @@ async fn initial_events(
     }
     let mut lines = Vec::new();
     if send == Some(true) {
-        for bytes in &listing.items {
+        for obj in call.to_json_many(&listing.items).await? {
             let obj = shape(
-                call.to_json(bytes)?,
+                obj,
                 call.format,
                 call.info,
                 call.printer_columns(),
@@ -244,7 +244,7 @@ pub(crate) async fn serve(call: &Call<'_>) -> Response {
         Err(e @ ApiError::Expired(_)) => return error_stream(&e, call),
         Err(e) => return call.fail(&e),
         Ok(mut events) => {
-            let codec = std::sync::Arc::clone(&call.kind);
+            let codec = call.codec();
             let printer = call.printer_columns().map(<[_]>::to_vec);
             let info = call.info;
             // `kubectl get -w` asks for Tables (each event's object is a one-row Table),
@@ -283,12 +283,12 @@ pub(crate) async fn serve(call: &Call<'_>) -> Response {
                             None => break,
                             Some(Ok(ev)) => {
                                 last_rv = ev.resource_version.clone();
-                                match codec.proto_to_json(&ev.object) {
+                                match codec.to_json(&ev.object).await {
                                     Ok(obj) => json!({
                                         "type": ev.r#type,
                                         "object": shape(obj, format, info, printer.as_deref(), &query),
                                     }),
-                                    Err(e) => subject_err(&ApiError::Internal(e.to_string())),
+                                    Err(e) => subject_err(&e),
                                 }
                             }
                             Some(Err(status)) => {
