@@ -357,9 +357,31 @@ impl Unstructured {
     /// The whole object as JSON.
     pub fn to_value(&self) -> Value {
         let mut map = self.rest.clone();
+        map.insert("metadata".into(), self.meta_value());
+        Value::Object(map)
+    }
+
+    fn meta_value(&self) -> Value {
         let mut meta = serde_json::to_value(&self.meta).unwrap_or(Value::Null);
         skiff_api::serde_util::prune_message("ObjectMeta", &mut meta);
-        map.insert("metadata".into(), meta);
+        meta
+    }
+
+    /// The object as its schema sees it: `metadata` holds only `name` and `generateName`,
+    /// the only metadata a structural schema may constrain and CEL rules may read (as in
+    /// Kubernetes); the rest of the metadata is validated as every kind's is.
+    fn schema_view(&self) -> Value {
+        let mut map = self.rest.clone();
+        let mut meta = Map::new();
+        for (k, v) in [
+            ("name", &self.meta.name),
+            ("generateName", &self.meta.generate_name),
+        ] {
+            if !v.is_empty() {
+                meta.insert(k.into(), Value::from(v.as_str()));
+            }
+        }
+        map.insert("metadata".into(), Value::Object(meta));
         Value::Object(map)
     }
 
@@ -386,7 +408,36 @@ impl Object for Unstructured {
     }
 
     fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec(&self.to_value()).unwrap_or_default()
+        // Written from the fields in place (the object is not copied into one `Value`
+        // first), keys in the order `to_value` has them.
+        struct Whole<'a> {
+            rest: &'a Map<String, Value>,
+            meta: &'a Value,
+        }
+        impl serde::Serialize for Whole<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                use serde::ser::SerializeMap;
+                let mut map = s.serialize_map(Some(self.rest.len() + 1))?;
+                let mut meta = Some(self.meta);
+                for (k, v) in self.rest {
+                    if k.as_str() > "metadata"
+                        && let Some(m) = meta.take()
+                    {
+                        map.serialize_entry("metadata", m)?;
+                    }
+                    map.serialize_entry(k, v)?;
+                }
+                if let Some(m) = meta {
+                    map.serialize_entry("metadata", m)?;
+                }
+                map.end()
+            }
+        }
+        serde_json::to_vec(&Whole {
+            rest: &self.rest,
+            meta: &self.meta_value(),
+        })
+        .unwrap_or_default()
     }
 
     fn metadata(&self) -> Option<&ObjectMeta> {
@@ -486,7 +537,7 @@ impl Strategy for Unstructured {
     /// The storage version's schema, with its CEL rules (transition rules see no old object
     /// on create).
     fn validate(&self) -> Vec<FieldError> {
-        schema_errors(self.kind.schema().validate(&self.to_value(), None))
+        schema_errors(self.kind.schema().validate(&self.schema_view(), None))
     }
 
     /// The schema again, with the stored object for transition rules.
@@ -495,11 +546,11 @@ impl Strategy for Unstructured {
         let with_old = self
             .kind
             .schema()
-            .validate(&self.to_value(), Some(&old.to_value()));
+            .validate(&self.schema_view(), Some(&old.schema_view()));
         let without: HashSet<String> = self
             .kind
             .schema()
-            .validate(&self.to_value(), None)
+            .validate(&self.schema_view(), None)
             .into_iter()
             .map(|e| e.to_string())
             .collect();
@@ -509,5 +560,77 @@ impl Strategy for Unstructured {
                 .filter(|e| !without.contains(&e.to_string()))
                 .collect(),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use skiff_api::api::{
+        CustomResourceDefinitionNames, CustomResourceDefinitionSpec,
+        CustomResourceDefinitionVersion, CustomResourceValidation,
+    };
+
+    fn kind() -> CustomKind {
+        let schema = json!({"type": "object", "properties": {
+            "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+            "zzz": {"type": "string"}, "aaa": {"type": "string"}}});
+        let crd = CustomResourceDefinition {
+            metadata: Some(ObjectMeta {
+                name: "widgets.example.com".into(),
+                ..Default::default()
+            }),
+            spec: Some(CustomResourceDefinitionSpec {
+                group: "example.com".into(),
+                scope: "Namespaced".into(),
+                names: Some(CustomResourceDefinitionNames {
+                    plural: "widgets".into(),
+                    kind: "Widget".into(),
+                    ..Default::default()
+                }),
+                versions: vec![CustomResourceDefinitionVersion {
+                    name: "v1".into(),
+                    served: true,
+                    storage: true,
+                    schema: Some(CustomResourceValidation {
+                        open_api_v3_schema: schema.to_string(),
+                    }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        CustomKind::from_crd(&crd).expect("a served kind")
+    }
+
+    #[test]
+    fn encoding_in_place_writes_what_to_value_holds() {
+        let k = kind();
+        let value = json!({"apiVersion": "example.com/v1", "kind": "Widget", "aaa": "a",
+            "zzz": "z", "spec": {"b": [1, {"c": null}], "a": "x"},
+            "metadata": {"name": "w", "namespace": "ns", "labels": {"l": "v"},
+                         "managedFields": [{"manager": "m", "operation": "Update"}]}});
+        let obj = Unstructured::decode(&k, &serde_json::to_vec(&value).unwrap()).unwrap();
+        assert_eq!(
+            obj.encode(),
+            serde_json::to_vec(&obj.to_value()).unwrap(),
+            "the same bytes, keys in the same order"
+        );
+    }
+
+    #[test]
+    fn schemas_see_only_the_name_and_generate_name_of_the_metadata() {
+        let k = kind();
+        let value = json!({"apiVersion": "example.com/v1", "kind": "Widget",
+            "metadata": {"name": "w", "generateName": "w-", "namespace": "ns",
+                         "labels": {"l": "v"}, "uid": "u"}});
+        let obj = Unstructured::decode(&k, &serde_json::to_vec(&value).unwrap()).unwrap();
+        assert_eq!(
+            obj.schema_view()["metadata"],
+            json!({"name": "w", "generateName": "w-"})
+        );
+        assert_eq!(obj.schema_view()["kind"], "Widget");
     }
 }
