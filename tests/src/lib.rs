@@ -27,9 +27,11 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 pub mod cluster;
+pub mod every_kind;
 pub mod ha;
 pub mod interactive;
 pub mod machines;
+pub mod python;
 pub mod rollout;
 pub mod up;
 
