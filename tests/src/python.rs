@@ -39,8 +39,10 @@ pub fn script(name: &str) -> PathBuf {
 }
 
 /// The venv's `python -u` (unbuffered) with `kubeconfig` as the only cluster it may reach
-/// (`KUBECONFIG`, no proxy); the caller adds the script or module and its arguments.
+/// (`KUBECONFIG`, no proxy); the caller adds the script or module and its arguments. Like
+/// kubectl run by the test process, the kubeconfig must name a loopback address.
 pub fn command(kubeconfig: &Path) -> Command {
+    crate::assert_loopback_server(kubeconfig);
     let mut cmd = Command::new(interpreter());
     cmd.arg("-u")
         .env("KUBECONFIG", kubeconfig)

@@ -198,6 +198,8 @@ async fn a_kopf_operator_handles_its_kind_through_its_life() {
         ),
         "kopf.adopt made the greeting the child's controller: {child}"
     );
+    // The status lands only through the status subresource (the main endpoint of a kind
+    // with one ignores it), where kopf writes it.
     let greeting = converges("the create handler's status", &c, op, || {
         get(&c, "greeting/hello")
             .filter(|g| g["status"]["child"] == "hello-greeting" && g["status"]["message"] == "hi")
