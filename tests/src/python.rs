@@ -40,12 +40,19 @@ pub fn script(name: &str) -> PathBuf {
 
 /// The venv's `python -u` (unbuffered) with `kubeconfig` as the only cluster it may reach
 /// (`KUBECONFIG`, no proxy); the caller adds the script or module and its arguments. Like
-/// kubectl run by the test process, the kubeconfig must name a loopback address.
+/// kubectl run by the test process, the kubeconfig must name a loopback address. Its
+/// directory (the test's own) is the process's `TMPDIR`: the client copies the kubeconfig's
+/// certificate and key to temporary files, which a killed process leaves behind.
 pub fn command(kubeconfig: &Path) -> Command {
     crate::assert_loopback_server(kubeconfig);
+    let dir = kubeconfig
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let mut cmd = Command::new(interpreter());
     cmd.arg("-u")
         .env("KUBECONFIG", kubeconfig)
+        .env("TMPDIR", dir)
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .env("NO_PROXY", "*")
         .env_remove("HTTPS_PROXY")
