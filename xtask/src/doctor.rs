@@ -1085,6 +1085,17 @@ fn check_python_venv(ctx: &Context) -> Verdict {
     if !interpreter.exists() {
         return fail(format!("no venv at {}", venv.display()), PYTHON_VENV_FIX);
     }
+    let stamp = std::fs::read_to_string(venv.join(python::STAMP)).ok();
+    if python::venv_state(true, stamp.as_deref(), &text) != python::VenvState::Current {
+        return fail(
+            format!(
+                "the venv at {} was not installed from the current {}",
+                venv.display(),
+                python::REQUIREMENTS
+            ),
+            PYTHON_VENV_FIX,
+        );
+    }
     let mut cmd = Command::new(&interpreter);
     cmd.args(["-c", &python::import_check_script()]);
     let out = match run_cmd_ok(ctx, cmd) {
