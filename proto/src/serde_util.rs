@@ -232,6 +232,7 @@ fn prune_in(msg: Option<&'static crate::schema::Message>, value: &mut serde_json
                     || msg.field(k).is_some_and(|f| f.always)
             });
             fill_always(msg, map);
+            fill_meta_conditions(msg, map);
         }
         Value::Array(items) => items.iter_mut().for_each(|i| prune_in(Some(msg), i)),
         _ => {}
@@ -270,6 +271,32 @@ fn fill_always(
     }
 }
 
+/// Lists whose items are Kubernetes' `metav1.Condition` (message, list field). Skiff's one
+/// `Condition` message serves every kind, and most kinds' own condition types omit an empty
+/// `reason` and `message`; `metav1.Condition` has no `omitempty` on them, so Kubernetes writes
+/// them as "" and the Python client's `V1Condition` requires them.
+const META_CONDITIONS: [(&str, &str); 1] = [("PodDisruptionBudgetStatus", "conditions")];
+
+/// The text fields of `metav1.Condition` written even when empty.
+const META_CONDITION_ALWAYS: [&str; 2] = ["reason", "message"];
+
+fn fill_meta_conditions(
+    msg: &'static crate::schema::Message,
+    map: &mut serde_json::Map<String, serde_json::Value>,
+) {
+    use serde_json::Value;
+    for (_, list) in META_CONDITIONS.iter().filter(|(m, _)| *m == msg.name) {
+        if let Some(Value::Array(items)) = map.get_mut(*list) {
+            for item in items.iter_mut().filter_map(Value::as_object_mut) {
+                for f in META_CONDITION_ALWAYS {
+                    item.entry(f)
+                        .or_insert_with(|| Value::String(String::new()));
+                }
+            }
+        }
+    }
+}
+
 fn is_empty(v: &serde_json::Value) -> bool {
     use serde_json::Value;
     match v {
@@ -285,6 +312,49 @@ fn is_empty(v: &serde_json::Value) -> bool {
 mod tests {
     use super::*;
     use crate::api::{RollingUpdateDeployment, ServicePort};
+
+    /// A PodDisruptionBudget's conditions are `metav1.Condition`s: `reason` and `message`
+    /// are written even when empty (the Python client's `V1Condition` requires them), while
+    /// other kinds' conditions omit them as Kubernetes does.
+    #[test]
+    fn disruption_budget_conditions_keep_empty_reason_and_message() {
+        use crate::Resource;
+        use crate::api::{Condition, PodDisruptionBudget, PodDisruptionBudgetStatus};
+        let condition = Condition {
+            r#type: "DisruptionAllowed".into(),
+            status: "True".into(),
+            last_transition_time: "2026-11-28T07:00:00Z".into(),
+            ..Default::default()
+        };
+        let pdb = PodDisruptionBudget {
+            status: Some(PodDisruptionBudgetStatus {
+                conditions: vec![condition.clone()],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let v = pdb.to_json();
+        let c = &v["status"]["conditions"][0];
+        assert_eq!(
+            (&c["reason"], &c["message"]),
+            (&serde_json::json!(""), &serde_json::json!("")),
+            "{v}"
+        );
+        assert_eq!(c["type"], "DisruptionAllowed", "{v}");
+        let deployment = crate::api::Deployment {
+            status: Some(crate::api::DeploymentStatus {
+                conditions: vec![condition],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let v = deployment.to_json();
+        let c = &v["status"]["conditions"][0];
+        assert!(
+            c.get("message").is_none() && c.get("reason").is_none(),
+            "omitempty: {v}"
+        );
+    }
 
     /// Kubernetes writes these even when empty (Go fields without omitempty, structs); the
     /// Python client's models refuse objects without them.

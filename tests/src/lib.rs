@@ -27,10 +27,12 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 pub mod cluster;
+pub mod every_kind;
 pub mod extension;
 pub mod ha;
 pub mod interactive;
 pub mod machines;
+pub mod python;
 pub mod rollout;
 pub mod up;
 

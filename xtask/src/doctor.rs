@@ -232,6 +232,13 @@ pub const CHECKS: &[Check] = &[
         run: check_python3,
     },
     Check {
+        name: "python-venv",
+        what: "the tests' Python venv: the official kubernetes client and kopf at their pins",
+        fixes: &[PYTHON_VENV_FIX, Fix::Apt("python3-venv")],
+        needs_root: false,
+        run: check_python_venv,
+    },
+    Check {
         name: "curl",
         what: "/usr/bin/curl (copied with its libraries into test pods, which call the API server)",
         fixes: &[Fix::Apt("curl")],
@@ -1056,6 +1063,74 @@ fn check_python3(ctx: &Context) -> Verdict {
     version_check(ctx, "/usr/bin/python3", &["--version"], Fix::Apt("python3"))
 }
 
+/// What brings the tests' venv back.
+const PYTHON_VENV_FIX: Fix =
+    Fix::Manual("run cargo xtask setup (it makes the venv from tests/python/requirements.txt)");
+
+fn check_python_venv(ctx: &Context) -> Verdict {
+    use skiff_flags::python;
+    let venv = python::venv_dir();
+    let root = util::repo_root();
+    let requirements = python::requirements_in(&root);
+    let text = match std::fs::read_to_string(&requirements) {
+        Ok(t) => t,
+        Err(e) => {
+            return fail(
+                format!("{}: {e}", requirements.display()),
+                Fix::Manual("restore tests/python/requirements.txt from git"),
+            );
+        }
+    };
+    let interpreter = python::python_in(&venv);
+    if !interpreter.exists() {
+        return fail(format!("no venv at {}", venv.display()), PYTHON_VENV_FIX);
+    }
+    let stamp = std::fs::read_to_string(venv.join(python::STAMP)).ok();
+    if python::venv_state(true, stamp.as_deref(), &text) != python::VenvState::Current {
+        return fail(
+            format!(
+                "the venv at {} was not installed from the current {}",
+                venv.display(),
+                python::REQUIREMENTS
+            ),
+            PYTHON_VENV_FIX,
+        );
+    }
+    let mut cmd = Command::new(&interpreter);
+    cmd.args(["-c", &python::import_check_script()]);
+    let out = match run_cmd_ok(ctx, cmd) {
+        Ok(out) => out,
+        Err(why) => return fail(why, PYTHON_VENV_FIX),
+    };
+    let printed = String::from_utf8_lossy(&out.stdout);
+    python_venv_verdict(&venv, &printed, &python::pins(&text))
+}
+
+/// The verdict on what the venv's import check printed against the pins.
+pub fn python_venv_verdict(
+    venv: &std::path::Path,
+    printed: &str,
+    pins: &[(String, String)],
+) -> Verdict {
+    let wrong = skiff_flags::python::version_mismatches(printed, pins);
+    if wrong.is_empty() {
+        let found: Vec<&str> = printed.lines().map(str::trim).collect();
+        Verdict::Ok(format!("{} ({})", found.join(", "), venv.display()))
+    } else {
+        let why: Vec<String> = wrong
+            .iter()
+            .map(|(p, found, want)| {
+                let found = if found.is_empty() { "missing" } else { found };
+                format!("{p} {found}, pinned {want}")
+            })
+            .collect();
+        fail(
+            format!("{}: {}", venv.display(), why.join("; ")),
+            PYTHON_VENV_FIX,
+        )
+    }
+}
+
 fn check_curl(ctx: &Context) -> Verdict {
     // The tests copy this exact path (and what `ldd` names for it) into an image.
     version_check(ctx, "/usr/bin/curl", &["--version"], Fix::Apt("curl"))
@@ -1186,6 +1261,24 @@ mod tests {
                 "{krate} is installed by setup but no doctor check uses it"
             );
         }
+    }
+
+    #[test]
+    fn a_venv_at_other_pins_fails_naming_setup() {
+        let pins = skiff_flags::python::pins("kubernetes==37.0.2\nkopf==1.45.2\n");
+        let venv = std::path::Path::new("/v");
+        assert!(matches!(
+            python_venv_verdict(venv, "kubernetes 37.0.2\nkopf 1.45.2\n", &pins),
+            Verdict::Ok(_)
+        ));
+        let verdict = python_venv_verdict(venv, "kubernetes 31.0.0\n", &pins);
+        let check = CHECKS.iter().find(|c| c.name == "python-venv").unwrap();
+        let shown = line(check, &verdict);
+        assert!(
+            shown.contains("kubernetes 31.0.0, pinned 37.0.2; kopf missing, pinned 1.45.2"),
+            "{shown}"
+        );
+        assert!(shown.contains("run cargo xtask setup"), "{shown}");
     }
 
     #[test]

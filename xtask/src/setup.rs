@@ -87,6 +87,11 @@ pub const APT_PACKAGES: &[AptPackage] = &[
         why: "scripts and test tooling",
     },
     AptPackage {
+        name: "python3-venv",
+        ebpf: false,
+        why: "`python3 -m venv` for the tests' Python venv (the kubernetes client and kopf)",
+    },
+    AptPackage {
         name: "curl",
         ebpf: false,
         why: "a real HTTPS client inside test pods (they call the API server with their token)",
@@ -137,6 +142,7 @@ pub struct SetupOptions {
 pub fn run(opts: SetupOptions) -> Result<()> {
     apt_packages(opts).context("setup: apt packages")?;
     cargo_tools().context("setup: cargo tools")?;
+    python_venv().context("setup: python venv")?;
     if opts.skip_ebpf {
         println!("skip: nightly toolchain and bpf-linker (--skip-ebpf)");
     } else {
@@ -398,6 +404,115 @@ fn cargo_tools() -> Result<()> {
     Ok(())
 }
 
+/// The Python the pinned wheels are built for (`cp311`).
+pub const PYTHON_VERSION: &str = "3.11";
+
+/// `major.minor` from `python3 --version` output ("Python 3.11.7").
+pub fn parse_python_version(output: &str) -> Option<String> {
+    let v = output.trim().strip_prefix("Python ")?;
+    let mut parts = v.split('.');
+    let (major, minor) = (parts.next()?, parts.next()?);
+    Some(format!("{major}.{minor}"))
+}
+
+/// The interpreter that makes the venv: `python3.11`, else `python3` when it is 3.11.
+fn base_python() -> Result<PathBuf> {
+    let mut found = Vec::new();
+    for name in [format!("python{PYTHON_VERSION}"), "python3".to_string()] {
+        let Some(path) = util::which(&name) else {
+            continue;
+        };
+        let out = util::run_capture(Command::new(&path).arg("--version"))?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        match parse_python_version(&text) {
+            Some(v) if v == PYTHON_VERSION => return Ok(path),
+            other => found.push(format!(
+                "{} is {}",
+                path.display(),
+                other.unwrap_or_else(|| "of unknown version".into())
+            )),
+        }
+    }
+    bail!(
+        "no Python {PYTHON_VERSION} found ({}); the pinned wheels of {} are for CPython \
+         {PYTHON_VERSION}: install python3 (Debian 12's is {PYTHON_VERSION})",
+        if found.is_empty() {
+            "neither python3.11 nor python3 is on PATH".to_string()
+        } else {
+            found.join(", ")
+        },
+        skiff_flags::python::REQUIREMENTS
+    )
+}
+
+/// Makes the tests' venv (`skiff_flags::python::venv_dir`) from the pinned requirements,
+/// unless it already holds exactly them.
+fn python_venv() -> Result<()> {
+    use skiff_flags::python::{self, VenvState};
+    let root = util::repo_root();
+    let venv = python::venv_dir();
+    let requirements = python::requirements_in(&root);
+    let state = python::venv_state_at(&venv, &root)
+        .with_context(|| format!("reading {}", requirements.display()))?;
+    if state == VenvState::Current {
+        println!(
+            "ok: python venv present ({}, pinned by {})",
+            venv.display(),
+            python::REQUIREMENTS
+        );
+        return Ok(());
+    }
+    println!(
+        "installing python venv... ({}: the kubernetes client and kopf for the end-to-end \
+         tests{})",
+        venv.display(),
+        if state == VenvState::Stale {
+            "; the one there was made from other pins"
+        } else {
+            ""
+        }
+    );
+    let base = base_python()?;
+    // --clear: a venv made from other pins starts empty (pip would leave extra packages).
+    util::run_streaming(
+        Command::new(&base)
+            .args(["-m", "venv", "--clear"])
+            .arg(&venv),
+    )
+    .context(
+        "creating the venv failed (Debian's python3 needs python3-venv: \
+             apt-get install python3-venv)",
+    )?;
+    let mut pip = Command::new(python::python_in(&venv));
+    pip.args([
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-input",
+        "--disable-pip-version-check",
+        "--require-hashes",
+        "--only-binary",
+        ":all:",
+        "-r",
+    ])
+    .arg(&requirements);
+    util::run_streaming(&mut pip)
+        .context("installing the pinned Python packages from PyPI failed")?;
+    let stamp = venv.join(python::STAMP);
+    std::fs::copy(&requirements, &stamp).with_context(|| format!("writing {}", stamp.display()))?;
+    println!(
+        "installed python venv ({}, pinned by {})",
+        venv.display(),
+        python::REQUIREMENTS
+    );
+    Ok(())
+}
+
 /// Version from `bpf-linker --version` output ("bpf-linker 0.13.0").
 pub fn parse_bpf_linker_version(output: &str) -> Option<&str> {
     output
@@ -582,6 +697,19 @@ mod tests {
             "rust-src"
         ));
         assert!(!has_component("rust-src-extra\n", "rust-s"));
+    }
+
+    #[test]
+    fn python_version_parsing() {
+        assert_eq!(
+            parse_python_version("Python 3.11.7\n").as_deref(),
+            Some("3.11")
+        );
+        assert_eq!(
+            parse_python_version("Python 3.12.0rc1").as_deref(),
+            Some("3.12")
+        );
+        assert_eq!(parse_python_version("python3: not found"), None);
     }
 
     #[test]

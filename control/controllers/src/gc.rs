@@ -42,8 +42,9 @@ use std::sync::Arc;
 
 use futures::future::{BoxFuture, FutureExt, join_all};
 use skiff_api::api::{
-    CronJob, CustomResourceDefinition, DaemonSet, Deployment, Endpoints, Job, ObjectMeta,
-    OwnerReference, Pod, ReplicaSet, ReplicationController, Service, StatefulSet,
+    ConfigMap, CronJob, CustomResourceDefinition, DaemonSet, Deployment, Endpoints, Job,
+    ObjectMeta, OwnerReference, Pod, ReplicaSet, ReplicationController, Secret, Service,
+    StatefulSet,
 };
 use skiff_api::{FOREGROUND_FINALIZER, KindInfo, ORPHAN_FINALIZER, Resource};
 use skiff_client::controller::{
@@ -906,7 +907,11 @@ graph_kinds!(
     ReplicationController,
     Pod,
     Service,
-    Endpoints
+    Endpoints,
+    // What operators most often own (their configuration and credentials): Kubernetes'
+    // collector follows every kind, so these are collected as any other dependent.
+    ConfigMap,
+    Secret
 );
 
 /// Runs the garbage collector (one collector per kind, `workers` workers each) until `stop`

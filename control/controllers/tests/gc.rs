@@ -14,7 +14,8 @@ use std::time::Duration;
 use common::*;
 use futures::StreamExt;
 use skiff_api::api::{
-    Deployment, DeploymentSpec, Endpoints, ObjectMeta, OwnerReference, Pod, ReplicaSet,
+    ConfigMap, Deployment, DeploymentSpec, Endpoints, ObjectMeta, OwnerReference, Pod, ReplicaSet,
+    Secret,
 };
 use skiff_api::{FOREGROUND_FINALIZER, Resource};
 use skiff_client::controller::{Informer, ObjectKey};
@@ -328,6 +329,51 @@ fn owned_pod(name: &str, owners: Vec<OwnerReference>) -> Pod {
         spec: template(&[("app", "owned")], "1").and_then(|t| t.spec),
         ..Default::default()
     }
+}
+
+/// An operator's configuration and credentials (kopf's `adopt`, a kube-rs controller's
+/// owned ConfigMap) go with their owner, as every kind's dependents do in Kubernetes.
+#[tokio::test]
+async fn config_maps_and_secrets_go_with_their_owner() {
+    let c = cluster().await;
+    let _m = start_manager(&c.client, "gc-config", None);
+    let eps = c.client.namespaced::<Endpoints>("default");
+    let owner = eps.create(&endpoints("configured")).await.unwrap();
+    let owned = || {
+        Some(ObjectMeta {
+            name: "configured".into(),
+            namespace: "default".into(),
+            owner_references: vec![endpoints_ref("configured", &uid(&owner))],
+            ..Default::default()
+        })
+    };
+    let maps = c.client.namespaced::<ConfigMap>("default");
+    let secrets = c.client.namespaced::<Secret>("default");
+    maps.create(&ConfigMap {
+        metadata: owned(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    secrets
+        .create(&Secret {
+            metadata: owned(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    // Kept while the owner lives.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(maps.get_opt("configured").await.unwrap().is_some());
+    eps.delete("configured", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the owned ConfigMap and Secret collected", || async {
+        (maps.get_opt("configured").await.unwrap().is_none()
+            && secrets.get_opt("configured").await.unwrap().is_none())
+        .then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]

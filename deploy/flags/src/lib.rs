@@ -9,12 +9,17 @@
 //! not set are left to the binary's defaults. Flags only a test needs go in `extra`, after
 //! the typed ones.
 //!
+//! [`python`] is the one place that says where the end-to-end tests' Python venv lives and
+//! which packages it pins, for `cargo xtask setup`, `cargo xtask doctor` and the harness.
+//!
 //! std only: xtask builds this before `cargo xtask setup` has installed anything.
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
+
+pub mod python;
 
 /// A command line being built.
 #[derive(Debug, Default)]
