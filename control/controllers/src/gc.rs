@@ -42,8 +42,9 @@ use std::sync::Arc;
 
 use futures::future::{BoxFuture, FutureExt, join_all};
 use skiff_api::api::{
-    ConfigMap, CronJob, CustomResourceDefinition, DaemonSet, Deployment, Endpoints, Job,
-    ObjectMeta, OwnerReference, Pod, ReplicaSet, ReplicationController, Secret, Service,
+    ConfigMap, CronJob, CustomResourceDefinition, DaemonSet, Deployment, Endpoints,
+    HorizontalPodAutoscaler, Job, ObjectMeta, OwnerReference, PersistentVolumeClaim, Pod,
+    PodDisruptionBudget, ReplicaSet, ReplicationController, Secret, Service, ServiceAccount,
     StatefulSet,
 };
 use skiff_api::{FOREGROUND_FINALIZER, KindInfo, ORPHAN_FINALIZER, Resource};
@@ -908,10 +909,16 @@ graph_kinds!(
     Pod,
     Service,
     Endpoints,
-    // What operators most often own (their configuration and credentials): Kubernetes'
-    // collector follows every kind, so these are collected as any other dependent.
+    // What operators most often make for what they own (configuration, credentials, an
+    // identity, claims, budgets, autoscalers): Kubernetes' collector follows every kind, so
+    // these are collected as any other dependent. RBAC objects are not: orphaning one means
+    // updating it, which RBAC's escalation check rightly refuses the controller manager.
     ConfigMap,
-    Secret
+    Secret,
+    ServiceAccount,
+    PersistentVolumeClaim,
+    PodDisruptionBudget,
+    HorizontalPodAutoscaler
 );
 
 /// Runs the garbage collector (one collector per kind, `workers` workers each) until `stop`

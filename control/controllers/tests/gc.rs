@@ -14,8 +14,9 @@ use std::time::Duration;
 use common::*;
 use futures::StreamExt;
 use skiff_api::api::{
-    ConfigMap, Deployment, DeploymentSpec, Endpoints, ObjectMeta, OwnerReference, Pod, ReplicaSet,
-    Secret,
+    ConfigMap, Deployment, DeploymentSpec, Endpoints, HorizontalPodAutoscaler, ObjectMeta,
+    OwnerReference, PersistentVolumeClaim, Pod, PodDisruptionBudget, ReplicaSet, Secret,
+    ServiceAccount,
 };
 use skiff_api::{FOREGROUND_FINALIZER, Resource};
 use skiff_client::controller::{Informer, ObjectKey};
@@ -334,7 +335,7 @@ fn owned_pod(name: &str, owners: Vec<OwnerReference>) -> Pod {
 /// An operator's configuration and credentials (kopf's `adopt`, a kube-rs controller's
 /// owned ConfigMap) go with their owner, as every kind's dependents do in Kubernetes.
 #[tokio::test]
-async fn config_maps_and_secrets_go_with_their_owner() {
+async fn what_operators_make_for_a_workload_goes_with_its_owner() {
     let c = cluster().await;
     let _m = start_manager(&c.client, "gc-config", None);
     let eps = c.client.namespaced::<Endpoints>("default");
@@ -362,15 +363,67 @@ async fn config_maps_and_secrets_go_with_their_owner() {
         })
         .await
         .unwrap();
+    // What a workload's operator also makes for it: an identity, a claim, a budget, an
+    // autoscaler.
+    let meta = serde_json::to_value(owned()).unwrap();
+    let decode = |kind: &str, spec: serde_json::Value| serde_json::json!({"kind": kind, "metadata": meta.clone(), "spec": spec});
+    let accounts = c.client.namespaced::<ServiceAccount>("default");
+    let claims = c.client.namespaced::<PersistentVolumeClaim>("default");
+    let budgets = c.client.namespaced::<PodDisruptionBudget>("default");
+    let scalers = c.client.namespaced::<HorizontalPodAutoscaler>("default");
+    accounts
+        .create(
+            &skiff_api::manifest::decode(serde_json::json!({"metadata": meta.clone()})).unwrap(),
+        )
+        .await
+        .unwrap();
+    claims
+        .create(
+            &skiff_api::manifest::decode(decode(
+                "PersistentVolumeClaim",
+                serde_json::json!({"accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": "1Gi"}}}),
+            ))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    budgets
+        .create(
+            &skiff_api::manifest::decode(decode(
+                "PodDisruptionBudget",
+                serde_json::json!({"minAvailable": 1,
+                    "selector": {"matchLabels": {"app": "configured"}}}),
+            ))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    scalers
+        .create(
+            &skiff_api::manifest::decode(decode(
+                "HorizontalPodAutoscaler",
+                serde_json::json!({"maxReplicas": 3, "scaleTargetRef":
+                    {"apiVersion": "apps/v1", "kind": "Deployment", "name": "configured"}}),
+            ))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
     // Kept while the owner lives.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(maps.get_opt("configured").await.unwrap().is_some());
+    assert!(accounts.get_opt("configured").await.unwrap().is_some());
     eps.delete("configured", &DeleteParams::default())
         .await
         .unwrap();
-    eventually("the owned ConfigMap and Secret collected", || async {
+    eventually("the owned objects collected", || async {
         (maps.get_opt("configured").await.unwrap().is_none()
-            && secrets.get_opt("configured").await.unwrap().is_none())
+            && secrets.get_opt("configured").await.unwrap().is_none()
+            && accounts.get_opt("configured").await.unwrap().is_none()
+            && claims.get_opt("configured").await.unwrap().is_none()
+            && budgets.get_opt("configured").await.unwrap().is_none()
+            && scalers.get_opt("configured").await.unwrap().is_none())
         .then_some(())
     })
     .await;
