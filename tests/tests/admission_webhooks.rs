@@ -27,7 +27,7 @@ use skiff_tests::eventually_within;
 const T: Duration = Duration::from_secs(90);
 
 /// The webhook server: `/validate` refuses pods labelled deny=yes, `/mutate` labels pods
-/// mutated=yes, `/privileged` makes the first container privileged, `/rename` renames the
+/// mutated=yes (with a warning and an audit annotation), `/privileged` makes the first container privileged, `/rename` renames the
 /// object, `/slow` answers after 10 s; every other path allows.
 const SERVER: &str = r#"
 import base64, json, os, ssl, tempfile, time
@@ -49,6 +49,8 @@ class H(BaseHTTPRequestHandler):
             resp = {'uid': req['uid'], 'allowed': False, 'status': {'code': 403, 'reason': 'Forbidden', 'message': 'pods labelled deny=yes are not welcome'}}
         elif path == '/mutate':
             resp.update(patch([{'op': 'add', 'path': '/metadata/labels', 'value': dict(labels, mutated='yes')}]))
+            resp['warnings'] = ['labelled by the mutating webhook']
+            resp['auditAnnotations'] = {'labelled': 'yes'}
         elif path == '/privileged':
             resp.update(patch([{'op': 'add', 'path': '/spec/containers/0/securityContext', 'value': {'privileged': True}}]))
         elif path == '/rename':
@@ -309,6 +311,10 @@ async fn webhooks_in_pods_validate_and_mutate_writes() {
     // The mutating webhook labels what it admits, in selected namespaces only.
     let (ok, out, err) = create(&c, &pod("welcome", "guarded", "app: web"), false);
     assert!(ok, "{err}");
+    assert!(
+        err.contains("Warning: labelled by the mutating webhook"),
+        "the webhook's warning reaches kubectl: {err}"
+    );
     let created: serde_json::Value = serde_json::from_str(&out).expect("JSON");
     assert_eq!(created["metadata"]["labels"]["mutated"], "yes", "{out}");
     assert_eq!(created["metadata"]["labels"]["app"], "web", "{out}");

@@ -132,6 +132,9 @@ impl AuditLog {
             }
             None => {}
         }
+        for (k, v) in &record.annotations {
+            annotations[k.as_str()] = json!(v);
+        }
         if let Some((plugin, message)) = &record.admission {
             annotations["admission.skiff.io/decision"] = json!("forbid");
             annotations["admission.skiff.io/plugin"] = json!(plugin);
@@ -267,6 +270,8 @@ mod tests {
             )),
             decision: Some(("forbid", String::new())),
             admission: None,
+            warnings: vec!["not sent to the log".into()],
+            annotations: vec![("deny.hooks.example.com/reason".into(), "policy 7".into())],
         };
         for _ in 0..100 {
             log.record(
@@ -295,6 +300,11 @@ mod tests {
             "forbid"
         );
         assert_eq!(first["annotations"]["skiff.io/latency"], "1.500ms");
+        assert_eq!(
+            first["annotations"]["deny.hooks.example.com/reason"], "policy 7",
+            "a webhook's audit annotation"
+        );
+        assert!(!text.contains("not sent to the log"));
         // 100 lines of ~600 bytes: rotated, never more than the limit per file, at most two
         // backups.
         for p in [path.clone(), backup(&path, 1), backup(&path, 2)] {

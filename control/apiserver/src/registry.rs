@@ -221,6 +221,7 @@ impl<T: Strategy> Handler<T> {
             &self.json,
             self.store.as_ref(),
         )
+        .noted_in(opts.audit.as_ref())
     }
 
     fn info(&self) -> &'static KindInfo {

@@ -165,6 +165,11 @@ pub struct AuditRecord {
     pub decision: Option<(&'static str, String)>,
     /// The admission plug-in that refused the request, and its message.
     pub admission: Option<(&'static str, String)>,
+    /// Warnings for the client (`Warning` headers), from admission webhooks.
+    pub warnings: Vec<String>,
+    /// Annotations for the audit event (`<webhook name>/<key>`: an admission webhook's
+    /// `auditAnnotations`).
+    pub annotations: Vec<(String, String)>,
 }
 
 /// Shared by a request's layers.
@@ -195,6 +200,26 @@ pub fn note_admission(slot: Option<&AuditSlot>, plugin: &'static str, message: &
     {
         r.admission = Some((plugin, message.to_string()));
     }
+}
+
+/// Adds a warning for the client and annotations for the audit event.
+pub fn note_for_client(
+    slot: Option<&AuditSlot>,
+    warnings: impl IntoIterator<Item = String>,
+    annotations: impl IntoIterator<Item = (String, String)>,
+) {
+    if let Some(s) = slot
+        && let Ok(mut r) = s.lock()
+    {
+        r.warnings.extend(warnings);
+        r.annotations.extend(annotations);
+    }
+}
+
+/// The warnings noted for the client so far.
+pub fn noted_warnings(slot: Option<&AuditSlot>) -> Vec<String> {
+    slot.and_then(|s| s.lock().ok().map(|r| r.warnings.clone()))
+        .unwrap_or_default()
 }
 
 /// Whether a request is a gRPC call.

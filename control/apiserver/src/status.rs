@@ -224,7 +224,7 @@ pub(crate) fn respond(code: u16, body: &Value, format: Format, warnings: &[Strin
         ),
     };
     let mut resp = (status, [(header::CONTENT_TYPE, content_type)], text).into_response();
-    for w in warnings {
+    for w in bounded_warnings(warnings) {
         // RFC 7234 warning, as kube-apiserver sends them: 299 - "text".
         let value = format!("299 - \"{}\"", w.replace('"', "\\\""));
         if let Ok(v) = HeaderValue::from_str(&value) {
@@ -232,6 +232,30 @@ pub(crate) fn respond(code: u16, body: &Value, format: Format, warnings: &[Strin
         }
     }
     resp
+}
+
+/// Warnings within kube-apiserver's bounds (its warning recorder's): when together they
+/// exceed 4,096 characters each is cut to 256, and what then still does not fit is dropped.
+/// (Webhooks write warnings; a hostile one must not fill the answer's headers.)
+fn bounded_warnings(warnings: &[String]) -> Vec<String> {
+    const TOTAL: usize = 4 * 1024;
+    const ITEM: usize = 256;
+    let total: usize = warnings.iter().map(|w| w.chars().count()).sum();
+    if total <= TOTAL {
+        return warnings.to_vec();
+    }
+    let mut out = Vec::new();
+    let mut used = 0;
+    for w in warnings {
+        let cut: String = w.chars().take(ITEM).collect();
+        let n = cut.chars().count();
+        if used + n > TOTAL {
+            break;
+        }
+        used += n;
+        out.push(cut);
+    }
+    out
 }
 
 /// A `Status` as kube-apiserver writes it, in its Go field order (kind, apiVersion, metadata,
@@ -394,5 +418,20 @@ mod tests {
             &subject,
         );
         assert_eq!((code, s["reason"].as_str()), (410, Some("Expired")));
+    }
+
+    #[test]
+    fn warnings_are_bounded_as_kube_apiserver_bounds_them() {
+        let few = vec!["a".repeat(300), "b".into()];
+        assert_eq!(
+            bounded_warnings(&few),
+            few,
+            "under 4,096 characters: as they are"
+        );
+        let many: Vec<String> = (0..40).map(|i| format!("{i}{}", "x".repeat(500))).collect();
+        let kept = bounded_warnings(&many);
+        assert_eq!(kept.len(), 16, "4,096 / 256");
+        assert!(kept.iter().all(|w| w.chars().count() == 256));
+        assert!(kept[0].starts_with('0') && kept[15].starts_with("15"));
     }
 }

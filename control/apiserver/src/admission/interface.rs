@@ -75,6 +75,9 @@ pub struct Request<'a> {
     /// The objects' JSON.
     pub json: &'a dyn ObjectJson,
     pub(crate) store: &'a dyn Store,
+    /// The request's audit record, where plug-ins leave warnings for the client and
+    /// annotations for the audit event; `None` for requests outside the REST pipeline.
+    pub audit: Option<&'a crate::request::AuditSlot>,
     namespace_object: tokio::sync::OnceCell<Option<Namespace>>,
 }
 
@@ -115,8 +118,15 @@ impl<'a> Request<'a> {
             dry_run,
             json,
             store,
+            audit: None,
             namespace_object: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// The same request, noting warnings and audit annotations in `audit`.
+    pub(crate) fn noted_in(mut self, audit: Option<&'a crate::request::AuditSlot>) -> Self {
+        self.audit = audit;
+        self
     }
 
     /// The old object as `T` (an update's or delete's stored object).

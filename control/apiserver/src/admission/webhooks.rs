@@ -322,6 +322,7 @@ impl Webhooks {
                 response["uid"]
             )));
         }
+        note_for_client(req, hook, response);
         if response["allowed"].as_bool() != Some(true) {
             return Ok(Verdict::Denied(denial(&hook.name, &response["status"])));
         }
@@ -577,6 +578,30 @@ impl Plugin for MutatingAdmissionWebhook {
         }
         Ok(())
     }
+}
+
+/// A webhook's `warnings` become the client's `Warning` headers and its `auditAnnotations`
+/// the audit event's `<webhook name>/<key>` annotations, as kube-apiserver records them
+/// (also when the webhook refuses); an annotation whose key is not a qualified name is
+/// dropped.
+fn note_for_client(req: &Request<'_>, hook: &Hook, response: &Value) {
+    let warnings = response["warnings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_string);
+    let annotations = response["auditAnnotations"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| {
+            let key = format!("{}/{k}", hook.name);
+            let mut errs = Vec::new();
+            crate::validation::check_qualified_name(&mut errs, "", &key);
+            (errs.is_empty()).then(|| (key, v.as_str().unwrap_or("").to_string()))
+        });
+    crate::request::note_for_client(req.audit, warnings, annotations);
 }
 
 fn internal(message: String) -> ApiError {

@@ -169,8 +169,16 @@ impl Call<'_> {
         self.custom.as_ref().map(|c| c.columns())
     }
 
+    /// `warnings` and those admission noted for the client.
+    fn all_warnings(&self, warnings: &[String]) -> Vec<String> {
+        let mut all = warnings.to_vec();
+        all.extend(crate::request::noted_warnings(self.audit.as_ref()));
+        all
+    }
+
     /// An object answer: JSON, YAML, a one-row Table or the object's metadata.
     pub fn object(&self, code: u16, obj: &Value, warnings: &[String]) -> Response {
+        let warnings = &self.all_warnings(warnings)[..];
         match self.format {
             Format::Table => respond(
                 code,
@@ -204,11 +212,12 @@ impl Call<'_> {
     /// A collection answer (list, deletecollection): `<Kind>List`, a Table, or a
     /// `PartialObjectMetadataList`, with `meta` as the list metadata.
     pub fn collection(&self, items: Vec<Value>, meta: Value) -> Response {
+        let warnings = &self.all_warnings(&[])[..];
         match self.format {
             Format::Table => {
                 let mut t = table::of(self.info, self.printer_columns(), &items, self.query);
                 t["metadata"] = meta;
-                respond(200, &t, Format::Json, &[])
+                respond(200, &t, Format::Json, warnings)
             }
             Format::Metadata {
                 list: true,
@@ -222,7 +231,7 @@ impl Call<'_> {
                     "metadata": meta,
                     "items": items,
                 });
-                respond(200, &body, Format::Json, &[])
+                respond(200, &body, Format::Json, warnings)
             }
             Format::Metadata { list: false, .. } => not_acceptable(&format!(
                 "you requested PartialObjectMetadata, but the requested object is a list ({})",
@@ -235,7 +244,7 @@ impl Call<'_> {
                     "metadata": meta,
                     "items": items,
                 });
-                respond(200, &body, f.errors(), &[])
+                respond(200, &body, f.errors(), warnings)
             }
         }
     }
