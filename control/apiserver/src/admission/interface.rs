@@ -20,7 +20,8 @@ use crate::request::UserInfo;
 pub trait ObjectJson: Send + Sync {
     /// Kubernetes' JSON of `object`; `None` if it is not of this kind.
     fn to_json(&self, object: &(dyn Any + Send + Sync)) -> Option<serde_json::Value>;
-    /// Replaces `object` with what `value` decodes to (as a request body of the kind).
+    /// Replaces `object` with what `value` decodes to (as a request body of the kind,
+    /// defaults applied).
     fn replace_from_json(
         &self,
         object: &mut (dyn Any + Send + Sync),
@@ -31,7 +32,7 @@ pub trait ObjectJson: Send + Sync {
 /// The [`ObjectJson`] of the kind `T` (its codec for custom kinds).
 pub(crate) struct JsonOf<T: Object>(pub std::sync::Arc<T::Kind>);
 
-impl<T: Object> ObjectJson for JsonOf<T> {
+impl<T: crate::strategy::Strategy> ObjectJson for JsonOf<T> {
     fn to_json(&self, object: &(dyn Any + Send + Sync)) -> Option<serde_json::Value> {
         object.downcast_ref::<T>().map(Object::to_json)
     }
@@ -45,6 +46,9 @@ impl<T: Object> ObjectJson for JsonOf<T> {
             .downcast_mut::<T>()
             .ok_or_else(|| "the object is not of this kind".to_string())?;
         *slot = T::from_json(&self.0, value)?;
+        // Decoding a request body defaults it, as kube-apiserver's decoding of a patched
+        // object does: what a webhook adds (a container, a port) gets the kind's defaults.
+        crate::strategy::Strategy::default(slot);
         Ok(())
     }
 }
@@ -222,4 +226,29 @@ pub trait Admit: Send + Sync + std::fmt::Debug {
         req: &Request<'_>,
         object: &(dyn Any + Send + Sync),
     ) -> Result<(), Refusal>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skiff_api::api::Pod;
+
+    #[test]
+    fn what_a_webhook_adds_gets_the_kinds_defaults() {
+        let json = JsonOf::<Pod>(Default::default());
+        let mut pod: Box<dyn Any + Send + Sync> = Box::new(Pod::default());
+        let patched = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"containers": [{"name": "added", "image": "x",
+                "ports": [{"containerPort": 80}],
+                "readinessProbe": {"tcpSocket": {"port": 80}}}]},
+        });
+        json.replace_from_json(pod.as_mut(), patched).unwrap();
+        let pod = pod.downcast_ref::<Pod>().unwrap();
+        let spec = pod.spec.as_ref().unwrap();
+        let c = &spec.containers[0];
+        assert_eq!(c.ports[0].protocol, "TCP");
+        assert_eq!(c.readiness_probe.as_ref().unwrap().period_seconds, 10);
+        assert_eq!(spec.restart_policy, "Always");
+    }
 }
