@@ -22,7 +22,7 @@
 //! cache, encryption, admission::interface  # watch cache; at-rest transformer; what admission is
 //! registry                              # every verb once for every kind
 //! auth                                  # authenticators, authorizers (RBAC, Node), escalation
-//! definitions                           # custom kinds served while their definitions live
+//! definitions, aggregator               # custom kinds served while their definitions live; aggregated APIs
 //! admission                             # the plug-ins and their order
 //! limits, pipeline                      # the handler chain
 //! rest, service, kubernetes_service, serve  # front ends, the `kubernetes` Service, the listener
@@ -70,6 +70,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 pub mod admission;
+pub mod aggregator;
 pub mod audit;
 pub mod auth;
 mod cache;
@@ -150,6 +151,10 @@ pub struct Security {
     pub renewal: Option<Renewal>,
     /// How the server speaks to node agents (logs, exec, port-forward, metrics).
     pub agent_client: Option<AgentClient>,
+    /// The client certificate presented to aggregated API servers and what they are told
+    /// to trust (`--proxy-client-cert-file` and the `--requestheader-*` flags); `None`:
+    /// aggregated APIs are proxied without one.
+    pub front_proxy: Option<aggregator::FrontProxy>,
 }
 
 /// Certificate renewal while the server runs: every `every`, the PKI is checked as at start
@@ -292,6 +297,7 @@ impl Security {
             }),
             audit,
             renewal: Some(renewal),
+            front_proxy: None,
         })
     }
 }
@@ -355,6 +361,8 @@ pub struct ServerHandle {
     renewal: Option<JoinHandle<()>>,
     /// The `kubernetes` Service's reconciler, stopped with the server.
     kubernetes_service: Option<JoinHandle<()>>,
+    /// The APIServices' availability loop, stopped with the server.
+    aggregator: Option<JoinHandle<()>>,
     registry: Arc<registry::Registry>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<std::io::Result<()>>>,
@@ -433,9 +441,13 @@ impl ServerHandle {
 
 impl Drop for ServerHandle {
     fn drop(&mut self) {
-        for task in [self.renewal.take(), self.kubernetes_service.take()]
-            .into_iter()
-            .flatten()
+        for task in [
+            self.renewal.take(),
+            self.kubernetes_service.take(),
+            self.aggregator.take(),
+        ]
+        .into_iter()
+        .flatten()
         {
             task.abort();
         }
@@ -549,7 +561,8 @@ async fn reconcile_default_roles(registry: &registry::Registry) -> Result<(), Ap
     Ok(())
 }
 
-/// Creates the bootstrap namespaces and the default RBAC policy that do not exist yet.
+/// Creates the bootstrap namespaces, the default RBAC policy and the local APIServices of
+/// the built-in group-versions that do not exist yet.
 async fn bootstrap(
     registry: &registry::Registry,
     namespaces: &[String],
@@ -567,6 +580,7 @@ async fn bootstrap(
     ensure(registry, namespaces).await?;
     ensure(registry, auth::policy::cluster_roles()).await?;
     reconcile_default_roles(registry).await?;
+    ensure(registry, strategy::apiregistration::local_apiservices()).await?;
     ensure(registry, auth::policy::cluster_role_bindings()).await
 }
 
@@ -620,6 +634,35 @@ pub async fn spawn(
             source,
         });
     }
+    let front_proxy = opts.security.as_ref().and_then(|s| s.front_proxy.clone());
+    let aggregator =
+        match aggregator::Aggregator::start(Arc::clone(&registry), front_proxy.as_ref()).await {
+            Ok(a) => a,
+            Err(source) => {
+                registry.stop();
+                return Err(ApiServerError::Bootstrap {
+                    object: "the APIServices' mirrors".into(),
+                    source,
+                });
+            }
+        };
+    if let Some(s) = &opts.security
+        && let Err(source) = aggregator::publish_authentication(
+            &registry,
+            s.authenticator.client_ca_pem.as_deref(),
+            front_proxy.as_ref(),
+        )
+        .await
+    {
+        registry.stop();
+        return Err(ApiServerError::Bootstrap {
+            object: format!(
+                "the ConfigMap kube-system/{}",
+                aggregator::AUTHENTICATION_CONFIGMAP
+            ),
+            source,
+        });
+    }
     // With authentication on, every request is authorized too (RBAC, the Node authorizer).
     let authorizer = match &opts.security {
         Some(s) => match start_authorization(&registry, s).await {
@@ -656,6 +699,7 @@ pub async fn spawn(
         sa_key,
         agent_client,
         opts.snapshot_dir.clone(),
+        Some(Arc::clone(&aggregator)),
     )
     .route_service(
         &format!(
@@ -688,6 +732,7 @@ pub async fn spawn(
     let kubernetes_service = opts
         .kubernetes_service
         .map(|k| tokio::spawn(k.run(Arc::clone(&registry))));
+    let availability = Some(aggregator.run());
     let task = tokio::spawn(serve::serve(
         listener,
         app,
@@ -701,6 +746,7 @@ pub async fn spawn(
         tls: opts.security.is_some(),
         renewal,
         kubernetes_service,
+        aggregator: availability,
         registry,
         shutdown: Some(tx),
         task: Some(task),

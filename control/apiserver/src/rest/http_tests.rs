@@ -37,7 +37,7 @@ async fn app() -> App {
         .await
         .unwrap();
     App {
-        router: super::router(registry, None, None, None, None),
+        router: super::router(registry, None, None, None, None, None),
         _dir: dir,
     }
 }
