@@ -28,7 +28,8 @@ use skiff_tests::eventually_within;
 const T: Duration = Duration::from_secs(30);
 const GV: &str = "wardle.example.com/v1alpha1";
 
-/// The extension server: `/apis/<group>/<version>` answers an APIResourceList of flunders;
+/// The extension server: `/apis/<group>/<version>` answers an APIResourceList (of flunders
+/// for wardle.example.com, of gadgets for the other groups pointed at it);
 /// a flunders list answers one item echoing who the front proxy said the caller is (and
 /// whether any `Authorization` header reached it), plus one listing every user that listed
 /// flunders so far; `?watch=true` streams two events. Every request must present a client
@@ -58,8 +59,10 @@ class H(BaseHTTPRequestHandler):
         path, _, query = self.path.partition('?')
         parts = path.strip('/').split('/')
         if len(parts) == 3 and parts[0] == 'apis':
-            return self.reply(200, {'kind': 'APIResourceList', 'apiVersion': 'v1', 'groupVersion': parts[1] + '/' + parts[2], 'resources': [
-                {'name': 'flunders', 'singularName': 'flunder', 'namespaced': True, 'kind': 'Flunder', 'verbs': ['get', 'list', 'watch'], 'shortNames': ['fl']}]})
+            flunders = {'name': 'flunders', 'singularName': 'flunder', 'namespaced': True, 'kind': 'Flunder', 'verbs': ['get', 'list', 'watch'], 'shortNames': ['fl']}
+            gadgets = {'name': 'gadgets', 'singularName': 'gadget', 'namespaced': True, 'kind': 'Gadget', 'verbs': ['get', 'list']}
+            return self.reply(200, {'kind': 'APIResourceList', 'apiVersion': 'v1', 'groupVersion': parts[1] + '/' + parts[2],
+                                    'resources': [flunders if parts[1] == 'wardle.example.com' else gadgets]})
         if parts[-1] != 'flunders':
             return self.reply(404, {'kind': 'Status', 'apiVersion': 'v1', 'status': 'Failure', 'code': 404, 'reason': 'NotFound', 'message': 'no such thing'})
         user = self.headers.get('X-Remote-User')
@@ -187,12 +190,13 @@ metadata:
     )
 }
 
-fn apiservice(group: &str, ca_bundle: &str) -> String {
+/// An APIService for `<group>/v1alpha1` with the `trust` line (`caBundle: ...` or
+/// `insecureSkipTLSVerify: true`) and the `service` reference.
+fn apiservice(group: &str, trust: &str, service: &str) -> String {
     format!(
         "apiVersion: apiregistration.k8s.io/v1\nkind: APIService\n\
          metadata: {{name: v1alpha1.{group}}}\nspec:\n  group: {group}\n  version: v1alpha1\n  \
-         groupPriorityMinimum: 1000\n  versionPriority: 15\n  caBundle: {ca_bundle}\n  \
-         service: {{namespace: wardle, name: wardle}}\n"
+         groupPriorityMinimum: 1000\n  versionPriority: 15\n  {trust}\n  service: {service}\n"
     )
 }
 
@@ -277,8 +281,26 @@ async fn an_apiservice_proxies_to_a_server_in_a_pod_with_the_callers_identity() 
             .ok_or_else(|| format!("{ep:?}\n{}", c.logs()))
     })
     .await;
-    c.laptop_apply(&apiservice("wardle.example.com", &b64(ca.cert_pem())));
-    c.laptop_apply(&apiservice("bad.example.com", &b64(other_ca.cert_pem())));
+    let wardle = "{namespace: wardle, name: wardle}";
+    let trusted = format!("caBundle: {}", b64(ca.cert_pem()));
+    let untrusted = format!("caBundle: {}", b64(other_ca.cert_pem()));
+    c.laptop_apply(&apiservice("wardle.example.com", &trusted, wardle));
+    c.laptop_apply(&apiservice("bad.example.com", &untrusted, wardle));
+    c.laptop_apply(&apiservice(
+        "insecure.example.com",
+        "insecureSkipTLSVerify: true",
+        wardle,
+    ));
+    c.laptop_apply(&apiservice(
+        "missing.example.com",
+        &trusted,
+        "{namespace: wardle, name: nothing}",
+    ));
+    c.laptop_apply(&apiservice(
+        "port.example.com",
+        &trusted,
+        "{namespace: wardle, name: wardle, port: 8443}",
+    ));
 
     // Available once the server answers its discovery check.
     let message = wait_reason(&c, "v1alpha1.wardle.example.com", "True", "Passed").await;
@@ -308,6 +330,29 @@ async fn an_apiservice_proxies_to_a_server_in_a_pod_with_the_callers_identity() 
         "{message}"
     );
 
+    // insecureSkipTLSVerify is allowed, as in Kubernetes.
+    wait_reason(&c, "v1alpha1.insecure.example.com", "True", "Passed").await;
+    // A Service that is not there, or not on the port.
+    let message = wait_reason(
+        &c,
+        "v1alpha1.missing.example.com",
+        "False",
+        "ServiceNotFound",
+    )
+    .await;
+    assert_eq!(message, "service/nothing in \"wardle\" is not present");
+    let message = wait_reason(&c, "v1alpha1.port.example.com", "False", "ServicePortError").await;
+    assert_eq!(
+        message,
+        "service/wardle in \"wardle\" is not listening on port 8443"
+    );
+    // The built-in group-versions are local APIServices.
+    let message = wait_reason(&c, "v1.apps", "True", "Local").await;
+    assert_eq!(message, "Local APIServices are always available");
+    let out = c.laptop_kubectl(&["get", "apiservice", "v1."]);
+    let table = skiff_tests::ok(&out);
+    assert!(table.contains("Local") && table.contains("True"), "{table}");
+
     // Discovery lists the group and its resources.
     let out = c.laptop_kubectl(&["api-resources", "--api-group=wardle.example.com"]);
     let resources = skiff_tests::ok(&out);
@@ -318,6 +363,10 @@ async fn an_apiservice_proxies_to_a_server_in_a_pod_with_the_callers_identity() 
             && l.contains("Flunder")),
         "{resources}"
     );
+    let out = c.laptop_kubectl(&["get", "--raw", "/apis/wardle.example.com"]);
+    let group: Value = serde_json::from_str(&skiff_tests::ok(&out)).expect("APIGroup");
+    assert_eq!(group["kind"], "APIGroup");
+    assert_eq!(group["preferredVersion"]["groupVersion"], GV, "{group}");
     let out = c.laptop_kubectl(&["get", "--raw", "/apis"]);
     let groups: Value = serde_json::from_str(&skiff_tests::ok(&out)).expect("APIGroupList");
     assert!(

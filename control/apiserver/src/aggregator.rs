@@ -861,10 +861,7 @@ mod tests {
         assert_eq!(all(&out, "user-agent"), ["kubectl"]);
         // Without a user nothing speaks for one.
         let anonymous = forwarded_headers(&client, None);
-        assert!(
-            !anonymous.keys().any(carries_identity),
-            "{anonymous:?}"
-        );
+        assert!(!anonymous.keys().any(carries_identity), "{anonymous:?}");
     }
 
     #[test]

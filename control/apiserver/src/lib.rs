@@ -7,7 +7,9 @@
 //! (`Handler<T>` implements every verb once for every type) → [`admission`] (the one ordered
 //! list of plug-ins) → [`strategy`] (per-kind defaulting and validation) → `stored` (the
 //! store's keys and encoding); `cache` serves every watch from one store watch per type;
-//! `status` writes every answer.
+//! `status` writes every answer. A request to an aggregated group-version (an APIService with
+//! a `service`) leaves the REST front end once authorized: [`aggregator`] proxies it to the
+//! extension API server and it never reaches the registry.
 //!
 //! The modules are layered, lowest first; a module uses only its own layer and those below,
 //! and no two modules use each other (checked by `cargo test -p xtask modules`):
