@@ -399,6 +399,24 @@ async fn an_apiservice_proxies_to_a_server_in_a_pod_with_the_callers_identity() 
         "{table}"
     );
 
+    // The server sees the user after impersonation, never the impersonator.
+    let out = c.laptop_kubectl(&[
+        "get",
+        "flunders",
+        "-o",
+        "json",
+        "--as=carol",
+        "--as-group=wardle-readers",
+    ]);
+    let list: Value = serde_json::from_str(&skiff_tests::ok(&out)).expect("a list");
+    let echo = &list["items"][0]["spec"];
+    assert_eq!(echo["users"], json!(["carol"]), "{list}");
+    assert_eq!(
+        echo["groups"],
+        json!(["wardle-readers", "system:authenticated"]),
+        "{list}"
+    );
+
     // A user without the role is refused by the API server, before the server sees it.
     let bob = c.laptop_kubeconfig_for("bob", &[]);
     let out = c.laptop_kubectl_as(&bob, &["get", "flunders"]);

@@ -162,7 +162,7 @@ impl Aggregator {
         front_proxy: Option<&FrontProxy>,
     ) -> Result<Arc<Aggregator>, ApiError> {
         if front_proxy.is_none() {
-            info!(
+            warn!(
                 "no front-proxy client certificate (--proxy-client-cert-file): aggregated APIs \
                  are proxied without one, and extension servers that require it will refuse"
             );
