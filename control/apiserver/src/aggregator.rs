@@ -25,6 +25,7 @@
 //!   `system:kube-aggregator` in `system:masters` (kube-aggregator's identity) and keeps the
 //!   `APIResourceList` it answered for discovery ([`Aggregator::remote_versions`]); a failed
 //!   check keeps the last list, marked stale.
+//!   The same loop reads the front-proxy certificate again when its file changed (renewed).
 //! - **Authentication for extension servers** ([`publish_authentication`]): the ConfigMap
 //!   `kube-system/extension-apiserver-authentication` says which CA signs the front proxy's
 //!   client certificate, which names it may have and which headers carry the user, as
@@ -85,6 +86,9 @@ pub struct FrontProxy {
     pub client_ca_pem: String,
     /// The names extension servers accept (`--requestheader-allowed-names`).
     pub allowed_names: Vec<String>,
+    /// The files `client` was read from (certificate, key): read again when the certificate
+    /// file changes (renewed), as kube-apiserver reloads them.
+    pub files: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 impl std::fmt::Debug for FrontProxy {
@@ -125,6 +129,9 @@ pub struct Aggregator {
     discovered: RwLock<HashMap<String, Discovered>>,
     /// APIServices whose `insecureSkipTLSVerify` was logged (once each).
     warned_insecure: Mutex<HashSet<String>>,
+    /// The front-proxy certificate's files and the certificate file's last modification seen.
+    client_files: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    client_modified: Mutex<Option<std::time::SystemTime>>,
 }
 
 impl std::fmt::Debug for Aggregator {
@@ -175,7 +182,38 @@ impl Aggregator {
             client: ProxyClient::new(front_proxy.map(|f| f.client.clone())),
             discovered: RwLock::default(),
             warned_insecure: Mutex::default(),
+            client_modified: Mutex::new(
+                front_proxy
+                    .and_then(|f| f.files.as_ref())
+                    .and_then(|(cert, _)| modified(cert)),
+            ),
+            client_files: front_proxy.and_then(|f| f.files.clone()),
         }))
+    }
+
+    /// Reads the front-proxy certificate again if its file changed since it was last read.
+    fn reload_client_certificate(&self) {
+        let Some((cert, key)) = &self.client_files else {
+            return;
+        };
+        let now = modified(cert);
+        let Ok(mut seen) = self.client_modified.lock() else {
+            return;
+        };
+        if now.is_none() || now == *seen {
+            return;
+        }
+        match (std::fs::read_to_string(cert), std::fs::read_to_string(key)) {
+            (Ok(cert_pem), Ok(key_pem)) => {
+                self.client
+                    .set_identity(skiff_pki::Identity { cert_pem, key_pem });
+                *seen = now;
+                info!(path = %cert.display(), "front-proxy client certificate reloaded");
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                warn!(error = %e, "cannot read the renewed front-proxy client certificate")
+            }
+        }
     }
 
     /// The APIService with a `service` for `group`/`version`, if any (the caller has checked
@@ -344,6 +382,7 @@ impl Aggregator {
         tokio::spawn(async move {
             loop {
                 let Some(me) = weak.upgrade() else { return };
+                me.reload_client_certificate();
                 me.check_all().await;
                 drop(me);
                 let [a, s, e] = &mut changes;
@@ -553,6 +592,11 @@ impl Aggregator {
             debug!(apiservice = api.name(), error = %e, "cannot write the APIService's status");
         }
     }
+}
+
+/// A file's last modification time.
+fn modified(path: &std::path::Path) -> Option<std::time::SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
 /// The server name an APIService's certificate must carry.

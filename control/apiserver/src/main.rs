@@ -362,6 +362,7 @@ fn front_proxy(args: &Args) -> Result<Option<skiff_apiserver::aggregator::FrontP
         client,
         client_ca_pem: read(ca)?,
         allowed_names: args.requestheader_allowed_names.clone(),
+        files: Some((cert.clone(), key.clone())),
     }))
 }
 

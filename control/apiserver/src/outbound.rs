@@ -342,7 +342,7 @@ pub enum Trust<'a> {
 /// The client for aggregated APIs: TLS per trust, presenting the front-proxy client
 /// certificate when there is one; each call on a connection of its own, its answer streamed.
 pub struct ProxyClient {
-    identity: Option<skiff_pki::Identity>,
+    identity: std::sync::RwLock<Option<skiff_pki::Identity>>,
     tls: Mutex<HashMap<TrustKey, Arc<rustls::ClientConfig>>>,
 }
 
@@ -352,7 +352,10 @@ type TrustKey = ([u8; 32], bool);
 impl std::fmt::Debug for ProxyClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ProxyClient")
-            .field("client_certificate", &self.identity.is_some())
+            .field(
+                "client_certificate",
+                &self.identity.read().map(|i| i.is_some()).unwrap_or(false),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -361,9 +364,17 @@ impl ProxyClient {
     /// A client presenting `identity` (the front-proxy client certificate), if any.
     pub fn new(identity: Option<skiff_pki::Identity>) -> ProxyClient {
         ProxyClient {
-            identity,
+            identity: std::sync::RwLock::new(identity),
             tls: Mutex::default(),
         }
+    }
+
+    /// Presents `identity` from the next connection on (a renewed certificate).
+    pub fn set_identity(&self, identity: skiff_pki::Identity) {
+        if let Ok(mut i) = self.identity.write() {
+            *i = Some(identity);
+        }
+        self.tls.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 
     /// The TLS configuration for `trust` (cached).
@@ -410,7 +421,8 @@ impl ProxyClient {
                 .dangerous()
                 .with_custom_certificate_verifier(Arc::new(AnyServer(provider))),
         };
-        let mut config = match &self.identity {
+        let identity = self.identity.read().map(|i| i.clone()).unwrap_or(None);
+        let mut config = match &identity {
             Some(id) => {
                 let certs = skiff_pki::tls::certs(&id.cert_pem, "the proxy client certificate")
                     .map_err(|e| client_err(e.to_string()))?;
