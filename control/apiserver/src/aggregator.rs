@@ -509,8 +509,18 @@ impl Aggregator {
             .service
             .as_ref()
             .and_then(|r| self.endpoints.get(&r.namespace, &r.name));
-        let addr = crate::outbound::pick_endpoint(svc, endpoints.as_deref(), port)
-            .map_err(|e| e.to_string())?;
+        let addr =
+            crate::outbound::pick_endpoint(svc, endpoints.as_deref(), port).map_err(|e| {
+                let reason = match e {
+                    crate::outbound::CallError::Resolve(m)
+                    | crate::outbound::CallError::Client(m) => m,
+                    other => other.to_string(),
+                };
+                format!(
+                    "failing or missing response for service/{}: {reason}",
+                    svc.name()
+                )
+            })?;
         let url = format!("https://{addr}{path}");
         let failing =
             |e: String| format!("failing or missing response from {url}: Get {url:?}: {e}");
