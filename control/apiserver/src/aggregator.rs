@@ -24,7 +24,10 @@
 //!   `FailedDiscoveryCheck`, `Passed`). Its discovery check GETs `/apis/<group>/<version>` as
 //!   `system:kube-aggregator` in `system:masters` (kube-aggregator's identity) and keeps the
 //!   `APIResourceList` it answered for discovery ([`Aggregator::remote_versions`]); a failed
-//!   check keeps the last list, marked stale.
+//!   check keeps the last list, marked stale. A condition is written when its status or
+//!   reason changes, or its message (one that differs only in the endpoint a failure names, at
+//!   most every 30 s); rounds are at least half a second apart, so the loop's own writes
+//!   cannot spin it.
 //!   The same loop reads the front-proxy certificate again when its file changed (renewed).
 //! - **Authentication for extension servers** ([`publish_authentication`]): the ConfigMap
 //!   `kube-system/extension-apiserver-authentication` says which CA signs the front proxy's
@@ -58,6 +61,11 @@ use crate::request::UserInfo;
 /// How often every APIService's server is checked when nothing changed (kube-aggregator
 /// resyncs every 30 s; a few seconds here so a server that went away is noticed soon).
 pub const PROBE_EVERY: Duration = Duration::from_secs(5);
+/// The least time between two rounds of checks.
+const MIN_ROUND_GAP: Duration = Duration::from_millis(500);
+/// A condition whose status and reason stay is rewritten for a new message (another
+/// endpoint's address in a failure, say) at most this often.
+const MESSAGE_REFRESH: Duration = Duration::from_secs(30);
 /// The discovery check's deadline (kube-aggregator's 5 s).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connecting and the answer's headers, for a proxied request (its body has none).
@@ -132,6 +140,8 @@ pub struct Aggregator {
     /// The front-proxy certificate's files and the certificate file's last modification seen.
     client_files: Option<(std::path::PathBuf, std::path::PathBuf)>,
     client_modified: Mutex<Option<std::time::SystemTime>>,
+    /// When each APIService's condition was last written.
+    written: Mutex<HashMap<String, std::time::Instant>>,
 }
 
 impl std::fmt::Debug for Aggregator {
@@ -188,6 +198,7 @@ impl Aggregator {
                     .and_then(|(cert, _)| modified(cert)),
             ),
             client_files: front_proxy.and_then(|f| f.files.clone()),
+            written: Mutex::default(),
         }))
     }
 
@@ -392,8 +403,9 @@ impl Aggregator {
                     _ = e.changed() => {}
                     _ = tokio::time::sleep(PROBE_EVERY) => {}
                 }
-                // Let a burst of changes land before checking again.
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                // Let a burst of changes land before checking again (and at most two rounds
+                // a second: the loop's own status writes wake it too).
+                tokio::time::sleep(MIN_ROUND_GAP).await;
                 for c in &mut changes {
                     c.mark_unchanged();
                 }
@@ -410,6 +422,9 @@ impl Aggregator {
         let names: HashSet<String> = all.iter().map(|a| a.name().to_string()).collect();
         if let Ok(mut d) = self.discovered.write() {
             d.retain(|k, _| names.contains(k));
+        }
+        if let Ok(mut w) = self.written.lock() {
+            w.retain(|k, _| names.contains(k));
         }
         let checks = all.into_iter().map(|api| {
             let me = Arc::clone(self);
@@ -571,13 +586,23 @@ impl Aggregator {
             .as_ref()
             .and_then(|s| s.conditions.iter().find(|c| c.r#type == "Available"));
         if let Some(old) = old {
-            if old.status == cond.status && old.reason == cond.reason && old.message == cond.message
-            {
+            let same = old.status == cond.status && old.reason == cond.reason;
+            let recently = self
+                .written
+                .lock()
+                .ok()
+                .and_then(|w| w.get(api.name()).map(|t| t.elapsed() < MESSAGE_REFRESH))
+                .unwrap_or(false);
+            let moved = without_addresses(&old.message) == without_addresses(&cond.message);
+            if same && (old.message == cond.message || (moved && recently)) {
                 return;
             }
             if old.status == cond.status {
                 cond.last_transition_time = old.last_transition_time.clone();
             }
+        }
+        if let Ok(mut w) = self.written.lock() {
+            w.insert(api.name().to_string(), std::time::Instant::now());
         }
         info!(
             apiservice = api.name(),
@@ -602,6 +627,34 @@ impl Aggregator {
             debug!(apiservice = api.name(), error = %e, "cannot write the APIService's status");
         }
     }
+}
+
+/// A message with every `IPv4:port` replaced by `*`: the same failure at another endpoint
+/// reads the same.
+fn without_addresses(message: &str) -> String {
+    let mut out = String::new();
+    let mut token = String::new();
+    let flush = |token: &mut String, out: &mut String| {
+        // A sentence's `:` or `.` may follow the address.
+        let core = token.trim_end_matches([':', '.']);
+        if core.parse::<std::net::SocketAddr>().is_ok() {
+            out.push('*');
+            out.push_str(&token[core.len()..]);
+        } else {
+            out.push_str(token);
+        }
+        token.clear();
+    };
+    for c in message.chars() {
+        if c.is_ascii_digit() || c == '.' || c == ':' {
+            token.push(c);
+        } else {
+            flush(&mut token, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut token, &mut out);
+    out
 }
 
 /// A file's last modification time.
@@ -945,6 +998,26 @@ mod tests {
         assert_eq!(group_version_of("/apis/wardle.example.com"), None);
         assert_eq!(group_version_of("/apis/wardle.example.com/"), None);
         assert_eq!(group_version_of("/api/v1/pods"), None);
+    }
+
+    #[test]
+    fn the_same_failure_at_another_endpoint_reads_the_same() {
+        let at = |a: &str| {
+            format!(
+                "failing or missing response from https://{a}/apis/x/v1: Get \"https://{a}/apis/x/v1\": dial tcp {a}: refused"
+            )
+        };
+        assert_eq!(
+            without_addresses(&at("10.244.0.2:8443")),
+            without_addresses(&at("10.244.1.7:8443"))
+        );
+        assert_ne!(
+            without_addresses(&at("10.244.0.2:8443")),
+            without_addresses(
+                "failing or missing response from https://10.244.0.2:8443/apis/x/v1: tls: invalid peer certificate"
+            )
+        );
+        assert_eq!(without_addresses("all checks passed"), "all checks passed");
     }
 
     #[test]
