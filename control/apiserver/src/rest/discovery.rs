@@ -421,6 +421,17 @@ pub fn add_remote_groups(doc: &mut Value, remote: &[RemoteVersion]) {
     }
 }
 
+/// `GET /apis/<group>`: a local group with the versions aggregated APIs add to it, or a
+/// group only aggregated APIs serve; `None` if neither.
+pub fn group_with_remote(infos: &[Served], remote: &[RemoteVersion], name: &str) -> Option<Value> {
+    let Some(local) = group(infos, name) else {
+        return remote_group(remote, name);
+    };
+    let mut list = json!({"groups": [local]});
+    add_remote_groups(&mut list, remote);
+    Some(list["groups"][0].take())
+}
+
 /// `GET /apis/<group>` of a group only aggregated APIs serve.
 pub fn remote_group(remote: &[RemoteVersion], name: &str) -> Option<Value> {
     let (_, versions) = remote_by_group(remote)
@@ -669,7 +680,12 @@ mod tests {
             wardle["preferredVersion"]["groupVersion"],
             "wardle.example.com/v1beta1"
         );
-        // A version of a local group joins it.
+        // A version of a local group joins it, in /apis and in /apis/apps.
+        let merged = group_with_remote(&infos(), &remote, "apps").unwrap();
+        assert_eq!(merged["kind"], "APIGroup");
+        assert_eq!(merged["versions"][1]["groupVersion"], "apps/v2");
+        assert!(group_with_remote(&infos(), &remote, "nope.example.com").is_none());
+        assert!(group_with_remote(&infos(), &remote, "a.example.com").is_some());
         let apps = doc["groups"]
             .as_array()
             .unwrap()

@@ -285,12 +285,13 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
                 respond(200, &doc, Format::Json, &[])
             }
         }
-        Target::Group(g) if get => match discovery::group(&discovery_infos(&rest), &g)
-            .or_else(|| discovery::remote_group(&remote_versions(&rest), &g))
-        {
-            Some(doc) => respond(200, &doc, Format::Json, &[]),
-            None => not_found(),
-        },
+        Target::Group(g) if get => {
+            match discovery::group_with_remote(&discovery_infos(&rest), &remote_versions(&rest), &g)
+            {
+                Some(doc) => respond(200, &doc, Format::Json, &[]),
+                None => not_found(),
+            }
+        }
         Target::GroupVersion { group, version } if get => {
             match discovery::resource_list(&discovery_infos(&rest), &group, &version) {
                 Some(doc) => respond(200, &doc, Format::Json, &[]),
