@@ -10,7 +10,7 @@ use prost_types::field_descriptor_proto::{Label, Type};
 use prost_types::{DescriptorProto, FileDescriptorSet};
 
 /// Kubernetes spells these with capitalised initialisms, which camelCase can't derive.
-const RENAMES: [(&str, &str); 25] = [
+const RENAMES: [(&str, &str); 26] = [
     ("NodeSpec.pod_cidr", "podCIDR"),
     ("NodeSpec.pod_cidrs", "podCIDRs"),
     ("NodeSpec.provider_id", "providerID"),
@@ -36,6 +36,10 @@ const RENAMES: [(&str, &str); 25] = [
     ("Volume.downward_api", "downwardAPI"),
     ("VolumeProjection.downward_api", "downwardAPI"),
     ("PolicyRule.non_resource_urls", "nonResourceURLs"),
+    (
+        "APIServiceSpec.insecure_skip_tls_verify",
+        "insecureSkipTLSVerify",
+    ),
     (
         "CustomResourceValidation.open_api_v3_schema",
         "openAPIV3Schema",
@@ -74,7 +78,8 @@ const QUANTITY_MAPS: [&str; 8] = [
 /// (`kubectl wait` compares a condition's observedGeneration with the object's generation).
 /// Fields without `omitempty` in Kubernetes (restartCount, ready, exitCode, ports,
 /// ReplicaSetStatus.replicas, weights) stay, and `optional` fields are `None` when unset.
-const OMIT_ZERO: [&str; 46] = [
+const OMIT_ZERO: [&str; 47] = [
+    "APIServiceSpec.insecure_skip_tls_verify",
     "CustomResourceDefinitionVersion.deprecated",
     "CustomResourceColumnDefinition.priority",
     "CustomResourceDefinitionSpec.preserve_unknown_fields",
@@ -156,8 +161,9 @@ const RAW_JSON: [&str; 2] = [
 const BASE64_MAPS: [&str; 2] = ["Secret.data", "ConfigMap.binary_data"];
 
 /// Bytes written as base64 strings in JSON (PEM blocks of certificate requests).
-const BASE64_BYTES: [&str; 3] = [
+const BASE64_BYTES: [&str; 4] = [
     "WebhookClientConfig.ca_bundle",
+    "APIServiceSpec.ca_bundle",
     "CertificateSigningRequestSpec.request",
     "CertificateSigningRequestStatus.certificate",
 ];
@@ -177,6 +183,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/skiff/loadbalancer.proto",
         "proto/skiff/apiextensions.proto",
         "proto/skiff/admissionregistration.proto",
+        "proto/skiff/apiregistration.proto",
         "proto/skiff/rpc.proto",
     ];
     let mut builder = tonic_prost_build::configure()

@@ -180,6 +180,7 @@ pub fn headers(kind: &str, wide: bool) -> Vec<String> {
             (&["NAME", "WEBHOOKS", "AGE"], &[])
         }
         "Role" | "ClusterRole" | "CustomResourceDefinition" => (&["NAME", "CREATED AT"], &[]),
+        "APIService" => (&["NAME", "SERVICE", "AVAILABLE", "AGE"], &[]),
         "CertificateSigningRequest" => (
             &[
                 "NAME",
@@ -647,6 +648,29 @@ pub fn cells(kind: &str, obj: &Value, wide: bool, now: DateTime<Utc>) -> Vec<Str
                 ));
             }
             c
+        }
+        // kube-aggregator's columns: the Service or Local; True, or False (reason).
+        "APIService" => {
+            let service = match obj["spec"]["service"].as_object() {
+                Some(s) => format!(
+                    "{}/{}",
+                    s.get("namespace").and_then(|v| v.as_str()).unwrap_or(""),
+                    s.get("name").and_then(|v| v.as_str()).unwrap_or("")
+                ),
+                None => "Local".to_string(),
+            };
+            let available = obj["status"]["conditions"]
+                .as_array()
+                .and_then(|cs| cs.iter().find(|c| c["type"] == "Available"))
+                .map(|c| {
+                    let status = c["status"].as_str().unwrap_or("Unknown");
+                    match c["reason"].as_str() {
+                        Some(r) if status != "True" && !r.is_empty() => format!("{status} ({r})"),
+                        _ => status.to_string(),
+                    }
+                })
+                .unwrap_or_else(|| "Unknown".to_string());
+            vec![name, service, available, created]
         }
         "Role" | "ClusterRole" | "CustomResourceDefinition" => {
             let at = obj["metadata"]["creationTimestamp"]

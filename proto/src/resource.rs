@@ -397,6 +397,15 @@ resource!(
     no_status
 );
 
+resource!(
+    ApiService as "APIService",
+    "apiregistration.k8s.io/v1",
+    "apiservices",
+    [],
+    false,
+    status
+);
+
 /// A resource type handled by name, for code that does not know the type statically
 /// (the CLI reading manifests, the API server's discovery).
 pub trait DynKind: Send + Sync {
@@ -439,7 +448,7 @@ impl<T: Resource> DynKind for KindOf<T> {
     }
 }
 
-static KINDS: [&dyn DynKind; 32] = [
+static KINDS: [&dyn DynKind; 33] = [
     &KindOf::<Namespace>(PhantomData),
     &KindOf::<Node>(PhantomData),
     &KindOf::<Pod>(PhantomData),
@@ -472,6 +481,7 @@ static KINDS: [&dyn DynKind; 32] = [
     &KindOf::<ValidatingWebhookConfiguration>(PhantomData),
     &KindOf::<MutatingWebhookConfiguration>(PhantomData),
     &KindOf::<ReplicationController>(PhantomData),
+    &KindOf::<ApiService>(PhantomData),
 ];
 
 /// Interns a kind known only at run time (a custom kind): the same facts give the same

@@ -217,6 +217,43 @@ impl Cluster {
             .output()
             .expect("running kubectl")
     }
+
+    /// `kubectl apply -f -` of `manifest` on the laptop, which must succeed.
+    pub fn laptop_apply(&self, manifest: &str) {
+        let out = crate::run_with_stdin(self.laptop_kubectl_cmd(&["apply", "-f", "-"]), manifest);
+        ok(&out);
+    }
+
+    /// `kubectl create -f - -o json` of `manifest` on the laptop (a server-side dry run when
+    /// `dry`): success, stdout, stderr.
+    pub fn laptop_create(&self, manifest: &str, dry: bool) -> (bool, String, String) {
+        let mut args = vec!["create", "-f", "-", "-o", "json"];
+        if dry {
+            args.push("--dry-run=server");
+        }
+        let out = crate::run_with_stdin(self.laptop_kubectl_cmd(&args), manifest);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// A kubeconfig for `user` in `groups` (a client certificate of the cluster CA) at the
+    /// control machine's address, for kubectl on the laptop.
+    pub fn laptop_kubeconfig_for(&self, user: &str, groups: &[&str]) -> PathBuf {
+        let dir = self.dir.path().join(format!("user-{user}"));
+        std::fs::create_dir_all(&dir).expect("a kubeconfig directory");
+        self.server.machine_kubeconfig(&dir, user, groups)
+    }
+
+    /// Runs kubectl on the laptop with `kubeconfig` (its own discovery cache) and waits.
+    pub fn laptop_kubectl_as(&self, kubeconfig: &std::path::Path, args: &[&str]) -> Output {
+        let cache = kubeconfig.with_extension("cache");
+        kubectl_with(self.laptop.command(KUBECTL), kubeconfig, &cache, args)
+            .output()
+            .expect("running kubectl")
+    }
 }
 
 /// Waits (up to 90 s) until `want` nodes are Ready with a pod CIDR; `logs` explains a

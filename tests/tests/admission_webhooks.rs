@@ -175,24 +175,8 @@ spec:
     )
 }
 
-/// `kubectl create -f -` of `manifest` on the laptop (a server-side dry run when `dry`):
-/// success, stdout, stderr.
 fn create(c: &Cluster, manifest: &str, dry: bool) -> (bool, String, String) {
-    let mut args = vec!["create", "-f", "-", "-o", "json"];
-    if dry {
-        args.push("--dry-run=server");
-    }
-    let out = skiff_tests::run_with_stdin(c.laptop_kubectl_cmd(&args), manifest);
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn apply(c: &Cluster, manifest: &str) {
-    let out = skiff_tests::run_with_stdin(c.laptop_kubectl_cmd(&["apply", "-f", "-"]), manifest);
-    skiff_tests::ok(&out);
+    c.laptop_create(manifest, dry)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -215,7 +199,7 @@ async fn webhooks_in_pods_validate_and_mutate_writes() {
         b64("not a certificate"),
     );
 
-    apply(&c, &server_manifests(&serving.cert_pem, &serving.key_pem));
+    c.laptop_apply(&server_manifests(&serving.cert_pem, &serving.key_pem));
     let endpoints = c.client.namespaced::<Endpoints>("hooks");
     eventually_within("the webhook server's endpoints", T, || async {
         let ep = endpoints.get("hooks").await.map_err(|e| e.to_string())?;
@@ -276,8 +260,8 @@ async fn webhooks_in_pods_validate_and_mutate_writes() {
         ),
         webhook("rename", "hooks", "/rename", &ca_bundle, &probe("rename")),
     );
-    apply(&c, &validating);
-    apply(&c, &mutating);
+    c.laptop_apply(&validating);
+    c.laptop_apply(&mutating);
     let (ok, out, _) = c.kubectl(&["get", "validatingwebhookconfigurations"], None);
     assert!(
         ok && out.contains("guard") && out.contains("WEBHOOKS"),
@@ -450,7 +434,7 @@ async fn webhooks_in_pods_validate_and_mutate_writes() {
          rules:\n      - {{operations: [\"*\"], apiGroups: [admissionregistration.k8s.io], \
          apiVersions: [\"*\"], resources: [\"*\"]}}\n"
     );
-    apply(&c, &lockout);
+    c.laptop_apply(&lockout);
     let out = c.laptop_kubectl(&[
         "delete",
         "validatingwebhookconfiguration",

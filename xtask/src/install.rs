@@ -1369,7 +1369,10 @@ mod tests {
             exec_start(&api),
             "ExecStart=/usr/local/bin/skiff-apiserver --listen 0.0.0.0:7443 \
              --pki-dir /var/lib/skiff/pki --store embedded --data-dir /var/lib/skiff/data \
-             $SKIFF_APISERVER_ARGS"
+             --proxy-client-cert-file /var/lib/skiff/pki/front-proxy-client.crt \
+             --proxy-client-key-file /var/lib/skiff/pki/front-proxy-client.key \
+             --requestheader-client-ca-file /var/lib/skiff/pki/front-proxy-ca.crt \
+             --requestheader-allowed-names front-proxy-client $SKIFF_APISERVER_ARGS"
         );
         assert!(
             !api.contains("etcd.service"),

@@ -7,7 +7,9 @@
 //! (`Handler<T>` implements every verb once for every type) → [`admission`] (the one ordered
 //! list of plug-ins) → [`strategy`] (per-kind defaulting and validation) → `stored` (the
 //! store's keys and encoding); `cache` serves every watch from one store watch per type;
-//! `status` writes every answer.
+//! `status` writes every answer. A request to an aggregated group-version (an APIService with
+//! a `service`) leaves the REST front end once authorized: [`aggregator`] proxies it to the
+//! extension API server and it never reaches the registry.
 //!
 //! The modules are layered, lowest first; a module uses only its own layer and those below,
 //! and no two modules use each other (checked by `cargo test -p xtask modules`):
@@ -22,7 +24,7 @@
 //! cache, encryption, admission::interface  # watch cache; at-rest transformer; what admission is
 //! registry                              # every verb once for every kind
 //! auth                                  # authenticators, authorizers (RBAC, Node), escalation
-//! definitions                           # custom kinds served while their definitions live
+//! definitions, aggregator               # custom kinds served while their definitions live; aggregated APIs
 //! admission                             # the plug-ins and their order
 //! limits, pipeline                      # the handler chain
 //! rest, service, kubernetes_service, serve  # front ends, the `kubernetes` Service, the listener
@@ -70,6 +72,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 pub mod admission;
+pub mod aggregator;
 pub mod audit;
 pub mod auth;
 mod cache;
@@ -151,6 +154,10 @@ pub struct Security {
     pub renewal: Option<Renewal>,
     /// How the server speaks to node agents (logs, exec, port-forward, metrics).
     pub agent_client: Option<AgentClient>,
+    /// The client certificate presented to aggregated API servers and what they are told
+    /// to trust (`--proxy-client-cert-file` and the `--requestheader-*` flags); `None`:
+    /// aggregated APIs are proxied without one.
+    pub front_proxy: Option<aggregator::FrontProxy>,
 }
 
 /// Certificate renewal while the server runs: every `every`, the PKI is checked as at start
@@ -293,6 +300,7 @@ impl Security {
             }),
             audit,
             renewal: Some(renewal),
+            front_proxy: None,
         })
     }
 }
@@ -356,6 +364,8 @@ pub struct ServerHandle {
     renewal: Option<JoinHandle<()>>,
     /// The `kubernetes` Service's reconciler, stopped with the server.
     kubernetes_service: Option<JoinHandle<()>>,
+    /// The APIServices' availability loop, stopped with the server.
+    aggregator: Option<JoinHandle<()>>,
     registry: Arc<registry::Registry>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<std::io::Result<()>>>,
@@ -434,9 +444,13 @@ impl ServerHandle {
 
 impl Drop for ServerHandle {
     fn drop(&mut self) {
-        for task in [self.renewal.take(), self.kubernetes_service.take()]
-            .into_iter()
-            .flatten()
+        for task in [
+            self.renewal.take(),
+            self.kubernetes_service.take(),
+            self.aggregator.take(),
+        ]
+        .into_iter()
+        .flatten()
         {
             task.abort();
         }
@@ -550,7 +564,8 @@ async fn reconcile_default_roles(registry: &registry::Registry) -> Result<(), Ap
     Ok(())
 }
 
-/// Creates the bootstrap namespaces and the default RBAC policy that do not exist yet.
+/// Creates the bootstrap namespaces, the default RBAC policy and the local APIServices of
+/// the built-in group-versions that do not exist yet.
 async fn bootstrap(
     registry: &registry::Registry,
     namespaces: &[String],
@@ -568,6 +583,7 @@ async fn bootstrap(
     ensure(registry, namespaces).await?;
     ensure(registry, auth::policy::cluster_roles()).await?;
     reconcile_default_roles(registry).await?;
+    ensure(registry, strategy::apiregistration::local_apiservices()).await?;
     ensure(registry, auth::policy::cluster_role_bindings()).await
 }
 
@@ -621,6 +637,35 @@ pub async fn spawn(
             source,
         });
     }
+    let front_proxy = opts.security.as_ref().and_then(|s| s.front_proxy.clone());
+    let aggregator =
+        match aggregator::Aggregator::start(Arc::clone(&registry), front_proxy.as_ref()).await {
+            Ok(a) => a,
+            Err(source) => {
+                registry.stop();
+                return Err(ApiServerError::Bootstrap {
+                    object: "the APIServices' mirrors".into(),
+                    source,
+                });
+            }
+        };
+    if let Some(s) = &opts.security
+        && let Err(source) = aggregator::publish_authentication(
+            &registry,
+            s.authenticator.client_ca_pem.as_deref(),
+            front_proxy.as_ref(),
+        )
+        .await
+    {
+        registry.stop();
+        return Err(ApiServerError::Bootstrap {
+            object: format!(
+                "the ConfigMap kube-system/{}",
+                aggregator::AUTHENTICATION_CONFIGMAP
+            ),
+            source,
+        });
+    }
     // With authentication on, every request is authorized too (RBAC, the Node authorizer).
     let authorizer = match &opts.security {
         Some(s) => match start_authorization(&registry, s).await {
@@ -657,6 +702,7 @@ pub async fn spawn(
         sa_key,
         agent_client,
         opts.snapshot_dir.clone(),
+        Some(Arc::clone(&aggregator)),
     )
     .route_service(
         &format!(
@@ -689,6 +735,7 @@ pub async fn spawn(
     let kubernetes_service = opts
         .kubernetes_service
         .map(|k| tokio::spawn(k.run(Arc::clone(&registry))));
+    let availability = Some(aggregator.run());
     let task = tokio::spawn(serve::serve(
         listener,
         app,
@@ -702,6 +749,7 @@ pub async fn spawn(
         tls: opts.security.is_some(),
         renewal,
         kubernetes_service,
+        aggregator: availability,
         registry,
         shutdown: Some(tx),
         task: Some(task),

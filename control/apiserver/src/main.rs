@@ -149,6 +149,22 @@ struct Args {
     /// are encrypted with a key generated once in --pki-dir (encryption-config.yaml, 0600).
     #[arg(long, value_name = "FILE")]
     encryption_provider_config: Option<PathBuf>,
+    /// The client certificate the server presents to aggregated API servers (the front
+    /// proxy's; `cargo xtask up` and the harness pass `<pki-dir>/front-proxy-client.crt`).
+    /// Without it, aggregated APIs are proxied with no client certificate.
+    #[arg(long, value_name = "FILE", requires = "proxy_client_key_file")]
+    proxy_client_cert_file: Option<PathBuf>,
+    /// The key of --proxy-client-cert-file.
+    #[arg(long, value_name = "FILE", requires = "proxy_client_cert_file")]
+    proxy_client_key_file: Option<PathBuf>,
+    /// The CA that signed --proxy-client-cert-file, published to extension API servers in
+    /// the ConfigMap kube-system/extension-apiserver-authentication.
+    #[arg(long, value_name = "FILE")]
+    requestheader_client_ca_file: Option<PathBuf>,
+    /// The common names extension API servers accept from the front proxy (comma
+    /// separated), published with the CA.
+    #[arg(long, value_delimiter = ',', default_value = "front-proxy-client")]
+    requestheader_allowed_names: Vec<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -321,7 +337,33 @@ fn security(args: &Args) -> Result<Security> {
     if let Some(agents) = &mut security.agent_client {
         agents.preferred_address_types = Arc::from(args.kubelet_preferred_address_types.clone());
     }
+    security.front_proxy = front_proxy(args)?;
     Ok(security)
+}
+
+/// The front proxy's client certificate and CA from the flags, if given.
+fn front_proxy(args: &Args) -> Result<Option<skiff_apiserver::aggregator::FrontProxy>> {
+    let (Some(cert), Some(key)) = (&args.proxy_client_cert_file, &args.proxy_client_key_file)
+    else {
+        return Ok(None);
+    };
+    let read = |p: &PathBuf| {
+        std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))
+    };
+    let client = skiff_pki::Identity {
+        cert_pem: read(cert)?,
+        key_pem: read(key)?,
+    };
+    let ca = args
+        .requestheader_client_ca_file
+        .as_ref()
+        .context("--proxy-client-cert-file needs --requestheader-client-ca-file (the CA that signed it, which extension API servers are told to trust)")?;
+    Ok(Some(skiff_apiserver::aggregator::FrontProxy {
+        client,
+        client_ca_pem: read(ca)?,
+        allowed_names: args.requestheader_allowed_names.clone(),
+        files: Some((cert.clone(), key.clone())),
+    }))
 }
 
 /// The `kubernetes` Service the flags describe.

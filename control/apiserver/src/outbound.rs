@@ -1,6 +1,7 @@
-//! Calls from the API server to servers that extend it, named by a `WebhookClientConfig`:
-//! admission webhooks now (conversion webhooks and aggregated APIs name their servers the
-//! same way).
+//! Calls from the API server to servers that extend it: admission webhooks named by a
+//! `WebhookClientConfig` ([`Outbound`]), and aggregated API servers ([`ProxyClient`], for
+//! `crate::aggregator`: the front-proxy client certificate, `insecureSkipTLSVerify`, answers
+//! streamed rather than capped).
 //!
 //! A `service` reference is resolved the way kube-apiserver does with
 //! `--enable-aggregator-routing`: the Service's port (443 by default) to one of its ready
@@ -10,12 +11,14 @@
 //! `url` is dialled as written.
 //!
 //! Written over hyper's connection API rather than a pooled client crate because every call
-//! has its own trust roots and a server name that is not the address dialled. Connections
-//! are kept alive and reused per (address, server name, CA bundle). Redirects are never
-//! followed and an answer other than 200 is an error that does not repeat the body (the
+//! has its own trust roots and a server name that is not the address dialled. Webhook
+//! connections are kept alive and reused per (address, server name, CA bundle). Redirects are
+//! never followed and an answer other than 200 is an error that does not repeat the body (the
 //! CVE-2020-8561 class: a webhook must not make the API server fetch or log what it points
 //! at); answers are capped at [`MAX_RESPONSE_BYTES`]; the whole call, connecting included,
-//! ends at its deadline.
+//! ends at its deadline. A proxied call ([`ProxyClient::send`]) has a connection of its own
+//! (a watch may hold it for long) and a deadline for connecting and the answer's headers
+//! only; what it does with the answer is the aggregator's.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -144,7 +147,20 @@ async fn service_endpoint(
         .await
         .map_err(read)?
         .ok_or_else(|| CallError::Resolve(format!("service {name:?} not found")))?;
-    let spec = svc.spec.unwrap_or_default();
+    let endpoints = crate::stored::get::<Endpoints>(store, namespace, name)
+        .await
+        .map_err(read)?;
+    pick_endpoint(&svc, endpoints.as_ref(), port)
+}
+
+/// One of the ready endpoints (at random) of `svc`'s `port`, from its Endpoints.
+pub fn pick_endpoint(
+    svc: &Service,
+    endpoints: Option<&Endpoints>,
+    port: i32,
+) -> Result<SocketAddr, CallError> {
+    let name = svc.metadata.as_ref().map_or("", |m| m.name.as_str());
+    let spec = svc.spec.clone().unwrap_or_default();
     if spec.r#type == "ExternalName" {
         return Err(CallError::Resolve(format!(
             "service {name:?} is an ExternalName service, which is not dialled"
@@ -155,10 +171,7 @@ async fn service_endpoint(
     })?;
     let no_endpoints =
         || CallError::Resolve(format!("no endpoints available for service {name:?}"));
-    let endpoints = crate::stored::get::<Endpoints>(store, namespace, name)
-        .await
-        .map_err(read)?
-        .ok_or_else(no_endpoints)?;
+    let endpoints = endpoints.ok_or_else(no_endpoints)?;
     let mut candidates = Vec::new();
     for subset in &endpoints.subsets {
         let ep_port = if svc_port.name.is_empty() && subset.ports.len() == 1 {
@@ -325,5 +338,209 @@ impl Outbound {
             }
         });
         Ok(sender)
+    }
+}
+
+/// What an aggregated API's server certificate is checked against.
+#[derive(Debug, Clone, Copy)]
+pub enum Trust<'a> {
+    /// Exactly these PEM roots (an empty bundle trusts nothing: no system roots here).
+    Bundle(&'a [u8]),
+    /// Nothing checked (`insecureSkipTLSVerify`): the handshake's signatures are still
+    /// verified, the certificate and its name are not.
+    Insecure,
+}
+
+/// The client for aggregated APIs: TLS per trust, presenting the front-proxy client
+/// certificate when there is one; each call on a connection of its own, its answer streamed.
+pub struct ProxyClient {
+    identity: std::sync::RwLock<Option<skiff_pki::Identity>>,
+    tls: Mutex<HashMap<TrustKey, Arc<rustls::ClientConfig>>>,
+}
+
+/// A trust's cache key: the CA bundle's hash, and whether nothing is verified.
+type TrustKey = ([u8; 32], bool);
+
+impl std::fmt::Debug for ProxyClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyClient")
+            .field(
+                "client_certificate",
+                &self.identity.read().map(|i| i.is_some()).unwrap_or(false),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProxyClient {
+    /// A client presenting `identity` (the front-proxy client certificate), if any.
+    pub fn new(identity: Option<skiff_pki::Identity>) -> ProxyClient {
+        ProxyClient {
+            identity: std::sync::RwLock::new(identity),
+            tls: Mutex::default(),
+        }
+    }
+
+    /// Presents `identity` from the next connection on (a renewed certificate).
+    pub fn set_identity(&self, identity: skiff_pki::Identity) {
+        if let Ok(mut i) = self.identity.write() {
+            *i = Some(identity);
+        }
+        self.tls.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
+    /// The TLS configuration for `trust` (cached).
+    pub fn tls_for(&self, trust: Trust<'_>) -> Result<Arc<rustls::ClientConfig>, CallError> {
+        use sha2::Digest;
+        let key: TrustKey = match trust {
+            Trust::Bundle(b) => (sha2::Sha256::digest(b).into(), false),
+            Trust::Insecure => ([0; 32], true),
+        };
+        let mut cache = self.tls.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = cache.get(&key) {
+            return Ok(Arc::clone(c));
+        }
+        let client_err = |e: String| CallError::Client(e);
+        let provider = skiff_pki::tls::provider();
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| client_err(e.to_string()))?;
+        let builder = match trust {
+            Trust::Bundle(pem) => {
+                let mut roots = rustls::RootCertStore::empty();
+                if !pem.is_empty() {
+                    let unparsable = || {
+                        client_err(
+                            "unable to load root certificates: unable to parse bytes as PEM block"
+                                .into(),
+                        )
+                    };
+                    let text = std::str::from_utf8(pem).map_err(|_| unparsable())?;
+                    let ders = skiff_pki::pem_certificates(text, "the caBundle")
+                        .map_err(|_| unparsable())?;
+                    if ders.is_empty() {
+                        return Err(unparsable());
+                    }
+                    for der in ders {
+                        roots
+                            .add(rustls::pki_types::CertificateDer::from(der))
+                            .map_err(|e| client_err(format!("the caBundle: {e}")))?;
+                    }
+                }
+                builder.with_root_certificates(roots)
+            }
+            Trust::Insecure => builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(AnyServer(provider))),
+        };
+        let identity = self.identity.read().map(|i| i.clone()).unwrap_or(None);
+        let mut config = match &identity {
+            Some(id) => {
+                let certs = skiff_pki::tls::certs(&id.cert_pem, "the proxy client certificate")
+                    .map_err(|e| client_err(e.to_string()))?;
+                let key = skiff_pki::tls::key(&id.key_pem, "the proxy client key")
+                    .map_err(|e| client_err(e.to_string()))?;
+                builder
+                    .with_client_auth_cert(certs, key)
+                    .map_err(|e| client_err(e.to_string()))?
+            }
+            None => builder.with_no_client_auth(),
+        };
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let config = Arc::new(config);
+        cache.insert(key, Arc::clone(&config));
+        Ok(config)
+    }
+
+    /// Sends `req` to `addr` over TLS for `server_name` on a new connection and returns the
+    /// answer as soon as its headers arrived (its body streams from the connection, with no
+    /// cap and no deadline). Connecting, TLS and the headers must come within `deadline`.
+    pub async fn send<B>(
+        &self,
+        addr: SocketAddr,
+        server_name: &str,
+        tls: Arc<rustls::ClientConfig>,
+        req: hyper::Request<B>,
+        deadline: Duration,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, String>
+    where
+        B: hyper::body::Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let exchange = async {
+            let tcp = tokio::net::TcpStream::connect(addr)
+                .await
+                .map_err(|e| format!("dial tcp {addr}: {e}"))?;
+            let _ = tcp.set_nodelay(true);
+            let name = rustls::pki_types::ServerName::try_from(server_name.to_string())
+                .map_err(|e| format!("server name {server_name:?}: {e}"))?;
+            let stream = tokio_rustls::TlsConnector::from(tls)
+                .connect(name, tcp)
+                .await
+                .map_err(|e| format!("tls: {e}"))?;
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .map_err(|e| e.to_string())?;
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(error = %e, "aggregated API server connection");
+                }
+            });
+            sender.send_request(req).await.map_err(|e| e.to_string())
+        };
+        tokio::time::timeout(deadline, exchange)
+            .await
+            .unwrap_or_else(|_| Err("context deadline exceeded".into()))
+    }
+}
+
+/// `insecureSkipTLSVerify`: any certificate for any name; the handshake's signatures are
+/// verified with the provider's algorithms (so the peer still holds the key it presents).
+#[derive(Debug)]
+struct AnyServer(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyServer {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
     }
 }

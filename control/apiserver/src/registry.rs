@@ -19,12 +19,12 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use prost::Message;
 use skiff_api::api::{
-    Binding, CertificateSigningRequest, ClusterRole, ClusterRoleBinding, ConfigMap, CronJob,
-    CustomResourceDefinition, DaemonSet, Deployment, Endpoints, Event, HorizontalPodAutoscaler,
-    Job, Lease, LoadBalancerIpPool, MutatingWebhookConfiguration, Namespace, NetworkPolicy, Node,
-    PersistentVolume, PersistentVolumeClaim, Pod, PodDisruptionBudget, ReplicaSet,
-    ReplicationController, Role, RoleBinding, Secret, Service, ServiceAccount, StatefulSet,
-    StorageClass, ValidatingWebhookConfiguration,
+    ApiService, Binding, CertificateSigningRequest, ClusterRole, ClusterRoleBinding, ConfigMap,
+    CronJob, CustomResourceDefinition, DaemonSet, Deployment, Endpoints, Event,
+    HorizontalPodAutoscaler, Job, Lease, LoadBalancerIpPool, MutatingWebhookConfiguration,
+    Namespace, NetworkPolicy, Node, PersistentVolume, PersistentVolumeClaim, Pod,
+    PodDisruptionBudget, ReplicaSet, ReplicationController, Role, RoleBinding, Secret, Service,
+    ServiceAccount, StatefulSet, StorageClass, ValidatingWebhookConfiguration,
 };
 use skiff_api::rpc::{DeleteRequest, ListRequest, ListResponse, WatchRequest};
 use skiff_api::selector::{FieldSelector, Selector};
@@ -1062,6 +1062,7 @@ impl Registry {
         add::<CustomResourceDefinition>(h, &shared).await?;
         add::<ValidatingWebhookConfiguration>(h, &shared).await?;
         add::<MutatingWebhookConfiguration>(h, &shared).await?;
+        add::<ApiService>(h, &shared).await?;
         Ok(Registry {
             handlers,
             custom: Default::default(),

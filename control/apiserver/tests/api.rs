@@ -245,7 +245,8 @@ async fn crud_and_selectors(s: TestServer) {
             "customresourcedefinitions",
             "validatingwebhookconfigurations",
             "mutatingwebhookconfigurations",
-            "replicationcontrollers"
+            "replicationcontrollers",
+            "apiservices"
         ]
     );
 

@@ -8,6 +8,10 @@
 //! <dir>/scheduler.kubeconfig            system:kube-scheduler
 //! <dir>/controller-manager.kubeconfig   system:kube-controller-manager
 //! <dir>/service-account.key             signs ServiceAccount tokens (never rotated here)
+//! <dir>/front-proxy-ca.crt, .key        the front-proxy CA (10 years): extension API servers
+//!                                       trust requests it vouches for (kubeadm's)
+//! <dir>/front-proxy-client.crt, .key    the API server's client certificate towards them
+//!                                       (CN `front-proxy-client`, 1 year)
 //! ```
 //!
 //! A leaf (serving certificate or a kubeconfig's client certificate) is issued again when it is
@@ -32,6 +36,9 @@ pub const ADMIN_USER: &str = "system:admin";
 pub const MASTERS_GROUP: &str = "system:masters";
 pub const SCHEDULER_USER: &str = "system:kube-scheduler";
 pub const CONTROLLER_MANAGER_USER: &str = "system:kube-controller-manager";
+/// The common name of the API server's front-proxy client certificate (kubeadm's), which
+/// extension API servers accept (`requestheader-allowed-names`).
+pub const FRONT_PROXY_CLIENT: &str = "front-proxy-client";
 
 /// The kubeconfigs [`ClusterPki::ensure`] writes: file name, user, groups.
 pub const KUBECONFIGS: &[(&str, &str, &[&str])] = &[
@@ -91,6 +98,10 @@ pub struct Ensured {
     pub sa_key: crate::sa_token::SigningKey,
     /// The API server's serving certificate and key.
     pub serving: Identity,
+    /// The front-proxy CA's certificate (what extension API servers trust).
+    pub front_proxy_ca_pem: String,
+    /// The API server's client certificate towards extension API servers.
+    pub front_proxy_client: Identity,
     /// Files written this time (for the log).
     pub written: Vec<PathBuf>,
 }
@@ -140,33 +151,23 @@ impl ClusterPki {
             source,
         })?;
         let mut written = Vec::new();
-        let (ca_crt, ca_key) = (self.path("ca.crt"), self.path("ca.key"));
-        let ca = if ca_crt.exists() || ca_key.exists() {
-            self.load_ca()?
-        } else {
-            let ca = Ca::generate("skiff-ca")?;
-            write_private(&ca_key, ca.key_pem().as_bytes())?;
-            write_public(&ca_crt, ca.cert_pem().as_bytes())?;
-            written.extend([ca_key, ca_crt]);
-            ca
-        };
-        let (crt, key) = (self.path("apiserver.crt"), self.path("apiserver.key"));
-        let current = match (std::fs::read_to_string(&crt), std::fs::read_to_string(&key)) {
-            (Ok(cert_pem), Ok(key_pem)) => Some(Identity { cert_pem, key_pem }),
-            _ => None,
-        };
-        let serving = match current
-            .filter(|id| leaf_is_current(&ca, &id.cert_pem) && covers(&id.cert_pem, &opts.sans))
-        {
-            Some(id) => id,
-            None => {
-                let id = ca.issue(&LeafSpec::server("skiff-apiserver", &opts.sans))?;
-                write_private(&key, id.key_pem.as_bytes())?;
-                write_public(&crt, id.cert_pem.as_bytes())?;
-                written.extend([key, crt]);
-                id
-            }
-        };
+        let ca = self.ensure_ca("ca", "skiff-ca", &mut written)?;
+        let serving = self.ensure_leaf(
+            &ca,
+            "apiserver",
+            &LeafSpec::server("skiff-apiserver", &opts.sans),
+            |cert| covers(cert, &opts.sans),
+            &mut written,
+        )?;
+        let front_proxy_ca =
+            self.ensure_ca("front-proxy-ca", "skiff-front-proxy-ca", &mut written)?;
+        let front_proxy_client = self.ensure_leaf(
+            &front_proxy_ca,
+            "front-proxy-client",
+            &LeafSpec::client(FRONT_PROXY_CLIENT, &[]),
+            |_| true,
+            &mut written,
+        )?;
         let sa_path = self.path("service-account.key");
         let sa_pem = match std::fs::read_to_string(&sa_path) {
             Ok(pem) => pem,
@@ -193,8 +194,60 @@ impl ClusterPki {
             ca,
             sa_key,
             serving,
+            front_proxy_ca_pem: front_proxy_ca.cert_pem().to_string(),
+            front_proxy_client,
             written,
         })
+    }
+
+    /// The CA `<stem>.crt`/`.key`, made when neither exists (never replaced).
+    fn ensure_ca(
+        &self,
+        stem: &str,
+        name: &str,
+        written: &mut Vec<PathBuf>,
+    ) -> Result<Ca, PkiError> {
+        let (crt, key) = (
+            self.path(&format!("{stem}.crt")),
+            self.path(&format!("{stem}.key")),
+        );
+        if crt.exists() || key.exists() {
+            return Ca::from_pem(&read(&crt)?, &read(&key)?);
+        }
+        let ca = Ca::generate(name)?;
+        write_private(&key, ca.key_pem().as_bytes())?;
+        write_public(&crt, ca.cert_pem().as_bytes())?;
+        written.extend([key, crt]);
+        Ok(ca)
+    }
+
+    /// The leaf `<stem>.crt`/`.key` of `ca`, issued again unless current and `fits`.
+    fn ensure_leaf(
+        &self,
+        ca: &Ca,
+        stem: &str,
+        spec: &LeafSpec,
+        fits: impl Fn(&str) -> bool,
+        written: &mut Vec<PathBuf>,
+    ) -> Result<Identity, PkiError> {
+        let (crt, key) = (
+            self.path(&format!("{stem}.crt")),
+            self.path(&format!("{stem}.key")),
+        );
+        let current = match (std::fs::read_to_string(&crt), std::fs::read_to_string(&key)) {
+            (Ok(cert_pem), Ok(key_pem)) => Some(Identity { cert_pem, key_pem }),
+            _ => None,
+        };
+        if let Some(id) =
+            current.filter(|id| leaf_is_current(ca, &id.cert_pem) && fits(&id.cert_pem))
+        {
+            return Ok(id);
+        }
+        let id = ca.issue(spec)?;
+        write_private(&key, id.key_pem.as_bytes())?;
+        write_public(&crt, id.cert_pem.as_bytes())?;
+        written.extend([key, crt]);
+        Ok(id)
     }
 
     fn kubeconfig_is_current(&self, ca: &Ca, path: &Path, server: &str) -> bool {
@@ -289,7 +342,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pki = ClusterPki::new(dir.path().join("pki"));
         let first = pki.ensure(&opts("https://127.0.0.1:7443")).unwrap();
-        assert_eq!(first.written.len(), 5 + KUBECONFIGS.len());
+        assert_eq!(first.written.len(), 9 + KUBECONFIGS.len());
         let mode = |n: &str| std::fs::metadata(pki.path(n)).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode("ca.key"), 0o600);
         assert_eq!(mode("apiserver.key"), 0o600);
@@ -310,6 +363,13 @@ mod tests {
         let info = parse_pem(&admin.identity.unwrap().cert_pem, "admin").unwrap();
         assert_eq!(info.common_name, ADMIN_USER);
         assert_eq!(info.organizations, vec![MASTERS_GROUP]);
+        // The front-proxy client certificate, of its own CA.
+        assert_eq!(mode("front-proxy-ca.key"), 0o600);
+        assert_eq!(mode("front-proxy-client.key"), 0o600);
+        assert_eq!(again.front_proxy_client, first.front_proxy_client);
+        let client = parse_pem(&first.front_proxy_client.cert_pem, "front proxy").unwrap();
+        assert_eq!(client.common_name, FRONT_PROXY_CLIENT);
+        assert_ne!(first.front_proxy_ca_pem, first.ca.cert_pem());
     }
 
     #[test]

@@ -25,14 +25,16 @@ fn algorithms() -> WebPkiSupportedAlgorithms {
     rustls::crypto::ring::default_provider().signature_verification_algorithms
 }
 
-fn certs(pem: &str, what: &str) -> Result<Vec<CertificateDer<'static>>, PkiError> {
+/// The certificates of a PEM text, for rustls.
+pub fn certs(pem: &str, what: &str) -> Result<Vec<CertificateDer<'static>>, PkiError> {
     Ok(pem_certificates(pem, what)?
         .into_iter()
         .map(CertificateDer::from)
         .collect())
 }
 
-fn key(pem: &str, what: &str) -> Result<PrivateKeyDer<'static>, PkiError> {
+/// The first private key of a PEM text, for rustls.
+pub fn key(pem: &str, what: &str) -> Result<PrivateKeyDer<'static>, PkiError> {
     rustls_pemfile::private_key(&mut pem.as_bytes())
         .map_err(|e| PkiError::BadPem {
             what: what.into(),

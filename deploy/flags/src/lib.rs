@@ -119,6 +119,21 @@ impl ApiServerFlags {
             }
         }
         l.opt("--tls-san", self.tls_sans.as_ref());
+        // The front proxy's client certificate towards aggregated API servers, which the
+        // server's first start makes in its PKI directory.
+        l.pair(
+            "--proxy-client-cert-file",
+            self.pki_dir.join("front-proxy-client.crt"),
+        )
+        .pair(
+            "--proxy-client-key-file",
+            self.pki_dir.join("front-proxy-client.key"),
+        )
+        .pair(
+            "--requestheader-client-ca-file",
+            self.pki_dir.join("front-proxy-ca.crt"),
+        )
+        .pair("--requestheader-allowed-names", "front-proxy-client");
         l.extra(&self.extra)
     }
 }

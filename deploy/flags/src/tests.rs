@@ -40,7 +40,15 @@ fn api_server_as_up_install_and_the_harness_start_it() {
             "--store",
             "embedded",
             "--data-dir",
-            "/repo/.skiff/data"
+            "/repo/.skiff/data",
+            "--proxy-client-cert-file",
+            "/repo/.skiff/pki/front-proxy-client.crt",
+            "--proxy-client-key-file",
+            "/repo/.skiff/pki/front-proxy-client.key",
+            "--requestheader-client-ca-file",
+            "/repo/.skiff/pki/front-proxy-ca.crt",
+            "--requestheader-allowed-names",
+            "front-proxy-client"
         ]
     );
     // `up --ha`: etcd with TLS.
@@ -68,7 +76,15 @@ fn api_server_as_up_install_and_the_harness_start_it() {
             "--etcd-certfile",
             "/repo/.skiff/pki/etcd/apiserver-etcd-client.crt",
             "--etcd-keyfile",
-            "/repo/.skiff/pki/etcd/apiserver-etcd-client.key"
+            "/repo/.skiff/pki/etcd/apiserver-etcd-client.key",
+            "--proxy-client-cert-file",
+            "/repo/.skiff/pki/front-proxy-client.crt",
+            "--proxy-client-key-file",
+            "/repo/.skiff/pki/front-proxy-client.key",
+            "--requestheader-client-ca-file",
+            "/repo/.skiff/pki/front-proxy-ca.crt",
+            "--requestheader-allowed-names",
+            "front-proxy-client"
         ]
     );
     // `install --role server --etcd-endpoints ... --tls-san ...`, one unit line per flag.
@@ -92,7 +108,11 @@ fn api_server_as_up_install_and_the_harness_start_it() {
             "--etcd-cafile /etc/etcd/ca.crt",
             "--etcd-certfile /etc/etcd/apiserver-etcd-client.crt",
             "--etcd-keyfile /etc/etcd/apiserver-etcd-client.key",
-            "--tls-san 10.0.0.10,cp.example"
+            "--tls-san 10.0.0.10,cp.example",
+            "--proxy-client-cert-file /var/lib/skiff/pki/front-proxy-client.crt",
+            "--proxy-client-key-file /var/lib/skiff/pki/front-proxy-client.key",
+            "--requestheader-client-ca-file /var/lib/skiff/pki/front-proxy-ca.crt",
+            "--requestheader-allowed-names front-proxy-client"
         ]
     );
     // The harness: a test's own flags after the typed ones.
@@ -117,6 +137,14 @@ fn api_server_as_up_install_and_the_harness_start_it() {
             "etcd",
             "--etcd-endpoints",
             "http://127.0.0.1:2379",
+            "--proxy-client-cert-file",
+            "/tmp/x/pki/front-proxy-client.crt",
+            "--proxy-client-key-file",
+            "/tmp/x/pki/front-proxy-client.key",
+            "--requestheader-client-ca-file",
+            "/tmp/x/pki/front-proxy-ca.crt",
+            "--requestheader-allowed-names",
+            "front-proxy-client",
             "--max-watches-per-user",
             "2"
         ]

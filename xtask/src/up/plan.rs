@@ -919,7 +919,15 @@ mod tests {
                 "--store",
                 "embedded",
                 "--data-dir",
-                "/repo/.skiff/data"
+                "/repo/.skiff/data",
+                "--proxy-client-cert-file",
+                "/repo/.skiff/pki/front-proxy-client.crt",
+                "--proxy-client-key-file",
+                "/repo/.skiff/pki/front-proxy-client.key",
+                "--requestheader-client-ca-file",
+                "/repo/.skiff/pki/front-proxy-ca.crt",
+                "--requestheader-allowed-names",
+                "front-proxy-client"
             ]
         );
     }
@@ -967,7 +975,15 @@ mod tests {
                 "--store",
                 "etcd",
                 "--etcd-endpoints",
-                "http://127.0.0.1:2379"
+                "http://127.0.0.1:2379",
+                "--proxy-client-cert-file",
+                "/repo/.skiff/pki/front-proxy-client.crt",
+                "--proxy-client-key-file",
+                "/repo/.skiff/pki/front-proxy-client.key",
+                "--requestheader-client-ca-file",
+                "/repo/.skiff/pki/front-proxy-ca.crt",
+                "--requestheader-allowed-names",
+                "front-proxy-client"
             ]
         );
         // An etcd with TLS: the files go to the API server, relative ones from the cwd.
@@ -986,7 +1002,15 @@ mod tests {
                 "--etcd-certfile",
                 "/abs/client.crt",
                 "--etcd-keyfile",
-                "/cwd/etcd/client.key"
+                "/cwd/etcd/client.key",
+                "--proxy-client-cert-file",
+                "/repo/.skiff/pki/front-proxy-client.crt",
+                "--proxy-client-key-file",
+                "/repo/.skiff/pki/front-proxy-client.key",
+                "--requestheader-client-ca-file",
+                "/repo/.skiff/pki/front-proxy-ca.crt",
+                "--requestheader-allowed-names",
+                "front-proxy-client"
             ]
         );
     }

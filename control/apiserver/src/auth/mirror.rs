@@ -20,6 +20,8 @@ type Objects<T> = HashMap<(String, String), Arc<T>>;
 /// A kind's objects, current as of the last watch event.
 pub struct Mirror<T> {
     items: RwLock<Objects<T>>,
+    /// Counts changes, for loops that wait for one ([`Mirror::changes`]).
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 impl<T> std::fmt::Debug for Mirror<T> {
@@ -41,6 +43,7 @@ impl<T: Resource + Send + Sync + 'static> Mirror<T> {
         let (items, rv) = list::<T>(handler.as_ref()).await?;
         let mirror = Arc::new(Mirror {
             items: RwLock::new(items),
+            changes: tokio::sync::watch::Sender::new(0),
         });
         tokio::spawn(follow(Arc::downgrade(&mirror), handler, rv));
         Ok(mirror)
@@ -63,10 +66,17 @@ impl<T: Resource + Send + Sync + 'static> Mirror<T> {
             .unwrap_or_default()
     }
 
+    /// Wakes when the mirror changed (a watch event or a relist), for a loop that
+    /// recomputes what depends on the objects.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
     fn replace(&self, items: Objects<T>) {
         if let Ok(mut m) = self.items.write() {
             *m = items;
         }
+        self.changes.send_modify(|n| *n += 1);
     }
 
     fn apply(&self, event_type: &str, obj: T) {
@@ -79,6 +89,8 @@ impl<T: Resource + Send + Sync + 'static> Mirror<T> {
         } else {
             m.insert(key, Arc::new(obj));
         }
+        drop(m);
+        self.changes.send_modify(|n| *n += 1);
     }
 }
 

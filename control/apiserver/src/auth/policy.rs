@@ -686,6 +686,26 @@ mod tests {
         }
     }
 
+    /// An APIService points the API server at any Service with the callers' identities
+    /// (SSRF, and every request of its group): only cluster-admin may write one.
+    #[test]
+    fn only_cluster_admin_writes_apiservices() {
+        let group = "apiregistration.k8s.io";
+        assert!(allows("cluster-admin", "create", group, "apiservices"));
+        for role in cluster_roles() {
+            let name = role.metadata.as_ref().map_or("", |m| m.name.as_str());
+            if name == "cluster-admin" {
+                continue;
+            }
+            for verb in WRITE {
+                assert!(
+                    !allows(name, verb, group, "apiservices"),
+                    "{name} may {verb} apiservices"
+                );
+            }
+        }
+    }
+
     #[test]
     fn network_policies_in_the_default_roles() {
         let np = |role: &str, verb: &str| allows(role, verb, NETWORKING_GROUP, "networkpolicies");

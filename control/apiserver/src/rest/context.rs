@@ -19,4 +19,6 @@ pub(crate) struct Rest {
     pub metrics: Arc<super::metrics::Sampler>,
     /// Where snapshots are written before they are sent (`None`: refused).
     pub snapshot_dir: Option<std::path::PathBuf>,
+    /// Aggregated APIs (`None` in tests that build a router alone).
+    pub aggregator: Option<Arc<crate::aggregator::Aggregator>>,
 }

@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 use skiff_api::KindInfo;
 
+use crate::aggregator::RemoteVersion;
+
 /// The Kubernetes version Skiff speaks (kubectl compares it with its own).
 pub const KUBERNETES_MAJOR: &str = "1";
 pub const KUBERNETES_MINOR: &str = "32";
@@ -357,6 +359,171 @@ pub fn aggregated(infos: &[Served], core: bool) -> Value {
     })
 }
 
+/// Aggregated group-versions by group, each group's versions in Kubernetes' order
+/// (`versionPriority` highest first, then by version name as Kubernetes ranks them), the
+/// groups by their highest `groupPriorityMinimum`, then by name.
+fn remote_by_group(remote: &[RemoteVersion]) -> Vec<(&str, Vec<&RemoteVersion>)> {
+    let mut groups: BTreeMap<&str, Vec<&RemoteVersion>> = BTreeMap::new();
+    for v in remote {
+        groups.entry(v.group.as_str()).or_default().push(v);
+    }
+    let mut out: Vec<(&str, Vec<&RemoteVersion>)> = groups.into_iter().collect();
+    for (_, vs) in &mut out {
+        vs.sort_by_key(|v| {
+            (
+                std::cmp::Reverse(v.version_priority),
+                version_priority(&v.version),
+            )
+        });
+    }
+    out.sort_by_key(|(g, vs)| {
+        let top = vs
+            .iter()
+            .map(|v| v.group_priority_minimum)
+            .max()
+            .unwrap_or(0);
+        (std::cmp::Reverse(top), g.to_string())
+    });
+    out
+}
+
+fn remote_group_doc(name: &str, versions: &[&RemoteVersion]) -> Value {
+    let vs: Vec<Value> = versions
+        .iter()
+        .map(|v| json!({"groupVersion": format!("{name}/{}", v.version), "version": v.version}))
+        .collect();
+    json!({
+        "name": name,
+        "versions": vs,
+        "preferredVersion": vs.first().cloned().unwrap_or(Value::Null),
+    })
+}
+
+/// `GET /apis` with the aggregated groups: their versions join a local group of the same
+/// name, other groups follow the local ones in priority order.
+pub fn add_remote_groups(doc: &mut Value, remote: &[RemoteVersion]) {
+    let Some(groups) = doc["groups"].as_array_mut() else {
+        return;
+    };
+    for (name, versions) in remote_by_group(remote) {
+        let fresh = remote_group_doc(name, &versions);
+        match groups.iter_mut().find(|g| g["name"] == name) {
+            Some(local) => {
+                if let (Some(have), Some(more)) = (
+                    local["versions"].as_array_mut(),
+                    fresh["versions"].as_array(),
+                ) {
+                    have.extend(more.iter().cloned());
+                }
+            }
+            None => groups.push(fresh),
+        }
+    }
+}
+
+/// `GET /apis/<group>`: a local group with the versions aggregated APIs add to it, or a
+/// group only aggregated APIs serve; `None` if neither.
+pub fn group_with_remote(infos: &[Served], remote: &[RemoteVersion], name: &str) -> Option<Value> {
+    let Some(local) = group(infos, name) else {
+        return remote_group(remote, name);
+    };
+    let mut list = json!({"groups": [local]});
+    add_remote_groups(&mut list, remote);
+    Some(list["groups"][0].take())
+}
+
+/// `GET /apis/<group>` of a group only aggregated APIs serve.
+pub fn remote_group(remote: &[RemoteVersion], name: &str) -> Option<Value> {
+    let (_, versions) = remote_by_group(remote)
+        .into_iter()
+        .find(|(g, _)| *g == name)?;
+    let mut doc = remote_group_doc(name, &versions);
+    doc["kind"] = "APIGroup".into();
+    doc["apiVersion"] = "v1".into();
+    Some(doc)
+}
+
+/// An extension server's `APIResourceList` resources as aggregated discovery's: each
+/// resource with its subresources (`flunders/status`) folded in.
+pub fn remote_resources(resources: &[Value], group: &str, version: &str) -> Vec<Value> {
+    let kind_of = |r: &Value| {
+        json!({
+            "group": r["group"].as_str().unwrap_or(group),
+            "version": r["version"].as_str().unwrap_or(version),
+            "kind": r["kind"].as_str().unwrap_or(""),
+        })
+    };
+    let mut out: Vec<Value> = Vec::new();
+    for r in resources {
+        let Some(name) = r["name"].as_str() else {
+            continue;
+        };
+        if name.contains('/') {
+            continue;
+        }
+        let mut v = json!({
+            "resource": name,
+            "responseKind": kind_of(r),
+            "scope": if r["namespaced"].as_bool().unwrap_or(false) { "Namespaced" } else { "Cluster" },
+            "singularResource": r["singularName"].as_str().unwrap_or(""),
+            "verbs": r["verbs"].clone(),
+        });
+        for key in ["shortNames", "categories"] {
+            if r[key].as_array().is_some_and(|a| !a.is_empty()) {
+                v[key] = r[key].clone();
+            }
+        }
+        out.push(v);
+    }
+    for r in resources {
+        let Some((parent, sub)) = r["name"].as_str().and_then(|n| n.split_once('/')) else {
+            continue;
+        };
+        if let Some(p) = out.iter_mut().find(|p| p["resource"] == parent) {
+            let entry = json!({"subresource": sub, "responseKind": kind_of(r), "verbs": r["verbs"].clone()});
+            match p["subresources"].as_array_mut() {
+                Some(list) => list.push(entry),
+                None => p["subresources"] = json!([entry]),
+            }
+        }
+    }
+    out
+}
+
+/// Aggregated discovery with the aggregated group-versions: each version with the resources
+/// its server last listed, `freshness: Stale` when the last check failed (kube-aggregator's
+/// discovery manager: a server never reached is listed with no resources).
+pub fn add_remote_aggregated(doc: &mut Value, remote: &[RemoteVersion]) {
+    let Some(items) = doc["items"].as_array_mut() else {
+        return;
+    };
+    for (name, versions) in remote_by_group(remote) {
+        let vs: Vec<Value> = versions
+            .iter()
+            .map(|v| {
+                let resources = v
+                    .resources
+                    .as_deref()
+                    .map(|r| remote_resources(r, name, &v.version))
+                    .unwrap_or_default();
+                json!({
+                    "version": v.version,
+                    "resources": resources,
+                    "freshness": if v.fresh { "Current" } else { "Stale" },
+                })
+            })
+            .collect();
+        match items.iter_mut().find(|g| g["metadata"]["name"] == name) {
+            Some(local) => {
+                if let Some(have) = local["versions"].as_array_mut() {
+                    have.extend(vs);
+                }
+            }
+            None => items.push(json!({"metadata": {"name": name}, "versions": vs})),
+        }
+    }
+}
+
 /// The Content-Type of aggregated discovery documents.
 pub const AGGREGATED_CONTENT_TYPE: &str =
     "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
@@ -464,6 +631,108 @@ mod tests {
                 "v10", "v2", "v1", "v2beta1", "v1beta2", "v1beta1", "v1alpha1", "foo"
             ]
         );
+    }
+
+    fn remote(group: &str, version: &str, gp: i32, vp: i32) -> RemoteVersion {
+        RemoteVersion {
+            group: group.into(),
+            version: version.into(),
+            group_priority_minimum: gp,
+            version_priority: vp,
+            resources: None,
+            fresh: false,
+        }
+    }
+
+    #[test]
+    fn aggregated_groups_in_kubernetes_priority() {
+        let remote = vec![
+            remote("wardle.example.com", "v1alpha1", 1000, 15),
+            remote("wardle.example.com", "v1beta1", 1000, 15),
+            remote("wardle.example.com", "v1", 900, 5),
+            remote("a.example.com", "v1", 100, 10),
+            remote("z.example.com", "v1", 2000, 10),
+            remote("apps", "v2", 100, 10),
+        ];
+        let mut doc = group_list(&infos());
+        add_remote_groups(&mut doc, &remote);
+        let names: Vec<&str> = doc["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|g| g["name"].as_str())
+            .collect();
+        let tail = &names[names.len() - 3..];
+        assert_eq!(
+            tail,
+            ["z.example.com", "wardle.example.com", "a.example.com"]
+        );
+        let wardle = remote_group(&remote, "wardle.example.com").unwrap();
+        let versions: Vec<&str> = wardle["versions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v["version"].as_str())
+            .collect();
+        // versionPriority first; equal priorities in Kubernetes' version order.
+        assert_eq!(versions, ["v1beta1", "v1alpha1", "v1"]);
+        assert_eq!(
+            wardle["preferredVersion"]["groupVersion"],
+            "wardle.example.com/v1beta1"
+        );
+        // A version of a local group joins it, in /apis and in /apis/apps.
+        let merged = group_with_remote(&infos(), &remote, "apps").unwrap();
+        assert_eq!(merged["kind"], "APIGroup");
+        assert_eq!(merged["versions"][1]["groupVersion"], "apps/v2");
+        assert!(group_with_remote(&infos(), &remote, "nope.example.com").is_none());
+        assert!(group_with_remote(&infos(), &remote, "a.example.com").is_some());
+        let apps = doc["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["name"] == "apps")
+            .unwrap();
+        assert_eq!(apps["versions"][1]["groupVersion"], "apps/v2");
+        assert_eq!(apps["preferredVersion"]["groupVersion"], "apps/v1");
+    }
+
+    #[test]
+    fn aggregated_discovery_merges_what_servers_listed() {
+        let mut fresh = remote("wardle.example.com", "v1alpha1", 1000, 15);
+        fresh.fresh = true;
+        fresh.resources = Some(vec![
+            json!({"name": "flunders", "singularName": "flunder", "namespaced": true,
+                   "kind": "Flunder", "verbs": ["get", "list"], "shortNames": ["fl"]}),
+            json!({"name": "flunders/status", "singularName": "", "namespaced": true,
+                   "kind": "Flunder", "verbs": ["get"]}),
+        ]);
+        let stale = remote("down.example.com", "v1", 100, 10);
+        let mut doc = aggregated(&infos(), false);
+        add_remote_aggregated(&mut doc, &[fresh, stale]);
+        let items = doc["items"].as_array().unwrap();
+        let wardle = items
+            .iter()
+            .find(|g| g["metadata"]["name"] == "wardle.example.com")
+            .unwrap();
+        let v = &wardle["versions"][0];
+        assert_eq!(v["freshness"], "Current");
+        assert_eq!(v["resources"][0]["resource"], "flunders");
+        assert_eq!(v["resources"][0]["scope"], "Namespaced");
+        assert_eq!(v["resources"][0]["shortNames"], json!(["fl"]));
+        assert_eq!(
+            v["resources"][0]["responseKind"],
+            json!({"group": "wardle.example.com", "version": "v1alpha1", "kind": "Flunder"})
+        );
+        assert_eq!(
+            v["resources"][0]["subresources"][0]["subresource"],
+            "status"
+        );
+        let down = items
+            .iter()
+            .find(|g| g["metadata"]["name"] == "down.example.com")
+            .unwrap();
+        assert_eq!(down["versions"][0]["freshness"], "Stale");
+        assert_eq!(down["versions"][0]["resources"], json!([]));
     }
 
     #[test]

@@ -37,7 +37,7 @@ async fn app() -> App {
         .await
         .unwrap();
     App {
-        router: super::router(registry, None, None, None, None),
+        router: super::router(registry, None, None, None, None, None),
         _dir: dir,
     }
 }
@@ -835,4 +835,274 @@ async fn server_side_apply_and_field_managers() {
     lease["kind"] = json!("Lease");
     let a = apply(lease, "fieldManager=ci").await;
     assert_eq!(a.code, 400, "{}", a.text);
+}
+
+/// An extension API server on loopback for `wardle.example.com/v1alpha1` (TLS for
+/// `wardle.wardle.svc`): discovery, a 418 with a header of its own, a redirect, an 8 MiB
+/// answer (beyond any cap the webhook client has) and an echo of the headers it got.
+async fn extension_server(ca: &skiff_pki::Ca) -> std::net::SocketAddr {
+    use http_body_util::Full;
+    use hyper::body::Bytes;
+    let serving = ca
+        .issue(&skiff_pki::LeafSpec::server(
+            "wardle.wardle.svc",
+            &["wardle.wardle.svc".to_string()],
+        ))
+        .unwrap();
+    let tls = Arc::new(skiff_pki::tls::server_config(&serving, None).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let handle = |req: hyper::Request<hyper::body::Incoming>| async move {
+        let path = req.uri().path().to_string();
+        let mut resp = hyper::Response::new(Full::new(Bytes::new()));
+        match path.rsplit('/').next().unwrap_or("") {
+            "v1alpha1" => {
+                *resp.body_mut() = Full::new(Bytes::from(
+                    json!({"kind": "APIResourceList", "apiVersion": "v1",
+                           "groupVersion": "wardle.example.com/v1alpha1",
+                           "resources": [{"name": "flunders", "singularName": "flunder",
+                                          "namespaced": true, "kind": "Flunder",
+                                          "verbs": ["get", "list"]}]})
+                    .to_string(),
+                ));
+            }
+            "teapot" => {
+                *resp.status_mut() = hyper::StatusCode::IM_A_TEAPOT;
+                resp.headers_mut()
+                    .insert("x-extension", "kept".parse().unwrap());
+                resp.headers_mut()
+                    .insert("content-type", "text/x-tea".parse().unwrap());
+                *resp.body_mut() = Full::new(Bytes::from_static(b"short and stout"));
+            }
+            "redirect" => {
+                *resp.status_mut() = hyper::StatusCode::FOUND;
+                resp.headers_mut()
+                    .insert("location", "http://169.254.169.254/".parse().unwrap());
+            }
+            "big" => *resp.body_mut() = Full::new(Bytes::from(vec![b'x'; 8 << 20])),
+            _ => {
+                let names: Vec<String> = req
+                    .headers()
+                    .iter()
+                    .map(|(k, v)| format!("{k}={}", v.to_str().unwrap_or("")))
+                    .collect();
+                *resp.body_mut() = Full::new(Bytes::from(json!(names).to_string()));
+            }
+        }
+        Ok::<_, std::convert::Infallible>(resp)
+    };
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(&tls));
+            tokio::spawn(async move {
+                let Ok(stream) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(
+                        hyper_util::rt::TokioIo::new(stream),
+                        hyper::service::service_fn(handle),
+                    )
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn aggregated_apis_are_proxied_streamed_and_never_upgraded() {
+    use base64::Engine as _;
+    let dir = tempfile::tempdir().unwrap();
+    let store = skiff_store::EmbeddedStore::open(
+        &dir.path().join("s.redb"),
+        skiff_store::EmbeddedOptions::default(),
+    )
+    .unwrap();
+    let registry = Arc::new(
+        Registry::start(
+            Arc::new(store),
+            1024,
+            Arc::new(crate::admission::Chain::default()),
+        )
+        .await
+        .unwrap(),
+    );
+    super::super::bootstrap(&registry, &["default".to_string(), "wardle".to_string()])
+        .await
+        .unwrap();
+    let aggregator = crate::aggregator::Aggregator::start(Arc::clone(&registry), None)
+        .await
+        .unwrap();
+    let _availability = aggregator.run();
+    let app = App {
+        router: super::router(registry, None, None, None, None, Some(aggregator)),
+        _dir: dir,
+    };
+    let ca = skiff_pki::Ca::generate("extension test CA").unwrap();
+    let addr = extension_server(&ca).await;
+    let post = |url: &'static str, body: Value| {
+        let app = &app;
+        async move {
+            let a = app
+                .call(
+                    "POST",
+                    url,
+                    "application/json",
+                    body.to_string().into_bytes(),
+                )
+                .await;
+            assert_eq!(a.code, 201, "{}", a.text);
+        }
+    };
+    post(
+        "/api/v1/namespaces/wardle/services",
+        json!({"metadata": {"name": "wardle"}, "spec": {"ports": [{"port": 443, "targetPort": addr.port()}]}}),
+    )
+    .await;
+    post(
+        "/api/v1/namespaces/wardle/endpoints",
+        json!({"metadata": {"name": "wardle"}, "subsets": [{"addresses": [{"ip": "127.0.0.1"}], "ports": [{"port": addr.port()}]}]}),
+    )
+    .await;
+    let bundle = base64::engine::general_purpose::STANDARD.encode(ca.cert_pem());
+    post(
+        "/apis/apiregistration.k8s.io/v1/apiservices",
+        json!({"metadata": {"name": "v1alpha1.wardle.example.com"},
+               "spec": {"group": "wardle.example.com", "version": "v1alpha1",
+                        "groupPriorityMinimum": 1000, "versionPriority": 15, "caBundle": bundle,
+                        "service": {"namespace": "wardle", "name": "wardle"}}}),
+    )
+    .await;
+    let base = "/apis/wardle.example.com/v1alpha1";
+    // Not Available before its first check passed: kube-aggregator's 503.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let a = app
+            .call(
+                "GET",
+                "/apis/apiregistration.k8s.io/v1/apiservices/v1alpha1.wardle.example.com",
+                "",
+                Vec::new(),
+            )
+            .await;
+        if a.body["status"]["conditions"][0]["reason"] == "Passed" {
+            break;
+        }
+        let early = app
+            .call("GET", &format!("{base}/echo"), "", Vec::new())
+            .await;
+        // (404 until the aggregator's mirror saw the new APIService.)
+        assert!(
+            early.code == 404 || (early.code == 503 && early.text == "service unavailable\n"),
+            "{} {}",
+            early.code,
+            early.text
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never Available: {}",
+            a.text
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    // Discovery: the group-version's own document is the server's; /apis lists the group.
+    let a = app.call("GET", base, "", Vec::new()).await;
+    assert_eq!(a.body["resources"][0]["name"], "flunders", "{}", a.text);
+    let a = app.call("GET", "/apis", "", Vec::new()).await;
+    assert!(
+        a.body["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|g| g["name"] == "wardle.example.com"),
+        "{}",
+        a.text
+    );
+    // Status, headers and body pass through unchanged.
+    let a = app
+        .call("GET", &format!("{base}/teapot"), "", Vec::new())
+        .await;
+    assert_eq!((a.code, a.text.as_str()), (418, "short and stout"));
+    assert_eq!(a.content_type, "text/x-tea");
+    // No cap: 8 MiB arrive whole.
+    let a = app
+        .call("GET", &format!("{base}/big"), "", Vec::new())
+        .await;
+    assert_eq!((a.code, a.text.len()), (200, 8 << 20));
+    // A redirect is not forwarded.
+    let a = app
+        .call("GET", &format!("{base}/redirect"), "", Vec::new())
+        .await;
+    assert_eq!(a.code, 502, "{}", a.text);
+    assert!(!a.text.contains("169.254"), "{}", a.text);
+    // Credentials and identity headers from the client never reach the server.
+    let req = Request::builder()
+        .uri(format!("{base}/echo"))
+        .header("authorization", "Bearer secret")
+        .header("x-remote-user", "system:admin")
+        .header("impersonate-user", "system:admin")
+        .header("accept", "application/json")
+        .body(Body::empty())
+        .unwrap();
+    let resp = app.router.clone().oneshot(req).await.unwrap();
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let seen = String::from_utf8_lossy(&bytes).to_lowercase();
+    assert!(seen.contains("accept=application/json"), "{seen}");
+    for gone in [
+        "authorization",
+        "x-remote-user",
+        "impersonate-user",
+        "secret",
+    ] {
+        assert!(!seen.contains(gone), "{gone} reached the server: {seen}");
+    }
+    // An upgrade is refused before anything is dialled.
+    let req = Request::builder()
+        .uri(format!("{base}/echo"))
+        .header("connection", "Upgrade")
+        .header("upgrade", "websocket")
+        .body(Body::empty())
+        .unwrap();
+    let resp = app.router.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), 400);
+    // Without endpoints: MissingEndpoints, and kube-aggregator's 503.
+    let gone = app
+        .call(
+            "DELETE",
+            "/api/v1/namespaces/wardle/endpoints/wardle",
+            "",
+            Vec::new(),
+        )
+        .await;
+    assert_eq!(gone.code, 200, "{}", gone.text);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let a = app
+            .call(
+                "GET",
+                "/apis/apiregistration.k8s.io/v1/apiservices/v1alpha1.wardle.example.com",
+                "",
+                Vec::new(),
+            )
+            .await;
+        if a.body["status"]["conditions"][0]["reason"] == "EndpointsNotFound" {
+            assert_eq!(
+                a.body["status"]["conditions"][0]["message"],
+                "cannot find endpoints for service/wardle in \"wardle\""
+            );
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "still {}", a.text);
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let a = app
+        .call("GET", &format!("{base}/echo"), "", Vec::new())
+        .await;
+    assert_eq!((a.code, a.text.as_str()), (503, "service unavailable\n"));
 }

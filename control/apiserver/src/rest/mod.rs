@@ -93,6 +93,7 @@ pub(crate) fn router(
     sa_key: Option<Arc<skiff_pki::sa_token::SigningKey>>,
     agent_client: Option<AgentClient>,
     snapshot_dir: Option<std::path::PathBuf>,
+    aggregator: Option<Arc<crate::aggregator::Aggregator>>,
 ) -> axum::Router {
     axum::Router::new().fallback(dispatch).with_state(Rest {
         registry,
@@ -101,6 +102,7 @@ pub(crate) fn router(
         agent_client,
         metrics: Arc::default(),
         snapshot_dir,
+        aggregator,
     })
 }
 
@@ -176,6 +178,26 @@ fn discovery_infos(rest: &Rest) -> Vec<discovery::Served> {
     all
 }
 
+/// Whether a local kind (typed, custom or the metrics API's) serves `group`/`version`:
+/// then no APIService can take it over.
+fn served_locally(rest: &Rest, group: &str, version: &str) -> bool {
+    discovery_infos(rest)
+        .iter()
+        .any(|s| s.info.group() == group && s.info.api_version.ends_with(&format!("/{version}")))
+}
+
+/// The aggregated group-versions discovery lists: service-backed APIServices whose
+/// group-version no local kind serves.
+fn remote_versions(rest: &Rest) -> Vec<crate::aggregator::RemoteVersion> {
+    let Some(agg) = &rest.aggregator else {
+        return Vec::new();
+    };
+    agg.remote_versions()
+        .into_iter()
+        .filter(|v| !served_locally(rest, &v.group, &v.version))
+        .collect()
+}
+
 /// The one REST handler.
 async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
@@ -185,6 +207,25 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
     let get = parts.method == Method::GET;
     let user = parts.extensions.get::<crate::request::UserInfo>().cloned();
     let mut attrs = access::attributes(&parts.method, &target, &query, parts.uri.path());
+    // An aggregated group-version: authorized here like any request, then proxied; it never
+    // reaches the registry.
+    if let Some(agg) = &rest.aggregator
+        && let Some((group, version)) = crate::aggregator::group_version_of(parts.uri.path())
+        && let Some(api) = agg.route(group, version)
+        && !served_locally(&rest, group, version)
+    {
+        if let Err(resp) = access::check(
+            &rest,
+            parts.extensions.get::<crate::request::AuditSlot>(),
+            user.as_ref(),
+            &mut attrs,
+            &parts.headers,
+            &[],
+        ) {
+            return *resp;
+        }
+        return agg.proxy(&api, parts, body, user.as_ref()).await;
+    }
     // Requests with a body are checked once it is read (a create's name is in it).
     let has_body = matches!(&target, Target::Resource(p)
         if !matches!(p.subresource.as_deref(), Some("exec" | "portforward" | "attach")));
@@ -233,21 +274,24 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
             }
         }
         Target::Groups if get => {
+            let remote = remote_versions(&rest);
             if format == Format::AggregatedDiscovery {
-                aggregated(discovery::aggregated(&discovery_infos(&rest), false))
+                let mut doc = discovery::aggregated(&discovery_infos(&rest), false);
+                discovery::add_remote_aggregated(&mut doc, &remote);
+                aggregated(doc)
             } else {
-                respond(
-                    200,
-                    &discovery::group_list(&discovery_infos(&rest)),
-                    Format::Json,
-                    &[],
-                )
+                let mut doc = discovery::group_list(&discovery_infos(&rest));
+                discovery::add_remote_groups(&mut doc, &remote);
+                respond(200, &doc, Format::Json, &[])
             }
         }
-        Target::Group(g) if get => match discovery::group(&discovery_infos(&rest), &g) {
-            Some(doc) => respond(200, &doc, Format::Json, &[]),
-            None => not_found(),
-        },
+        Target::Group(g) if get => {
+            match discovery::group_with_remote(&discovery_infos(&rest), &remote_versions(&rest), &g)
+            {
+                Some(doc) => respond(200, &doc, Format::Json, &[]),
+                None => not_found(),
+            }
+        }
         Target::GroupVersion { group, version } if get => {
             match discovery::resource_list(&discovery_infos(&rest), &group, &version) {
                 Some(doc) => respond(200, &doc, Format::Json, &[]),

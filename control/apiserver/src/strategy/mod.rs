@@ -18,6 +18,7 @@ use crate::validation::{self as v, NameRule};
 
 pub mod admissionregistration;
 pub mod apiextensions;
+pub mod apiregistration;
 mod apps;
 mod autoscaling;
 pub mod batch;
