@@ -36,14 +36,16 @@ pub struct ExtensionServer {
 }
 
 /// Runs `program` (Python; it ends with [`TLS_SERVER`] or serves on its own) as pod
-/// `<name>` behind Service `<name>` in `namespace` (created), and waits until the Service
-/// has a ready endpoint (the pod is ready once its port accepts connections). `extra` is appended to the manifest (more objects, `---`
-/// separated).
+/// `<name>` behind Service `<name>` in `namespace` (created), with `env` besides
+/// `TLS_CERT` and `TLS_KEY`, and waits until the Service has a ready endpoint (the pod is
+/// ready once its port accepts connections). `extra` is appended to the manifest (more
+/// objects, `---` separated).
 pub async fn serve_in_pod(
     c: &Cluster,
     namespace: &str,
     name: &str,
     program: &str,
+    env: &[(&str, &str)],
     extra: &str,
 ) -> ExtensionServer {
     let ca = skiff_pki::Ca::generate("extension server test CA").expect("a CA");
@@ -75,7 +77,7 @@ spec:
       command: ["python3", "-c", {program}]
       env:
         - {{name: TLS_CERT, value: {cert}}}
-        - {{name: TLS_KEY, value: {key}}}
+        - {{name: TLS_KEY, value: {key}}}{env}
       ports: [{{containerPort: 8443, name: https}}]
       readinessProbe:
         tcpSocket: {{port: 8443}}
@@ -93,6 +95,10 @@ spec:
         program = q(program),
         cert = q(&serving.cert_pem),
         key = q(&serving.key_pem),
+        env = env
+            .iter()
+            .map(|(k, v)| format!("\n        - {{name: {k}, value: {}}}", q(v)))
+            .collect::<String>(),
     );
     let out = crate::run_with_stdin(c.laptop_kubectl_cmd(&["apply", "-f", "-"]), &manifest);
     crate::ok(&out);

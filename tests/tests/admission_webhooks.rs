@@ -20,21 +20,19 @@
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use skiff_api::api::Endpoints;
 use skiff_tests::cluster::Cluster;
 use skiff_tests::eventually_within;
+use skiff_tests::extension::{TLS_SERVER, serve_in_pod};
 
 const T: Duration = Duration::from_secs(90);
 
-/// The webhook server: `/validate` refuses pods labelled deny=yes, `/mutate` labels pods
-/// mutated=yes (with a warning and an audit annotation), `/privileged` makes the first container privileged, `/rename` renames the
+/// The webhook server's handler (served by [`TLS_SERVER`]): `/validate` refuses pods
+/// labelled deny=yes, `/mutate` labels pods mutated=yes (with a warning and an audit
+/// annotation), `/privileged` makes the first container privileged, `/rename` renames the
 /// object, `/slow` answers after 10 s; every other path allows.
 const SERVER: &str = r#"
-import base64, json, os, ssl, tempfile, time
-from http.server import ThreadingHTTPServer, BaseHTTPRequestHandler
-d = tempfile.mkdtemp()
-open(d + '/c', 'w').write(os.environ['TLS_CERT'])
-open(d + '/k', 'w').write(os.environ['TLS_KEY'])
+import base64, json, time
+from http.server import BaseHTTPRequestHandler
 def patch(ops):
     return {'patchType': 'JSONPatch', 'patch': base64.b64encode(json.dumps(ops).encode()).decode()}
 class H(BaseHTTPRequestHandler):
@@ -65,62 +63,25 @@ class H(BaseHTTPRequestHandler):
         self.wfile.write(body)
     def log_message(self, *args):
         pass
-s = ThreadingHTTPServer(('0.0.0.0', 8443), H)
-ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-ctx.load_cert_chain(d + '/c', d + '/k')
-s.socket = ctx.wrap_socket(s.socket, server_side=True)
-print('serving', flush=True)
-s.serve_forever()
 "#;
 
-fn server_manifests(cert: &str, key: &str) -> String {
-    let q = |s: &str| serde_json::to_string(s).expect("a JSON string");
-    format!(
-        r#"apiVersion: v1
-kind: Namespace
-metadata:
-  name: hooks
----
-apiVersion: v1
-kind: Pod
-metadata:
-  name: hooks
-  namespace: hooks
-  labels: {{app: hooks}}
-spec:
-  terminationGracePeriodSeconds: 1
-  containers:
-    - name: server
-      image: host
-      command: ["python3", "-c", {script}]
-      env:
-        - {{name: TLS_CERT, value: {cert}}}
-        - {{name: TLS_KEY, value: {key}}}
-      ports: [{{containerPort: 8443, name: https}}]
----
-apiVersion: v1
-kind: Service
-metadata:
-  name: hooks
-  namespace: hooks
-spec:
-  selector: {{app: hooks}}
-  ports: [{{port: 443, targetPort: https}}]
----
+/// What the test needs beside the webhook server: a Service without endpoints and the
+/// namespaces the selectors pick from.
+const OTHERS: &str = r#"---
 apiVersion: v1
 kind: Service
 metadata:
   name: nothing
   namespace: hooks
 spec:
-  selector: {{app: nobody}}
-  ports: [{{port: 443, targetPort: 8443}}]
+  selector: {app: nobody}
+  ports: [{port: 443, targetPort: 8443}]
 ---
 apiVersion: v1
 kind: Namespace
 metadata:
   name: guarded
-  labels: {{webhooks: "on"}}
+  labels: {webhooks: "on"}
 ---
 apiVersion: v1
 kind: Namespace
@@ -134,12 +95,7 @@ apiVersion: v1
 kind: Namespace
 metadata:
   name: plain
-"#,
-        script = q(SERVER),
-        cert = q(cert),
-        key = q(key),
-    )
-}
+"#;
 
 /// One webhook of `kind` (`validating`/`mutating`) on pod creates, called at `path` of the
 /// `service`, with `extra` YAML lines (selectors, policies) at the webhook's level.
@@ -184,32 +140,22 @@ async fn webhooks_in_pods_validate_and_mutate_writes() {
     let c = Cluster::start(1).await;
     c.route_pods_from_control().await;
 
-    let ca = skiff_pki::Ca::generate("webhook test CA").expect("a CA");
-    let serving = ca
-        .issue(&skiff_pki::LeafSpec::server(
-            "hooks.hooks.svc",
-            &["hooks.hooks.svc".to_string()],
-        ))
-        .expect("a serving certificate");
+    let server = serve_in_pod(
+        &c,
+        "hooks",
+        "hooks",
+        &format!("{SERVER}{TLS_SERVER}"),
+        &[],
+        OTHERS,
+    )
+    .await;
     let other_ca = skiff_pki::Ca::generate("someone else's CA").expect("a CA");
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     let (ca_bundle, wrong_ca, not_pem) = (
-        b64(ca.cert_pem()),
+        server.ca_bundle.clone(),
         b64(other_ca.cert_pem()),
         b64("not a certificate"),
     );
-
-    c.laptop_apply(&server_manifests(&serving.cert_pem, &serving.key_pem));
-    let endpoints = c.client.namespaced::<Endpoints>("hooks");
-    eventually_within("the webhook server's endpoints", T, || async {
-        let ep = endpoints.get("hooks").await.map_err(|e| e.to_string())?;
-        ep.subsets
-            .iter()
-            .any(|s| !s.addresses.is_empty())
-            .then_some(())
-            .ok_or_else(|| format!("{ep:?}\n{}", c.logs()))
-    })
-    .await;
 
     let guarded = "namespaceSelector: {matchLabels: {webhooks: \"on\"}}";
     let probe = |p: &str| format!("    objectSelector: {{matchLabels: {{probe: {p}}}}}\n");

@@ -21,9 +21,10 @@ use std::time::Duration;
 
 use base64::Engine;
 use serde_json::{Value, json};
-use skiff_api::api::{ConfigMap, Endpoints};
+use skiff_api::api::ConfigMap;
 use skiff_tests::cluster::Cluster;
 use skiff_tests::eventually_within;
+use skiff_tests::extension::serve_in_pod;
 
 const T: Duration = Duration::from_secs(30);
 const GV: &str = "wardle.example.com/v1alpha1";
@@ -124,71 +125,31 @@ spread = times[-1] - times[0] if times else 0
 print(json.dumps({'status': resp.status, 'body': b''.join(lines).decode('utf-8', 'replace'), 'spread': spread}))
 "#;
 
-fn manifests(cert: &str, key: &str, client_ca: &str, allowed: &str) -> String {
-    let q = |s: &str| serde_json::to_string(s).expect("a JSON string");
-    format!(
-        r#"apiVersion: v1
-kind: Namespace
-metadata:
-  name: wardle
----
-apiVersion: v1
-kind: Pod
-metadata:
-  name: wardle
-  namespace: wardle
-  labels: {{app: wardle}}
-spec:
-  terminationGracePeriodSeconds: 1
-  containers:
-    - name: server
-      image: host
-      command: ["python3", "-c", {script}]
-      env:
-        - {{name: TLS_CERT, value: {cert}}}
-        - {{name: TLS_KEY, value: {key}}}
-        - {{name: CLIENT_CA, value: {client_ca}}}
-        - {{name: ALLOWED_NAMES, value: {allowed}}}
-      ports: [{{containerPort: 8443, name: https}}]
----
-apiVersion: v1
-kind: Service
-metadata:
-  name: wardle
-  namespace: wardle
-spec:
-  selector: {{app: wardle}}
-  ports: [{{port: 443, targetPort: https}}]
----
+/// What the test needs beside the extension server: who may read flunders (a group, a
+/// ServiceAccount).
+const OTHERS: &str = r#"---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRole
 metadata:
   name: flunder-reader
 rules:
-  - {{apiGroups: [wardle.example.com], resources: [flunders], verbs: [get, list, watch]}}
+  - {apiGroups: [wardle.example.com], resources: [flunders], verbs: [get, list, watch]}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
 metadata:
   name: flunder-readers
-roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: flunder-reader}}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: flunder-reader}
 subjects:
-  - {{apiGroup: rbac.authorization.k8s.io, kind: Group, name: wardle-readers}}
-  - {{kind: ServiceAccount, name: reader, namespace: default}}
+  - {apiGroup: rbac.authorization.k8s.io, kind: Group, name: wardle-readers}
+  - {kind: ServiceAccount, name: reader, namespace: default}
 ---
 apiVersion: v1
 kind: ServiceAccount
 metadata:
   name: reader
   namespace: default
-"#,
-        script = q(SERVER),
-        cert = q(cert),
-        key = q(key),
-        client_ca = q(client_ca),
-        allowed = q(allowed),
-    )
-}
+"#;
 
 /// An APIService for `<group>/v1alpha1` with the `trust` line (`caBundle: ...` or
 /// `insecureSkipTLSVerify: true`) and the `service` reference.
@@ -256,33 +217,19 @@ async fn an_apiservice_proxies_to_a_server_in_a_pod_with_the_callers_identity() 
     assert!(auth.data["client-ca-file"].contains("BEGIN CERTIFICATE"));
     assert!(front_proxy_ca.contains("BEGIN CERTIFICATE"));
 
-    let ca = skiff_pki::Ca::generate("wardle test CA").expect("a CA");
-    let serving = ca
-        .issue(&skiff_pki::LeafSpec::server(
-            "wardle.wardle.svc",
-            &["wardle.wardle.svc".to_string()],
-        ))
-        .expect("a serving certificate");
+    let server = serve_in_pod(
+        &c,
+        "wardle",
+        "wardle",
+        SERVER,
+        &[("CLIENT_CA", &front_proxy_ca), ("ALLOWED_NAMES", &allowed)],
+        OTHERS,
+    )
+    .await;
     let other_ca = skiff_pki::Ca::generate("someone else's CA").expect("a CA");
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
-    c.laptop_apply(&manifests(
-        &serving.cert_pem,
-        &serving.key_pem,
-        &front_proxy_ca,
-        &allowed,
-    ));
-    let endpoints = c.client.namespaced::<Endpoints>("wardle");
-    eventually_within("the extension server's endpoints", T, || async {
-        let ep = endpoints.get("wardle").await.map_err(|e| e.to_string())?;
-        ep.subsets
-            .iter()
-            .any(|s| !s.addresses.is_empty())
-            .then_some(())
-            .ok_or_else(|| format!("{ep:?}\n{}", c.logs()))
-    })
-    .await;
     let wardle = "{namespace: wardle, name: wardle}";
-    let trusted = format!("caBundle: {}", b64(ca.cert_pem()));
+    let trusted = format!("caBundle: {}", server.ca_bundle);
     let untrusted = format!("caBundle: {}", b64(other_ca.cert_pem()));
     c.laptop_apply(&apiservice("wardle.example.com", &trusted, wardle));
     c.laptop_apply(&apiservice("bad.example.com", &untrusted, wardle));

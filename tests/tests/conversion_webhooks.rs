@@ -164,6 +164,7 @@ async fn a_conversion_webhook_serves_two_versions_of_a_custom_kind() {
         "convert",
         "converter",
         &format!("{CONVERTER}{TLS_SERVER}"),
+        &[],
         nothing,
     )
     .await;
