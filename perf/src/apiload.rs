@@ -110,16 +110,24 @@ pub async fn rest_creates(
     })
     .await?;
     let api_cpu = crate::procfs::usage(api_pid)?.cpu.saturating_sub(before);
-    let first = starts.first().context("no creates")?.0;
-    let last = starts.iter().map(|s| s.1).max().context("no creates")?;
+    let (calls, wall) = durations(&starts)?;
     Ok(RestCreates {
-        calls: starts
-            .iter()
-            .map(|(s, e)| e.saturating_duration_since(*s))
-            .collect(),
-        wall: last.saturating_duration_since(first),
+        calls,
+        wall,
         api_cpu,
     })
+}
+
+/// Each call's duration, and the wall time from the first start to the last end, of
+/// `(start, end)` pairs.
+pub fn durations(starts: &[(Instant, Instant)]) -> Result<(Vec<Duration>, Duration)> {
+    let first = starts.first().context("no creates")?.0;
+    let last = starts.iter().map(|s| s.1).max().context("no creates")?;
+    let calls = starts
+        .iter()
+        .map(|(s, e)| e.saturating_duration_since(*s))
+        .collect();
+    Ok((calls, last.saturating_duration_since(first)))
 }
 
 /// Like [`timed_all`] with one call in flight per worker: `workers` workers each take the next

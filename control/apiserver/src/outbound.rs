@@ -196,12 +196,12 @@ pub fn pick_endpoint(
     Ok(candidates[i])
 }
 
-type PoolKey = (SocketAddr, String, [u8; 32]);
+type PoolKey = (SocketAddr, String, TrustKey);
 
 /// The client: TLS configurations per CA bundle and idle connections per server.
 #[derive(Default)]
 pub struct Outbound {
-    tls: Mutex<HashMap<[u8; 32], Arc<rustls::ClientConfig>>>,
+    tls: TlsConfigs,
     idle: Mutex<HashMap<PoolKey, Vec<SendRequest<Full<Bytes>>>>>,
 }
 
@@ -221,7 +221,11 @@ impl Outbound {
         body: Bytes,
         timeout: Duration,
     ) -> Result<Bytes, CallError> {
-        let (hash, tls) = self.tls_for(ca_bundle)?;
+        // A webhook's bundle must hold a certificate (an empty one trusts nothing).
+        if ca_bundle.is_empty() {
+            return Err(unparsable());
+        }
+        let (hash, tls) = self.tls.get(Trust::Bundle(ca_bundle))?;
         let query = format!("timeout={}s", timeout.as_secs().max(1));
         let url = format!("{}?{query}", target.url);
         let fail = |reason: String| CallError::Call {
@@ -265,30 +269,6 @@ impl Outbound {
             .unwrap_or_else(|_| Err(fail("context deadline exceeded".into())))
     }
 
-    /// The TLS configuration trusting exactly `ca_bundle` (cached by its hash).
-    fn tls_for(
-        &self,
-        ca_bundle: &[u8],
-    ) -> Result<([u8; 32], Arc<rustls::ClientConfig>), CallError> {
-        use sha2::Digest;
-        let hash: [u8; 32] = sha2::Sha256::digest(ca_bundle).into();
-        let mut cache = self.tls.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(c) = cache.get(&hash) {
-            return Ok((hash, Arc::clone(c)));
-        }
-        let unparsable = || {
-            CallError::Client(
-                "unable to load root certificates: unable to parse bytes as PEM block".into(),
-            )
-        };
-        let pem = std::str::from_utf8(ca_bundle).map_err(|_| unparsable())?;
-        let mut config = skiff_pki::tls::client_config(pem, None).map_err(|_| unparsable())?;
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let config = Arc::new(config);
-        cache.insert(hash, Arc::clone(&config));
-        Ok((hash, config))
-    }
-
     /// A kept connection that is still open, if any.
     async fn idle_sender(&self, key: &PoolKey) -> Option<SendRequest<Full<Bytes>>> {
         loop {
@@ -319,26 +299,45 @@ impl Outbound {
         target: &Target,
         tls: Arc<rustls::ClientConfig>,
     ) -> Result<SendRequest<Full<Bytes>>, String> {
-        let tcp = tokio::net::TcpStream::connect(target.addr)
-            .await
-            .map_err(|e| format!("dial tcp {}: {e}", target.addr))?;
-        let _ = tcp.set_nodelay(true);
-        let name = rustls::pki_types::ServerName::try_from(target.server_name.clone())
-            .map_err(|e| format!("server name {:?}: {e}", target.server_name))?;
-        let stream = tokio_rustls::TlsConnector::from(tls)
-            .connect(name, tcp)
-            .await
-            .map_err(|e| format!("tls: {e}"))?;
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| e.to_string())?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "extension server connection");
-            }
-        });
-        Ok(sender)
+        handshake(target.addr, &target.server_name, tls).await
     }
+}
+
+/// A new HTTP/1 connection to `addr` over TLS for `server_name` (its driver spawned).
+async fn handshake<B>(
+    addr: SocketAddr,
+    server_name: &str,
+    tls: Arc<rustls::ClientConfig>,
+) -> Result<SendRequest<B>, String>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("dial tcp {addr}: {e}"))?;
+    let _ = tcp.set_nodelay(true);
+    let name = rustls::pki_types::ServerName::try_from(server_name.to_string())
+        .map_err(|e| format!("server name {server_name:?}: {e}"))?;
+    let stream = tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("tls: {e}"))?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "extension server connection");
+        }
+    });
+    Ok(sender)
+}
+
+/// kube-apiserver's message for a CA bundle that is not PEM.
+fn unparsable() -> CallError {
+    CallError::Client("unable to load root certificates: unable to parse bytes as PEM block".into())
 }
 
 /// What an aggregated API's server certificate is checked against.
@@ -354,8 +353,7 @@ pub enum Trust<'a> {
 /// The client for aggregated APIs: TLS per trust, presenting the front-proxy client
 /// certificate when there is one; each call on a connection of its own, its answer streamed.
 pub struct ProxyClient {
-    identity: std::sync::RwLock<Option<skiff_pki::Identity>>,
-    tls: Mutex<HashMap<TrustKey, Arc<rustls::ClientConfig>>>,
+    tls: TlsConfigs,
 }
 
 /// A trust's cache key: the CA bundle's hash, and whether nothing is verified.
@@ -366,9 +364,89 @@ impl std::fmt::Debug for ProxyClient {
         f.debug_struct("ProxyClient")
             .field(
                 "client_certificate",
-                &self.identity.read().map(|i| i.is_some()).unwrap_or(false),
+                &self
+                    .tls
+                    .identity
+                    .read()
+                    .map(|i| i.is_some())
+                    .unwrap_or(false),
             )
             .finish_non_exhaustive()
+    }
+}
+
+/// TLS client configurations by trust (cached), presenting a client certificate when one
+/// is set; HTTP/1.1 only.
+#[derive(Default)]
+struct TlsConfigs {
+    identity: std::sync::RwLock<Option<skiff_pki::Identity>>,
+    cache: Mutex<HashMap<TrustKey, Arc<rustls::ClientConfig>>>,
+}
+
+impl TlsConfigs {
+    fn set_identity(&self, identity: skiff_pki::Identity) {
+        if let Ok(mut i) = self.identity.write() {
+            *i = Some(identity);
+        }
+        self.cache.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
+    fn get(&self, trust: Trust<'_>) -> Result<(TrustKey, Arc<rustls::ClientConfig>), CallError> {
+        use sha2::Digest;
+        let key: TrustKey = match trust {
+            Trust::Bundle(b) => (sha2::Sha256::digest(b).into(), false),
+            Trust::Insecure => ([0; 32], true),
+        };
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = cache.get(&key) {
+            return Ok((key, Arc::clone(c)));
+        }
+        let client_err = |e: String| CallError::Client(e);
+        let identity = self.identity.read().map(|i| i.clone()).unwrap_or(None);
+        let mut config = match trust {
+            Trust::Bundle(pem) if !pem.is_empty() => {
+                let text = std::str::from_utf8(pem).map_err(|_| unparsable())?;
+                let ders =
+                    skiff_pki::pem_certificates(text, "the caBundle").map_err(|_| unparsable())?;
+                if ders.is_empty() {
+                    return Err(unparsable());
+                }
+                skiff_pki::tls::client_config(text, identity.as_ref())
+                    .map_err(|e| client_err(e.to_string()))?
+            }
+            // No roots: nothing is trusted.
+            Trust::Bundle(_) | Trust::Insecure => {
+                let provider = skiff_pki::tls::provider();
+                let builder = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
+                    .with_safe_default_protocol_versions()
+                    .map_err(|e| client_err(e.to_string()))?;
+                let builder = match trust {
+                    Trust::Insecure => builder
+                        .dangerous()
+                        .with_custom_certificate_verifier(Arc::new(AnyServer(provider))),
+                    Trust::Bundle(_) => {
+                        builder.with_root_certificates(rustls::RootCertStore::empty())
+                    }
+                };
+                match &identity {
+                    Some(id) => {
+                        let certs =
+                            skiff_pki::tls::certs(&id.cert_pem, "the proxy client certificate")
+                                .map_err(|e| client_err(e.to_string()))?;
+                        let key = skiff_pki::tls::key(&id.key_pem, "the proxy client key")
+                            .map_err(|e| client_err(e.to_string()))?;
+                        builder
+                            .with_client_auth_cert(certs, key)
+                            .map_err(|e| client_err(e.to_string()))?
+                    }
+                    None => builder.with_no_client_auth(),
+                }
+            }
+        };
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let config = Arc::new(config);
+        cache.insert(key, Arc::clone(&config));
+        Ok((key, config))
     }
 }
 
@@ -376,80 +454,21 @@ impl ProxyClient {
     /// A client presenting `identity` (the front-proxy client certificate), if any.
     pub fn new(identity: Option<skiff_pki::Identity>) -> ProxyClient {
         ProxyClient {
-            identity: std::sync::RwLock::new(identity),
-            tls: Mutex::default(),
+            tls: TlsConfigs {
+                identity: std::sync::RwLock::new(identity),
+                cache: Mutex::default(),
+            },
         }
     }
 
     /// Presents `identity` from the next connection on (a renewed certificate).
     pub fn set_identity(&self, identity: skiff_pki::Identity) {
-        if let Ok(mut i) = self.identity.write() {
-            *i = Some(identity);
-        }
-        self.tls.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.tls.set_identity(identity);
     }
 
     /// The TLS configuration for `trust` (cached).
     pub fn tls_for(&self, trust: Trust<'_>) -> Result<Arc<rustls::ClientConfig>, CallError> {
-        use sha2::Digest;
-        let key: TrustKey = match trust {
-            Trust::Bundle(b) => (sha2::Sha256::digest(b).into(), false),
-            Trust::Insecure => ([0; 32], true),
-        };
-        let mut cache = self.tls.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(c) = cache.get(&key) {
-            return Ok(Arc::clone(c));
-        }
-        let client_err = |e: String| CallError::Client(e);
-        let provider = skiff_pki::tls::provider();
-        let builder = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| client_err(e.to_string()))?;
-        let builder = match trust {
-            Trust::Bundle(pem) => {
-                let mut roots = rustls::RootCertStore::empty();
-                if !pem.is_empty() {
-                    let unparsable = || {
-                        client_err(
-                            "unable to load root certificates: unable to parse bytes as PEM block"
-                                .into(),
-                        )
-                    };
-                    let text = std::str::from_utf8(pem).map_err(|_| unparsable())?;
-                    let ders = skiff_pki::pem_certificates(text, "the caBundle")
-                        .map_err(|_| unparsable())?;
-                    if ders.is_empty() {
-                        return Err(unparsable());
-                    }
-                    for der in ders {
-                        roots
-                            .add(rustls::pki_types::CertificateDer::from(der))
-                            .map_err(|e| client_err(format!("the caBundle: {e}")))?;
-                    }
-                }
-                builder.with_root_certificates(roots)
-            }
-            Trust::Insecure => builder
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(AnyServer(provider))),
-        };
-        let identity = self.identity.read().map(|i| i.clone()).unwrap_or(None);
-        let mut config = match &identity {
-            Some(id) => {
-                let certs = skiff_pki::tls::certs(&id.cert_pem, "the proxy client certificate")
-                    .map_err(|e| client_err(e.to_string()))?;
-                let key = skiff_pki::tls::key(&id.key_pem, "the proxy client key")
-                    .map_err(|e| client_err(e.to_string()))?;
-                builder
-                    .with_client_auth_cert(certs, key)
-                    .map_err(|e| client_err(e.to_string()))?
-            }
-            None => builder.with_no_client_auth(),
-        };
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let config = Arc::new(config);
-        cache.insert(key, Arc::clone(&config));
-        Ok(config)
+        self.tls.get(trust).map(|(_, c)| c)
     }
 
     /// Sends `req` to `addr` over TLS for `server_name` on a new connection and returns the
@@ -469,24 +488,7 @@ impl ProxyClient {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let exchange = async {
-            let tcp = tokio::net::TcpStream::connect(addr)
-                .await
-                .map_err(|e| format!("dial tcp {addr}: {e}"))?;
-            let _ = tcp.set_nodelay(true);
-            let name = rustls::pki_types::ServerName::try_from(server_name.to_string())
-                .map_err(|e| format!("server name {server_name:?}: {e}"))?;
-            let stream = tokio_rustls::TlsConnector::from(tls)
-                .connect(name, tcp)
-                .await
-                .map_err(|e| format!("tls: {e}"))?;
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                .await
-                .map_err(|e| e.to_string())?;
-            tokio::spawn(async move {
-                if let Err(e) = conn.await {
-                    tracing::debug!(error = %e, "aggregated API server connection");
-                }
-            });
+            let mut sender = handshake(addr, server_name, tls).await?;
             sender.send_request(req).await.map_err(|e| e.to_string())
         };
         tokio::time::timeout(deadline, exchange)

@@ -454,14 +454,10 @@ fn creates_of(
     etcd_cpu: Duration,
     bench_cpu: Duration,
 ) -> Result<Creates> {
-    let first = starts.first().context("no creates")?.0;
-    let last = starts.iter().map(|s| s.1).max().context("no creates")?;
+    let (calls, wall) = crate::apiload::durations(starts)?;
     Ok(Creates {
-        calls: starts
-            .iter()
-            .map(|(s, e)| e.saturating_duration_since(*s))
-            .collect(),
-        wall: last.saturating_duration_since(first),
+        calls,
+        wall,
         api_cpu,
         etcd_cpu,
         bench_cpu,

@@ -209,36 +209,31 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
     let mut attrs = access::attributes(&parts.method, &target, &query, parts.uri.path());
     // An aggregated group-version: authorized here like any request, then proxied; it never
     // reaches the registry.
+    // Authorization of what the URL names (a request with a body is checked once it is
+    // read: a create's name is in it).
+    let check_url = |attrs: &mut _, parts: &axum::http::request::Parts| {
+        access::check(
+            &rest,
+            parts.extensions.get::<crate::request::AuditSlot>(),
+            user.as_ref(),
+            attrs,
+            &parts.headers,
+            &[],
+        )
+    };
     if let Some(agg) = &rest.aggregator
         && let Some((group, version)) = crate::aggregator::group_version_of(parts.uri.path())
         && let Some(api) = agg.route(group, version)
         && !served_locally(&rest, group, version)
     {
-        if let Err(resp) = access::check(
-            &rest,
-            parts.extensions.get::<crate::request::AuditSlot>(),
-            user.as_ref(),
-            &mut attrs,
-            &parts.headers,
-            &[],
-        ) {
+        if let Err(resp) = check_url(&mut attrs, &parts) {
             return *resp;
         }
         return agg.proxy(&api, parts, body, user.as_ref()).await;
     }
-    // Requests with a body are checked once it is read (a create's name is in it).
     let has_body = matches!(&target, Target::Resource(p)
         if !matches!(p.subresource.as_deref(), Some("exec" | "portforward" | "attach")));
-    if !has_body
-        && let Err(resp) = access::check(
-            &rest,
-            parts.extensions.get::<crate::request::AuditSlot>(),
-            user.as_ref(),
-            &mut attrs,
-            &parts.headers,
-            &[],
-        )
-    {
+    if !has_body && let Err(resp) = check_url(&mut attrs, &parts) {
         return *resp;
     }
     let not_found = || {
