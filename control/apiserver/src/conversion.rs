@@ -247,7 +247,7 @@ fn check_converted(original: &Value, mut out: Value, to: &str) -> Result<Value, 
                     );
                 }
                 if !errs.is_empty() {
-                    return Err(aggregate(&errs));
+                    return Err(crate::error::join_field_errors(&errs));
                 }
                 meta.insert(field.into(), Value::Object(m.clone()));
             }
@@ -261,15 +261,6 @@ fn check_converted(original: &Value, mut out: Value, to: &str) -> Result<Value, 
     }
     obj.insert("metadata".into(), Value::Object(meta));
     Ok(out)
-}
-
-/// Go's `ErrorList.ToAggregate()` text: one error as is, several in brackets.
-fn aggregate(errs: &[FieldError]) -> String {
-    let all: Vec<String> = errs.iter().map(ToString::to_string).collect();
-    match all.as_slice() {
-        [one] => one.clone(),
-        many => format!("[{}]", many.join(", ")),
-    }
 }
 
 /// The Go type a JSON value decodes to, for messages.

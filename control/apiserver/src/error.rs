@@ -196,7 +196,8 @@ pub(crate) fn group_kind(info: &KindInfo) -> String {
     }
 }
 
-fn join_field_errors(errors: &[FieldError]) -> String {
+/// Go's `ErrorList.ToAggregate()` text: one error as it is, several in brackets.
+pub(crate) fn join_field_errors(errors: &[FieldError]) -> String {
     match errors {
         [one] => one.to_string(),
         many => {
