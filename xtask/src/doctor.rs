@@ -266,6 +266,13 @@ pub const CHECKS: &[Check] = &[
         run: check_disk,
     },
     Check {
+        name: "make",
+        what: "GNU make (the build of jemalloc, the API server's allocator)",
+        fixes: &[Fix::Apt("make")],
+        needs_root: false,
+        run: check_make,
+    },
+    Check {
         name: "font",
         what: "a TTF for the benchmark charts",
         fixes: &[Fix::Apt("fonts-dejavu-core")],
@@ -1212,6 +1219,13 @@ pub fn disk_verdict(dir: &str, kib: u64, fix: Fix) -> Verdict {
         )
     } else {
         Verdict::Ok(format!("{gib:.1} GiB free at {dir}"))
+    }
+}
+
+fn check_make(ctx: &Context) -> Verdict {
+    match run_ok(ctx, "make", &["--version"]) {
+        Ok(out) => Verdict::Ok(first_line(&out)),
+        Err(why) => fail(why, Fix::Apt("make")),
     }
 }
 

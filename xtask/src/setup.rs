@@ -122,6 +122,11 @@ pub const APT_PACKAGES: &[AptPackage] = &[
         why: "images benchmark baseline: umoci unpack",
     },
     AptPackage {
+        name: "make",
+        ebpf: false,
+        why: "builds jemalloc, the API server's allocator (tikv-jemalloc-sys)",
+    },
+    AptPackage {
         name: "fonts-dejavu-core",
         ebpf: false,
         why: "a TTF for the benchmark plots' text",

@@ -47,6 +47,9 @@ const BATCH: usize = 256;
 const FEED_BATCH: usize = 512;
 /// Buffered events per client watch stream.
 const WATCHER_CHANNEL: usize = 128;
+/// Objects this server wrote that the feed has not seen yet ([`WatchCache::written`]); past
+/// this many (a store watch that fell behind) the oldest hints are dropped and decoded again.
+const WRITTEN_HINTS: usize = 4096;
 
 /// The receiving end of a client watch.
 pub type WatchReceiver = mpsc::Receiver<Result<rpc::WatchEvent, Status>>;
@@ -60,13 +63,57 @@ pub(crate) struct CachedObject<T> {
 }
 
 impl<T: Object> CachedObject<T> {
-    fn new(mut obj: T, revision: i64) -> Self {
+    pub(crate) fn new(mut obj: T, revision: i64) -> Self {
         obj.metadata_mut().resource_version = revision.to_string();
         let bytes = obj.encode();
         CachedObject {
             obj,
             bytes,
             revision,
+        }
+    }
+}
+
+/// A write in flight ([`WatchCache::writing`]): the object until the writer or the feed
+/// learns its revision, then the cached object both use.
+pub(crate) struct Pending<T> {
+    stored: Vec<u8>,
+    slot: Mutex<Slot<T>>,
+}
+
+enum Slot<T> {
+    Waiting(T),
+    Ready(Arc<CachedObject<T>>),
+    Taken,
+}
+
+impl<T: Object> Pending<T> {
+    /// The object stored in `revision`, as the cache holds it; `None` once the writer took
+    /// it back (its write failed: the event is someone else's write of the same bytes).
+    pub fn resolve(&self, revision: i64) -> Option<Arc<CachedObject<T>>> {
+        let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
+        let cached = match std::mem::replace(&mut *slot, Slot::Taken) {
+            Slot::Waiting(obj) => Arc::new(CachedObject::new(obj, revision)),
+            Slot::Ready(c) if c.revision == revision => c,
+            // Someone else stored the same bytes in another revision first.
+            Slot::Ready(c) => Arc::new(CachedObject::new(c.obj.clone(), revision)),
+            Slot::Taken => return None,
+        };
+        *slot = Slot::Ready(Arc::clone(&cached));
+        Some(cached)
+    }
+
+    fn take_back(&self) -> T {
+        let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
+        match std::mem::replace(&mut *slot, Slot::Taken) {
+            Slot::Waiting(obj) => obj,
+            Slot::Ready(c) => {
+                let mut obj = c.obj.clone();
+                obj.metadata_mut().resource_version.clear();
+                obj
+            }
+            // Only the writer takes back, once; the feed never empties the slot.
+            Slot::Taken => unreachable!("a pending write is taken back only once"),
         }
     }
 }
@@ -169,6 +216,8 @@ pub(crate) struct WatchCache<T: Object> {
     changed: watch::Sender<u64>,
     store_watches: AtomicU64,
     feeder: Mutex<Option<JoinHandle<()>>>,
+    /// Writes this server is making, by key ([`WatchCache::writing`]).
+    written: Mutex<HashMap<String, Arc<Pending<T>>>>,
 }
 
 impl<T: Object> WatchCache<T> {
@@ -198,6 +247,7 @@ impl<T: Object> WatchCache<T> {
             changed: watch::channel(0).0,
             store_watches: AtomicU64::new(0),
             feeder: Mutex::new(None),
+            written: Mutex::new(HashMap::new()),
         });
         cache.replace(listing, false);
         let task = tokio::spawn(Arc::clone(&cache).feed());
@@ -229,6 +279,46 @@ impl<T: Object> WatchCache<T> {
         if let Some(task) = self.feeder.lock().unwrap_or_else(|e| e.into_inner()).take() {
             task.abort();
         }
+    }
+
+    /// Announces a write of `obj` (already encoded as `stored`) at `key`. The write's event
+    /// and the writer meet in the returned [`Pending`]: whichever comes first turns the
+    /// object into the cached one, so the store's copy is not decoded and the object is
+    /// encoded once for the answer and every watcher. The event is recognised by its bytes.
+    pub fn writing(&self, key: &str, stored: &[u8], obj: T) -> Arc<Pending<T>> {
+        let pending = Arc::new(Pending {
+            stored: stored.to_vec(),
+            slot: Mutex::new(Slot::Waiting(obj)),
+        });
+        let mut hints = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        if hints.len() >= WRITTEN_HINTS {
+            // Writes whose events never came (failed writes, a store watch behind).
+            hints.clear();
+        }
+        hints.insert(key.to_string(), Arc::clone(&pending));
+        pending
+    }
+
+    /// A write announced with [`WatchCache::writing`] failed: its object back.
+    pub fn abandon(&self, key: &str, pending: Arc<Pending<T>>) -> T {
+        let mut hints = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        if hints.get(key).is_some_and(|p| Arc::ptr_eq(p, &pending)) {
+            hints.remove(key);
+        }
+        drop(hints);
+        pending.take_back()
+    }
+
+    /// The announced write whose bytes this event carries, as the cached object.
+    fn take_written(&self, key: &str, value: &[u8], revision: i64) -> Option<Arc<CachedObject<T>>> {
+        let pending = {
+            let mut hints = self.written.lock().unwrap_or_else(|e| e.into_inner());
+            if hints.get(key)?.stored != value {
+                return None;
+            }
+            hints.remove(key)?
+        };
+        pending.resolve(revision)
     }
 
     /// Replaces the cached state with a fresh listing. With `gap`, current watchers end.
@@ -265,6 +355,12 @@ impl<T: Object> WatchCache<T> {
                     StoreEvent::Put { kv, .. } => (EventKind::Put, kv),
                     StoreEvent::Delete { prev, .. } => (EventKind::Delete, prev),
                 };
+                // This server's own write of this revision: already decoded and encoded.
+                if kind == EventKind::Put
+                    && let Some(o) = self.take_written(&kv.key, &kv.value, revision)
+                {
+                    return Some((kv.key, kind, revision, o));
+                }
                 // A delete carries the last state, at the delete's revision.
                 match decode::<T>(self.kind.as_ref(), &kv.value, revision) {
                     Ok(obj) => Some((
@@ -593,5 +689,79 @@ mod tests {
             Some("DELETED")
         );
         assert_eq!(f.convert(&event(EventKind::Delete, db, None)), None);
+    }
+
+    /// The writer and the feed meet in an announced write: the cache holds the writer's
+    /// object (the same allocation), whichever of the two learns the revision first, and
+    /// decodes writes that were not announced or were taken back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn announced_writes_are_not_decoded_again() {
+        use skiff_api::KindOf;
+        use skiff_store::{EmbeddedOptions, EmbeddedStore};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: Arc<dyn Store> = Arc::new(
+            EmbeddedStore::open(&dir.path().join("db"), EmbeddedOptions::default()).expect("store"),
+        );
+        let cache =
+            WatchCache::<Pod>::start(Arc::new(KindOf::<Pod>::default()), Arc::clone(&store), 100)
+                .await
+                .expect("cache");
+        let held = |key: &str| cache.read().objects.get(key).cloned();
+        let until_held = |key: String, revision: i64| {
+            let cache = Arc::clone(&cache);
+            async move {
+                for _ in 0..500 {
+                    if let Some(o) = cache.read().objects.get(&key).cloned()
+                        && o.revision == revision
+                    {
+                        return o;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                panic!("{key} at {revision} never reached the cache");
+            }
+        };
+        let written = |name: &str| {
+            let mut p = pod(name, &[("app", name)]);
+            let bytes = crate::stored::encode_for_store(&mut p);
+            (format!("/registry/pods/ns/{name}"), bytes, p)
+        };
+
+        // The writer learns the revision first.
+        let (key, bytes, p) = written("a");
+        let pending = cache.writing(&key, &bytes, p);
+        let kv = store.create(&key, bytes).await.expect("create");
+        let mine = pending.resolve(kv.mod_revision).expect("resolved");
+        let theirs = until_held(key.clone(), kv.mod_revision).await;
+        assert!(
+            Arc::ptr_eq(&mine, &theirs),
+            "the feed decoded the writer's object again"
+        );
+        assert_eq!(
+            mine.obj.metadata.as_ref().unwrap().resource_version,
+            kv.mod_revision.to_string()
+        );
+
+        // The feed learns it first.
+        let (key, bytes, p) = written("b");
+        let pending = cache.writing(&key, &bytes, p);
+        let kv = store.create(&key, bytes).await.expect("create");
+        let theirs = until_held(key.clone(), kv.mod_revision).await;
+        let mine = pending.resolve(kv.mod_revision).expect("resolved");
+        assert!(
+            Arc::ptr_eq(&mine, &theirs),
+            "the writer encoded the object again"
+        );
+
+        // Taken back (the write failed); someone else's write of other bytes is decoded.
+        let (key, bytes, p) = written("c");
+        let pending = cache.writing(&key, &bytes, p.clone());
+        assert_eq!(cache.abandon(&key, pending), p);
+        let (_, other, _) = written("other");
+        let kv = store.create(&key, other).await.expect("create");
+        let theirs = until_held(key.clone(), kv.mod_revision).await;
+        assert_eq!(theirs.obj.metadata.as_ref().unwrap().name, "other");
+        assert!(held("/registry/pods/ns/missing").is_none());
+        cache.stop();
     }
 }

@@ -18,6 +18,9 @@
 //! `skiff_apiserver::encryption::ensure_generated`). The PKI and data directories are mode
 //! 0700 and every key, store and snapshot file in them 0600.
 
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -33,7 +33,7 @@ use skiff_store::{KeyValue, Store, StoreError};
 use tracing::debug;
 
 use crate::admission::interface::{self as admission, Admit, Operation};
-use crate::cache::{Filter, WatchCache, WatchReceiver, WatchStart};
+use crate::cache::{CachedObject, Filter, WatchCache, WatchReceiver, WatchStart};
 use crate::custom::{CustomKind, Unstructured};
 use crate::error::{ApiError, FieldError};
 use crate::object::Object;
@@ -156,6 +156,22 @@ pub trait ResourceHandler: Send + Sync {
     fn store_watches(&self) -> u64;
     /// Stops the watch cache, ending every watcher.
     fn stop(&self);
+}
+
+/// A write's result: stored, as the watch cache will hold it (encoded once for the answer
+/// and every watcher), or not stored (a dry run, an update that changes nothing, a delete).
+pub(crate) enum Written<T> {
+    Stored(Arc<CachedObject<T>>),
+    Object(T),
+}
+
+impl<T: Object> Written<T> {
+    fn encode(self) -> Vec<u8> {
+        match self {
+            Written::Stored(c) => c.bytes.clone(),
+            Written::Object(o) => o.encode(),
+        }
+    }
 }
 
 /// Every operation of one resource type, implemented once for all types.
@@ -318,12 +334,12 @@ impl<T: Strategy> Handler<T> {
     /// Create: type meta, namespace, generated name, uid/creationTimestamp/generation,
     /// defaulting, validation, then an atomic create in the store. The status is kept (nodes
     /// are created by their agents with a status).
-    pub async fn create_object(
+    pub(crate) async fn create_object(
         &self,
         req_ns: &str,
         mut obj: T,
         opts: WriteOptions,
-    ) -> Result<T, ApiError> {
+    ) -> Result<Written<T>, ApiError> {
         let info = self.info();
         let mut errors = Vec::new();
         self.check_type_meta(&obj, &mut errors);
@@ -387,33 +403,56 @@ impl<T: Strategy> Handler<T> {
             {
                 return Err(ApiError::already_exists(info, obj.name()));
             }
-            return Ok(obj);
+            return Ok(Written::Object(obj));
         }
         let mut attempt = 0;
         loop {
             attempt += 1;
             let key = self.key(&namespace, obj.name());
-            match self.store.create(&key, encode_for_store(&obj)).await {
-                Ok(kv) => {
-                    debug!(
-                        resource = info.plural,
-                        namespace,
-                        name = obj.name(),
-                        "created"
-                    );
-                    return Ok(with_revision(obj, kv.mod_revision));
+            match self
+                .put(&key, obj, |bytes| self.store.create(&key, bytes))
+                .await
+            {
+                Ok(stored) => {
+                    debug!(resource = info.plural, namespace, key, "created");
+                    return Ok(Written::Stored(stored));
                 }
-                Err(StoreError::AlreadyExists { .. })
+                Err((mut back, StoreError::AlreadyExists { .. }))
                     if generated && attempt < GENERATE_ATTEMPTS =>
                 {
-                    let m = obj.metadata_mut();
+                    let m = back.metadata_mut();
                     m.name = format!("{}{}", m.generate_name, random_suffix());
+                    obj = back;
                 }
-                Err(StoreError::AlreadyExists { .. }) => {
-                    return Err(ApiError::already_exists(info, obj.name()));
+                Err((back, StoreError::AlreadyExists { .. })) => {
+                    return Err(ApiError::already_exists(info, back.name()));
                 }
-                Err(e) => return Err(ApiError::from_store(e)),
+                Err((_, e)) => return Err(ApiError::from_store(e)),
             }
+        }
+    }
+
+    /// Stores `obj` at `key` through `write` (a create or an update of the encoded bytes),
+    /// announced to the watch cache so the write's event is not decoded again
+    /// ([`WatchCache::writing`]); on failure the object comes back with the store's error.
+    async fn put<F, Fut>(
+        &self,
+        key: &str,
+        mut obj: T,
+        write: F,
+    ) -> Result<Arc<CachedObject<T>>, (T, StoreError)>
+    where
+        F: FnOnce(Vec<u8>) -> Fut,
+        Fut: std::future::Future<Output = Result<KeyValue, StoreError>>,
+    {
+        let bytes = encode_for_store(&mut obj);
+        let pending = self.cache.writing(key, &bytes, obj);
+        match write(bytes).await {
+            Ok(kv) => match pending.resolve(kv.mod_revision) {
+                Some(stored) => Ok(stored),
+                None => unreachable!("only the writer takes a pending write back"),
+            },
+            Err(e) => Err((self.cache.abandon(key, pending), e)),
         }
     }
 
@@ -463,13 +502,13 @@ impl<T: Strategy> Handler<T> {
     /// When an object being deleted (with grace 0) loses its last finalizer, it is deleted
     /// (unless the kind's delete hook still keeps it, e.g. a namespace that is not empty).
     /// An update that changes nothing is not written (the stored object is returned).
-    pub async fn update_object(
+    pub(crate) async fn update_object(
         &self,
         req_ns: &str,
         new: T,
         subresource: &str,
         opts: WriteOptions,
-    ) -> Result<T, ApiError> {
+    ) -> Result<Written<T>, ApiError> {
         let info = self.info();
         // "": the object; "status" or another subresource of the kind: only what that
         // subresource covers, copied into the stored object below.
@@ -588,14 +627,14 @@ impl<T: Strategy> Handler<T> {
             return Err(self.invalid(&name, errors));
         }
         if obj == old {
-            return Ok(old);
+            return Ok(Written::Object(old));
         }
         self.admission
             .validate(&req, &obj)
             .await
             .map_err(|r| opts.refused(r))?;
         if opts.dry_run {
-            return Ok(obj);
+            return Ok(Written::Object(obj));
         }
         let finalized = obj.metadata().is_some_and(|m| {
             !m.deletion_timestamp.is_empty()
@@ -618,7 +657,7 @@ impl<T: Strategy> Handler<T> {
                         resource = info.plural,
                         namespace, name, "finalized and deleted"
                     );
-                    Ok(with_revision(obj, revision))
+                    Ok(Written::Object(with_revision(obj, revision)))
                 }
                 Err(StoreError::Conflict { .. }) => Err(ApiError::modified(info, &name)),
                 Err(StoreError::NotFound { .. }) => Err(ApiError::not_found(info, &name)),
@@ -626,14 +665,13 @@ impl<T: Strategy> Handler<T> {
             };
         }
         match self
-            .store
-            .update(&key, encode_for_store(&obj), expected)
+            .put(&key, obj, |bytes| self.store.update(&key, bytes, expected))
             .await
         {
-            Ok(kv) => Ok(with_revision(obj, kv.mod_revision)),
-            Err(StoreError::Conflict { .. }) => Err(ApiError::modified(info, &name)),
-            Err(StoreError::NotFound { .. }) => Err(ApiError::not_found(info, &name)),
-            Err(e) => Err(ApiError::from_store(e)),
+            Ok(stored) => Ok(Written::Stored(stored)),
+            Err((_, StoreError::Conflict { .. })) => Err(ApiError::modified(info, &name)),
+            Err((_, StoreError::NotFound { .. })) => Err(ApiError::not_found(info, &name)),
+            Err((_, e)) => Err(ApiError::from_store(e)),
         }
     }
 
@@ -761,7 +799,7 @@ impl<T: Strategy> Handler<T> {
             }
             match self
                 .store
-                .update(&key, encode_for_store(&marked), kv.mod_revision)
+                .update(&key, encode_for_store(&mut marked), kv.mod_revision)
                 .await
             {
                 Ok(kv) => {
@@ -782,12 +820,12 @@ impl<T: Strategy> Handler<T> {
 
     /// The binding subresource: read, let the strategy bind, validate, CAS; retried on
     /// conflicts as long as the strategy still accepts (e.g. the pod is still unbound).
-    pub async fn bind_object(
+    pub(crate) async fn bind_object(
         &self,
         req_ns: &str,
         binding: Binding,
         opts: WriteOptions,
-    ) -> Result<T, ApiError> {
+    ) -> Result<Written<T>, ApiError> {
         let info = self.info();
         let meta = binding.metadata.clone().unwrap_or_default();
         if meta.name.is_empty() {
@@ -845,15 +883,19 @@ impl<T: Strategy> Handler<T> {
                 .validate(&req, &bound)
                 .await
                 .map_err(|r| opts.refused(r))?;
+            let revision = kv.mod_revision;
             match self
-                .store
-                .update(&key, encode_for_store(&bound), kv.mod_revision)
+                .put(&key, bound, |bytes| {
+                    self.store.update(&key, bytes, revision)
+                })
                 .await
             {
-                Ok(kv) => return Ok(with_revision(bound, kv.mod_revision)),
-                Err(StoreError::Conflict { .. }) => continue,
-                Err(StoreError::NotFound { .. }) => return Err(ApiError::not_found(info, name)),
-                Err(e) => return Err(ApiError::from_store(e)),
+                Ok(stored) => return Ok(Written::Stored(stored)),
+                Err((_, StoreError::Conflict { .. })) => continue,
+                Err((_, StoreError::NotFound { .. })) => {
+                    return Err(ApiError::not_found(info, name));
+                }
+                Err((_, e)) => return Err(ApiError::from_store(e)),
             }
         }
         Err(ApiError::modified(info, name))

@@ -63,11 +63,13 @@ pub(crate) async fn get<T: Resource>(
 }
 
 /// The stored encoding: type meta set, resourceVersion cleared.
-pub(crate) fn encode_for_store<T: Object>(obj: &T) -> Vec<u8> {
-    let mut o = obj.clone();
-    o.set_type_meta();
-    o.metadata_mut().resource_version.clear();
-    o.encode()
+pub(crate) fn encode_for_store<T: Object>(obj: &mut T) -> Vec<u8> {
+    // The resourceVersion is put back after encoding rather than the object copied.
+    obj.set_type_meta();
+    let rv = std::mem::take(&mut obj.metadata_mut().resource_version);
+    let bytes = obj.encode();
+    obj.metadata_mut().resource_version = rv;
+    bytes
 }
 
 pub(crate) fn with_revision<T: Object>(mut obj: T, revision: i64) -> T {

@@ -177,6 +177,27 @@ impl Call<'_> {
     }
 
     /// An object answer: JSON, YAML, a one-row Table or the object's metadata.
+    /// A handler's answer (a stored object) as this request's answer. A custom kind's
+    /// object read at its storage version, without a webhook, is already the JSON
+    /// [`Call::object`] would write: it is sent as it is rather than parsed and written again.
+    pub async fn stored_object(
+        &self,
+        code: u16,
+        stored: Vec<u8>,
+        warnings: &[String],
+    ) -> Result<Response, ApiError> {
+        if self.format == Format::Json
+            && self
+                .custom
+                .as_ref()
+                .is_some_and(|c| c.is_storage() && c.webhook().is_none())
+        {
+            let warnings = &self.all_warnings(warnings)[..];
+            return Ok(crate::status::respond_json_bytes(code, stored, warnings));
+        }
+        Ok(self.object(code, &self.to_json(&stored).await?, warnings))
+    }
+
     pub fn object(&self, code: u16, obj: &Value, warnings: &[String]) -> Response {
         let warnings = &self.all_warnings(warnings)[..];
         match self.format {

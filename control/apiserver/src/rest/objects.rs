@@ -157,7 +157,7 @@ const EPHEMERAL: &str = "ephemeralcontainers";
 
 async fn get(call: &Call<'_>) -> Result<Response, ApiError> {
     let bytes = call.handler.get(&call.namespace, &call.name).await?;
-    Ok(call.object(200, &call.to_json(&bytes).await?, &[]))
+    call.stored_object(200, bytes, &[]).await
 }
 
 /// A `continue` token: the list's revision and the last key returned.
@@ -313,7 +313,7 @@ async fn create(call: &Call<'_>, body: &[u8]) -> Result<Response, ApiError> {
     let (bytes, mut warnings) = call.encode(value).await?;
     warnings.extend(pod_security_warning(call, &bytes).await);
     let created = call.handler.create(&call.namespace, &bytes, opts).await?;
-    Ok(call.object(201, &call.to_json(&created).await?, &warnings))
+    call.stored_object(201, created, &warnings).await
 }
 
 /// Pod Security's warning for a new pod, or a Deployment's or ReplicaSet's pod template, in
@@ -387,7 +387,7 @@ async fn update(call: &Call<'_>, body: &[u8], sub: &str) -> Result<Response, Api
             .update(&call.namespace, &bytes, sub, opts.clone())
             .await
         {
-            Ok(updated) => return Ok(call.object(200, &call.to_json(&updated).await?, &warnings)),
+            Ok(updated) => return call.stored_object(200, updated, &warnings).await,
             Err(ApiError::Conflict(_)) if unconditional => continue,
             Err(e) => return Err(e),
         }

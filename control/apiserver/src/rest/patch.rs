@@ -181,7 +181,7 @@ pub(crate) async fn serve(call: &Call<'_>, body: &[u8], sub: &str) -> Result<Res
             .update(&call.namespace, &bytes, sub, opts.clone())
             .await
         {
-            Ok(updated) => return Ok(call.object(200, &call.to_json(&updated).await?, &warnings)),
+            Ok(updated) => return call.stored_object(200, updated, &warnings).await,
             Err(ApiError::Conflict(_)) if pinned.is_none() => continue,
             Err(e) => return Err(e),
         }
@@ -288,7 +288,7 @@ async fn server_side_apply(
                 .await
             {
                 Ok(created) => {
-                    return Ok(call.object(201, &call.to_json(&created).await?, &warnings));
+                    return call.stored_object(201, created, &warnings).await;
                 }
                 Err(ApiError::AlreadyExists { .. }) => continue,
                 Err(e) => return Err(e),
@@ -307,7 +307,7 @@ async fn server_side_apply(
             .update(&call.namespace, &bytes, "", opts.clone())
             .await
         {
-            Ok(updated) => return Ok(call.object(200, &call.to_json(&updated).await?, &warnings)),
+            Ok(updated) => return call.stored_object(200, updated, &warnings).await,
             Err(ApiError::Conflict(_)) if pinned.is_none() => continue,
             Err(e) => return Err(e),
         }
