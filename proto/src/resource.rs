@@ -412,6 +412,19 @@ pub trait DynKind: Send + Sync {
     fn info(&self) -> &'static KindInfo;
     /// Strictly decodes a manifest document of this kind and encodes it as protobuf.
     fn json_to_proto(&self, value: serde_json::Value) -> Result<Vec<u8>, ManifestError>;
+    /// Whether [`DynKind::json_to_proto_pruning`] removes every unknown field at once (a
+    /// custom kind prunes by its schema) rather than failing at the first.
+    fn prunes_unknown(&self) -> bool {
+        false
+    }
+    /// Encodes `value` with its unknown fields removed, and names them (sorted). Kinds that
+    /// do not prune ([`DynKind::prunes_unknown`]) fail at the first unknown field instead.
+    fn json_to_proto_pruning(
+        &self,
+        value: serde_json::Value,
+    ) -> Result<(Vec<u8>, Vec<String>), ManifestError> {
+        self.json_to_proto(value).map(|b| (b, Vec::new()))
+    }
     /// Decodes a protobuf-encoded object into Kubernetes-style JSON (unset fields omitted).
     fn proto_to_json(&self, bytes: &[u8]) -> Result<serde_json::Value, prost::DecodeError>;
 }

@@ -293,39 +293,94 @@ impl DynKind for CustomKind {
     }
 
     /// Prunes what the schema does not specify; the first pruned field is reported as an
-    /// unknown field (the caller removes it, warns or refuses, by `fieldValidation`, and
-    /// asks again).
-    fn json_to_proto(&self, mut value: Value) -> Result<Vec<u8>, ManifestError> {
+    /// unknown field (the caller removes it, warns or refuses, by `fieldValidation`).
+    fn json_to_proto(&self, value: Value) -> Result<Vec<u8>, ManifestError> {
+        match self.json_to_proto_pruning(value)? {
+            (_, unknown) if !unknown.is_empty() => {
+                Err(ManifestError::new(unknown[0].clone(), "unknown field"))
+            }
+            (bytes, _) => Ok(bytes),
+        }
+    }
+
+    fn prunes_unknown(&self) -> bool {
+        true
+    }
+
+    /// Prunes what the schema does not specify (at the root, metadata to ObjectMeta's
+    /// fields), checks the metadata, and converts this version's object to the storage
+    /// version; returns the pruned fields.
+    fn json_to_proto_pruning(
+        &self,
+        mut value: Value,
+    ) -> Result<(Vec<u8>, Vec<String>), ManifestError> {
         if !value.is_object() {
             return Err(ManifestError::new("", "expected an object"));
         }
-        let meta = value.get("metadata").cloned().unwrap_or(Value::Null);
-        if !meta.is_null() {
-            skiff_api::manifest::decode::<ObjectMeta>(meta).map_err(|mut e| {
-                e.path = if e.path.is_empty() {
-                    "metadata".into()
-                } else {
-                    format!("metadata.{}", e.path)
-                };
-                e
-            })?;
-        }
         let unknown = self.schema().prune(&mut value);
-        if let Some(first) = unknown.into_iter().next() {
-            return Err(ManifestError::new(first, "unknown field"));
+        if let Some(meta) = value.get("metadata").filter(|m| !m.is_null()) {
+            // Read in place; the path-naming decoder (which needs its own copy) runs only
+            // to word an error.
+            if <ObjectMeta as serde::Deserialize>::deserialize(meta).is_err() {
+                skiff_api::manifest::decode::<ObjectMeta>(meta.clone()).map_err(|mut e| {
+                    e.path = if e.path.is_empty() {
+                        "metadata".into()
+                    } else {
+                        format!("metadata.{}", e.path)
+                    };
+                    e
+                })?;
+            }
         }
         // A kind and apiVersion of another kind are refused by the caller; only this
         // version's become the storage version's.
         if value["apiVersion"].as_str() == Some(self.info().api_version) {
             self.storage().convert(&mut value);
         }
-        serde_json::to_vec(&value).map_err(|e| ManifestError::new("", e.to_string()))
+        let bytes =
+            serde_json::to_vec(&value).map_err(|e| ManifestError::new("", e.to_string()))?;
+        Ok((bytes, unknown))
     }
 
     fn proto_to_json(&self, bytes: &[u8]) -> Result<Value, prost::DecodeError> {
         let mut value = skiff_api::json_kind(self.info()).proto_to_json(bytes)?;
         self.convert(&mut value);
         Ok(value)
+    }
+}
+
+/// A custom object read in one pass: the metadata straight into [`ObjectMeta`], every other
+/// top-level field as JSON. Fails where the metadata needs the lenient decoder.
+struct Parts {
+    meta: ObjectMeta,
+    rest: Map<String, Value>,
+}
+
+impl<'de> serde::Deserialize<'de> for Parts {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Parts;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<Parts, A::Error> {
+                let mut meta = None;
+                let mut rest = Map::new();
+                while let Some(k) = a.next_key::<String>()? {
+                    if k == "metadata" {
+                        meta = Some(a.next_value::<ObjectMeta>()?);
+                    } else {
+                        rest.insert(k, a.next_value()?);
+                    }
+                }
+                Ok(Parts {
+                    meta: meta.unwrap_or_default(),
+                    rest,
+                })
+            }
+        }
+        d.deserialize_map(Visit)
     }
 }
 
@@ -395,6 +450,10 @@ impl Object for Unstructured {
 
     fn decode(kind: &CustomKind, bytes: &[u8]) -> Result<Self, String> {
         let kind = kind.clone();
+        if let Ok(Parts { meta, rest }) = serde_json::from_slice::<Parts>(bytes) {
+            return Ok(Unstructured { kind, meta, rest });
+        }
+        // Worded with the path-naming decoder (nulls in the metadata are unset fields).
         let value: Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
         let Value::Object(mut rest) = value else {
             return Err("expected an object".into());
@@ -632,5 +691,61 @@ mod tests {
             json!({"name": "w", "generateName": "w-"})
         );
         assert_eq!(obj.schema_view()["kind"], "Widget");
+    }
+
+    /// A custom kind prunes every unknown field in one pass: strict validation names them
+    /// all (as kube-apiserver's strict decoding error does), Warn warns of each, Ignore
+    /// drops them; bad metadata is still worded with its path.
+    #[test]
+    fn unknown_fields_are_found_in_one_pass() {
+        use crate::rest::call::FieldValidation;
+        use crate::rest::call::encode_with;
+        let k = kind();
+        let value = json!({"apiVersion": "example.com/v1", "kind": "Widget", "aaa": "a",
+            "bogus": 1, "metadata": {"name": "w", "colour": "red"}});
+        let err = encode_with(&k, value.clone(), FieldValidation::Strict).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "Widget in version \"v1\" cannot be handled as a Widget: strict decoding error: \
+             unknown field \"bogus\", unknown field \"metadata.colour\""
+        );
+        let (bytes, warnings) = encode_with(&k, value.clone(), FieldValidation::Warn).unwrap();
+        assert_eq!(
+            warnings,
+            [
+                "unknown field \"bogus\"",
+                "unknown field \"metadata.colour\""
+            ]
+        );
+        let stored: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(stored["metadata"], json!({"name": "w"}));
+        assert!(stored.get("bogus").is_none());
+        let (ignored, none) = encode_with(&k, value, FieldValidation::Ignore).unwrap();
+        assert_eq!((ignored, none.len()), (bytes, 0));
+        let bad = json!({"apiVersion": "example.com/v1", "kind": "Widget",
+            "metadata": {"name": "w", "labels": {"l": 5}}});
+        let err = encode_with(&k, bad, FieldValidation::Strict).unwrap_err();
+        assert!(err.to_string().contains("metadata.labels.l"), "{err}");
+    }
+
+    /// The one-pass reader and the lenient one agree; metadata with nulls (unset fields in
+    /// Kubernetes' JSON) still reads, and bad metadata is still refused with its path.
+    #[test]
+    fn objects_read_in_one_pass_as_the_lenient_decoder_reads_them() {
+        let k = kind();
+        let plain = json!({"apiVersion": "example.com/v1", "kind": "Widget", "aaa": "a",
+            "metadata": {"name": "w", "labels": {"l": "v"}, "generation": 2}});
+        let bytes = serde_json::to_vec(&plain).unwrap();
+        let fast = serde_json::from_slice::<Parts>(&bytes).expect("one pass");
+        let obj = Unstructured::decode(&k, &bytes).unwrap();
+        assert_eq!((fast.meta, fast.rest), (obj.meta.clone(), obj.rest.clone()));
+        assert_eq!(obj.to_value(), plain);
+        let nulls = json!({"apiVersion": "example.com/v1", "kind": "Widget",
+            "metadata": {"name": "w", "creationTimestamp": null}});
+        let bytes = serde_json::to_vec(&nulls).unwrap();
+        assert_eq!(Unstructured::decode(&k, &bytes).unwrap().meta.name, "w");
+        let bad = br#"{"kind": "Widget", "metadata": {"name": "w", "labels": {"l": 5}}}"#;
+        let err = Unstructured::decode(&k, bad).unwrap_err();
+        assert!(err.starts_with("metadata: "), "{err}");
     }
 }

@@ -206,6 +206,51 @@ impl FPath {
     }
 }
 
+/// A kube-openapi name (`spec.items[0].name`; `.key` for a key of additionalProperties at
+/// the root), written out only when an error needs it: validation and pruning visit every
+/// field of every object, and formatting each field's name was a tenth of a custom-resource
+/// create.
+#[derive(Clone, Copy)]
+pub(crate) enum Name<'a> {
+    Root,
+    /// `parent.field`, or `field` at the root.
+    Field(&'a Name<'a>, &'a str),
+    /// `parent.key`, `.key` at the root.
+    Key(&'a Name<'a>, &'a str),
+    Index(&'a Name<'a>, usize),
+}
+
+impl std::fmt::Display for Name<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Name::Root => Ok(()),
+            Name::Field(Name::Root, k) => f.write_str(k),
+            Name::Field(p, k) | Name::Key(p, k) => write!(f, "{p}.{k}"),
+            Name::Index(p, i) => write!(f, "{p}[{i}]"),
+        }
+    }
+}
+
+/// A field path built as a walk descends, made an [`FPath`] only for an error.
+#[derive(Clone, Copy)]
+pub(crate) enum At<'a> {
+    Path(&'a FPath),
+    Child(&'a At<'a>, &'a str),
+    Index(&'a At<'a>, usize),
+    Key(&'a At<'a>, &'a str),
+}
+
+impl At<'_> {
+    pub(crate) fn path(&self) -> FPath {
+        match self {
+            At::Path(p) => (*p).clone(),
+            At::Child(a, k) => a.path().child(k),
+            At::Index(a, i) => a.path().index(*i),
+            At::Key(a, k) => a.path().key(k),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

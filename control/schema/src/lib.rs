@@ -46,7 +46,7 @@ mod validate;
 use serde_json::Value;
 
 pub use cel::Expression;
-use error::FPath;
+use error::{At, FPath, Name};
 pub use error::{ErrorKind, FieldError};
 use node::Node;
 
@@ -135,8 +135,8 @@ impl Schema {
             )];
         }
         let mut out = Vec::new();
-        validate::openapi(&self.root, obj, "", &root, true, &mut out);
-        validate::lists_and_embedded(&self.root, obj, &root, true, &mut out);
+        validate::openapi(&self.root, obj, &Name::Root, &root, true, &mut out);
+        validate::lists_and_embedded(&self.root, obj, &At::Path(&root), true, &mut out);
         if self.has_rules {
             let old = old.filter(|o| !too_deep(o));
             out.extend(cel::Evaluator::run(&self.root, obj, old, &root, true));
@@ -162,7 +162,7 @@ impl Schema {
     /// `spec.items[0].bar`), sorted.
     pub fn prune(&self, obj: &mut Value) -> Vec<String> {
         let mut out = Vec::new();
-        ops::prune(obj, Some(&self.root), true, "", &mut out);
+        ops::prune(obj, Some(&self.root), true, &Name::Root, &mut out);
         out.sort();
         out
     }
@@ -212,10 +212,16 @@ impl Schema {
         if let Some(d) = &n.default {
             let dp = path.child("default");
             let before = errs.len();
-            validate::openapi(n, d, "", &dp, false, errs);
-            validate::lists_and_embedded(n, d, &dp, n.embedded, errs);
+            validate::openapi(n, d, &Name::Root, &dp, false, errs);
+            validate::lists_and_embedded(n, d, &At::Path(&dp), n.embedded, errs);
             let mut pruned = d.clone();
-            ops::prune(&mut pruned, Some(n), n.embedded, "", &mut Vec::new());
+            ops::prune(
+                &mut pruned,
+                Some(n),
+                n.embedded,
+                &Name::Root,
+                &mut Vec::new(),
+            );
             if &pruned != d {
                 errs.push(FieldError::invalid(
                     &dp,

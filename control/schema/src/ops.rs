@@ -3,6 +3,7 @@
 
 use serde_json::Value;
 
+use crate::error::Name;
 use crate::node::{AddProps, Node};
 
 /// ObjectMeta's JSON fields: what survives of `metadata` at a resource root.
@@ -24,20 +25,12 @@ const OBJECT_META_FIELDS: &[&str] = &[
     "managedFields",
 ];
 
-fn join(parent: &str, k: &str) -> String {
-    if parent.is_empty() {
-        k.to_string()
-    } else {
-        format!("{parent}.{k}")
-    }
-}
-
 /// Prunes `x` (a resource root when `embedded`), recording removed paths.
 pub(crate) fn prune(
     x: &mut Value,
     s: Option<&Node>,
     embedded: bool,
-    parent: &str,
+    parent: &Name<'_>,
     out: &mut Vec<String>,
 ) {
     if let Some(s) = s
@@ -49,7 +42,7 @@ pub(crate) fn prune(
     match x {
         Value::Object(m) => {
             let Some(s) = s else {
-                out.extend(m.keys().map(|k| join(parent, k)));
+                out.extend(m.keys().map(|k| Name::Field(parent, k).to_string()));
                 m.clear();
                 return;
             };
@@ -60,13 +53,13 @@ pub(crate) fn prune(
                 }
                 let Some(v) = m.get_mut(&k) else { continue };
                 if let Some(p) = s.properties.get(&k) {
-                    prune(v, Some(p), p.embedded, &join(parent, &k), out);
+                    prune(v, Some(p), p.embedded, &Name::Field(parent, &k), out);
                 } else if let Some(ap) = &s.additional_properties {
                     if let AddProps::Schema(ap) = ap {
-                        prune(v, Some(ap), ap.embedded, &join(parent, &k), out);
+                        prune(v, Some(ap), ap.embedded, &Name::Field(parent, &k), out);
                     }
                 } else {
-                    out.push(join(parent, &k));
+                    out.push(Name::Field(parent, &k).to_string());
                     m.remove(&k);
                 }
             }
@@ -78,7 +71,7 @@ pub(crate) fn prune(
                     v,
                     is,
                     is.is_some_and(|s| s.embedded),
-                    &format!("{parent}[{i}]"),
+                    &Name::Index(parent, i),
                     out,
                 );
             }
@@ -92,20 +85,20 @@ pub(crate) fn prune(
 fn embedded_meta(
     m: &mut serde_json::Map<String, Value>,
     k: &str,
-    parent: &str,
+    parent: &Name<'_>,
     out: &mut Vec<String>,
 ) -> bool {
     match (k, m.get_mut(k)) {
         ("apiVersion" | "kind", Some(Value::String(_))) => true,
         ("metadata", Some(Value::Object(meta))) => {
-            let mp = join(parent, "metadata");
+            let mp = Name::Field(parent, "metadata");
             let unknown: Vec<String> = meta
                 .keys()
                 .filter(|f| !OBJECT_META_FIELDS.contains(&f.as_str()))
                 .cloned()
                 .collect();
             for f in unknown {
-                out.push(join(&mp, &f));
+                out.push(Name::Field(&mp, &f).to_string());
                 meta.remove(&f);
             }
             true
@@ -116,7 +109,7 @@ fn embedded_meta(
 
 /// Under x-kubernetes-preserve-unknown-fields: unknown fields stay, known
 /// ones are pruned by their schemas.
-fn skip_prune(x: &mut Value, s: &Node, embedded: bool, parent: &str, out: &mut Vec<String>) {
+fn skip_prune(x: &mut Value, s: &Node, embedded: bool, parent: &Name<'_>, out: &mut Vec<String>) {
     match x {
         Value::Object(m) => {
             let keys: Vec<String> = m.keys().cloned().collect();
@@ -126,16 +119,16 @@ fn skip_prune(x: &mut Value, s: &Node, embedded: bool, parent: &str, out: &mut V
                 }
                 let Some(v) = m.get_mut(&k) else { continue };
                 if let Some(p) = s.properties.get(&k) {
-                    prune(v, Some(p), p.embedded, &join(parent, &k), out);
+                    prune(v, Some(p), p.embedded, &Name::Field(parent, &k), out);
                 } else if let Some(ap) = s.additional_schema() {
-                    prune(v, Some(ap), ap.embedded, &join(parent, &k), out);
+                    prune(v, Some(ap), ap.embedded, &Name::Field(parent, &k), out);
                 }
             }
         }
         Value::Array(items) => {
             if let Some(is) = s.items.as_deref() {
                 for (i, v) in items.iter_mut().enumerate() {
-                    skip_prune(v, is, is.embedded, &format!("{parent}[{i}]"), out);
+                    skip_prune(v, is, is.embedded, &Name::Index(parent, i), out);
                 }
             }
         }

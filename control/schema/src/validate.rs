@@ -8,7 +8,7 @@
 
 use serde_json::{Map, Number, Value};
 
-use crate::error::{FPath, FieldError};
+use crate::error::{At, FPath, FieldError, Name};
 use crate::formats;
 use crate::gofmt::{self, quote};
 use crate::node::{AddProps, Node};
@@ -21,7 +21,7 @@ use crate::node::{AddProps, Node};
 pub(crate) fn openapi(
     n: &Node,
     data: &Value,
-    name: &str,
+    name: &Name<'_>,
     base: &FPath,
     root: bool,
     out: &mut Vec<FieldError>,
@@ -35,11 +35,12 @@ struct V<'a> {
 }
 
 impl V<'_> {
-    fn path(&self, name: &str) -> FPath {
+    fn path(&self, name: &Name<'_>) -> FPath {
+        let name = name.to_string();
         if name.is_empty() || name == "." {
             self.base.clone()
         } else {
-            self.base.child(name.strip_prefix('.').unwrap_or(name))
+            self.base.child(name.strip_prefix('.').unwrap_or(&name))
         }
     }
 
@@ -49,7 +50,14 @@ impl V<'_> {
         FieldError::invalid(self.base, quote(""), msg)
     }
 
-    fn value(&self, n: &Node, data: &Value, name: &str, root: bool, out: &mut Vec<FieldError>) {
+    fn value(
+        &self,
+        n: &Node,
+        data: &Value,
+        name: &Name<'_>,
+        root: bool,
+        out: &mut Vec<FieldError>,
+    ) {
         if data.is_null() {
             self.type_check(n, data, name, out);
             if !n.nullable {
@@ -76,7 +84,7 @@ impl V<'_> {
     }
 
     /// typeValidator (validate/type.go).
-    fn type_check(&self, n: &Node, data: &Value, name: &str, out: &mut Vec<FieldError>) {
+    fn type_check(&self, n: &Node, data: &Value, name: &Name<'_>, out: &mut Vec<FieldError>) {
         let types: Vec<&str> = if n.int_or_string {
             vec!["integer", "string"]
         } else if n.ty.is_empty() {
@@ -120,7 +128,7 @@ impl V<'_> {
     }
 
     /// schemaPropsValidator (validate/schema_props.go): allOf, anyOf, oneOf, not.
-    fn schema_props(&self, n: &Node, data: &Value, name: &str, out: &mut Vec<FieldError>) {
+    fn schema_props(&self, n: &Node, data: &Value, name: &Name<'_>, out: &mut Vec<FieldError>) {
         let run = |sub: &Node| {
             let mut r = Vec::new();
             self.value(sub, data, name, false, &mut r);
@@ -143,7 +151,7 @@ impl V<'_> {
             if !ok {
                 out.push(self.composite(format!(
                     "{} must validate at least one schema (anyOf)",
-                    quote(name)
+                    quote(&name.to_string())
                 )));
                 out.extend(best.unwrap_or_default());
             }
@@ -170,7 +178,7 @@ impl V<'_> {
                 };
                 out.push(self.composite(format!(
                     "{} must validate one and only one schema (oneOf). {extra}",
-                    quote(name)
+                    quote(&name.to_string())
                 )));
                 out.extend(best.unwrap_or_default());
             }
@@ -190,7 +198,7 @@ impl V<'_> {
                 let extra = if valid == 0 { ". None validated" } else { "" };
                 out.push(self.composite(format!(
                     "{} must validate all the schemas (allOf){extra}",
-                    quote(name)
+                    quote(&name.to_string())
                 )));
             }
         }
@@ -199,13 +207,13 @@ impl V<'_> {
         {
             out.push(self.composite(format!(
                 "{} must not validate the schema (not)",
-                quote(name)
+                quote(&name.to_string())
             )));
         }
     }
 
     /// stringValidator: the first failing check only.
-    fn string(&self, n: &Node, s: &str, name: &str, out: &mut Vec<FieldError>) {
+    fn string(&self, n: &Node, s: &str, name: &Name<'_>, out: &mut Vec<FieldError>) {
         let len = s.chars().count() as i64;
         if let Some(max) = n.max_length
             && len > max
@@ -236,7 +244,7 @@ impl V<'_> {
 
     /// formatValidator, with the formats apiextensions keeps
     /// (pkg/apiserver/validation/formats.go).
-    fn format(&self, n: &Node, s: &str, name: &str, out: &mut Vec<FieldError>) {
+    fn format(&self, n: &Node, s: &str, name: &Name<'_>, out: &mut Vec<FieldError>) {
         if n.format.is_empty() || n.int_or_string {
             return;
         }
@@ -250,15 +258,16 @@ impl V<'_> {
     }
 
     /// numberValidator: multipleOf, maximum, minimum; the first failing only.
-    fn number(&self, n: &Node, num: &Number, name: &str, out: &mut Vec<FieldError>) {
-        let value = gofmt::number(num);
+    fn number(&self, n: &Node, num: &Number, name: &Name<'_>, out: &mut Vec<FieldError>) {
+        // Worded only for an error (this runs for every number of every object).
+        let value = || gofmt::number(num);
         let int = if is_int(num) { num.as_i64() } else { None };
         let f = num.as_f64().unwrap_or(0.0);
-        let path = self.path(name);
+        let path = || self.path(name);
         if let Some(m) = n.multiple_of {
             if m <= 0.0 {
                 out.push(FieldError::invalid(
-                    &path,
+                    &path(),
                     gofmt::float(m),
                     format!(
                         "factor MultipleOf declared for {name} must be positive: {}",
@@ -276,8 +285,8 @@ impl V<'_> {
             };
             if let Some(shown) = bad {
                 out.push(FieldError::invalid(
-                    &path,
-                    value,
+                    &path(),
+                    value(),
                     format!("{name} in body should be a multiple of {shown}"),
                 ));
                 return;
@@ -316,8 +325,8 @@ impl V<'_> {
                     (false, false) => "greater than or equal to",
                 };
                 out.push(FieldError::invalid(
-                    &path,
-                    value,
+                    &path(),
+                    value(),
                     format!("{name} in body should be {word} {shown}"),
                 ));
                 return;
@@ -326,10 +335,10 @@ impl V<'_> {
     }
 
     /// schemaSliceValidator: items, minItems, maxItems.
-    fn slice(&self, n: &Node, items: &[Value], name: &str, out: &mut Vec<FieldError>) {
+    fn slice(&self, n: &Node, items: &[Value], name: &Name<'_>, out: &mut Vec<FieldError>) {
         if let Some(is) = &n.items {
             for (i, item) in items.iter().enumerate() {
-                self.value(is, item, &format!("{name}[{i}]"), false, out);
+                self.value(is, item, &Name::Index(name, i), false, out);
             }
         }
         let size = items.len() as i64;
@@ -363,7 +372,7 @@ impl V<'_> {
     }
 
     /// basicCommonValidator: enum.
-    fn enum_check(&self, n: &Node, data: &Value, name: &str, out: &mut Vec<FieldError>) {
+    fn enum_check(&self, n: &Node, data: &Value, name: &Name<'_>, out: &mut Vec<FieldError>) {
         let Some(values) = &n.enum_ else { return };
         if values.iter().any(|e| json_eq(e, data)) {
             return;
@@ -387,7 +396,7 @@ impl V<'_> {
         &self,
         n: &Node,
         m: &Map<String, Value>,
-        name: &str,
+        name: &Name<'_>,
         root: bool,
         out: &mut Vec<FieldError>,
     ) {
@@ -410,13 +419,6 @@ impl V<'_> {
         }
         let mut keys: Vec<&String> = m.keys().collect();
         keys.sort();
-        let child = |k: &str| {
-            if name.is_empty() {
-                k.to_string()
-            } else {
-                format!("{name}.{k}")
-            }
-        };
         match &n.additional_properties {
             Some(AddProps::Bool(false)) => {
                 for k in &keys {
@@ -434,7 +436,7 @@ impl V<'_> {
                     if !(n.properties.contains_key(*k) || (root && is_meta_field(k)))
                         && let Some(v) = m.get(*k)
                     {
-                        self.value(ap, v, &format!("{name}.{k}"), false, out);
+                        self.value(ap, v, &Name::Key(name, k), false, out);
                     }
                 }
             }
@@ -447,21 +449,22 @@ impl V<'_> {
             }
             if root && k == "metadata" {
                 // Only what the schema says about name and generateName.
+                let metadata = Name::Field(&Name::Root, "metadata");
                 for f in ["name", "generateName"] {
                     if let (Some(fs), Some(fv)) = (ps.properties.get(f), v.get(f)) {
-                        self.value(fs, fv, &format!("metadata.{f}"), false, out);
+                        self.value(fs, fv, &Name::Field(&metadata, f), false, out);
                     }
                 }
                 continue;
             }
-            self.value(ps, v, &child(k), false, out);
+            self.value(ps, v, &Name::Field(name, k), false, out);
         }
         for k in &n.required {
             if root && is_meta_field(k) {
                 continue;
             }
             if !m.contains_key(k) {
-                out.push(FieldError::required(&self.path(&format!("{name}.{k}")), ""));
+                out.push(FieldError::required(&self.path(&Name::Key(name, k)), ""));
             }
         }
     }
@@ -512,7 +515,7 @@ pub(crate) fn json_eq(a: &Value, b: &Value) -> bool {
 pub(crate) fn lists_and_embedded(
     n: &Node,
     data: &Value,
-    path: &FPath,
+    path: &At<'_>,
     is_root: bool,
     out: &mut Vec<FieldError>,
 ) {
@@ -525,7 +528,7 @@ pub(crate) fn lists_and_embedded(
             }
             if let Some(is) = &n.items {
                 for (i, item) in items.iter().enumerate() {
-                    lists_and_embedded(is, item, &path.index(i), false, out);
+                    lists_and_embedded(is, item, &At::Index(path, i), false, out);
                 }
             }
         }
@@ -541,9 +544,9 @@ pub(crate) fn lists_and_embedded(
                     if is_root && is_meta_field(k) {
                         continue;
                     }
-                    lists_and_embedded(ps, v, &path.child(k), false, out);
+                    lists_and_embedded(ps, v, &At::Child(path, k), false, out);
                 } else if let Some(ap) = n.additional_schema() {
-                    lists_and_embedded(ap, v, &path.key(k), false, out);
+                    lists_and_embedded(ap, v, &At::Key(path, k), false, out);
                 }
             }
         }
@@ -551,21 +554,24 @@ pub(crate) fn lists_and_embedded(
     }
 }
 
-fn list_set(items: &[Value], path: &FPath, out: &mut Vec<FieldError>) {
+fn list_set(items: &[Value], path: &At<'_>, out: &mut Vec<FieldError>) {
     for (i, x) in items.iter().enumerate() {
         // Go map keys: int64 and float64 differ, so exact JSON equality.
         if items[..i].iter().any(|y| y == x) {
-            out.push(FieldError::duplicate(&path.index(i), gofmt::bad_value(x)));
+            out.push(FieldError::duplicate(
+                &path.path().index(i),
+                gofmt::bad_value(x),
+            ));
         }
     }
 }
 
-fn list_map(items: &[Value], keys: &[String], path: &FPath, out: &mut Vec<FieldError>) {
+fn list_map(items: &[Value], keys: &[String], path: &At<'_>, out: &mut Vec<FieldError>) {
     let mut seen: Vec<Map<String, Value>> = Vec::new();
     for (i, x) in items.iter().enumerate() {
         let Some(obj) = x.as_object() else {
             out.push(FieldError::invalid(
-                &path.index(i),
+                &path.path().index(i),
                 gofmt::bad_value(x),
                 "must be an object for an array of list-type map",
             ));
@@ -579,7 +585,7 @@ fn list_map(items: &[Value], keys: &[String], path: &FPath, out: &mut Vec<FieldE
         }
         if seen.contains(&key) {
             out.push(FieldError::duplicate(
-                &path.index(i),
+                &path.path().index(i),
                 gofmt::bad_value(&Value::Object(key)),
             ));
         } else {
@@ -588,7 +594,8 @@ fn list_map(items: &[Value], keys: &[String], path: &FPath, out: &mut Vec<FieldE
     }
 }
 
-fn embedded(m: &Map<String, Value>, path: &FPath, out: &mut Vec<FieldError>) {
+fn embedded(m: &Map<String, Value>, path: &At<'_>, out: &mut Vec<FieldError>) {
+    let path = &path.path();
     if !m.contains_key("apiVersion") {
         out.push(FieldError::required(
             &path.child("apiVersion"),

@@ -466,6 +466,35 @@ pub(crate) fn encode_with(
         .rsplit_once('/')
         .map_or(info.api_version, |(_, v)| v);
     let mut warnings = Vec::new();
+    if kind.prunes_unknown() {
+        // Every unknown field is known at once (and the value is not copied for a retry).
+        let (bytes, unknown) = kind.json_to_proto_pruning(value).map_err(|e| {
+            ApiError::BadRequest(format!(
+                "{} in version {version:?} cannot be handled as a {}: {e}",
+                info.kind, info.kind
+            ))
+        })?;
+        return match mode {
+            FieldValidation::Strict if !unknown.is_empty() => {
+                let fields: Vec<String> = unknown
+                    .iter()
+                    .map(|f| format!("unknown field {f:?}"))
+                    .collect();
+                Err(ApiError::BadRequest(format!(
+                    "{} in version {version:?} cannot be handled as a {}: strict decoding \
+                     error: {}",
+                    info.kind,
+                    info.kind,
+                    fields.join(", ")
+                )))
+            }
+            FieldValidation::Warn => {
+                warnings.extend(unknown.iter().map(|f| format!("unknown field {f:?}")));
+                Ok((bytes, warnings))
+            }
+            _ => Ok((bytes, warnings)),
+        };
+    }
     // Each round removes one unknown field; an object has far fewer than this many.
     for _ in 0..1000 {
         match kind.json_to_proto(value.clone()) {

@@ -167,6 +167,14 @@ pub(crate) fn field_set(kind: &str, obj: &Value) -> FieldSet {
     out
 }
 
+/// A path step, `f:name` (not `format!`: this runs for every field of every write).
+fn step(prefix: &str, name: &str) -> String {
+    let mut s = String::with_capacity(prefix.len() + name.len());
+    s.push_str(prefix);
+    s.push_str(name);
+    s
+}
+
 fn collect_struct(
     message: Option<&str>,
     map: &Map<String, Value>,
@@ -175,12 +183,12 @@ fn collect_struct(
 ) {
     for (k, child) in map {
         let (field, sub) = sub_message(message, k);
-        path.push(format!("f:{k}"));
+        path.push(step("f:", k));
         match (field, child) {
             (Some(f), Value::Object(entries)) if f.map => {
                 out.insert(path.clone());
                 for (ek, ev) in entries {
-                    path.push(format!("f:{ek}"));
+                    path.push(step("f:", ek));
                     collect_value(sub, ev, path, out);
                     path.pop();
                 }
@@ -447,15 +455,21 @@ pub(crate) fn record_update(kind: &str, old: Option<&Value>, new: &mut Value, wr
         }
         None => (Value::Null, FieldSet::new()),
     };
-    let changed: FieldSet = new_set
-        .iter()
-        .filter(|p| {
-            !old_set.contains(*p)
-                || (!has_children(&new_set, p) && value_at(&new_part, p) != value_at(&old_part, p))
-        })
-        .cloned()
-        .collect();
     let gone: FieldSet = old_set.difference(&new_set).cloned().collect();
+    let changed: FieldSet = if old.is_none() {
+        // A create: every field is this writer's.
+        new_set
+    } else {
+        new_set
+            .iter()
+            .filter(|p| {
+                !old_set.contains(*p)
+                    || (!has_children(&new_set, p)
+                        && value_at(&new_part, p) != value_at(&old_part, p))
+            })
+            .cloned()
+            .collect()
+    };
     if changed.is_empty() && gone.is_empty() {
         write_entries(new, &entries);
         return;

@@ -45,7 +45,7 @@
 mod access;
 mod agent_client;
 mod attach;
-mod call;
+pub(crate) mod call;
 mod context;
 mod discovery;
 mod exec;
