@@ -18,6 +18,13 @@
 //! cache has not seen yet just waits for later events (the events up to `R` were reflected in
 //! the listing the client got `R` from); `R` beyond the store's current revision is refused.
 //!
+//! Objects are decoded and encoded once per event, not per watcher. The server's own writes
+//! are not even decoded: the registry announces each write with the bytes it stores
+//! ([`WatchCache::writing`]), and the writer and the event meet in one [`Pending`] slot:
+//! whichever learns the revision first makes the cached object, which the other reuses
+//! (the write's answer is its encoding). An event is matched by its bytes, so another
+//! server's write, or a write that failed, is decoded as before.
+//!
 //! If the store watch fails it is reopened from the last revision seen (no gap). If the store
 //! says that revision was compacted, the cache relists and every current watcher ends with
 //! `OutOfRange`, since the events in between are lost.
