@@ -159,6 +159,35 @@ fn drop_nulls(v: &mut Value) {
 }
 
 /// The members of `obj` (already [`owned_part`]) of message `kind`.
+/// The field set of [`owned_part`] of `obj`, read from `obj` in place (a create's object is
+/// not copied to leave out what nobody owns; nulls count as absent, as there).
+fn owned_field_set(kind: &str, obj: &Value) -> FieldSet {
+    let mut out = FieldSet::new();
+    if let Value::Object(map) = obj {
+        let skip =
+            |k: &str, v: &Value| v.is_null() || matches!(k, "apiVersion" | "kind" | "status");
+        let mut path = Vec::new();
+        for (k, child) in map.iter().filter(|(k, v)| !skip(k, v)) {
+            match child {
+                Value::Object(meta) if k == "metadata" => {
+                    let kept: Map<String, Value> = meta
+                        .iter()
+                        .filter(|(f, _)| !SERVER_METADATA.contains(&f.as_str()))
+                        .map(|(f, v)| (f.clone(), v.clone()))
+                        .collect();
+                    let one = std::iter::once((k.clone(), Value::Object(kept))).collect();
+                    collect_struct(Some(kind), &one, &mut path, &mut out);
+                }
+                _ => {
+                    // One member at a time, so that nothing is copied.
+                    collect_member(Some(kind), k, child, &mut path, &mut out);
+                }
+            }
+        }
+    }
+    out
+}
+
 pub(crate) fn field_set(kind: &str, obj: &Value) -> FieldSet {
     let mut out = FieldSet::new();
     if let Value::Object(map) = obj {
@@ -182,44 +211,61 @@ fn collect_struct(
     out: &mut FieldSet,
 ) {
     for (k, child) in map {
-        let (field, sub) = sub_message(message, k);
-        path.push(step("f:", k));
-        match (field, child) {
-            (Some(f), Value::Object(entries)) if f.map => {
-                out.insert(path.clone());
-                for (ek, ev) in entries {
-                    path.push(step("f:", ek));
-                    collect_value(sub, ev, path, out);
+        collect_member(message, k, child, path, out);
+    }
+}
+
+/// One member of a struct; a null member is absent.
+fn collect_member(
+    message: Option<&str>,
+    k: &str,
+    child: &Value,
+    path: &mut Path,
+    out: &mut FieldSet,
+) {
+    if child.is_null() {
+        return;
+    }
+    let (field, sub) = sub_message(message, k);
+    path.push(step("f:", k));
+    match (field, child) {
+        (Some(f), Value::Object(entries)) if f.map => {
+            out.insert(path.clone());
+            for (ek, ev) in entries.iter().filter(|(_, v)| !v.is_null()) {
+                path.push(step("f:", ek));
+                collect_value(sub, ev, path, out);
+                path.pop();
+            }
+        }
+        (Some(f), Value::Array(items)) if f.list => match list_key(message, k) {
+            Some(key) if items.iter().all(|i| key_step(key, i).is_some()) => {
+                for item in items {
+                    let Some(step) = key_step(key, item) else {
+                        continue;
+                    };
+                    path.push(step);
+                    out.insert(path.clone());
+                    if let Value::Object(m) = item {
+                        collect_struct(sub, m, path, out);
+                    }
                     path.pop();
                 }
             }
-            (Some(f), Value::Array(items)) if f.list => match list_key(message, k) {
-                Some(key) if items.iter().all(|i| key_step(key, i).is_some()) => {
-                    for item in items {
-                        let Some(step) = key_step(key, item) else {
-                            continue;
-                        };
-                        path.push(step);
-                        out.insert(path.clone());
-                        if let Value::Object(m) = item {
-                            collect_struct(sub, m, path, out);
-                        }
-                        path.pop();
-                    }
-                }
-                _ => {
-                    out.insert(path.clone());
-                }
-            },
-            _ => collect_value(sub, child, path, out),
-        }
-        path.pop();
+            _ => {
+                out.insert(path.clone());
+            }
+        },
+        _ => collect_value(sub, child, path, out),
     }
+    path.pop();
 }
 
 fn collect_value(message: Option<&str>, v: &Value, path: &mut Path, out: &mut FieldSet) {
     match v {
-        Value::Object(m) if !m.is_empty() => collect_struct(message, m, path, out),
+        // An object of nulls only is empty once they are dropped.
+        Value::Object(m) if m.values().any(|x| !x.is_null()) => {
+            collect_struct(message, m, path, out)
+        }
         _ => {
             out.insert(path.clone());
         }
@@ -445,8 +491,15 @@ pub(crate) fn record_update(kind: &str, old: Option<&Value>, new: &mut Value, wr
     } else {
         sent
     };
-    let new_part = owned_part(new);
-    let new_set = field_set(kind, &new_part);
+    let (new_part, new_set) = match old {
+        // A create: the set is all that is needed.
+        None => (Value::Null, owned_field_set(kind, new)),
+        Some(_) => {
+            let p = owned_part(new);
+            let s = field_set(kind, &p);
+            (p, s)
+        }
+    };
     let (old_part, old_set) = match old {
         Some(o) => {
             let p = owned_part(o);
@@ -703,6 +756,40 @@ mod tests {
 
     fn path(s: &[&str]) -> Path {
         s.iter().map(|x| x.to_string()).collect()
+    }
+
+    /// A create's field set, read in place, is the one of the owned part's copy: nulls
+    /// absent (an object of nulls an empty leaf), server metadata, type meta and status
+    /// nobody's.
+    #[test]
+    fn a_creates_field_set_is_the_owned_parts() {
+        let mut with_nulls = deployment(2, "nginx");
+        with_nulls["status"] = json!({"replicas": 2});
+        with_nulls["metadata"]["uid"] = json!("u");
+        with_nulls["metadata"]["annotations"] = json!({"a": null, "b": "x"});
+        with_nulls["metadata"]["finalizers"] = json!(null);
+        with_nulls["spec"]["paused"] = json!(null);
+        with_nulls["spec"]["strategy"] = json!({"rollingUpdate": null, "type": null});
+        with_nulls["spec"]["template"]["spec"]["containers"][0]["ports"] =
+            json!([{"containerPort": 80, "name": null}, {"containerPort": 81}]);
+        with_nulls["spec"]["template"]["spec"]["nodeSelector"] = json!({"zone": null});
+        let bare = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "c", "creationTimestamp": null}, "data": {"k": "v"}});
+        let custom = json!({"apiVersion": "example.com/v1", "kind": "Widget",
+            "metadata": {"name": "w", "labels": {"l": "v"}},
+            "spec": {"a": [1, null, {"b": null}], "c": {"d": null}, "e": null}});
+        for (kind, obj) in [
+            ("Deployment", deployment(3, "web")),
+            ("Deployment", with_nulls),
+            ("ConfigMap", bare),
+            ("Widget", custom),
+        ] {
+            assert_eq!(
+                owned_field_set(kind, &obj),
+                field_set(kind, &owned_part(&obj)),
+                "{obj}"
+            );
+        }
     }
 
     #[test]
