@@ -54,8 +54,9 @@ const BATCH: usize = 256;
 const FEED_BATCH: usize = 512;
 /// Buffered events per client watch stream.
 const WATCHER_CHANNEL: usize = 128;
-/// Objects this server wrote that the feed has not seen yet ([`WatchCache::written`]); past
-/// this many (a store watch that fell behind) the oldest hints are dropped and decoded again.
+/// Announced writes whose events the feed has not seen yet ([`WatchCache::writing`]); past
+/// this many (failed writes, a store watch that fell behind) all are forgotten, and their
+/// events decoded as anyone else's.
 const WRITTEN_HINTS: usize = 4096;
 
 /// The receiving end of a client watch.

@@ -465,26 +465,27 @@ pub(crate) fn encode_with(
         .api_version
         .rsplit_once('/')
         .map_or(info.api_version, |(_, v)| v);
+    // Every refusal is worded as kube-apiserver's decoder words it.
+    let refuse = |detail: String| {
+        ApiError::BadRequest(format!(
+            "{} in version {version:?} cannot be handled as a {}: {detail}",
+            info.kind, info.kind
+        ))
+    };
     let mut warnings = Vec::new();
     if kind.prunes_unknown() {
         // Every unknown field is known at once (and the value is not copied for a retry).
-        let (bytes, unknown) = kind.json_to_proto_pruning(value).map_err(|e| {
-            ApiError::BadRequest(format!(
-                "{} in version {version:?} cannot be handled as a {}: {e}",
-                info.kind, info.kind
-            ))
-        })?;
+        let (bytes, unknown) = kind
+            .json_to_proto_pruning(value)
+            .map_err(|e| refuse(e.to_string()))?;
         return match mode {
             FieldValidation::Strict if !unknown.is_empty() => {
                 let fields: Vec<String> = unknown
                     .iter()
                     .map(|f| format!("unknown field {f:?}"))
                     .collect();
-                Err(ApiError::BadRequest(format!(
-                    "{} in version {version:?} cannot be handled as a {}: strict decoding \
-                     error: {}",
-                    info.kind,
-                    info.kind,
+                Err(refuse(format!(
+                    "strict decoding error: {}",
                     fields.join(", ")
                 )))
             }
@@ -501,34 +502,22 @@ pub(crate) fn encode_with(
             Ok(bytes) => return Ok((bytes, warnings)),
             Err(e) if e.message == "unknown field" && mode != FieldValidation::Strict => {
                 if !remove_path(&mut value, &e.path) {
-                    return Err(ApiError::BadRequest(format!(
-                        "{} in version {version:?} cannot be handled as a {}: unknown field {:?}",
-                        info.kind, info.kind, e.path
-                    )));
+                    return Err(refuse(format!("unknown field {:?}", e.path)));
                 }
                 if mode == FieldValidation::Warn {
                     warnings.push(format!("unknown field {:?}", e.path));
                 }
             }
             Err(e) if e.message == "unknown field" => {
-                return Err(ApiError::BadRequest(format!(
-                    "{} in version {version:?} cannot be handled as a {}: strict decoding \
-                     error: unknown field {:?}",
-                    info.kind, info.kind, e.path
+                return Err(refuse(format!(
+                    "strict decoding error: unknown field {:?}",
+                    e.path
                 )));
             }
-            Err(e) => {
-                return Err(ApiError::BadRequest(format!(
-                    "{} in version {version:?} cannot be handled as a {}: {e}",
-                    info.kind, info.kind
-                )));
-            }
+            Err(e) => return Err(refuse(e.to_string())),
         }
     }
-    Err(ApiError::BadRequest(format!(
-        "{} in version {version:?} cannot be handled as a {}: too many unknown fields",
-        info.kind, info.kind
-    )))
+    Err(refuse("too many unknown fields".into()))
 }
 
 /// Removes the field at `path` (`spec.template.spec.containers[0].imagee`); false if absent.

@@ -491,37 +491,23 @@ pub(crate) fn record_update(kind: &str, old: Option<&Value>, new: &mut Value, wr
     } else {
         sent
     };
-    let (new_part, new_set) = match old {
-        // A create: the set is all that is needed.
-        None => (Value::Null, owned_field_set(kind, new)),
-        Some(_) => {
-            let p = owned_part(new);
-            let s = field_set(kind, &p);
-            (p, s)
-        }
-    };
-    let (old_part, old_set) = match old {
+    let (changed, gone): (FieldSet, FieldSet) = match old {
+        // A create: every field is this writer's, read from the object in place.
+        None => (owned_field_set(kind, new), FieldSet::new()),
         Some(o) => {
-            let p = owned_part(o);
-            let s = field_set(kind, &p);
-            (p, s)
+            let (new_part, old_part) = (owned_part(new), owned_part(o));
+            let (new_set, old_set) = (field_set(kind, &new_part), field_set(kind, &old_part));
+            let changed = new_set
+                .iter()
+                .filter(|p| {
+                    !old_set.contains(*p)
+                        || (!has_children(&new_set, p)
+                            && value_at(&new_part, p) != value_at(&old_part, p))
+                })
+                .cloned()
+                .collect();
+            (changed, old_set.difference(&new_set).cloned().collect())
         }
-        None => (Value::Null, FieldSet::new()),
-    };
-    let gone: FieldSet = old_set.difference(&new_set).cloned().collect();
-    let changed: FieldSet = if old.is_none() {
-        // A create: every field is this writer's.
-        new_set
-    } else {
-        new_set
-            .iter()
-            .filter(|p| {
-                !old_set.contains(*p)
-                    || (!has_children(&new_set, p)
-                        && value_at(&new_part, p) != value_at(&old_part, p))
-            })
-            .cloned()
-            .collect()
     };
     if changed.is_empty() && gone.is_empty() {
         write_entries(new, &entries);
