@@ -65,7 +65,8 @@ pub mod taints;
 pub mod wellknown;
 
 pub use resource::{
-    DynKind, KindInfo, KindOf, Resource, find_kind, intern_kind, is_typed, json_kind, kinds,
+    DynKind, Encoded, KindInfo, KindOf, Resource, find_kind, intern_kind, is_typed, json_kind,
+    kinds,
 };
 
 /// The finalizer a delete with propagation policy Foreground adds: the object stays (with its

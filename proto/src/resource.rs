@@ -408,6 +408,33 @@ resource!(
 
 /// A resource type handled by name, for code that does not know the type statically
 /// (the CLI reading manifests, the API server's discovery).
+/// An object as a kind stores it, on its way to the registry: protobuf bytes for the typed
+/// kinds; a kind stored as JSON may hand over the JSON value itself, which the registry then
+/// reads in place rather than from its text.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Encoded {
+    Bytes(Vec<u8>),
+    Json(serde_json::Value),
+}
+
+impl Encoded {
+    /// The stored encoding (a JSON value is written out).
+    pub fn into_bytes(self) -> Vec<u8> {
+        match self {
+            Encoded::Bytes(b) => b,
+            Encoded::Json(v) => serde_json::to_vec(&v).unwrap_or_default(),
+        }
+    }
+
+    /// The protobuf bytes, if that is the form.
+    pub fn as_bytes(&self) -> Option<&[u8]> {
+        match self {
+            Encoded::Bytes(b) => Some(b),
+            Encoded::Json(_) => None,
+        }
+    }
+}
+
 pub trait DynKind: Send + Sync {
     fn info(&self) -> &'static KindInfo;
     /// Strictly decodes a manifest document of this kind and encodes it as protobuf.
@@ -424,6 +451,15 @@ pub trait DynKind: Send + Sync {
         value: serde_json::Value,
     ) -> Result<(Vec<u8>, Vec<String>), ManifestError> {
         self.json_to_proto(value).map(|b| (b, Vec::new()))
+    }
+    /// As [`DynKind::json_to_proto_pruning`], in the form the registry takes: a kind stored
+    /// as JSON hands over the pruned value rather than its text.
+    fn json_to_stored_pruning(
+        &self,
+        value: serde_json::Value,
+    ) -> Result<(Encoded, Vec<String>), ManifestError> {
+        self.json_to_proto_pruning(value)
+            .map(|(b, unknown)| (Encoded::Bytes(b), unknown))
     }
     /// Decodes a protobuf-encoded object into Kubernetes-style JSON (unset fields omitted).
     fn proto_to_json(&self, bytes: &[u8]) -> Result<serde_json::Value, prost::DecodeError>;

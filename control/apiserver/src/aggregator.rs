@@ -617,8 +617,13 @@ impl Aggregator {
         status.conditions.push(cond);
         let result = match self.registry.handler(ApiService::INFO.plural) {
             Ok(h) => {
-                h.update("", &next.encode_to_vec(), "status", WriteOptions::default())
-                    .await
+                h.update(
+                    "",
+                    skiff_api::Encoded::Bytes(next.encode_to_vec()),
+                    "status",
+                    WriteOptions::default(),
+                )
+                .await
             }
             Err(e) => Err(e),
         };
@@ -855,7 +860,7 @@ pub async fn publish_authentication(
                 handler
                     .update(
                         "kube-system",
-                        &have.encode_to_vec(),
+                        skiff_api::Encoded::Bytes(have.encode_to_vec()),
                         "",
                         WriteOptions::default(),
                     )
@@ -864,7 +869,11 @@ pub async fn publish_authentication(
         }
         Err(ApiError::NotFound { .. }) => {
             handler
-                .create("kube-system", &cm.encode_to_vec(), WriteOptions::default())
+                .create(
+                    "kube-system",
+                    skiff_api::Encoded::Bytes(cm.encode_to_vec()),
+                    WriteOptions::default(),
+                )
                 .await?;
         }
         Err(e) => return Err(e),
@@ -884,7 +893,7 @@ pub async fn publish_authentication(
         .handler(Role::INFO.plural)?
         .create(
             "kube-system",
-            &role.encode_to_vec(),
+            skiff_api::Encoded::Bytes(role.encode_to_vec()),
             WriteOptions::default(),
         )
         .await

@@ -80,6 +80,20 @@ impl<T: Object> CachedObject<T> {
             revision,
         }
     }
+
+    /// The cached form of `obj` stored as `stored` in `revision` (its encoding derived from
+    /// the stored one, [`Object::encode_at`]). `stored` must be `obj`'s own stored encoding
+    /// (as a write announced it), not bytes read from the store, which another writer may
+    /// have laid out differently.
+    pub(crate) fn from_stored(mut obj: T, stored: &[u8], revision: i64) -> Self {
+        obj.metadata_mut().resource_version = revision.to_string();
+        let bytes = obj.encode_at(stored, revision);
+        CachedObject {
+            obj,
+            bytes,
+            revision,
+        }
+    }
 }
 
 /// A write in flight ([`WatchCache::writing`]): the object until the writer or the feed
@@ -101,10 +115,14 @@ impl<T: Object> Pending<T> {
     pub fn resolve(&self, revision: i64) -> Option<Arc<CachedObject<T>>> {
         let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
         let cached = match std::mem::replace(&mut *slot, Slot::Taken) {
-            Slot::Waiting(obj) => Arc::new(CachedObject::new(obj, revision)),
+            Slot::Waiting(obj) => Arc::new(CachedObject::from_stored(obj, &self.stored, revision)),
             Slot::Ready(c) if c.revision == revision => c,
             // Someone else stored the same bytes in another revision first.
-            Slot::Ready(c) => Arc::new(CachedObject::new(c.obj.clone(), revision)),
+            Slot::Ready(c) => Arc::new(CachedObject::from_stored(
+                c.obj.clone(),
+                &self.stored,
+                revision,
+            )),
             Slot::Taken => return None,
         };
         *slot = Slot::Ready(Arc::clone(&cached));

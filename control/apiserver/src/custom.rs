@@ -24,7 +24,7 @@ use async_trait::async_trait;
 use serde_json::{Map, Value};
 use skiff_api::api::{CustomResourceDefinition, ObjectMeta};
 use skiff_api::manifest::ManifestError;
-use skiff_api::{DynKind, KindInfo};
+use skiff_api::{DynKind, Encoded, KindInfo};
 
 use crate::error::FieldError;
 use crate::object::Object;
@@ -310,10 +310,16 @@ impl DynKind for CustomKind {
     /// Prunes what the schema does not specify (at the root, metadata to ObjectMeta's
     /// fields), checks the metadata, and converts this version's object to the storage
     /// version; returns the pruned fields.
-    fn json_to_proto_pruning(
+    fn json_to_proto_pruning(&self, value: Value) -> Result<(Vec<u8>, Vec<String>), ManifestError> {
+        let (stored, unknown) = self.json_to_stored_pruning(value)?;
+        Ok((stored.into_bytes(), unknown))
+    }
+
+    /// The pruned, checked and converted object, handed over as the value it is.
+    fn json_to_stored_pruning(
         &self,
         mut value: Value,
-    ) -> Result<(Vec<u8>, Vec<String>), ManifestError> {
+    ) -> Result<(Encoded, Vec<String>), ManifestError> {
         if !value.is_object() {
             return Err(ManifestError::new("", "expected an object"));
         }
@@ -337,9 +343,7 @@ impl DynKind for CustomKind {
         if value["apiVersion"].as_str() == Some(self.info().api_version) {
             self.storage().convert(&mut value);
         }
-        let bytes =
-            serde_json::to_vec(&value).map_err(|e| ManifestError::new("", e.to_string()))?;
-        Ok((bytes, unknown))
+        Ok((Encoded::Json(value), unknown))
     }
 
     fn proto_to_json(&self, bytes: &[u8]) -> Result<Value, prost::DecodeError> {
@@ -389,8 +393,9 @@ impl<'de> serde::Deserialize<'de> for Parts {
 pub struct Unstructured {
     kind: CustomKind,
     meta: ObjectMeta,
-    /// Every top-level field but `metadata`.
-    rest: Map<String, Value>,
+    /// Every top-level field but `metadata`: always a JSON object, held as a `Value` so the
+    /// schema reads it in place ([`Unstructured::fields`] is the map).
+    rest: Value,
 }
 
 impl std::fmt::Debug for Unstructured {
@@ -409,9 +414,33 @@ impl PartialEq for Unstructured {
 }
 
 impl Unstructured {
+    fn new(kind: CustomKind, meta: ObjectMeta, rest: Map<String, Value>) -> Self {
+        Unstructured {
+            kind,
+            meta,
+            rest: Value::Object(rest),
+        }
+    }
+
+    /// Every top-level field but `metadata`.
+    fn fields(&self) -> &Map<String, Value> {
+        static NONE: std::sync::LazyLock<Map<String, Value>> = std::sync::LazyLock::new(Map::new);
+        self.rest.as_object().unwrap_or(&NONE)
+    }
+
+    fn fields_mut(&mut self) -> &mut Map<String, Value> {
+        if !self.rest.is_object() {
+            self.rest = Value::Object(Map::new());
+        }
+        match &mut self.rest {
+            Value::Object(m) => m,
+            _ => unreachable!("the fields were made an object above"),
+        }
+    }
+
     /// The whole object as JSON.
     pub fn to_value(&self) -> Value {
-        let mut map = self.rest.clone();
+        let mut map = self.fields().clone();
         map.insert("metadata".into(), self.meta_value());
         Value::Object(map)
     }
@@ -422,11 +451,10 @@ impl Unstructured {
         meta
     }
 
-    /// The object as its schema sees it: `metadata` holds only `name` and `generateName`,
-    /// the only metadata a structural schema may constrain and CEL rules may read (as in
-    /// Kubernetes); the rest of the metadata is validated as every kind's is.
-    fn schema_view(&self) -> Value {
-        let mut map = self.rest.clone();
+    /// The metadata as its schema sees it: only `name` and `generateName`, the only
+    /// metadata a structural schema may constrain and CEL rules may read (as in Kubernetes);
+    /// the rest of the metadata is validated as every kind's is.
+    fn schema_metadata(&self) -> Value {
         let mut meta = Map::new();
         for (k, v) in [
             ("name", &self.meta.name),
@@ -436,8 +464,22 @@ impl Unstructured {
                 meta.insert(k.into(), Value::from(v.as_str()));
             }
         }
-        map.insert("metadata".into(), Value::Object(meta));
+        Value::Object(meta)
+    }
+
+    /// The whole object as its schema sees it ([`Unstructured::schema_metadata`]).
+    fn schema_view(&self) -> Value {
+        let mut map = self.fields().clone();
+        map.insert("metadata".into(), self.schema_metadata());
         Value::Object(map)
+    }
+
+    /// The schema's refusals of this object; `old` is the stored object (its view) for
+    /// transition rules.
+    fn schema_check(&self, old: Option<&Value>) -> Vec<skiff_schema::FieldError> {
+        self.kind
+            .schema()
+            .validate_parts(&self.rest, &self.schema_metadata(), old)
     }
 
     fn status_is_subresource(&self) -> bool {
@@ -451,7 +493,7 @@ impl Object for Unstructured {
     fn decode(kind: &CustomKind, bytes: &[u8]) -> Result<Self, String> {
         let kind = kind.clone();
         if let Ok(Parts { meta, rest }) = serde_json::from_slice::<Parts>(bytes) {
-            return Ok(Unstructured { kind, meta, rest });
+            return Ok(Unstructured::new(kind, meta, rest));
         }
         // Worded with the path-naming decoder (nulls in the metadata are unset fields).
         let value: Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
@@ -463,7 +505,29 @@ impl Object for Unstructured {
             Some(m) => skiff_api::manifest::decode::<ObjectMeta>(m)
                 .map_err(|e| format!("metadata: {e}"))?,
         };
-        Ok(Unstructured { kind, meta, rest })
+        Ok(Unstructured::new(kind, meta, rest))
+    }
+
+    /// A value from the codec is taken apart in place: its metadata read into
+    /// [`ObjectMeta`], the rest kept as it is.
+    fn decode_encoded(kind: &CustomKind, encoded: Encoded) -> Result<Self, String> {
+        let value = match encoded {
+            Encoded::Bytes(b) => return Self::decode(kind, &b),
+            Encoded::Json(v) => v,
+        };
+        let Value::Object(mut rest) = value else {
+            return Err("expected an object".into());
+        };
+        let meta = match rest.remove("metadata") {
+            None | Some(Value::Null) => ObjectMeta::default(),
+            Some(m) => match <ObjectMeta as serde::Deserialize>::deserialize(&m) {
+                Ok(meta) => meta,
+                // Worded with the path-naming decoder (nulls in the metadata are unset).
+                Err(_) => skiff_api::manifest::decode::<ObjectMeta>(m)
+                    .map_err(|e| format!("metadata: {e}"))?,
+            },
+        };
+        Ok(Unstructured::new(kind.clone(), meta, rest))
     }
 
     fn encode(&self) -> Vec<u8> {
@@ -493,10 +557,17 @@ impl Object for Unstructured {
             }
         }
         serde_json::to_vec(&Whole {
-            rest: &self.rest,
+            rest: self.fields(),
             meta: &self.meta_value(),
         })
         .unwrap_or_default()
+    }
+
+    /// The stored text with `"resourceVersion"` written into its metadata where
+    /// [`Object::encode`] puts it (metadata keys in order), rather than the object written
+    /// out again; the full encoding when the text is not laid out as expected.
+    fn encode_at(&self, stored: &[u8], revision: i64) -> Vec<u8> {
+        splice_revision(stored, revision).unwrap_or_else(|| self.encode())
     }
 
     fn metadata(&self) -> Option<&ObjectMeta> {
@@ -508,26 +579,29 @@ impl Object for Unstructured {
     }
 
     fn api_version(&self) -> &str {
-        self.rest
+        self.fields()
             .get("apiVersion")
             .and_then(Value::as_str)
             .unwrap_or("")
     }
 
     fn kind(&self) -> &str {
-        self.rest.get("kind").and_then(Value::as_str).unwrap_or("")
+        self.fields()
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or("")
     }
 
     fn set_type_meta(&mut self) {
         let info = self.kind.info();
-        self.rest
-            .insert("apiVersion".into(), Value::from(info.api_version));
-        self.rest.insert("kind".into(), Value::from(info.kind));
+        let fields = self.fields_mut();
+        fields.insert("apiVersion".into(), Value::from(info.api_version));
+        fields.insert("kind".into(), Value::from(info.kind));
     }
 
     fn clear_status(&mut self) {
         if self.status_is_subresource() {
-            self.rest.remove("status");
+            self.fields_mut().remove("status");
         }
     }
 
@@ -535,9 +609,9 @@ impl Object for Unstructured {
         if !self.status_is_subresource() {
             return;
         }
-        match other.rest.get("status") {
-            Some(s) => self.rest.insert("status".into(), s.clone()),
-            None => self.rest.remove("status"),
+        match other.fields().get("status") {
+            Some(s) => self.fields_mut().insert("status".into(), s.clone()),
+            None => self.fields_mut().remove("status"),
         };
     }
 
@@ -546,7 +620,7 @@ impl Object for Unstructured {
             "metadata.name" => Some(self.meta.name.clone()),
             "metadata.namespace" => Some(self.meta.namespace.clone()),
             p if self.kind.selectable().iter().any(|s| s == p) => {
-                Some(CustomKind::value_at(&self.rest, p).unwrap_or_default())
+                Some(CustomKind::value_at(self.fields(), p).unwrap_or_default())
             }
             _ => None,
         }
@@ -559,7 +633,7 @@ impl Object for Unstructured {
 
     fn spec_eq(&self, other: &Self) -> bool {
         let strip = |o: &Self| {
-            let mut m = o.rest.clone();
+            let mut m = o.fields().clone();
             m.remove("apiVersion");
             m.remove("kind");
             if o.status_is_subresource() {
@@ -582,34 +656,98 @@ impl Object for Unstructured {
     }
 }
 
+/// `stored` (a custom object's compact JSON, written by [`Object::encode`] without a
+/// resourceVersion) with `"resourceVersion":"<revision>"` inserted into its metadata
+/// before the first key that sorts after it, as the encoder orders keys. `None` when
+/// `stored` does not have that shape (the caller then encodes).
+///
+/// Written by hand because no JSON crate edits text in place; serde_json's borrowed
+/// `RawValue`s give the offsets, so only the metadata's keys are scanned.
+fn splice_revision(stored: &[u8], revision: i64) -> Option<Vec<u8>> {
+    use serde_json::value::RawValue;
+
+    #[derive(serde::Deserialize)]
+    struct Top<'a> {
+        #[serde(borrow)]
+        metadata: &'a RawValue,
+    }
+    /// The metadata's keys in order, each with its value's text.
+    struct Keys<'a>(Vec<(&'a str, &'a RawValue)>);
+    impl<'de> serde::Deserialize<'de> for Keys<'de> {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct Visit;
+            impl<'de> serde::de::Visitor<'de> for Visit {
+                type Value = Keys<'de>;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("an object")
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(
+                    self,
+                    mut a: A,
+                ) -> Result<Keys<'de>, A::Error> {
+                    let mut keys = Vec::new();
+                    while let Some(entry) = a.next_entry::<&str, &RawValue>()? {
+                        keys.push(entry);
+                    }
+                    Ok(Keys(keys))
+                }
+            }
+            d.deserialize_map(Visit)
+        }
+    }
+
+    const KEY: &str = "resourceVersion";
+    let text = std::str::from_utf8(stored).ok()?;
+    let top: Top<'_> = serde_json::from_str(text).ok()?;
+    let meta = top.metadata.get();
+    let Keys(keys) = serde_json::from_str(meta).ok()?;
+    let offset = |s: &str| (s.as_ptr() as usize).checked_sub(text.as_ptr() as usize);
+    if keys.iter().any(|(k, _)| *k == KEY) || keys.windows(2).any(|w| w[0].0 >= w[1].0) {
+        return None;
+    }
+    let field = format!("\"{KEY}\":\"{revision}\"");
+    let (at, insert) = match keys.iter().find(|(k, _)| *k > KEY) {
+        // Compact JSON: the key's opening quote sits just before its text.
+        Some((k, _)) => (offset(k)?.checked_sub(1)?, format!("{field},")),
+        None => {
+            let close = offset(meta)? + meta.len() - 1;
+            let sep = if keys.is_empty() { "" } else { "," };
+            (close, format!("{sep}{field}"))
+        }
+    };
+    if text.as_bytes().get(at) != Some(&if insert.ends_with(',') { b'"' } else { b'}' }) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(stored.len() + insert.len());
+    out.extend_from_slice(&stored[..at]);
+    out.extend_from_slice(insert.as_bytes());
+    out.extend_from_slice(&stored[at..]);
+    Some(out)
+}
+
 #[async_trait]
 impl Strategy for Unstructured {
     /// The schema's defaults.
     fn default(&mut self) {
-        let mut v = Value::Object(std::mem::take(&mut self.rest));
-        self.kind.schema().apply_defaults(&mut v);
-        if let Value::Object(m) = v {
-            self.rest = m;
-        }
+        self.kind.schema().apply_defaults(&mut self.rest);
     }
 
     /// The storage version's schema, with its CEL rules (transition rules see no old object
     /// on create).
     fn validate(&self) -> Vec<FieldError> {
-        schema_errors(self.kind.schema().validate(&self.schema_view(), None))
+        schema_errors(self.schema_check(None))
     }
 
     /// The schema again, with the stored object for transition rules.
     fn validate_update(&self, old: &Self) -> Vec<FieldError> {
-        // `validate` already reported the rules that need no old object.
-        let with_old = self
-            .kind
-            .schema()
-            .validate(&self.schema_view(), Some(&old.schema_view()));
+        // `validate` already reported the rules that need no old object; without rules there
+        // is nothing else an old object changes.
+        if !self.kind.schema().has_rules() {
+            return Vec::new();
+        }
+        let with_old = self.schema_check(Some(&old.schema_view()));
         let without: HashSet<String> = self
-            .kind
-            .schema()
-            .validate(&self.schema_view(), None)
+            .schema_check(None)
             .into_iter()
             .map(|e| e.to_string())
             .collect();
@@ -717,7 +855,7 @@ mod tests {
                 "unknown field \"metadata.colour\""
             ]
         );
-        let stored: Value = serde_json::from_slice(&bytes).unwrap();
+        let stored: Value = serde_json::from_slice(&bytes.clone().into_bytes()).unwrap();
         assert_eq!(stored["metadata"], json!({"name": "w"}));
         assert!(stored.get("bogus").is_none());
         let (ignored, none) = encode_with(&k, value, FieldValidation::Ignore).unwrap();
@@ -738,14 +876,58 @@ mod tests {
         let bytes = serde_json::to_vec(&plain).unwrap();
         let fast = serde_json::from_slice::<Parts>(&bytes).expect("one pass");
         let obj = Unstructured::decode(&k, &bytes).unwrap();
-        assert_eq!((fast.meta, fast.rest), (obj.meta.clone(), obj.rest.clone()));
+        assert_eq!((fast.meta, &fast.rest), (obj.meta.clone(), obj.fields()));
         assert_eq!(obj.to_value(), plain);
+        // The codec's value is taken apart as its text is read.
+        let handed = Unstructured::decode_encoded(&k, Encoded::Json(plain.clone())).unwrap();
+        assert_eq!(handed, obj);
         let nulls = json!({"apiVersion": "example.com/v1", "kind": "Widget",
             "metadata": {"name": "w", "creationTimestamp": null}});
         let bytes = serde_json::to_vec(&nulls).unwrap();
         assert_eq!(Unstructured::decode(&k, &bytes).unwrap().meta.name, "w");
+        let handed = Unstructured::decode_encoded(&k, Encoded::Json(nulls)).unwrap();
+        assert_eq!(handed.meta.name, "w");
         let bad = br#"{"kind": "Widget", "metadata": {"name": "w", "labels": {"l": 5}}}"#;
         let err = Unstructured::decode(&k, bad).unwrap_err();
         assert!(err.starts_with("metadata: "), "{err}");
+        let bad: Value = serde_json::from_slice(bad).unwrap();
+        let err = Unstructured::decode_encoded(&k, Encoded::Json(bad)).unwrap_err();
+        assert!(err.starts_with("metadata: "), "{err}");
+    }
+
+    /// A write's cached encoding is its stored text with the resourceVersion spliced in,
+    /// byte for byte what encoding the object again writes, whatever metadata it has.
+    #[test]
+    fn the_revision_is_spliced_where_encoding_puts_it() {
+        let k = kind();
+        let metas = [
+            json!({}),
+            json!({"name": "w"}),
+            json!({"name": "w", "namespace": "n", "uid": "u-1", "labels": {"a": "b"}}),
+            json!({"name": "w", "annotations": {"k\"ey": "v}"}}),
+            json!({"name": "w", "namespace": "n", "uid": "u", "generation": 3,
+                "creationTimestamp": "2026-01-01T00:00:00Z", "finalizers": ["f"],
+                "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "o", "uid": "x"}],
+                "managedFields": [{"manager": "m", "operation": "Update", "apiVersion": "example.com/v1",
+                    "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {".": {}, "f:x": {}}}}]}),
+        ];
+        let mut spliced = 0;
+        for meta in metas {
+            let value = json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": meta,
+                "spec": {"resourceVersion": "not this one", "z": [1, {"uid": "q"}]}, "zzz": "}"});
+            let mut obj = Unstructured::decode_encoded(&k, Encoded::Json(value)).unwrap();
+            let stored = crate::stored::encode_for_store(&mut obj);
+            obj.meta.resource_version = "42".into();
+            let direct = splice_revision(&stored, 42);
+            spliced += usize::from(direct.is_some());
+            assert_eq!(
+                String::from_utf8(obj.encode_at(&stored, 42)).unwrap(),
+                String::from_utf8(obj.encode()).unwrap()
+            );
+        }
+        assert_eq!(spliced, 5, "every layout above is spliced, not re-encoded");
+        // Text that already holds a resourceVersion, or is not an object, is not edited.
+        assert!(splice_revision(br#"{"metadata":{"resourceVersion":"1"}}"#, 2).is_none());
+        assert!(splice_revision(b"[1]", 2).is_none());
     }
 }

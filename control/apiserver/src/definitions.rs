@@ -110,7 +110,12 @@ async fn sync_role(registry: &Registry) -> Result<(), ApiError> {
         }
         role.rules = rules.clone();
         match roles
-            .update("", &role.encode_to_vec(), "", WriteOptions::default())
+            .update(
+                "",
+                skiff_api::Encoded::Bytes(role.encode_to_vec()),
+                "",
+                WriteOptions::default(),
+            )
             .await
         {
             Ok(_) => return Ok(()),
@@ -353,7 +358,12 @@ async fn write_status(
     crd: &CustomResourceDefinition,
 ) -> Result<(), ApiError> {
     handler
-        .update("", &crd.encode_to_vec(), "status", WriteOptions::default())
+        .update(
+            "",
+            skiff_api::Encoded::Bytes(crd.encode_to_vec()),
+            "status",
+            WriteOptions::default(),
+        )
         .await
         .map(|_| ())
 }
@@ -475,7 +485,12 @@ async fn finalize(
         m.finalizers.retain(|f| f != CLEANUP_FINALIZER);
     }
     handler
-        .update("", &next.encode_to_vec(), "", WriteOptions::default())
+        .update(
+            "",
+            skiff_api::Encoded::Bytes(next.encode_to_vec()),
+            "",
+            WriteOptions::default(),
+        )
         .await?;
     info!(definition = name_of(crd), "custom kind removed");
     Ok(())

@@ -264,7 +264,11 @@ async fn create_in<T: Resource>(
 ) -> Result<(), ApiError> {
     match registry
         .handler(T::INFO.plural)?
-        .create(namespace, &obj.encode_to_vec(), WriteOptions::default())
+        .create(
+            namespace,
+            skiff_api::Encoded::Bytes(obj.encode_to_vec()),
+            WriteOptions::default(),
+        )
         .await
     {
         Ok(_) => {
@@ -280,7 +284,12 @@ async fn create_in<T: Resource>(
 async fn update<T: Resource>(registry: &Registry, obj: &T) -> Result<(), ApiError> {
     match registry
         .handler(T::INFO.plural)?
-        .update(NAMESPACE, &obj.encode_to_vec(), "", WriteOptions::default())
+        .update(
+            NAMESPACE,
+            skiff_api::Encoded::Bytes(obj.encode_to_vec()),
+            "",
+            WriteOptions::default(),
+        )
         .await
     {
         Ok(_) => {

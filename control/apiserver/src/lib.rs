@@ -475,7 +475,11 @@ async fn ensure<T: Resource>(
     for obj in objects {
         let name = obj.metadata().map(|m| m.name.clone()).unwrap_or_default();
         match handler
-            .create("", &obj.encode_to_vec(), registry::WriteOptions::default())
+            .create(
+                "",
+                skiff_api::Encoded::Bytes(obj.encode_to_vec()),
+                registry::WriteOptions::default(),
+            )
             .await
         {
             Ok(_) => info!(kind = T::INFO.kind, %name, "created"),
@@ -546,7 +550,7 @@ async fn reconcile_default_roles(registry: &registry::Registry) -> Result<(), Ap
             match handler
                 .update(
                     "",
-                    &have.encode_to_vec(),
+                    skiff_api::Encoded::Bytes(have.encode_to_vec()),
                     "",
                     registry::WriteOptions::default(),
                 )

@@ -17,8 +17,22 @@ pub trait Object: Clone + PartialEq + Send + Sync + 'static {
 
     /// Decodes the stored (or request) encoding of an object of `kind`.
     fn decode(kind: &Self::Kind, bytes: &[u8]) -> Result<Self, String>;
+    /// Decodes what the kind's codec made of a request ([`skiff_api::Encoded`]).
+    fn decode_encoded(kind: &Self::Kind, encoded: skiff_api::Encoded) -> Result<Self, String> {
+        match encoded {
+            skiff_api::Encoded::Bytes(b) => Self::decode(kind, &b),
+            skiff_api::Encoded::Json(v) => Self::from_json(kind, v),
+        }
+    }
     /// The stored encoding.
     fn encode(&self) -> Vec<u8>;
+    /// [`Object::encode`] of this object, whose resourceVersion is `revision`, given its
+    /// stored encoding `stored` (the same object without a resourceVersion). Kinds whose
+    /// encoding is costly derive it from `stored` rather than encode again.
+    fn encode_at(&self, stored: &[u8], revision: i64) -> Vec<u8> {
+        let _ = (stored, revision);
+        self.encode()
+    }
     fn metadata(&self) -> Option<&ObjectMeta>;
     fn metadata_mut(&mut self) -> &mut ObjectMeta;
     fn api_version(&self) -> &str;

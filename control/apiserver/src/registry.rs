@@ -28,7 +28,7 @@ use skiff_api::api::{
 };
 use skiff_api::rpc::{DeleteRequest, ListRequest, ListResponse, WatchRequest};
 use skiff_api::selector::{FieldSelector, Selector};
-use skiff_api::{DynKind, KindInfo};
+use skiff_api::{DynKind, Encoded, KindInfo};
 use skiff_store::{KeyValue, Store, StoreError};
 use tracing::debug;
 
@@ -56,8 +56,8 @@ fn decode_request<T: Message + Default>(bytes: &[u8], kind: &str) -> Result<T, A
         .map_err(|e| ApiError::BadRequest(format!("cannot decode the {kind} object: {e}")))
 }
 
-fn decode_object<T: Object>(kind: &T::Kind, bytes: &[u8]) -> Result<T, ApiError> {
-    T::decode(kind, bytes).map_err(|e| {
+fn decode_object<T: Object>(kind: &T::Kind, object: Encoded) -> Result<T, ApiError> {
+    T::decode_encoded(kind, object).map_err(|e| {
         ApiError::BadRequest(format!(
             "cannot decode the {} object: {e}",
             kind.info().kind
@@ -129,7 +129,7 @@ pub trait ResourceHandler: Send + Sync {
     async fn create(
         &self,
         namespace: &str,
-        object: &[u8],
+        object: Encoded,
         opts: WriteOptions,
     ) -> Result<Vec<u8>, ApiError>;
     async fn get(&self, namespace: &str, name: &str) -> Result<Vec<u8>, ApiError>;
@@ -139,7 +139,7 @@ pub trait ResourceHandler: Send + Sync {
     async fn update(
         &self,
         namespace: &str,
-        object: &[u8],
+        object: Encoded,
         subresource: &str,
         opts: WriteOptions,
     ) -> Result<Vec<u8>, ApiError>;
@@ -941,7 +941,7 @@ impl<T: Strategy> ResourceHandler for Handler<T> {
     async fn create(
         &self,
         namespace: &str,
-        object: &[u8],
+        object: Encoded,
         opts: WriteOptions,
     ) -> Result<Vec<u8>, ApiError> {
         let obj = decode_object::<T>(self.kind.as_ref(), object)?;
@@ -963,7 +963,7 @@ impl<T: Strategy> ResourceHandler for Handler<T> {
     async fn update(
         &self,
         namespace: &str,
-        object: &[u8],
+        object: Encoded,
         subresource: &str,
         opts: WriteOptions,
     ) -> Result<Vec<u8>, ApiError> {

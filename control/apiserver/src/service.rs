@@ -1,6 +1,7 @@
 //! The gRPC service: a thin layer that routes each call to the resource's handler and maps
 //! errors through [`ApiError::to_status`].
 
+use skiff_api::Encoded;
 use std::sync::Arc;
 
 use skiff_api::Resource;
@@ -152,7 +153,9 @@ impl Api for ApiService {
         let r = request.into_inner();
         let result = async {
             let h = self.registry.handler(&r.resource)?;
-            h.create(&r.namespace, &r.object, opts).await.map(object)
+            h.create(&r.namespace, Encoded::Bytes(r.object), opts)
+                .await
+                .map(object)
         }
         .await;
         respond("create", &r.resource, result)
@@ -221,7 +224,7 @@ impl Api for ApiService {
         let r = request.into_inner();
         let result = async {
             let h = self.registry.handler(&r.resource)?;
-            h.update(&r.namespace, &r.object, &r.subresource, opts)
+            h.update(&r.namespace, Encoded::Bytes(r.object), &r.subresource, opts)
                 .await
                 .map(object)
         }

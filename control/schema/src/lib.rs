@@ -126,6 +126,42 @@ impl Schema {
     /// object on update: transition rules (those using `oldSelf`) run only
     /// where an old value correlates.
     pub fn validate(&self, obj: &Value, old: Option<&Value>) -> Vec<FieldError> {
+        self.validate_at_root(obj, None, old)
+    }
+
+    /// As [`Schema::validate`], for an object given as its members other than
+    /// `metadata` (`fields`) and the metadata its schema sees (`metadata`):
+    /// a server holding the metadata apart need not assemble the object.
+    /// Only CEL rules and composite root schemas (which see the whole object)
+    /// get it assembled, here.
+    pub fn validate_parts(
+        &self,
+        fields: &Value,
+        metadata: &Value,
+        old: Option<&Value>,
+    ) -> Vec<FieldError> {
+        let r = &self.root;
+        let whole_needed = self.has_rules
+            || !(r.all_of.is_empty() && r.any_of.is_empty() && r.one_of.is_empty())
+            || r.not.is_some()
+            || r.enum_.is_some();
+        match fields {
+            Value::Object(m) if whole_needed || m.contains_key("metadata") => {
+                let mut whole = m.clone();
+                whole.insert("metadata".into(), metadata.clone());
+                self.validate(&Value::Object(whole), old)
+            }
+            Value::Object(_) => self.validate_at_root(fields, Some(metadata), old),
+            _ => self.validate(fields, old),
+        }
+    }
+
+    fn validate_at_root(
+        &self,
+        obj: &Value,
+        root_meta: Option<&Value>,
+        old: Option<&Value>,
+    ) -> Vec<FieldError> {
         let root = FPath::root();
         if too_deep(obj) {
             return vec![FieldError::invalid(
@@ -135,13 +171,26 @@ impl Schema {
             )];
         }
         let mut out = Vec::new();
-        validate::openapi(&self.root, obj, &Name::Root, &root, true, &mut out);
+        validate::openapi(
+            &self.root,
+            obj,
+            &Name::Root,
+            &root,
+            true,
+            root_meta,
+            &mut out,
+        );
         validate::lists_and_embedded(&self.root, obj, &At::Path(&root), true, &mut out);
         if self.has_rules {
             let old = old.filter(|o| !too_deep(o));
             out.extend(cel::Evaluator::run(&self.root, obj, old, &root, true));
         }
         out
+    }
+
+    /// Whether the schema has CEL rules (which see whole objects, old ones too).
+    pub fn has_rules(&self) -> bool {
+        self.has_rules
     }
 
     /// Applies `default`s as Kubernetes' structural defaulting does: absent
@@ -212,7 +261,7 @@ impl Schema {
         if let Some(d) = &n.default {
             let dp = path.child("default");
             let before = errs.len();
-            validate::openapi(n, d, &Name::Root, &dp, false, errs);
+            validate::openapi(n, d, &Name::Root, &dp, false, None, errs);
             validate::lists_and_embedded(n, d, &At::Path(&dp), n.embedded, errs);
             let mut pruned = d.clone();
             ops::prune(

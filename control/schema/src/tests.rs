@@ -696,3 +696,45 @@ fn cel_optional_old_self() {
         vec![r#"spec.v: Invalid value: "integer": may not decrease"#]
     );
 }
+
+/// An object given as its fields and its metadata apart is validated as the
+/// assembled object is: metadata's name rules, root property counts,
+/// required fields, forbidden properties, and CEL rules reading the metadata.
+#[test]
+fn objects_given_in_parts_are_validated_as_whole_ones() {
+    let name_rule =
+        json!({"type": "object", "properties": {"name": {"type": "string", "maxLength": 3}}});
+    let schemas = [
+        json!({"type": "object", "properties": {"metadata": name_rule, "spec": {"type": "object", "required": ["a"], "properties": {"a": {"type": "string"}}}}}),
+        json!({"type": "object", "maxProperties": 3, "properties": {"metadata": name_rule, "spec": {"type": "object"}}}),
+        json!({"type": "object", "minProperties": 5, "properties": {"spec": {"type": "object"}}}),
+        json!({"type": "object", "required": ["spec", "metadata"], "properties": {"spec": {"type": "object"}}}),
+        json!({"type": "object", "properties": {"spec": {"type": "object"}},
+               "x-kubernetes-validations": [{"rule": "self.metadata.name.size() < 5", "message": "short names only"}]}),
+        json!({"type": "object", "anyOf": [{"required": ["spec"]}], "properties": {"spec": {"type": "object"}}}),
+    ];
+    let objects = [
+        json!({"apiVersion": "a/v1", "kind": "K", "metadata": {"name": "toolong"}, "spec": {}}),
+        json!({"apiVersion": "a/v1", "kind": "K", "metadata": {"name": "ok"}, "spec": {"a": "x"}}),
+        json!({"apiVersion": "a/v1", "kind": "K", "metadata": {}}),
+        json!({"apiVersion": "a/v1", "kind": "K", "metadata": {"generateName": "g-"}, "spec": {"a": 1}, "extra": 2}),
+    ];
+    let mut failing = 0;
+    for raw in &schemas {
+        let s = schema(raw.clone());
+        for o in &objects {
+            let whole: Vec<String> = s.validate(o, None).iter().map(|e| e.to_string()).collect();
+            let mut fields = o.clone();
+            let meta = fields.as_object_mut().unwrap().remove("metadata").unwrap();
+            let parts: Vec<String> = s
+                .validate_parts(&fields, &meta, None)
+                .iter()
+                .map(|e| e.to_string())
+                .collect();
+            assert_eq!(parts, whole, "schema {raw}, object {o}");
+            failing += usize::from(!whole.is_empty());
+        }
+    }
+    // The cases exercise refusals, not only clean objects.
+    assert!(failing >= 8, "only {failing} refusals");
+}

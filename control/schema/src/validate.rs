@@ -17,21 +17,25 @@ use crate::node::{AddProps, Node};
 /// `spec.items[0].name`, `.key` at the root) against `n`. `base` is the
 /// field path the names are relative to (`kubeOpenAPIResultToFieldErrors`'s
 /// fldPath). `root` is true at a custom resource's root: apiVersion, kind
-/// and metadata are then skipped except metadata.name/generateName.
+/// and metadata are then skipped except metadata.name/generateName, read from
+/// `root_meta` when the root object is given without its metadata.
 pub(crate) fn openapi(
     n: &Node,
     data: &Value,
     name: &Name<'_>,
     base: &FPath,
     root: bool,
+    root_meta: Option<&Value>,
     out: &mut Vec<FieldError>,
 ) {
-    let v = V { base };
+    let v = V { base, root_meta };
     v.value(n, data, name, root, out);
 }
 
 struct V<'a> {
     base: &'a FPath,
+    /// The root's metadata when the root object does not hold it.
+    root_meta: Option<&'a Value>,
 }
 
 impl V<'_> {
@@ -85,21 +89,23 @@ impl V<'_> {
 
     /// typeValidator (validate/type.go).
     fn type_check(&self, n: &Node, data: &Value, name: &Name<'_>, out: &mut Vec<FieldError>) {
-        let types: Vec<&str> = if n.int_or_string {
-            vec!["integer", "string"]
+        // Every value passes here: nothing is allocated unless it is refused.
+        let one = [n.ty.as_str()];
+        let types: &[&str] = if n.int_or_string {
+            &["integer", "string"]
         } else if n.ty.is_empty() {
             return;
         } else {
-            vec![n.ty.as_str()]
+            &one
         };
-        let joined = types.join(",");
+        let joined = || types.join(",");
         let sch = match data {
             Value::Null => {
                 if !n.nullable {
                     out.push(FieldError::type_invalid(
                         &self.path(name),
                         quote("null"),
-                        format!("{name} in body must be of type {joined}: \"null\""),
+                        format!("{name} in body must be of type {}: \"null\"", joined()),
                     ));
                 }
                 return;
@@ -122,7 +128,11 @@ impl V<'_> {
             out.push(FieldError::type_invalid(
                 &self.path(name),
                 quote(sch),
-                format!("{name} in body must be of type {joined}: {}", quote(sch)),
+                format!(
+                    "{name} in body must be of type {}: {}",
+                    joined(),
+                    quote(sch)
+                ),
             ));
         }
     }
@@ -400,7 +410,11 @@ impl V<'_> {
         root: bool,
         out: &mut Vec<FieldError>,
     ) {
-        let count = m.len() as i64;
+        // The metadata given beside the root object counts as one of its properties.
+        let root_meta = self
+            .root_meta
+            .filter(|_| root && !m.contains_key("metadata"));
+        let count = (m.len() + usize::from(root_meta.is_some())) as i64;
         if let Some(min) = n.min_properties
             && count < min
         {
@@ -443,7 +457,9 @@ impl V<'_> {
             _ => {}
         }
         for (k, ps) in &n.properties {
-            let Some(v) = m.get(k) else { continue };
+            let Some(v) = m.get(k).or(root_meta.filter(|_| k == "metadata")) else {
+                continue;
+            };
             if root && (k == "apiVersion" || k == "kind") {
                 continue;
             }

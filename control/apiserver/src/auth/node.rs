@@ -337,7 +337,11 @@ mod tests {
         registry
             .handler(T::INFO.plural)
             .unwrap()
-            .create(namespace, &obj.encode_to_vec(), WriteOptions::default())
+            .create(
+                namespace,
+                skiff_api::Encoded::Bytes(obj.encode_to_vec()),
+                WriteOptions::default(),
+            )
             .await
             .unwrap();
     }

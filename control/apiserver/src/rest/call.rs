@@ -7,7 +7,7 @@ use std::sync::Arc;
 use axum::http::{HeaderMap, header};
 use axum::response::Response;
 use serde_json::{Value, json};
-use skiff_api::{DynKind, KindInfo};
+use skiff_api::{DynKind, Encoded, KindInfo};
 
 use super::query::Query;
 use super::{managed, table};
@@ -301,8 +301,8 @@ impl Call<'_> {
         Ok(())
     }
 
-    /// `value` as protobuf, with unknown fields handled per `fieldValidation`.
-    pub async fn encode(&self, value: Value) -> Result<(Vec<u8>, Vec<String>), ApiError> {
+    /// `value` as the registry takes it, with unknown fields handled per `fieldValidation`.
+    pub async fn encode(&self, value: Value) -> Result<(Encoded, Vec<String>), ApiError> {
         let mode = FieldValidation::parse(self.query)?;
         self.codec().encode(value, mode).await
     }
@@ -356,27 +356,31 @@ impl Codec {
         &self,
         value: Value,
         mode: FieldValidation,
-    ) -> Result<(Vec<u8>, Vec<String>), ApiError> {
-        let (bytes, warnings) = encode_with(self.kind.as_ref(), value, mode)?;
+    ) -> Result<(Encoded, Vec<String>), ApiError> {
+        let (encoded, warnings) = encode_with(self.kind.as_ref(), value, mode)?;
         let Some((view, converter)) = &self.webhook else {
-            return Ok((bytes, warnings));
+            return Ok((encoded, warnings));
         };
         if view.is_storage() {
-            return Ok((bytes, warnings));
+            return Ok((encoded, warnings));
         }
         let Some(hook) = view.webhook() else {
-            return Ok((bytes, warnings));
+            return Ok((encoded, warnings));
         };
-        let value: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| ApiError::Internal(format!("re-reading a {}: {e}", view.info().kind)))?;
+        let value: Value = match encoded {
+            Encoded::Json(v) => v,
+            Encoded::Bytes(b) => serde_json::from_slice(&b).map_err(|e| {
+                ApiError::Internal(format!("re-reading a {}: {e}", view.info().kind))
+            })?,
+        };
         let storage = view.storage();
         let converted = converter
             .convert(hook, vec![value], storage.info().api_version)
             .await?
             .pop()
             .ok_or_else(|| ApiError::Internal("conversion returned nothing".into()))?;
-        let (bytes, _) = encode_with(&storage, converted, FieldValidation::Ignore)?;
-        Ok((bytes, warnings))
+        let (encoded, _) = encode_with(&storage, converted, FieldValidation::Ignore)?;
+        Ok((encoded, warnings))
     }
 }
 
@@ -459,7 +463,7 @@ pub(crate) fn encode_with(
     kind: &dyn DynKind,
     mut value: Value,
     mode: FieldValidation,
-) -> Result<(Vec<u8>, Vec<String>), ApiError> {
+) -> Result<(Encoded, Vec<String>), ApiError> {
     let info = kind.info();
     let version = info
         .api_version
@@ -475,8 +479,8 @@ pub(crate) fn encode_with(
     let mut warnings = Vec::new();
     if kind.prunes_unknown() {
         // Every unknown field is known at once (and the value is not copied for a retry).
-        let (bytes, unknown) = kind
-            .json_to_proto_pruning(value)
+        let (encoded, unknown) = kind
+            .json_to_stored_pruning(value)
             .map_err(|e| refuse(e.to_string()))?;
         return match mode {
             FieldValidation::Strict if !unknown.is_empty() => {
@@ -491,15 +495,15 @@ pub(crate) fn encode_with(
             }
             FieldValidation::Warn => {
                 warnings.extend(unknown.iter().map(|f| format!("unknown field {f:?}")));
-                Ok((bytes, warnings))
+                Ok((encoded, warnings))
             }
-            _ => Ok((bytes, warnings)),
+            _ => Ok((encoded, warnings)),
         };
     }
     // Each round removes one unknown field; an object has far fewer than this many.
     for _ in 0..1000 {
         match kind.json_to_proto(value.clone()) {
-            Ok(bytes) => return Ok((bytes, warnings)),
+            Ok(bytes) => return Ok((Encoded::Bytes(bytes), warnings)),
             Err(e) if e.message == "unknown field" && mode != FieldValidation::Strict => {
                 if !remove_path(&mut value, &e.path) {
                     return Err(refuse(format!("unknown field {:?}", e.path)));

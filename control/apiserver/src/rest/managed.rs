@@ -364,34 +364,34 @@ pub(crate) fn display(path: &[String]) -> String {
 
 // ---- FieldsV1 ------------------------------------------------------------------------------
 
-#[derive(Default)]
-struct Node {
-    member: bool,
-    children: BTreeMap<String, Node>,
-}
-
 /// A set as FieldsV1 JSON: `{"f:spec":{"f:replicas":{}}}`, with `"."` marking a member that
 /// also has members under it.
 pub(crate) fn to_fields_v1(set: &FieldSet) -> Value {
-    let mut root = Node::default();
-    for path in set {
-        let mut node = &mut root;
-        for step in path {
-            node = node.children.entry(step.clone()).or_default();
-        }
-        node.member = true;
-    }
-    fn write(node: &Node) -> Value {
+    // The set is sorted, so the paths under one step are consecutive and a member comes
+    // before the members under it: the JSON is written in one pass over the paths.
+    fn write(paths: &[&Path], depth: usize) -> Value {
+        let (member, rest) = match paths.split_first() {
+            Some((p, rest)) if p.len() == depth => (true, rest),
+            _ => (false, paths),
+        };
         let mut m = Map::new();
-        if node.member && !node.children.is_empty() {
+        if member && !rest.is_empty() {
             m.insert(".".into(), json!({}));
         }
-        for (k, child) in &node.children {
-            m.insert(k.clone(), write(child));
+        let mut i = 0;
+        while i < rest.len() {
+            let step = &rest[i][depth];
+            let n = rest[i..]
+                .iter()
+                .take_while(|p| p.get(depth) == Some(step))
+                .count();
+            m.insert(step.clone(), write(&rest[i..i + n], depth + 1));
+            i += n;
         }
         Value::Object(m)
     }
-    write(&root)
+    let paths: Vec<&Path> = set.iter().collect();
+    write(&paths, 0)
 }
 
 /// The set a FieldsV1 value describes (what cannot be read is left out).

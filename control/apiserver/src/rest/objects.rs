@@ -311,8 +311,10 @@ async fn create(call: &Call<'_>, body: &[u8]) -> Result<Response, ApiError> {
     let mut value = call.decode(body)?;
     call.record_write(None, &mut value)?;
     let (bytes, mut warnings) = call.encode(value).await?;
-    warnings.extend(pod_security_warning(call, &bytes).await);
-    let created = call.handler.create(&call.namespace, &bytes, opts).await?;
+    if let Some(typed) = bytes.as_bytes() {
+        warnings.extend(pod_security_warning(call, typed).await);
+    }
+    let created = call.handler.create(&call.namespace, bytes, opts).await?;
     call.stored_object(201, created, &warnings).await
 }
 
@@ -384,7 +386,7 @@ async fn update(call: &Call<'_>, body: &[u8], sub: &str) -> Result<Response, Api
         let (bytes, warnings) = call.encode(value).await?;
         match call
             .handler
-            .update(&call.namespace, &bytes, sub, opts.clone())
+            .update(&call.namespace, bytes, sub, opts.clone())
             .await
         {
             Ok(updated) => return call.stored_object(200, updated, &warnings).await,
@@ -614,7 +616,7 @@ async fn take_from_budget(call: &Call<'_>, dry_run: bool) -> Result<(), ApiError
         match pdbs
             .update(
                 &call.namespace,
-                &updated.encode_to_vec(),
+                skiff_api::Encoded::Bytes(updated.encode_to_vec()),
                 "status",
                 WriteOptions::default(),
             )
@@ -649,7 +651,9 @@ async fn bind(call: &Call<'_>, body: &[u8]) -> Result<Response, ApiError> {
     }
     let binding_kind = kinds().iter().copied().find(|k| k.info().kind == "Binding");
     let bytes = match binding_kind {
-        Some(k) => encode_with(k, value, FieldValidation::Strict)?.0,
+        Some(k) => encode_with(k, value, FieldValidation::Strict)?
+            .0
+            .into_bytes(),
         None => {
             let b: skiff_api::api::Binding = skiff_api::manifest::decode(value)
                 .map_err(|e| ApiError::BadRequest(format!("Binding: {e}")))?;

@@ -178,7 +178,7 @@ pub(crate) async fn serve(call: &Call<'_>, body: &[u8], sub: &str) -> Result<Res
         let (bytes, warnings) = call.encode(patched).await?;
         match call
             .handler
-            .update(&call.namespace, &bytes, sub, opts.clone())
+            .update(&call.namespace, bytes, sub, opts.clone())
             .await
         {
             Ok(updated) => return call.stored_object(200, updated, &warnings).await,
@@ -284,7 +284,7 @@ async fn server_side_apply(
             let (bytes, warnings) = call.encode(result).await?;
             match call
                 .handler
-                .create(&call.namespace, &bytes, opts.clone())
+                .create(&call.namespace, bytes, opts.clone())
                 .await
             {
                 Ok(created) => {
@@ -304,7 +304,7 @@ async fn server_side_apply(
         let (bytes, warnings) = call.encode(result).await?;
         match call
             .handler
-            .update(&call.namespace, &bytes, "", opts.clone())
+            .update(&call.namespace, bytes, "", opts.clone())
             .await
         {
             Ok(updated) => return call.stored_object(200, updated, &warnings).await,
@@ -470,7 +470,7 @@ pub(crate) async fn scale(
         let (bytes, _) = call.encode(updated).await?;
         match call
             .handler
-            .update(&call.namespace, &bytes, "", opts.clone())
+            .update(&call.namespace, bytes, "", opts.clone())
             .await
         {
             Ok(obj) => {
