@@ -316,21 +316,21 @@ fn has_any_rules(n: &Node) -> bool {
         || n.items.as_deref().is_some_and(has_any_rules)
 }
 
-/// True if `v` nests deeper than [`MAX_OBJECT_DEPTH`] (checked without
-/// recursion).
+/// True if `v` nests deeper than [`MAX_OBJECT_DEPTH`]. The walk recurses at
+/// most `MAX_OBJECT_DEPTH + 1` levels (it stops below that), and allocates
+/// nothing: it runs on every object written.
 fn too_deep(v: &Value) -> bool {
-    let mut stack = vec![(v, 0usize)];
-    while let Some((x, d)) = stack.pop() {
+    fn below(v: &Value, d: usize) -> bool {
         if d > MAX_OBJECT_DEPTH {
             return true;
         }
-        match x {
-            Value::Array(a) => stack.extend(a.iter().map(|c| (c, d + 1))),
-            Value::Object(m) => stack.extend(m.values().map(|c| (c, d + 1))),
-            _ => {}
+        match v {
+            Value::Array(a) => a.iter().any(|c| below(c, d + 1)),
+            Value::Object(m) => m.values().any(|c| below(c, d + 1)),
+            _ => false,
         }
     }
-    false
+    below(v, 0)
 }
 
 #[cfg(test)]
