@@ -418,6 +418,11 @@ pub enum Encoded {
 }
 
 impl Encoded {
+    /// A typed object's protobuf encoding.
+    pub fn proto<M: prost::Message>(message: &M) -> Self {
+        Encoded::Bytes(message.encode_to_vec())
+    }
+
     /// The stored encoding (a JSON value is written out).
     pub fn into_bytes(self) -> Vec<u8> {
         match self {

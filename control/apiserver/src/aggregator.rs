@@ -619,7 +619,7 @@ impl Aggregator {
             Ok(h) => {
                 h.update(
                     "",
-                    skiff_api::Encoded::Bytes(next.encode_to_vec()),
+                    skiff_api::Encoded::proto(&next),
                     "status",
                     WriteOptions::default(),
                 )
@@ -860,7 +860,7 @@ pub async fn publish_authentication(
                 handler
                     .update(
                         "kube-system",
-                        skiff_api::Encoded::Bytes(have.encode_to_vec()),
+                        skiff_api::Encoded::proto(&have),
                         "",
                         WriteOptions::default(),
                     )
@@ -871,7 +871,7 @@ pub async fn publish_authentication(
             handler
                 .create(
                     "kube-system",
-                    skiff_api::Encoded::Bytes(cm.encode_to_vec()),
+                    skiff_api::Encoded::proto(&cm),
                     WriteOptions::default(),
                 )
                 .await?;
@@ -893,7 +893,7 @@ pub async fn publish_authentication(
         .handler(Role::INFO.plural)?
         .create(
             "kube-system",
-            skiff_api::Encoded::Bytes(role.encode_to_vec()),
+            skiff_api::Encoded::proto(&role),
             WriteOptions::default(),
         )
         .await

@@ -422,6 +422,24 @@ impl Unstructured {
         }
     }
 
+    /// A custom object's JSON taken apart in place: its metadata read into [`ObjectMeta`]
+    /// (by the path-naming decoder, which words errors and reads nulls as unset, when the
+    /// plain one refuses it), the rest kept as it is.
+    fn from_value(kind: CustomKind, value: Value) -> Result<Self, String> {
+        let Value::Object(mut rest) = value else {
+            return Err("expected an object".into());
+        };
+        let meta = match rest.remove("metadata") {
+            None | Some(Value::Null) => ObjectMeta::default(),
+            Some(m) => match <ObjectMeta as serde::Deserialize>::deserialize(&m) {
+                Ok(meta) => meta,
+                Err(_) => skiff_api::manifest::decode::<ObjectMeta>(m)
+                    .map_err(|e| format!("metadata: {e}"))?,
+            },
+        };
+        Ok(Unstructured::new(kind, meta, rest))
+    }
+
     /// Every top-level field but `metadata`.
     fn fields(&self) -> &Map<String, Value> {
         static NONE: std::sync::LazyLock<Map<String, Value>> = std::sync::LazyLock::new(Map::new);
@@ -497,37 +515,15 @@ impl Object for Unstructured {
         }
         // Worded with the path-naming decoder (nulls in the metadata are unset fields).
         let value: Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
-        let Value::Object(mut rest) = value else {
-            return Err("expected an object".into());
-        };
-        let meta = match rest.remove("metadata") {
-            None | Some(Value::Null) => ObjectMeta::default(),
-            Some(m) => skiff_api::manifest::decode::<ObjectMeta>(m)
-                .map_err(|e| format!("metadata: {e}"))?,
-        };
-        Ok(Unstructured::new(kind, meta, rest))
+        Unstructured::from_value(kind, value)
     }
 
-    /// A value from the codec is taken apart in place: its metadata read into
-    /// [`ObjectMeta`], the rest kept as it is.
+    /// A value from the codec is taken apart in place ([`Unstructured::from_value`]).
     fn decode_encoded(kind: &CustomKind, encoded: Encoded) -> Result<Self, String> {
-        let value = match encoded {
-            Encoded::Bytes(b) => return Self::decode(kind, &b),
-            Encoded::Json(v) => v,
-        };
-        let Value::Object(mut rest) = value else {
-            return Err("expected an object".into());
-        };
-        let meta = match rest.remove("metadata") {
-            None | Some(Value::Null) => ObjectMeta::default(),
-            Some(m) => match <ObjectMeta as serde::Deserialize>::deserialize(&m) {
-                Ok(meta) => meta,
-                // Worded with the path-naming decoder (nulls in the metadata are unset).
-                Err(_) => skiff_api::manifest::decode::<ObjectMeta>(m)
-                    .map_err(|e| format!("metadata: {e}"))?,
-            },
-        };
-        Ok(Unstructured::new(kind.clone(), meta, rest))
+        match encoded {
+            Encoded::Bytes(b) => Self::decode(kind, &b),
+            Encoded::Json(v) => Unstructured::from_value(kind.clone(), v),
+        }
     }
 
     fn encode(&self) -> Vec<u8> {

@@ -112,7 +112,7 @@ async fn sync_role(registry: &Registry) -> Result<(), ApiError> {
         match roles
             .update(
                 "",
-                skiff_api::Encoded::Bytes(role.encode_to_vec()),
+                skiff_api::Encoded::proto(&role),
                 "",
                 WriteOptions::default(),
             )
@@ -360,7 +360,7 @@ async fn write_status(
     handler
         .update(
             "",
-            skiff_api::Encoded::Bytes(crd.encode_to_vec()),
+            skiff_api::Encoded::proto(crd),
             "status",
             WriteOptions::default(),
         )
@@ -487,7 +487,7 @@ async fn finalize(
     handler
         .update(
             "",
-            skiff_api::Encoded::Bytes(next.encode_to_vec()),
+            skiff_api::Encoded::proto(&next),
             "",
             WriteOptions::default(),
         )

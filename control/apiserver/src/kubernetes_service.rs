@@ -266,7 +266,7 @@ async fn create_in<T: Resource>(
         .handler(T::INFO.plural)?
         .create(
             namespace,
-            skiff_api::Encoded::Bytes(obj.encode_to_vec()),
+            skiff_api::Encoded::proto(obj),
             WriteOptions::default(),
         )
         .await
@@ -286,7 +286,7 @@ async fn update<T: Resource>(registry: &Registry, obj: &T) -> Result<(), ApiErro
         .handler(T::INFO.plural)?
         .update(
             NAMESPACE,
-            skiff_api::Encoded::Bytes(obj.encode_to_vec()),
+            skiff_api::Encoded::proto(obj),
             "",
             WriteOptions::default(),
         )

@@ -477,7 +477,7 @@ async fn ensure<T: Resource>(
         match handler
             .create(
                 "",
-                skiff_api::Encoded::Bytes(obj.encode_to_vec()),
+                skiff_api::Encoded::proto(&obj),
                 registry::WriteOptions::default(),
             )
             .await
@@ -550,7 +550,7 @@ async fn reconcile_default_roles(registry: &registry::Registry) -> Result<(), Ap
             match handler
                 .update(
                     "",
-                    skiff_api::Encoded::Bytes(have.encode_to_vec()),
+                    skiff_api::Encoded::proto(&have),
                     "",
                     registry::WriteOptions::default(),
                 )

@@ -339,7 +339,7 @@ mod tests {
             .unwrap()
             .create(
                 namespace,
-                skiff_api::Encoded::Bytes(obj.encode_to_vec()),
+                skiff_api::Encoded::proto(&obj),
                 WriteOptions::default(),
             )
             .await

@@ -616,7 +616,7 @@ async fn take_from_budget(call: &Call<'_>, dry_run: bool) -> Result<(), ApiError
         match pdbs
             .update(
                 &call.namespace,
-                skiff_api::Encoded::Bytes(updated.encode_to_vec()),
+                skiff_api::Encoded::proto(&updated),
                 "status",
                 WriteOptions::default(),
             )
