@@ -4,8 +4,8 @@
 //! `kube::runtime::Controller` that makes a Deployment per object (owned through a
 //! controller reference), follows spec changes and writes the status through `/status`.
 //! Deleting the custom object lets the garbage collector delete its Deployment (a custom
-//! owner, checked on the API server); Orphan and Foreground deletion of custom owners finish
-//! as Kubernetes' do.
+//! owner); Orphan and Foreground deletion of custom owners finish as Kubernetes' do, and
+//! custom objects owned by a custom object or by a ConfigMap are collected with their owners.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -268,5 +268,40 @@ async fn a_kube_rs_operator_reconciles_its_custom_kind() {
                 && matches!(deployments.get_opt("echo-foreground").await, Ok(None))
         },
     )
+    .await;
+
+    // Custom objects are dependents too: one owned by another custom object, and one owned
+    // by a ConfigMap, go with their owners.
+    let spec = || EchoSpec {
+        replicas: 0,
+        image: "127.0.0.1:5000/echo:v1".into(),
+    };
+    let parent = echoes
+        .create(&PostParams::default(), &Echo::new("parent", spec()))
+        .await
+        .unwrap();
+    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), "default");
+    let map = maps
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "owner"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    for (name, owner) in [
+        ("of-echo", parent.controller_owner_ref(&()).unwrap()),
+        ("of-map", map.controller_owner_ref(&()).unwrap()),
+    ] {
+        let mut echo = Echo::new(name, spec());
+        echo.metadata.owner_references = Some(vec![owner]);
+        echoes.create(&PostParams::default(), &echo).await.unwrap();
+    }
+    echoes.delete("parent", &Default::default()).await.unwrap();
+    maps.delete("owner", &Default::default()).await.unwrap();
+    eventually(&c, "the custom dependents to be collected", || async {
+        matches!(echoes.get_opt("of-echo").await, Ok(None))
+            && matches!(echoes.get_opt("of-map").await, Ok(None))
+    })
     .await;
 }

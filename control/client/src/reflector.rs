@@ -6,16 +6,69 @@
 //!
 //! Every controller, the scheduler and the node agent observe the cluster through this one
 //! code path ("watch, don't poll"), optionally keeping a [`Store`] of the current objects.
+//! It reflects anything that lists and watches ([`ListWatch`]): a typed [`Api`], or a
+//! [`DynamicApi`] for a kind known only at run time (a custom resource).
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
+use futures::future::BoxFuture;
+use futures::{FutureExt, Stream, StreamExt};
 use skiff_api::Resource;
 
-use crate::{Api, ClientError, ListParams, WatchEvent};
+use crate::{Api, ClientError, DynamicApi, ListParams, ObjectList, WatchEvent, WatchStream};
+
+/// A source of objects a reflector can follow: a list with its revision, and a watch from a
+/// revision.
+pub trait ListWatch: Send + 'static {
+    type Object: Send + 'static;
+    /// The resource's name, for logs.
+    fn resource(&self) -> &str;
+    fn list<'a>(
+        &'a self,
+        lp: &'a ListParams,
+    ) -> BoxFuture<'a, Result<ObjectList<Self::Object>, ClientError>>;
+    fn watch(&self, lp: &ListParams, resource_version: &str) -> WatchStream<Self::Object>;
+    /// The object's resourceVersion (empty when it has none).
+    fn revision_of(obj: &Self::Object) -> &str;
+}
+
+impl<T: Resource> ListWatch for Api<T> {
+    type Object = T;
+    fn resource(&self) -> &str {
+        T::INFO.plural
+    }
+    fn list<'a>(&'a self, lp: &'a ListParams) -> BoxFuture<'a, Result<ObjectList<T>, ClientError>> {
+        Api::list(self, lp).boxed()
+    }
+    fn watch(&self, lp: &ListParams, resource_version: &str) -> WatchStream<T> {
+        Api::watch(self, lp, resource_version)
+    }
+    fn revision_of(obj: &T) -> &str {
+        obj.resource_version()
+    }
+}
+
+impl ListWatch for DynamicApi {
+    type Object = serde_json::Value;
+    fn resource(&self) -> &str {
+        self.kind().info().plural
+    }
+    fn list<'a>(
+        &'a self,
+        lp: &'a ListParams,
+    ) -> BoxFuture<'a, Result<ObjectList<serde_json::Value>, ClientError>> {
+        DynamicApi::list(self, lp).boxed()
+    }
+    fn watch(&self, lp: &ListParams, resource_version: &str) -> WatchStream<serde_json::Value> {
+        DynamicApi::watch(self, lp, resource_version)
+    }
+    fn revision_of(obj: &serde_json::Value) -> &str {
+        obj["metadata"]["resourceVersion"].as_str().unwrap_or("")
+    }
+}
 
 /// What a reflector reports.
 #[derive(Debug, Clone, PartialEq)]
@@ -84,15 +137,15 @@ fn after_watch<T>(end: Option<&ClientError>, rv: String, backoff: &mut RetryBack
     }
 }
 
-struct ReflectorState<T> {
-    api: Api<T>,
+struct ReflectorState<S: ListWatch> {
+    api: S,
     lp: ListParams,
-    phase: Phase<T>,
+    phase: Phase<S::Object>,
     backoff: RetryBackoff,
 }
 
 /// Observes the objects `api` and `lp` select, forever.
-pub fn reflector<T: Resource>(api: Api<T>, lp: ListParams) -> impl Stream<Item = Event<T>> {
+pub fn reflector<S: ListWatch>(api: S, lp: ListParams) -> impl Stream<Item = Event<S::Object>> {
     let state = ReflectorState {
         api,
         lp,
@@ -117,7 +170,7 @@ pub fn reflector<T: Resource>(api: Api<T>, lp: ListParams) -> impl Stream<Item =
                     }
                     Err(e) => {
                         let d = s.backoff.step();
-                        tracing::warn!(resource = T::INFO.plural, error = %e, retry_in = ?d, "list failed");
+                        tracing::warn!(resource = s.api.resource(), error = %e, retry_in = ?d, "list failed");
                         s.phase = Phase::Wait(d, None);
                     }
                 },
@@ -128,7 +181,7 @@ pub fn reflector<T: Resource>(api: Api<T>, lp: ListParams) -> impl Stream<Item =
                 Phase::Watching(mut stream, mut rv) => match stream.next().await {
                     Some(Ok(ev)) => {
                         s.backoff.reset();
-                        let seen = ev.object().resource_version();
+                        let seen = S::revision_of(ev.object());
                         if !seen.is_empty() {
                             rv = seen.to_string();
                         }
@@ -146,11 +199,11 @@ pub fn reflector<T: Resource>(api: Api<T>, lp: ListParams) -> impl Stream<Item =
                         let next = after_watch(err.as_ref(), rv, &mut s.backoff);
                         match (&err, &next) {
                             (Some(e), Phase::Wait(d, Some(rv))) => tracing::warn!(
-                                resource = T::INFO.plural, error = %e, retry_in = ?d,
+                                resource = s.api.resource(), error = %e, retry_in = ?d,
                                 resource_version = %rv, "watch failed; resuming"
                             ),
                             (Some(_), _) => tracing::info!(
-                                resource = T::INFO.plural,
+                                resource = s.api.resource(),
                                 "watch too old, relisting"
                             ),
                             (None, _) => {}

@@ -25,35 +25,41 @@
 //!   from every dependent (read, edit, update with the resourceVersion read; a conflict is
 //!   retried through the work queue), then the finalizer.
 //!
-//! Custom kinds (a CustomResourceDefinition's) own typed objects too: such an owner is never
-//! cached; its state is read from the API server through discovery and the dynamic API
-//! ([`CustomOwners`]), one watch per established custom kind queues its objects' dependents
-//! when they go, and the same watch finishes custom owners deleted with Orphan or Foreground
-//! (their kinds have no collector of their own). Custom objects are not collected as
-//! dependents.
+//! Custom kinds (a CustomResourceDefinition's) are members of the graph as built-in kinds
+//! are, as owners and as dependents: each established definition's kind is followed by a
+//! reflector over the dynamic API that keeps the metadata of its objects ([`CustomGraph`]),
+//! and the same [`Collector`] works through that kind's queue. Changes cross between typed
+//! and custom kinds both ways ([`Graph::queue_related`]): a Deployment owned by a custom
+//! object, a custom object owned by a Deployment or by another custom object are collected
+//! alike. An owner of a custom kind not (yet) followed is looked up through discovery
+//! ([`CustomOwners`]).
 //!
 //! Before a finalizer is removed, kinds whose informer has not yet seen the owner's
 //! resourceVersion are listed on the API server too, so a lagging cache cannot hide a
 //! dependent. A dependent's change queues its owners that are being deleted; an owner that is
 //! being deleted or is gone queues its dependents.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, OnceLock, RwLock};
 
+use futures::StreamExt as _;
 use futures::future::{BoxFuture, FutureExt, join_all};
+use serde::Deserialize as _;
 use skiff_api::api::{
     ConfigMap, CronJob, CustomResourceDefinition, DaemonSet, Deployment, Endpoints,
-    HorizontalPodAutoscaler, Job, ObjectMeta, OwnerReference, PersistentVolumeClaim, Pod,
-    PodDisruptionBudget, ReplicaSet, ReplicationController, Secret, Service, ServiceAccount,
-    StatefulSet,
+    HorizontalPodAutoscaler, Job, ObjectMeta, ObjectReference, OwnerReference,
+    PersistentVolumeClaim, Pod, PodDisruptionBudget, ReplicaSet, ReplicationController, Secret,
+    Service, ServiceAccount, StatefulSet,
 };
-use skiff_api::{FOREGROUND_FINALIZER, KindInfo, ORPHAN_FINALIZER, Resource};
+use skiff_api::{DynKind, FOREGROUND_FINALIZER, KindInfo, ORPHAN_FINALIZER, Resource};
 use skiff_client::controller::{
-    Action, CancelToken, Controller, EventRecorder, EventType, Informer, Informers, ObjectKey,
-    Reconciler,
+    Action, CancelToken, Change, Controller, EventRecorder, EventType, Informer, Informers,
+    ObjectKey, RateLimiter, Reconciler, WorkQueue, run_workers,
 };
+use skiff_client::reflector::{Event, reflector};
 use skiff_client::{
-    Api, Client, ClientError, DeleteParams, ListParams, Preconditions, PropagationPolicy,
+    Api, Client, ClientError, DeleteParams, DynamicApi, ListParams, Preconditions,
+    PropagationPolicy,
 };
 
 use crate::{Context, Error};
@@ -141,11 +147,46 @@ pub async fn owner_state<T: Resource>(
             None => return Ok(OwnerState::Gone),
         },
     };
-    Ok(if is_waiting_for_dependents(&meta) {
-        OwnerState::Waiting
-    } else {
-        OwnerState::Solid
-    })
+    Ok(state_of(Some(&meta)))
+}
+
+/// The state of an owner found as `meta` (`None`: not found with the referenced uid).
+fn state_of(meta: Option<&ObjectMeta>) -> OwnerState {
+    match meta {
+        None => OwnerState::Gone,
+        Some(m) if is_waiting_for_dependents(m) => OwnerState::Waiting,
+        Some(_) => OwnerState::Solid,
+    }
+}
+
+/// The metadata of an object in its JSON form.
+fn meta_of(obj: &serde_json::Value) -> Option<ObjectMeta> {
+    ObjectMeta::deserialize(&obj["metadata"]).ok()
+}
+
+/// A delete of the object `meta` describes, only if it is still that version.
+fn delete_params(meta: &ObjectMeta, policy: PropagationPolicy) -> DeleteParams {
+    DeleteParams {
+        grace_period_seconds: None,
+        propagation_policy: Some(policy),
+        preconditions: Some(Preconditions {
+            uid: Some(meta.uid.clone()),
+            resource_version: Some(meta.resource_version.clone()).filter(|rv| !rv.is_empty()),
+        }),
+    }
+}
+
+/// A reference to the object `meta` of kind `info`, for events about it.
+fn reference(info: &KindInfo, meta: &ObjectMeta) -> ObjectReference {
+    ObjectReference {
+        kind: info.kind.to_string(),
+        namespace: meta.namespace.clone(),
+        name: meta.name.clone(),
+        uid: meta.uid.clone(),
+        api_version: info.api_version.to_string(),
+        resource_version: meta.resource_version.clone(),
+        field_path: String::new(),
+    }
 }
 
 /// Owners of custom kinds (a CustomResourceDefinition's): found through discovery and read
@@ -226,13 +267,10 @@ impl CustomOwners {
         let meta = api
             .get_opt(&key.name)
             .await?
-            .and_then(|o| serde_json::from_value::<ObjectMeta>(o["metadata"].clone()).ok())
+            .as_ref()
+            .and_then(meta_of)
             .filter(|m| m.uid == r.uid);
-        Ok(match meta {
-            None => OwnerState::Gone,
-            Some(m) if is_waiting_for_dependents(&m) => OwnerState::Waiting,
-            Some(_) => OwnerState::Solid,
-        })
+        Ok(state_of(meta.as_ref()))
     }
 }
 
@@ -378,17 +416,8 @@ impl<T: Resource> GraphKind for KindGraph<T> {
         policy: PropagationPolicy,
     ) -> BoxFuture<'a, Result<(), ClientError>> {
         async move {
-            let params = DeleteParams {
-                grace_period_seconds: None,
-                propagation_policy: Some(policy),
-                preconditions: Some(Preconditions {
-                    uid: Some(meta.uid.clone()),
-                    resource_version: Some(meta.resource_version.clone())
-                        .filter(|rv| !rv.is_empty()),
-                }),
-            };
             match api_for::<T>(&self.client, &meta.namespace)
-                .delete(&meta.name, &params)
+                .delete(&meta.name, &delete_params(meta, policy))
                 .await
             {
                 Ok(_) => Ok(()),
@@ -423,6 +452,286 @@ impl<T: Resource> GraphKind for KindGraph<T> {
     }
 }
 
+/// [`GraphKind`] for a custom kind (a CustomResourceDefinition's): the metadata of its
+/// objects, kept current by a reflector over the dynamic API ([`follow_custom_kind`]), its
+/// dynamic API, and its collector's work queue.
+pub struct CustomGraph {
+    kind: &'static dyn DynKind,
+    client: Client,
+    cache: RwLock<MetaCache>,
+    queue: WorkQueue<ObjectKey>,
+}
+
+/// The metadata of one custom kind's objects, indexed by the uids of their owners.
+#[derive(Default)]
+struct MetaCache {
+    objects: HashMap<ObjectKey, ObjectMeta>,
+    by_owner: HashMap<String, BTreeSet<ObjectKey>>,
+    /// The highest resourceVersion seen.
+    revision: u64,
+}
+
+impl MetaCache {
+    fn remove(&mut self, key: &ObjectKey) -> Option<ObjectMeta> {
+        let old = self.objects.remove(key)?;
+        for r in &old.owner_references {
+            if let Some(keys) = self.by_owner.get_mut(&r.uid) {
+                keys.remove(key);
+                if keys.is_empty() {
+                    self.by_owner.remove(&r.uid);
+                }
+            }
+        }
+        Some(old)
+    }
+
+    fn insert(&mut self, meta: ObjectMeta) {
+        let key = key_of(&meta);
+        self.remove(&key);
+        for r in &meta.owner_references {
+            self.by_owner
+                .entry(r.uid.clone())
+                .or_default()
+                .insert(key.clone());
+        }
+        self.revision = self.revision.max(revision(&meta));
+        self.objects.insert(key, meta);
+    }
+}
+
+impl std::fmt::Debug for CustomGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CustomGraph")
+            .field("kind", &self.kind.info().kind)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CustomGraph {
+    fn new(kind: &'static dyn DynKind, client: Client) -> Self {
+        CustomGraph {
+            kind,
+            client,
+            cache: RwLock::default(),
+            queue: WorkQueue::new(RateLimiter::default()),
+        }
+    }
+
+    fn api(&self, namespace: Option<&str>) -> DynamicApi {
+        let namespace = namespace.filter(|_| self.kind.info().namespaced);
+        self.client.dynamic(self.kind, namespace)
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, MetaCache> {
+        self.cache.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, MetaCache> {
+        self.cache.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Applies one reflector event to the cache and queues what the change concerns.
+    fn apply(&self, graph: &Graph, event: Event<serde_json::Value>) {
+        let info = self.kind.info();
+        match event {
+            Event::Restarted(items) => {
+                let metas: Vec<ObjectMeta> = items.iter().filter_map(meta_of).collect();
+                let gone: Vec<ObjectMeta> = {
+                    let mut cache = self.write();
+                    let listed: HashSet<ObjectKey> = metas.iter().map(key_of).collect();
+                    let missing: Vec<ObjectKey> = cache
+                        .objects
+                        .keys()
+                        .filter(|k| !listed.contains(*k))
+                        .cloned()
+                        .collect();
+                    let gone = missing.iter().filter_map(|k| cache.remove(k)).collect();
+                    for m in &metas {
+                        cache.insert(m.clone());
+                    }
+                    gone
+                };
+                for m in &gone {
+                    graph.queue_related(info, m, true, false);
+                }
+                for m in &metas {
+                    self.changed(graph, m);
+                }
+            }
+            Event::Applied(obj) => {
+                if let Some(m) = meta_of(&obj) {
+                    self.write().insert(m.clone());
+                    self.changed(graph, &m);
+                }
+            }
+            Event::Deleted(obj) => {
+                if let Some(m) = meta_of(&obj) {
+                    {
+                        let mut cache = self.write();
+                        cache.remove(&key_of(&m));
+                        cache.revision = cache.revision.max(revision(&m));
+                    }
+                    graph.queue_related(info, &m, true, false);
+                }
+            }
+        }
+    }
+
+    /// An object of this kind was added or changed: it is queued when its collector has
+    /// something to do with it (it has owners, or is being deleted with a policy finalizer),
+    /// and so is what the change concerns in other kinds.
+    fn changed(&self, graph: &Graph, m: &ObjectMeta) {
+        let finishing = is_deleting(m)
+            && (has_finalizer(m, ORPHAN_FINALIZER) || has_finalizer(m, FOREGROUND_FINALIZER));
+        if finishing || (!m.owner_references.is_empty() && !is_deleting(m)) {
+            self.queue.add(key_of(m));
+        }
+        graph.queue_related(self.kind.info(), m, is_deleting(m), false);
+    }
+}
+
+impl GraphKind for CustomGraph {
+    fn info(&self) -> &'static KindInfo {
+        self.kind.info()
+    }
+
+    fn cached(&self, key: &ObjectKey) -> Option<ObjectMeta> {
+        self.read().objects.get(key).cloned()
+    }
+
+    fn cached_dependents(&self, uid: &str) -> Vec<ObjectMeta> {
+        let cache = self.read();
+        cache
+            .by_owner
+            .get(uid)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| cache.objects.get(k).cloned())
+            .collect()
+    }
+
+    fn has_seen(&self, revision: u64) -> bool {
+        self.read().revision >= revision
+    }
+
+    fn owner_state<'a>(
+        &'a self,
+        key: &'a ObjectKey,
+        uid: &'a str,
+    ) -> BoxFuture<'a, Result<OwnerState, ClientError>> {
+        async move {
+            let meta = match self.cached(key).filter(|m| m.uid == uid) {
+                Some(m) => Some(m),
+                None => self.live(key).await?.filter(|m| m.uid == uid),
+            };
+            Ok(state_of(meta.as_ref()))
+        }
+        .boxed()
+    }
+
+    fn live<'a>(
+        &'a self,
+        key: &'a ObjectKey,
+    ) -> BoxFuture<'a, Result<Option<ObjectMeta>, ClientError>> {
+        async move {
+            Ok(self
+                .api(Some(&key.namespace))
+                .get_opt(&key.name)
+                .await?
+                .as_ref()
+                .and_then(meta_of))
+        }
+        .boxed()
+    }
+
+    fn live_dependents<'a>(
+        &'a self,
+        namespace: Option<&'a str>,
+        uid: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<ObjectMeta>, ClientError>> {
+        async move {
+            Ok(self
+                .api(namespace)
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .filter_map(meta_of)
+                .filter(|m| m.owner_references.iter().any(|r| r.uid == uid))
+                .collect())
+        }
+        .boxed()
+    }
+
+    fn delete<'a>(
+        &'a self,
+        meta: &'a ObjectMeta,
+        policy: PropagationPolicy,
+    ) -> BoxFuture<'a, Result<(), ClientError>> {
+        async move {
+            match self
+                .api(Some(&meta.namespace))
+                .delete(&meta.name, &delete_params(meta, policy))
+                .await
+            {
+                Ok(_) => Ok(()),
+                Err(e) if e.is_not_found() => Ok(()),
+                Err(e) => Err(e),
+            }
+        }
+        .boxed()
+    }
+
+    /// Writes back only what the collector edits (ownerReferences and finalizers), so
+    /// nothing of the object's own metadata is rewritten through the typed form.
+    fn edit_metadata<'a>(
+        &'a self,
+        key: &'a ObjectKey,
+        uid: &'a str,
+        edit: &'a (dyn Fn(&mut ObjectMeta) -> bool + Send + Sync),
+    ) -> BoxFuture<'a, Result<bool, ClientError>> {
+        async move {
+            let api = self.api(Some(&key.namespace));
+            let Some(mut obj) = api.get_opt(&key.name).await? else {
+                return Ok(false);
+            };
+            let Some(mut meta) = meta_of(&obj).filter(|m| m.uid == uid) else {
+                return Ok(false);
+            };
+            if !edit(&mut meta) {
+                return Ok(false);
+            }
+            // Plain lists of strings and string-keyed records: their JSON cannot fail.
+            let (Ok(refs), Ok(finalizers)) = (
+                serde_json::to_value(&meta.owner_references),
+                serde_json::to_value(&meta.finalizers),
+            ) else {
+                return Ok(false);
+            };
+            let fields = [
+                ("ownerReferences", refs, meta.owner_references.is_empty()),
+                ("finalizers", finalizers, meta.finalizers.is_empty()),
+            ];
+            let Some(m) = obj["metadata"].as_object_mut() else {
+                return Ok(false);
+            };
+            for (name, value, empty) in fields {
+                if empty {
+                    m.remove(name);
+                } else {
+                    m.insert(name.to_string(), value);
+                }
+            }
+            match api.update(&obj).await {
+                Ok(_) => Ok(true),
+                Err(e) if e.is_not_found() => Ok(false),
+                Err(e) => Err(e),
+            }
+        }
+        .boxed()
+    }
+}
+
 /// A dependent found in the graph, with its kind.
 struct Dependent {
     kind: Arc<dyn GraphKind>,
@@ -440,7 +749,13 @@ impl Dependent {
 
 /// The object graph: every kind the collector handles.
 pub struct Graph {
+    /// The typed kinds.
     kinds: Vec<Arc<dyn GraphKind>>,
+    /// The typed kinds' collectors' queues, in the order of `kinds`, once they exist.
+    queues: OnceLock<Vec<WorkQueue<ObjectKey>>>,
+    /// The custom kinds followed now (one per established definition).
+    followed: RwLock<Vec<Arc<CustomGraph>>>,
+    /// Owners of custom kinds not followed (yet).
     custom: CustomOwners,
 }
 
@@ -448,14 +763,84 @@ impl std::fmt::Debug for Graph {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Graph")
             .field("kinds", &self.kinds.len())
+            .field("custom", &self.followed().len())
             .finish()
     }
 }
 
 impl Graph {
+    fn followed(&self) -> Vec<Arc<CustomGraph>> {
+        self.followed
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Every kind of the graph: the typed ones and the custom ones followed now.
+    fn all_kinds(&self) -> Vec<Arc<dyn GraphKind>> {
+        let mut all = self.kinds.clone();
+        all.extend(self.followed().into_iter().map(|k| k as Arc<dyn GraphKind>));
+        all
+    }
+
     /// The kind `r` names, if the collector handles it.
-    fn kind_of(&self, r: &OwnerReference) -> Option<&Arc<dyn GraphKind>> {
-        self.kinds.iter().find(|k| refers_to(r, k.info()))
+    fn kind_of(&self, r: &OwnerReference) -> Option<Arc<dyn GraphKind>> {
+        if let Some(k) = self.kinds.iter().find(|k| refers_to(r, k.info())) {
+            return Some(Arc::clone(k));
+        }
+        self.followed()
+            .into_iter()
+            .find(|k| refers_to(r, k.info()))
+            .map(|k| k as Arc<dyn GraphKind>)
+    }
+
+    /// Every kind with its collector's queue: the typed kinds (unless `custom_only`, and once
+    /// their collectors exist) and the followed custom kinds.
+    fn queued(&self, custom_only: bool) -> Vec<(Arc<dyn GraphKind>, WorkQueue<ObjectKey>)> {
+        let mut out = Vec::new();
+        if let Some(queues) = self.queues.get().filter(|_| !custom_only) {
+            out.extend(self.kinds.iter().cloned().zip(queues.iter().cloned()));
+        }
+        out.extend(self.followed().into_iter().map(|k| {
+            let queue = k.queue.clone();
+            (k as Arc<dyn GraphKind>, queue)
+        }));
+        out
+    }
+
+    /// A change of the object `meta` of kind `info` (`going`: deleted or being deleted):
+    /// queues in their collectors the objects it concerns: its dependents when it goes, and
+    /// its owners that are being deleted (they wait for, or orphan, it). With `custom_only`
+    /// only the custom kinds' collectors are told (a typed collector's controller watches
+    /// the typed kinds itself).
+    fn queue_related(&self, info: &KindInfo, meta: &ObjectMeta, going: bool, custom_only: bool) {
+        let kinds = self.queued(custom_only);
+        if kinds.is_empty() {
+            return;
+        }
+        if going && !meta.uid.is_empty() {
+            for (kind, queue) in &kinds {
+                for d in kind.cached_dependents(&meta.uid) {
+                    if !info.namespaced || d.namespace == meta.namespace {
+                        queue.add(key_of(&d));
+                    }
+                }
+            }
+        }
+        for r in &meta.owner_references {
+            let Some((kind, queue)) = kinds.iter().find(|(k, _)| refers_to(r, k.info())) else {
+                continue;
+            };
+            let Some(key) = owner_key(kind.info(), &meta.namespace, r) else {
+                continue;
+            };
+            if kind
+                .cached(&key)
+                .is_some_and(|o| o.uid == r.uid && is_deleting(&o))
+            {
+                queue.add(key);
+            }
+        }
     }
 
     /// The state of the owner `r` of a dependent in `namespace` (cache, then API server).
@@ -478,7 +863,7 @@ impl Graph {
 
     /// The state of the owner `r` of a dependent in `namespace` from the caches only; `None`
     /// when the caches cannot tell (the owner is not cached with that uid, or is of a custom
-    /// kind, which is never cached).
+    /// kind not followed).
     fn cached_owner_state(&self, namespace: &str, r: &OwnerReference) -> Option<OwnerState> {
         let Some(kind) = self.kind_of(r) else {
             return typed_kind(r).then_some(OwnerState::Unknown);
@@ -498,7 +883,7 @@ impl Graph {
     /// dependents are in its namespace).
     fn cached_dependents(&self, info: &KindInfo, owner: &ObjectMeta) -> Vec<Dependent> {
         let mut out = Vec::new();
-        for kind in &self.kinds {
+        for kind in &self.all_kinds() {
             for meta in kind.cached_dependents(&owner.uid) {
                 if info.namespaced && meta.namespace != owner.namespace {
                     continue;
@@ -523,7 +908,7 @@ impl Graph {
         let mut seen: BTreeSet<String> = out.iter().map(|d| d.meta.uid.clone()).collect();
         let rev = revision(owner);
         let scope = info.namespaced.then_some(owner.namespace.as_str());
-        for kind in self.kinds.iter().filter(|k| !k.has_seen(rev)) {
+        for kind in self.all_kinds().iter().filter(|k| !k.has_seen(rev)) {
             for meta in kind.live_dependents(scope, &owner.uid).await? {
                 if seen.insert(meta.uid.clone()) {
                     out.push(Dependent {
@@ -537,14 +922,15 @@ impl Graph {
     }
 }
 
-/// The reconciler of one kind's objects, as owners and as dependents.
-pub struct Collector<T> {
+/// The reconciler of one kind's objects, as owners and as dependents: the same for every
+/// kind, typed or custom.
+pub struct Collector {
     graph: Arc<Graph>,
-    own: KindGraph<T>,
+    own: Arc<dyn GraphKind>,
     recorder: EventRecorder,
 }
 
-impl<T> std::fmt::Debug for Collector<T> {
+impl std::fmt::Debug for Collector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Collector").finish_non_exhaustive()
     }
@@ -599,9 +985,6 @@ fn watch_kind<T: Resource, C: Resource>(
     controller.watches(&of_c.clone(), move |c: &C| related_keys(c, &owners, &of_c))
 }
 
-/// Queues, in one collector, that collector's kind's dependents of an owner uid.
-type Trigger = Box<dyn Fn(&str) + Send + Sync>;
-
 /// The codec of a definition's kind, once it is established.
 fn established_kind(crd: &CustomResourceDefinition) -> Option<&'static dyn skiff_api::DynKind> {
     let status = crd.status.as_ref()?;
@@ -629,211 +1012,122 @@ fn established_kind(crd: &CustomResourceDefinition) -> Option<&'static dyn skiff
     )))
 }
 
-/// Follows every established custom kind (a watch each, started and stopped as the
-/// definitions come and go): when one of its objects is deleted or starts being deleted,
-/// every collector looks at that object's dependents again ([`follow_custom_kind`]).
-async fn watch_custom_owners(
+/// Whether two codecs are the same kind (a definition's storage version or names changed
+/// otherwise).
+fn same_kind(a: &dyn DynKind, b: &dyn DynKind) -> bool {
+    let (a, b) = (a.info(), b.info());
+    (a.api_version, a.kind, a.plural, a.namespaced)
+        == (b.api_version, b.kind, b.plural, b.namespaced)
+}
+
+/// Follows every established custom kind ([`follow_custom_kind`], one task each, started and
+/// stopped as the definitions come and go), and keeps the graph's list of them current.
+async fn follow_custom_kinds(
     definitions: Informer<CustomResourceDefinition>,
     client: Client,
     graph: Arc<Graph>,
-    triggers: Arc<Vec<Trigger>>,
+    recorder: EventRecorder,
+    workers: usize,
     stop: CancelToken,
 ) {
     let mut changes = definitions.subscribe();
-    let mut watching: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
+    let mut following: HashMap<String, (Arc<CustomGraph>, tokio::task::JoinHandle<()>)> =
+        HashMap::new();
     loop {
-        let wanted: HashMap<String, &'static dyn skiff_api::DynKind> = definitions
+        let wanted: HashMap<String, &'static dyn DynKind> = definitions
             .list()
             .iter()
             .filter_map(|crd| Some((crd.name().to_string(), established_kind(crd)?)))
             .collect();
-        watching.retain(|name, task| {
-            let keep = wanted.contains_key(name) && !task.is_finished();
+        following.retain(|name, (kind, task)| {
+            let keep =
+                wanted.get(name).is_some_and(|k| same_kind(*k, kind.kind)) && !task.is_finished();
             if !keep {
                 task.abort();
             }
             keep
         });
         for (name, kind) in wanted {
-            watching.entry(name).or_insert_with(|| {
-                tokio::spawn(follow_custom_kind(
-                    client.clone(),
-                    kind,
+            following.entry(name).or_insert_with(|| {
+                let kind = Arc::new(CustomGraph::new(kind, client.clone()));
+                let task = tokio::spawn(follow_custom_kind(
                     Arc::clone(&graph),
-                    Arc::clone(&triggers),
-                ))
+                    Arc::clone(&kind),
+                    recorder.clone(),
+                    workers,
+                ));
+                (kind, task)
             });
         }
+        *graph.followed.write().unwrap_or_else(|e| e.into_inner()) =
+            following.values().map(|(k, _)| Arc::clone(k)).collect();
         tokio::select! {
             () = stop.cancelled() => break,
             change = changes.recv() => if change.is_none() { break },
         }
     }
-    for task in watching.values() {
+    for (kind, task) in following.values() {
+        kind.queue.shut_down();
         task.abort();
     }
 }
 
-/// How soon a custom owner deleted in the foreground is looked at again while dependents
-/// still block it.
-const CUSTOM_OWNER_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// One custom kind's watch (relisted when it ends): deletions queue the dependents, and
-/// objects deleted with the Orphan or Foreground policy are finished here (their kind has
-/// no collector): references to an orphaning owner are removed from its dependents, a
-/// foreground owner waits until no dependent blocks it; then the finalizer goes.
+/// Follows one custom kind: a reflector over the dynamic API keeps its metadata cache
+/// current and queues what each change concerns ([`CustomGraph::apply`]); the kind's
+/// [`Collector`] works through its queue with `workers` workers.
 async fn follow_custom_kind(
-    client: Client,
-    kind: &'static dyn skiff_api::DynKind,
     graph: Arc<Graph>,
-    triggers: Arc<Vec<Trigger>>,
+    kind: Arc<CustomGraph>,
+    recorder: EventRecorder,
+    workers: usize,
 ) {
-    use futures::StreamExt as _;
+    let info = kind.kind.info();
+    let name = format!("garbagecollector/{}.{}", info.plural, info.group());
+    let collector = Arc::new(Collector {
+        graph: Arc::clone(&graph),
+        own: Arc::clone(&kind) as Arc<dyn GraphKind>,
+        recorder,
+    });
+    let work = run_workers(&name, kind.queue.clone(), collector, workers);
+    let reflect = async {
+        let mut events = std::pin::pin!(reflector(kind.api(None), ListParams::default()));
+        while let Some(event) = events.next().await {
+            kind.apply(&graph, event);
+        }
+    };
+    futures::future::join(work, reflect).await;
+}
+
+/// Queues, in the custom kinds' collectors, what a change of a `T` concerns (each typed
+/// collector's controller watches the typed kinds itself).
+async fn follow_typed_changes<T: Resource>(
+    informer: Informer<T>,
+    graph: Arc<Graph>,
+    stop: CancelToken,
+) {
+    let mut changes = informer.subscribe();
     loop {
-        let api = client.dynamic(kind, None);
-        let mut events = api.watch(&ListParams::default(), "");
-        // Owners being deleted with a policy finalizer, by uid.
-        let mut finishing: HashMap<String, Finishing> = HashMap::new();
-        loop {
-            let next = if finishing.is_empty() {
-                events.next().await
-            } else {
-                match tokio::time::timeout(CUSTOM_OWNER_RETRY, events.next()).await {
-                    Ok(next) => next,
-                    Err(_) => {
-                        finish_custom_owners(&client, kind, &graph, &mut finishing).await;
-                        continue;
-                    }
-                }
-            };
-            let Some(Ok(event)) = next else {
-                break;
-            };
-            let obj = event.object();
-            let Ok(meta) = serde_json::from_value::<ObjectMeta>(obj["metadata"].clone()) else {
-                continue;
-            };
-            let deleted = matches!(event, skiff_client::WatchEvent::Deleted(_));
-            if deleted || is_deleting(&meta) {
-                for trigger in triggers.iter() {
-                    trigger(&meta.uid);
-                }
-            }
-            if deleted {
-                finishing.remove(&meta.uid);
-            } else if is_deleting(&meta)
-                && (has_finalizer(&meta, ORPHAN_FINALIZER)
-                    || has_finalizer(&meta, FOREGROUND_FINALIZER))
-            {
-                finishing.insert(
-                    meta.uid.clone(),
-                    Finishing {
-                        owner: meta,
-                        next: std::time::Instant::now(),
-                        backoff: CUSTOM_OWNER_RETRY,
-                    },
-                );
-                finish_custom_owners(&client, kind, &graph, &mut finishing).await;
+        let change = tokio::select! {
+            () = stop.cancelled() => break,
+            change = changes.recv() => match change {
+                Some(change) => change,
+                None => break,
+            },
+        };
+        if graph
+            .followed
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+        {
+            continue;
+        }
+        let deleted = matches!(change, Change::Deleted(_));
+        for obj in change.objects() {
+            if let Some(meta) = obj.metadata() {
+                graph.queue_related(&T::INFO, meta, deleted || is_deleting(meta), true);
             }
         }
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-    }
-}
-
-/// A custom owner whose Orphan or Foreground deletion is not finished, and when to try
-/// again (failures back off, so a refused write is not retried twice a second).
-struct Finishing {
-    owner: ObjectMeta,
-    next: std::time::Instant,
-    backoff: std::time::Duration,
-}
-
-/// Finishes what can be finished of custom owners deleted with Orphan or Foreground; those
-/// still waiting for dependents stay in `finishing`.
-async fn finish_custom_owners(
-    client: &Client,
-    kind: &'static dyn skiff_api::DynKind,
-    graph: &Graph,
-    finishing: &mut HashMap<String, Finishing>,
-) {
-    let info = kind.info();
-    let mut done = Vec::new();
-    let now = std::time::Instant::now();
-    for (uid, state) in finishing.iter_mut().filter(|(_, s)| s.next <= now) {
-        let owner = &state.owner;
-        let result = async {
-            let dependents = graph.all_dependents(info, owner).await?;
-            let finalizer = if has_finalizer(owner, ORPHAN_FINALIZER) {
-                let edit = |m: &mut ObjectMeta| {
-                    let before = m.owner_references.len();
-                    m.owner_references.retain(|r| r.uid != owner.uid);
-                    m.owner_references.len() != before
-                };
-                for d in &dependents {
-                    d.kind
-                        .edit_metadata(&key_of(&d.meta), &d.meta.uid, &edit)
-                        .await?;
-                }
-                ORPHAN_FINALIZER
-            } else if dependents.iter().any(|d| d.blocks(&owner.uid)) {
-                return Ok(false);
-            } else {
-                FOREGROUND_FINALIZER
-            };
-            remove_custom_finalizer(client, kind, owner, finalizer).await?;
-            Ok::<bool, ClientError>(true)
-        }
-        .await;
-        match result {
-            Ok(true) => done.push(uid.clone()),
-            Ok(false) => {}
-            Err(e) => {
-                tracing::warn!(kind = info.kind, object = %key_of(owner),
-                    error = %crate::error_chain(&e), retry_in = ?state.backoff,
-                    "finishing the deletion of a custom owner");
-                state.next = now + state.backoff;
-                state.backoff = (state.backoff * 2).min(std::time::Duration::from_secs(30));
-            }
-        }
-    }
-    for uid in done {
-        finishing.remove(&uid);
-    }
-}
-
-/// Removes `finalizer` from the custom object `owner` (if it is still that object).
-async fn remove_custom_finalizer(
-    client: &Client,
-    kind: &'static dyn skiff_api::DynKind,
-    owner: &ObjectMeta,
-    finalizer: &str,
-) -> Result<(), ClientError> {
-    let api = client.dynamic(
-        kind,
-        kind.info().namespaced.then_some(owner.namespace.as_str()),
-    );
-    let Some(mut obj) = api.get_opt(&owner.name).await? else {
-        return Ok(());
-    };
-    if obj["metadata"]["uid"].as_str() != Some(owner.uid.as_str()) {
-        return Ok(());
-    }
-    let Some(finalizers) = obj["metadata"]["finalizers"].as_array_mut() else {
-        return Ok(());
-    };
-    let before = finalizers.len();
-    finalizers.retain(|f| f.as_str() != Some(finalizer));
-    if finalizers.len() == before {
-        return Ok(());
-    }
-    match api.update(&obj).await {
-        Ok(_) => {
-            tracing::info!(kind = kind.info().kind, object = %key_of(owner), finalizer,
-                "removed finalizer");
-            Ok(())
-        }
-        Err(e) if e.is_not_found() => Ok(()),
-        Err(e) => Err(e),
     }
 }
 
@@ -845,6 +1139,8 @@ macro_rules! graph_kinds {
         pub fn graph(informers: &Informers) -> Graph {
             Graph {
                 kinds: vec![$(Arc::new(KindGraph::<$t>::new(informers)) as Arc<dyn GraphKind>),*],
+                queues: OnceLock::new(),
+                followed: RwLock::default(),
                 custom: CustomOwners::new(informers.client().clone()),
             }
         }
@@ -855,8 +1151,8 @@ macro_rules! graph_kinds {
             controller
         }
 
-        /// One collector per kind, and the watch of the custom kinds that queues the
-        /// dependents of custom owners as they go.
+        /// One collector per typed kind, the custom kinds' followers, and what carries the
+        /// typed kinds' changes to the custom kinds' collectors.
         fn collectors(
             informers: &Informers,
             graph: &Arc<Graph>,
@@ -864,31 +1160,33 @@ macro_rules! graph_kinds {
             workers: usize,
             stop: &CancelToken,
         ) -> Vec<BoxFuture<'static, ()>> {
-            let mut triggers: Vec<Trigger> = Vec::new();
+            let mut queues = Vec::new();
             let mut runs: Vec<BoxFuture<'static, ()>> = Vec::new();
             $(
-                let controller = Collector::<$t>::controller(informers)
+                let controller = Collector::controller::<$t>(informers)
                     .graceful_shutdown_on(stop.clone());
-                let queue = controller.queue();
-                let dependents = informers.get::<$t>();
-                triggers.push(Box::new(move |uid: &str| {
-                    for d in dependents.by_owner_ref(uid) {
-                        queue.add(ObjectKey::of(&*d));
-                    }
-                }));
-                let reconciler = Arc::new(Collector::<$t>::new(
-                    informers,
-                    Arc::clone(graph),
-                    recorder.clone(),
-                ));
+                queues.push(controller.queue());
+                let reconciler = Arc::new(Collector {
+                    graph: Arc::clone(graph),
+                    own: Arc::new(KindGraph::<$t>::new(informers)),
+                    recorder: recorder.clone(),
+                });
                 runs.push(controller.run(reconciler, workers).boxed());
+                runs.push(
+                    follow_typed_changes(informers.get::<$t>(), Arc::clone(graph), stop.clone())
+                        .boxed(),
+                );
             )*
+            if graph.queues.set(queues).is_err() {
+                tracing::warn!("the graph's collectors were started twice");
+            }
             runs.push(
-                watch_custom_owners(
+                follow_custom_kinds(
                     informers.get::<CustomResourceDefinition>(),
                     informers.client().clone(),
                     Arc::clone(graph),
-                    Arc::new(triggers),
+                    recorder.clone(),
+                    workers,
                     stop.clone(),
                 )
                 .boxed(),
@@ -933,17 +1231,10 @@ pub async fn run(
     join_all(collectors(informers, &graph, &recorder, workers, &stop)).await;
 }
 
-impl<T: Resource> Collector<T> {
-    pub fn new(informers: &Informers, graph: Arc<Graph>, recorder: EventRecorder) -> Self {
-        Collector {
-            graph,
-            own: KindGraph::new(informers),
-            recorder,
-        }
-    }
-
-    /// The controller: every `T`, plus the related objects of every kind of the graph.
-    pub fn controller(informers: &Informers) -> Controller<T> {
+impl Collector {
+    /// The controller of the typed kind `T`'s collector: every `T`, plus the related objects
+    /// of every typed kind of the graph.
+    pub fn controller<T: Resource>(informers: &Informers) -> Controller<T> {
         let controller =
             Controller::<T>::new(informers).named(&format!("garbagecollector/{}", T::INFO.plural));
         watch_graph(controller, informers)
@@ -952,6 +1243,7 @@ impl<T: Resource> Collector<T> {
     /// A dependent: delete it when no owner is solid; drop references to gone and waiting
     /// owners when one is.
     async fn collect_if_orphaned(&self, cached: &ObjectMeta) -> Result<(), Error> {
+        let info = self.own.info();
         let ns = cached.namespace.as_str();
         // Every owner cached, and solid: nothing to do (no API call).
         if cached.owner_references.iter().all(|r| {
@@ -963,7 +1255,7 @@ impl<T: Resource> Collector<T> {
             return Ok(());
         }
         let key = key_of(cached);
-        let what = || format!("{} {key}", T::INFO.kind);
+        let what = || format!("{} {key}", info.kind);
         // Decide on the object as it is now, not as cached.
         let Some(latest) = self
             .own
@@ -1011,14 +1303,14 @@ impl<T: Resource> Collector<T> {
                 .await
                 .during(|| format!("removing owner references from {}", what()))?
             {
-                tracing::info!(kind = T::INFO.kind, object = %key, owners = ?drop_uids,
+                tracing::info!(kind = info.kind, object = %key, owners = ?drop_uids,
                     "removed references to owners that are gone or being deleted");
             }
             return Ok(());
         }
         // Kubernetes' choice: in the foreground when it has dependents of its own (they go
         // first, so the waiting owner waits for them too), else in the background.
-        let policy = if waiting && !self.graph.cached_dependents(&T::INFO, &latest).is_empty() {
+        let policy = if waiting && !self.graph.cached_dependents(info, &latest).is_empty() {
             PropagationPolicy::Foreground
         } else {
             PropagationPolicy::Background
@@ -1027,7 +1319,7 @@ impl<T: Resource> Collector<T> {
             .delete(&latest, policy)
             .await
             .during(|| format!("deleting {}", what()))?;
-        tracing::info!(kind = T::INFO.kind, object = %key, policy = policy.as_str(),
+        tracing::info!(kind = info.kind, object = %key, policy = policy.as_str(),
             "deleted: every owner is gone or waiting for its dependents");
         Ok(())
     }
@@ -1035,19 +1327,20 @@ impl<T: Resource> Collector<T> {
     /// An owner deleted in the foreground: once no dependent blocks it any more, remove the
     /// finalizer (its dependents are deleted by their own collectors).
     async fn finish_foreground(&self, owner: &ObjectMeta) -> Result<(), Error> {
+        let info = self.own.info();
         let blocking = |deps: &[Dependent]| deps.iter().filter(|d| d.blocks(&owner.uid)).count();
-        let cached = self.graph.cached_dependents(&T::INFO, owner);
+        let cached = self.graph.cached_dependents(info, owner);
         let key = key_of(owner);
         if blocking(&cached) > 0 {
-            tracing::debug!(kind = T::INFO.kind, object = %key, blocking = blocking(&cached),
+            tracing::debug!(kind = info.kind, object = %key, blocking = blocking(&cached),
                 "waiting for dependents");
             return Ok(());
         }
         let all = self
             .graph
-            .all_dependents(&T::INFO, owner)
+            .all_dependents(info, owner)
             .await
-            .during(|| format!("listing the dependents of {} {key}", T::INFO.kind))?;
+            .during(|| format!("listing the dependents of {} {key}", info.kind))?;
         if blocking(&all) > 0 {
             return Ok(());
         }
@@ -1057,12 +1350,13 @@ impl<T: Resource> Collector<T> {
     /// An owner deleted with Orphan: remove the references to it from every dependent, then
     /// the finalizer.
     async fn orphan_dependents(&self, owner: &ObjectMeta) -> Result<(), Error> {
+        let info = self.own.info();
         let key = key_of(owner);
         let dependents = self
             .graph
-            .all_dependents(&T::INFO, owner)
+            .all_dependents(info, owner)
             .await
-            .during(|| format!("listing the dependents of {} {key}", T::INFO.kind))?;
+            .during(|| format!("listing the dependents of {} {key}", info.kind))?;
         let edit = |m: &mut ObjectMeta| {
             let before = m.owner_references.len();
             m.owner_references.retain(|r| r.uid != owner.uid);
@@ -1080,12 +1374,13 @@ impl<T: Resource> Collector<T> {
         if let Some(first) = failed.into_iter().next() {
             return Err(first);
         }
-        tracing::info!(kind = T::INFO.kind, object = %key, dependents = dependents.len(),
+        tracing::info!(kind = info.kind, object = %key, dependents = dependents.len(),
             "orphaned dependents");
         self.remove_finalizer(owner, ORPHAN_FINALIZER).await
     }
 
     async fn remove_finalizer(&self, owner: &ObjectMeta, finalizer: &str) -> Result<(), Error> {
+        let info = self.own.info();
         let key = key_of(owner);
         let edit = |m: &mut ObjectMeta| {
             let before = m.finalizers.len();
@@ -1096,29 +1391,26 @@ impl<T: Resource> Collector<T> {
             .own
             .edit_metadata(&key, &owner.uid, &edit)
             .await
-            .during(|| format!("removing finalizer {finalizer} from {} {key}", T::INFO.kind))?
+            .during(|| format!("removing finalizer {finalizer} from {} {key}", info.kind))?
         {
-            tracing::info!(kind = T::INFO.kind, object = %key, finalizer, "removed finalizer");
+            tracing::info!(kind = info.kind, object = %key, finalizer, "removed finalizer");
         }
         Ok(())
     }
 }
 
-impl<T: Resource> Reconciler for Collector<T> {
+impl Reconciler for Collector {
     type Error = Error;
 
     async fn reconcile(&self, key: &ObjectKey) -> Result<Action, Error> {
-        let Some(obj) = self.own.informer.get(key) else {
+        let Some(meta) = self.own.cached(key) else {
             return Ok(Action::Done);
         };
-        let Some(meta) = obj.metadata() else {
-            return Ok(Action::Done);
-        };
-        let result = if is_deleting(meta) {
-            if has_finalizer(meta, ORPHAN_FINALIZER) {
-                self.orphan_dependents(meta).await
-            } else if has_finalizer(meta, FOREGROUND_FINALIZER) {
-                self.finish_foreground(meta).await
+        let result = if is_deleting(&meta) {
+            if has_finalizer(&meta, ORPHAN_FINALIZER) {
+                self.orphan_dependents(&meta).await
+            } else if has_finalizer(&meta, FOREGROUND_FINALIZER) {
+                self.finish_foreground(&meta).await
             } else {
                 // Being deleted: its owners no longer matter.
                 Ok(())
@@ -1126,14 +1418,14 @@ impl<T: Resource> Reconciler for Collector<T> {
         } else if meta.owner_references.is_empty() {
             Ok(())
         } else {
-            self.collect_if_orphaned(meta).await
+            self.collect_if_orphaned(&meta).await
         };
         if let Err(e) = &result {
             let routine = matches!(e, Error::Api { source, .. } if source.is_conflict());
             if !routine {
                 self.recorder
-                    .publish(
-                        &*obj,
+                    .publish_about(
+                        reference(self.own.info(), &meta),
                         EventType::Warning,
                         "GarbageCollectionFailed",
                         &crate::error_chain(e),

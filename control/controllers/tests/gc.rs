@@ -14,9 +14,9 @@ use std::time::Duration;
 use common::*;
 use futures::StreamExt;
 use skiff_api::api::{
-    ConfigMap, Deployment, DeploymentSpec, Endpoints, HorizontalPodAutoscaler, ObjectMeta,
-    OwnerReference, PersistentVolumeClaim, Pod, PodDisruptionBudget, ReplicaSet, Secret,
-    ServiceAccount,
+    ConfigMap, CustomResourceDefinition, Deployment, DeploymentSpec, Endpoints,
+    HorizontalPodAutoscaler, ObjectMeta, OwnerReference, PersistentVolumeClaim, Pod,
+    PodDisruptionBudget, ReplicaSet, Secret, ServiceAccount,
 };
 use skiff_api::{FOREGROUND_FINALIZER, Resource};
 use skiff_client::controller::{Informer, ObjectKey};
@@ -614,4 +614,189 @@ async fn orphaning_a_replica_set_leaves_its_pods_unowned_and_not_readopted() {
         now.iter().all(|p| owner_uids(p).is_empty() && !deleting(p)),
         "no owner, not deleted: {now:?}"
     );
+}
+
+/// A namespaced custom kind `Widget` (`widgets.gc.example.com`) with an open schema, once
+/// established and served.
+async fn widget_kind(client: &Client) -> &'static dyn skiff_api::DynKind {
+    let crd: CustomResourceDefinition = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.gc.example.com"},
+        "spec": {
+            "group": "gc.example.com",
+            "scope": "Namespaced",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget",
+                      "listKind": "WidgetList"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object",
+                    "x-kubernetes-preserve-unknown-fields": true}}}]
+        }
+    }))
+    .unwrap();
+    client
+        .cluster::<CustomResourceDefinition>()
+        .create(&crd)
+        .await
+        .unwrap();
+    eventually("the Widget kind to be served", || async {
+        client
+            .custom_kinds()
+            .await
+            .ok()?
+            .into_iter()
+            .find(|k| k.info().kind == "Widget")
+    })
+    .await
+}
+
+fn owner_ref(
+    api_version: &str,
+    kind: &str,
+    name: &str,
+    uid: &str,
+    block: bool,
+) -> serde_json::Value {
+    serde_json::json!({"apiVersion": api_version, "kind": kind, "name": name, "uid": uid,
+        "blockOwnerDeletion": block})
+}
+
+fn widget(name: &str, owners: Vec<serde_json::Value>, finalizers: &[&str]) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "gc.example.com/v1", "kind": "Widget",
+        "metadata": {"name": name, "namespace": "default", "ownerReferences": owners,
+                     "finalizers": finalizers},
+        "spec": {"size": 1}
+    })
+}
+
+fn json_uid(o: &serde_json::Value) -> String {
+    o["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Custom objects are dependents as typed ones are (Kubernetes' collector follows every
+/// kind): one owned by a ConfigMap goes with it; one owned by another custom object goes
+/// with it, and blocks its Foreground deletion until it is gone; Orphan removes the
+/// reference from it.
+#[tokio::test]
+async fn custom_objects_are_collected_as_dependents() {
+    let c = cluster().await;
+    let _m = start_manager(&c.client, "gc-custom", None);
+    let kind = widget_kind(&c.client).await;
+    let widgets = c.client.dynamic(kind, Some("default"));
+    let maps = c.client.namespaced::<ConfigMap>("default");
+    let gone = |name: &'static str| {
+        let widgets = widgets.clone();
+        move || {
+            let widgets = widgets.clone();
+            async move { widgets.get_opt(name).await.unwrap().is_none() }
+        }
+    };
+
+    // A typed owner.
+    let cfg = maps
+        .create(&ConfigMap {
+            metadata: meta("cfg"),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let cfg_ref = owner_ref("v1", "ConfigMap", "cfg", &uid(&cfg), false);
+    widgets
+        .create(&widget("of-cfg", vec![cfg_ref], &[]))
+        .await
+        .unwrap();
+    maps.delete("cfg", &delete_with(PropagationPolicy::Background))
+        .await
+        .unwrap();
+    eventually(
+        "the widget owned by the ConfigMap to be collected",
+        gone("of-cfg"),
+    )
+    .await;
+
+    // A custom owner deleted in the foreground: its custom dependent (held by a finalizer
+    // of its own for now) and its ConfigMap go first; the owner waits for the blocking one.
+    let parent = widgets
+        .create(&widget("parent", vec![], &[]))
+        .await
+        .unwrap();
+    let parent_ref = |block| {
+        owner_ref(
+            "gc.example.com/v1",
+            "Widget",
+            "parent",
+            &json_uid(&parent),
+            block,
+        )
+    };
+    widgets
+        .create(&widget(
+            "child",
+            vec![parent_ref(true)],
+            &["gc.example.com/hold"],
+        ))
+        .await
+        .unwrap();
+    maps.create(&ConfigMap {
+        metadata: Some(ObjectMeta {
+            owner_references: vec![serde_json::from_value(parent_ref(false)).unwrap()],
+            ..meta("of-parent").unwrap()
+        }),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    widgets
+        .delete("parent", &delete_with(PropagationPolicy::Foreground))
+        .await
+        .unwrap();
+    eventually(
+        "the child widget to be deleted and its ConfigMap collected",
+        || async {
+            let child = widgets.get("child").await.unwrap();
+            let map_gone = maps.get_opt("of-parent").await.unwrap().is_none();
+            (child["metadata"]["deletionTimestamp"].is_string() && map_gone).then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let waiting = widgets.get("parent").await.unwrap();
+    assert!(
+        waiting["metadata"]["finalizers"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|f| f == FOREGROUND_FINALIZER)),
+        "the owner waits while a blocking dependent exists: {waiting}"
+    );
+    let mut child = widgets.get("child").await.unwrap();
+    child["metadata"]["finalizers"] = serde_json::json!([]);
+    widgets.update(&child).await.unwrap();
+    eventually("the child and then its owner to go", || async {
+        gone("child")().await && gone("parent")().await
+    })
+    .await;
+
+    // Orphan: the dependent stays, without the reference.
+    let p2 = widgets.create(&widget("p2", vec![], &[])).await.unwrap();
+    let p2_ref = owner_ref("gc.example.com/v1", "Widget", "p2", &json_uid(&p2), true);
+    widgets
+        .create(&widget("c2", vec![p2_ref], &[]))
+        .await
+        .unwrap();
+    widgets
+        .delete("p2", &delete_with(PropagationPolicy::Orphan))
+        .await
+        .unwrap();
+    eventually("the orphaning owner to go", gone("p2")).await;
+    let c2 = widgets.get("c2").await.unwrap();
+    assert!(
+        c2["metadata"]["ownerReferences"]
+            .as_array()
+            .is_none_or(|r| r.is_empty()),
+        "the orphan keeps no reference to its owner: {c2}"
+    );
+    assert_eq!(c2["spec"]["size"], 1, "nothing else of it changed");
 }

@@ -229,7 +229,8 @@ fn kind_rules(verbs: &[&str], kinds: &[(String, String)]) -> Vec<PolicyRule> {
 
 /// The rules of [`CUSTOM_KINDS_ROLE`] for the `(group, plural)` custom kinds: reading and
 /// deleting them (emptying a namespace, collecting garbage) and updating them (the garbage
-/// collector removes the Orphan and Foreground finalizers of custom owners).
+/// collector removes the Orphan and Foreground finalizers of custom owners and the references
+/// of custom dependents to owners that are gone).
 pub fn custom_kind_rules(kinds: &[(String, String)]) -> Vec<PolicyRule> {
     kind_rules(
         &[

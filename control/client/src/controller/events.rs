@@ -96,7 +96,19 @@ impl EventRecorder {
         reason: &str,
         message: &str,
     ) -> Result<Event, ClientError> {
-        let involved = object_reference(obj);
+        self.record_about(object_reference(obj), event_type, reason, message)
+            .await
+    }
+
+    /// [`EventRecorder::record`] about the object `involved` names (of any kind, a custom
+    /// one too).
+    pub async fn record_about(
+        &self,
+        involved: ObjectReference,
+        event_type: EventType,
+        reason: &str,
+        message: &str,
+    ) -> Result<Event, ClientError> {
         let namespace = if involved.namespace.is_empty() {
             "default".to_string()
         } else {
@@ -174,9 +186,24 @@ impl EventRecorder {
         reason: &str,
         message: &str,
     ) {
-        if let Err(e) = self.record(obj, event_type, reason, message).await {
-            tracing::warn!(kind = T::INFO.kind, name = obj.name(), reason, error = %e,
-                "could not record an event");
+        self.publish_about(object_reference(obj), event_type, reason, message)
+            .await;
+    }
+
+    /// [`EventRecorder::publish`] about the object `involved` names.
+    pub async fn publish_about(
+        &self,
+        involved: ObjectReference,
+        event_type: EventType,
+        reason: &str,
+        message: &str,
+    ) {
+        let (kind, name) = (involved.kind.clone(), involved.name.clone());
+        if let Err(e) = self
+            .record_about(involved, event_type, reason, message)
+            .await
+        {
+            tracing::warn!(%kind, %name, reason, error = %e, "could not record an event");
         }
     }
 

@@ -56,4 +56,4 @@ pub use informer::{
 pub use key::ObjectKey;
 pub use leader::{LeaderElectionConfig, LeaderElectionError, LeaderElector};
 pub use queue::{RateLimiter, WorkQueue};
-pub use reconcile::{Action, Controller, Reconciler, owner_key};
+pub use reconcile::{Action, Controller, Reconciler, owner_key, run_workers};

@@ -210,15 +210,13 @@ impl<T: Resource> Controller<T> {
                 }
             });
         }
-        let mut pool = JoinSet::new();
-        for _ in 0..workers.max(1) {
-            pool.spawn(worker(name.clone(), queue.clone(), Arc::clone(&reconciler)));
-        }
-        shutdown.cancelled().await;
-        tracing::info!(controller = %name, "shutting down");
-        queue.shut_down();
-        feeders.abort_all();
-        while pool.join_next().await.is_some() {}
+        let stop = async {
+            shutdown.cancelled().await;
+            tracing::info!(controller = %name, "shutting down");
+            queue.shut_down();
+            feeders.abort_all();
+        };
+        futures::future::join(run_workers(&name, queue.clone(), reconciler, workers), stop).await;
     }
 }
 
@@ -239,6 +237,26 @@ pub fn owner_key<T: Resource, C: Resource>(child: &C) -> Vec<ObjectKey> {
 
 fn api_group(api_version: &str) -> &str {
     api_version.rsplit_once('/').map(|(g, _)| g).unwrap_or("")
+}
+
+/// Runs `workers` workers reconciling the keys of `queue` with `reconciler` until the queue
+/// is shut down: the loop every [`Controller`] runs, for reconcilers whose keys come from
+/// elsewhere (a kind known only at run time).
+pub async fn run_workers<R: Reconciler>(
+    name: &str,
+    queue: WorkQueue<ObjectKey>,
+    reconciler: Arc<R>,
+    workers: usize,
+) {
+    let mut pool = JoinSet::new();
+    for _ in 0..workers.max(1) {
+        pool.spawn(worker(
+            name.to_string(),
+            queue.clone(),
+            Arc::clone(&reconciler),
+        ));
+    }
+    while pool.join_next().await.is_some() {}
 }
 
 async fn worker<R: Reconciler>(name: String, queue: WorkQueue<ObjectKey>, reconciler: Arc<R>) {
