@@ -51,6 +51,16 @@ spec:
                 color:
                   type: string
                   enum: [red, green]
+                ports:
+                  type: array
+                  x-kubernetes-list-type: map
+                  x-kubernetes-list-map-keys: [port, protocol]
+                  items:
+                    type: object
+                    required: [port, protocol]
+                    properties:
+                      port: {type: integer}
+                      protocol: {type: string}
               required: [cronSpec]
             status:
               type: object
@@ -352,6 +362,41 @@ spec:
         "jsonpath={.metadata.managedFields[0].manager}",
     ]);
     assert_eq!(out, "kubectl");
+    // Two managers apply items of a map list (keyed by port and protocol): the items merge,
+    // and a manager that drops its item removes only that one.
+    let with_port = |manager: &str, ports: &str| {
+        let applied = format!(
+            "apiVersion: stable.example.com/v1\nkind: CronTab\nmetadata:\n  name: applied\n\
+             spec:\n  ports: {ports}\n"
+        );
+        let manager = format!("--field-manager={manager}");
+        let (ok, _, err) = c.kubectl(
+            &["apply", "--server-side", &manager, "-f", "-"],
+            Some(&applied),
+        );
+        assert!(ok, "{err}");
+    };
+    let ports = || kubectl(&["get", "ct", "applied", "-o", "jsonpath={.spec.ports}"]).1;
+    with_port("one", "[{port: 80, protocol: TCP}]");
+    with_port("two", "[{port: 80, protocol: UDP}]");
+    assert_eq!(
+        ports(),
+        r#"[{"port":80,"protocol":"TCP"},{"port":80,"protocol":"UDP"}]"#
+    );
+    let (_, fields, _) = kubectl(&[
+        "get",
+        "ct",
+        "applied",
+        "--show-managed-fields",
+        "-o",
+        "jsonpath={.metadata.managedFields[?(@.manager==\"two\")].fieldsV1}",
+    ]);
+    assert!(
+        fields.contains(r#"k:{\"port\":80,\"protocol\":\"UDP\"}"#),
+        "{fields}"
+    );
+    with_port("one", "[]");
+    assert_eq!(ports(), r#"[{"port":80,"protocol":"UDP"}]"#);
 
     // A second definition may not take a name in use in its group.
     let clash = CRD

@@ -234,7 +234,7 @@ impl CustomKind {
         &self.version().selectable
     }
 
-    fn schema(&self) -> &skiff_schema::Schema {
+    pub fn schema(&self) -> &skiff_schema::Schema {
         &self.version().schema
     }
 

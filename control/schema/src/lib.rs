@@ -65,6 +65,82 @@ pub enum ListType {
     Map(Vec<String>),
 }
 
+/// [`ListType`], borrowed from the schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListShape<'a> {
+    Atomic,
+    Set,
+    Map(&'a [String]),
+}
+
+/// One node of a [`Schema`]: what server-side apply needs to know of a value's shape.
+#[derive(Debug, Clone, Copy)]
+pub struct SchemaNode<'a>(&'a Node);
+
+impl<'a> SchemaNode<'a> {
+    /// The schema of an object's field `name` (a property, else `additionalProperties`).
+    pub fn field(self, name: &str) -> Option<SchemaNode<'a>> {
+        self.0.field_schema(name).map(SchemaNode)
+    }
+
+    /// The schema of an array's items.
+    pub fn items(self) -> Option<SchemaNode<'a>> {
+        self.0.items.as_deref().map(SchemaNode)
+    }
+
+    /// Whether this is a map whose entries are separate members: an object with
+    /// `additionalProperties` and no properties, not `x-kubernetes-map-type: atomic`.
+    pub fn is_granular_map(self) -> bool {
+        let n = self.0;
+        n.ty == "object"
+            && n.properties.is_empty()
+            && n.additional_schema().is_some()
+            && n.map_type.as_deref() != Some("atomic")
+    }
+
+    /// Whether this object is one member as a whole (`x-kubernetes-map-type: atomic`).
+    pub fn is_atomic_object(self) -> bool {
+        self.0.ty == "object" && self.0.map_type.as_deref() == Some("atomic")
+    }
+
+    /// Whether this is an embedded object (`x-kubernetes-embedded-resource`): it has
+    /// apiVersion, kind and metadata of its own.
+    pub fn is_embedded_resource(self) -> bool {
+        self.0.embedded
+    }
+
+    /// The schema of a granular map's values.
+    pub fn values(self) -> Option<SchemaNode<'a>> {
+        self.0.additional_schema().map(SchemaNode)
+    }
+
+    /// The list semantics of an array, borrowed (`None` if this is not an array).
+    pub fn list_shape(self) -> Option<ListShape<'a>> {
+        let n = self.0;
+        if n.ty != "array" {
+            return None;
+        }
+        Some(match n.list_type.as_deref() {
+            Some("set") => ListShape::Set,
+            Some("map") => ListShape::Map(&n.list_map_keys),
+            _ => ListShape::Atomic,
+        })
+    }
+
+    /// The list semantics of an array (`None` if this is not an array).
+    pub fn list_type(self) -> Option<ListType> {
+        let n = self.0;
+        if n.ty != "array" {
+            return None;
+        }
+        Some(match n.list_type.as_deref() {
+            Some("set") => ListType::Set,
+            Some("map") => ListType::Map(n.list_map_keys.clone()),
+            _ => ListType::Atomic,
+        })
+    }
+}
+
 /// A checked structural schema of one CRD version.
 #[derive(Debug, Clone)]
 pub struct Schema {
@@ -219,15 +295,12 @@ impl Schema {
     /// The list semantics of the array at a field path (e.g.
     /// `["spec", "ports"]`); `None` if the path is not a specified array.
     pub fn list_type(&self, path: &[&str]) -> Option<ListType> {
-        let n = self.node_at(path)?;
-        if n.ty != "array" {
-            return None;
-        }
-        Some(match n.list_type.as_deref() {
-            Some("set") => ListType::Set,
-            Some("map") => ListType::Map(n.list_map_keys.clone()),
-            _ => ListType::Atomic,
-        })
+        SchemaNode(self.node_at(path)?).list_type()
+    }
+
+    /// The root of the schema, to walk an object along it.
+    pub fn root(&self) -> SchemaNode<'_> {
+        SchemaNode(&self.root)
     }
 
     /// The schema as OpenAPI v3 JSON for publishing (`kubectl explain`):

@@ -115,6 +115,15 @@ impl Call<'_> {
         })
     }
 
+    /// The kind's shape for field management: its custom schema at the request's version,
+    /// else its typed message.
+    pub fn shape(&self) -> managed::Shape<'_> {
+        match &self.custom {
+            Some(c) => managed::Shape::custom(c.schema()),
+            None => managed::Shape::Message(self.info.kind),
+        }
+    }
+
     /// This request's field manager (`fieldManager`, else the User-Agent's product).
     pub fn field_manager(&self) -> Result<String, ApiError> {
         let agent = self
@@ -131,7 +140,7 @@ impl Call<'_> {
         let manager = self.field_manager()?;
         let time = crate::strategy::now_rfc3339();
         managed::record_update(
-            self.info.kind,
+            self.shape(),
             old,
             new,
             managed::Writer {

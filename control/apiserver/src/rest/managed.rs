@@ -20,15 +20,23 @@
 //! Kubernetes implements this in structured-merge-diff (Go), which has no Rust counterpart;
 //! this is written here on the same schema the strategic merge patch uses.
 //!
-//! Known differences: list semantics come from the strategic merge keys (one key per list;
-//! Kubernetes' `listMapKeys` can be several, e.g. ports by port and protocol), lists of
-//! scalars are atomic (Kubernetes' `listType=set` lists are granular), and writes through
-//! the gRPC API (Skiff's own components) do not record managers.
+//! The shape of an object comes from its kind's schema ([`Shape`]): a typed kind's lists
+//! merge by their strategic merge key; a custom kind's follow its structural schema:
+//! `x-kubernetes-list-type: map` items by all their `x-kubernetes-list-map-keys`
+//! (`k:{"port":80,"protocol":"TCP"}`), `set` items by value (`v:"a"`), `atomic` (the default)
+//! as a whole; maps with `additionalProperties` entry by entry unless
+//! `x-kubernetes-map-type: atomic`; an object's `metadata` as ObjectMeta.
+//!
+//! Known differences: a typed list merges by one key (Kubernetes' `listMapKeys` can be
+//! several, e.g. container ports by port and protocol), typed lists of scalars are atomic
+//! (Kubernetes' `listType=set` lists are granular), and writes through the gRPC API (Skiff's
+//! own components) do not record managers.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Map, Value, json};
 use skiff_api::schema::{self, PatchStrategy, Ty};
+use skiff_schema::ListShape;
 
 use crate::error::ApiError;
 
@@ -101,32 +109,130 @@ pub(crate) fn manager_of(
 
 // ---- field sets ----------------------------------------------------------------------------
 
-/// The key a list of `message.field` merges by, if it is a keyed list.
-fn list_key(message: Option<&str>, field: &str) -> Option<&'static str> {
-    match schema::patch_strategy(message?, field) {
-        Some(PatchStrategy::MergeByKey(k)) => Some(k),
-        _ => None,
+/// What the schema says of a value, as field management needs it: a typed kind's message
+/// (Skiff's schema, [`skiff_api::schema`]) or a node of a custom kind's structural schema
+/// (with whether it is an object's root, whose `metadata` is an ObjectMeta); `Unknown` where
+/// neither says (objects are then structs, lists atomic).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Shape<'a> {
+    Message(&'static str),
+    Custom(skiff_schema::SchemaNode<'a>, bool),
+    Unknown,
+}
+
+impl<'a> Shape<'a> {
+    /// The shape of a custom kind's objects, by its schema.
+    pub(crate) fn custom(schema: &'a skiff_schema::Schema) -> Self {
+        Shape::Custom(schema.root(), true)
     }
 }
 
-fn sub_message(
-    message: Option<&str>,
-    field: &str,
-) -> (Option<&'static schema::Field>, Option<&'static str>) {
-    let f = message
-        .and_then(schema::message)
-        .and_then(|m| m.field(field));
-    let sub = f.and_then(|f| match f.ty {
-        Ty::Message(n) => Some(n),
-        _ => None,
-    });
-    (f, sub)
+impl From<&'static str> for Shape<'static> {
+    fn from(message: &'static str) -> Self {
+        Shape::Message(message)
+    }
 }
 
-/// The `k:` step of a keyed list's item, or `None` when the item has no key value.
-fn key_step(key: &str, item: &Value) -> Option<String> {
-    let v = item.get(key).filter(|v| !v.is_null())?;
-    Some(format!("k:{}", json!({ key: v })))
+/// How a field's value divides into members.
+#[derive(Debug, Clone, Copy)]
+enum Members<'a> {
+    /// A struct (its fields), or a leaf.
+    Value,
+    /// A granular map: the map itself, and each entry.
+    Map,
+    /// A list merged item by item, each item identified by the key fields.
+    Keyed(Keys<'a>),
+    /// A list of distinct values, each a member (`v:` steps): `x-kubernetes-list-type: set`.
+    Set,
+    /// A list (or an atomic object) replaced as a whole.
+    Atomic,
+}
+
+/// The key fields of a keyed list: the strategic merge key of a typed list, or a custom
+/// list's `x-kubernetes-list-map-keys`.
+#[derive(Debug, Clone, Copy)]
+enum Keys<'a> {
+    One(&'static str),
+    Many(&'a [String]),
+}
+
+impl Keys<'_> {
+    fn iter(&self) -> impl Iterator<Item = &str> {
+        let (one, many) = match self {
+            Keys::One(k) => (Some(*k), None),
+            Keys::Many(ks) => (None, Some(ks.iter().map(String::as_str))),
+        };
+        one.into_iter().chain(many.into_iter().flatten())
+    }
+}
+
+impl<'a> Shape<'a> {
+    /// The field `name` of this struct: how its value divides into members, and the shape of
+    /// what is inside it (a struct's fields, a map's values, a list's items).
+    fn field(self, name: &str) -> (Members<'a>, Shape<'a>) {
+        match self {
+            Shape::Message(message) => {
+                let Some(f) = schema::message(message).and_then(|m| m.field(name)) else {
+                    return (Members::Value, Shape::Unknown);
+                };
+                let sub = match f.ty {
+                    Ty::Message(n) => Shape::Message(n),
+                    _ => Shape::Unknown,
+                };
+                let members = if f.map {
+                    Members::Map
+                } else if f.list {
+                    match schema::patch_strategy(message, name) {
+                        Some(PatchStrategy::MergeByKey(k)) => Members::Keyed(Keys::One(k)),
+                        _ => Members::Atomic,
+                    }
+                } else {
+                    Members::Value
+                };
+                (members, sub)
+            }
+            Shape::Custom(_, true) if name == "metadata" => {
+                (Members::Value, Shape::Message("ObjectMeta"))
+            }
+            Shape::Custom(node, _) => {
+                let Some(f) = node.field(name) else {
+                    return (Members::Value, Shape::Unknown);
+                };
+                let custom =
+                    |n: skiff_schema::SchemaNode<'a>| Shape::Custom(n, n.is_embedded_resource());
+                let items = || f.items().map_or(Shape::Unknown, custom);
+                match f.list_shape() {
+                    Some(ListShape::Map(keys)) if !keys.is_empty() => {
+                        (Members::Keyed(Keys::Many(keys)), items())
+                    }
+                    Some(ListShape::Set) => (Members::Set, items()),
+                    Some(_) => (Members::Atomic, items()),
+                    None if f.is_granular_map() => {
+                        (Members::Map, f.values().map_or(Shape::Unknown, custom))
+                    }
+                    None if f.is_atomic_object() => (Members::Atomic, Shape::Unknown),
+                    None => (Members::Value, custom(f)),
+                }
+            }
+            Shape::Unknown => (Members::Value, Shape::Unknown),
+        }
+    }
+}
+
+/// The `k:` step of a keyed list's item (`k:{"port":80,"protocol":"TCP"}`, keys in name
+/// order as Kubernetes writes them), or `None` when the item lacks a key.
+fn key_step(keys: Keys<'_>, item: &Value) -> Option<String> {
+    let mut key = Map::new();
+    for k in keys.iter() {
+        let v = item.get(k).filter(|v| !v.is_null())?;
+        key.insert(k.to_string(), v.clone());
+    }
+    Some(format!("k:{}", Value::Object(key)))
+}
+
+/// The `v:` step of a set's item (`v:"a"`).
+fn value_step(item: &Value) -> String {
+    format!("v:{item}")
 }
 
 /// The object without what the server owns (type meta, status, server metadata) and without
@@ -161,7 +267,7 @@ fn drop_nulls(v: &mut Value) {
 /// The members of `obj` (already [`owned_part`]) of message `kind`.
 /// The field set of [`owned_part`] of `obj`, read from `obj` in place (a create's object is
 /// not copied to leave out what nobody owns; nulls count as absent, as there).
-fn owned_field_set(kind: &str, obj: &Value) -> FieldSet {
+fn owned_field_set(shape: Shape<'_>, obj: &Value) -> FieldSet {
     let mut out = FieldSet::new();
     if let Value::Object(map) = obj {
         let skip =
@@ -176,11 +282,11 @@ fn owned_field_set(kind: &str, obj: &Value) -> FieldSet {
                         .map(|(f, v)| (f.clone(), v.clone()))
                         .collect();
                     let one = std::iter::once((k.clone(), Value::Object(kept))).collect();
-                    collect_struct(Some(kind), &one, &mut path, &mut out);
+                    collect_struct(shape, &one, &mut path, &mut out);
                 }
                 _ => {
                     // One member at a time, so that nothing is copied.
-                    collect_member(Some(kind), k, child, &mut path, &mut out);
+                    collect_member(shape, k, child, &mut path, &mut out);
                 }
             }
         }
@@ -188,10 +294,10 @@ fn owned_field_set(kind: &str, obj: &Value) -> FieldSet {
     out
 }
 
-pub(crate) fn field_set(kind: &str, obj: &Value) -> FieldSet {
+pub(crate) fn field_set(shape: Shape<'_>, obj: &Value) -> FieldSet {
     let mut out = FieldSet::new();
     if let Value::Object(map) = obj {
-        collect_struct(Some(kind), map, &mut Vec::new(), &mut out);
+        collect_struct(shape, map, &mut Vec::new(), &mut out);
     }
     out
 }
@@ -204,32 +310,21 @@ fn step(prefix: &str, name: &str) -> String {
     s
 }
 
-fn collect_struct(
-    message: Option<&str>,
-    map: &Map<String, Value>,
-    path: &mut Path,
-    out: &mut FieldSet,
-) {
+fn collect_struct(shape: Shape<'_>, map: &Map<String, Value>, path: &mut Path, out: &mut FieldSet) {
     for (k, child) in map {
-        collect_member(message, k, child, path, out);
+        collect_member(shape, k, child, path, out);
     }
 }
 
 /// One member of a struct; a null member is absent.
-fn collect_member(
-    message: Option<&str>,
-    k: &str,
-    child: &Value,
-    path: &mut Path,
-    out: &mut FieldSet,
-) {
+fn collect_member(shape: Shape<'_>, k: &str, child: &Value, path: &mut Path, out: &mut FieldSet) {
     if child.is_null() {
         return;
     }
-    let (field, sub) = sub_message(message, k);
+    let (members, sub) = shape.field(k);
     path.push(step("f:", k));
-    match (field, child) {
-        (Some(f), Value::Object(entries)) if f.map => {
+    match (members, child) {
+        (Members::Map, Value::Object(entries)) => {
             out.insert(path.clone());
             for (ek, ev) in entries.iter().filter(|(_, v)| !v.is_null()) {
                 path.push(step("f:", ek));
@@ -237,35 +332,40 @@ fn collect_member(
                 path.pop();
             }
         }
-        (Some(f), Value::Array(items)) if f.list => match list_key(message, k) {
-            Some(key) if items.iter().all(|i| key_step(key, i).is_some()) => {
-                for item in items {
-                    let Some(step) = key_step(key, item) else {
-                        continue;
-                    };
-                    path.push(step);
-                    out.insert(path.clone());
-                    if let Value::Object(m) = item {
-                        collect_struct(sub, m, path, out);
-                    }
-                    path.pop();
-                }
-            }
-            _ => {
+        (Members::Keyed(keys), Value::Array(items))
+            if items.iter().all(|i| key_step(keys, i).is_some()) =>
+        {
+            for item in items {
+                let Some(step) = key_step(keys, item) else {
+                    continue;
+                };
+                path.push(step);
                 out.insert(path.clone());
+                if let Value::Object(m) = item {
+                    collect_struct(sub, m, path, out);
+                }
+                path.pop();
             }
-        },
-        _ => collect_value(sub, child, path, out),
+        }
+        (Members::Set, Value::Array(items)) => {
+            for item in items {
+                path.push(value_step(item));
+                out.insert(path.clone());
+                path.pop();
+            }
+        }
+        (Members::Value, _) => collect_value(sub, child, path, out),
+        _ => {
+            out.insert(path.clone());
+        }
     }
     path.pop();
 }
 
-fn collect_value(message: Option<&str>, v: &Value, path: &mut Path, out: &mut FieldSet) {
+fn collect_value(shape: Shape<'_>, v: &Value, path: &mut Path, out: &mut FieldSet) {
     match v {
         // An object of nulls only is empty once they are dropped.
-        Value::Object(m) if m.values().any(|x| !x.is_null()) => {
-            collect_struct(message, m, path, out)
-        }
+        Value::Object(m) if m.values().any(|x| !x.is_null()) => collect_struct(shape, m, path, out),
         _ => {
             out.insert(path.clone());
         }
@@ -276,6 +376,10 @@ fn collect_value(message: Option<&str>, v: &Value, path: &mut Path, out: &mut Fi
 
 /// The item of `items` a `k:` step selects.
 fn find_item(items: &[Value], step: &str) -> Option<usize> {
+    if let Some(v) = step.strip_prefix("v:") {
+        let value: Value = serde_json::from_str(v).ok()?;
+        return items.iter().position(|item| *item == value);
+    }
     let key: Map<String, Value> = serde_json::from_str(step.strip_prefix("k:")?).ok()?;
     items
         .iter()
@@ -355,6 +459,9 @@ pub(crate) fn display(path: &[String]) -> String {
             let key: Map<String, Value> = serde_json::from_str(k).unwrap_or_default();
             let parts: Vec<String> = key.iter().map(|(k, v)| format!("{k}={v}")).collect();
             s.push_str(&format!("[{}]", parts.join(",")));
+        } else if let Some(v) = step.strip_prefix("v:") {
+            // A set's item, as Kubernetes shows it: `[="a"]`.
+            s.push_str(&format!("[={v}]"));
         } else {
             s.push_str(step);
         }
@@ -484,7 +591,13 @@ pub(crate) struct Writer<'a> {
 /// `new.metadata.managedFields`: the writer's `Update` entry gains the members it added or
 /// changed, every other entry loses them, and members that are gone leave every entry. The
 /// entries start from those `new` carries (a client may send them back), else `old`'s.
-pub(crate) fn record_update(kind: &str, old: Option<&Value>, new: &mut Value, writer: Writer<'_>) {
+pub(crate) fn record_update<'s>(
+    shape: impl Into<Shape<'s>>,
+    old: Option<&Value>,
+    new: &mut Value,
+    writer: Writer<'_>,
+) {
+    let shape = shape.into();
     let sent = entries_of(new);
     let mut entries = if sent.is_empty() {
         old.map(entries_of).unwrap_or_default()
@@ -493,10 +606,10 @@ pub(crate) fn record_update(kind: &str, old: Option<&Value>, new: &mut Value, wr
     };
     let (changed, gone): (FieldSet, FieldSet) = match old {
         // A create: every field is this writer's, read from the object in place.
-        None => (owned_field_set(kind, new), FieldSet::new()),
+        None => (owned_field_set(shape, new), FieldSet::new()),
         Some(o) => {
             let (new_part, old_part) = (owned_part(new), owned_part(o));
-            let (new_set, old_set) = (field_set(kind, &new_part), field_set(kind, &old_part));
+            let (new_set, old_set) = (field_set(shape, &new_part), field_set(shape, &old_part));
             let changed = new_set
                 .iter()
                 .filter(|p| {
@@ -540,37 +653,43 @@ pub(crate) fn record_update(kind: &str, old: Option<&Value>, new: &mut Value, wr
 // ---- Apply -----------------------------------------------------------------------------------
 
 /// Merges `applied` into `live`: structs and maps field by field, keyed lists item by item
-/// (new items appended), everything else replaced.
-fn merge(message: Option<&str>, live: &mut Value, applied: &Value) {
+/// (new items appended), sets by value (new values appended), everything else replaced.
+fn merge(shape: Shape<'_>, live: &mut Value, applied: &Value) {
     let (Value::Object(l), Value::Object(a)) = (&mut *live, applied) else {
         *live = applied.clone();
         return;
     };
     for (k, av) in a {
-        let (field, sub) = sub_message(message, k);
+        let (members, sub) = shape.field(k);
         let Some(lv) = l.get_mut(k) else {
             l.insert(k.clone(), av.clone());
             continue;
         };
-        match (field, &mut *lv, av) {
-            (Some(f), Value::Array(li), Value::Array(ai)) if f.list => match list_key(message, k) {
-                Some(key)
-                    if ai
-                        .iter()
-                        .chain(li.iter())
-                        .all(|i| key_step(key, i).is_some()) =>
-                {
-                    for item in ai {
-                        let step = key_step(key, item).unwrap_or_default();
-                        match find_item(li, &step) {
-                            Some(i) => merge(sub, &mut li[i], item),
-                            None => li.push(item.clone()),
-                        }
+        match (members, &mut *lv, av) {
+            (Members::Keyed(keys), Value::Array(li), Value::Array(ai))
+                if ai
+                    .iter()
+                    .chain(li.iter())
+                    .all(|i| key_step(keys, i).is_some()) =>
+            {
+                for item in ai {
+                    let step = key_step(keys, item).unwrap_or_default();
+                    match find_item(li, &step) {
+                        Some(i) => merge(sub, &mut li[i], item),
+                        None => li.push(item.clone()),
                     }
                 }
-                _ => *lv = av.clone(),
-            },
-            (_, Value::Object(_), Value::Object(_)) => merge(sub, lv, av),
+            }
+            (Members::Set, Value::Array(li), Value::Array(ai)) => {
+                for item in ai {
+                    if !li.contains(item) {
+                        li.push(item.clone());
+                    }
+                }
+            }
+            (Members::Value | Members::Map, Value::Object(_), Value::Object(_)) => {
+                merge(sub, lv, av)
+            }
             _ => *lv = av.clone(),
         }
     }
@@ -622,8 +741,8 @@ pub(crate) fn conflict_error(conflicts: &[Conflict]) -> ApiError {
 /// Server-side apply of `applied` (the manager's whole intent) onto `live` (`None`: the
 /// object does not exist, the apply creates it). Returns the object to write, with its
 /// managedFields.
-pub(crate) fn apply(
-    kind: &str,
+pub(crate) fn apply<'s>(
+    shape: impl Into<Shape<'s>>,
     live: Option<&Value>,
     applied: &Value,
     writer: Writer<'_>,
@@ -634,8 +753,9 @@ pub(crate) fn apply(
             "the applied configuration must be an object".into(),
         ));
     }
+    let shape = shape.into();
     let intent = owned_part(applied);
-    let new_set = field_set(kind, &intent);
+    let new_set = field_set(shape, &intent);
     let mine = |e: &Entry| e.is(writer.manager, APPLY);
     let Some(live) = live else {
         let mut obj = applied.clone();
@@ -686,18 +806,26 @@ pub(crate) fn apply(
         .find(|e| mine(e))
         .map(|e| e.fields.clone())
         .unwrap_or_default();
-    // Deepest first, so an item's fields go before the item.
-    let dropped: Vec<&Path> = before.difference(&new_set).collect();
-    for gone in dropped.into_iter().rev() {
-        let others_own = entries
-            .iter()
-            .filter(|e| !mine(e))
-            .any(|e| owns_under(&e.fields, gone));
-        if !others_own && !owns_under(&new_set, gone) {
+    // What nobody owns any more goes; an item that goes takes its fields with it (they are
+    // not removed one by one first: without its key fields the item could not be found).
+    let removed: Vec<&Path> = before
+        .difference(&new_set)
+        .filter(|gone| {
+            let others_own = entries
+                .iter()
+                .filter(|e| !mine(e))
+                .any(|e| owns_under(&e.fields, gone));
+            !others_own && !owns_under(&new_set, gone)
+        })
+        .collect();
+    // Deepest first, so a list's later items are found by their steps after earlier go.
+    for (i, gone) in removed.iter().enumerate().rev() {
+        let under_removed = removed[..i].iter().any(|p| gone.starts_with(p));
+        if !under_removed {
             remove_at(&mut result, gone);
         }
     }
-    merge(Some(kind), &mut result, &intent);
+    merge(shape, &mut result, &intent);
     entries.retain(|e| !mine(e));
     entries.push(Entry {
         manager: writer.manager.to_string(),
@@ -771,8 +899,8 @@ mod tests {
             ("Widget", custom),
         ] {
             assert_eq!(
-                owned_field_set(kind, &obj),
-                field_set(kind, &owned_part(&obj)),
+                owned_field_set(kind.into(), &obj),
+                field_set(kind.into(), &owned_part(&obj)),
                 "{obj}"
             );
         }
@@ -780,7 +908,7 @@ mod tests {
 
     #[test]
     fn field_sets_follow_the_schema() {
-        let set = field_set("Deployment", &owned_part(&deployment(2, "nginx")));
+        let set = field_set("Deployment".into(), &owned_part(&deployment(2, "nginx")));
         let containers = path(&["f:spec", "f:template", "f:spec", "f:containers"]);
         let item = [containers.clone(), path(&[r#"k:{"name":"web"}"#])].concat();
         assert!(set.contains(&item), "{set:?}");
@@ -800,7 +928,7 @@ mod tests {
 
     #[test]
     fn fields_v1_round_trips_in_kubernetes_form() {
-        let set = field_set("Deployment", &owned_part(&deployment(2, "nginx")));
+        let set = field_set("Deployment".into(), &owned_part(&deployment(2, "nginx")));
         let v1 = to_fields_v1(&set);
         assert_eq!(v1["f:spec"]["f:replicas"], json!({}));
         let item = &v1["f:spec"]["f:template"]["f:spec"]["f:containers"][r#"k:{"name":"web"}"#];
@@ -908,6 +1036,43 @@ mod tests {
     }
 
     #[test]
+    fn a_dropped_item_goes_whole_and_others_items_stay() {
+        let mut first = deployment(2, "nginx");
+        let containers = |d: &mut Value| {
+            d["spec"]["template"]["spec"]["containers"]
+                .as_array_mut()
+                .unwrap()
+                .clone()
+        };
+        first["spec"]["template"]["spec"]["containers"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "sidecar", "image": "envoy"}));
+        let live = apply("Deployment", None, &first, T, false).unwrap();
+        // Another writer adds a container of its own.
+        let mut added = live.clone();
+        added["spec"]["template"]["spec"]["containers"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "debug", "image": "busybox"}));
+        record_update("Deployment", Some(&live), &mut added, writer("other"));
+        // The applier drops its sidecar: it goes, whole; the other writer's stays.
+        let mut out = apply(
+            "Deployment",
+            Some(&added),
+            &deployment(2, "nginx"),
+            T,
+            false,
+        )
+        .unwrap();
+        let names: Vec<Value> = containers(&mut out)
+            .iter()
+            .map(|c| c["name"].clone())
+            .collect();
+        assert_eq!(names, [json!("web"), json!("debug")]);
+    }
+
+    #[test]
     fn conflict_messages_group_by_manager() {
         let c = |m: &str, p: &[&str]| Conflict {
             manager: m.into(),
@@ -946,5 +1111,121 @@ mod tests {
         assert_eq!(manager_of(Some("flux"), "x").unwrap(), "flux");
         assert!(manager_of(Some(&"m".repeat(129)), "").is_err());
         assert!(manager_of(Some("a\u{7}"), "").is_err());
+    }
+
+    /// A custom kind's schema: ports a map list keyed by port and protocol, tags a set,
+    /// selector a granular map, limits an atomic map.
+    fn widget_schema() -> skiff_schema::Schema {
+        let raw = json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {
+            "ports": {"type": "array", "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["port", "protocol"],
+                "items": {"type": "object", "required": ["port", "protocol"], "properties": {
+                    "port": {"type": "integer"}, "protocol": {"type": "string"},
+                    "name": {"type": "string"}}}},
+            "tags": {"type": "array", "x-kubernetes-list-type": "set",
+                "items": {"type": "string"}},
+            "plain": {"type": "array", "items": {"type": "string"}},
+            "selector": {"type": "object", "additionalProperties": {"type": "string"}},
+            "limits": {"type": "object", "x-kubernetes-map-type": "atomic",
+                "additionalProperties": {"type": "string"}}}}}});
+        skiff_schema::Schema::new(&raw, "openAPIV3Schema").unwrap()
+    }
+
+    fn widget(spec: Value) -> Value {
+        json!({"apiVersion": "example.com/v1", "kind": "Widget",
+            "metadata": {"name": "w", "labels": {"app": "w"}}, "spec": spec})
+    }
+
+    #[test]
+    fn custom_field_sets_follow_the_schemas_list_and_map_types() {
+        let schema = widget_schema();
+        let obj = widget(json!({
+            "ports": [{"port": 80, "protocol": "TCP", "name": "http"}],
+            "tags": ["a", "b"], "plain": ["x"],
+            "selector": {"k": "v"}, "limits": {"cpu": "1"}}));
+        let set = field_set(Shape::custom(&schema), &owned_part(&obj));
+        let shown: BTreeSet<String> = set.iter().map(|p| display(p)).collect();
+        for want in [
+            r#".spec.ports[port=80,protocol="TCP"]"#,
+            r#".spec.ports[port=80,protocol="TCP"].name"#,
+            r#".spec.tags[="a"]"#,
+            ".spec.plain",
+            ".spec.selector",
+            ".spec.selector.k",
+            ".spec.limits",
+            ".metadata.labels",
+            ".metadata.labels.app",
+        ] {
+            assert!(shown.contains(want), "{want} missing from {shown:#?}");
+        }
+        assert!(
+            !shown.contains(".spec.limits.cpu"),
+            "an atomic map is one member"
+        );
+        let fields = to_fields_v1(&set);
+        assert!(
+            fields["f:spec"]["f:ports"]
+                .get(r#"k:{"port":80,"protocol":"TCP"}"#)
+                .is_some(),
+            "{fields}"
+        );
+        assert!(
+            fields["f:spec"]["f:tags"].get(r#"v:"a""#).is_some(),
+            "{fields}"
+        );
+        // The typed form is what a create records in place, too.
+        assert_eq!(owned_field_set(Shape::custom(&schema), &obj), set);
+    }
+
+    #[test]
+    fn custom_map_lists_and_sets_merge_between_managers() {
+        let schema = widget_schema();
+        let shape = || Shape::custom(&schema);
+        let a = |spec| widget(spec);
+        let live = apply(
+            shape(),
+            None,
+            &a(
+                json!({"ports": [{"port": 80, "protocol": "TCP"}], "tags": ["a"],
+                "plain": ["x"]}),
+            ),
+            writer("one"),
+            false,
+        )
+        .unwrap();
+        // Another manager adds its own port, tag and list: items merge; the atomic list
+        // conflicts (another manager owns it with another value).
+        let two = a(json!({"ports": [{"port": 80, "protocol": "UDP"}], "tags": ["b"]}));
+        let live = apply(shape(), Some(&live), &two, writer("two"), false).unwrap();
+        assert_eq!(
+            live["spec"]["ports"],
+            json!([{"port": 80, "protocol": "TCP"}, {"port": 80, "protocol": "UDP"}])
+        );
+        assert_eq!(live["spec"]["tags"], json!(["a", "b"]));
+        let refused = apply(
+            shape(),
+            Some(&live),
+            &a(json!({"plain": ["y"]})),
+            writer("two"),
+            false,
+        );
+        assert!(
+            matches!(refused, Err(ApiError::ApplyConflict { .. })),
+            "{refused:?}"
+        );
+        // The first manager drops its port and tag: only its own items go.
+        let live = apply(
+            shape(),
+            Some(&live),
+            &a(json!({"plain": ["x"]})),
+            writer("one"),
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            live["spec"]["ports"],
+            json!([{"port": 80, "protocol": "UDP"}])
+        );
+        assert_eq!(live["spec"]["tags"], json!(["b"]));
     }
 }

@@ -276,7 +276,7 @@ async fn server_side_apply(
             Err(ApiError::NotFound { .. }) if pinned.is_none() => None,
             Err(e) => return Err(e),
         };
-        let mut result = managed::apply(call.info.kind, current.as_ref(), &applied, writer, force)?;
+        let mut result = managed::apply(call.shape(), current.as_ref(), &applied, writer, force)?;
         let Some(current) = current else {
             // Applying a missing object creates it: that takes `create`, not only the
             // `patch` the request was authorized for (kube-apiserver's check).
