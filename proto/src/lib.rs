@@ -26,8 +26,9 @@
 //!   scheduler and the DaemonSet controller); `schedule` (feature `schedule`): CronJob
 //!   schedules, parsed the same way by the API server and the CronJob controller.
 //! - [`k8s_wire`]: Kubernetes' protobuf encoding (what kubectl's typed commands send) read into
-//!   the JSON the REST API decodes, through a table generated from Kubernetes' `.proto` files
-//!   (`proto/k8s/`) by `cargo xtask codegen` (regenerate it, never edit it).
+//!   the JSON the REST API decodes, and JSON written in Kubernetes' field order, through a
+//!   table generated from Kubernetes' `.proto` files (`proto/k8s/`) by `cargo xtask codegen`
+//!   (regenerate it, never edit it).
 //!
 //! One Rust type is both the wire format and the manifest format: `build.rs` derives serde on
 //! the resource messages (camelCase, `deny_unknown_fields`, Kubernetes spellings such as

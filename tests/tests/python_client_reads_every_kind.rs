@@ -139,6 +139,26 @@ async fn the_python_client_reads_every_kind_back_into_its_models() {
         None,
     );
     kubectl(&c, &["apply", "-n", NS, "-f", "-"], Some(WIDGET));
+    // Objects and lists come in Kubernetes' field order (its Go structs'), not by name.
+    let raw = |path: &str| kubectl(&c, &["get", "--raw", path], None);
+    let pod = raw(&format!("/api/v1/namespaces/{NS}/pods/p"));
+    assert!(
+        pod.starts_with(r#"{"kind":"Pod","apiVersion":"v1","metadata":{"name":"p","namespace":"#),
+        "{pod}"
+    );
+    let at = |what: &str| {
+        pod.find(what)
+            .unwrap_or_else(|| panic!("no {what} in {pod}"))
+    };
+    assert!(at(r#""containers":[{"name":"c","image":"host","#) < at(r#""restartPolicy":"#));
+    assert!(at(r#""spec":"#) < at(r#""status":"#));
+    let list = raw(&format!("/apis/apps/v1/namespaces/{NS}/deployments"));
+    assert!(
+        list.starts_with(
+            r#"{"kind":"DeploymentList","apiVersion":"apps/v1","metadata":{"resourceVersion":"#
+        ),
+        "{list}"
+    );
     // Running pods carry container statuses (image, imageID, state) for the models to read.
     for pods in [&["pod/p"][..], &["pod", "-l", "app=rich"]] {
         let mut args = vec!["wait", "-n", NS, "--for=condition=Ready", "--timeout=90s"];

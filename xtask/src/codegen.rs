@@ -4,7 +4,8 @@
 //! version and hashes in `proto/k8s/README.md` and `SHA256SUMS`).
 //!
 //! The table holds the messages reachable from [`ROOTS`] (the kinds `k8s_wire::root_message`
-//! maps to), sorted by name, each with its fields sorted by number, one line per field. Types
+//! maps to), sorted by name, each with its fields in the order the file declares them (the
+//! Go struct's order, which is Kubernetes' JSON field order too), one line per field. Types
 //! with a JSON form of their own ([`SPECIAL`]) are leaves, not followed into their fields.
 //!
 //! The `.proto` files are read by a small parser here, for the subset go-to-protobuf writes:
@@ -56,6 +57,7 @@ const ROOTS: &[&str] = &[
     "api.core.v1.PersistentVolume",
     "api.core.v1.PersistentVolumeClaim",
     "api.core.v1.Pod",
+    "api.core.v1.ReplicationController",
     "api.core.v1.Secret",
     "api.core.v1.Service",
     "api.core.v1.ServiceAccount",
@@ -68,6 +70,11 @@ const ROOTS: &[&str] = &[
     "api.rbac.v1.RoleBinding",
     "api.storage.v1.StorageClass",
     "apimachinery.pkg.apis.meta.v1.DeleteOptions",
+    // Not read as protobuf: their field order is how answers are written.
+    "apimachinery.pkg.apis.meta.v1.ListMeta",
+    "apimachinery.pkg.apis.meta.v1.PartialObjectMetadata",
+    "apimachinery.pkg.apis.meta.v1.PartialObjectMetadataList",
+    "apimachinery.pkg.apis.meta.v1.Status",
 ];
 
 /// Messages with a JSON form of their own (not an object of their fields), and their `Ty`.
@@ -188,8 +195,7 @@ fn render(messages: &Messages) -> Result<String> {
     let mut out = String::from(HEADER);
     out.push_str("pub(super) static MESSAGES: &[(&str, &[Field])] = &[\n");
     for m in &seen {
-        let mut fields = messages.get(m).cloned().unwrap_or_default();
-        fields.sort_by_key(|f| f.num);
+        let fields = messages.get(m).cloned().unwrap_or_default();
         let _ = writeln!(out, "    ({m:?}, &[");
         for f in &fields {
             let ty = match resolve(messages, m, f)? {

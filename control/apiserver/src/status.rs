@@ -216,17 +216,11 @@ pub(crate) fn respond(code: u16, body: &Value, format: Format, warnings: &[Strin
     let (content_type, text) = match format {
         Format::Yaml => (
             "application/yaml",
-            yaml_serde::to_string(body).unwrap_or_default(),
+            yaml_serde::to_string(body).unwrap_or_default().into_bytes(),
         ),
-        _ => (
-            "application/json",
-            status_in_order(body).unwrap_or_else(|| {
-                // Not `to_string`: Display goes through the formatter, a third slower.
-                String::from_utf8(serde_json::to_vec(body).unwrap_or_default()).unwrap_or_default()
-            }),
-        ),
+        _ => ("application/json", json_in_order(body)),
     };
-    respond_text(status, content_type, text.into_bytes(), warnings)
+    respond_text(status, content_type, text, warnings)
 }
 
 /// JSON that is already written (a stored custom object at its storage version).
@@ -276,37 +270,14 @@ fn bounded_warnings(warnings: &[String]) -> Vec<String> {
     out
 }
 
-/// A `Status` as kube-apiserver writes it, in its Go field order (kind, apiVersion, metadata,
-/// status, message, reason, details, code), which clients that print or compare the bytes
-/// see; `None` for anything else. (JSON objects here are maps sorted by key.)
-fn status_in_order(body: &Value) -> Option<String> {
-    const ORDER: [&str; 8] = [
-        "kind",
-        "apiVersion",
-        "metadata",
-        "status",
-        "message",
-        "reason",
-        "details",
-        "code",
-    ];
-    let map = body.as_object()?;
-    if map.get("kind").and_then(Value::as_str) != Some("Status") {
-        return None;
-    }
-    let keys = ORDER
-        .iter()
-        .copied()
-        .filter(|k| map.contains_key(*k))
-        .chain(
-            map.keys()
-                .map(String::as_str)
-                .filter(|k| !ORDER.contains(k)),
-        );
-    let fields: Vec<String> = keys
-        .map(|k| format!("{}:{}", Value::from(k), map[k]))
-        .collect();
-    Some(format!("{{{}}}", fields.join(",")))
+/// JSON as kube-apiserver writes it: a built-in kind's fields (a `Status`'s, a list's, a
+/// watch event's) in Kubernetes' order ([`skiff_api::k8s_wire::to_json_in_order`]), which
+/// clients that print or compare the bytes see; anything else as it is (maps by key, as Go
+/// writes a custom object's).
+pub(crate) fn json_in_order(body: &Value) -> Vec<u8> {
+    skiff_api::k8s_wire::to_json_in_order(body)
+        // Not `to_string`: Display goes through the formatter, a third slower.
+        .unwrap_or_else(|| serde_json::to_vec(body).unwrap_or_default())
 }
 
 /// A `Status` failure as the answer.
@@ -338,14 +309,13 @@ mod tests {
                 resource: "pods",
             },
         );
-        let text = status_in_order(&body).expect("a Status");
+        let text = String::from_utf8(json_in_order(&body)).expect("UTF-8");
         assert_eq!(
             text,
-            r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"pods \"web\" not found","reason":"NotFound","details":{"kind":"pods","name":"web"},"code":404}"#
+            r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"pods \"web\" not found","reason":"NotFound","details":{"name":"web","kind":"pods"},"code":404}"#
         );
         let back: Value = serde_json::from_str(&text).expect("JSON");
         assert_eq!(back, body);
-        assert_eq!(status_in_order(&json!({"kind": "Pod"})), None);
     }
 
     #[test]

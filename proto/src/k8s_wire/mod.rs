@@ -19,7 +19,10 @@
 //! decoding that follows names it. No crate reads this format into JSON (the k8s-pb crate has
 //! prost structs without serde), so it is read here with prost's wire primitives.
 
+mod order;
 mod table;
+
+pub use order::to_json_in_order;
 
 use std::collections::HashMap;
 use std::sync::OnceLock;

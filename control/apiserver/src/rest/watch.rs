@@ -35,8 +35,8 @@ const BOOKMARK_EVERY: Duration = Duration::from_secs(10);
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1800);
 
 fn line(v: &Value) -> axum::body::Bytes {
-    let mut s = v.to_string();
-    s.push('\n');
+    let mut s = crate::status::json_in_order(v);
+    s.push(b'\n');
     s.into()
 }
 
