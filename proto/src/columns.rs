@@ -179,6 +179,8 @@ pub fn headers(kind: &str, wide: bool) -> Vec<String> {
         "ValidatingWebhookConfiguration" | "MutatingWebhookConfiguration" => {
             (&["NAME", "WEBHOOKS", "AGE"], &[])
         }
+        "ValidatingAdmissionPolicy" => (&["NAME", "VALIDATIONS", "PARAMKIND", "AGE"], &[]),
+        "ValidatingAdmissionPolicyBinding" => (&["NAME", "POLICYNAME", "PARAMREF", "AGE"], &[]),
         "Role" | "ClusterRole" | "CustomResourceDefinition" => (&["NAME", "CREATED AT"], &[]),
         "APIService" => (&["NAME", "SERVICE", "AVAILABLE", "AGE"], &[]),
         "CertificateSigningRequest" => (
@@ -710,6 +712,27 @@ pub fn cells(kind: &str, obj: &Value, wide: bool, now: DateTime<Utc>) -> Vec<Str
         "ValidatingWebhookConfiguration" | "MutatingWebhookConfiguration" => {
             let hooks = obj["webhooks"].as_array().map(Vec::len).unwrap_or(0);
             vec![name, hooks.to_string(), created]
+        }
+        "ValidatingAdmissionPolicy" => {
+            let spec = &obj["spec"];
+            let validations = spec["validations"].as_array().map(Vec::len).unwrap_or(0);
+            let param = &spec["paramKind"];
+            let param = match (param["apiVersion"].as_str(), param["kind"].as_str()) {
+                (Some(v), Some(k)) => format!("{v}/{k}"),
+                _ => "<unset>".to_string(),
+            };
+            vec![name, validations.to_string(), param, created]
+        }
+        "ValidatingAdmissionPolicyBinding" => {
+            let spec = &obj["spec"];
+            let policy = spec["policyName"].as_str().unwrap_or("").to_string();
+            let param = &spec["paramRef"];
+            let param = match (param["namespace"].as_str(), param["name"].as_str()) {
+                (Some(ns), Some(n)) if !ns.is_empty() => format!("{ns}/{n}"),
+                (_, Some(n)) => format!("*/{n}"),
+                _ => "<unset>".to_string(),
+            };
+            vec![name, policy, param, created]
         }
         "ConfigMap" => {
             let m: ConfigMap = typed(obj);

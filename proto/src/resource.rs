@@ -398,6 +398,24 @@ resource!(
 );
 
 resource!(
+    ValidatingAdmissionPolicy,
+    "admissionregistration.k8s.io/v1",
+    "validatingadmissionpolicies",
+    [],
+    false,
+    status
+);
+
+resource!(
+    ValidatingAdmissionPolicyBinding,
+    "admissionregistration.k8s.io/v1",
+    "validatingadmissionpolicybindings",
+    [],
+    false,
+    no_status
+);
+
+resource!(
     ApiService as "APIService",
     "apiregistration.k8s.io/v1",
     "apiservices",
@@ -502,7 +520,7 @@ impl<T: Resource> DynKind for KindOf<T> {
     }
 }
 
-static KINDS: [&dyn DynKind; 33] = [
+static KINDS: [&dyn DynKind; 35] = [
     &KindOf::<Namespace>(PhantomData),
     &KindOf::<Node>(PhantomData),
     &KindOf::<Pod>(PhantomData),
@@ -534,6 +552,8 @@ static KINDS: [&dyn DynKind; 33] = [
     &KindOf::<CustomResourceDefinition>(PhantomData),
     &KindOf::<ValidatingWebhookConfiguration>(PhantomData),
     &KindOf::<MutatingWebhookConfiguration>(PhantomData),
+    &KindOf::<ValidatingAdmissionPolicy>(PhantomData),
+    &KindOf::<ValidatingAdmissionPolicyBinding>(PhantomData),
     &KindOf::<ReplicationController>(PhantomData),
     &KindOf::<ApiService>(PhantomData),
 ];

@@ -160,6 +160,22 @@ items:
     failurePolicy: Ignore
     sideEffects: None
     admissionReviewVersions: [v1]
+- apiVersion: admissionregistration.k8s.io/v1
+  kind: ValidatingAdmissionPolicy
+  metadata: {name: every-policy}
+  spec:
+    failurePolicy: Fail
+    matchConstraints:
+      resourceRules: [{apiGroups: [nothing.every.skiff.io], apiVersions: [v1], operations: [CREATE], resources: [nothing]}]
+    variables: [{name: size, expression: "object.spec.size"}]
+    validations:
+    - {expression: "variables.size < 10", messageExpression: "'size ' + string(variables.size)", reason: Forbidden}
+- apiVersion: admissionregistration.k8s.io/v1
+  kind: ValidatingAdmissionPolicyBinding
+  metadata: {name: every-policy}
+  spec:
+    policyName: every-policy
+    validationActions: [Deny]
 - apiVersion: apiextensions.k8s.io/v1
   kind: CustomResourceDefinition
   metadata: {name: widgets.every.skiff.io}

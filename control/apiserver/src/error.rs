@@ -287,6 +287,18 @@ pub enum ApiError {
         reason: &'static str,
         message: String,
     },
+    /// A ValidatingAdmissionPolicy's denial, as kube-apiserver words it:
+    /// `deployments.apps "web" is forbidden: <denial>`, with the validation's code and
+    /// reason, and the denial as the one cause (what kubectl prints for an Invalid answer).
+    #[error("{resource} {name:?} is forbidden: {denial}")]
+    Denied {
+        code: u16,
+        reason: &'static str,
+        /// `deployments.apps`.
+        resource: String,
+        name: String,
+        denial: String,
+    },
 }
 
 impl ApiError {
@@ -352,7 +364,7 @@ impl ApiError {
             ApiError::Unavailable(_) => Code::Unavailable,
             ApiError::TooManyRequests { .. } => Code::ResourceExhausted,
             ApiError::Internal(_) => Code::Internal,
-            ApiError::Status { code, .. } => match code {
+            ApiError::Status { code, .. } | ApiError::Denied { code, .. } => match code {
                 401 => Code::Unauthenticated,
                 403 => Code::PermissionDenied,
                 404 => Code::NotFound,
@@ -383,7 +395,7 @@ impl ApiError {
             ApiError::Unavailable(_) => "Unavailable",
             ApiError::TooManyRequests { .. } => "TooManyRequests",
             ApiError::Internal(_) => "Internal",
-            ApiError::Status { reason, .. } => reason,
+            ApiError::Status { reason, .. } | ApiError::Denied { reason, .. } => reason,
         }
     }
 
@@ -405,7 +417,9 @@ impl ApiError {
             ApiError::Unavailable(_) => (503, "ServiceUnavailable"),
             ApiError::TooManyRequests { .. } => (429, "TooManyRequests"),
             ApiError::Internal(_) => (500, "InternalError"),
-            ApiError::Status { code, reason, .. } => (*code, reason),
+            ApiError::Status { code, reason, .. } | ApiError::Denied { code, reason, .. } => {
+                (*code, reason)
+            }
         }
     }
 

@@ -24,7 +24,8 @@ use skiff_api::api::{
     HorizontalPodAutoscaler, Job, Lease, LoadBalancerIpPool, MutatingWebhookConfiguration,
     Namespace, NetworkPolicy, Node, PersistentVolume, PersistentVolumeClaim, Pod,
     PodDisruptionBudget, ReplicaSet, ReplicationController, Role, RoleBinding, Secret, Service,
-    ServiceAccount, StatefulSet, StorageClass, ValidatingWebhookConfiguration,
+    ServiceAccount, StatefulSet, StorageClass, ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding, ValidatingWebhookConfiguration,
 };
 use skiff_api::rpc::{DeleteRequest, ListRequest, ListResponse, WatchRequest};
 use skiff_api::selector::{FieldSelector, Selector};
@@ -1104,6 +1105,8 @@ impl Registry {
         add::<CustomResourceDefinition>(h, &shared).await?;
         add::<ValidatingWebhookConfiguration>(h, &shared).await?;
         add::<MutatingWebhookConfiguration>(h, &shared).await?;
+        add::<ValidatingAdmissionPolicy>(h, &shared).await?;
+        add::<ValidatingAdmissionPolicyBinding>(h, &shared).await?;
         add::<ApiService>(h, &shared).await?;
         Ok(Registry {
             handlers,

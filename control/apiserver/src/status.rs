@@ -52,7 +52,15 @@ pub fn failure(err: &ApiError, subject: &Subject<'_>) -> (u16, Value) {
             put("group", subject.group);
             put("kind", subject.resource);
         }
+        ApiError::Denied { name, .. } => {
+            put("name", name);
+            put("group", subject.group);
+            put("kind", subject.resource);
+        }
         _ => {}
+    }
+    if let ApiError::Denied { denial, .. } = err {
+        details.insert("causes".into(), json!([{"message": denial}]));
     }
     if let ApiError::Invalid { errors, .. } = err {
         let causes: Vec<Value> = errors

@@ -245,6 +245,8 @@ async fn crud_and_selectors(s: TestServer) {
             "customresourcedefinitions",
             "validatingwebhookconfigurations",
             "mutatingwebhookconfigurations",
+            "validatingadmissionpolicies",
+            "validatingadmissionpolicybindings",
             "replicationcontrollers",
             "apiservices"
         ]

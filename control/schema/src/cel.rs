@@ -1072,9 +1072,22 @@ impl Expression {
         }
     }
 
+    /// Evaluates to any value, as JSON (a ValidatingAdmissionPolicy's variables and message
+    /// expressions), with `values` as for [`Expression::eval_bool`].
+    pub fn eval_value(&self, values: &[&Value]) -> Result<Value, String> {
+        self.run(values)?.json().map_err(|e| e.to_string())
+    }
+
     /// Evaluates to a boolean with `values` (in the order of the compiled variables; a
     /// missing value is `null`).
     pub fn eval_bool(&self, values: &[&Value]) -> Result<bool, String> {
+        match self.run(values)? {
+            CelValue::Bool(b) => Ok(b),
+            other => Err(format!("expected a boolean, got {:?}", other.type_of())),
+        }
+    }
+
+    fn run(&self, values: &[&Value]) -> Result<CelValue, String> {
         let vars: Vec<(&str, CelValue)> = self
             .vars
             .iter()
@@ -1088,10 +1101,6 @@ impl Expression {
         if ev.cancelled {
             return Err("operation cancelled: actual cost limit exceeded".into());
         }
-        match ev.result {
-            Ok(CelValue::Bool(b)) => Ok(b),
-            Ok(other) => Err(format!("expected a boolean, got {:?}", other.type_of())),
-            Err(e) => Err(e.to_string()),
-        }
+        ev.result.map_err(|e| e.to_string())
     }
 }

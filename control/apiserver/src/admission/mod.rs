@@ -25,6 +25,7 @@
 //! | `CertificateSigning` | writing its certificate takes `sign` on `signers/<signerName>` |
 //! | `CertificateSubjectRestriction` | no `system:masters` request of the API server's client signer |
 //! | `MutatingAdmissionWebhook` | the MutatingWebhookConfigurations' webhooks, in turn, may patch the object ([`webhooks`]) |
+//! | `ValidatingAdmissionPolicy` | the bound ValidatingAdmissionPolicies' CEL validations deny, warn or audit ([`policies`]) |
 //! | `ValidatingAdmissionWebhook` | the ValidatingWebhookConfigurations' webhooks, in parallel, may refuse |
 //!
 //! A plug-in sees the typed object as `dyn Any` and acts on the kinds it knows, as
@@ -41,6 +42,7 @@ use crate::auth::authz::Authorizer;
 pub mod interface;
 mod lb_pools;
 mod plugins;
+pub mod policies;
 pub mod webhooks;
 
 pub use interface::{Admit, Operation, Plugin, Refusal, Request};
@@ -65,6 +67,8 @@ pub struct Chain {
     /// The webhook plug-ins read their configurations through the registry, which starts
     /// after the chain: [`Chain::start_webhooks`].
     webhooks: Arc<webhooks::Webhooks>,
+    /// Likewise the ValidatingAdmissionPolicies and their bindings.
+    policies: Arc<policies::Policies>,
 }
 
 impl std::fmt::Debug for Chain {
@@ -80,6 +84,7 @@ impl Chain {
     pub fn new(config: Config) -> Chain {
         let authorizer: Arc<OnceLock<Arc<Authorizer>>> = Arc::default();
         let hooks: Arc<webhooks::Webhooks> = Arc::default();
+        let policies: Arc<policies::Policies> = Arc::default();
         let plugins: Vec<Box<dyn Plugin>> = vec![
             Box::new(plugins::NamespaceLifecycle),
             Box::new(plugins::ServiceAccount),
@@ -112,12 +117,16 @@ impl Chain {
             }),
             Box::new(plugins::CertificateSubjectRestriction),
             Box::new(webhooks::MutatingAdmissionWebhook(Arc::clone(&hooks))),
+            Box::new(policies::ValidatingAdmissionPolicyPlugin(Arc::clone(
+                &policies,
+            ))),
             Box::new(webhooks::ValidatingAdmissionWebhook(Arc::clone(&hooks))),
         ];
         Chain {
             plugins,
             authorizer,
             webhooks: hooks,
+            policies,
         }
     }
 
@@ -126,12 +135,14 @@ impl Chain {
         self.plugins.iter().map(|p| p.name()).collect()
     }
 
-    /// Starts reading the webhook configurations through the registry.
+    /// Starts reading the webhook configurations and the admission policies through the
+    /// registry.
     pub(crate) async fn start_webhooks(
         &self,
         registry: &crate::registry::Registry,
     ) -> Result<(), crate::error::ApiError> {
-        self.webhooks.start(registry).await
+        self.webhooks.start(registry).await?;
+        self.policies.start(registry).await
     }
 
     /// Gives the chain the server's authorizer (once; later calls are ignored).

@@ -37,7 +37,8 @@ use serde_json::{Value, json};
 use skiff_api::Resource;
 use skiff_api::api::{
     LabelSelector, MutatingWebhookConfiguration, Namespace, RuleWithOperations,
-    ValidatingWebhookConfiguration, WebhookClientConfig,
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding, ValidatingWebhookConfiguration,
+    WebhookClientConfig,
 };
 use skiff_api::selector::Selector;
 use skiff_schema::Expression;
@@ -88,7 +89,7 @@ struct Hook {
     review_version: &'static str,
 }
 
-fn selector(sel: Option<&LabelSelector>) -> Result<Selector, String> {
+pub(super) fn selector(sel: Option<&LabelSelector>) -> Result<Selector, String> {
     match sel {
         None => Ok(Selector::everything()),
         Some(s) => Selector::from_label_selector(s).map_err(|e| e.to_string()),
@@ -240,46 +241,18 @@ impl Webhooks {
         old: &Value,
         request: &Value,
     ) -> Result<bool, String> {
-        let labels = |v: &Value| -> std::collections::BTreeMap<String, String> {
-            serde_json::from_value(v["metadata"]["labels"].clone()).unwrap_or_default()
-        };
-        let objsel = hook.object_selector.as_ref().map_err(Clone::clone)?;
-        if !objsel.is_empty() && !objsel.matches(&labels(object)) && !objsel.matches(&labels(old)) {
+        if !selectors_match(
+            &hook.namespace_selector,
+            &hook.object_selector,
+            req,
+            object,
+            old,
+        )
+        .await?
+        {
             return Ok(false);
         }
-        let nssel = hook.namespace_selector.as_ref().map_err(Clone::clone)?;
-        if !nssel.is_empty() {
-            let ns_labels = if req.info.kind == Namespace::INFO.kind && req.info.group().is_empty()
-            {
-                let own = if object.is_null() { old } else { object };
-                Some(labels(own))
-            } else if req.info.namespaced {
-                let ns = req.namespace_object().await.map_err(|e| e.to_string())?;
-                Some(
-                    ns.and_then(|n| n.metadata.as_ref())
-                        .map(|m| m.labels.clone())
-                        .unwrap_or_default(),
-                )
-            } else {
-                None
-            };
-            if let Some(l) = ns_labels
-                && !nssel.matches(&l)
-            {
-                return Ok(false);
-            }
-        }
-        for (name, cond) in &hook.conditions {
-            let expr = cond
-                .as_ref()
-                .map_err(|e| format!("matchCondition {name:?}: {e}"))?;
-            match expr.eval_bool(&[object, old, request]) {
-                Ok(true) => {}
-                Ok(false) => return Ok(false),
-                Err(e) => return Err(format!("matchCondition {name:?}: {e}")),
-            }
-        }
-        Ok(true)
+        conditions_hold(&hook.conditions, &[object, old, request])
     }
 
     /// Calls `hook` with this review; the call's failure is a [`CallError`].
@@ -347,7 +320,12 @@ impl Webhooks {
     }
 
     /// The request part of the review of `req`.
-    fn review_request(req: &Request<'_>, uid: &str, object: &Value, old: &Value) -> Value {
+    pub(super) fn review_request(
+        req: &Request<'_>,
+        uid: &str,
+        object: &Value,
+        old: &Value,
+    ) -> Value {
         let (group, version) = match req.info.api_version.split_once('/') {
             Some((g, v)) => (g, v),
             None => ("", req.info.api_version),
@@ -403,6 +381,65 @@ impl Webhooks {
     }
 }
 
+/// Whether the request's object (or old object) matches `object_selector` and its
+/// namespace (a Namespace: itself) `namespace_selector`. An error (a selector that did not
+/// compile, the namespace unreadable) is the caller's failure.
+pub(super) async fn selectors_match(
+    namespace_selector: &Result<Selector, String>,
+    object_selector: &Result<Selector, String>,
+    req: &Request<'_>,
+    object: &Value,
+    old: &Value,
+) -> Result<bool, String> {
+    let labels = |v: &Value| -> std::collections::BTreeMap<String, String> {
+        serde_json::from_value(v["metadata"]["labels"].clone()).unwrap_or_default()
+    };
+    let objsel = object_selector.as_ref().map_err(Clone::clone)?;
+    if !objsel.is_empty() && !objsel.matches(&labels(object)) && !objsel.matches(&labels(old)) {
+        return Ok(false);
+    }
+    let nssel = namespace_selector.as_ref().map_err(Clone::clone)?;
+    if !nssel.is_empty() {
+        let ns_labels = if req.info.kind == Namespace::INFO.kind && req.info.group().is_empty() {
+            let own = if object.is_null() { old } else { object };
+            Some(labels(own))
+        } else if req.info.namespaced {
+            let ns = req.namespace_object().await.map_err(|e| e.to_string())?;
+            Some(
+                ns.and_then(|n| n.metadata.as_ref())
+                    .map(|m| m.labels.clone())
+                    .unwrap_or_default(),
+            )
+        } else {
+            None
+        };
+        if let Some(l) = ns_labels
+            && !nssel.matches(&l)
+        {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Whether every matchCondition holds over `values`; an error names the condition.
+pub(super) fn conditions_hold(
+    conditions: &[(String, Result<Expression, String>)],
+    values: &[&Value],
+) -> Result<bool, String> {
+    for (name, cond) in conditions {
+        let expr = cond
+            .as_ref()
+            .map_err(|e| format!("matchCondition {name:?}: {e}"))?;
+        match expr.eval_bool(values) {
+            Ok(true) => {}
+            Ok(false) => return Ok(false),
+            Err(e) => return Err(format!("matchCondition {name:?}: {e}")),
+        }
+    }
+    Ok(true)
+}
+
 /// kube-apiserver's ToStatusErr: the webhook's status, never below 400, its message
 /// prefixed with who denied.
 fn denial(name: &str, status: &Value) -> ApiError {
@@ -430,7 +467,7 @@ fn denial(name: &str, status: &Value) -> ApiError {
 
 /// Whether a rule covers the request's operation, group, version, resource/subresource
 /// and scope.
-fn rule_matches(rule: &RuleWithOperations, req: &Request<'_>) -> bool {
+pub(super) fn rule_matches(rule: &RuleWithOperations, req: &Request<'_>) -> bool {
     let op = match req.operation {
         Operation::Create => "CREATE",
         Operation::Update => "UPDATE",
@@ -471,13 +508,19 @@ fn resource_matches(pattern: &str, resource: &str, sub: &str) -> bool {
     res_ok && sub_ok
 }
 
-/// Kinds never sent to webhooks: their own configurations.
-fn exempt(req: &Request<'_>) -> bool {
-    req.info.kind == ValidatingWebhookConfiguration::INFO.kind
-        || req.info.kind == MutatingWebhookConfiguration::INFO.kind
+/// Kinds never sent to webhooks or policies: their own configurations, so a broken one can
+/// always be removed.
+pub(super) fn exempt(req: &Request<'_>) -> bool {
+    [
+        ValidatingWebhookConfiguration::INFO.kind,
+        MutatingWebhookConfiguration::INFO.kind,
+        ValidatingAdmissionPolicy::INFO.kind,
+        ValidatingAdmissionPolicyBinding::INFO.kind,
+    ]
+    .contains(&req.info.kind)
 }
 
-fn new_uid() -> String {
+pub(super) fn new_uid() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 

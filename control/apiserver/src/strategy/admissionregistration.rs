@@ -8,10 +8,18 @@
 //!
 //! Both kinds' webhooks are read through one view, [`Webhook`], which the admission plug-ins
 //! (`crate::admission`) use too.
+//!
+//! ValidatingAdmissionPolicy and its binding are checked as kube-apiserver does too: a policy
+//! needs matchConstraints with resourceRules, and validations or auditAnnotations whose
+//! expressions (and messageExpressions, variables, matchConditions) compile as CEL over
+//! [`POLICY_VARS`]; a binding names its policy and its validationActions (Deny, Warn, Audit;
+//! never Deny with Warn).
 
 use skiff_api::api::{
-    LabelSelector, MatchCondition, MutatingWebhook, MutatingWebhookConfiguration,
-    RuleWithOperations, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+    LabelSelector, MatchCondition, MatchResources, MutatingWebhook, MutatingWebhookConfiguration,
+    NamedRuleWithOperations, RuleWithOperations, ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding, ValidatingWebhook, ValidatingWebhookConfiguration,
+    WebhookClientConfig,
 };
 
 use super::Strategy;
@@ -20,6 +28,16 @@ use crate::validation as v;
 
 /// The variables a matchCondition may use.
 pub const MATCH_CONDITION_VARS: &[&str] = &["object", "oldObject", "request"];
+/// The variables a ValidatingAdmissionPolicy's expressions may use (`authorizer` is not
+/// offered).
+pub const POLICY_VARS: &[&str] = &[
+    "object",
+    "oldObject",
+    "request",
+    "params",
+    "namespaceObject",
+    "variables",
+];
 /// At most this many matchConditions per webhook.
 const MAX_MATCH_CONDITIONS: usize = 64;
 
@@ -200,7 +218,12 @@ fn check_webhook(out: &mut Vec<FieldError>, hook: &Webhook<'_>, p: &str) {
             "exactly one of url or service is required",
         )),
     }
-    check_match_conditions(out, hook.match_conditions, &format!("{p}.matchConditions"));
+    check_match_conditions(
+        out,
+        hook.match_conditions,
+        &format!("{p}.matchConditions"),
+        MATCH_CONDITION_VARS,
+    );
 }
 
 /// IsFullyQualifiedName: a DNS subdomain of at least three labels.
@@ -467,7 +490,12 @@ pub(crate) fn check_client_config(out: &mut Vec<FieldError>, cc: &WebhookClientC
     }
 }
 
-fn check_match_conditions(out: &mut Vec<FieldError>, conditions: &[MatchCondition], p: &str) {
+fn check_match_conditions(
+    out: &mut Vec<FieldError>,
+    conditions: &[MatchCondition],
+    p: &str,
+    vars: &[&str],
+) {
     if conditions.len() > MAX_MATCH_CONDITIONS {
         out.push(FieldError {
             path: p.to_string(),
@@ -489,15 +517,289 @@ fn check_match_conditions(out: &mut Vec<FieldError>, conditions: &[MatchConditio
         }
         if c.expression.is_empty() {
             out.push(FieldError::required(format!("{cp}.expression"), ""));
-        } else if let Err(e) =
-            skiff_schema::Expression::compile(&c.expression, MATCH_CONDITION_VARS)
-        {
-            out.push(FieldError::invalid(
-                format!("{cp}.expression"),
-                &c.expression,
-                format!("compilation failed: {e}"),
+        } else {
+            check_expression(out, &format!("{cp}.expression"), &c.expression, vars);
+        }
+    }
+}
+
+/// A CEL expression that must compile over `vars`.
+fn check_expression(out: &mut Vec<FieldError>, path: &str, expression: &str, vars: &[&str]) {
+    if let Err(e) = skiff_schema::Expression::compile(expression, vars) {
+        out.push(FieldError::invalid(
+            path,
+            expression,
+            format!("compilation failed: {e}"),
+        ));
+    }
+}
+
+/// A policy's or a binding's rule, as the webhooks' rule (for its checks and matching).
+pub(crate) fn as_rule(r: &NamedRuleWithOperations) -> RuleWithOperations {
+    RuleWithOperations {
+        operations: r.operations.clone(),
+        api_groups: r.api_groups.clone(),
+        api_versions: r.api_versions.clone(),
+        resources: r.resources.clone(),
+        scope: r.scope.clone(),
+    }
+}
+
+fn default_match_resources(m: &mut MatchResources) {
+    m.namespace_selector
+        .get_or_insert_with(LabelSelector::default);
+    m.object_selector.get_or_insert_with(LabelSelector::default);
+    m.match_policy.get_or_insert_with(|| "Equivalent".into());
+    for r in m
+        .resource_rules
+        .iter_mut()
+        .chain(m.exclude_resource_rules.iter_mut())
+    {
+        r.scope.get_or_insert_with(|| "*".into());
+    }
+}
+
+/// matchConstraints or a binding's matchResources; `rules_required`: a policy's need
+/// resourceRules.
+fn check_match_resources(
+    out: &mut Vec<FieldError>,
+    m: &MatchResources,
+    p: &str,
+    rules_required: bool,
+) {
+    if rules_required && m.resource_rules.is_empty() {
+        out.push(FieldError::required(format!("{p}.resourceRules"), ""));
+    }
+    for (field, rules) in [
+        ("resourceRules", &m.resource_rules),
+        ("excludeResourceRules", &m.exclude_resource_rules),
+    ] {
+        for (i, r) in rules.iter().enumerate() {
+            check_rule(out, &as_rule(r), &format!("{p}.{field}[{i}]"));
+            for (j, name) in r.resource_names.iter().enumerate() {
+                if name.is_empty() {
+                    out.push(FieldError::required(
+                        format!("{p}.{field}[{i}].resourceNames[{j}]"),
+                        "",
+                    ));
+                }
+            }
+        }
+    }
+    if let Some(mp) = m.match_policy.as_deref() {
+        const POLICIES: &[&str] = &["Equivalent", "Exact"];
+        if !POLICIES.contains(&mp) {
+            out.push(FieldError::not_supported(
+                format!("{p}.matchPolicy"),
+                mp,
+                POLICIES,
             ));
         }
+    }
+}
+
+impl Strategy for ValidatingAdmissionPolicy {
+    fn default(&mut self) {
+        if let Some(spec) = self.spec.as_mut() {
+            spec.failure_policy.get_or_insert_with(|| "Fail".into());
+            if let Some(m) = spec.match_constraints.as_mut() {
+                default_match_resources(m);
+            }
+        }
+    }
+
+    fn validate(&self) -> Vec<FieldError> {
+        let mut out = Vec::new();
+        let Some(spec) = self.spec.as_ref() else {
+            out.push(FieldError::required("spec", ""));
+            return out;
+        };
+        if let Some(fp) = spec.failure_policy.as_deref() {
+            const POLICIES: &[&str] = &["Fail", "Ignore"];
+            if !POLICIES.contains(&fp) {
+                out.push(FieldError::not_supported(
+                    "spec.failurePolicy",
+                    fp,
+                    POLICIES,
+                ));
+            }
+        }
+        if let Some(pk) = spec.param_kind.as_ref() {
+            if pk.api_version.is_empty() {
+                out.push(FieldError::required("spec.paramKind.apiVersion", ""));
+            }
+            if pk.kind.is_empty() {
+                out.push(FieldError::required("spec.paramKind.kind", ""));
+            }
+        }
+        match spec.match_constraints.as_ref() {
+            None => out.push(FieldError::required("spec.matchConstraints", "")),
+            Some(m) => check_match_resources(&mut out, m, "spec.matchConstraints", true),
+        }
+        if spec.validations.is_empty() && spec.audit_annotations.is_empty() {
+            out.push(FieldError::required(
+                "spec.validations",
+                "validations or auditAnnotations must contain at least one item",
+            ));
+        }
+        for (i, val) in spec.validations.iter().enumerate() {
+            let p = format!("spec.validations[{i}]");
+            if val.expression.trim().is_empty() {
+                out.push(FieldError::required(
+                    format!("{p}.expression"),
+                    "expression is not specified",
+                ));
+            } else {
+                check_expression(
+                    &mut out,
+                    &format!("{p}.expression"),
+                    &val.expression,
+                    POLICY_VARS,
+                );
+            }
+            if !val.message_expression.is_empty() {
+                check_expression(
+                    &mut out,
+                    &format!("{p}.messageExpression"),
+                    &val.message_expression,
+                    POLICY_VARS,
+                );
+            }
+            if let Some(reason) = val.reason.as_deref() {
+                const REASONS: &[&str] = &[
+                    "Forbidden",
+                    "Invalid",
+                    "RequestEntityTooLarge",
+                    "Unauthorized",
+                ];
+                if !REASONS.contains(&reason) {
+                    out.push(FieldError::not_supported(
+                        format!("{p}.reason"),
+                        reason,
+                        REASONS,
+                    ));
+                }
+            }
+        }
+        for (i, a) in spec.audit_annotations.iter().enumerate() {
+            let p = format!("spec.auditAnnotations[{i}]");
+            if a.key.is_empty() {
+                out.push(FieldError::required(format!("{p}.key"), ""));
+            }
+            if a.value_expression.is_empty() {
+                out.push(FieldError::required(format!("{p}.valueExpression"), ""));
+            } else {
+                check_expression(
+                    &mut out,
+                    &format!("{p}.valueExpression"),
+                    &a.value_expression,
+                    POLICY_VARS,
+                );
+            }
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for (i, var) in spec.variables.iter().enumerate() {
+            let p = format!("spec.variables[{i}]");
+            let identifier = var
+                .name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && var
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if var.name.is_empty() {
+                out.push(FieldError::required(
+                    format!("{p}.name"),
+                    "name is not specified",
+                ));
+            } else if !identifier {
+                out.push(FieldError::invalid(
+                    format!("{p}.name"),
+                    &var.name,
+                    "name is not a valid CEL identifier",
+                ));
+            } else if !names.insert(var.name.as_str()) {
+                out.push(FieldError::duplicate(format!("{p}.name"), &var.name));
+            }
+            if var.expression.is_empty() {
+                out.push(FieldError::required(
+                    format!("{p}.expression"),
+                    "expression is not specified",
+                ));
+            } else {
+                check_expression(
+                    &mut out,
+                    &format!("{p}.expression"),
+                    &var.expression,
+                    POLICY_VARS,
+                );
+            }
+        }
+        check_match_conditions(
+            &mut out,
+            &spec.match_conditions,
+            "spec.matchConditions",
+            POLICY_VARS,
+        );
+        out
+    }
+}
+
+impl Strategy for ValidatingAdmissionPolicyBinding {
+    fn default(&mut self) {
+        if let Some(m) = self.spec.as_mut().and_then(|s| s.match_resources.as_mut()) {
+            default_match_resources(m);
+        }
+    }
+
+    fn validate(&self) -> Vec<FieldError> {
+        let mut out = Vec::new();
+        let Some(spec) = self.spec.as_ref() else {
+            out.push(FieldError::required("spec", ""));
+            return out;
+        };
+        if spec.policy_name.is_empty() {
+            out.push(FieldError::required("spec.policyName", ""));
+        }
+        const ACTIONS: &[&str] = &["Audit", "Deny", "Warn"];
+        if spec.validation_actions.is_empty() {
+            out.push(FieldError::required(
+                "spec.validationActions",
+                "at least one validation action is required",
+            ));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, a) in spec.validation_actions.iter().enumerate() {
+            let p = format!("spec.validationActions[{i}]");
+            if !ACTIONS.contains(&a.as_str()) {
+                out.push(FieldError::not_supported(p, a, ACTIONS));
+            } else if !seen.insert(a.as_str()) {
+                out.push(FieldError::duplicate(p, a));
+            }
+        }
+        if seen.contains("Deny") && seen.contains("Warn") {
+            out.push(FieldError::invalid(
+                "spec.validationActions",
+                GoStrings(&spec.validation_actions),
+                "must not contain both Deny and Warn (repeating the same validation failure \
+                 information in the API response and headers serves no purpose)",
+            ));
+        }
+        if let Some(m) = spec.match_resources.as_ref() {
+            check_match_resources(&mut out, m, "spec.matchResources", false);
+        }
+        if let Some(r) = spec.param_ref.as_ref()
+            && !r.name.is_empty()
+            && r.selector.is_some()
+        {
+            out.push(FieldError::forbidden(
+                "spec.paramRef.name",
+                "name and selector are mutually exclusive",
+            ));
+        }
+        out
     }
 }
 
