@@ -176,6 +176,25 @@ fn delete_params(meta: &ObjectMeta, policy: PropagationPolicy) -> DeleteParams {
     }
 }
 
+/// A delete's outcome: an object already gone counts as deleted.
+fn deleted_or_gone<T>(result: Result<T, ClientError>) -> Result<(), ClientError> {
+    match result {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// An update's outcome for `edit_metadata`: whether it wrote (an object gone meanwhile did
+/// not need it).
+fn written<T>(result: Result<T, ClientError>) -> Result<bool, ClientError> {
+    match result {
+        Ok(_) => Ok(true),
+        Err(e) if e.is_not_found() => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// A reference to the object `meta` of kind `info`, for events about it.
 fn reference(info: &KindInfo, meta: &ObjectMeta) -> ObjectReference {
     ObjectReference {
@@ -416,14 +435,10 @@ impl<T: Resource> GraphKind for KindGraph<T> {
         policy: PropagationPolicy,
     ) -> BoxFuture<'a, Result<(), ClientError>> {
         async move {
-            match api_for::<T>(&self.client, &meta.namespace)
+            let deleted = api_for::<T>(&self.client, &meta.namespace)
                 .delete(&meta.name, &delete_params(meta, policy))
-                .await
-            {
-                Ok(_) => Ok(()),
-                Err(e) if e.is_not_found() => Ok(()),
-                Err(e) => Err(e),
-            }
+                .await;
+            deleted_or_gone(deleted)
         }
         .boxed()
     }
@@ -442,11 +457,7 @@ impl<T: Resource> GraphKind for KindGraph<T> {
             if obj.metadata().map(|m| m.uid.as_str()) != Some(uid) || !edit(obj.metadata_mut()) {
                 return Ok(false);
             }
-            match api.update(&obj).await {
-                Ok(_) => Ok(true),
-                Err(e) if e.is_not_found() => Ok(false),
-                Err(e) => Err(e),
-            }
+            written(api.update(&obj).await)
         }
         .boxed()
     }
@@ -669,15 +680,11 @@ impl GraphKind for CustomGraph {
         policy: PropagationPolicy,
     ) -> BoxFuture<'a, Result<(), ClientError>> {
         async move {
-            match self
+            let deleted = self
                 .api(Some(&meta.namespace))
                 .delete(&meta.name, &delete_params(meta, policy))
-                .await
-            {
-                Ok(_) => Ok(()),
-                Err(e) if e.is_not_found() => Ok(()),
-                Err(e) => Err(e),
-            }
+                .await;
+            deleted_or_gone(deleted)
         }
         .boxed()
     }
@@ -722,11 +729,7 @@ impl GraphKind for CustomGraph {
                     m.insert(name.to_string(), value);
                 }
             }
-            match api.update(&obj).await {
-                Ok(_) => Ok(true),
-                Err(e) if e.is_not_found() => Ok(false),
-                Err(e) => Err(e),
-            }
+            written(api.update(&obj).await)
         }
         .boxed()
     }

@@ -609,11 +609,10 @@ impl Strategy for ValidatingAdmissionPolicy {
     }
 
     fn validate(&self) -> Vec<FieldError> {
-        let mut out = Vec::new();
         let Some(spec) = self.spec.as_ref() else {
-            out.push(FieldError::required("spec", ""));
-            return out;
+            return vec![FieldError::required("spec", "")];
         };
+        let mut out = Vec::new();
         if let Some(fp) = spec.failure_policy.as_deref() {
             const POLICIES: &[&str] = &["Fail", "Ignore"];
             if !POLICIES.contains(&fp) {
@@ -755,11 +754,10 @@ impl Strategy for ValidatingAdmissionPolicyBinding {
     }
 
     fn validate(&self) -> Vec<FieldError> {
-        let mut out = Vec::new();
         let Some(spec) = self.spec.as_ref() else {
-            out.push(FieldError::required("spec", ""));
-            return out;
+            return vec![FieldError::required("spec", "")];
         };
+        let mut out = Vec::new();
         if spec.policy_name.is_empty() {
             out.push(FieldError::required("spec.policyName", ""));
         }
