@@ -30,7 +30,8 @@ const T: Duration = Duration::from_secs(30);
 const GV: &str = "wardle.example.com/v1alpha1";
 
 /// The extension server: `/apis/<group>/<version>` answers an APIResourceList (of flunders
-/// for wardle.example.com, of gadgets for the other groups pointed at it);
+/// for wardle.example.com, of gadgets for the other groups pointed at it), and
+/// `/openapi/v3/apis/<group>/<version>` a document with the Flunder's schema;
 /// a flunders list answers one item echoing who the front proxy said the caller is (and
 /// whether any `Authorization` header reached it), plus one listing every user that listed
 /// flunders so far; `?watch=true` streams two events. Every request must present a client
@@ -59,6 +60,18 @@ class H(BaseHTTPRequestHandler):
             return self.reply(401, {'kind': 'Status', 'apiVersion': 'v1', 'status': 'Failure', 'code': 401, 'reason': 'Unauthorized', 'message': 'not the front proxy'})
         path, _, query = self.path.partition('?')
         parts = path.strip('/').split('/')
+        if parts[:3] == ['openapi', 'v3', 'apis'] and len(parts) == 5:
+            gvk = {'group': parts[3], 'version': parts[4], 'kind': 'Flunder'}
+            spec = {'type': 'object', 'description': 'What the flunder wants.',
+                    'properties': {'reference': {'type': 'string', 'description': 'Another flunder.'}}}
+            flunder = {'type': 'object', 'description': 'A flunder, explained by its own server.',
+                       'properties': {'apiVersion': {'type': 'string'}, 'kind': {'type': 'string'},
+                                      'metadata': {'type': 'object'}, 'spec': spec},
+                       'x-kubernetes-group-version-kind': [gvk]}
+            path = '/apis/%s/%s/namespaces/{namespace}/flunders' % (parts[3], parts[4])
+            get = {'x-kubernetes-group-version-kind': gvk, 'responses': {'200': {'description': 'OK'}}}
+            return self.reply(200, {'openapi': '3.0.0', 'info': {'title': 'wardle', 'version': parts[4]}, 'paths': {path: {'get': get}},
+                                    'components': {'schemas': {'com.example.wardle.%s.Flunder' % parts[4]: flunder}}})
         if len(parts) == 3 and parts[0] == 'apis':
             flunders = {'name': 'flunders', 'singularName': 'flunder', 'namespaced': True, 'kind': 'Flunder', 'verbs': ['get', 'list', 'watch'], 'shortNames': ['fl']}
             gadgets = {'name': 'gadgets', 'singularName': 'gadget', 'namespaced': True, 'kind': 'Gadget', 'verbs': ['get', 'list']}
@@ -324,6 +337,23 @@ async fn an_apiservice_proxies_to_a_server_in_a_pod_with_the_callers_identity() 
             .any(|g| g["name"] == "wardle.example.com"
                 && g["preferredVersion"]["groupVersion"] == GV),
         "{groups}"
+    );
+
+    // `kubectl explain` reads the kind's schema from its own server, through the OpenAPI v3
+    // index.
+    let out = c.laptop_kubectl(&["get", "--raw", "/openapi/v3"]);
+    let index = skiff_tests::ok(&out);
+    assert!(index.contains("apis/wardle.example.com/v1alpha1"), "{index}");
+    let out = c.laptop_kubectl(&["get", "--raw", "/openapi/v3/apis/wardle.example.com/v1alpha1"]);
+    let doc = skiff_tests::ok(&out);
+    assert!(doc.contains("A flunder, explained by its own server."), "{doc}");
+    let out = c.laptop_kubectl(&["explain", "flunders.spec"]);
+    let explained = skiff_tests::ok(&out);
+    assert!(
+        explained.contains("Flunder")
+            && explained.contains("What the flunder wants.")
+            && explained.contains("Another flunder."),
+        "{explained}"
     );
 
     // A user the RBAC role allows reaches the server, which sees who asked.

@@ -16,7 +16,10 @@
 //!   have a deadline. A redirect is not forwarded (502). Connection upgrades are refused
 //!   (400) before anything is dialled: no upgraded connection ever carries the API server's
 //!   client certificate for a caller (the CVE-2018-1002105 class). An APIService that is not
-//!   Available answers 503 `service unavailable`, as kube-aggregator does.
+//!   Available answers 503 `service unavailable`, as kube-aggregator does. The OpenAPI v3
+//!   index lists each aggregated group-version whose discovery check passed, and its document
+//!   (`/openapi/v3/apis/<group>/<version>`) is the server's, proxied the same way, so
+//!   `kubectl explain` reads its kinds.
 //! - **Availability** ([`Aggregator::run`]): one loop, woken by changes of APIServices,
 //!   Services and Endpoints (mirrors of the registry) and every [`PROBE_EVERY`], writes each
 //!   APIService's `Available` condition with kube-aggregator's reasons and messages (`Local`,

@@ -231,6 +231,19 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
         }
         return agg.proxy(&api, parts, body, user.as_ref()).await;
     }
+    // An aggregated group-version's OpenAPI document is its server's: proxied the same way
+    // (kube-aggregator merges them; kubectl reads one group-version's at a time).
+    if let Some(agg) = &rest.aggregator
+        && get
+        && let Target::OpenApiV3 { group, version } = &target
+        && let Some(api) = agg.route(group, version)
+        && !served_locally(&rest, group, version)
+    {
+        if let Err(resp) = check_url(&mut attrs, &parts) {
+            return *resp;
+        }
+        return agg.proxy(&api, parts, body, user.as_ref()).await;
+    }
     let has_body = matches!(&target, Target::Resource(p)
         if !matches!(p.subresource.as_deref(), Some("exec" | "portforward" | "attach")));
     if !has_body && let Err(resp) = check_url(&mut attrs, &parts) {
@@ -401,7 +414,17 @@ async fn dispatch(State(rest): State<Rest>, req: Request) -> Response {
             .await
         }
         Target::OpenApiV3Index if get => {
-            respond(200, &openapi::index(&served(&rest)), Format::Json, &[])
+            let remote: Vec<(String, String)> = remote_versions(&rest)
+                .into_iter()
+                .filter(|v| v.fresh)
+                .map(|v| (v.group, v.version))
+                .collect();
+            respond(
+                200,
+                &openapi::index(&served(&rest), &remote),
+                Format::Json,
+                &[],
+            )
         }
         Target::OpenApiV3 { group, version } if get => {
             match openapi::document(&served(&rest), &group, &version) {

@@ -524,10 +524,12 @@ pub fn v2_document(protobuf: bool) -> (Vec<u8>, &'static str) {
     (doc, V2_PROTOBUF)
 }
 
-/// `GET /openapi/v3`: where each group-version's document is.
-/// Each document's URL carries a hash of its content, so clients that cache documents by
-/// URL (kubectl) see a custom kind's new schema.
-pub fn index(infos: &[Served]) -> Value {
+/// `GET /openapi/v3`: where each group-version's document is: the local ones, then
+/// `remote`, the aggregated group-versions whose documents their servers answer (proxied).
+/// A local document's URL carries a hash of its content, so clients that cache documents by
+/// URL (kubectl) see a custom kind's new schema; a remote one's carries none (its server's
+/// document is not known here), so it is read again each time.
+pub fn index(infos: &[Served], remote: &[(String, String)]) -> Value {
     use sha2::Digest as _;
     let mut paths = Map::new();
     for (group, versions) in groups(infos) {
@@ -545,6 +547,13 @@ pub fn index(infos: &[Served]) -> Value {
                 json!({"serverRelativeURL": format!("/openapi/v3/{key}?hash={hash}")}),
             );
         }
+    }
+    for (group, version) in remote {
+        let key = format!("apis/{group}/{version}");
+        let url = format!("/openapi/v3/{key}");
+        paths
+            .entry(key)
+            .or_insert_with(|| json!({"serverRelativeURL": url}));
     }
     json!({"paths": paths})
 }
@@ -621,7 +630,10 @@ mod tests {
 
     #[test]
     fn index_lists_every_group_version() {
-        let i = index(&infos());
+        let i = index(
+            &infos(),
+            &[("wardle.example.com".into(), "v1alpha1".into())],
+        );
         assert!(
             i["paths"]["api/v1"]["serverRelativeURL"]
                 .as_str()
@@ -629,5 +641,10 @@ mod tests {
                 .starts_with("/openapi/v3/api/v1")
         );
         assert!(i["paths"].get("apis/apps/v1").is_some());
+        // An aggregated group-version's document is its server's, read through the proxy.
+        assert_eq!(
+            i["paths"]["apis/wardle.example.com/v1alpha1"]["serverRelativeURL"],
+            "/openapi/v3/apis/wardle.example.com/v1alpha1"
+        );
     }
 }
