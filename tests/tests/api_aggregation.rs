@@ -343,10 +343,20 @@ async fn an_apiservice_proxies_to_a_server_in_a_pod_with_the_callers_identity() 
     // index.
     let out = c.laptop_kubectl(&["get", "--raw", "/openapi/v3"]);
     let index = skiff_tests::ok(&out);
-    assert!(index.contains("apis/wardle.example.com/v1alpha1"), "{index}");
-    let out = c.laptop_kubectl(&["get", "--raw", "/openapi/v3/apis/wardle.example.com/v1alpha1"]);
+    assert!(
+        index.contains("apis/wardle.example.com/v1alpha1"),
+        "{index}"
+    );
+    let out = c.laptop_kubectl(&[
+        "get",
+        "--raw",
+        "/openapi/v3/apis/wardle.example.com/v1alpha1",
+    ]);
     let doc = skiff_tests::ok(&out);
-    assert!(doc.contains("A flunder, explained by its own server."), "{doc}");
+    assert!(
+        doc.contains("A flunder, explained by its own server."),
+        "{doc}"
+    );
     let out = c.laptop_kubectl(&["explain", "flunders.spec"]);
     let explained = skiff_tests::ok(&out);
     assert!(
