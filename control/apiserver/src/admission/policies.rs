@@ -177,10 +177,7 @@ impl Policies {
     }
 
     /// The bound policies whose rules cover `req`, with their bindings, in binding name order.
-    fn for_request(
-        &self,
-        req: &Request<'_>,
-    ) -> Vec<(Arc<ValidatingAdmissionPolicyBinding>, Arc<Policy>)> {
+    fn for_request(&self, req: &Request<'_>) -> Vec<Bound> {
         let Some(sources) = self.sources.get() else {
             return Vec::new();
         };
@@ -197,19 +194,31 @@ impl Policies {
             .filter_map(|b| {
                 let spec = b.spec.as_ref()?;
                 let policy = self.policy(sources, &spec.policy_name)?;
+                let matcher = spec.match_resources.as_ref().map(Matcher::compile);
                 let covered = policy
                     .constraints
                     .as_ref()
                     .is_some_and(|m| m.rules_cover(req))
-                    && spec
-                        .match_resources
+                    && matcher
                         .as_ref()
-                        .filter(|m| !m.resource_rules.is_empty())
-                        .is_none_or(|m| Matcher::compile(m).rules_cover(req));
-                covered.then_some((b, policy))
+                        .filter(|m| !m.rules.is_empty())
+                        .is_none_or(|m| m.rules_cover(req));
+                covered.then_some(Bound {
+                    binding: b,
+                    policy,
+                    matcher,
+                })
             })
             .collect()
     }
+}
+
+/// A binding whose policy's rules cover the request, with its policy and its own
+/// matchResources compiled (once per request).
+struct Bound {
+    binding: Arc<ValidatingAdmissionPolicyBinding>,
+    policy: Arc<Policy>,
+    matcher: Option<Matcher>,
 }
 
 fn name_of(b: &ValidatingAdmissionPolicyBinding) -> &str {
@@ -219,12 +228,12 @@ fn name_of(b: &ValidatingAdmissionPolicyBinding) -> &str {
 /// The evaluation of one bound policy: `Ok(None)` it passes (or does not apply), else the
 /// failure; `Err` is an error (the failure policy decides).
 async fn evaluate(
-    policy: &Policy,
-    binding: &ValidatingAdmissionPolicyBinding,
+    bound: &Bound,
     req: &Request<'_>,
     object: &Value,
     old: &Value,
 ) -> Result<Option<Failure>, String> {
+    let policy = &bound.policy;
     let constraints = policy.constraints.as_ref().ok_or("no matchConstraints")?;
     if !selectors_match(
         &constraints.namespace_selector,
@@ -237,15 +246,10 @@ async fn evaluate(
     {
         return Ok(None);
     }
-    if let Some(m) = binding
-        .spec
-        .as_ref()
-        .and_then(|s| s.match_resources.as_ref())
+    if let Some(m) = &bound.matcher
+        && !selectors_match(&m.namespace_selector, &m.object_selector, req, object, old).await?
     {
-        let m = Matcher::compile(m);
-        if !selectors_match(&m.namespace_selector, &m.object_selector, req, object, old).await? {
-            return Ok(None);
-        }
+        return Ok(None);
     }
     let request = Webhooks::review_request(req, &new_uid(), object, old);
     let namespace = req
@@ -356,9 +360,10 @@ impl Plugin for ValidatingAdmissionPolicyPlugin {
         let mut warnings = Vec::new();
         let mut annotations = Vec::new();
         let mut refusal = None;
-        for (binding, policy) in &bound {
+        for b in &bound {
+            let (binding, policy) = (&b.binding, &b.policy);
             let (binding_name, spec) = (name_of(binding), binding.spec.clone().unwrap_or_default());
-            let failure = match evaluate(policy, binding, req, &object, &old).await {
+            let failure = match evaluate(b, req, &object, &old).await {
                 Ok(f) => f,
                 Err(e) if policy.fail_closed => Some(Failure {
                     message: e,
